@@ -1,0 +1,78 @@
+/* kernels/cpu/kernels.c — what every backend shares: the per-thread error
+ * message and the host-side argument checks of the KV ops. */
+#include "kernels.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char td_kernels_msg[256];
+
+const char *
+td_kernels_error(void)
+{
+    return td_kernels_msg;
+}
+
+td_status_t
+td_kernels_fail(td_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(td_kernels_msg, sizeof(td_kernels_msg), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+td_status_t
+td_kernels_kv_check(const char *op, const td_kernels_pool_t *pool,
+                    const uint32_t *table, size_t ntable,
+                    const td_kernels_span_t *span, const void *buf)
+{
+    if (pool == NULL || span == NULL)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: no pool or span", op);
+
+    size_t eb = span->entry_bytes, epb = span->entries_per_block;
+    if (eb == 0 || epb == 0)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: span has entry_bytes %zu, "
+                               "entries_per_block %zu", op, eb, epb);
+    if (epb > SIZE_MAX / eb || span->offset > pool->block_bytes ||
+        epb * eb > pool->block_bytes - span->offset)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: span of %zu entries x %zu "
+                               "bytes at offset %zu exceeds block_bytes %zu",
+                               op, epb, eb, span->offset, pool->block_bytes);
+    if (span->count == 0)
+        return TD_OK;
+
+    if (pool->base == NULL || table == NULL || buf == NULL)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: NULL pool base, table or "
+                               "buffer", op);
+    if (pool->nblocks != 0 && pool->block_bytes > SIZE_MAX / pool->nblocks)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: pool of %u x %zu bytes "
+                               "overflows", op, pool->nblocks, pool->block_bytes);
+    if (span->count > SIZE_MAX / eb || span->first > UINT64_MAX - span->count)
+        return td_kernels_fail(TD_ERR_RANGE, "%s: span of %llu entries from "
+                               "%llu overflows", op,
+                               (unsigned long long)span->count,
+                               (unsigned long long)span->first);
+
+    uint64_t jfirst = span->first / epb;
+    uint64_t jlast = (span->first + span->count - 1) / epb;
+    if (jlast >= ntable)
+        return td_kernels_fail(TD_ERR_RANGE, "%s: block table has %zu ids, "
+                               "span needs %llu", op, ntable,
+                               (unsigned long long)jlast + 1);
+
+    uintptr_t b0 = (uintptr_t)buf, b1 = b0 + (size_t)span->count * eb;
+    uintptr_t p0 = (uintptr_t)pool->base;
+    uintptr_t p1 = p0 + (size_t)pool->nblocks * pool->block_bytes;
+    if (b0 < p1 && p0 < b1)
+        return td_kernels_fail(TD_ERR_INVALID, "%s: buffer overlaps the pool", op);
+
+    for (uint64_t j = jfirst; j <= jlast; j++)
+        if (table[j] >= pool->nblocks)
+            return td_kernels_fail(TD_ERR_RANGE, "%s: table[%llu] = %u >= "
+                                   "nblocks %u", op, (unsigned long long)j,
+                                   table[j], pool->nblocks);
+    return TD_OK;
+}

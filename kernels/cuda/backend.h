@@ -1,0 +1,27 @@
+/* kernels/cuda/backend.h — what the CUDA backend's .cu files share: the one
+ * cudaError_t -> td_status_t conversion and each op's host entry point. */
+#ifndef TD_KERNELS_CUDA_BACKEND_H
+#define TD_KERNELS_CUDA_BACKEND_H
+
+#include "kernels.h"
+
+#include <cuda_runtime_api.h>
+
+/* TD_OK for cudaSuccess; otherwise records "cuda: <what>: <error>" for
+ * td_kernels_error() and returns TD_ERR_NOMEM, TD_ERR_UNSUPPORTED (no device,
+ * driver or kernel image) or TD_ERR_CUDA. */
+td_status_t td_kernels_cuda_status(cudaError_t err, const char *what);
+
+/* kv_pack.cu: the td_kernels_t ops, and a probe that fails when the current
+ * device cannot run the kernels (no image for its architecture). */
+td_status_t td_kernels_cuda_kv_pack(const td_kernels_pool_t *pool,
+                                    const uint32_t *table, size_t ntable,
+                                    const td_kernels_span_t *span, void *buf,
+                                    void *stream);
+td_status_t td_kernels_cuda_kv_unpack(const td_kernels_pool_t *pool,
+                                      const uint32_t *table, size_t ntable,
+                                      const td_kernels_span_t *span,
+                                      const void *buf, void *stream);
+cudaError_t td_kernels_cuda_kv_probe(void);
+
+#endif

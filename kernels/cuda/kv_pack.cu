@@ -1,0 +1,177 @@
+/* kernels/cuda/kv_pack.cu — KV pack/unpack on the GPU: gather a span of a paged
+ * segment into a contiguous buffer, or scatter it back. One CTA per (block, chunk),
+ * copying with the widest word (16 B .. 1 B) both sides are mutually aligned to. */
+#include "backend.h"
+
+#include <cuda_runtime.h>
+
+static constexpr unsigned KV_THREADS = 256;       /* threads per CTA */
+static constexpr size_t KV_CHUNK_MIN = 64 * 1024; /* bytes per CTA at least */
+static constexpr size_t KV_GRID_Y_MAX = 65535;    /* chunks per block run at most */
+static constexpr unsigned KV_UNROLL = 4;          /* words in flight per thread */
+
+/* One launch: the span's runs, block j of the table being CTA column
+ * j - jfirst. A run is the span's entries inside one block, contiguous on
+ * both sides. */
+struct kv_args {
+    unsigned char *base;       /* [nblocks, block_bytes] */
+    const uint32_t *ids;       /* [nruns] = table[jfirst ..], device memory */
+    unsigned char *buf;        /* [count, entry_bytes] */
+    size_t block_bytes, entry_bytes, epb, offset;
+    uint64_t first, count, jfirst;
+    size_t chunk;              /* bytes per CTA, a multiple of 16 */
+};
+
+/* Copy len bytes; dst and src are congruent modulo sizeof(W): bytes up to the
+ * first W-aligned address, then W-words, then the tail bytes. */
+template <typename W>
+__device__ static void
+kv_copy_words(unsigned char *__restrict__ dst, const unsigned char *__restrict__ src,
+              size_t len)
+{
+    size_t head = (sizeof(W) - ((uintptr_t)dst & (sizeof(W) - 1))) & (sizeof(W) - 1);
+    if (head > len)
+        head = len;
+    size_t nw = (len - head) / sizeof(W);
+    W *d = (W *)(dst + head);
+    const W *s = (const W *)(src + head);
+
+    for (size_t i = threadIdx.x; i < head; i += blockDim.x)
+        dst[i] = src[i];
+    /* KV_UNROLL loads issued before their stores, for memory-level parallelism */
+    for (size_t i = threadIdx.x; i < nw; i += KV_UNROLL * blockDim.x) {
+        W v[KV_UNROLL];
+#pragma unroll
+        for (unsigned k = 0; k < KV_UNROLL; k++)
+            if (i + k * blockDim.x < nw)
+                v[k] = s[i + k * blockDim.x];
+#pragma unroll
+        for (unsigned k = 0; k < KV_UNROLL; k++)
+            if (i + k * blockDim.x < nw)
+                d[i + k * blockDim.x] = v[k];
+    }
+    for (size_t i = head + nw * sizeof(W) + threadIdx.x; i < len; i += blockDim.x)
+        dst[i] = src[i];
+}
+
+__device__ static void
+kv_copy(unsigned char *dst, const unsigned char *src, size_t len)
+{
+    uintptr_t mis = (uintptr_t)dst ^ (uintptr_t)src;
+
+    if ((mis & 15) == 0)
+        kv_copy_words<uint4>(dst, src, len);
+    else if ((mis & 7) == 0)
+        kv_copy_words<uint2>(dst, src, len);
+    else if ((mis & 3) == 0)
+        kv_copy_words<uint32_t>(dst, src, len);
+    else if ((mis & 1) == 0)
+        kv_copy_words<uint16_t>(dst, src, len);
+    else
+        kv_copy_words<unsigned char>(dst, src, len);
+}
+
+template <bool PACK>
+__global__ static void
+kv_copy_kernel(kv_args a)
+{
+    uint64_t j = a.jfirst + blockIdx.x;
+    uint64_t end = a.first + a.count;
+    uint64_t lo = j * a.epb > a.first ? j * a.epb : a.first;
+    uint64_t hi = (j + 1) * a.epb < end ? (j + 1) * a.epb : end;
+    size_t len = (size_t)(hi - lo) * a.entry_bytes;
+    size_t c0 = (size_t)blockIdx.y * a.chunk;
+
+    if (c0 >= len)
+        return;
+    size_t n = len - c0 < a.chunk ? len - c0 : a.chunk;
+    unsigned char *blk = a.base + (size_t)a.ids[blockIdx.x] * a.block_bytes +
+                         a.offset + (size_t)(lo - j * a.epb) * a.entry_bytes + c0;
+    unsigned char *b = a.buf + (size_t)(lo - a.first) * a.entry_bytes + c0;
+
+    if (PACK)
+        kv_copy(b, blk, n);
+    else
+        kv_copy(blk, b, n);
+}
+
+/* Check on the host, upload the span's block ids (stream-ordered; the host
+ * table is staged before cudaMemcpyAsync returns), launch, free the ids. */
+static td_status_t
+kv_launch(const char *op, bool pack, const td_kernels_pool_t *pool,
+          const uint32_t *table, size_t ntable, const td_kernels_span_t *span,
+          const void *buf, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    td_status_t st;
+
+    st = td_kernels_kv_check(op, pool, table, ntable, span, buf);
+    if (st != TD_OK || span->count == 0)
+        return st;
+
+    kv_args a;
+    a.base = (unsigned char *)pool->base;
+    a.buf = (unsigned char *)buf;
+    a.block_bytes = pool->block_bytes;
+    a.entry_bytes = span->entry_bytes;
+    a.epb = span->entries_per_block;
+    a.offset = span->offset;
+    a.first = span->first;
+    a.count = span->count;
+    a.jfirst = span->first / a.epb;
+
+    uint64_t nruns = (span->first + span->count - 1) / a.epb - a.jfirst + 1;
+    if (nruns > INT32_MAX)
+        return td_kernels_fail(TD_ERR_RANGE, "%s: %llu blocks exceed one launch",
+                               op, (unsigned long long)nruns);
+    size_t run_max = (size_t)(a.count < a.epb ? a.count : a.epb) * a.entry_bytes;
+    size_t chunk = (run_max + KV_GRID_Y_MAX - 1) / KV_GRID_Y_MAX;
+    chunk = (chunk + 15) & ~(size_t)15;
+    a.chunk = chunk > KV_CHUNK_MIN ? chunk : KV_CHUNK_MIN;
+    dim3 grid((unsigned)nruns, (unsigned)((run_max + a.chunk - 1) / a.chunk));
+
+    uint32_t *ids = NULL;
+    st = td_kernels_cuda_status(cudaMallocAsync((void **)&ids, nruns * sizeof(*ids), s),
+                                "block table alloc");
+    if (st != TD_OK)
+        return st;
+    st = td_kernels_cuda_status(cudaMemcpyAsync(ids, table + a.jfirst,
+                                                nruns * sizeof(*ids),
+                                                cudaMemcpyHostToDevice, s),
+                                "block table upload");
+    if (st != TD_OK)
+        goto free_ids;
+    a.ids = ids;
+    if (pack)
+        kv_copy_kernel<true><<<grid, KV_THREADS, 0, s>>>(a);
+    else
+        kv_copy_kernel<false><<<grid, KV_THREADS, 0, s>>>(a);
+    st = td_kernels_cuda_status(cudaGetLastError(), op);
+
+free_ids:
+    cudaFreeAsync(ids, s);
+    return st;
+}
+
+td_status_t
+td_kernels_cuda_kv_pack(const td_kernels_pool_t *pool, const uint32_t *table,
+                        size_t ntable, const td_kernels_span_t *span, void *buf,
+                        void *stream)
+{
+    return kv_launch("kv_pack", true, pool, table, ntable, span, buf, stream);
+}
+
+td_status_t
+td_kernels_cuda_kv_unpack(const td_kernels_pool_t *pool, const uint32_t *table,
+                          size_t ntable, const td_kernels_span_t *span,
+                          const void *buf, void *stream)
+{
+    return kv_launch("kv_unpack", false, pool, table, ntable, span, buf, stream);
+}
+
+cudaError_t
+td_kernels_cuda_kv_probe(void)
+{
+    cudaFuncAttributes attr;
+    return cudaFuncGetAttributes(&attr, kv_copy_kernel<true>);
+}
