@@ -1,0 +1,792 @@
+/* common/ctl.c — control connections on libevent bufferevents: handshake
+ * state machine, heartbeats and dead-peer detection, Reject on the way out,
+ * and a listener serving many connections on one loop. */
+#include "ctl.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+#include <openssl/crypto.h>
+
+#include "frame.h"
+#include "log.h"
+#include "net.h"
+
+#define CTL_FLUSH_MS 1000u   /* how long a closing connection may take to send its Reject */
+
+/* Our copy of a td_ctl_config_t: defaults applied, strings and secret owned. */
+typedef struct {
+    td_ctl_config_t cfg;
+    char *node_id;
+    char *model;
+    uint8_t *secret;
+} ctl_cfg_t;
+
+struct td_ctl_conn_s {
+    struct event_base *base;
+    td_ctl_listener_t *lst;          /* owner when accepted, else NULL */
+    td_ctl_conn_t *prev, *next;      /* in lst->conns */
+    struct bufferevent *bev;         /* NULL once the socket is gone */
+    struct event *timer;             /* handshake deadline, then heartbeat tick */
+    td_ctl_state_t state;
+    ctl_cfg_t cfg;
+    td_ctl_handlers_t h;
+    uint8_t nonce[TD_HELLO_NONCE_LEN];
+    Tandem__Hello hello;             /* ours; borrows cfg strings and nonce */
+    Tandem__Envelope *peer_env;      /* the peer's Hello frame, owned */
+    uint64_t hb_seq, hb_rx;
+    uint64_t last_rx_ns;             /* CLOCK_MONOTONIC of the last frame received */
+    int busy;                        /* depth of libevent/user entry into this conn */
+    int doomed;                      /* free once busy == 0 and bev == NULL */
+    char addr[64];
+    char name[160];
+    char reason[TD_HELLO_REASON_MAX];
+};
+
+struct td_ctl_listener_s {
+    struct event_base *base;
+    struct evconnlistener *evl;
+    ctl_cfg_t lcfg;                  /* copied once per accepted connection */
+    td_ctl_handlers_t h;
+    td_ctl_conn_t *conns;
+    size_t nconns;
+    uint16_t port;
+};
+
+/* ------------------------------------------------------------------------ */
+/* State machine                                                            */
+/* ------------------------------------------------------------------------ */
+
+static const char *const ctl_state_names[] = {
+    [TD_CTL_CONNECTING]  = "connecting",
+    [TD_CTL_HELLO]       = "hello",
+    [TD_CTL_AUTH]        = "auth",
+    [TD_CTL_ESTABLISHED] = "established",
+    [TD_CTL_CLOSED]      = "closed",
+};
+
+/* ctl_transitions[from] = bit set of allowed next states. */
+static const unsigned ctl_transitions[] = {
+    [TD_CTL_CONNECTING]  = 1u << TD_CTL_HELLO | 1u << TD_CTL_CLOSED,
+    [TD_CTL_HELLO]       = 1u << TD_CTL_AUTH | 1u << TD_CTL_CLOSED,
+    [TD_CTL_AUTH]        = 1u << TD_CTL_ESTABLISHED | 1u << TD_CTL_CLOSED,
+    [TD_CTL_ESTABLISHED] = 1u << TD_CTL_CLOSED,
+    [TD_CTL_CLOSED]      = 0,
+};
+
+const char *
+td_ctl_state_str(td_ctl_state_t state)
+{
+    if ((unsigned)state > TD_CTL_CLOSED)
+        return "?";
+    return ctl_state_names[state];
+}
+
+static void
+ctl_set_state(td_ctl_conn_t *c, td_ctl_state_t to)
+{
+    if (!(ctl_transitions[c->state] & (1u << to))) {
+        td_error("ctl %s: invalid transition %s -> %s", c->name,
+                 td_ctl_state_str(c->state), td_ctl_state_str(to));
+        assert(!"invalid ctl state transition");
+        return;
+    }
+    td_debug("ctl %s: %s -> %s", c->name, td_ctl_state_str(c->state), td_ctl_state_str(to));
+    c->state = to;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                  */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t
+ctl_now_ns(clockid_t clk)
+{
+    struct timespec ts;
+
+    clock_gettime(clk, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void
+ctl_cfg_free(ctl_cfg_t *c)
+{
+    free(c->node_id);
+    free(c->model);
+    if (c->secret)
+        OPENSSL_cleanse(c->secret, c->cfg.secret_len);
+    free(c->secret);
+    memset(c, 0, sizeof(*c));
+}
+
+static td_status_t
+ctl_cfg_copy(ctl_cfg_t *dst, const td_ctl_config_t *src)
+{
+    td_status_t st = td_hello_ident_check(&src->ident);
+
+    if (st != TD_OK)
+        return st;
+    if (src->secret == NULL || src->secret_len == 0) {
+        td_error("ctl: a cluster secret is required");
+        return TD_ERR_INVALID;
+    }
+    memset(dst, 0, sizeof(*dst));
+    dst->cfg = *src;
+    dst->node_id = strdup(src->ident.node_id);
+    dst->model = strdup(src->ident.model_fingerprint);
+    dst->secret = malloc(src->secret_len);
+    if (!dst->node_id || !dst->model || !dst->secret) {
+        ctl_cfg_free(dst);
+        return TD_ERR_NOMEM;
+    }
+    memcpy(dst->secret, src->secret, src->secret_len);
+    dst->cfg.ident.node_id = dst->node_id;
+    dst->cfg.ident.model_fingerprint = dst->model;
+    dst->cfg.secret = dst->secret;
+    if (dst->cfg.heartbeat_ms == 0)
+        dst->cfg.heartbeat_ms = TD_CTL_HEARTBEAT_MS_DEFAULT;
+    if (dst->cfg.dead_after == 0)
+        dst->cfg.dead_after = TD_CTL_DEAD_AFTER_DEFAULT;
+    if (dst->cfg.handshake_ms == 0)
+        dst->cfg.handshake_ms = TD_CTL_HANDSHAKE_MS_DEFAULT;
+    if (dst->cfg.max_frame == 0)
+        dst->cfg.max_frame = TD_FRAME_MAX_DEFAULT;
+    return TD_OK;
+}
+
+static void
+ctl_timer_arm(td_ctl_conn_t *c, uint32_t ms)
+{
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+
+    evtimer_add(c->timer, &tv);
+}
+
+static const char *
+ctl_payload_name(Tandem__Envelope__PayloadCase pc)
+{
+    switch (pc) {
+    case TANDEM__ENVELOPE__PAYLOAD_HELLO:      return "hello";
+    case TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH: return "hello_auth";
+    case TANDEM__ENVELOPE__PAYLOAD_REJECT:     return "reject";
+    case TANDEM__ENVELOPE__PAYLOAD_HEARTBEAT:  return "heartbeat";
+    default:                                   return "message";
+    }
+}
+
+/* Status for a Reject code received from the peer. */
+static td_status_t
+ctl_reject_status(Tandem__RejectCode code)
+{
+    switch (code) {
+    case TANDEM__REJECT_CODE__REJECT_VERSION:
+    case TANDEM__REJECT_CODE__REJECT_MODEL:
+    case TANDEM__REJECT_CODE__REJECT_LAYOUT:  return TD_ERR_MISMATCH;
+    case TANDEM__REJECT_CODE__REJECT_AUTH:    return TD_ERR_AUTH;
+    case TANDEM__REJECT_CODE__REJECT_TIMEOUT: return TD_ERR_TIMEOUT;
+    default:                                  return TD_ERR_PEER;
+    }
+}
+
+static void
+ctl_conn_drop_bev(td_ctl_conn_t *c)
+{
+    if (c->bev) {
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+    }
+}
+
+static void
+ctl_conn_free(td_ctl_conn_t *c)
+{
+    td_ctl_listener_t *lst = c->lst;
+
+    if (lst) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            lst->conns = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        lst->nconns--;
+    }
+    ctl_conn_drop_bev(c);
+    if (c->timer)
+        event_free(c->timer);
+    if (c->peer_env)
+        tandem__envelope__free_unpacked(c->peer_env, NULL);
+    ctl_cfg_free(&c->cfg);
+    free(c);
+}
+
+/* Every entry into a connection (libevent callback, public call that may
+ * run user callbacks) is bracketed by busy++ / ctl_conn_leave(). */
+static void
+ctl_conn_leave(td_ctl_conn_t *c)
+{
+    assert(c->busy > 0);
+    if (--c->busy == 0 && c->doomed && c->bev == NULL)
+        ctl_conn_free(c);
+}
+
+static td_status_t
+ctl_conn_write(td_ctl_conn_t *c, const Tandem__Envelope *env)
+{
+    uint32_t max = c->state == TD_CTL_ESTABLISHED ? c->cfg.cfg.max_frame : TD_CTL_HELLO_FRAME_MAX;
+
+    return td_frame_encode(bufferevent_get_output(c->bev), env, max);
+}
+
+/* End the connection: log why, send Reject{code} first when code is set and
+ * the socket is connected, call on_closed. */
+static void ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code,
+                          const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void
+ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const char *fmt, ...)
+{
+    va_list ap;
+    int flushing = 0;
+
+    if (c->state == TD_CTL_CLOSED)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
+    va_end(ap);
+    if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
+        td_info("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
+    else
+        td_warn("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
+
+    if (c->bev && code != TANDEM__REJECT_CODE__REJECT_UNSPECIFIED &&
+        c->state != TD_CTL_CONNECTING) {
+        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+        Tandem__Reject rej = TANDEM__REJECT__INIT;
+        struct timeval tv = { .tv_sec = CTL_FLUSH_MS / 1000, .tv_usec = CTL_FLUSH_MS % 1000 * 1000 };
+
+        rej.code = code;
+        rej.reason = c->reason;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REJECT;
+        env.reject = &rej;
+        if (ctl_conn_write(c, &env) == TD_OK) {
+            bufferevent_disable(c->bev, EV_READ);
+            bufferevent_set_timeouts(c->bev, NULL, &tv);
+            flushing = 1;   /* write/event callbacks drop the bev once sent */
+        }
+    }
+    if (!flushing)
+        ctl_conn_drop_bev(c);
+    evtimer_del(c->timer);
+    ctl_set_state(c, TD_CTL_CLOSED);
+    if (c->lst)
+        c->doomed = 1;
+    if (c->h.on_closed)
+        c->h.on_closed(c, why, c->reason, c->h.arg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Handshake                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void
+ctl_conn_start_hello(td_ctl_conn_t *c)
+{
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    td_status_t st;
+
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_HELLO;
+    env.hello = &c->hello;
+    ctl_set_state(c, TD_CTL_HELLO);
+    st = ctl_conn_write(c, &env);
+    if (st != TD_OK)
+        ctl_conn_fail(c, st, 0, "cannot send hello: %s", td_status_str(st));
+}
+
+/* Peer's Hello: check it, prove we know the secret. Takes env. */
+static void
+ctl_conn_on_hello(td_ctl_conn_t *c, Tandem__Envelope *env)
+{
+    const Tandem__Hello *peer = env->hello;
+    Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
+    Tandem__HelloAuth auth = TANDEM__HELLO_AUTH__INIT;
+    uint8_t proof[TD_HELLO_PROOF_LEN];
+    char reason[TD_HELLO_REASON_MAX];
+    Tandem__RejectCode code;
+    td_status_t st;
+
+    st = td_hello_check(&c->cfg.cfg.ident, peer, reason, sizeof(reason), &code);
+    if (st != TD_OK) {
+        tandem__envelope__free_unpacked(env, NULL);
+        ctl_conn_fail(c, st, code, "handshake refused: %s", reason);
+        return;
+    }
+    c->peer_env = env;
+    snprintf(c->name, sizeof(c->name), "%s %s/%" PRIu32 " (%s)", td_hello_role_str(peer->role),
+             peer->node_id, peer->rank_id, c->addr);
+    st = td_hello_proof_compute(c->cfg.secret, c->cfg.cfg.secret_len, peer->nonce.data,
+                                &c->hello, proof);
+    if (st != TD_OK) {
+        ctl_conn_fail(c, st, 0, "cannot compute hello proof: %s", td_status_str(st));
+        return;
+    }
+    auth.proof.data = proof;
+    auth.proof.len = sizeof(proof);
+    out.payload_case = TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH;
+    out.hello_auth = &auth;
+    ctl_set_state(c, TD_CTL_AUTH);
+    st = ctl_conn_write(c, &out);
+    if (st != TD_OK)
+        ctl_conn_fail(c, st, 0, "cannot send hello proof: %s", td_status_str(st));
+}
+
+static void
+ctl_conn_on_auth(td_ctl_conn_t *c, const Tandem__HelloAuth *auth)
+{
+    const Tandem__Hello *peer = c->peer_env->hello;
+    char reason[TD_HELLO_REASON_MAX];
+    td_status_t st;
+
+    st = td_hello_proof_verify(c->cfg.secret, c->cfg.cfg.secret_len, c->nonce, peer,
+                               &auth->proof, reason, sizeof(reason));
+    if (st != TD_OK) {
+        ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_AUTH, "handshake refused: %s", reason);
+        return;
+    }
+    ctl_set_state(c, TD_CTL_ESTABLISHED);
+    c->last_rx_ns = ctl_now_ns(CLOCK_MONOTONIC);
+    evtimer_del(c->timer);
+    ctl_timer_arm(c, c->cfg.cfg.heartbeat_ms);
+    td_info("ctl %s: established (incarnation %016" PRIx64 ")", c->name, peer->incarnation);
+    if (c->h.on_established)
+        c->h.on_established(c, peer, c->h.arg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* libevent callbacks                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* One decoded frame. Returns 1 when it took ownership of env. */
+static int
+ctl_conn_dispatch(td_ctl_conn_t *c, Tandem__Envelope *env)
+{
+    Tandem__Envelope__PayloadCase pc = env->payload_case;
+
+    if (pc == TANDEM__ENVELOPE__PAYLOAD_REJECT) {
+        char reason[TD_HELLO_REASON_MAX];
+
+        td_hello_printable(reason, sizeof(reason), env->reject->reason,
+                           strlen(env->reject->reason));
+        ctl_conn_fail(c, ctl_reject_status(env->reject->code), 0, "rejected by peer: %s", reason);
+        return 0;
+    }
+    if (c->state == TD_CTL_HELLO && pc == TANDEM__ENVELOPE__PAYLOAD_HELLO) {
+        ctl_conn_on_hello(c, env);
+        return 1;
+    }
+    if (c->state == TD_CTL_AUTH && pc == TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH) {
+        ctl_conn_on_auth(c, env->hello_auth);
+        return 0;
+    }
+    if (c->state == TD_CTL_ESTABLISHED && pc == TANDEM__ENVELOPE__PAYLOAD_HEARTBEAT) {
+        c->hb_rx++;
+        return 0;
+    }
+    if (c->state == TD_CTL_ESTABLISHED && pc != TANDEM__ENVELOPE__PAYLOAD_HELLO &&
+        pc != TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH) {
+        if (c->h.on_message)
+            c->h.on_message(c, env, c->h.arg);
+        return 0;
+    }
+    ctl_conn_fail(c, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_PROTO,
+                  "unexpected %s frame in state %s", ctl_payload_name(pc),
+                  td_ctl_state_str(c->state));
+    return 0;
+}
+
+static void
+ctl_conn_read_cb(struct bufferevent *bev, void *arg)
+{
+    td_ctl_conn_t *c = arg;
+
+    c->busy++;
+    /* A callback below may close (state) or destroy (bev) the connection. */
+    while (c->bev != NULL && c->state != TD_CTL_CLOSED) {
+        struct evbuffer *in = bufferevent_get_input(c->bev);
+        int established = c->state == TD_CTL_ESTABLISHED;
+        uint32_t max = established ? c->cfg.cfg.max_frame : TD_CTL_HELLO_FRAME_MAX;
+        Tandem__Envelope *env = NULL;
+        uint32_t len = 0;
+        td_status_t st = td_frame_decode(in, max, &env, &len);
+
+        if (st == TD_INPROGRESS)
+            break;
+        if (st == TD_ERR_TOO_BIG) {
+            ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_TOO_BIG,
+                          "frame of %" PRIu32 " bytes exceeds the %" PRIu32 "-byte limit%s",
+                          len, max, established ? "" : " before authentication");
+        } else if (st == TD_ERR_PROTO) {
+            ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_PROTO,
+                          "malformed frame (not a tandem envelope)");
+        } else if (st != TD_OK) {
+            ctl_conn_fail(c, st, 0, "cannot decode frame: %s", td_status_str(st));
+        } else {
+            c->last_rx_ns = ctl_now_ns(CLOCK_MONOTONIC);
+            if (!ctl_conn_dispatch(c, env))
+                tandem__envelope__free_unpacked(env, NULL);
+        }
+    }
+    ctl_conn_leave(c);
+}
+
+static void
+ctl_conn_write_cb(struct bufferevent *bev, void *arg)
+{
+    td_ctl_conn_t *c = arg;
+
+    c->busy++;
+    if (c->state == TD_CTL_CLOSED && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        ctl_conn_drop_bev(c);   /* the Reject went out */
+    ctl_conn_leave(c);
+}
+
+static void
+ctl_conn_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    td_ctl_conn_t *c = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+
+    c->busy++;
+    if (c->state == TD_CTL_CLOSED) {
+        ctl_conn_drop_bev(c);   /* flush of the Reject failed or timed out */
+    } else if (what & BEV_EVENT_CONNECTED) {
+        td_net_peer_name(bufferevent_getfd(bev), c->addr, sizeof(c->addr));
+        ctl_conn_start_hello(c);
+    } else if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) {
+        size_t pending = evbuffer_get_length(bufferevent_get_input(bev));
+        char tail[80] = "";
+        td_status_t st = td_status_from_errno(err);
+
+        if (pending)
+            snprintf(tail, sizeof(tail), " (%zu bytes of an incomplete frame pending)", pending);
+        if (what & BEV_EVENT_ERROR)
+            ctl_conn_fail(c, st == TD_ERR_CLOSED ? TD_ERR_PEER : st, 0, "%s: %s%s",
+                          c->state == TD_CTL_CONNECTING ? "connect failed" : "connection error",
+                          evutil_socket_error_to_string(err), tail);
+        else if (pending)
+            ctl_conn_fail(c, TD_ERR_PROTO, 0, "peer closed the connection mid-frame%s", tail);
+        else if (c->state == TD_CTL_ESTABLISHED)
+            ctl_conn_fail(c, TD_ERR_CLOSED, 0, "peer closed the connection");
+        else
+            ctl_conn_fail(c, TD_ERR_PEER, 0, "peer closed the connection during the handshake");
+    }
+    ctl_conn_leave(c);
+}
+
+static void
+ctl_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    td_ctl_conn_t *c = arg;
+    const td_ctl_config_t *cfg = &c->cfg.cfg;
+
+    c->busy++;
+    if (c->state != TD_CTL_ESTABLISHED) {
+        ctl_conn_fail(c, TD_ERR_TIMEOUT, TANDEM__REJECT_CODE__REJECT_TIMEOUT,
+                      "handshake not finished within %" PRIu32 " ms", cfg->handshake_ms);
+    } else {
+        uint64_t idle_ms = (ctl_now_ns(CLOCK_MONOTONIC) - c->last_rx_ns) / 1000000u;
+
+        if (idle_ms >= (uint64_t)cfg->dead_after * cfg->heartbeat_ms) {
+            ctl_conn_fail(c, TD_ERR_TIMEOUT, TANDEM__REJECT_CODE__REJECT_TIMEOUT,
+                          "peer dead: nothing received for %" PRIu64 " ms (%" PRIu32
+                          " heartbeat intervals of %" PRIu32 " ms)",
+                          idle_ms, cfg->dead_after, cfg->heartbeat_ms);
+        } else {
+            Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+            Tandem__Heartbeat hb = TANDEM__HEARTBEAT__INIT;
+            td_status_t st;
+
+            hb.seq = ++c->hb_seq;
+            hb.time_ns = ctl_now_ns(CLOCK_REALTIME);
+            env.payload_case = TANDEM__ENVELOPE__PAYLOAD_HEARTBEAT;
+            env.heartbeat = &hb;
+            st = ctl_conn_write(c, &env);
+            if (st != TD_OK)
+                ctl_conn_fail(c, st, 0, "cannot send heartbeat: %s", td_status_str(st));
+            else
+                ctl_timer_arm(c, cfg->heartbeat_ms);
+        }
+    }
+    ctl_conn_leave(c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Connections                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* A connection on fd (taken: closed on failure too), not yet started. */
+static td_status_t
+ctl_conn_new(struct event_base *base, const td_ctl_config_t *cfg,
+             const td_ctl_handlers_t *handlers, int fd, td_ctl_conn_t **out)
+{
+    td_ctl_conn_t *c;
+    td_status_t st;
+
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_close_fd;
+    }
+    st = ctl_cfg_copy(&c->cfg, cfg);
+    if (st != TD_OK)
+        goto err_free_conn;
+    st = td_hello_nonce_make(c->nonce);
+    if (st != TD_OK)
+        goto err_free_cfg;
+    c->base = base;
+    c->h = *handlers;
+    c->state = TD_CTL_CONNECTING;
+    td_hello_build(&c->hello, &c->cfg.cfg.ident, c->nonce);
+    c->timer = evtimer_new(base, ctl_conn_timer_cb, c);
+    if (c->timer == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_free_cfg;
+    }
+    c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_free_timer;
+    }
+    bufferevent_setcb(c->bev, ctl_conn_read_cb, ctl_conn_write_cb, ctl_conn_event_cb, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    ctl_timer_arm(c, c->cfg.cfg.handshake_ms);
+    *out = c;
+    return TD_OK;
+
+err_free_timer:
+    event_free(c->timer);
+err_free_cfg:
+    ctl_cfg_free(&c->cfg);
+err_free_conn:
+    free(c);
+err_close_fd:
+    evutil_closesocket(fd);
+    return st;
+}
+
+td_status_t
+td_ctl_conn_connect(struct event_base *base, const td_ctl_config_t *cfg,
+                    const td_ctl_handlers_t *handlers, const char *host, uint16_t port,
+                    td_ctl_conn_t **conn_out)
+{
+    td_ctl_conn_t *c;
+    td_status_t st;
+    int fd;
+
+    st = td_net_connect(host, port, &fd);
+    if (st != TD_OK && st != TD_INPROGRESS)
+        return st;
+    st = ctl_conn_new(base, cfg, handlers, fd, &c);
+    if (st != TD_OK)
+        return st;
+    snprintf(c->addr, sizeof(c->addr), "%s:%u", host, (unsigned)port);
+    snprintf(c->name, sizeof(c->name), "%s", c->addr);
+    /* NULL address: the socket is already connecting; report CONNECTED. */
+    if (bufferevent_socket_connect(c->bev, NULL, 0) != 0) {
+        td_error("ctl %s: cannot watch the connect", c->name);
+        td_ctl_conn_destroy(c);
+        return TD_ERR_IO;
+    }
+    *conn_out = c;
+    return TD_OK;
+}
+
+void
+td_ctl_conn_destroy(td_ctl_conn_t *c)
+{
+    if (c == NULL)
+        return;
+    if (c->state != TD_CTL_CLOSED)
+        td_debug("ctl %s: destroyed in state %s", c->name, td_ctl_state_str(c->state));
+    ctl_conn_drop_bev(c);
+    evtimer_del(c->timer);
+    c->doomed = 1;
+    c->h.on_closed = NULL;
+    c->h.on_established = NULL;
+    c->h.on_message = NULL;
+    if (c->busy == 0)
+        ctl_conn_free(c);
+}
+
+td_status_t
+td_ctl_conn_send(td_ctl_conn_t *c, const Tandem__Envelope *env)
+{
+    td_status_t st;
+
+    if (c->state != TD_CTL_ESTABLISHED)
+        return TD_ERR_STATE;
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_HELLO ||
+        env->payload_case == TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH)
+        return TD_ERR_INVALID;
+    st = ctl_conn_write(c, env);
+    if (st == TD_ERR_TOO_BIG)
+        td_error("ctl %s: %s message exceeds the %" PRIu32 "-byte frame limit", c->name,
+                 ctl_payload_name(env->payload_case), c->cfg.cfg.max_frame);
+    return st;
+}
+
+void
+td_ctl_conn_close(td_ctl_conn_t *c, Tandem__RejectCode code, const char *reason)
+{
+    c->busy++;
+    ctl_conn_fail(c, TD_ERR_CANCELED, code, "%s", reason);
+    ctl_conn_leave(c);
+}
+
+td_ctl_state_t
+td_ctl_conn_state(const td_ctl_conn_t *c)
+{
+    return c->state;
+}
+
+const char *
+td_ctl_conn_name(const td_ctl_conn_t *c)
+{
+    return c->name;
+}
+
+const Tandem__Hello *
+td_ctl_conn_peer(const td_ctl_conn_t *c)
+{
+    return c->peer_env ? c->peer_env->hello : NULL;
+}
+
+uint64_t
+td_ctl_conn_heartbeats_rx(const td_ctl_conn_t *c)
+{
+    return c->hb_rx;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Listener                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void
+ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
+                       struct sockaddr *sa, int salen, void *arg)
+{
+    td_ctl_listener_t *lst = arg;
+    td_ctl_conn_t *c;
+
+    (void)td_net_set_nodelay(fd);
+    if (ctl_conn_new(lst->base, &lst->lcfg.cfg, &lst->h, fd, &c) != TD_OK) {
+        td_warn("ctl listener :%u: dropped an incoming connection", (unsigned)lst->port);
+        return;
+    }
+    c->lst = lst;
+    c->next = lst->conns;
+    if (lst->conns)
+        lst->conns->prev = c;
+    lst->conns = c;
+    lst->nconns++;
+    td_net_peer_name(fd, c->addr, sizeof(c->addr));
+    snprintf(c->name, sizeof(c->name), "%s", c->addr);
+    td_debug("ctl listener :%u: accepted %s", (unsigned)lst->port, c->addr);
+    c->busy++;
+    ctl_conn_start_hello(c);
+    ctl_conn_leave(c);
+}
+
+static void
+ctl_listener_error_cb(struct evconnlistener *evl, void *arg)
+{
+    td_ctl_listener_t *lst = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+
+    td_warn("ctl listener :%u: accept failed: %s", (unsigned)lst->port,
+            evutil_socket_error_to_string(err));
+}
+
+td_status_t
+td_ctl_listener_create(struct event_base *base, const td_ctl_config_t *cfg,
+                       const td_ctl_handlers_t *handlers, const char *host, uint16_t port,
+                       td_ctl_listener_t **lst_out)
+{
+    td_ctl_listener_t *lst;
+    td_status_t st;
+    int fd;
+
+    lst = calloc(1, sizeof(*lst));
+    if (lst == NULL)
+        return TD_ERR_NOMEM;
+    st = ctl_cfg_copy(&lst->lcfg, cfg);
+    if (st != TD_OK)
+        goto err_free_lst;
+    lst->base = base;
+    lst->h = *handlers;
+    st = td_net_listen(host, port, 128, &fd, &lst->port);
+    if (st != TD_OK)
+        goto err_free_cfg;
+    lst->evl = evconnlistener_new(base, ctl_listener_accept_cb, lst,
+                                  LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (lst->evl == NULL) {
+        td_error("ctl listener :%u: cannot watch the socket", (unsigned)lst->port);
+        evutil_closesocket(fd);
+        st = TD_ERR_NOMEM;
+        goto err_free_cfg;
+    }
+    evconnlistener_set_error_cb(lst->evl, ctl_listener_error_cb);
+    td_info("ctl listener: listening on %s:%u", host && host[0] ? host : "*",
+            (unsigned)lst->port);
+    *lst_out = lst;
+    return TD_OK;
+
+err_free_cfg:
+    ctl_cfg_free(&lst->lcfg);
+err_free_lst:
+    free(lst);
+    return st;
+}
+
+void
+td_ctl_listener_destroy(td_ctl_listener_t *lst)
+{
+    if (lst == NULL)
+        return;
+    evconnlistener_free(lst->evl);
+    while (lst->conns) {
+        td_ctl_conn_t *c = lst->conns;
+
+        /* Unlink first: a conn busy in a callback frees itself on leave. */
+        lst->conns = c->next;
+        c->prev = c->next = NULL;
+        c->lst = NULL;
+        lst->nconns--;
+        td_ctl_conn_destroy(c);
+    }
+    ctl_cfg_free(&lst->lcfg);
+    free(lst);
+}
+
+uint16_t
+td_ctl_listener_port(const td_ctl_listener_t *lst)
+{
+    return lst->port;
+}
+
+size_t
+td_ctl_listener_conn_count(const td_ctl_listener_t *lst)
+{
+    return lst->nconns;
+}

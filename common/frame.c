@@ -1,0 +1,68 @@
+/* common/frame.c — encode and decode length-prefixed Envelope frames on
+ * libevent evbuffers. */
+#include "frame.h"
+
+#include <event2/buffer.h>
+
+td_status_t
+td_frame_encode(struct evbuffer *out, const Tandem__Envelope *env, uint32_t max_body)
+{
+    struct evbuffer_iovec vec;
+    size_t body;
+    uint8_t *p;
+
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD__NOT_SET)
+        return TD_ERR_INVALID;
+    body = tandem__envelope__get_packed_size(env);
+    if (body > max_body)
+        return TD_ERR_TOO_BIG;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(TD_FRAME_HEADER_LEN + body), &vec, 1) != 1)
+        return TD_ERR_NOMEM;
+    p = vec.iov_base;
+    p[0] = (uint8_t)(body >> 24);
+    p[1] = (uint8_t)(body >> 16);
+    p[2] = (uint8_t)(body >> 8);
+    p[3] = (uint8_t)body;
+    if (tandem__envelope__pack(env, p + TD_FRAME_HEADER_LEN) != body)
+        return TD_ERR_INTERNAL;
+    vec.iov_len = TD_FRAME_HEADER_LEN + body;
+    if (evbuffer_commit_space(out, &vec, 1) != 0)
+        return TD_ERR_NOMEM;
+    return TD_OK;
+}
+
+td_status_t
+td_frame_decode(struct evbuffer *in, uint32_t max_body, Tandem__Envelope **env_out,
+                uint32_t *body_len_out)
+{
+    uint8_t hdr[TD_FRAME_HEADER_LEN];
+    Tandem__Envelope *env;
+    unsigned char *frame;
+    uint32_t body;
+
+    if (evbuffer_copyout(in, hdr, sizeof(hdr)) != (ev_ssize_t)sizeof(hdr))
+        return TD_INPROGRESS;
+    body = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    if (body > max_body) {
+        if (body_len_out)
+            *body_len_out = body;
+        return TD_ERR_TOO_BIG;
+    }
+    if (evbuffer_get_length(in) < TD_FRAME_HEADER_LEN + (size_t)body)
+        return TD_INPROGRESS;
+    frame = evbuffer_pullup(in, (ev_ssize_t)(TD_FRAME_HEADER_LEN + body));
+    if (frame == NULL)
+        return TD_ERR_NOMEM;
+    env = tandem__envelope__unpack(NULL, body, frame + TD_FRAME_HEADER_LEN);
+    evbuffer_drain(in, TD_FRAME_HEADER_LEN + (size_t)body);
+    if (env == NULL)
+        return TD_ERR_PROTO;
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD__NOT_SET) {
+        tandem__envelope__free_unpacked(env, NULL);
+        return TD_ERR_PROTO;
+    }
+    if (body_len_out)
+        *body_len_out = body;
+    *env_out = env;
+    return TD_OK;
+}

@@ -1,0 +1,237 @@
+/* common/hello.c — Hello construction and checks, HMAC-SHA256 proof of the
+ * cluster secret (OpenSSL). No I/O: common/ctl.c drives the exchange. */
+#include "hello.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "log.h"
+
+#define HELLO_PROOF_LABEL "tandem-ctl-proof-v1"
+
+static const char *const hello_role_names[] = {
+    [TANDEM__ROLE__ROLE_UNSPECIFIED] = "?",
+    [TANDEM__ROLE__ROLE_ROUTER]      = "router",
+    [TANDEM__ROLE__ROLE_PREFILL]     = "prefill",
+    [TANDEM__ROLE__ROLE_DECODE]      = "decode",
+    [TANDEM__ROLE__ROLE_TOOL]        = "tool",
+};
+
+const char *
+td_hello_role_str(Tandem__Role role)
+{
+    if ((unsigned)role >= sizeof(hello_role_names) / sizeof(hello_role_names[0]))
+        return "?";
+    return hello_role_names[role];
+}
+
+static int
+hello_role_valid(Tandem__Role role)
+{
+    return role >= TANDEM__ROLE__ROLE_ROUTER && role <= TANDEM__ROLE__ROLE_TOOL;
+}
+
+static int
+hello_node_id_valid(const char *s)
+{
+    size_t n = strlen(s);
+
+    if (n == 0 || n > TD_HELLO_NODE_ID_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] > '~')
+            return 0;
+    return 1;
+}
+
+void
+td_hello_printable(char *dst, size_t dst_len, const char *src, size_t len)
+{
+    int cut = len > dst_len - 1;
+    size_t keep = !cut ? len : dst_len > 4 ? dst_len - 4 : 0, n;
+
+    if (dst_len == 0)
+        return;
+    for (n = 0; n < keep; n++)
+        dst[n] = (src[n] >= ' ' && src[n] <= '~') ? src[n] : '?';
+    for (; cut && n + 1 < dst_len; n++)
+        dst[n] = '.';
+    dst[n] = '\0';
+}
+
+td_status_t
+td_hello_ident_check(const td_hello_ident_t *ident)
+{
+    if (!hello_role_valid(ident->role)) {
+        td_error("hello: invalid own role %d", (int)ident->role);
+        return TD_ERR_INVALID;
+    }
+    if (ident->node_id == NULL || !hello_node_id_valid(ident->node_id)) {
+        td_error("hello: node id must be 1..%u printable bytes without spaces",
+                 TD_HELLO_NODE_ID_MAX);
+        return TD_ERR_INVALID;
+    }
+    if (ident->model_fingerprint == NULL ||
+        strlen(ident->model_fingerprint) > TD_HELLO_MODEL_MAX) {
+        td_error("hello: model fingerprint missing or longer than %u bytes",
+                 TD_HELLO_MODEL_MAX);
+        return TD_ERR_INVALID;
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_hello_nonce_make(uint8_t nonce[TD_HELLO_NONCE_LEN])
+{
+    if (RAND_bytes(nonce, TD_HELLO_NONCE_LEN) != 1) {
+        td_error("hello: RAND_bytes failed");
+        return TD_ERR_INTERNAL;
+    }
+    return TD_OK;
+}
+
+void
+td_hello_build(Tandem__Hello *msg, const td_hello_ident_t *ident,
+               const uint8_t nonce[TD_HELLO_NONCE_LEN])
+{
+    tandem__hello__init(msg);
+    msg->protocol_version = ident->protocol_version;
+    msg->role = ident->role;
+    msg->node_id = (char *)ident->node_id;
+    msg->rank_id = ident->rank_id;
+    msg->incarnation = ident->incarnation;
+    msg->model_fingerprint = (char *)ident->model_fingerprint;
+    msg->kv_layout_hash = ident->kv_layout_hash;
+    msg->nonce.data = (uint8_t *)nonce;
+    msg->nonce.len = TD_HELLO_NONCE_LEN;
+}
+
+td_status_t
+td_hello_check(const td_hello_ident_t *ours, const Tandem__Hello *peer,
+               char *reason, size_t reason_len, Tandem__RejectCode *code)
+{
+    char a[40], b[40];
+
+    if (peer->protocol_version != ours->protocol_version) {
+        snprintf(reason, reason_len, "protocol version differs (ours %" PRIu32
+                 ", peer %" PRIu32 ")", ours->protocol_version, peer->protocol_version);
+        *code = TANDEM__REJECT_CODE__REJECT_VERSION;
+        return TD_ERR_MISMATCH;
+    }
+    if (!hello_role_valid(peer->role)) {
+        snprintf(reason, reason_len, "invalid peer role %d", (int)peer->role);
+        *code = TANDEM__REJECT_CODE__REJECT_IDENTITY;
+        return TD_ERR_PROTO;
+    }
+    if (!hello_node_id_valid(peer->node_id)) {
+        td_hello_printable(a, sizeof(a), peer->node_id, strlen(peer->node_id));
+        snprintf(reason, reason_len, "invalid peer node id \"%s\"", a);
+        *code = TANDEM__REJECT_CODE__REJECT_IDENTITY;
+        return TD_ERR_PROTO;
+    }
+    if (peer->nonce.len != TD_HELLO_NONCE_LEN) {
+        snprintf(reason, reason_len, "peer nonce is %zu bytes, want %u",
+                 peer->nonce.len, TD_HELLO_NONCE_LEN);
+        *code = TANDEM__REJECT_CODE__REJECT_IDENTITY;
+        return TD_ERR_PROTO;
+    }
+    if (strcmp(peer->model_fingerprint, ours->model_fingerprint) != 0) {
+        td_hello_printable(a, sizeof(a), ours->model_fingerprint,
+                           strlen(ours->model_fingerprint));
+        td_hello_printable(b, sizeof(b), peer->model_fingerprint,
+                           strlen(peer->model_fingerprint));
+        snprintf(reason, reason_len, "model fingerprint differs (ours %s, peer %s)", a, b);
+        *code = TANDEM__REJECT_CODE__REJECT_MODEL;
+        return TD_ERR_MISMATCH;
+    }
+    if (peer->kv_layout_hash != ours->kv_layout_hash) {
+        snprintf(reason, reason_len, "kv layout hash differs (ours %016" PRIx64
+                 ", peer %016" PRIx64 ")", ours->kv_layout_hash, peer->kv_layout_hash);
+        *code = TANDEM__REJECT_CODE__REJECT_LAYOUT;
+        return TD_ERR_MISMATCH;
+    }
+    return TD_OK;
+}
+
+/* Big-endian append helpers for the transcript; the caller sized the buffer. */
+static uint8_t *
+hello_put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);  p[3] = (uint8_t)v;
+    return p + 4;
+}
+
+static uint8_t *
+hello_put_u64(uint8_t *p, uint64_t v)
+{
+    return hello_put_u32(hello_put_u32(p, (uint32_t)(v >> 32)), (uint32_t)v);
+}
+
+static uint8_t *
+hello_put_str(uint8_t *p, const char *s, size_t n)
+{
+    p = hello_put_u32(p, (uint32_t)n);
+    memcpy(p, s, n);
+    return p + n;
+}
+
+td_status_t
+td_hello_proof_compute(const uint8_t *secret, size_t secret_len,
+                       const uint8_t verifier_nonce[TD_HELLO_NONCE_LEN],
+                       const Tandem__Hello *prover, uint8_t proof[TD_HELLO_PROOF_LEN])
+{
+    uint8_t buf[sizeof(HELLO_PROOF_LABEL) + 2 * TD_HELLO_NONCE_LEN + 4 * 6 + 2 * 8 +
+                TD_HELLO_NODE_ID_MAX + TD_HELLO_MODEL_MAX];
+    size_t node_len = strlen(prover->node_id), model_len = strlen(prover->model_fingerprint);
+    unsigned int md_len = 0;
+    uint8_t *p = buf;
+
+    if (prover->nonce.len != TD_HELLO_NONCE_LEN || node_len > TD_HELLO_NODE_ID_MAX ||
+        model_len > TD_HELLO_MODEL_MAX || secret_len == 0 || secret_len > INT32_MAX)
+        return TD_ERR_RANGE;
+    /* label NUL | verifier nonce | prover nonce | prover's identity fields */
+    memcpy(p, HELLO_PROOF_LABEL, sizeof(HELLO_PROOF_LABEL));
+    p += sizeof(HELLO_PROOF_LABEL);
+    memcpy(p, verifier_nonce, TD_HELLO_NONCE_LEN);
+    p += TD_HELLO_NONCE_LEN;
+    memcpy(p, prover->nonce.data, TD_HELLO_NONCE_LEN);
+    p += TD_HELLO_NONCE_LEN;
+    p = hello_put_u32(p, prover->protocol_version);
+    p = hello_put_u32(p, (uint32_t)prover->role);
+    p = hello_put_str(p, prover->node_id, node_len);
+    p = hello_put_u32(p, prover->rank_id);
+    p = hello_put_u64(p, prover->incarnation);
+    p = hello_put_str(p, prover->model_fingerprint, model_len);
+    p = hello_put_u64(p, prover->kv_layout_hash);
+    if (HMAC(EVP_sha256(), secret, (int)secret_len, buf, (size_t)(p - buf), proof,
+             &md_len) == NULL || md_len != TD_HELLO_PROOF_LEN) {
+        td_error("hello: HMAC-SHA256 failed");
+        return TD_ERR_INTERNAL;
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_hello_proof_verify(const uint8_t *secret, size_t secret_len,
+                      const uint8_t our_nonce[TD_HELLO_NONCE_LEN], const Tandem__Hello *peer,
+                      const ProtobufCBinaryData *proof, char *reason, size_t reason_len)
+{
+    uint8_t want[TD_HELLO_PROOF_LEN];
+    td_status_t st;
+
+    st = td_hello_proof_compute(secret, secret_len, our_nonce, peer, want);
+    if (st == TD_ERR_RANGE || (st == TD_OK && (proof->len != TD_HELLO_PROOF_LEN ||
+                                               CRYPTO_memcmp(want, proof->data, TD_HELLO_PROOF_LEN) != 0))) {
+        snprintf(reason, reason_len, "cluster secret proof failed");
+        st = TD_ERR_AUTH;
+    }
+    OPENSSL_cleanse(want, sizeof(want));
+    return st;
+}

@@ -1,0 +1,72 @@
+/* common/hello.h — the control-plane handshake as pure functions: build our
+ * Hello, check a peer's Hello against our expectations, and compute / verify
+ * the HMAC-SHA256 proof of the cluster secret (docs/control-plane.md). */
+#ifndef TD_HELLO_H
+#define TD_HELLO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+#include "tandem.pb-c.h"
+
+#define TD_HELLO_PROTOCOL_VERSION 1u
+#define TD_HELLO_NONCE_LEN        32u
+#define TD_HELLO_PROOF_LEN        32u   /* HMAC-SHA256 */
+#define TD_HELLO_NODE_ID_MAX      64u   /* bytes, printable ASCII */
+#define TD_HELLO_MODEL_MAX        256u  /* bytes of model fingerprint */
+#define TD_HELLO_REASON_MAX       256u  /* reason buffers, NUL included */
+
+/* Who we are and what the peer must agree with. Strings are borrowed. */
+typedef struct {
+    uint32_t protocol_version;       /* TD_HELLO_PROTOCOL_VERSION in daemons */
+    Tandem__Role role;
+    const char *node_id;
+    uint32_t rank_id;
+    uint64_t incarnation;
+    const char *model_fingerprint;
+    uint64_t kv_layout_hash;
+} td_hello_ident_t;
+
+/* TD_OK when ident is something we may send (known role, node id 1..64
+ * printable bytes, fingerprint <= 256 bytes); logs why not. */
+td_status_t td_hello_ident_check(const td_hello_ident_t *ident);
+
+/* Fill 32 fresh random bytes (OpenSSL RAND_bytes). */
+td_status_t td_hello_nonce_make(uint8_t nonce[TD_HELLO_NONCE_LEN]);
+
+/* Fill msg (initialised here) from ident and nonce; msg borrows their memory,
+ * so it is valid while they are. */
+void td_hello_build(Tandem__Hello *msg, const td_hello_ident_t *ident,
+                    const uint8_t nonce[TD_HELLO_NONCE_LEN]);
+
+/* Check the peer's Hello against ours. TD_OK, or TD_ERR_MISMATCH (version,
+ * model, layout) / TD_ERR_PROTO (bad role, node id, nonce) with a readable
+ * reason in reason[reason_len] and the matching Reject code in *code. */
+td_status_t td_hello_check(const td_hello_ident_t *ours, const Tandem__Hello *peer,
+                           char *reason, size_t reason_len, Tandem__RejectCode *code);
+
+/* proof = HMAC-SHA256(secret, transcript(verifier_nonce, prover's Hello)).
+ * The prover passes its own Hello and the peer's nonce; the verifier passes
+ * the peer's Hello and its own nonce. TD_ERR_RANGE for out-of-bounds fields. */
+td_status_t td_hello_proof_compute(const uint8_t *secret, size_t secret_len,
+                                   const uint8_t verifier_nonce[TD_HELLO_NONCE_LEN],
+                                   const Tandem__Hello *prover,
+                                   uint8_t proof[TD_HELLO_PROOF_LEN]);
+
+/* TD_OK when proof is the right one for the peer's Hello and our nonce
+ * (constant-time compare); TD_ERR_AUTH with a reason otherwise. */
+td_status_t td_hello_proof_verify(const uint8_t *secret, size_t secret_len,
+                                  const uint8_t our_nonce[TD_HELLO_NONCE_LEN],
+                                  const Tandem__Hello *peer,
+                                  const ProtobufCBinaryData *proof,
+                                  char *reason, size_t reason_len);
+
+/* Copy len bytes of untrusted text into dst[dst_len] as printable ASCII
+ * (others become '?'), truncated with "..." — for logging peer strings. */
+void td_hello_printable(char *dst, size_t dst_len, const char *src, size_t len);
+
+/* "router", "prefill", "decode", "tool", or "?" */
+const char *td_hello_role_str(Tandem__Role role);
+
+#endif
