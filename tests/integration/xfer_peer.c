@@ -1,0 +1,303 @@
+/* tests/integration/xfer_peer.c — two processes, one transfer engine each:
+ * the child receives into a pool, the parent streams transfers to it, then
+ * kills (SIGKILL) or freezes (SIGSTOP) the child and checks that the sender
+ * fails its transfers promptly (peer failure / deadline) and cleans up.
+ * Usage: xfer_peer kill|stop TRANSPORTS */
+#include "xfer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "../unit/check.h"
+#include "log.h"
+
+#define RCV_INC    0xbbbbull
+#define SND_INC    0xaaaaull
+#define BLOCK      (1u << 20)
+#define NBLOCKS    64
+#define PIECES     4
+#define INFLIGHT   8
+
+static uint64_t
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- framing over the socketpair: u32 length + bytes, with a timeout ---- */
+
+static int
+io_full(int fd, void *buf, size_t len, int writing)
+{
+    uint8_t *p = buf;
+    while (len) {
+        struct pollfd pfd = { .fd = fd, .events = writing ? POLLOUT : POLLIN };
+        if (poll(&pfd, 1, 10000) != 1)
+            return -1;
+        ssize_t n = writing ? write(fd, p, len) : read(fd, p, len);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int
+frame_send(int fd, const void *buf, size_t len)
+{
+    uint32_t n = (uint32_t)len;
+    return io_full(fd, &n, sizeof(n), 1) || io_full(fd, (void *)buf, len, 1) ? -1 : 0;
+}
+
+static void *
+frame_recv(int fd, size_t *len)
+{
+    uint32_t n;
+    if (io_full(fd, &n, sizeof(n), 0) || n > (1u << 20))
+        return NULL;
+    void *buf = malloc(n ? n : 1);
+    if (buf && io_full(fd, buf, n, 0)) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* ---- child: the receiver ------------------------------------------------ */
+
+static void
+on_parent_gone(evutil_socket_t fd, short what, void *arg)
+{
+    char c;
+    if (read(fd, &c, 1) <= 0)
+        event_base_loopbreak(arg);
+}
+
+static int
+receiver(int fd, const char *tls)
+{
+    alarm(60); /* never outlive a broken parent */
+    struct event_base *base = event_base_new();
+    td_xfer_t *x = NULL;
+    td_xfer_pool_t *pool = NULL;
+    void *addr = NULL, *exp = NULL;
+    size_t alen, elen;
+    td_xfer_config_t cfg = { .incarnation = RCV_INC, .transports = tls };
+    if (!base || td_xfer_create(base, &cfg, &x) != TD_OK ||
+        td_xfer_pool_create(x, 1, TD_XFER_MEM_HOST, NULL, BLOCK, NBLOCKS, &pool) != TD_OK ||
+        td_xfer_address(x, &addr, &alen) != TD_OK || td_xfer_pool_export(pool, &exp, &elen) != TD_OK ||
+        frame_send(fd, addr, alen) || frame_send(fd, exp, elen))
+        return 1;
+    free(addr);
+    free(exp);
+    struct event *ev = event_new(base, fd, EV_READ | EV_PERSIST, on_parent_gone, base);
+    event_add(ev, NULL);
+    event_base_dispatch(base);
+    event_free(ev);
+    td_xfer_destroy(x);
+    event_base_free(base);
+    return 0;
+}
+
+/* ---- parent: the sender ------------------------------------------------- */
+
+typedef struct {
+    td_xfer_t *x;
+    td_xfer_peer_t *peer;
+    uint8_t *src;
+    uint32_t deadline_ms;
+    uint64_t next_id;
+    int ok;
+    int failed;                /* failures the sender saw: done, refusal, peer */
+    int done_failed;
+    td_status_t first_fail;
+    uint64_t first_fail_ms;
+    int stop_posting;
+    int peer_fails;
+    td_status_t peer_fail_status;
+} sender_t;
+
+static void on_done(td_xfer_t *x, uint64_t id, td_status_t st, void *arg);
+
+static void
+note_failure(sender_t *s, td_status_t st)
+{
+    if (!s->failed++) {
+        s->first_fail = st;
+        s->first_fail_ms = now_ms();
+    }
+    s->stop_posting = 1;
+}
+
+static void
+post_one(sender_t *s)
+{
+    td_xfer_desc_t d[PIECES];
+    uint64_t blk = s->next_id % NBLOCKS;
+    for (int i = 0; i < PIECES; i++)
+        d[i] = (td_xfer_desc_t){ .src = s->src + (size_t)i * (BLOCK / PIECES), .pool_id = 1,
+                                 .block = blk, .offset = (uint64_t)i * (BLOCK / PIECES),
+                                 .len = BLOCK / PIECES };
+    uint64_t id = s->next_id++;
+    td_status_t st = td_xfer_post(s->peer, id, d, PIECES, &id, sizeof(id), s->deadline_ms,
+                                  on_done, s);
+    if (st != TD_OK)
+        note_failure(s, st); /* refused: the peer has failed */
+}
+
+static void
+on_done(td_xfer_t *x, uint64_t id, td_status_t st, void *arg)
+{
+    sender_t *s = arg;
+    if (st == TD_OK) {
+        s->ok++;
+    } else {
+        s->done_failed++;
+        note_failure(s, st);
+    }
+    if (!s->stop_posting)
+        post_one(s);
+}
+
+static void
+on_peer_fail(td_xfer_t *x, td_xfer_peer_t *peer, td_status_t st, void *arg)
+{
+    sender_t *s = arg;
+    s->peer_fails++;
+    s->peer_fail_status = st;
+    note_failure(s, st);
+}
+
+static void
+loop_until(struct event_base *base, const int *flag, int want, uint64_t timeout_ms)
+{
+    uint64_t until = now_ms() + timeout_ms;
+    while (*flag < want && now_ms() < until)
+        event_base_loop(base, EVLOOP_ONCE);
+}
+
+int
+main(int argc, char **argv)
+{
+    if (argc != 3 || (strcmp(argv[1], "kill") && strcmp(argv[1], "stop"))) {
+        fprintf(stderr, "usage: xfer_peer kill|stop TRANSPORTS\n");
+        return 2;
+    }
+    int stop = strcmp(argv[1], "stop") == 0;
+    const char *tls = argv[2];
+    td_log_set_ident("xfer_peer");
+    td_log_set_level(getenv("TD_LOG") ? TD_LOG_DEBUG : TD_LOG_ERROR);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return 2;
+    pid_t child = fork(); /* before any UCX state exists */
+    if (child < 0)
+        return 2;
+    if (child == 0) {
+        close(sv[0]);
+        _exit(receiver(sv[1], tls));
+    }
+    close(sv[1]);
+
+    struct event_base *base = event_base_new();
+    sender_t s = { .deadline_ms = stop ? 1000 : 0 };
+    size_t alen = 0, elen = 0;
+    void *addr = frame_recv(sv[0], &alen);
+    void *exp = frame_recv(sv[0], &elen);
+    CHECK(addr && exp);
+    td_xfer_config_t cfg = { .incarnation = SND_INC, .transports = tls };
+    if (!addr || !exp || !base)
+        goto out_child;
+    CHECK_STATUS(td_xfer_create(base, &cfg, &s.x), TD_OK);
+    if (!s.x)
+        goto out_child;
+    td_xfer_set_peer_fail_handler(s.x, on_peer_fail, &s);
+    CHECK_STATUS(td_xfer_peer_create(s.x, addr, alen, RCV_INC, &s.peer), TD_OK);
+    if (!s.peer)
+        goto out_engine;
+    CHECK_STATUS(td_xfer_peer_import_pool(s.peer, exp, elen), TD_OK);
+    s.src = malloc(BLOCK);
+    memset(s.src, 0x5a, BLOCK);
+
+    /* phase 1: a healthy stream */
+    for (int i = 0; i < INFLIGHT; i++)
+        post_one(&s);
+    loop_until(base, &s.ok, 20, 10000);
+    CHECK(s.ok >= 20);
+    CHECK_EQ_INT(s.failed, 0);
+
+    /* phase 2: the receiver dies or freezes mid-stream */
+    uint64_t t0 = now_ms();
+    kill(child, stop ? SIGSTOP : SIGKILL);
+    if (!stop) {
+        /* reap it as a supervisor would: a zombie still looks alive to
+         * UCX's shared-memory keepalive (it compares /proc/PID/stat) */
+        waitpid(child, NULL, 0);
+        child = -1;
+    }
+    loop_until(base, &s.failed, 1, 8000);
+    CHECK(s.failed >= 1);
+    if (s.failed) {
+        uint64_t took = s.first_fail_ms - t0;
+        fprintf(stderr, "xfer_peer %s %s: first failure after %" PRIu64 " ms: %s "
+                "(%d ok, %d failed transfers)\n", argv[1], tls, took,
+                td_status_str(s.first_fail), s.ok, s.done_failed);
+        if (stop) {
+            CHECK_STATUS(s.first_fail, TD_ERR_TIMEOUT); /* a transfer's done, first */
+            CHECK(s.done_failed >= 1);
+            CHECK(took <= s.deadline_ms + 1000);
+        } else {
+            CHECK(s.first_fail == TD_ERR_PEER || s.first_fail == TD_ERR_TIMEOUT);
+            CHECK(took < 5000);
+        }
+    }
+    /* every transfer ends, the peer is reported once, new posts are refused */
+    td_xfer_stats_t st;
+    uint64_t until = now_ms() + 3000;
+    do {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        td_xfer_stats(s.x, &st);
+    } while ((st.inflight || !s.peer_fails) && now_ms() < until);
+    CHECK_EQ_INT(st.inflight, 0);
+    CHECK_EQ_INT(s.peer_fails, 1);
+    CHECK_STATUS(s.peer_fail_status, stop ? TD_ERR_TIMEOUT : TD_ERR_PEER);
+    CHECK(td_xfer_peer_failed(s.peer));
+    CHECK_EQ_INT(st.completed + st.failed, st.posted);
+    CHECK_EQ_INT(st.peers_failed, 1);
+    td_xfer_desc_t d = { .src = s.src, .pool_id = 1, .block = 0, .len = 64 };
+    CHECK_STATUS(td_xfer_post(s.peer, 999999, &d, 1, NULL, 0, 0, on_done, &s), TD_ERR_PEER);
+    td_xfer_peer_destroy(s.peer);
+out_engine:
+    td_xfer_destroy(s.x);
+out_child:
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    close(sv[0]);
+    free(addr);
+    free(exp);
+    free(s.src);
+    if (base)
+        event_base_free(base);
+    return td_check_exit("xfer_peer");
+}
