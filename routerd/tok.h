@@ -1,0 +1,67 @@
+/* routerd/tok.h — the tokenizer interface routerd encodes prompts and decodes
+ * streamed tokens through: a vtable every tokenizer implements (the byte-level
+ * stand-in now, V4.1's byte-level BPE later), plus UTF-8-safe incremental decoding. */
+#ifndef TD_TOK_H
+#define TD_TOK_H
+
+#include "status.h"
+#include "strbuf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct td_tok td_tok_t;
+
+typedef struct {
+    /* text (len bytes, any bytes) -> *ids (malloc'd, caller frees; non-NULL
+     * even when *nids is 0). Outputs set only on success. */
+    td_status_t (*encode)(const td_tok_t *tok, const char *text, size_t len,
+                          uint32_t **ids, size_t *nids);
+    /* The bytes one id stands for (not necessarily whole UTF-8 characters);
+     * *bytes stays valid as long as tok. An id outside the vocabulary:
+     * TD_ERR_RANGE. */
+    td_status_t (*piece)(const td_tok_t *tok, uint32_t id, const char **bytes,
+                         size_t *len);
+    void (*destroy)(td_tok_t *tok);
+} td_tok_ops_t;
+
+/* Implementations embed this as their first member. */
+struct td_tok {
+    const td_tok_ops_t *ops;
+    const char *name;       /* shown in /v1/models; owned by the implementation */
+    uint32_t vocab_size;    /* ids are 0 .. vocab_size-1 */
+};
+
+/* Incremental decoding state of one stream: the bytes of a UTF-8 character
+ * whose end has not arrived yet. Zero-initialise ({0}) per stream. */
+typedef struct {
+    uint8_t buf[4];
+    uint8_t n;      /* bytes held */
+    uint8_t need;   /* length of the character being completed */
+} td_tok_dec_t;
+
+static inline td_status_t
+td_tok_encode(const td_tok_t *tok, const char *text, size_t len, uint32_t **ids,
+              size_t *nids)
+{
+    return tok->ops->encode(tok, text, len, ids, nids);
+}
+
+static inline void
+td_tok_destroy(td_tok_t *tok)
+{
+    if (tok)
+        tok->ops->destroy(tok);
+}
+
+/* Append the text of ids to out, holding back a character that is not yet
+ * complete in st. Output is always valid UTF-8: an invalid byte sequence
+ * becomes U+FFFD. An id outside the vocabulary: TD_ERR_RANGE, after the ids
+ * before it were decoded. */
+td_status_t td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids,
+                          size_t nids, td_strbuf_t *out);
+
+/* End of the stream: an unfinished character held in st becomes U+FFFD. */
+td_status_t td_tok_decode_flush(td_tok_dec_t *st, td_strbuf_t *out);
+
+#endif

@@ -1,0 +1,966 @@
+/* tests/unit/test_openai.c — routerd's API layer: request validation (exact
+ * status, error type, param, code and message for each bad body), response and
+ * stream JSON parsed back, SSE framing, stop strings, the byte-level tokenizer
+ * and API key files. */
+#include "apikeys.h"
+#include "check.h"
+#include "openai.h"
+#include "sse.h"
+#include "stop.h"
+#include "tok_bytes.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MODEL "tandem-synthetic"
+
+static const char *const models[] = { MODEL, "other-model", NULL };
+static const td_openai_cfg_t cfg = {
+    .models = models,
+    .max_body = 64 * 1024,
+    .max_tokens_limit = 4096,
+    .max_tokens_default = 256,
+};
+
+/* Bodies are written with ' for " to stay readable; this swaps them back. */
+static char *
+body_of(const char *tmpl)
+{
+    char *s = strdup(tmpl);
+    for (char *c = s; *c; c++)
+        if (*c == '\'')
+            *c = '"';
+    return s;
+}
+
+/* ===================================================================== */
+/* Error JSON                                                             */
+/* ===================================================================== */
+
+/* e's JSON is exactly {"error":{"message","type","param","code"}} with these values
+ * (param/code NULL: JSON null); the message contains substr. */
+static void
+check_err(const char *what, const td_openai_err_t *e, int http, const char *type,
+          const char *param, const char *code, const char *substr)
+{
+    td_strbuf_t out = {0};
+    CHECK_STATUS(td_openai_err_json(e, &out), TD_OK);
+    json_error_t jerr;
+    json_t *root = out.data ? json_loads(out.data, 0, &jerr) : NULL;
+    json_t *err = json_object_get(root, "error");
+    const char *msg = json_string_value(json_object_get(err, "message"));
+    int before = td_check_failures;
+    CHECK_EQ_INT(e->http, http);
+    CHECK(json_object_size(root) == 1);
+    CHECK(json_object_size(err) == 4);
+    CHECK_STR(json_string_value(json_object_get(err, "type")), type);
+    json_t *jp = json_object_get(err, "param"), *jc = json_object_get(err, "code");
+    if (param)
+        CHECK_STR(json_string_value(jp), param);
+    else
+        CHECK(json_is_null(jp));
+    if (code)
+        CHECK_STR(json_string_value(jc), code);
+    else
+        CHECK(json_is_null(jc));
+    CHECK(msg != NULL && strstr(msg, substr) != NULL);
+    if (td_check_failures != before)
+        fprintf(stderr, "  in case: %s\n  got: %s\n", what, out.data ? out.data : "(none)");
+    json_decref(root);
+    td_strbuf_free(&out);
+}
+
+/* ===================================================================== */
+/* Bad bodies                                                             */
+/* ===================================================================== */
+
+#define C TD_OPENAI_CHAT
+#define P TD_OPENAI_COMPLETION
+#define M "'model':'" MODEL "'"
+#define MSG "'messages':[{'role':'user','content':'hi'}]"
+#define IR "invalid_request_error"
+
+static const struct {
+    td_openai_kind_t kind;
+    const char *body;
+    td_status_t st;
+    int http;
+    const char *param, *code, *substr;
+} bad_bodies[] = {
+    { C, "{", TD_ERR_INVALID, 400, NULL, NULL, "could not parse the JSON body" },
+    { C, "{" M "," MSG, TD_ERR_INVALID, 400, NULL, NULL, "could not parse the JSON body" },
+    { C, "{" M ",}", TD_ERR_INVALID, 400, NULL, NULL, "could not parse the JSON body" },
+    { C, "", TD_ERR_INVALID, 400, NULL, NULL, "could not parse the JSON body" },
+    { C, "[]", TD_ERR_INVALID, 400, NULL, "invalid_type", "must be a JSON object, but got an array" },
+    { C, "{}", TD_ERR_INVALID, 400, "model", "missing_required_parameter", "Missing required parameter: 'model'." },
+    { C, "{'model':null," MSG "}", TD_ERR_INVALID, 400, "model", "missing_required_parameter", "'model'" },
+    { C, "{'model':5," MSG "}", TD_ERR_INVALID, 400, "model", "invalid_type", "Invalid type for 'model': expected a string, but got an integer instead." },
+    { C, "{'model':'gpt-9'," MSG "}", TD_ERR_NOT_FOUND, 404, NULL, "model_not_found", "The model `gpt-9` does not exist" },
+    { C, "{" M "}", TD_ERR_INVALID, 400, "messages", "missing_required_parameter", "'messages'" },
+    { C, "{" M ",'messages':null}", TD_ERR_INVALID, 400, "messages", "missing_required_parameter", "'messages'" },
+    { C, "{" M ",'messages':{}}", TD_ERR_INVALID, 400, "messages", "invalid_type", "expected an array, but got an object" },
+    { C, "{" M ",'messages':[]}", TD_ERR_INVALID, 400, "messages", "empty_array", "empty array" },
+    { C, "{" M ",'messages':['hi']}", TD_ERR_INVALID, 400, "messages[0]", "invalid_type", "expected an object, but got a string" },
+    { C, "{" M ",'messages':[{'content':'hi'}]}", TD_ERR_INVALID, 400, "messages[0].role", "missing_required_parameter", "'messages[0].role'" },
+    { C, "{" M ",'messages':[{'role':'robot','content':'hi'}]}", TD_ERR_INVALID, 400, "messages[0].role", "invalid_value", "Invalid value: 'robot'" },
+    { C, "{" M ",'messages':[{'role':3,'content':'hi'}]}", TD_ERR_INVALID, 400, "messages[0].role", "invalid_type", "got an integer" },
+    { C, "{" M ",'messages':[{'role':'user','content':'a'},{'role':'user'}]}", TD_ERR_INVALID, 400, "messages[1].content", "missing_required_parameter", "'messages[1].content'" },
+    { C, "{" M ",'messages':[{'role':'assistant','content':null}]}", TD_ERR_INVALID, 400, "messages[0].content", "missing_required_parameter", "content" },
+    { C, "{" M ",'messages':[{'role':'user','content':7}]}", TD_ERR_INVALID, 400, "messages[0].content", "invalid_type", "expected a string or an array of content parts, but got an integer" },
+    { C, "{" M ",'messages':[{'role':'user','content':[]}]}", TD_ERR_INVALID, 400, "messages[0].content", "empty_array", "empty array" },
+    { C, "{" M ",'messages':[{'role':'user','content':[{'type':'text','text':'a'},{'type':'image_url','image_url':{'url':'x'}}]}]}", TD_ERR_UNSUPPORTED, 400, "messages[0].content[1].type", "unsupported_value", "only 'text'" },
+    { C, "{" M ",'messages':[{'role':'user','content':[{'type':'text'}]}]}", TD_ERR_INVALID, 400, "messages[0].content[0].text", "missing_required_parameter", "text" },
+    { C, "{" M ",'messages':[{'role':'user','content':['a']}]}", TD_ERR_INVALID, 400, "messages[0].content[0]", "invalid_type", "expected an object" },
+    { C, "{" M ",'messages':[{'role':'user','name':1,'content':'a'}]}", TD_ERR_INVALID, 400, "messages[0].name", "invalid_type", "expected a string" },
+    { C, "{" M ",'messages':[{'role':'user','content':'a'},{'role':'tool','content':'42'}]}", TD_ERR_INVALID, 400, "messages[1].tool_call_id", "missing_required_parameter", "tool_call_id" },
+    { C, "{" M ",'messages':[{'role':'assistant','tool_calls':{}}]}", TD_ERR_INVALID, 400, "messages[0].tool_calls", "invalid_type", "expected an array" },
+    { C, "{" M "," MSG ",'max_tokens':0}", TD_ERR_INVALID, 400, "max_tokens", "integer_below_min_value", "Expected a value >= 1, but got 0 instead." },
+    { C, "{" M "," MSG ",'max_tokens':-1}", TD_ERR_INVALID, 400, "max_tokens", "integer_below_min_value", "but got -1 instead" },
+    { C, "{" M "," MSG ",'max_tokens':5000}", TD_ERR_INVALID, 400, "max_tokens", "integer_above_max_value", "Expected a value <= 4096, but got 5000 instead." },
+    { C, "{" M "," MSG ",'max_tokens':1.5}", TD_ERR_INVALID, 400, "max_tokens", "invalid_type", "Invalid type for 'max_tokens': expected an integer, but got a decimal instead." },
+    { C, "{" M "," MSG ",'max_tokens':'10'}", TD_ERR_INVALID, 400, "max_tokens", "invalid_type", "expected an integer, but got a string instead." },
+    { C, "{" M "," MSG ",'max_tokens':true}", TD_ERR_INVALID, 400, "max_tokens", "invalid_type", "but got a boolean instead" },
+    { C, "{" M "," MSG ",'max_completion_tokens':0}", TD_ERR_INVALID, 400, "max_completion_tokens", "integer_below_min_value", ">= 1" },
+    { C, "{" M "," MSG ",'max_tokens':10,'max_completion_tokens':20}", TD_ERR_INVALID, 400, "max_tokens", "invalid_value", "disagree" },
+    { C, "{" M "," MSG ",'temperature':3}", TD_ERR_INVALID, 400, "temperature", "decimal_above_max_value", "Expected a value <= 2, but got 3 instead." },
+    { C, "{" M "," MSG ",'temperature':-0.5}", TD_ERR_INVALID, 400, "temperature", "decimal_below_min_value", ">= 0, but got -0.5" },
+    { C, "{" M "," MSG ",'temperature':'hot'}", TD_ERR_INVALID, 400, "temperature", "invalid_type", "expected a number, but got a string" },
+    { C, "{" M "," MSG ",'top_p':0}", TD_ERR_INVALID, 400, "top_p", "decimal_below_min_value", "Expected a value > 0, but got 0" },
+    { C, "{" M "," MSG ",'top_p':1.5}", TD_ERR_INVALID, 400, "top_p", "decimal_above_max_value", "<= 1" },
+    { C, "{" M "," MSG ",'seed':1.5}", TD_ERR_INVALID, 400, "seed", "invalid_type", "expected an integer, but got a decimal" },
+    { C, "{" M "," MSG ",'seed':'7'}", TD_ERR_INVALID, 400, "seed", "invalid_type", "got a string" },
+    { C, "{" M "," MSG ",'stream':'yes'}", TD_ERR_INVALID, 400, "stream", "invalid_type", "expected a boolean, but got a string" },
+    { C, "{" M "," MSG ",'stream_options':{'include_usage':true}}", TD_ERR_INVALID, 400, "stream_options", "invalid_value", "only allowed when 'stream' is enabled" },
+    { C, "{" M "," MSG ",'stream':true,'stream_options':{'include_usage':1}}", TD_ERR_INVALID, 400, "stream_options.include_usage", "invalid_type", "expected a boolean" },
+    { C, "{" M "," MSG ",'stream':true,'stream_options':true}", TD_ERR_INVALID, 400, "stream_options", "invalid_type", "expected an object" },
+    { C, "{" M "," MSG ",'stop':5}", TD_ERR_INVALID, 400, "stop", "invalid_type", "expected a string or an array of strings, but got an integer" },
+    { C, "{" M "," MSG ",'stop':['a','b','c','d','e']}", TD_ERR_INVALID, 400, "stop", "array_above_max_length", "maximum length 4, but got an array with length 5" },
+    { C, "{" M "," MSG ",'stop':['a',1]}", TD_ERR_INVALID, 400, "stop[1]", "invalid_type", "expected a string" },
+    { C, "{" M "," MSG ",'stop':''}", TD_ERR_INVALID, 400, "stop", "invalid_value", "must not be empty" },
+    { C, "{" M "," MSG ",'n':2}", TD_ERR_UNSUPPORTED, 400, "n", "unsupported_value", "only n = 1 is supported" },
+    { C, "{" M "," MSG ",'n':'1'}", TD_ERR_INVALID, 400, "n", "invalid_type", "expected an integer" },
+    { C, "{" M "," MSG ",'foo':1}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: foo" },
+    { C, "{" M "," MSG ",'prompt':'x'}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: prompt" },
+    { C, "{" M "," MSG ",'logprobs':true}", TD_ERR_UNSUPPORTED, 400, "logprobs", "unsupported_value", "logprobs are not supported" },
+    { C, "{" M "," MSG ",'top_logprobs':3}", TD_ERR_UNSUPPORTED, 400, "top_logprobs", "unsupported_value", "not supported" },
+    { C, "{" M "," MSG ",'logit_bias':{'50':1}}", TD_ERR_UNSUPPORTED, 400, "logit_bias", "unsupported_value", "logit_bias is not supported" },
+    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "only 'text'" },
+    { C, "{" M "," MSG ",'tools':'x'}", TD_ERR_INVALID, 400, "tools", "invalid_type", "expected an array" },
+    { C, "{" M "," MSG ",'tools':[1]}", TD_ERR_INVALID, 400, "tools[0]", "invalid_type", "expected an object" },
+    { C, "{" M "," MSG ",'tool_choice':5}", TD_ERR_INVALID, 400, "tool_choice", "invalid_type", "expected a string or an object" },
+    { C, "{" M "," MSG ",'presence_penalty':2.5}", TD_ERR_INVALID, 400, "presence_penalty", "decimal_above_max_value", "<= 2" },
+    { C, "{" M "," MSG ",'user':5}", TD_ERR_INVALID, 400, "user", "invalid_type", "expected a string" },
+    { P, "{" M "}", TD_ERR_INVALID, 400, "prompt", "missing_required_parameter", "'prompt'" },
+    { P, "{" M ",'prompt':[1,2,3]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "token-id prompts are not supported" },
+    { P, "{" M ",'prompt':[[1,2]]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "token-id prompts" },
+    { P, "{" M ",'prompt':['a','b']}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "batched prompts" },
+    { P, "{" M ",'prompt':[]}", TD_ERR_INVALID, 400, "prompt", "empty_array", "empty array" },
+    { P, "{" M ",'prompt':5}", TD_ERR_INVALID, 400, "prompt", "invalid_type", "expected a string or an array of one string" },
+    { P, "{" M ",'prompt':'x','echo':true}", TD_ERR_UNSUPPORTED, 400, "echo", "unsupported_value", "echo is not supported" },
+    { P, "{" M ",'prompt':'x','logprobs':1}", TD_ERR_UNSUPPORTED, 400, "logprobs", "unsupported_value", "logprobs" },
+    { P, "{" M ",'prompt':'x','suffix':'y'}", TD_ERR_UNSUPPORTED, 400, "suffix", "unsupported_value", "suffix" },
+    { P, "{" M ",'prompt':'x','best_of':2}", TD_ERR_UNSUPPORTED, 400, "best_of", "unsupported_value", "best_of" },
+    { P, "{" M ",'prompt':'x','max_tokens':0}", TD_ERR_INVALID, 400, "max_tokens", "integer_below_min_value", ">= 1" },
+    { P, "{" M ",'prompt':'x','max_completion_tokens':5}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: max_completion_tokens" },
+    { P, "{" M "," MSG "}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: messages" },
+    { P, "{'model':'nope','prompt':'x'}", TD_ERR_NOT_FOUND, 404, NULL, "model_not_found", "`nope`" },
+};
+
+static void
+test_bad_bodies(void)
+{
+    for (size_t i = 0; i < sizeof bad_bodies / sizeof bad_bodies[0]; i++) {
+        char *body = body_of(bad_bodies[i].body);
+        td_openai_req_t *req = NULL;
+        td_openai_err_t e;
+        memset(&e, 0, sizeof e);
+        td_status_t st = td_openai_req_parse(&cfg, bad_bodies[i].kind, body, strlen(body), &req, &e);
+        if (st != bad_bodies[i].st)
+            fprintf(stderr, "case %zu (%s): status %s\n", i, body, td_status_str(st));
+        CHECK_STATUS(st, bad_bodies[i].st);
+        CHECK(req == NULL);
+        check_err(body, &e, bad_bodies[i].http, IR, bad_bodies[i].param, bad_bodies[i].code,
+                  bad_bodies[i].substr);
+        free(body);
+    }
+}
+
+static void
+test_oversized_body(void)
+{
+    size_t n = cfg.max_body + 1;
+    char *body = malloc(n);
+    memset(body, ' ', n);
+    memcpy(body, "{\"model\":\"x\"", 12);  /* would parse if the size were not checked */
+    td_openai_req_t *req = NULL;
+    td_openai_err_t e;
+    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, n, &req, &e), TD_ERR_TOO_BIG);
+    CHECK(req == NULL);
+    check_err("oversized", &e, 413, IR, NULL, "request_too_large", "65537 bytes, the limit is 65536");
+    free(body);
+    /* a body exactly at the limit is parsed (and fails later, as JSON) */
+    body = malloc(cfg.max_body);
+    memset(body, ' ', cfg.max_body);
+    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, cfg.max_body, &req, &e), TD_ERR_INVALID);
+    free(body);
+}
+
+/* ===================================================================== */
+/* Good bodies                                                            */
+/* ===================================================================== */
+
+static td_openai_req_t *
+parse_ok(td_openai_kind_t kind, const char *tmpl)
+{
+    char *body = body_of(tmpl);
+    td_openai_req_t *req = NULL;
+    td_openai_err_t e;
+    td_status_t st = td_openai_req_parse(&cfg, kind, body, strlen(body), &req, &e);
+    if (st != TD_OK)
+        fprintf(stderr, "good body refused: %s: %d %s\n", body, e.http, e.message);
+    CHECK_STATUS(st, TD_OK);
+    free(body);
+    return req;
+}
+
+static void
+test_good_chat(void)
+{
+    td_openai_req_t *r = parse_ok(C,
+        "{" M ",'messages':["
+        "{'role':'system','content':'be brief'},"
+        "{'role':'developer','content':'dev'},"
+        "{'role':'user','name':'ann','content':[{'type':'text','text':'a'},{'type':'text','text':'b'}]},"
+        "{'role':'assistant','content':null,'tool_calls':[{'id':'c1','type':'function','function':{'name':'f','arguments':'{}'}}]},"
+        "{'role':'tool','tool_call_id':'c1','content':'42','extra':1}],"
+        "'stream':true,'stream_options':{'include_usage':true},'max_tokens':100,"
+        "'temperature':0.5,'top_p':0.9,'seed':-7,'stop':['\\n\\n','END'],"
+        "'presence_penalty':0.5,'frequency_penalty':-1,'n':1,'user':'u','logprobs':false,"
+        "'tools':[{'type':'function','function':{'name':'f'}}],'tool_choice':'auto',"
+        "'response_format':{'type':'text'},'logit_bias':{},'parallel_tool_calls':true}");
+    if (r == NULL)
+        return;
+    CHECK_EQ_INT(r->kind, C);
+    CHECK_STR(r->model, MODEL);
+    CHECK_EQ_INT(r->nmsgs, 5);
+    CHECK_EQ_INT(r->msgs[0].role, TD_OPENAI_ROLE_SYSTEM);
+    CHECK_STR(r->msgs[0].content, "be brief");
+    CHECK_EQ_INT(r->msgs[1].role, TD_OPENAI_ROLE_DEVELOPER);
+    CHECK_EQ_INT(r->msgs[2].role, TD_OPENAI_ROLE_USER);
+    CHECK_STR(r->msgs[2].content, "a\nb");
+    CHECK_STR(r->msgs[2].name, "ann");
+    CHECK_EQ_INT(r->msgs[3].role, TD_OPENAI_ROLE_ASSISTANT);
+    CHECK_STR(r->msgs[3].content, "");
+    CHECK(r->msgs[3].tool_calls != NULL && strstr(r->msgs[3].tool_calls, "\"id\":\"c1\"") != NULL);
+    CHECK_EQ_INT(r->msgs[4].role, TD_OPENAI_ROLE_TOOL);
+    CHECK_STR(r->msgs[4].tool_call_id, "c1");
+    CHECK_STR(r->msgs[4].content, "42");
+    CHECK(r->msgs[0].name == NULL && r->msgs[0].tool_calls == NULL && r->msgs[0].tool_call_id == NULL);
+    CHECK(r->stream && r->include_usage);
+    CHECK_EQ_INT(r->max_tokens, 100);
+    CHECK(r->temperature == 0.5 && r->top_p == 0.9);
+    CHECK(r->has_seed && r->seed == -7);
+    CHECK_EQ_INT(r->nstop, 2);
+    CHECK_STR(r->stop[0], "\n\n");
+    CHECK_STR(r->stop[1], "END");
+    CHECK(r->presence_penalty == 0.5 && r->frequency_penalty == -1);
+    CHECK_STR(r->tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+    CHECK_STR(r->tool_choice, "\"auto\"");
+    CHECK(r->prompt == NULL);
+    CHECK_STR(td_openai_role_str(r->msgs[3].role), "assistant");
+    td_openai_req_destroy(r);
+
+    /* defaults; null fields are the defaults */
+    r = parse_ok(C, "{" M "," MSG ",'temperature':null,'stop':null,'max_tokens':null,'seed':null}");
+    if (r) {
+        CHECK_EQ_INT(r->max_tokens, cfg.max_tokens_default);
+        CHECK(r->temperature == 1 && r->top_p == 1 && !r->has_seed && !r->stream);
+        CHECK(!r->include_usage && r->nstop == 0 && r->tools == NULL && r->tool_choice == NULL);
+        CHECK(r->presence_penalty == 0 && r->frequency_penalty == 0);
+        td_openai_req_destroy(r);
+    }
+    /* bounds are inclusive where OpenAI's are; one stop string; max_completion_tokens */
+    r = parse_ok(C, "{'model':'other-model'," MSG ",'temperature':0,'top_p':1,'max_completion_tokens':4096,'stop':'x'}");
+    if (r) {
+        CHECK_STR(r->model, "other-model");
+        CHECK(r->temperature == 0 && r->top_p == 1);
+        CHECK_EQ_INT(r->max_tokens, 4096);
+        CHECK_EQ_INT(r->nstop, 1);
+        CHECK_STR(r->stop[0], "x");
+        td_openai_req_destroy(r);
+    }
+    r = parse_ok(C, "{" M "," MSG ",'temperature':2,'max_tokens':7,'max_completion_tokens':7,'stop':[]}");
+    if (r) {
+        CHECK_EQ_INT(r->max_tokens, 7);
+        CHECK_EQ_INT(r->nstop, 0);
+        td_openai_req_destroy(r);
+    }
+}
+
+static void
+test_good_completion(void)
+{
+    td_openai_req_t *r = parse_ok(P, "{" M ",'prompt':'Once upon','max_tokens':3,'echo':false,"
+                                     "'best_of':1,'n':1,'logprobs':null,'suffix':'','seed':9,'stream':false}");
+    if (r) {
+        CHECK_EQ_INT(r->kind, P);
+        CHECK_STR(r->prompt, "Once upon");
+        CHECK(r->msgs == NULL && r->nmsgs == 0);
+        CHECK_EQ_INT(r->max_tokens, 3);
+        CHECK(r->has_seed && r->seed == 9);
+        td_openai_req_destroy(r);
+    }
+    r = parse_ok(P, "{" M ",'prompt':['only one \\u00e9']}");
+    if (r) {
+        CHECK_STR(r->prompt, "only one \xc3\xa9");
+        td_openai_req_destroy(r);
+    }
+}
+
+/* ===================================================================== */
+/* Responses, streams, models, errors                                     */
+/* ===================================================================== */
+
+static void
+check_base(json_t *o, const char *id, const char *object)
+{
+    CHECK_STR(json_string_value(json_object_get(o, "id")), id);
+    CHECK_STR(json_string_value(json_object_get(o, "object")), object);
+    CHECK_EQ_INT(json_integer_value(json_object_get(o, "created")), 1700000000);
+    CHECK_STR(json_string_value(json_object_get(o, "model")), MODEL);
+    CHECK_STR(json_string_value(json_object_get(o, "system_fingerprint")), "fp_tandem");
+}
+
+static void
+check_usage(json_t *u, int p, int c)
+{
+    CHECK_EQ_INT(json_object_size(u), 3);
+    CHECK_EQ_INT(json_integer_value(json_object_get(u, "prompt_tokens")), p);
+    CHECK_EQ_INT(json_integer_value(json_object_get(u, "completion_tokens")), c);
+    CHECK_EQ_INT(json_integer_value(json_object_get(u, "total_tokens")), p + c);
+}
+
+static json_t *
+only_choice(json_t *o, const char *finish)
+{
+    json_t *choices = json_object_get(o, "choices");
+    CHECK_EQ_INT(json_array_size(choices), 1);
+    json_t *c = json_array_get(choices, 0);
+    CHECK_EQ_INT(json_integer_value(json_object_get(c, "index")), 0);
+    CHECK(json_is_null(json_object_get(c, "logprobs")));
+    if (finish)
+        CHECK_STR(json_string_value(json_object_get(c, "finish_reason")), finish);
+    else
+        CHECK(json_is_null(json_object_get(c, "finish_reason")));
+    return c;
+}
+
+static void
+test_responses(void)
+{
+    td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem" };
+    td_openai_usage_t u = { 12, 5 };
+    td_strbuf_t out = {0};
+    CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
+    CHECK(o != NULL);
+    check_base(o, "chatcmpl-abc", "chat.completion");
+    json_t *c = only_choice(o, "stop");
+    json_t *msg = json_object_get(c, "message");
+    CHECK_STR(json_string_value(json_object_get(msg, "role")), "assistant");
+    CHECK_STR(json_string_value(json_object_get(msg, "content")), "h\xc3\xa9llo \"q\"\n");
+    check_usage(json_object_get(o, "usage"), 12, 5);
+    json_decref(o);
+
+    td_strbuf_reset(&out);
+    m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem" };
+    CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
+    o = json_loads(out.data ? out.data : "", 0, NULL);
+    check_base(o, "cmpl-xyz", "text_completion");
+    c = only_choice(o, "length");
+    CHECK_STR(json_string_value(json_object_get(c, "text")), "abc");
+    CHECK(json_object_get(c, "message") == NULL);
+    check_usage(json_object_get(o, "usage"), 12, 5);
+    json_decref(o);
+
+    /* invalid UTF-8 text is refused, not emitted as broken JSON */
+    td_strbuf_reset(&out);
+    CHECK_STATUS(td_openai_response_json(&m, "\xff", 1, TD_OPENAI_FINISH_STOP, &u, &out), TD_ERR_INVALID);
+    CHECK_EQ_INT(out.len, 0);
+
+    /* no fingerprint: JSON null */
+    m.fingerprint = NULL;
+    CHECK_STATUS(td_openai_response_json(&m, "", 0, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    o = json_loads(out.data ? out.data : "", 0, NULL);
+    CHECK(json_is_null(json_object_get(o, "system_fingerprint")));
+    json_decref(o);
+    td_strbuf_free(&out);
+}
+
+/* Split an SSE stream into the payloads of its `data:` events. */
+static size_t
+sse_payloads(const char *s, char **payloads, size_t max)
+{
+    size_t n = 0;
+    while (*s && n < max) {
+        const char *end = strstr(s, "\n\n");
+        CHECK(end != NULL);
+        CHECK(strncmp(s, "data: ", 6) == 0);
+        if (end == NULL || strncmp(s, "data: ", 6) != 0)
+            break;
+        payloads[n++] = strndup(s + 6, (size_t)(end - s - 6));
+        s = end + 2;
+    }
+    return n;
+}
+
+static void
+free_payloads(char **p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(p[i]);
+}
+
+static void
+test_chat_stream(bool include_usage)
+{
+    td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem" }, include_usage, false };
+    td_openai_usage_t u = { 4, 2 };
+    td_strbuf_t out = {0};
+    CHECK_STATUS(td_openai_stream_text(&s, "Hel", 3, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, "lo", 2, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
+    char *p[8];
+    size_t n = sse_payloads(out.data, p, 8);
+    CHECK_EQ_INT(n, include_usage ? 5 : 4);
+    if (n == (include_usage ? 5u : 4u)) {
+        const char *want_content[] = { "Hel", "lo", NULL };
+        for (size_t i = 0; i < 3; i++) {
+            json_t *o = json_loads(p[i], 0, NULL);
+            CHECK(o != NULL);
+            check_base(o, "chatcmpl-s", "chat.completion.chunk");
+            json_t *c = only_choice(o, i == 2 ? "length" : NULL);
+            json_t *d = json_object_get(c, "delta");
+            CHECK(json_is_object(d));
+            if (i == 0)
+                CHECK_STR(json_string_value(json_object_get(d, "role")), "assistant");
+            else
+                CHECK(json_object_get(d, "role") == NULL);
+            if (want_content[i])
+                CHECK_STR(json_string_value(json_object_get(d, "content")), want_content[i]);
+            else
+                CHECK_EQ_INT(json_object_size(d), 0);
+            if (include_usage)
+                CHECK(json_is_null(json_object_get(o, "usage")));
+            else
+                CHECK(json_object_get(o, "usage") == NULL);
+            json_decref(o);
+        }
+        if (include_usage) {
+            json_t *o = json_loads(p[3], 0, NULL);
+            check_base(o, "chatcmpl-s", "chat.completion.chunk");
+            CHECK(json_is_array(json_object_get(o, "choices")));
+            CHECK_EQ_INT(json_array_size(json_object_get(o, "choices")), 0);
+            check_usage(json_object_get(o, "usage"), 4, 2);
+            json_decref(o);
+        }
+        CHECK_STR(p[n - 1], "[DONE]");
+    }
+    free_payloads(p, n);
+    td_strbuf_free(&out);
+}
+
+static void
+test_streams(void)
+{
+    test_chat_stream(false);
+    test_chat_stream(true);
+
+    /* a chat stream that ends at once still names the role; usage required */
+    td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL }, true, false };
+    td_strbuf_t out = {0};
+    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
+    CHECK_EQ_INT(out.len, 0);
+    td_openai_usage_t u = { 1, 0 };
+    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    char *p[8];
+    size_t n = sse_payloads(out.data, p, 8);
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        json_t *o = json_loads(p[0], 0, NULL);
+        json_t *d = json_object_get(only_choice(o, "stop"), "delta");
+        CHECK_STR(json_string_value(json_object_get(d, "role")), "assistant");
+        json_decref(o);
+        CHECK_STR(p[2], "[DONE]");
+    }
+    free_payloads(p, n);
+    td_strbuf_reset(&out);
+
+    /* completions: text chunks, no role, a final chunk with text "" */
+    td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem" }, false, false };
+    CHECK_STATUS(td_openai_stream_text(&cs, "ab", 2, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_finish(&cs, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
+    n = sse_payloads(out.data, p, 8);
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        for (size_t i = 0; i < 2; i++) {
+            json_t *o = json_loads(p[i], 0, NULL);
+            check_base(o, "cmpl-s", "text_completion");
+            json_t *c = only_choice(o, i == 1 ? "stop" : NULL);
+            CHECK_STR(json_string_value(json_object_get(c, "text")), i == 0 ? "ab" : "");
+            CHECK(json_object_get(c, "delta") == NULL);
+            json_decref(o);
+        }
+        CHECK_STR(p[2], "[DONE]");
+    }
+    free_payloads(p, n);
+    td_strbuf_reset(&out);
+
+    /* an error in the middle of a stream */
+    td_openai_err_t e;
+    td_openai_err_internal(&e, "decode rank lost");
+    CHECK_STATUS(td_openai_stream_error(&e, &out), TD_OK);
+    n = sse_payloads(out.data, p, 8);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) {
+        json_t *o = json_loads(p[0], 0, NULL);
+        json_t *err = json_object_get(o, "error");
+        CHECK_STR(json_string_value(json_object_get(err, "type")), "server_error");
+        CHECK(strstr(json_string_value(json_object_get(err, "message")), "decode rank lost") != NULL);
+        json_decref(o);
+        CHECK_STR(p[1], "[DONE]");
+    }
+    free_payloads(p, n);
+    td_strbuf_free(&out);
+}
+
+static void
+test_models_and_errors(void)
+{
+    td_openai_model_t ms[] = {
+        { MODEL, 1700000000, "synthetic (deterministic stand-in, not the model)", TD_TOK_BYTES_NAME },
+    };
+    td_strbuf_t out = {0};
+    CHECK_STATUS(td_openai_models_json(ms, 1, &out), TD_OK);
+    json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
+    CHECK_STR(json_string_value(json_object_get(o, "object")), "list");
+    json_t *data = json_object_get(o, "data");
+    CHECK_EQ_INT(json_array_size(data), 1);
+    json_t *m = json_array_get(data, 0);
+    CHECK_STR(json_string_value(json_object_get(m, "id")), MODEL);
+    CHECK_STR(json_string_value(json_object_get(m, "object")), "model");
+    CHECK_EQ_INT(json_integer_value(json_object_get(m, "created")), 1700000000);
+    CHECK_STR(json_string_value(json_object_get(m, "owned_by")), "tandem");
+    CHECK(strstr(json_string_value(json_object_get(m, "engine")), "synthetic") != NULL);
+    CHECK_STR(json_string_value(json_object_get(m, "tokenizer")),
+              "byte-level (stand-in until the V4.1 tokenizer lands)");
+    json_decref(o);
+    td_strbuf_reset(&out);
+    CHECK_STATUS(td_openai_models_json(NULL, 0, &out), TD_OK);
+    CHECK_STR(out.data, "{\"object\":\"list\",\"data\":[]}");
+    td_strbuf_free(&out);
+
+    td_openai_err_t e;
+    td_openai_err_auth(&e, true);
+    check_err("auth bad key", &e, 401, IR, NULL, "invalid_api_key", "Incorrect API key provided");
+    td_openai_err_auth(&e, false);
+    check_err("auth no key", &e, 401, IR, NULL, NULL, "You didn't provide an API key");
+    td_openai_err_overloaded(&e, 2);
+    check_err("overloaded", &e, 503, "server_error", NULL, NULL, "overloaded");
+    CHECK_EQ_INT(e.retry_after, 2);
+    td_openai_err_internal(&e, "boom");
+    check_err("internal", &e, 500, "server_error", NULL, NULL, "boom");
+    CHECK_EQ_INT(e.retry_after, 0);
+    td_openai_err_no_route(&e, "GET", "/v2/x");
+    check_err("no route", &e, 404, IR, NULL, NULL, "Invalid URL (GET /v2/x)");
+
+    /* a long message is cut at a character boundary: still valid JSON */
+    char big[700];
+    for (size_t i = 0; i + 2 < sizeof big; i += 2)
+        memcpy(big + i, "\xc3\xa9", 2);
+    big[sizeof big - 1] = '\0';
+    for (int shift = 0; shift < 3; shift++) {
+        td_openai_err_set(&e, 400, IR, NULL, NULL, "%.*s%s", shift, "xx", big);
+        check_err("long", &e, 400, IR, NULL, NULL, "\xc3\xa9");
+    }
+
+    char id1[TD_OPENAI_ID_LEN], id2[TD_OPENAI_ID_LEN];
+    CHECK_STATUS(td_openai_id_new(C, id1), TD_OK);
+    CHECK_STATUS(td_openai_id_new(P, id2), TD_OK);
+    CHECK(strncmp(id1, "chatcmpl-", 9) == 0 && strlen(id1) == 9 + 24);
+    CHECK(strncmp(id2, "cmpl-", 5) == 0 && strlen(id2) == 5 + 24);
+}
+
+static void
+test_sse(void)
+{
+    static const struct { const char *data, *want; } cases[] = {
+        { "{\"a\":1}", "data: {\"a\":1}\n\n" },
+        { "", "data: \n\n" },
+        { "a\nb", "data: a\ndata: b\n\n" },
+        { "a\r\nb\rc\n", "data: a\ndata: b\ndata: c\ndata: \n\n" },
+    };
+    td_strbuf_t out = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        td_strbuf_reset(&out);
+        CHECK_STATUS(td_sse_event(&out, cases[i].data, strlen(cases[i].data)), TD_OK);
+        CHECK_STR(out.data, cases[i].want);
+    }
+    td_strbuf_reset(&out);
+    CHECK_STATUS(td_sse_comment(&out, "keep-alive"), TD_OK);
+    CHECK_STATUS(td_sse_comment(&out, "two\nlines"), TD_ERR_INVALID);
+    CHECK_STATUS(td_sse_done(&out), TD_OK);
+    CHECK_STR(out.data, ": keep-alive\n\ndata: [DONE]\n\n");
+    td_strbuf_free(&out);
+}
+
+/* ===================================================================== */
+/* Stop strings                                                           */
+/* ===================================================================== */
+
+/* Feed text cut at the offsets in cuts (ascending, ending with 0), then
+ * flush; returns what came out and whether a stop matched. */
+static char *
+stop_run(const char *const *stops, size_t nstops, const char *text, const size_t *cuts,
+         bool *matched)
+{
+    td_stop_t *m = NULL;
+    td_strbuf_t out = {0};
+    *matched = false;
+    CHECK_STATUS(td_stop_create(stops, nstops, &m), TD_OK);
+    if (m == NULL)
+        return strdup("");
+    size_t len = strlen(text), at = 0;
+    for (size_t i = 0;; i++) {
+        size_t end = cuts && cuts[i] ? cuts[i] : len;
+        bool mt = false;
+        size_t before = out.len;
+        CHECK_STATUS(td_stop_feed(m, text + at, end - at, &out, &mt), TD_OK);
+        if (*matched)
+            CHECK_EQ_INT(out.len, before); /* nothing after a match */
+        *matched |= mt;
+        at = end;
+        if (end == len)
+            break;
+    }
+    CHECK_STATUS(td_stop_flush(m, &out), TD_OK);
+    td_stop_destroy(m);
+    char *s = strdup(out.data ? out.data : "");
+    td_strbuf_free(&out);
+    return s;
+}
+
+static void
+test_stop(void)
+{
+    static const struct {
+        const char *stops[4];
+        const char *text, *want;
+        bool matched;
+    } cases[] = {
+        { { NULL }, "no stops at all", "no stops at all", false },
+        { { "END" }, "abcEND", "abc", true },
+        { { "END" }, "abcENDdef", "abc", true },
+        { { "END" }, "ENDabc", "", true },
+        { { "END" }, "abcEN", "abcEN", false },          /* partial at the end: flushed */
+        { { "END" }, "EEND", "E", true },
+        { { "aab" }, "aaab", "a", true },                /* restart inside a partial */
+        { { "abc", "bcd" }, "xabcd", "x", true },       /* overlapping: abc completes first */
+        { { "bcd", "abc" }, "xabcd", "x", true },
+        { { "abcd", "bc" }, "xabcd", "xa", true },       /* bc completes before abcd */
+        { { "b", "ab" }, "xab", "x", true },             /* same end: the longest */
+        { { "\n\n", "###" }, "line\n#\n\nrest", "line\n#", true },
+        { { "x", "y" }, "abc", "abc", false },
+        { { "\xc3\xa9t\xc3\xa9" }, "caf\xc3\xa9 \xc3\xa9t\xc3\xa9!", "caf\xc3\xa9 ", true },
+        { { "aaaa" }, "aaa", "aaa", false },
+        { { "aa", "aaa" }, "baaa", "b", true },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t ns = 0;
+        while (ns < 4 && cases[i].stops[ns])
+            ns++;
+        size_t len = strlen(cases[i].text);
+        /* whole, byte by byte, and every split into two pieces */
+        size_t bytes[64] = {0};
+        for (size_t j = 1; j < len && j < 63; j++)
+            bytes[j - 1] = j;
+        for (size_t split = 0; split <= len + 1; split++) {
+            size_t two[2] = { split, 0 };
+            const size_t *cuts = split == 0 ? NULL : split == len + 1 ? bytes : two;
+            if (split == len)
+                continue; /* same as whole */
+            bool matched = false;
+            char *got = stop_run(cases[i].stops, ns, cases[i].text, cuts, &matched);
+            if (strcmp(got, cases[i].want) != 0 || matched != cases[i].matched)
+                fprintf(stderr, "stop case %zu split %zu: got \"%s\" matched %d\n", i, split, got,
+                        matched);
+            CHECK_STR(got, cases[i].want);
+            CHECK(matched == cases[i].matched);
+            free(got);
+        }
+    }
+
+    /* held text is released as soon as it cannot start a stop string */
+    td_stop_t *m;
+    const char *stops[] = { "STOP" };
+    td_strbuf_t out = {0};
+    bool mt;
+    CHECK_STATUS(td_stop_create(stops, 1, &m), TD_OK);
+    CHECK_STATUS(td_stop_feed(m, "abST", 4, &out, &mt), TD_OK);
+    CHECK_STR(out.data, "ab");
+    CHECK(!mt);
+    CHECK_STATUS(td_stop_feed(m, "x", 1, &out, &mt), TD_OK);
+    CHECK_STR(out.data, "abSTx");
+    CHECK_STATUS(td_stop_feed(m, "STO", 3, &out, &mt), TD_OK);
+    CHECK_STR(out.data, "abSTx");
+    CHECK_STATUS(td_stop_feed(m, "P tail", 6, &out, &mt), TD_OK);
+    CHECK(mt);
+    CHECK_STR(out.data, "abSTx");
+    CHECK_STATUS(td_stop_feed(m, "more", 4, &out, &mt), TD_OK);
+    CHECK(mt);
+    CHECK_STR(out.data, "abSTx");
+    td_stop_destroy(m);
+    td_strbuf_free(&out);
+
+    const char *empty[] = { "ok", "" };
+    m = NULL;
+    CHECK_STATUS(td_stop_create(empty, 2, &m), TD_ERR_INVALID);
+    CHECK(m == NULL);
+}
+
+/* ===================================================================== */
+/* Byte-level tokenizer                                                   */
+/* ===================================================================== */
+
+static bool
+valid_utf8(const char *s, size_t len)
+{
+    json_t *j = json_stringn(s, len);
+    json_decref(j);
+    return j != NULL;
+}
+
+/* Decode ids in pieces of random sizes; flush at the end. */
+static void
+decode_pieces(const td_tok_t *tok, const uint32_t *ids, size_t n, td_strbuf_t *out)
+{
+    td_tok_dec_t st = {0};
+    for (size_t i = 0; i < n;) {
+        size_t k = 1 + (size_t)rand() % 5;
+        if (k > n - i)
+            k = n - i;
+        CHECK_STATUS(td_tok_decode(tok, &st, ids + i, k, out), TD_OK);
+        i += k;
+    }
+    CHECK_STATUS(td_tok_decode_flush(&st, out), TD_OK);
+}
+
+static void
+test_tok_bytes(void)
+{
+    td_tok_t *tok = NULL;
+    CHECK_STATUS(td_tok_bytes_create(&tok), TD_OK);
+    if (tok == NULL)
+        return;
+    CHECK_STR(tok->name, "byte-level (stand-in until the V4.1 tokenizer lands)");
+    CHECK_EQ_INT(tok->vocab_size, 256);
+
+    /* valid UTF-8 round-trips exactly, whatever the pieces */
+    const char *text = "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87!";
+    uint32_t *ids;
+    size_t n;
+    CHECK_STATUS(td_tok_encode(tok, text, strlen(text), &ids, &n), TD_OK);
+    CHECK_EQ_INT(n, strlen(text));
+    CHECK_EQ_INT(ids[1], 0xc3);
+    srand(7);
+    for (int round = 0; round < 50; round++) {
+        td_strbuf_t out = {0};
+        decode_pieces(tok, ids, n, &out);
+        CHECK_STR(out.data, text);
+        td_strbuf_free(&out);
+    }
+    free(ids);
+
+    /* a character split across calls appears only once complete */
+    td_tok_dec_t st = {0};
+    td_strbuf_t out = {0};
+    const uint32_t emoji[] = { 0xf0, 0x9f, 0x98, 0x80 };
+    for (size_t i = 0; i < 3; i++) {
+        CHECK_STATUS(td_tok_decode(tok, &st, &emoji[i], 1, &out), TD_OK);
+        CHECK_EQ_INT(out.len, 0);
+    }
+    CHECK_STATUS(td_tok_decode(tok, &st, &emoji[3], 1, &out), TD_OK);
+    CHECK_STR(out.data, "\xf0\x9f\x98\x80");
+
+    /* invalid sequences become U+FFFD; a dangling lead byte at the end too */
+    static const struct { uint32_t ids[6]; size_t n; const char *want; } invalid[] = {
+        { { 0xff }, 1, "\xef\xbf\xbd" },
+        { { 0xc3, 0x41 }, 2, "\xef\xbf\xbd" "A" },
+        { { 0x80, 0x41 }, 2, "\xef\xbf\xbd" "A" },
+        { { 0xc0, 0xaf }, 2, "\xef\xbf\xbd\xef\xbf\xbd" },          /* overlong */
+        { { 0xed, 0xa0, 0x80 }, 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" }, /* surrogate */
+        { { 0xe2, 0x82 }, 2, "\xef\xbf\xbd" },                      /* cut off at the end */
+        { { 0xe2, 0x82, 0xe2, 0x82, 0xac }, 5, "\xef\xbf\xbd\xe2\x82\xac" },
+    };
+    for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+        td_strbuf_reset(&out);
+        td_tok_dec_t s2 = {0};
+        CHECK_STATUS(td_tok_decode(tok, &s2, invalid[i].ids, invalid[i].n, &out), TD_OK);
+        CHECK_STATUS(td_tok_decode_flush(&s2, &out), TD_OK);
+        CHECK_STR(out.data, invalid[i].want);
+    }
+
+    /* random bytes: any cut decodes to the same valid UTF-8; valid input is unchanged */
+    for (int round = 0; round < 200; round++) {
+        char raw[64];
+        size_t len = (size_t)rand() % sizeof raw;
+        for (size_t i = 0; i < len; i++)
+            raw[i] = (char)(round % 2 ? rand() : 0xc0 + rand() % 0x40 - (rand() % 2) * 0x40);
+        CHECK_STATUS(td_tok_encode(tok, raw, len, &ids, &n), TD_OK);
+        td_strbuf_t whole = {0}, cut = {0};
+        td_tok_dec_t s3 = {0};
+        CHECK_STATUS(td_tok_decode(tok, &s3, ids, n, &whole), TD_OK);
+        CHECK_STATUS(td_tok_decode_flush(&s3, &whole), TD_OK);
+        decode_pieces(tok, ids, n, &cut);
+        CHECK(whole.len == cut.len && (whole.len == 0 || memcmp(whole.data, cut.data, whole.len) == 0));
+        CHECK(whole.len == 0 || valid_utf8(whole.data, whole.len));
+        if (valid_utf8(raw, len))
+            CHECK(whole.len == len && (len == 0 || memcmp(whole.data, raw, len) == 0));
+        td_strbuf_free(&whole);
+        td_strbuf_free(&cut);
+        free(ids);
+    }
+
+    /* an id outside the vocabulary is an error, not a crash */
+    td_strbuf_reset(&out);
+    td_tok_dec_t s4 = {0};
+    const uint32_t oob[] = { 'a', 300, 'b' };
+    CHECK_STATUS(td_tok_decode(tok, &s4, oob, 3, &out), TD_ERR_RANGE);
+    CHECK_STR(out.data, "a");
+    CHECK_STATUS(td_tok_encode(tok, "", 0, &ids, &n), TD_OK);
+    CHECK_EQ_INT(n, 0);
+    free(ids);
+    td_strbuf_free(&out);
+    td_tok_destroy(tok);
+}
+
+/* ===================================================================== */
+/* API keys                                                               */
+/* ===================================================================== */
+
+static char *
+write_tmp(const char *content)
+{
+    char *path = strdup("/tmp/td_apikeys_XXXXXX");
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    size_t len = strlen(content);
+    CHECK(write(fd, content, len) == (ssize_t)len);
+    close(fd);
+    return path;
+}
+
+static void
+rewrite(const char *path, const char *content)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(content, f);
+        fclose(f);
+    }
+}
+
+static void
+test_apikeys(void)
+{
+    char err[TD_APIKEYS_ERRLEN];
+    char *path = write_tmp("# client keys\n\n  sk-one  \r\nsk-two\r\n   # indented comment\n\t\nsk-three");
+    td_apikeys_t *k = NULL;
+    CHECK_STATUS(td_apikeys_load(path, &k, err, sizeof err), TD_OK);
+    if (k == NULL)
+        return;
+    CHECK_EQ_INT(td_apikeys_count(k), 3);
+    CHECK(td_apikeys_match(k, "sk-one", 6));
+    CHECK(td_apikeys_match(k, "sk-two", 6));
+    CHECK(td_apikeys_match(k, "sk-three", 8));
+    CHECK(!td_apikeys_match(k, "sk-on", 5));
+    CHECK(!td_apikeys_match(k, "sk-one ", 7));
+    CHECK(!td_apikeys_match(k, "# client keys", 13));
+    CHECK(!td_apikeys_match(k, "", 0));
+
+    static const struct { const char *hdr; td_status_t st; } hdrs[] = {
+        { "Bearer sk-one", TD_OK },
+        { "bearer   sk-two  ", TD_OK },
+        { "BEARER sk-three", TD_OK },
+        { "Bearer sk-four", TD_ERR_AUTH },
+        { "Bearer SK-ONE", TD_ERR_AUTH },
+        { "Bearer", TD_ERR_NOT_FOUND },
+        { "Bearer   ", TD_ERR_NOT_FOUND },
+        { "Basic c2stb25l", TD_ERR_NOT_FOUND },
+        { "Bearersk-one", TD_ERR_NOT_FOUND },
+        { "", TD_ERR_NOT_FOUND },
+        { NULL, TD_ERR_NOT_FOUND },
+    };
+    for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++)
+        CHECK_STATUS(td_apikeys_check_header(k, hdrs[i].hdr), hdrs[i].st);
+
+    /* reload picks up the new file; a broken file keeps the old keys */
+    rewrite(path, "sk-new\n");
+    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_OK);
+    CHECK_EQ_INT(td_apikeys_count(k), 1);
+    CHECK(td_apikeys_match(k, "sk-new", 6));
+    CHECK(!td_apikeys_match(k, "sk-one", 6));
+    rewrite(path, "sk-a\nsk b\n");
+    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_INVALID);
+    CHECK(strstr(err, path) != NULL && strstr(err, ":2: key contains whitespace") != NULL);
+    CHECK(td_apikeys_match(k, "sk-new", 6));
+    CHECK(!td_apikeys_match(k, "sk-a", 4));
+    unlink(path);
+    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK(td_apikeys_match(k, "sk-new", 6));
+    td_apikeys_destroy(k);
+
+    /* load failures say which file and why */
+    td_apikeys_t *none = NULL;
+    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK(none == NULL);
+    CHECK(strstr(err, path) != NULL && strstr(err, "No such file") != NULL);
+    rewrite(path, "# only comments\n\n");
+    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
+    CHECK(strstr(err, "no keys") != NULL);
+    char longkey[TD_APIKEYS_MAX_LEN + 3];
+    memset(longkey, 'k', sizeof longkey - 2);
+    longkey[sizeof longkey - 2] = '\n';
+    longkey[sizeof longkey - 1] = '\0';
+    rewrite(path, longkey);
+    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
+    CHECK(strstr(err, ":1: key longer than 512 bytes") != NULL);
+    longkey[sizeof longkey - 3] = '\n';
+    longkey[sizeof longkey - 2] = '\0';
+    rewrite(path, longkey);
+    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_OK);
+    CHECK(none != NULL && td_apikeys_count(none) == 1);
+    td_apikeys_destroy(none);
+    unlink(path);
+    free(path);
+}
+
+int
+main(void)
+{
+    test_bad_bodies();
+    test_oversized_body();
+    test_good_chat();
+    test_good_completion();
+    test_responses();
+    test_streams();
+    test_models_and_errors();
+    test_sse();
+    test_stop();
+    test_tok_bytes();
+    test_apikeys();
+    return td_check_exit("test_openai");
+}
