@@ -49,15 +49,23 @@ td_kernels_span_bytes(size_t block_bytes, uint64_t bytes)
 
 /* One backend. Every op validates its arguments on the host before touching
  * memory: a block id >= pool->nblocks, or a table shorter than the span needs,
- * gives TD_ERR_RANGE and writes nothing; malformed spans, NULL pointers or a
- * buffer overlapping the pool give TD_ERR_INVALID. The table is host memory,
- * read before the op returns, and holds distinct ids (not checked: the pool's
- * accounting guarantees it; duplicates make unpack's result unspecified).
+ * gives TD_ERR_RANGE and writes nothing; malformed spans, NULL pointers, a
+ * buffer overlapping the pool, or a buffer or pool running past the top of
+ * the address space give TD_ERR_INVALID. The table is host memory (pageable
+ * or pinned), read before the op returns, so the caller may overwrite or free
+ * it as soon as the op returns, even while a cuda op is still running; it
+ * holds distinct ids (not checked: the pool's accounting guarantees it;
+ * duplicates make unpack's result unspecified).
  *
  * stream: NULL for cpu (ignored); for cuda a cudaStream_t, NULL meaning the
  * legacy default stream. cuda ops are asynchronous: TD_OK means enqueued, the
- * buffers must stay alive until sync(stream) returns. cpu ops are done when
- * they return. On failure td_kernels_error() says why. */
+ * pool and buffer must stay alive until sync(stream) returns. A cuda op
+ * carries the block ids by value in its kernel launch parameters (one launch
+ * per 1000 blocks touched): it allocates nothing, copies nothing ahead of the
+ * kernel and never waits for the stream. A launch error after the first of
+ * several launches leaves the earlier ones enqueued (the span's content is
+ * then unspecified, as after an error from sync). cpu ops are done when they
+ * return. On failure td_kernels_error() says why. */
 typedef struct td_kernels {
     const char *name;  /* "cpu", "cuda" */
 

@@ -24,6 +24,25 @@ td_kernels_fail(td_status_t st, const char *fmt, ...)
     return st;
 }
 
+/* Whether [a, a + len) runs past the top of the address space (a range
+ * ending exactly at the top does not). */
+static int
+kv_wraps(uintptr_t a, size_t len)
+{
+    return len != 0 && len - 1 > UINTPTR_MAX - a;
+}
+
+/* Whether [a, a + alen) and [b, b + blen) share a byte; neither wraps. Only
+ * differences of addresses are formed, so ranges at the top of the address
+ * space compare correctly. */
+static int
+kv_overlaps(uintptr_t a, size_t alen, uintptr_t b, size_t blen)
+{
+    if (alen == 0 || blen == 0)
+        return 0;
+    return a <= b ? b - a < alen : a - b < blen;
+}
+
 td_status_t
 td_kernels_kv_check(const char *op, const td_kernels_pool_t *pool,
                     const uint32_t *table, size_t ntable,
@@ -63,10 +82,13 @@ td_kernels_kv_check(const char *op, const td_kernels_pool_t *pool,
                                "span needs %llu", op, ntable,
                                (unsigned long long)jlast + 1);
 
-    uintptr_t b0 = (uintptr_t)buf, b1 = b0 + (size_t)span->count * eb;
-    uintptr_t p0 = (uintptr_t)pool->base;
-    uintptr_t p1 = p0 + (size_t)pool->nblocks * pool->block_bytes;
-    if (b0 < p1 && p0 < b1)
+    uintptr_t b0 = (uintptr_t)buf, p0 = (uintptr_t)pool->base;
+    size_t blen = (size_t)span->count * eb;
+    size_t plen = (size_t)pool->nblocks * pool->block_bytes;
+    if (kv_wraps(b0, blen) || kv_wraps(p0, plen))
+        return td_kernels_fail(TD_ERR_INVALID, "%s: %s wraps the address space",
+                               op, kv_wraps(b0, blen) ? "buffer" : "pool");
+    if (kv_overlaps(b0, blen, p0, plen))
         return td_kernels_fail(TD_ERR_INVALID, "%s: buffer overlaps the pool", op);
 
     for (uint64_t j = jfirst; j <= jlast; j++)

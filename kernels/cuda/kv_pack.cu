@@ -4,23 +4,33 @@
 #include "backend.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 static constexpr unsigned KV_THREADS = 256;       /* threads per CTA */
 static constexpr size_t KV_CHUNK_MIN = 64 * 1024; /* bytes per CTA at least */
 static constexpr size_t KV_GRID_Y_MAX = 65535;    /* chunks per block run at most */
 static constexpr unsigned KV_UNROLL = 4;          /* words in flight per thread */
 
-/* One launch: the span's runs, block j of the table being CTA column
- * j - jfirst. A run is the span's entries inside one block, contiguous on
- * both sides. */
+/* One launch: up to KV_IDS of the span's runs, block j of the table being
+ * CTA column j - jfirst. A run is the span's entries inside one block,
+ * contiguous on both sides. The block ids travel by value in the kernel
+ * parameters: the launch copies them when it is enqueued, so the caller's
+ * table is free as soon as the op returns, and no device memory, upload or
+ * synchronisation is needed. Parameters stay within the 4 KiB every CUDA
+ * version and device accepts; a span touching more blocks takes several
+ * launches of KV_IDS runs. */
+static constexpr size_t KV_PARAM_MAX = 4096;      /* bytes of kernel parameters */
+static constexpr unsigned KV_IDS = 1000;          /* block ids per launch */
+
 struct kv_args {
     unsigned char *base;       /* [nblocks, block_bytes] */
-    const uint32_t *ids;       /* [nruns] = table[jfirst ..], device memory */
     unsigned char *buf;        /* [count, entry_bytes] */
     size_t block_bytes, entry_bytes, epb, offset;
     uint64_t first, count, jfirst;
     size_t chunk;              /* bytes per CTA, a multiple of 16 */
+    uint32_t ids[KV_IDS];      /* [gridDim.x] = table[jfirst ..] */
 };
+static_assert(sizeof(kv_args) <= KV_PARAM_MAX, "kv_args exceeds 4 KiB of kernel parameters");
 
 /* Copy len bytes; dst and src are congruent modulo sizeof(W): bytes up to the
  * first W-aligned address, then W-words, then the tail bytes. */
@@ -71,9 +81,11 @@ kv_copy(unsigned char *dst, const unsigned char *src, size_t len)
         kv_copy_words<unsigned char>(dst, src, len);
 }
 
+/* a is read in place from the parameter space (__grid_constant__: no
+ * per-thread copy of the id array). */
 template <bool PACK>
 __global__ static void
-kv_copy_kernel(kv_args a)
+kv_copy_kernel(const __grid_constant__ kv_args a)
 {
     uint64_t j = a.jfirst + blockIdx.x;
     uint64_t end = a.first + a.count;
@@ -95,8 +107,8 @@ kv_copy_kernel(kv_args a)
         kv_copy(blk, b, n);
 }
 
-/* Check on the host, upload the span's block ids (stream-ordered; the host
- * table is staged before cudaMemcpyAsync returns), launch, free the ids. */
+/* Check on the host, then launch the span's runs KV_IDS at a time, each
+ * launch carrying its block ids by value. */
 static td_status_t
 kv_launch(const char *op, bool pack, const td_kernels_pool_t *pool,
           const uint32_t *table, size_t ntable, const td_kernels_span_t *span,
@@ -109,7 +121,7 @@ kv_launch(const char *op, bool pack, const td_kernels_pool_t *pool,
     if (st != TD_OK || span->count == 0)
         return st;
 
-    kv_args a;
+    kv_args a = {};    /* 4 KiB on the stack: no state shared between calls */
     a.base = (unsigned char *)pool->base;
     a.buf = (unsigned char *)buf;
     a.block_bytes = pool->block_bytes;
@@ -118,39 +130,28 @@ kv_launch(const char *op, bool pack, const td_kernels_pool_t *pool,
     a.offset = span->offset;
     a.first = span->first;
     a.count = span->count;
-    a.jfirst = span->first / a.epb;
 
-    uint64_t nruns = (span->first + span->count - 1) / a.epb - a.jfirst + 1;
-    if (nruns > INT32_MAX)
-        return td_kernels_fail(TD_ERR_RANGE, "%s: %llu blocks exceed one launch",
-                               op, (unsigned long long)nruns);
     size_t run_max = (size_t)(a.count < a.epb ? a.count : a.epb) * a.entry_bytes;
     size_t chunk = (run_max + KV_GRID_Y_MAX - 1) / KV_GRID_Y_MAX;
     chunk = (chunk + 15) & ~(size_t)15;
     a.chunk = chunk > KV_CHUNK_MIN ? chunk : KV_CHUNK_MIN;
-    dim3 grid((unsigned)nruns, (unsigned)((run_max + a.chunk - 1) / a.chunk));
+    unsigned nchunks = (unsigned)((run_max + a.chunk - 1) / a.chunk);
 
-    uint32_t *ids = NULL;
-    st = td_kernels_cuda_status(cudaMallocAsync((void **)&ids, nruns * sizeof(*ids), s),
-                                "block table alloc");
-    if (st != TD_OK)
-        return st;
-    st = td_kernels_cuda_status(cudaMemcpyAsync(ids, table + a.jfirst,
-                                                nruns * sizeof(*ids),
-                                                cudaMemcpyHostToDevice, s),
-                                "block table upload");
-    if (st != TD_OK)
-        goto free_ids;
-    a.ids = ids;
-    if (pack)
-        kv_copy_kernel<true><<<grid, KV_THREADS, 0, s>>>(a);
-    else
-        kv_copy_kernel<false><<<grid, KV_THREADS, 0, s>>>(a);
-    st = td_kernels_cuda_status(cudaGetLastError(), op);
+    uint64_t jlast = (span->first + span->count - 1) / a.epb;
+    for (a.jfirst = span->first / a.epb;; a.jfirst += KV_IDS) {
+        uint64_t rest = jlast - a.jfirst;  /* runs after this launch's first */
+        unsigned n = rest < KV_IDS ? (unsigned)rest + 1 : KV_IDS;
 
-free_ids:
-    cudaFreeAsync(ids, s);
-    return st;
+        memcpy(a.ids, table + a.jfirst, n * sizeof(*table));
+        dim3 grid(n, nchunks);
+        if (pack)
+            kv_copy_kernel<true><<<grid, KV_THREADS, 0, s>>>(a);
+        else
+            kv_copy_kernel<false><<<grid, KV_THREADS, 0, s>>>(a);
+        st = td_kernels_cuda_status(cudaGetLastError(), op);
+        if (st != TD_OK || rest < KV_IDS)
+            return st;
+    }
 }
 
 td_status_t

@@ -193,6 +193,89 @@ check_reject(const td_kernels_t *gpu)
     free(h);
 }
 
+/* The table is read before the op returns: with the stream held busy by
+ * earlier work, overwrite the caller's table (a different valid permutation)
+ * right after the op returns and before sync; the result must follow the
+ * original table. A pinned table is the case an asynchronous upload would get
+ * wrong; 40 ids fit one launch, 2500 take several. */
+static void
+check_table_reuse_case(const td_kernels_t *gpu, unsigned char *dbusy, size_t busy,
+                       int pinned, uint32_t n, int pack)
+{
+    enum { BB = 256 };
+    const td_kernels_t *cpu = td_kernels_cpu();
+    td_kernels_span_t s = td_kernels_span_bytes(BB, (uint64_t)n * BB - 7);
+    size_t total = (size_t)n * BB, len = (size_t)s.count;
+    unsigned char *hpool = malloc(total), *hbuf = malloc(len);
+    unsigned char *back = malloc(total), *dpool, *dbuf;
+    uint32_t *orig = malloc(n * sizeof(*orig)), *table;
+    char what[96];
+
+    if (pinned)
+        CUDA_OK(cudaHostAlloc((void **)&table, n * sizeof(*table), cudaHostAllocDefault));
+    else
+        table = malloc(n * sizeof(*table));
+    shuffle(orig, n);
+    memcpy(table, orig, n * sizeof(*table));
+    fill(hpool, total);
+    fill(hbuf, len);
+    CUDA_OK(cudaMalloc((void **)&dpool, total));
+    CUDA_OK(cudaMalloc((void **)&dbuf, len));
+    CUDA_OK(cudaMemcpy(dpool, hpool, total, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dbuf, hbuf, len, cudaMemcpyHostToDevice));
+    td_kernels_pool_t hp = { hpool, n, BB }, dp = { dpool, n, BB };
+
+    for (int i = 0; i < 4; i++)  /* ~1 GiB of memset ahead of the op */
+        CUDA_OK(cudaMemsetAsync(dbusy, i, busy, NULL));
+    td_status_t st = pack ? gpu->kv_pack(&dp, table, n, &s, dbuf, NULL)
+                          : gpu->kv_unpack(&dp, table, n, &s, dbuf, NULL);
+    for (uint32_t i = 0; i < n; i++)
+        table[i] = orig[(i + 1) % n];
+    cudaError_t busy_left = cudaStreamQuery(NULL);
+    (void)cudaGetLastError();  /* NotReady is no error; leave none behind */
+    if (st == TD_OK)
+        st = gpu->sync(NULL);
+    snprintf(what, sizeof(what), "%s with a %s table of %u ids reused after return",
+             pack ? "pack" : "unpack", pinned ? "pinned" : "pageable", n);
+    expect(st == TD_OK && (pack ? cpu->kv_pack(&hp, orig, n, &s, hbuf, NULL)
+                                : cpu->kv_unpack(&hp, orig, n, &s, hbuf, NULL)) == TD_OK,
+           what);
+    if (pack)
+        CUDA_OK(cudaMemcpy(back, dbuf, len, cudaMemcpyDeviceToHost));
+    else
+        CUDA_OK(cudaMemcpy(back, dpool, total, cudaMemcpyDeviceToHost));
+    expect(memcmp(back, pack ? hbuf : hpool, pack ? len : total) == 0, what);
+    if (busy_left != cudaErrorNotReady)  /* the test proves nothing then */
+        fprintf(stderr, "warning: %s: the stream was idle before the table was "
+                "overwritten\n", what);
+
+    CUDA_OK(cudaFree(dbuf));
+    CUDA_OK(cudaFree(dpool));
+    if (pinned)
+        CUDA_OK(cudaFreeHost(table));
+    else
+        free(table);
+    free(orig);
+    free(back);
+    free(hbuf);
+    free(hpool);
+}
+
+static void
+check_table_reuse(const td_kernels_t *gpu)
+{
+    static const uint32_t sizes[] = { 40, 2500 };
+    size_t busy = 256u << 20;
+    unsigned char *dbusy;
+
+    CUDA_OK(cudaMalloc((void **)&dbusy, busy));
+    for (int pinned = 0; pinned < 2; pinned++)
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+            for (int pack = 0; pack < 2; pack++)
+                check_table_reuse_case(gpu, dbusy, busy, pinned, sizes[i], pack);
+    CUDA_OK(cudaFree(dbusy));
+}
+
 /* ---- throughput --------------------------------------------------------- */
 
 /* GB/s of payload (bytes moved, each read once and written once) for pack
@@ -275,6 +358,7 @@ main(void)
         check_case(gpu, &c, "random");
     }
     check_reject(gpu);
+    check_table_reuse(gpu);
 
     enum { KiB = 1024, MiB = 1024 * 1024 };
     bench(gpu, "4 KiB blocks x 16384", 4 * KiB, 16384, td_kernels_span_bytes(4 * KiB, 64ull * MiB));

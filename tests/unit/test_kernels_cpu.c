@@ -109,7 +109,10 @@ check_case(const kv_case_t *c)
     free(base);
 }
 
-/* Bad arguments: the expected status, and neither buffer nor pool written. */
+/* Bad arguments: the expected status, and neither buffer nor pool written.
+ * Pools and buffers near the top of the address space are fake addresses:
+ * the check rejects them before any byte moves (an overflowing overlap test
+ * would let them through to the copy, which crashes). */
 static void
 check_rejects(void)
 {
@@ -119,11 +122,22 @@ check_rejects(void)
     unsigned char buf[4 * BB], bufcopy[4 * BB];
     td_kernels_pool_t pool = { base, NB, BB };
     td_kernels_span_t plain = td_kernels_span_bytes(BB, 3 * BB + 5);
+    size_t plain_len = 3 * BB + 5;
     uint32_t good[4] = { 5, 1, 7, 2 };
+    uint32_t low[4] = { 3, 1, 0, 2 };            /* for pools of 4 blocks */
     uint32_t last_bad[4] = { 5, 1, 7, NB };      /* bad id in the last block used */
     uint32_t first_bad[4] = { UINT32_MAX, 1, 7, 2 };
+    /* pools of 4 blocks around buf = base: right after it, on its last byte */
+    td_kernels_pool_t after = { base + plain_len, 4, BB };
+    td_kernels_pool_t on_last = { base + plain_len - 1, 4, BB };
+    /* fake pools: ending at the top of the address space, BB below it, past it */
+    uintptr_t top = UINTPTR_MAX - NB * BB + 1, below = top - BB;
+    td_kernels_pool_t at_top = { (void *)top, NB, BB };
+    td_kernels_pool_t below_top = { (void *)below, NB, BB };
+    td_kernels_pool_t wrapping = { (void *)(UINTPTR_MAX - BB + 1), NB, BB };
     struct {
         const char *name;
+        const td_kernels_pool_t *pool;
         const uint32_t *table;
         size_t ntable;
         td_kernels_span_t span;
@@ -131,19 +145,26 @@ check_rejects(void)
         td_status_t want;
         const char *msg;  /* expected in td_kernels_error() */
     } cases[] = {
-        { "last id out of range", last_bad, 4, plain, buf, TD_ERR_RANGE, "table[3] = 8 >= nblocks 8" },
-        { "first id out of range", first_bad, 4, plain, buf, TD_ERR_RANGE, "table[0]" },
-        { "table too short", good, 3, plain, buf, TD_ERR_RANGE, "span needs 4" },
-        { "zero entry bytes", good, 4, { 0, 4, 0, 0, 4 }, buf, TD_ERR_INVALID, "entry_bytes 0" },
-        { "zero entries per block", good, 4, { 4, 0, 0, 0, 4 }, buf, TD_ERR_INVALID, "entries_per_block 0" },
-        { "span wider than block", good, 4, { 8, 8, 1, 0, 4 }, buf, TD_ERR_INVALID, "exceeds block_bytes" },
-        { "offset past block", good, 4, { 1, 1, BB + 1, 0, 4 }, buf, TD_ERR_INVALID, "exceeds block_bytes" },
-        { "entry count overflows", good, 4, { 2, 32, 0, UINT64_MAX - 2, 4 }, buf, TD_ERR_RANGE, "overflows" },
-        { "null buffer", good, 4, plain, NULL, TD_ERR_INVALID, "NULL" },
-        { "null table", NULL, 4, plain, buf, TD_ERR_INVALID, "NULL" },
-        { "buffer inside pool", good, 4, td_kernels_span_bytes(BB, 8), base + 3 * BB, TD_ERR_INVALID, "overlaps" },
-        { "empty span", NULL, 0, td_kernels_span_bytes(BB, 0), NULL, TD_OK, NULL },
-        { "ids past the span unchecked", last_bad, 4, td_kernels_span_bytes(BB, 3 * BB), buf, TD_OK, NULL },
+        { "last id out of range", &pool, last_bad, 4, plain, buf, TD_ERR_RANGE, "table[3] = 8 >= nblocks 8" },
+        { "first id out of range", &pool, first_bad, 4, plain, buf, TD_ERR_RANGE, "table[0]" },
+        { "table too short", &pool, good, 3, plain, buf, TD_ERR_RANGE, "span needs 4" },
+        { "zero entry bytes", &pool, good, 4, { 0, 4, 0, 0, 4 }, buf, TD_ERR_INVALID, "entry_bytes 0" },
+        { "zero entries per block", &pool, good, 4, { 4, 0, 0, 0, 4 }, buf, TD_ERR_INVALID, "entries_per_block 0" },
+        { "span wider than block", &pool, good, 4, { 8, 8, 1, 0, 4 }, buf, TD_ERR_INVALID, "exceeds block_bytes" },
+        { "offset past block", &pool, good, 4, { 1, 1, BB + 1, 0, 4 }, buf, TD_ERR_INVALID, "exceeds block_bytes" },
+        { "entry count overflows", &pool, good, 4, { 2, 32, 0, UINT64_MAX - 2, 4 }, buf, TD_ERR_RANGE, "overflows" },
+        { "null buffer", &pool, good, 4, plain, NULL, TD_ERR_INVALID, "NULL" },
+        { "null table", &pool, NULL, 4, plain, buf, TD_ERR_INVALID, "NULL" },
+        { "buffer inside pool", &pool, good, 4, td_kernels_span_bytes(BB, 8), base + 3 * BB, TD_ERR_INVALID, "overlaps" },
+        { "buffer's last byte on the pool's first", &on_last, low, 4, plain, base, TD_ERR_INVALID, "overlaps" },
+        { "pool ending at the top, buffer inside", &at_top, good, 4, plain, (void *)(top + BB), TD_ERR_INVALID, "overlaps" },
+        { "buffer ending at the top, pool below", &below_top, good, 4, plain,
+          (void *)(UINTPTR_MAX - plain_len + 1), TD_ERR_INVALID, "overlaps" },
+        { "buffer past the top", &pool, good, 4, plain, (void *)(UINTPTR_MAX - 10), TD_ERR_INVALID, "buffer wraps" },
+        { "pool past the top", &wrapping, good, 4, plain, buf, TD_ERR_INVALID, "pool wraps" },
+        { "buffer right before the pool", &after, low, 4, plain, base, TD_OK, NULL },
+        { "empty span", &pool, NULL, 0, td_kernels_span_bytes(BB, 0), NULL, TD_OK, NULL },
+        { "ids past the span unchecked", &pool, last_bad, 4, td_kernels_span_bytes(BB, 3 * BB), buf, TD_OK, NULL },
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -153,9 +174,9 @@ check_rejects(void)
             fill(buf, sizeof(buf));
             memcpy(bufcopy, buf, sizeof(buf));
             td_kernels_fail(TD_OK, "%s", "");
-            td_status_t st = pack ? k->kv_pack(&pool, cases[i].table, cases[i].ntable,
+            td_status_t st = pack ? k->kv_pack(cases[i].pool, cases[i].table, cases[i].ntable,
                                                &cases[i].span, cases[i].buf, NULL)
-                                  : k->kv_unpack(&pool, cases[i].table, cases[i].ntable,
+                                  : k->kv_unpack(cases[i].pool, cases[i].table, cases[i].ntable,
                                                  &cases[i].span, cases[i].buf, NULL);
             if (st != cases[i].want)
                 fprintf(stderr, "reject case %s (%s): %s\n", cases[i].name,
