@@ -24,6 +24,8 @@
 #include "net.h"
 
 #define CTL_FLUSH_MS 1000u   /* how long a closing connection may take to send its Reject */
+#define CTL_ACCEPT_PAUSE_MIN_MS 100u    /* after an accept error, accepting pauses ... */
+#define CTL_ACCEPT_PAUSE_MAX_MS 1000u   /* ... doubling up to this while it keeps failing */
 
 /* Our copy of a td_ctl_config_t: defaults applied, strings and secret owned. */
 typedef struct {
@@ -40,6 +42,9 @@ struct td_ctl_conn_s {
     struct bufferevent *bev;         /* NULL once the socket is gone */
     struct event *timer;             /* handshake deadline, then heartbeat tick */
     td_ctl_state_t state;
+    td_hello_dir_t dir;              /* whether we connected or accepted */
+    td_net_addrs_t addrs;            /* initiator: addresses to try, in order */
+    size_t next_addr;                /* the next one to try */
     ctl_cfg_t cfg;
     td_ctl_handlers_t h;
     uint8_t nonce[TD_HELLO_NONCE_LEN];
@@ -61,6 +66,10 @@ struct td_ctl_listener_s {
     td_ctl_handlers_t h;
     td_ctl_conn_t *conns;
     size_t nconns;
+    size_t nunauth;                  /* conns in connecting/hello/auth */
+    uint64_t refused;                /* closed at the max_unauth cap, this episode */
+    struct event *resume;            /* re-enables accepting after an accept error */
+    uint32_t pause_ms;               /* current pause; 0 = accepting normally */
     uint16_t port;
 };
 
@@ -93,6 +102,13 @@ td_ctl_state_str(td_ctl_state_t state)
     return ctl_state_names[state];
 }
 
+/* Not authenticated yet (counted against the listener's max_unauth). */
+static int
+ctl_state_unauth(td_ctl_state_t state)
+{
+    return state < TD_CTL_ESTABLISHED;
+}
+
 static void
 ctl_set_state(td_ctl_conn_t *c, td_ctl_state_t to)
 {
@@ -103,6 +119,8 @@ ctl_set_state(td_ctl_conn_t *c, td_ctl_state_t to)
         return;
     }
     td_debug("ctl %s: %s -> %s", c->name, td_ctl_state_str(c->state), td_ctl_state_str(to));
+    if (c->lst && ctl_state_unauth(c->state) && !ctl_state_unauth(to))
+        c->lst->nunauth--;
     c->state = to;
 }
 
@@ -162,17 +180,38 @@ ctl_cfg_copy(ctl_cfg_t *dst, const td_ctl_config_t *src)
         dst->cfg.handshake_ms = TD_CTL_HANDSHAKE_MS_DEFAULT;
     if (dst->cfg.max_frame == 0)
         dst->cfg.max_frame = TD_FRAME_MAX_DEFAULT;
+    if (dst->cfg.max_unauth == 0)
+        dst->cfg.max_unauth = TD_CTL_MAX_UNAUTH_DEFAULT;
+    if (dst->cfg.max_output == 0) {
+        uint64_t out = 4 * (uint64_t)dst->cfg.max_frame + TD_CTL_OUTPUT_SLACK;
+
+        dst->cfg.max_output = out > UINT32_MAX ? UINT32_MAX : (uint32_t)out;
+    }
+    if ((uint64_t)dst->cfg.max_output < (uint64_t)dst->cfg.max_frame + TD_FRAME_HEADER_LEN) {
+        td_error("ctl: max_output (%" PRIu32 " bytes) cannot hold one frame of max_frame "
+                 "(%" PRIu32 " bytes)", dst->cfg.max_output, dst->cfg.max_frame);
+        ctl_cfg_free(dst);
+        return TD_ERR_INVALID;
+    }
     return TD_OK;
 }
 
 static void
 ctl_timer_arm(td_ctl_conn_t *c, uint32_t ms)
 {
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
+    struct timeval tv = td_ctl_timeval_ms(ms);
 
     evtimer_add(c->timer, &tv);
 }
 
+/* Frame body cap in the current state. */
+static uint32_t
+ctl_conn_frame_max(const td_ctl_conn_t *c)
+{
+    return c->state == TD_CTL_ESTABLISHED ? c->cfg.cfg.max_frame : TD_CTL_HELLO_FRAME_MAX;
+}
+
+/* Envelope payload case = field number of the oneof member. */
 static const char *
 ctl_payload_name(Tandem__Envelope__PayloadCase pc)
 {
@@ -221,6 +260,8 @@ ctl_conn_free(td_ctl_conn_t *c)
         if (c->next)
             c->next->prev = c->prev;
         lst->nconns--;
+        if (ctl_state_unauth(c->state))
+            lst->nunauth--;
     }
     ctl_conn_drop_bev(c);
     if (c->timer)
@@ -244,9 +285,7 @@ ctl_conn_leave(td_ctl_conn_t *c)
 static td_status_t
 ctl_conn_write(td_ctl_conn_t *c, const Tandem__Envelope *env)
 {
-    uint32_t max = c->state == TD_CTL_ESTABLISHED ? c->cfg.cfg.max_frame : TD_CTL_HELLO_FRAME_MAX;
-
-    return td_frame_encode(bufferevent_get_output(c->bev), env, max);
+    return td_frame_encode(bufferevent_get_output(c->bev), env, ctl_conn_frame_max(c));
 }
 
 /* End the connection: log why, send Reject{code} first when code is set and
@@ -274,7 +313,7 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
         c->state != TD_CTL_CONNECTING) {
         Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
         Tandem__Reject rej = TANDEM__REJECT__INIT;
-        struct timeval tv = { .tv_sec = CTL_FLUSH_MS / 1000, .tv_usec = CTL_FLUSH_MS % 1000 * 1000 };
+        struct timeval tv = td_ctl_timeval_ms(CTL_FLUSH_MS);
 
         rej.code = code;
         rej.reason = c->reason;
@@ -296,6 +335,8 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
         c->h.on_closed(c, why, c->reason, c->h.arg);
 }
 
+static td_status_t ctl_conn_connect_next(td_ctl_conn_t *c);
+
 /* ------------------------------------------------------------------------ */
 /* Handshake                                                                */
 /* ------------------------------------------------------------------------ */
@@ -314,6 +355,19 @@ ctl_conn_start_hello(td_ctl_conn_t *c)
         ctl_conn_fail(c, st, 0, "cannot send hello: %s", td_status_str(st));
 }
 
+/* The two Hellos of the proof transcript, once the peer's arrived. */
+static const Tandem__Hello *
+ctl_conn_initiator_hello(const td_ctl_conn_t *c)
+{
+    return c->dir == TD_HELLO_INITIATOR ? &c->hello : c->peer_env->hello;
+}
+
+static const Tandem__Hello *
+ctl_conn_acceptor_hello(const td_ctl_conn_t *c)
+{
+    return c->dir == TD_HELLO_ACCEPTOR ? &c->hello : c->peer_env->hello;
+}
+
 /* Peer's Hello: check it, prove we know the secret. Takes env. */
 static void
 ctl_conn_on_hello(td_ctl_conn_t *c, Tandem__Envelope *env)
@@ -326,7 +380,7 @@ ctl_conn_on_hello(td_ctl_conn_t *c, Tandem__Envelope *env)
     Tandem__RejectCode code;
     td_status_t st;
 
-    st = td_hello_check(&c->cfg.cfg.ident, peer, reason, sizeof(reason), &code);
+    st = td_hello_check(&c->cfg.cfg.ident, c->nonce, peer, reason, sizeof(reason), &code);
     if (st != TD_OK) {
         tandem__envelope__free_unpacked(env, NULL);
         ctl_conn_fail(c, st, code, "handshake refused: %s", reason);
@@ -335,8 +389,8 @@ ctl_conn_on_hello(td_ctl_conn_t *c, Tandem__Envelope *env)
     c->peer_env = env;
     snprintf(c->name, sizeof(c->name), "%s %s/%" PRIu32 " (%s)", td_hello_role_str(peer->role),
              peer->node_id, peer->rank_id, c->addr);
-    st = td_hello_proof_compute(c->cfg.secret, c->cfg.cfg.secret_len, peer->nonce.data,
-                                &c->hello, proof);
+    st = td_hello_proof_compute(c->cfg.secret, c->cfg.cfg.secret_len, c->dir,
+                                ctl_conn_initiator_hello(c), ctl_conn_acceptor_hello(c), proof);
     if (st != TD_OK) {
         ctl_conn_fail(c, st, 0, "cannot compute hello proof: %s", td_status_str(st));
         return;
@@ -358,7 +412,9 @@ ctl_conn_on_auth(td_ctl_conn_t *c, const Tandem__HelloAuth *auth)
     char reason[TD_HELLO_REASON_MAX];
     td_status_t st;
 
-    st = td_hello_proof_verify(c->cfg.secret, c->cfg.cfg.secret_len, c->nonce, peer,
+    st = td_hello_proof_verify(c->cfg.secret, c->cfg.cfg.secret_len,
+                               c->dir == TD_HELLO_INITIATOR ? TD_HELLO_ACCEPTOR : TD_HELLO_INITIATOR,
+                               ctl_conn_initiator_hello(c), ctl_conn_acceptor_hello(c),
                                &auth->proof, reason, sizeof(reason));
     if (st != TD_OK) {
         ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_AUTH, "handshake refused: %s", reason);
@@ -425,10 +481,24 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
     while (c->bev != NULL && c->state != TD_CTL_CLOSED) {
         struct evbuffer *in = bufferevent_get_input(c->bev);
         int established = c->state == TD_CTL_ESTABLISHED;
-        uint32_t max = established ? c->cfg.cfg.max_frame : TD_CTL_HELLO_FRAME_MAX;
+        uint32_t max = ctl_conn_frame_max(c), len = 0, field = 0;
         Tandem__Envelope *env = NULL;
-        uint32_t len = 0;
-        td_status_t st = td_frame_decode(in, max, &env, &len);
+        td_status_t st;
+
+        /* Before authentication, only a frame holding one handshake field is
+         * unpacked; anything else is refused from its first key. */
+        st = established ? TD_OK : td_frame_peek(in, max, &field, &len);
+        if (st == TD_OK && !established && field != TANDEM__ENVELOPE__PAYLOAD_HELLO &&
+            field != TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH &&
+            field != TANDEM__ENVELOPE__PAYLOAD_REJECT) {
+            ctl_conn_fail(c, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_PROTO,
+                          "unexpected %s frame (field %" PRIu32 ") in state %s, refused unparsed",
+                          ctl_payload_name((Tandem__Envelope__PayloadCase)field), field,
+                          td_ctl_state_str(c->state));
+            break;
+        }
+        if (st == TD_OK)
+            st = td_frame_decode(in, max, &env, &len);
 
         if (st == TD_INPROGRESS)
             break;
@@ -466,6 +536,7 @@ ctl_conn_event_cb(struct bufferevent *bev, short what, void *arg)
 {
     td_ctl_conn_t *c = arg;
     int err = EVUTIL_SOCKET_ERROR();
+    td_status_t st;
 
     c->busy++;
     if (c->state == TD_CTL_CLOSED) {
@@ -473,10 +544,18 @@ ctl_conn_event_cb(struct bufferevent *bev, short what, void *arg)
     } else if (what & BEV_EVENT_CONNECTED) {
         td_net_peer_name(bufferevent_getfd(bev), c->addr, sizeof(c->addr));
         ctl_conn_start_hello(c);
+    } else if ((what & BEV_EVENT_ERROR) && c->state == TD_CTL_CONNECTING &&
+               c->next_addr < c->addrs.n) {
+        td_info("ctl %s: connect failed: %s; trying the next address", c->name,
+                evutil_socket_error_to_string(err));
+        st = ctl_conn_connect_next(c);
+        if (st != TD_OK)
+            ctl_conn_fail(c, st, 0, "connect failed: %s", td_status_str(st));
     } else if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) {
         size_t pending = evbuffer_get_length(bufferevent_get_input(bev));
         char tail[80] = "";
-        td_status_t st = td_status_from_errno(err);
+
+        st = td_status_from_errno(err);
 
         if (pending)
             snprintf(tail, sizeof(tail), " (%zu bytes of an incomplete frame pending)", pending);
@@ -535,19 +614,17 @@ ctl_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 /* Connections                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* A connection on fd (taken: closed on failure too), not yet started. */
+/* A connection without a socket yet, its handshake deadline running. */
 static td_status_t
 ctl_conn_new(struct event_base *base, const td_ctl_config_t *cfg,
-             const td_ctl_handlers_t *handlers, int fd, td_ctl_conn_t **out)
+             const td_ctl_handlers_t *handlers, td_hello_dir_t dir, td_ctl_conn_t **out)
 {
     td_ctl_conn_t *c;
     td_status_t st;
 
     c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        st = TD_ERR_NOMEM;
-        goto err_close_fd;
-    }
+    if (c == NULL)
+        return TD_ERR_NOMEM;
     st = ctl_cfg_copy(&c->cfg, cfg);
     if (st != TD_OK)
         goto err_free_conn;
@@ -556,6 +633,7 @@ ctl_conn_new(struct event_base *base, const td_ctl_config_t *cfg,
         goto err_free_cfg;
     c->base = base;
     c->h = *handlers;
+    c->dir = dir;
     c->state = TD_CTL_CONNECTING;
     td_hello_build(&c->hello, &c->cfg.cfg.ident, c->nonce);
     c->timer = evtimer_new(base, ctl_conn_timer_cb, c);
@@ -563,26 +641,75 @@ ctl_conn_new(struct event_base *base, const td_ctl_config_t *cfg,
         st = TD_ERR_NOMEM;
         goto err_free_cfg;
     }
-    c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (c->bev == NULL) {
-        st = TD_ERR_NOMEM;
-        goto err_free_timer;
-    }
-    bufferevent_setcb(c->bev, ctl_conn_read_cb, ctl_conn_write_cb, ctl_conn_event_cb, c);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     ctl_timer_arm(c, c->cfg.cfg.handshake_ms);
     *out = c;
     return TD_OK;
 
-err_free_timer:
-    event_free(c->timer);
 err_free_cfg:
     ctl_cfg_free(&c->cfg);
 err_free_conn:
     free(c);
-err_close_fd:
-    evutil_closesocket(fd);
     return st;
+}
+
+/* Give c its socket fd (taken: closed on failure too). */
+static td_status_t
+ctl_conn_attach(td_ctl_conn_t *c, int fd)
+{
+    c->bev = bufferevent_socket_new(c->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev == NULL) {
+        evutil_closesocket(fd);
+        return TD_ERR_NOMEM;
+    }
+    bufferevent_setcb(c->bev, ctl_conn_read_cb, ctl_conn_write_cb, ctl_conn_event_cb, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return TD_OK;
+}
+
+/* Start connecting to the next address that can be tried, replacing the
+ * socket of a failed attempt. */
+static td_status_t
+ctl_conn_connect_next(td_ctl_conn_t *c)
+{
+    td_status_t st;
+    int fd;
+
+    ctl_conn_drop_bev(c);
+    st = td_net_connect(&c->addrs, &c->next_addr, &fd);
+    if (st != TD_OK && st != TD_INPROGRESS)
+        return st;
+    td_net_addr_str(&c->addrs.a[c->next_addr - 1], c->addr, sizeof(c->addr));
+    snprintf(c->name, sizeof(c->name), "%s", c->addr);
+    st = ctl_conn_attach(c, fd);
+    if (st != TD_OK)
+        return st;
+    /* NULL address: the socket is already connecting; report CONNECTED. */
+    if (bufferevent_socket_connect(c->bev, NULL, 0) != 0) {
+        td_error("ctl %s: cannot watch the connect", c->name);
+        return TD_ERR_IO;
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_ctl_conn_connect_addrs(struct event_base *base, const td_ctl_config_t *cfg,
+                          const td_ctl_handlers_t *handlers, const td_net_addrs_t *addrs,
+                          td_ctl_conn_t **conn_out)
+{
+    td_ctl_conn_t *c;
+    td_status_t st;
+
+    st = ctl_conn_new(base, cfg, handlers, TD_HELLO_INITIATOR, &c);
+    if (st != TD_OK)
+        return st;
+    c->addrs = *addrs;
+    st = ctl_conn_connect_next(c);
+    if (st != TD_OK) {
+        td_ctl_conn_destroy(c);
+        return st;
+    }
+    *conn_out = c;
+    return TD_OK;
 }
 
 td_status_t
@@ -590,26 +717,12 @@ td_ctl_conn_connect(struct event_base *base, const td_ctl_config_t *cfg,
                     const td_ctl_handlers_t *handlers, const char *host, uint16_t port,
                     td_ctl_conn_t **conn_out)
 {
-    td_ctl_conn_t *c;
-    td_status_t st;
-    int fd;
+    td_net_addrs_t addrs;
+    td_status_t st = td_net_resolve(host, port, 1, &addrs);
 
-    st = td_net_connect(host, port, &fd);
-    if (st != TD_OK && st != TD_INPROGRESS)
-        return st;
-    st = ctl_conn_new(base, cfg, handlers, fd, &c);
     if (st != TD_OK)
         return st;
-    snprintf(c->addr, sizeof(c->addr), "%s:%u", host, (unsigned)port);
-    snprintf(c->name, sizeof(c->name), "%s", c->addr);
-    /* NULL address: the socket is already connecting; report CONNECTED. */
-    if (bufferevent_socket_connect(c->bev, NULL, 0) != 0) {
-        td_error("ctl %s: cannot watch the connect", c->name);
-        td_ctl_conn_destroy(c);
-        return TD_ERR_IO;
-    }
-    *conn_out = c;
-    return TD_OK;
+    return td_ctl_conn_connect_addrs(base, cfg, handlers, &addrs, conn_out);
 }
 
 void
@@ -632,18 +745,24 @@ td_ctl_conn_destroy(td_ctl_conn_t *c)
 td_status_t
 td_ctl_conn_send(td_ctl_conn_t *c, const Tandem__Envelope *env)
 {
-    td_status_t st;
+    size_t size;
 
     if (c->state != TD_CTL_ESTABLISHED)
         return TD_ERR_STATE;
     if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_HELLO ||
         env->payload_case == TANDEM__ENVELOPE__PAYLOAD_HELLO_AUTH)
         return TD_ERR_INVALID;
-    st = ctl_conn_write(c, env);
-    if (st == TD_ERR_TOO_BIG)
-        td_error("ctl %s: %s message exceeds the %" PRIu32 "-byte frame limit", c->name,
-                 ctl_payload_name(env->payload_case), c->cfg.cfg.max_frame);
-    return st;
+    size = tandem__envelope__get_packed_size(env);
+    if (size > c->cfg.cfg.max_frame) {
+        td_error("ctl %s: %s message of %zu bytes exceeds the %" PRIu32 "-byte frame limit",
+                 c->name, ctl_payload_name(env->payload_case), size, c->cfg.cfg.max_frame);
+        return TD_ERR_TOO_BIG;
+    }
+    /* Flow control, not a failure: the caller decides what to do; no log. */
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) + TD_FRAME_HEADER_LEN + size >
+        c->cfg.cfg.max_output)
+        return TD_ERR_BUSY;
+    return ctl_conn_write(c, env);
 }
 
 void
@@ -688,10 +807,38 @@ ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
 {
     td_ctl_listener_t *lst = arg;
     td_ctl_conn_t *c;
+    char addr[64];
 
+    if (lst->pause_ms) {
+        td_info("ctl listener :%u: accepting again", (unsigned)lst->port);
+        lst->pause_ms = 0;
+    }
+    td_net_peer_name(fd, addr, sizeof(addr));
+    if (lst->nunauth >= lst->lcfg.cfg.max_unauth) {
+        if (lst->refused++ == 0)
+            td_warn("ctl listener :%u: %zu connections in the handshake (max_unauth): "
+                    "closing new ones until one finishes", (unsigned)lst->port, lst->nunauth);
+        td_debug("ctl listener :%u: closed %s: too many connections in the handshake",
+                 (unsigned)lst->port, addr);
+        evutil_closesocket(fd);
+        return;
+    }
+    if (lst->refused) {
+        td_info("ctl listener :%u: accepting again after closing %" PRIu64
+                " connections at the handshake cap", (unsigned)lst->port, lst->refused);
+        lst->refused = 0;
+    }
     (void)td_net_set_nodelay(fd);
-    if (ctl_conn_new(lst->base, &lst->lcfg.cfg, &lst->h, fd, &c) != TD_OK) {
-        td_warn("ctl listener :%u: dropped an incoming connection", (unsigned)lst->port);
+    if (ctl_conn_new(lst->base, &lst->lcfg.cfg, &lst->h, TD_HELLO_ACCEPTOR, &c) != TD_OK) {
+        evutil_closesocket(fd);
+        td_warn("ctl listener :%u: dropped an incoming connection from %s", (unsigned)lst->port,
+                addr);
+        return;
+    }
+    if (ctl_conn_attach(c, fd) != TD_OK) {
+        td_warn("ctl listener :%u: dropped an incoming connection from %s", (unsigned)lst->port,
+                addr);
+        td_ctl_conn_destroy(c);
         return;
     }
     c->lst = lst;
@@ -700,7 +847,8 @@ ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
         lst->conns->prev = c;
     lst->conns = c;
     lst->nconns++;
-    td_net_peer_name(fd, c->addr, sizeof(c->addr));
+    lst->nunauth++;
+    snprintf(c->addr, sizeof(c->addr), "%s", addr);
     snprintf(c->name, sizeof(c->name), "%s", c->addr);
     td_debug("ctl listener :%u: accepted %s", (unsigned)lst->port, c->addr);
     c->busy++;
@@ -708,14 +856,39 @@ ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
     ctl_conn_leave(c);
 }
 
+/* accept() failed for a reason that retrying at once will not fix (EMFILE,
+ * ENFILE, ENOBUFS, ...): stop accepting, and try again after a pause that
+ * doubles while the failures go on. Logged once per episode. */
 static void
 ctl_listener_error_cb(struct evconnlistener *evl, void *arg)
 {
     td_ctl_listener_t *lst = arg;
     int err = EVUTIL_SOCKET_ERROR();
+    struct timeval tv;
 
-    td_warn("ctl listener :%u: accept failed: %s", (unsigned)lst->port,
-            evutil_socket_error_to_string(err));
+    if (lst->pause_ms == 0) {
+        lst->pause_ms = CTL_ACCEPT_PAUSE_MIN_MS;
+        td_warn("ctl listener :%u: accept failed: %s; pausing accepts (%u ms, up to %u ms "
+                "while it keeps failing)", (unsigned)lst->port,
+                evutil_socket_error_to_string(err), CTL_ACCEPT_PAUSE_MIN_MS,
+                CTL_ACCEPT_PAUSE_MAX_MS);
+    } else {
+        lst->pause_ms = lst->pause_ms * 2 > CTL_ACCEPT_PAUSE_MAX_MS ? CTL_ACCEPT_PAUSE_MAX_MS
+                                                                    : lst->pause_ms * 2;
+        td_debug("ctl listener :%u: accept failed again: %s; pausing %" PRIu32 " ms",
+                 (unsigned)lst->port, evutil_socket_error_to_string(err), lst->pause_ms);
+    }
+    evconnlistener_disable(evl);
+    tv = td_ctl_timeval_ms(lst->pause_ms);
+    evtimer_add(lst->resume, &tv);
+}
+
+static void
+ctl_listener_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    td_ctl_listener_t *lst = arg;
+
+    evconnlistener_enable(lst->evl);
 }
 
 td_status_t
@@ -735,16 +908,21 @@ td_ctl_listener_create(struct event_base *base, const td_ctl_config_t *cfg,
         goto err_free_lst;
     lst->base = base;
     lst->h = *handlers;
+    lst->resume = evtimer_new(base, ctl_listener_resume_cb, lst);
+    if (lst->resume == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_free_cfg;
+    }
     st = td_net_listen(host, port, 128, &fd, &lst->port);
     if (st != TD_OK)
-        goto err_free_cfg;
+        goto err_free_resume;
     lst->evl = evconnlistener_new(base, ctl_listener_accept_cb, lst,
                                   LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
     if (lst->evl == NULL) {
         td_error("ctl listener :%u: cannot watch the socket", (unsigned)lst->port);
         evutil_closesocket(fd);
         st = TD_ERR_NOMEM;
-        goto err_free_cfg;
+        goto err_free_resume;
     }
     evconnlistener_set_error_cb(lst->evl, ctl_listener_error_cb);
     td_info("ctl listener: listening on %s:%u", host && host[0] ? host : "*",
@@ -752,6 +930,8 @@ td_ctl_listener_create(struct event_base *base, const td_ctl_config_t *cfg,
     *lst_out = lst;
     return TD_OK;
 
+err_free_resume:
+    event_free(lst->resume);
 err_free_cfg:
     ctl_cfg_free(&lst->lcfg);
 err_free_lst:
@@ -765,6 +945,7 @@ td_ctl_listener_destroy(td_ctl_listener_t *lst)
     if (lst == NULL)
         return;
     evconnlistener_free(lst->evl);
+    event_free(lst->resume);
     while (lst->conns) {
         td_ctl_conn_t *c = lst->conns;
 
@@ -773,6 +954,8 @@ td_ctl_listener_destroy(td_ctl_listener_t *lst)
         c->prev = c->next = NULL;
         c->lst = NULL;
         lst->nconns--;
+        if (ctl_state_unauth(c->state))
+            lst->nunauth--;
         td_ctl_conn_destroy(c);
     }
     ctl_cfg_free(&lst->lcfg);

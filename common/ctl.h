@@ -15,8 +15,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/time.h>
 
 #include "hello.h"
+#include "net.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 
@@ -37,6 +39,8 @@ typedef enum {
 #define TD_CTL_DEAD_AFTER_DEFAULT   3u
 #define TD_CTL_HANDSHAKE_MS_DEFAULT 5000u
 #define TD_CTL_HELLO_FRAME_MAX      4096u   /* body cap before authentication */
+#define TD_CTL_MAX_UNAUTH_DEFAULT   256u    /* per listener, connections in handshake */
+#define TD_CTL_OUTPUT_SLACK         (64u << 10)   /* default max_output = 4 x max_frame + this */
 
 typedef struct {
     td_hello_ident_t ident;      /* who we are / what the peer must match */
@@ -46,7 +50,20 @@ typedef struct {
     uint32_t dead_after;         /* missed intervals before dead; 0 = 3 */
     uint32_t handshake_ms;       /* whole handshake deadline; 0 = 5000 */
     uint32_t max_frame;          /* frame body cap once established; 0 = TD_FRAME_MAX_DEFAULT */
+    uint32_t max_output;         /* bytes queued for the peer before send says BUSY;
+                                    0 = 4 x max_frame + TD_CTL_OUTPUT_SLACK; must hold
+                                    one max_frame frame */
+    uint32_t max_unauth;         /* listener: connections still in the handshake; more
+                                    are accepted and closed at once; 0 = 256 */
 } td_ctl_config_t;
+
+/* ms as a struct timeval, for libevent timers. */
+static inline struct timeval
+td_ctl_timeval_ms(uint32_t ms)
+{
+    return (struct timeval){ .tv_sec = (time_t)(ms / 1000),
+                             .tv_usec = (suseconds_t)(ms % 1000 * 1000) };
+}
 
 typedef struct {
     /* Handshake done; peer is the peer's Hello (valid until the conn is freed). */
@@ -62,16 +79,28 @@ typedef struct {
 } td_ctl_handlers_t;
 
 /* Connect to host:port and run the handshake; *conn_out is set on success
- * (the handshake result arrives through the handlers). */
+ * (the handshake result arrives through the handlers). This runs on the
+ * loop thread, so it never blocks on name resolution: host must be an IPv4 or
+ * IPv6 literal (TD_ERR_INVALID, logged, otherwise). Resolve names once at
+ * start-up with td_net_resolve() and use td_ctl_conn_connect_addrs(). */
 td_status_t td_ctl_conn_connect(struct event_base *base, const td_ctl_config_t *cfg,
                                 const td_ctl_handlers_t *handlers, const char *host,
                                 uint16_t port, td_ctl_conn_t **conn_out);
+
+/* The same with resolved addresses (copied): each is tried in turn until one
+ * connects, also when a connect fails asynchronously; on_closed reports
+ * "connect failed" only after the last one. */
+td_status_t td_ctl_conn_connect_addrs(struct event_base *base, const td_ctl_config_t *cfg,
+                                      const td_ctl_handlers_t *handlers,
+                                      const td_net_addrs_t *addrs, td_ctl_conn_t **conn_out);
 
 /* Close (if open, without calling on_closed) and free. */
 void td_ctl_conn_destroy(td_ctl_conn_t *conn);
 
 /* Queue one message; TD_ERR_STATE unless ESTABLISHED, TD_ERR_INVALID for a
- * handshake payload, TD_ERR_TOO_BIG over max_frame. */
+ * handshake payload, TD_ERR_TOO_BIG over max_frame, TD_ERR_BUSY (nothing
+ * queued) when it would take the bytes waiting for the peer above
+ * max_output: the peer reads too slowly; try again later or close. */
 td_status_t td_ctl_conn_send(td_ctl_conn_t *conn, const Tandem__Envelope *env);
 
 /* End the connection from our side: Reject{code, reason} is sent when the
@@ -86,8 +115,12 @@ const char *td_ctl_conn_name(const td_ctl_conn_t *conn);
 const Tandem__Hello *td_ctl_conn_peer(const td_ctl_conn_t *conn);
 uint64_t td_ctl_conn_heartbeats_rx(const td_ctl_conn_t *conn);
 
-/* Listen on host:port (port 0 = any free one) and serve each accepted
- * connection with cfg and handlers. */
+/* Listen on host:port (host NULL/"" = all addresses, port 0 = any free one)
+ * and serve each accepted connection with cfg and handlers. Beyond
+ * cfg->max_unauth connections in the handshake, new ones are closed at once;
+ * when accept fails (EMFILE, ENFILE, ...) accepting pauses for 100 ms, then
+ * up to 1 s while it keeps failing; each episode is logged once. Resolves a
+ * host name (may block: create listeners at start-up). */
 td_status_t td_ctl_listener_create(struct event_base *base, const td_ctl_config_t *cfg,
                                    const td_ctl_handlers_t *handlers, const char *host,
                                    uint16_t port, td_ctl_listener_t **lst_out);

@@ -34,4 +34,17 @@ td_status_t td_frame_encode(struct evbuffer *out, const Tandem__Envelope *env,
 td_status_t td_frame_decode(struct evbuffer *in, uint32_t max_body,
                             Tandem__Envelope **env_out, uint32_t *body_len_out);
 
+/* Look at the frame at the front of in without consuming or unpacking it, so
+ * that a receiver can refuse a payload before protobuf-c parses any of it.
+ *   TD_OK          a whole frame is there and its body is exactly one
+ *                  length-delimited field (protobuf key varint = field << 3 | 2,
+ *                  length varint, that many bytes, nothing after): *field_out
+ *                  is its field number, i.e. the Envelope payload case.
+ *   TD_INPROGRESS, TD_ERR_TOO_BIG  as td_frame_decode.
+ *   TD_ERR_PROTO   the body is anything else (empty, bad varint, another
+ *                  wire type, several fields).
+ * Nothing is consumed. body_len_out may be NULL; set for TD_OK, TD_ERR_TOO_BIG. */
+td_status_t td_frame_peek(struct evbuffer *in, uint32_t max_body, uint32_t *field_out,
+                          uint32_t *body_len_out);
+
 #endif

@@ -13,7 +13,7 @@
 
 #include "log.h"
 
-#define HELLO_PROOF_LABEL "tandem-ctl-proof-v1"
+#define HELLO_PROOF_LABEL "tandem-ctl-proof-v2"
 
 static const char *const hello_role_names[] = {
     [TANDEM__ROLE__ROLE_UNSPECIFIED] = "?",
@@ -113,8 +113,9 @@ td_hello_build(Tandem__Hello *msg, const td_hello_ident_t *ident,
 }
 
 td_status_t
-td_hello_check(const td_hello_ident_t *ours, const Tandem__Hello *peer,
-               char *reason, size_t reason_len, Tandem__RejectCode *code)
+td_hello_check(const td_hello_ident_t *ours, const uint8_t our_nonce[TD_HELLO_NONCE_LEN],
+               const Tandem__Hello *peer, char *reason, size_t reason_len,
+               Tandem__RejectCode *code)
 {
     char a[40], b[40];
 
@@ -140,6 +141,11 @@ td_hello_check(const td_hello_ident_t *ours, const Tandem__Hello *peer,
                  peer->nonce.len, TD_HELLO_NONCE_LEN);
         *code = TANDEM__REJECT_CODE__REJECT_IDENTITY;
         return TD_ERR_PROTO;
+    }
+    if (CRYPTO_memcmp(peer->nonce.data, our_nonce, TD_HELLO_NONCE_LEN) == 0) {
+        snprintf(reason, reason_len, "peer nonce equals ours (our own hello reflected)");
+        *code = TANDEM__REJECT_CODE__REJECT_AUTH;
+        return TD_ERR_AUTH;
     }
     if (strcmp(peer->model_fingerprint, ours->model_fingerprint) != 0) {
         td_hello_printable(a, sizeof(a), ours->model_fingerprint,
@@ -182,34 +188,48 @@ hello_put_str(uint8_t *p, const char *s, size_t n)
     return p + n;
 }
 
-td_status_t
-td_hello_proof_compute(const uint8_t *secret, size_t secret_len,
-                       const uint8_t verifier_nonce[TD_HELLO_NONCE_LEN],
-                       const Tandem__Hello *prover, uint8_t proof[TD_HELLO_PROOF_LEN])
+/* Worst-case canonical encoding of one Hello: 3 u32 + role u32, 2 u64, 2
+ * length-prefixed strings, length-prefixed nonce. */
+#define HELLO_ENC_MAX (4 * 4 + 2 * 8 + 4 + TD_HELLO_NODE_ID_MAX + 4 + TD_HELLO_MODEL_MAX + \
+                       4 + TD_HELLO_NONCE_LEN)
+
+/* Append h's canonical encoding at p; NULL when a field is out of bounds. */
+static uint8_t *
+hello_put_hello(uint8_t *p, const Tandem__Hello *h)
 {
-    uint8_t buf[sizeof(HELLO_PROOF_LABEL) + 2 * TD_HELLO_NONCE_LEN + 4 * 6 + 2 * 8 +
-                TD_HELLO_NODE_ID_MAX + TD_HELLO_MODEL_MAX];
-    size_t node_len = strlen(prover->node_id), model_len = strlen(prover->model_fingerprint);
+    size_t node_len = strlen(h->node_id), model_len = strlen(h->model_fingerprint);
+
+    if (h->nonce.len != TD_HELLO_NONCE_LEN || node_len > TD_HELLO_NODE_ID_MAX ||
+        model_len > TD_HELLO_MODEL_MAX)
+        return NULL;
+    p = hello_put_u32(p, h->protocol_version);
+    p = hello_put_u32(p, (uint32_t)h->role);
+    p = hello_put_str(p, h->node_id, node_len);
+    p = hello_put_u32(p, h->rank_id);
+    p = hello_put_u64(p, h->incarnation);
+    p = hello_put_str(p, h->model_fingerprint, model_len);
+    p = hello_put_u64(p, h->kv_layout_hash);
+    return hello_put_str(p, (const char *)h->nonce.data, h->nonce.len);
+}
+
+td_status_t
+td_hello_proof_compute(const uint8_t *secret, size_t secret_len, td_hello_dir_t prover,
+                       const Tandem__Hello *initiator, const Tandem__Hello *acceptor,
+                       uint8_t proof[TD_HELLO_PROOF_LEN])
+{
+    uint8_t buf[sizeof(HELLO_PROOF_LABEL) + 1 + 2 * HELLO_ENC_MAX];
     unsigned int md_len = 0;
     uint8_t *p = buf;
 
-    if (prover->nonce.len != TD_HELLO_NONCE_LEN || node_len > TD_HELLO_NODE_ID_MAX ||
-        model_len > TD_HELLO_MODEL_MAX || secret_len == 0 || secret_len > INT32_MAX)
+    if (secret_len == 0 || secret_len > INT32_MAX ||
+        (prover != TD_HELLO_INITIATOR && prover != TD_HELLO_ACCEPTOR))
         return TD_ERR_RANGE;
-    /* label NUL | verifier nonce | prover nonce | prover's identity fields */
+    /* label NUL | prover | initiator's Hello | acceptor's Hello */
     memcpy(p, HELLO_PROOF_LABEL, sizeof(HELLO_PROOF_LABEL));
     p += sizeof(HELLO_PROOF_LABEL);
-    memcpy(p, verifier_nonce, TD_HELLO_NONCE_LEN);
-    p += TD_HELLO_NONCE_LEN;
-    memcpy(p, prover->nonce.data, TD_HELLO_NONCE_LEN);
-    p += TD_HELLO_NONCE_LEN;
-    p = hello_put_u32(p, prover->protocol_version);
-    p = hello_put_u32(p, (uint32_t)prover->role);
-    p = hello_put_str(p, prover->node_id, node_len);
-    p = hello_put_u32(p, prover->rank_id);
-    p = hello_put_u64(p, prover->incarnation);
-    p = hello_put_str(p, prover->model_fingerprint, model_len);
-    p = hello_put_u64(p, prover->kv_layout_hash);
+    *p++ = (uint8_t)prover;
+    if ((p = hello_put_hello(p, initiator)) == NULL || (p = hello_put_hello(p, acceptor)) == NULL)
+        return TD_ERR_RANGE;
     if (HMAC(EVP_sha256(), secret, (int)secret_len, buf, (size_t)(p - buf), proof,
              &md_len) == NULL || md_len != TD_HELLO_PROOF_LEN) {
         td_error("hello: HMAC-SHA256 failed");
@@ -219,14 +239,14 @@ td_hello_proof_compute(const uint8_t *secret, size_t secret_len,
 }
 
 td_status_t
-td_hello_proof_verify(const uint8_t *secret, size_t secret_len,
-                      const uint8_t our_nonce[TD_HELLO_NONCE_LEN], const Tandem__Hello *peer,
+td_hello_proof_verify(const uint8_t *secret, size_t secret_len, td_hello_dir_t prover,
+                      const Tandem__Hello *initiator, const Tandem__Hello *acceptor,
                       const ProtobufCBinaryData *proof, char *reason, size_t reason_len)
 {
     uint8_t want[TD_HELLO_PROOF_LEN];
     td_status_t st;
 
-    st = td_hello_proof_compute(secret, secret_len, our_nonce, peer, want);
+    st = td_hello_proof_compute(secret, secret_len, prover, initiator, acceptor, want);
     if (st == TD_ERR_RANGE || (st == TD_OK && (proof->len != TD_HELLO_PROOF_LEN ||
                                                CRYPTO_memcmp(want, proof->data, TD_HELLO_PROOF_LEN) != 0))) {
         snprintf(reason, reason_len, "cluster secret proof failed");

@@ -40,25 +40,39 @@ td_status_t td_hello_nonce_make(uint8_t nonce[TD_HELLO_NONCE_LEN]);
 void td_hello_build(Tandem__Hello *msg, const td_hello_ident_t *ident,
                     const uint8_t nonce[TD_HELLO_NONCE_LEN]);
 
-/* Check the peer's Hello against ours. TD_OK, or TD_ERR_MISMATCH (version,
- * model, layout) / TD_ERR_PROTO (bad role, node id, nonce) with a readable
- * reason in reason[reason_len] and the matching Reject code in *code. */
-td_status_t td_hello_check(const td_hello_ident_t *ours, const Tandem__Hello *peer,
-                           char *reason, size_t reason_len, Tandem__RejectCode *code);
+/* Which end of the TCP connection a side is: the one that called connect()
+ * or the one that accepted. Part of every proof, so a proof made by one end
+ * is never valid coming from the other. */
+typedef enum {
+    TD_HELLO_INITIATOR = 1,
+    TD_HELLO_ACCEPTOR  = 2,
+} td_hello_dir_t;
 
-/* proof = HMAC-SHA256(secret, transcript(verifier_nonce, prover's Hello)).
- * The prover passes its own Hello and the peer's nonce; the verifier passes
- * the peer's Hello and its own nonce. TD_ERR_RANGE for out-of-bounds fields. */
+/* Check the peer's Hello against ours (our_nonce: the nonce in the Hello we
+ * sent). TD_OK, or TD_ERR_MISMATCH (version, model, layout) / TD_ERR_PROTO
+ * (bad role, node id, nonce) / TD_ERR_AUTH (the peer's nonce is ours: our
+ * own Hello reflected) with a readable reason in reason[reason_len] and the
+ * matching Reject code in *code. */
+td_status_t td_hello_check(const td_hello_ident_t *ours,
+                           const uint8_t our_nonce[TD_HELLO_NONCE_LEN],
+                           const Tandem__Hello *peer, char *reason, size_t reason_len,
+                           Tandem__RejectCode *code);
+
+/* proof = HMAC-SHA256(secret, label || prover || initiator's Hello ||
+ * acceptor's Hello), every field of both Hellos (nonces included) in a
+ * canonical big-endian encoding (docs/control-plane.md). Both ends compute
+ * it over the same two Hellos; only the prover byte differs. TD_ERR_RANGE for
+ * out-of-bounds fields. */
 td_status_t td_hello_proof_compute(const uint8_t *secret, size_t secret_len,
-                                   const uint8_t verifier_nonce[TD_HELLO_NONCE_LEN],
-                                   const Tandem__Hello *prover,
+                                   td_hello_dir_t prover, const Tandem__Hello *initiator,
+                                   const Tandem__Hello *acceptor,
                                    uint8_t proof[TD_HELLO_PROOF_LEN]);
 
-/* TD_OK when proof is the right one for the peer's Hello and our nonce
+/* TD_OK when proof is the right one from prover over the two Hellos
  * (constant-time compare); TD_ERR_AUTH with a reason otherwise. */
 td_status_t td_hello_proof_verify(const uint8_t *secret, size_t secret_len,
-                                  const uint8_t our_nonce[TD_HELLO_NONCE_LEN],
-                                  const Tandem__Hello *peer,
+                                  td_hello_dir_t prover, const Tandem__Hello *initiator,
+                                  const Tandem__Hello *acceptor,
                                   const ProtobufCBinaryData *proof,
                                   char *reason, size_t reason_len);
 

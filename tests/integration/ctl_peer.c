@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <event2/event.h>
 
@@ -30,8 +29,7 @@ peer_on_established(td_ctl_conn_t *c, const Tandem__Hello *h, void *arg)
     peer_t *p = arg;
 
     if (p->conn == c) {
-        struct timeval tv = { .tv_sec = (time_t)(p->hold_ms / 1000),
-                              .tv_usec = (suseconds_t)(p->hold_ms % 1000 * 1000) };
+        struct timeval tv = td_ctl_timeval_ms((uint32_t)p->hold_ms);
 
         printf("established\n");
         fflush(stdout);
@@ -45,7 +43,7 @@ peer_on_closed(td_ctl_conn_t *c, td_status_t why, const char *reason, void *arg)
     peer_t *p = arg;
 
     if (p->conn == c) {   /* client: report, let a Reject go out, stop */
-        struct timeval flush = { 0, 200000 };
+        struct timeval flush = td_ctl_timeval_ms(200);
 
         printf("closed: %s: %s\n", td_status_str(why), reason);
         fflush(stdout);
@@ -105,6 +103,7 @@ main(int argc, char **argv)
     unsigned long port = 0;
     struct event *sigterm = NULL, *sigint = NULL;
     td_ctl_listener_t *lst = NULL;
+    td_net_addrs_t addrs;
     int server, opt;
 
     if (argc < 2 || (strcmp(argv[1], "server") != 0 && strcmp(argv[1], "client") != 0))
@@ -129,6 +128,9 @@ main(int argc, char **argv)
     }
     if (port > 65535 || (!server && port == 0))
         return peer_usage();
+    /* Names are resolved here, before the loop runs (ctl.h). */
+    if (!server && td_net_resolve(host, (uint16_t)port, 0, &addrs) != TD_OK)
+        return 1;
     cfg.ident.role = server ? TANDEM__ROLE__ROLE_DECODE : TANDEM__ROLE__ROLE_TOOL;
     cfg.secret = (const uint8_t *)secret;
     cfg.secret_len = strlen(secret);
@@ -153,7 +155,7 @@ main(int argc, char **argv)
         printf("port %u\n", (unsigned)td_ctl_listener_port(lst));
         fflush(stdout);
         p.exit_code = 0;
-    } else if (td_ctl_conn_connect(p.base, &cfg, &h, host, (uint16_t)port, &p.conn) != TD_OK) {
+    } else if (td_ctl_conn_connect_addrs(p.base, &cfg, &h, &addrs, &p.conn) != TD_OK) {
         goto out_free_events;
     }
     event_base_dispatch(p.base);

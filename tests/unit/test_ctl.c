@@ -1,17 +1,24 @@
 /* tests/unit/test_ctl.c — control connections on one event loop: handshake
  * accepted; refused with a reason on both sides for each single mismatch;
- * send before established; silent peer and dead peer time out; a bad frame
- * closes only its own connection; destroy while connected. */
+ * a reflected Hello refused; pre-auth frames refused unparsed; send before
+ * established and above the output cap; silent and dead peers time out; a
+ * bad frame closes only its own connection; the handshake cap and the pause
+ * after accept errors; connect falling back to the next address; names
+ * refused on the loop; destroy while connected. */
 #include "check.h"
 #include "ctl.h"
+#include "frame.h"
 #include "log.h"
 #include "net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +94,65 @@ run_until(struct event_base *base, const int *flag, int want, unsigned ms)
         event_base_loop(base, EVLOOP_ONCE);
     event_free(tick);
     return flag == NULL || *flag >= want;
+}
+
+/* Log lines containing `pattern` are counted (all lines still go to stderr). */
+static struct {
+    const char *pattern;
+    int hits;
+} log_watch;
+
+static void
+log_sink(td_log_level_t level, const char *line, void *arg)
+{
+    fprintf(stderr, "%s\n", line);
+    if (log_watch.pattern && strstr(line, log_watch.pattern))
+        log_watch.hits++;
+}
+
+static void
+log_watch_start(const char *pattern)
+{
+    log_watch.pattern = pattern;
+    log_watch.hits = 0;
+}
+
+/* Read what fd has (non-blocking) into buf at *len; returns 0 on EOF, 1 else. */
+static int
+raw_read(int fd, char *buf, size_t cap, size_t *len, int echo)
+{
+    ssize_t n = recv(fd, buf + *len, cap - *len, MSG_DONTWAIT);
+
+    if (n == 0)
+        return 0;
+    if (n > 0) {
+        if (echo && send(fd, buf + *len, (size_t)n, MSG_NOSIGNAL) != n)
+            return 0;
+        *len += (size_t)n;
+    }
+    return n > 0 || errno == EAGAIN || errno == EWOULDBLOCK;
+}
+
+/* Loop and read fd (echoing what arrives when echo is set) until the peer
+ * closes it or ms pass; returns 1 when it closed. */
+static int
+raw_until_closed(struct event_base *base, int fd, char *buf, size_t cap, size_t *len,
+                 int echo, unsigned ms)
+{
+    uint64_t end = now_ms() + ms;
+
+    while (now_ms() < end) {
+        run_until(base, NULL, 0, 10);
+        if (!raw_read(fd, buf, cap, len, echo))
+            return 1;
+    }
+    return 0;
+}
+
+static int
+mem_has(const char *buf, size_t len, const char *s)
+{
+    return memmem(buf, len, s, strlen(s)) != NULL;
 }
 
 static int
@@ -300,6 +366,10 @@ test_addr_parse(void)
         { "node-a:-1", TD_ERR_INVALID, NULL, 0 },
         { "::1:80", TD_ERR_INVALID, NULL, 0 },
         { "[::1]80", TD_ERR_INVALID, NULL, 0 },
+        { "h: 80", TD_ERR_INVALID, NULL, 0 },
+        { "h:\t80", TD_ERR_INVALID, NULL, 0 },
+        { "h:+80", TD_ERR_INVALID, NULL, 0 },
+        { "h:80 ", TD_ERR_INVALID, NULL, 0 },
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -345,6 +415,297 @@ test_destroy_busy(struct event_base *base)
     close(raw);
 }
 
+/* A server's own Hello (and anything after it) echoed back is refused as a
+ * reflection, with the reason in its log and in the Reject it sends. */
+static void
+test_reflect(struct event_base *base)
+{
+    td_hello_ident_t sid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL };
+    side_t ss = { 0 };
+    td_ctl_listener_t *lst = NULL;
+    char buf[4096];
+    size_t len = 0;
+    int fd;
+
+    sh.arg = &ss;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &lst), TD_OK);
+    if (lst == NULL)
+        return;
+    fd = raw_connect(td_ctl_listener_port(lst));
+    CHECK(fd >= 0);
+    CHECK(raw_until_closed(base, fd, buf, sizeof(buf), &len, 1, 2000));
+    CHECK(mem_has(buf, len, "peer nonce equals ours"));   /* in the Reject */
+    CHECK_EQ_INT(ss.closed, 1);
+    CHECK_EQ_INT(ss.established, 0);
+    CHECK_STATUS(ss.why, TD_ERR_AUTH);
+    CHECK(strstr(ss.reason, "handshake refused: peer nonce equals ours") != NULL);
+    close(fd);
+    td_ctl_listener_destroy(lst);
+}
+
+/* Before authentication a frame is refused from its first key, without
+ * unpacking: a heartbeat whose body protobuf-c could not even parse, and a
+ * Hello followed by a second field. */
+static void
+test_preauth_unparsed(struct event_base *base)
+{
+    static const struct { const char *name; unsigned char bytes[8]; size_t len; const char *reason; } cases[] = {
+        /* field 4 (heartbeat), 2 bytes: 0x08 then a cut varint */
+        { "heartbeat", { 0, 0, 0, 4, 0x22, 0x02, 0x08, 0xff }, 8,
+          "unexpected heartbeat frame (field 4) in state hello, refused unparsed" },
+        /* field 1 (hello), empty, then field 4 (heartbeat), empty */
+        { "two fields", { 0, 0, 0, 4, 0x0a, 0x00, 0x22, 0x00 }, 8,
+          "malformed frame (not a tandem envelope)" },
+        /* field 40 (a future request message), empty */
+        { "field 40", { 0, 0, 0, 3, 0xc2, 0x02, 0x00 }, 7,
+          "unexpected message frame (field 40) in state hello, refused unparsed" },
+    };
+    td_hello_ident_t sid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL };
+    side_t ss = { 0 };
+    td_ctl_listener_t *lst = NULL;
+
+    sh.arg = &ss;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &lst), TD_OK);
+    if (lst == NULL)
+        return;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char buf[4096];
+        size_t len = 0;
+        int fd = raw_connect(td_ctl_listener_port(lst));
+
+        CHECK(fd >= 0 && write(fd, cases[i].bytes, cases[i].len) == (ssize_t)cases[i].len);
+        CHECK(raw_until_closed(base, fd, buf, sizeof(buf), &len, 0, 2000));
+        CHECK_EQ_INT(ss.closed, (int)i + 1);
+        CHECK_STATUS(ss.why, TD_ERR_PROTO);
+        if (strstr(ss.reason, cases[i].reason) == NULL)
+            fprintf(stderr, "%s: got \"%s\"\n", cases[i].name, ss.reason);
+        CHECK(strstr(ss.reason, cases[i].reason) != NULL);
+        CHECK(mem_has(buf, len, cases[i].reason));
+        close(fd);
+    }
+    td_ctl_listener_destroy(lst);
+}
+
+/* Established pair on base: listener in *lst, client conn in *c, server conn
+ * in ss->conn. Returns 1 when both sides are up. */
+static int
+pair_up(struct event_base *base, td_ctl_config_t *scfg, td_ctl_config_t *ccfg,
+        td_ctl_handlers_t *sh, td_ctl_handlers_t *ch, td_ctl_listener_t **lst,
+        td_ctl_conn_t **c)
+{
+    side_t *ss = sh->arg, *cs = ch->arg;
+
+    *lst = NULL;
+    *c = NULL;
+    if (td_ctl_listener_create(base, scfg, sh, "127.0.0.1", 0, lst) != TD_OK)
+        return 0;
+    if (td_ctl_conn_connect(base, ccfg, ch, "127.0.0.1", td_ctl_listener_port(*lst), c) != TD_OK)
+        return 0;
+    return run_until(base, &cs->established, 1, 2000) && run_until(base, &ss->established, 1, 2000);
+}
+
+/* A peer that does not read: send says BUSY once max_output bytes wait, and
+ * accepts again once they went out. */
+static void
+test_output_cap(struct event_base *base)
+{
+    td_hello_ident_t sid, cid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_config_t ccfg = base_config(&cid, "client", TANDEM__ROLE__ROLE_PREFILL);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL }, ch = sh;
+    side_t ss = { 0 }, cs = { 0 };
+    td_ctl_listener_t *lst;
+    td_ctl_conn_t *c;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    Tandem__Heartbeat hb = TANDEM__HEARTBEAT__INIT;
+    size_t frame, sent = 0;
+    td_status_t st = TD_OK;
+
+    sh.arg = &ss;
+    ch.arg = &cs;
+    ccfg.max_frame = 1024;
+    ccfg.max_output = 8192;
+    hb.seq = 1;
+    hb.time_ns = 1;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_HEARTBEAT;
+    env.heartbeat = &hb;
+    frame = TD_FRAME_HEADER_LEN + tandem__envelope__get_packed_size(&env);
+    CHECK(pair_up(base, &scfg, &ccfg, &sh, &ch, &lst, &c));
+    if (c == NULL || cs.established == 0)
+        goto out;
+    /* Without the loop running nothing is written: the buffer only grows. */
+    while (sent < 100000 && (st = td_ctl_conn_send(c, &env)) == TD_OK)
+        sent++;
+    CHECK_STATUS(st, TD_ERR_BUSY);
+    CHECK(sent * frame <= 8192 && (sent + 1) * frame > 8192);
+    run_until(base, NULL, 0, 50);
+    CHECK_STATUS(td_ctl_conn_send(c, &env), TD_OK);
+    /* A max_output that cannot hold one frame is refused. */
+    ccfg.max_output = 1024;
+    CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "127.0.0.1", td_ctl_listener_port(lst),
+                                     &(td_ctl_conn_t *){ NULL }), TD_ERR_INVALID);
+out:
+    td_ctl_conn_destroy(c);
+    td_ctl_listener_destroy(lst);
+}
+
+/* max_unauth = 2: a third connection in the handshake is closed at once and
+ * the first two are served; once they are gone a client gets in. */
+static void
+test_unauth_cap(struct event_base *base)
+{
+    td_hello_ident_t sid, cid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_config_t ccfg = base_config(&cid, "client", TANDEM__ROLE__ROLE_PREFILL);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL }, ch = sh;
+    side_t ss = { 0 }, cs = { 0 };
+    td_ctl_listener_t *lst = NULL;
+    td_ctl_conn_t *c = NULL;
+    char buf[4096];
+    size_t len = 0, len1 = 0;
+    int fd[3];
+
+    sh.arg = &ss;
+    ch.arg = &cs;
+    scfg.max_unauth = 2;
+    scfg.handshake_ms = 5000;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &lst), TD_OK);
+    if (lst == NULL)
+        return;
+    log_watch_start("connections in the handshake (max_unauth)");
+    for (int i = 0; i < 3; i++) {
+        fd[i] = raw_connect(td_ctl_listener_port(lst));
+        CHECK(fd[i] >= 0);
+        run_until(base, NULL, 0, 30);
+    }
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 2);
+    CHECK(raw_until_closed(base, fd[2], buf, sizeof(buf), &len, 0, 1000));
+    CHECK_EQ_INT(len, 0);                        /* closed without a Hello */
+    CHECK(raw_read(fd[0], buf, sizeof(buf), &len1, 0) && len1 > 0);   /* got a Hello */
+    CHECK_EQ_INT(log_watch.hits, 1);
+    close(fd[0]);
+    close(fd[1]);
+    close(fd[2]);
+    CHECK(run_until(base, &ss.closed, 2, 2000));
+    CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "127.0.0.1", td_ctl_listener_port(lst), &c),
+                 TD_OK);
+    CHECK(run_until(base, &cs.established, 1, 2000));
+    log_watch_start(NULL);
+    td_ctl_conn_destroy(c);
+    td_ctl_listener_destroy(lst);
+}
+
+/* accept() failing with EMFILE pauses the listener (one warning, a handful
+ * of retries, no busy loop) and it accepts again once descriptors free up. */
+static void
+test_accept_emfile(struct event_base *base)
+{
+    td_hello_ident_t sid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL };
+    side_t ss = { 0 };
+    td_ctl_listener_t *lst = NULL;
+    struct rlimit old, low;
+    int fill[64], nfill = 0, raw, probe, failures;
+
+    sh.arg = &ss;
+    scfg.handshake_ms = 5000;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &lst), TD_OK);
+    if (lst == NULL)
+        return;
+    run_until(base, NULL, 0, 50);   /* libevent closes freed sockets from the loop */
+    raw = raw_connect(td_ctl_listener_port(lst));   /* waits in the backlog */
+    CHECK(raw >= 0);
+    probe = open("/dev/null", O_RDONLY);
+    CHECK(probe >= 0 && getrlimit(RLIMIT_NOFILE, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)probe + 16;
+    close(probe);
+    CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    while (nfill < 64 && (fill[nfill] = open("/dev/null", O_RDONLY)) >= 0)
+        nfill++;
+    CHECK(nfill < 64 && errno == EMFILE);
+
+    td_log_set_level(TD_LOG_DEBUG);
+    log_watch_start("accept failed");
+    run_until(base, NULL, 0, 700);
+    failures = log_watch.hits;
+    log_watch_start("accept failed: ");   /* the warning, not the debug lines */
+    td_log_set_level(TD_LOG_INFO);
+    /* 100 + 200 + 400 ms pauses: 3 or 4 attempts in 700 ms, not thousands. */
+    CHECK(failures >= 2 && failures <= 6);
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 0);
+
+    while (nfill > 0)
+        close(fill[--nfill]);
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    log_watch_start("accepting again");
+    run_until(base, NULL, 0, 1200);
+    CHECK_EQ_INT(log_watch.hits, 1);
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 1);
+    log_watch_start(NULL);
+    close(raw);
+    td_ctl_listener_destroy(lst);
+}
+
+/* The first address refuses (asynchronously on loopback), the second one
+ * serves; a listener on all addresses takes IPv4 and IPv6; names are refused
+ * on the loop with a reason. */
+static void
+test_connect_fallback(struct event_base *base)
+{
+    td_hello_ident_t sid, cid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_config_t ccfg = base_config(&cid, "client", TANDEM__ROLE__ROLE_PREFILL);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL }, ch = sh;
+    side_t ss = { 0 }, cs = { 0 };
+    td_ctl_listener_t *lst = NULL, *dead = NULL;
+    td_ctl_conn_t *c = NULL;
+    td_net_addrs_t addrs, good;
+    uint16_t dead_port;
+
+    sh.arg = &ss;
+    ch.arg = &cs;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, NULL, 0, &lst), TD_OK);
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &dead), TD_OK);
+    if (lst == NULL || dead == NULL)
+        return;
+    dead_port = td_ctl_listener_port(dead);
+    td_ctl_listener_destroy(dead);   /* nothing listens there now */
+    CHECK_STATUS(td_net_resolve("127.0.0.1", dead_port, 1, &addrs), TD_OK);
+    CHECK_STATUS(td_net_resolve("127.0.0.1", td_ctl_listener_port(lst), 1, &good), TD_OK);
+    addrs.a[addrs.n++] = good.a[0];
+    log_watch_start("trying the next address");
+    CHECK_STATUS(td_ctl_conn_connect_addrs(base, &ccfg, &ch, &addrs, &c), TD_OK);
+    CHECK(run_until(base, &cs.established, 1, 2000));
+    CHECK_EQ_INT(log_watch.hits, 1);
+    CHECK_EQ_INT(cs.closed, 0);
+    CHECK(strstr(td_ctl_conn_name(c), "127.0.0.1:") != NULL);
+    td_ctl_conn_destroy(c);
+    c = NULL;
+
+    /* IPv6 loopback to the same all-addresses listener, when this host has it. */
+    if (td_ctl_conn_connect(base, &ccfg, &ch, "::1", td_ctl_listener_port(lst), &c) == TD_OK) {
+        CHECK(run_until(base, &cs.established, 2, 2000));
+        CHECK(strstr(td_ctl_conn_name(c), "[::1]:") != NULL);
+        td_ctl_conn_destroy(c);
+        c = NULL;
+    }
+
+    log_watch_start("host must be an address; resolve names before starting the loop");
+    CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "localhost", td_ctl_listener_port(lst), &c),
+                 TD_ERR_INVALID);
+    CHECK(c == NULL);
+    CHECK_EQ_INT(log_watch.hits, 1);
+    log_watch_start(NULL);
+    run_until(base, NULL, 0, 50);
+    td_ctl_listener_destroy(lst);
+}
+
 int
 main(void)
 {
@@ -352,11 +713,19 @@ main(void)
 
     signal(SIGPIPE, SIG_IGN);   /* as in every daemon: see ctl.h */
     base = event_base_new();
+    td_log_set_sink(log_sink, NULL);
     test_addr_parse();
     test_handshake_ok(base);
     test_handshake_refused(base);
+    test_reflect(base);
+    test_preauth_unparsed(base);
     test_bad_peers(base);
     test_destroy_busy(base);
+    test_output_cap(base);
+    test_unauth_cap(base);
+    test_accept_emfile(base);
+    test_connect_fallback(base);
     event_base_free(base);
+    td_log_set_sink(NULL, NULL);
     return td_check_exit("test_ctl");
 }

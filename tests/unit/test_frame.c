@@ -1,5 +1,6 @@
 /* tests/unit/test_frame.c — frame encode/decode: round trips, byte-at-a-time
- * delivery, and a table of bad inputs (oversized, garbage, truncated, empty). */
+ * delivery, a table of bad inputs (oversized, garbage, truncated, empty), and
+ * td_frame_peek's reading of the first field without unpacking. */
 #include "check.h"
 #include "frame.h"
 
@@ -136,11 +137,57 @@ test_encode_limits(void)
     evbuffer_free(buf);
 }
 
+static void
+test_peek(void)
+{
+    static const struct {
+        const char *name;
+        unsigned char bytes[16];
+        size_t len;
+        td_status_t want;
+        uint32_t field;
+    } cases[] = {
+        { "hello, empty", { 0, 0, 0, 2, 0x0a, 0x00 }, 6, TD_OK, 1 },
+        { "heartbeat, body not parsed", { 0, 0, 0, 4, 0x22, 0x02, 0xff, 0xff }, 8, TD_OK, 4 },
+        { "field 40", { 0, 0, 0, 3, 0xc2, 0x02, 0x00 }, 7, TD_OK, 40 },
+        { "partial body", { 0, 0, 0, 4, 0x22, 0x02 }, 6, TD_INPROGRESS, 0 },
+        { "partial header", { 0, 0 }, 2, TD_INPROGRESS, 0 },
+        { "too big", { 0, 0, 0x10, 0 }, 4, TD_ERR_TOO_BIG, 0 },
+        { "empty body", { 0, 0, 0, 0 }, 4, TD_ERR_PROTO, 0 },
+        { "two fields", { 0, 0, 0, 4, 0x0a, 0x00, 0x22, 0x00 }, 8, TD_ERR_PROTO, 0 },
+        { "varint wire type", { 0, 0, 0, 2, 0x20, 0x01 }, 6, TD_ERR_PROTO, 0 },
+        { "field 0", { 0, 0, 0, 2, 0x02, 0x00 }, 6, TD_ERR_PROTO, 0 },
+        { "length past the body", { 0, 0, 0, 2, 0x0a, 0x05 }, 6, TD_ERR_PROTO, 0 },
+        { "cut key varint", { 0, 0, 0, 1, 0x8a }, 5, TD_ERR_PROTO, 0 },
+        { "overlong key varint", { 0, 0, 0, 7, 0x8a, 0x80, 0x80, 0x80, 0x80, 0x00, 0x00 }, 11,
+          TD_ERR_PROTO, 0 },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct evbuffer *buf = evbuffer_new();
+        uint32_t field = 0, body_len = 0;
+        td_status_t st;
+
+        evbuffer_add(buf, cases[i].bytes, cases[i].len);
+        st = td_frame_peek(buf, 1024, &field, &body_len);
+        if (st != cases[i].want || field != cases[i].field)
+            fprintf(stderr, "peek case \"%s\": %s field %u\n", cases[i].name,
+                    td_status_str(st), (unsigned)field);
+        CHECK_STATUS(st, cases[i].want);
+        CHECK_EQ_INT(field, cases[i].field);
+        if (st == TD_OK)
+            CHECK_EQ_INT(body_len, cases[i].len - TD_FRAME_HEADER_LEN);
+        CHECK_EQ_INT(evbuffer_get_length(buf), cases[i].len);   /* nothing consumed */
+        evbuffer_free(buf);
+    }
+}
+
 int
 main(void)
 {
     test_round_trip_and_partial();
     test_bad_input();
     test_encode_limits();
+    test_peek();
     return td_check_exit("test_frame");
 }

@@ -1,6 +1,7 @@
 /* tests/unit/test_hello.c — Hello checks (one mismatch at a time, with the
  * reason an operator reads) and the HMAC proof: good, wrong secret, replayed
- * onto another connection's nonce, tampered identity. */
+ * onto another connection, tampered Hello fields, reflected to its sender,
+ * and a proof obtained on a second connection to the same verifier. */
 #include "check.h"
 #include "hello.h"
 
@@ -17,7 +18,7 @@ static const td_hello_ident_t ours = {
 };
 
 enum mutation { M_NONE, M_VERSION, M_MODEL, M_LAYOUT, M_ROLE0, M_ROLE99, M_NODE_EMPTY,
-                M_NODE_SPACE, M_NONCE_SHORT };
+                M_NODE_SPACE, M_NONCE_SHORT, M_NONCE_OURS };
 
 static void
 test_check(void)
@@ -40,8 +41,10 @@ test_check(void)
         { M_NODE_EMPTY, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "invalid peer node id \"\"" },
         { M_NODE_SPACE, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "invalid peer node id \"a b\"" },
         { M_NONCE_SHORT, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "peer nonce is 31 bytes, want 32" },
+        { M_NONCE_OURS, TD_ERR_AUTH, TANDEM__REJECT_CODE__REJECT_AUTH,
+          "peer nonce equals ours (our own hello reflected)" },
     };
-    uint8_t nonce[TD_HELLO_NONCE_LEN] = { 1 };
+    uint8_t nonce[TD_HELLO_NONCE_LEN] = { 1 }, our_nonce[TD_HELLO_NONCE_LEN] = { 2 };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         Tandem__Hello peer;
@@ -61,66 +64,122 @@ test_check(void)
         case M_NODE_SPACE: id.node_id = "a b"; break;
         default: break;
         }
-        td_hello_build(&peer, &id, nonce);
+        td_hello_build(&peer, &id, cases[i].m == M_NONCE_OURS ? our_nonce : nonce);
         if (cases[i].m == M_NONCE_SHORT)
             peer.nonce.len = 31;
-        CHECK_STATUS(td_hello_check(&ours, &peer, reason, sizeof(reason), &code), cases[i].want);
+        CHECK_STATUS(td_hello_check(&ours, our_nonce, &peer, reason, sizeof(reason), &code),
+                     cases[i].want);
         CHECK_STR(reason, cases[i].reason);
         CHECK_EQ_INT(code, cases[i].code);
     }
 }
 
+static const uint8_t secret[] = "cluster-secret";
+
+/* proof by prover over (ini, acc) verifies against (ini2, acc2) as prover2? */
+static td_status_t
+verify_as(td_hello_dir_t prover, const Tandem__Hello *ini, const Tandem__Hello *acc,
+          td_hello_dir_t prover2, const Tandem__Hello *ini2, const Tandem__Hello *acc2)
+{
+    uint8_t proof[TD_HELLO_PROOF_LEN];
+    ProtobufCBinaryData pd = { sizeof(proof), proof };
+    char reason[TD_HELLO_REASON_MAX] = "";
+    td_status_t st;
+
+    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), prover, ini, acc, proof), TD_OK);
+    st = td_hello_proof_verify(secret, sizeof(secret), prover2, ini2, acc2, &pd, reason,
+                               sizeof(reason));
+    if (st != TD_OK)
+        CHECK_STR(reason, "cluster secret proof failed");
+    return st;
+}
+
 static void
 test_proof(void)
 {
-    static const uint8_t secret[] = "cluster-secret", other[] = "cluster-secreT";
+    static const uint8_t other[] = "cluster-secreT";
+    static const td_hello_ident_t them = {
+        .protocol_version = TD_HELLO_PROTOCOL_VERSION, .role = TANDEM__ROLE__ROLE_PREFILL,
+        .node_id = "node-b", .rank_id = 1, .incarnation = 0x5678,
+        .model_fingerprint = "deepseek-v4.1-flash@ab12", .kv_layout_hash = 0xfeed,
+    };
     uint8_t na[TD_HELLO_NONCE_LEN], nb[TD_HELLO_NONCE_LEN], nc[TD_HELLO_NONCE_LEN];
     uint8_t proof[TD_HELLO_PROOF_LEN], proof2[TD_HELLO_PROOF_LEN];
     ProtobufCBinaryData pd = { sizeof(proof), proof };
     char reason[TD_HELLO_REASON_MAX];
-    Tandem__Hello a;
+    const td_hello_dir_t I = TD_HELLO_INITIATOR, A = TD_HELLO_ACCEPTOR;
+    Tandem__Hello a, b, c;
 
     CHECK_STATUS(td_hello_nonce_make(na), TD_OK);
     CHECK_STATUS(td_hello_nonce_make(nb), TD_OK);
     CHECK_STATUS(td_hello_nonce_make(nc), TD_OK);
     CHECK(memcmp(na, nb, sizeof(na)) != 0);
-    td_hello_build(&a, &ours, na);
+    td_hello_build(&a, &them, na);   /* a connects ... */
+    td_hello_build(&b, &ours, nb);   /* ... to b */
 
-    /* A proves to B over B's nonce; B verifies with its own nonce. */
-    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), nb, &a, proof), TD_OK);
-    CHECK_STATUS(td_hello_proof_verify(secret, sizeof(secret), nb, &a, &pd, reason,
-                                       sizeof(reason)), TD_OK);
-    /* Deterministic, and different for another verifier nonce. */
-    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), nb, &a, proof2), TD_OK);
+    /* Each side proves over both Hellos; the other verifies. Deterministic. */
+    CHECK_STATUS(verify_as(I, &a, &b, I, &a, &b), TD_OK);
+    CHECK_STATUS(verify_as(A, &a, &b, A, &a, &b), TD_OK);
+    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), I, &a, &b, proof), TD_OK);
+    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), I, &a, &b, proof2), TD_OK);
     CHECK(memcmp(proof, proof2, sizeof(proof)) == 0);
+    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), A, &a, &b, proof2), TD_OK);
+    CHECK(memcmp(proof, proof2, sizeof(proof)) != 0);
 
-    static const struct { const char *name; int wrong_secret, replay, tamper, short_proof, reflect; } bad[] = {
-        { "wrong secret", 1, 0, 0, 0, 0 },
-        { "replayed onto another connection", 0, 1, 0, 0, 0 },
-        { "identity changed after proving", 0, 0, 1, 0, 0 },
-        { "short proof", 0, 0, 0, 1, 0 },
-        { "reflected nonces", 0, 0, 0, 0, 1 },
-    };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        Tandem__Hello peer = a;
-        ProtobufCBinaryData p = pd;
-        const uint8_t *verifier_nonce = bad[i].replay ? nc : nb;
+    /* Wrong secret; short proof. */
+    reason[0] = '\0';
+    CHECK_STATUS(td_hello_proof_verify(other, sizeof(other), I, &a, &b, &pd, reason,
+                                       sizeof(reason)), TD_ERR_AUTH);
+    CHECK_STR(reason, "cluster secret proof failed");
+    pd.len = TD_HELLO_PROOF_LEN - 1;
+    CHECK_STATUS(td_hello_proof_verify(secret, sizeof(secret), I, &a, &b, &pd, reason,
+                                       sizeof(reason)), TD_ERR_AUTH);
 
-        if (bad[i].tamper)
-            peer.rank_id = 4;
-        if (bad[i].short_proof)
-            p.len = TD_HELLO_PROOF_LEN - 1;
-        if (bad[i].reflect) {   /* B's nonce in A's hello, A's nonce as verifier */
-            peer.nonce.data = nb;
-            verifier_nonce = na;
+    /* Every field of either Hello is inside: change one after proving. */
+    for (int side = 0; side < 2; side++) {
+        for (int f = 0; f < 8; f++) {
+            Tandem__Hello ta = a, tb = b, *t = side ? &tb : &ta;
+            uint8_t n2[TD_HELLO_NONCE_LEN];
+
+            memcpy(n2, t->nonce.data, sizeof(n2));
+            n2[31] ^= 1;
+            switch (f) {
+            case 0: t->protocol_version++; break;
+            case 1: t->role = TANDEM__ROLE__ROLE_ROUTER; break;
+            case 2: t->node_id = "node-x"; break;
+            case 3: t->rank_id++; break;
+            case 4: t->incarnation++; break;
+            case 5: t->model_fingerprint = "deepseek-v4.1-flash@ab13"; break;
+            case 6: t->kv_layout_hash++; break;
+            case 7: t->nonce.data = n2; break;
+            }
+            CHECK_STATUS(verify_as(I, &a, &b, I, &ta, &tb), TD_ERR_AUTH);
         }
-        reason[0] = '\0';
-        CHECK_STATUS(td_hello_proof_verify(bad[i].wrong_secret ? other : secret, sizeof(secret),
-                                           verifier_nonce, &peer, &p, reason, sizeof(reason)),
-                     TD_ERR_AUTH);
-        CHECK_STR(reason, "cluster secret proof failed");
     }
-    CHECK_STATUS(td_hello_proof_compute(secret, 0, nb, &a, proof), TD_ERR_RANGE);
+    /* Replayed onto another connection: the verifier's fresh nonce differs. */
+    td_hello_build(&c, &ours, nc);
+    CHECK_STATUS(verify_as(I, &a, &b, I, &a, &c), TD_ERR_AUTH);
+
+    /* Reflection: b's own proof sent back to it as if from the initiator,
+     * also when b's own Hello is reflected too (same Hello in both slots). */
+    CHECK_STATUS(verify_as(A, &a, &b, I, &a, &b), TD_ERR_AUTH);
+    CHECK_STATUS(verify_as(A, &b, &b, I, &b, &b), TD_ERR_AUTH);
+    /* Roles swapped: a proof made as initiator of (a, b) is not one of (b, a). */
+    CHECK_STATUS(verify_as(I, &a, &b, I, &b, &a), TD_ERR_AUTH);
+
+    /* Second connection: the attacker holds connection 1 to b (b's Hello b,
+     * nonce nb) and opens connection 2 (b's Hello c, nonce nc), sending there
+     * a Hello x that carries nb. b proves on connection 2; on connection 1 the
+     * attacker presents c as its own Hello and wants that proof accepted. */
+    {
+        Tandem__Hello x = a;
+
+        x.nonce.data = nb;
+        CHECK_STATUS(verify_as(A, &x, &c, I, &c, &b), TD_ERR_AUTH);
+        CHECK_STATUS(verify_as(A, &x, &c, A, &c, &b), TD_ERR_AUTH);
+    }
+    CHECK_STATUS(td_hello_proof_compute(secret, 0, I, &a, &b, proof), TD_ERR_RANGE);
+    CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), 0, &a, &b, proof), TD_ERR_RANGE);
 }
 
 static void
