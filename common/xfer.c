@@ -32,6 +32,7 @@
 #define TD_XFER_SWEEP_MS       50
 #define TD_XFER_PROGRESS_MAX   64
 #define TD_XFER_RETRY_US       200
+#define TD_XFER_PENDING_US     50           /* poll period while flushes/notes wait */
 #define TD_XFER_CLOSE_WAIT_MS  2000
 
 static void
@@ -178,6 +179,7 @@ struct td_xfer_s {
     td_xfer_op_t *done_q, *done_q_tail;
     td_xfer_peer_t *fail_q;
     unsigned closing;              /* ep close requests outstanding */
+    unsigned reqs;                 /* flush + notification requests outstanding */
     int in_progress;
     int draining;
     int cuda_ok;
@@ -241,6 +243,18 @@ td_xfer_progress_worker(td_xfer_t *x)
     return n == TD_XFER_PROGRESS_MAX;
 }
 
+/* A flush or notification that waits for room in a peer's shared-memory
+ * FIFO gets no wake-up when the peer frees it (UCX's mm transports have no
+ * such event, and ucp_worker_arm does not refuse to sleep on it): while
+ * UCX holds such requests, come back through a short timer. */
+static void
+td_xfer_poll_pending(td_xfer_t *x)
+{
+    static const struct timeval pending = { 0, TD_XFER_PENDING_US };
+    if (x->reqs && !event_pending(x->ev_retry, EV_TIMEOUT, NULL))
+        event_add(x->ev_retry, &pending);
+}
+
 /* Drain, arm, repeat while UCX reports pending events; when work remains
  * after the bound, come back through the loop instead of spinning here. */
 static void
@@ -252,8 +266,10 @@ td_xfer_progress_arm(td_xfer_t *x)
         if (td_xfer_progress_worker(x))
             break;
         ucs_status_t s = ucp_worker_arm(x->worker);
-        if (s == UCS_OK)
+        if (s == UCS_OK) {
+            td_xfer_poll_pending(x);
             return;
+        }
         if (s != UCS_ERR_BUSY) {
             td_error("xfer %016" PRIx64 ": worker arm failed: %s", x->incarnation,
                      ucs_status_string(s));
@@ -452,6 +468,7 @@ td_xfer_on_note_sent(void *request, ucs_status_t s, void *user_data)
 {
     td_xfer_op_t *op = user_data;
     ucp_request_free(request);
+    op->x->reqs--;
     if (op->state == TD_XFER_OP_NOTE)
         td_xfer_op_end(op, s == UCS_OK ? op->status : td_xfer_status_from_ucs(s));
     td_xfer_op_unref(op);
@@ -479,6 +496,7 @@ td_xfer_note_send(td_xfer_op_t *op, ucp_ep_h ep)
                                          op->payload, op->payload_len, &prm);
     if (UCS_PTR_IS_PTR(r)) {
         op->refs++;
+        x->reqs++;
         return;
     }
     if (op->state != TD_XFER_OP_NOTE)
@@ -552,10 +570,17 @@ td_xfer_config_set(ucp_config_t *uc, const char *name, const char *value)
     return TD_OK;
 }
 
-/* UCX settings the engine relies on (see docs/xfer.md): shared-memory
- * transports only take part in PEER error mode with MM_ERROR_HANDLING=y,
- * and their peer failures are found by keepalive, so it must be short.
- * An explicit environment setting wins. */
+/* UCX settings the engine relies on (see docs/xfer.md, "UCX settings"):
+ * - MM_ERROR_HANDLING=y: shared-memory transports only take part in PEER
+ *   error mode with it; their peer failures are found by keepalive,
+ * - KEEPALIVE_INTERVAL=500ms: so that keepalive finds a dead peer quickly,
+ * - ADAPTIVE_PROGRESS=n: with adaptive progress, UCX 1.13 switches off an
+ *   interface without endpoints (a receiver's mm interface: notifications
+ *   arrive without a receiver-side endpoint) and hands its wake-ups to its
+ *   async thread, which can leave ucp_worker_arm() returning UCS_OK while
+ *   notifications wait in the FIFO: the receiver then sleeps until the next
+ *   sweep, and the sender's flush waits for FIFO room meanwhile.
+ * An explicit environment setting (UCX_<NAME>) wins. */
 static int
 td_xfer_tls_has_mm(const char *tls)
 {
@@ -573,16 +598,27 @@ td_xfer_tls_has_mm(const char *tls)
     return 0;
 }
 
+/* Set UCX_<name> for this context unless the environment sets it. */
+static td_status_t
+td_xfer_config_default(ucp_config_t *uc, const char *name, const char *value)
+{
+    char env[64];
+    snprintf(env, sizeof(env), "UCX_%s", name);
+    return getenv(env) ? TD_OK : td_xfer_config_set(uc, name, value);
+}
+
 static td_status_t
 td_xfer_config_fill(ucp_config_t *uc, const td_xfer_config_t *cfg)
 {
     td_status_t st = TD_OK;
     if (cfg->transports)
         st = td_xfer_config_set(uc, "TLS", cfg->transports);
-    if (st == TD_OK && td_xfer_tls_has_mm(cfg->transports) && !getenv("UCX_MM_ERROR_HANDLING"))
-        st = td_xfer_config_set(uc, "MM_ERROR_HANDLING", "y");
-    if (st == TD_OK && !getenv("UCX_KEEPALIVE_INTERVAL"))
-        st = td_xfer_config_set(uc, "KEEPALIVE_INTERVAL", "500ms");
+    if (st == TD_OK && td_xfer_tls_has_mm(cfg->transports))
+        st = td_xfer_config_default(uc, "MM_ERROR_HANDLING", "y");
+    if (st == TD_OK)
+        st = td_xfer_config_default(uc, "KEEPALIVE_INTERVAL", "500ms");
+    if (st == TD_OK)
+        st = td_xfer_config_default(uc, "ADAPTIVE_PROGRESS", "n");
     return st;
 }
 
@@ -1248,6 +1284,7 @@ td_xfer_on_flushed(void *request, ucs_status_t s, void *user_data)
 {
     td_xfer_op_t *op = user_data;
     ucp_request_free(request);
+    op->x->reqs--;
     if (op->state == TD_XFER_OP_PUT) {
         if (s != UCS_OK && op->status == TD_OK)
             op->status = td_xfer_status_from_ucs(s);
@@ -1338,6 +1375,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
         ucs_status_ptr_t r = ucp_ep_flush_nbx(peer->ep, &fp);
         if (UCS_PTR_IS_PTR(r)) {
             op->refs++;
+            x->reqs++;
         } else if (op->state == TD_XFER_OP_PUT) {
             if (UCS_PTR_IS_ERR(r) && op->status == TD_OK)
                 op->status = td_xfer_status_from_ucs(UCS_PTR_STATUS(r));
@@ -1345,6 +1383,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
         }
     }
     td_xfer_progress_worker(x);
+    td_xfer_poll_pending(x);
     td_xfer_kick(x);
     return TD_OK;
 

@@ -133,6 +133,9 @@ int td_xfer_peer_failed(const td_xfer_peer_t *peer);
 /* Post a transfer: the pieces as batched one-sided puts, then a flush, then
  * one terminal notification carrying (xfer_id, both incarnations, status,
  * payload) to the receiver's handler.
+ * `descs` and `payload` are used only during the call (the payload is
+ * copied); the source regions the pieces point at must stay unchanged until
+ * `done`.
  * Returns TD_OK when accepted: `done` is then called exactly once.
  * Returns an error when refused (a piece outside a pool or a block, unknown
  * pool, payload too big, peer failed): nothing is written, `done` is not
