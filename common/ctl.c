@@ -304,7 +304,10 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
     va_start(ap, fmt);
     vsnprintf(c->reason, sizeof(c->reason), fmt, ap);
     va_end(ap);
-    if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
+    if (c->state == TD_CTL_CONNECTING)
+        /* The connecting side retries; it logs once per episode (common/link.c). */
+        td_debug("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
+    else if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
         td_info("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
     else
         td_warn("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);

@@ -221,7 +221,7 @@ td_net_connect(const td_net_addrs_t *addrs, size_t *next, int *fd_out)
     if (fd < 0) {
         if (*next > 0)
             td_net_addr_str(&addrs->a[*next - 1], name, sizeof(name));
-        td_error("net: cannot connect to %s: %s", name, strerror(err));
+        td_debug("net: cannot connect to %s: %s", name, strerror(err)); /* the caller retries and logs */
         return err == ENOENT ? TD_ERR_NOT_FOUND : td_status_from_errno(err);
     }
     (void)td_net_set_nodelay(fd);
