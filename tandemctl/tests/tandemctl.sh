@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# tandemctl/tests/tandemctl.sh — tandemctl against a fake admin API
+# (fake_admin.py): tables and --json, odd JSON, node commands and their
+# request bodies, 401 / 404 / unreachable / timeout / invalid JSON, usage
+# errors, and the defaults taken from the environment and the local-cluster
+# state directory.  Usage: tandemctl.sh TANDEMCTL FAKE_ADMIN_PY
+set -u
+ctl=$1 fake=$2
+tmp=$(mktemp -d)
+fake_pid=
+cleanup() { [ -n "$fake_pid" ] && kill "$fake_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+unset TANDEM_ROUTER TANDEM_ADMIN_KEY_FILE
+export TANDEM_LOCAL_DIR=$tmp/none
+key=k-$RANDOM$RANDOM
+echo "$key" >"$tmp/admin.key"
+echo "wrong" >"$tmp/wrong.key"
+: >"$tmp/log"
+
+routes() { cat >"$tmp/routes.json"; }
+rank() { # rank ROLE RANK STATE RUNNING QUEUED KV_USED KV_FREE INFLIGHT — routerd's rank json
+  printf '{"rank": %s, "role": "%s", "state": "%s", "incarnation": "00000000000000aa",
+    "engine": "synthetic", "inflight": %s, "load": {"running": %s, "queued": %s,
+    "queued_tokens": 0}, "kv": {"blocks_used": %s, "blocks_free": %s, "tokens_used": 0,
+    "tokens_free": 0}}' "$2" "$1" "$3" "$8" "$4" "$5" "$6" "$7"
+}
+routes <<J
+{"GET /admin/status": [200, {"router_id": "r0", "requests_in_flight": 7, "nodes": [
+   {"node": "n0", "draining": false, "removing": false, "ranks": [
+     $(rank prefill 0 up 1 2 0 0 3), $(rank prefill 1 up 0 0 0 0 0)]},
+   {"node": "n1", "draining": true, "removing": false, "ranks": [
+     $(rank decode 0 up 4 0 120 904 4)]}]}],
+ "GET /admin/requests": [200, {"requests": [
+   {"id": "00000000000000a7", "openai_id": "chatcmpl-x", "state": "decoding", "kind": "chat",
+    "stream": true, "prefill": {"node": "n0", "rank": 0}, "decode": {"node": "n1", "rank": 0},
+    "prompt_tokens": 12, "completion_tokens": 5, "max_tokens": 16, "attempts": 1,
+    "age_ms": 250},
+   {"id": "00000000000000a8", "state": "admitting", "kind": "completion", "prefill": null,
+    "decode": null, "prompt_tokens": 3, "completion_tokens": 0, "max_tokens": 8,
+    "age_ms": 1}]}],
+ "GET /admin/config": [200, {"config": {"http-listen": "127.0.0.1:0", "log-level": "info",
+    "secret-file": "(redacted)"}}],
+ "POST /admin/drain": [200, {"node": "n1", "status": "draining"}],
+ "POST /admin/undrain": [404, {"error": {"message": "No node named 'nope' has registered.",
+    "type": "invalid_request_error", "param": "node", "code": "node_not_found"}}],
+ "POST /admin/remove": [200, {}],
+ "POST /admin/cancel": [200, {"id": "00000000000000a7", "status": "canceled"}]}
+J
+
+python3 "$fake" "$tmp/port" "$tmp/routes.json" "$key" "$tmp/log" &
+fake_pid=$!
+for _ in $(seq 100); do [ -f "$tmp/port" ] && break; sleep 0.05; done
+[ -f "$tmp/port" ] || { echo "fake admin server did not start" >&2; exit 1; }
+url=http://127.0.0.1:$(cat "$tmp/port")
+
+# run WANT_RC ARGS... — tandemctl with the fake's url and key; output in $tmp/out, $tmp/err
+run() {
+  local want=$1; shift
+  timeout 20 "$ctl" --router "$url" --admin-key-file "$tmp/admin.key" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [ "$rc" = "$want" ] || fail "tandemctl $*: exit $rc, want $want; stderr: $(cat "$tmp/err")"
+}
+has() { grep -qE -- "$2" "$tmp/$1" || fail "$1 of the last command lacks /$2/: $(cat "$tmp/$1")"; }
+hasnt() { ! grep -qE -- "$2" "$tmp/$1" || fail "$1 of the last command has /$2/: $(cat "$tmp/$1")"; }
+
+# status: a table, one line per rank, node fields repeated; no warnings
+run 0 status
+has out '^NODE +NODE-STATE +ROLE +RANK +STATE +RUNNING +QUEUED +KV-USED +KV-FREE +IN-FLIGHT$'
+has out '^n0 +active +prefill +0 +up +1 +2 +0 +0 +3$'
+has out '^n0 +active +prefill +1 +up +0 +0 +0 +0 +0$'
+has out '^n1 +draining +decode +0 +up +4 +0 +120 +904 +4$'
+has out '^2 nodes, 3 ranks, 7 requests in flight$'
+[ -s "$tmp/err" ] && fail "status wrote to stderr: $(cat "$tmp/err")"
+grep -q "^GET /admin/status" "$tmp/log" || fail "the fake saw no GET /admin/status"
+
+# --json: the router's answer, parseable
+run 0 status --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["nodes"][1]["ranks"][0]["kv"]["blocks_free"]==904' \
+  "$tmp/out" || fail "status --json is not the router's json"
+
+run 0 requests
+has out '^ID +STATE +KIND +PREFILL +DECODE +PROMPT +GENERATED +MAX +AGE-MS$'
+has out '^00000000000000a7 +decoding +chat +n0/0 +n1/0 +12 +5 +16 +250$'
+has out '^00000000000000a8 +admitting +completion +- +- +3 +0 +8 +1$'
+has out '^2 requests in flight$'
+[ -s "$tmp/err" ] && fail "requests wrote to stderr: $(cat "$tmp/err")"
+
+run 0 config
+has out '^http-listen = 127.0.0.1:0$'
+has out '^log-level = info$'
+has out '^secret-file = \(redacted\)$'
+
+# node commands: the body sent, the line printed
+: >"$tmp/log"
+run 0 drain n1
+has out '^node n1: draining$'
+grep -qxF 'POST /admin/drain {"node":"n1"}' "$tmp/log" || fail "drain sent: $(cat "$tmp/log")"
+run 0 remove n1
+has out '^node n1: removing$'
+run 0 cancel 00000000000000a7
+has out '^request 00000000000000a7: canceled$'
+grep -qxF 'POST /admin/cancel {"id":"00000000000000a7"}' "$tmp/log" || fail "cancel sent: $(cat "$tmp/log")"
+run 0 drain n1 --json
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["status"]=="draining"' "$tmp/out" ||
+  fail "drain --json"
+
+# errors: 404 with the router's message, 401, unreachable, timeout, bad json
+run 1 undrain nope
+has err "undrain node nope: No node named 'nope' has registered. \\(HTTP 404\\)"
+[ -s "$tmp/out" ] && fail "a failed undrain printed on stdout"
+timeout 20 "$ctl" --router "$url" --admin-key-file "$tmp/wrong.key" status >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "wrong admin key: exit status"
+has err 'refused the admin key \(HTTP 401\)'
+closed=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+timeout 20 "$ctl" --router "http://127.0.0.1:$closed" --admin-key-file "$tmp/admin.key" status \
+  >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "unreachable router: exit status"
+has err "router http://127.0.0.1:$closed is unreachable"
+routes <<'J'
+{"GET /admin/status": [200, {"nodes": []}, 3],
+ "GET /admin/requests": [200, "{\"requests\": [1, 2"],
+ "GET /admin/config": [500, "internal\nerror"]}
+J
+start=$(date +%s%N)
+run 1 status --timeout 300ms
+has err 'did not answer within 300 ms'
+[ $(( ($(date +%s%N) - start) / 1000000 )) -lt 2500 ] || fail "--timeout 300ms took too long"
+run 1 requests
+has err 'requests: router answered with invalid json'
+run 1 config
+has err 'config: internal error \(HTTP 500\)'
+
+# odd json: "?" and a warning per odd field, never a crash
+routes <<'J'
+{"GET /admin/status": [200, {"nodes": [
+   {"node": "n0", "ranks": [{"role": "decode", "rank": "zero", "state": ["x"], "inflight": 0,
+     "load": {"running": null, "queued": 1.5}, "kv": {"blocks_used": true, "blocks_free": {}}}]},
+   {"node": 7, "draining": false, "removing": false, "ranks": 5}, "junk",
+   {"draining": true, "removing": false, "ranks": [7, {"load": 3}]}]}],
+ "GET /admin/requests": [200, {"requests": {"not": "a list"}}],
+ "GET /admin/config": [200, [1, 2]]}
+J
+run 0 status
+has out '^n0 +\? +decode +zero +\? +- +1.5 +yes +\? +0$'
+has out '^\? +\? +\? +\? +\? +\? +\? +\? +\? +\?$'
+has out '^\? +draining +\? +\? +\? +\? +\? +\? +\? +\?$'
+has out '^4 nodes, 3 ranks, \? requests in flight$'
+has err 'warning: status: node #0: fields "draining" and "removing" should be booleans'
+has err 'warning: status: node #0 rank #0: column STATE: field "state" has the wrong type'
+has err 'warning: status: node #0 rank #0: column KV-FREE: field "kv.blocks_free" has the wrong type'
+has err 'warning: status: node #1: field "ranks" is not an array'
+has err 'warning: status: node #3 rank #0: not an object'
+hasnt err 'node #3 rank #0: column'
+has err 'warning: status: node #3 rank #1: column RUNNING: field "load.running" missing'
+has err 'warning: status: field "requests_in_flight" missing'
+run 0 requests
+has err 'warning: requests: field "requests" is not an array'
+has out '^0 requests in flight$'
+run 0 config
+routes <<'J'
+{"GET /admin/status": [200, {"nodes": []}]}
+J
+
+# usage errors: exit 2, nothing sent
+: >"$tmp/log"
+run 2 frobnicate
+has err 'unknown command "frobnicate"'
+run 2 drain
+has err 'usage: tandemctl drain NODE'
+run 2 status extra
+run 2 --timeout 0 status
+[ -s "$tmp/log" ] && fail "a usage error reached the router"
+"$ctl" --help >"$tmp/out" || fail "--help: exit status"
+has out '^  drain +NODE +stop sending'
+has out '--admin-key-file'
+
+# defaults: the environment, then the local-cluster state directory
+TANDEM_ROUTER=$url TANDEM_ADMIN_KEY_FILE=$tmp/admin.key "$ctl" status >"$tmp/out" 2>"$tmp/err" ||
+  fail "status from the environment: $(cat "$tmp/err")"
+has out '^0 nodes, 0 ranks, \? requests in flight$'
+mkdir -p "$tmp/lc"
+echo "127.0.0.1:$(cat "$tmp/port")" >"$tmp/lc/admin.url"
+cp "$tmp/admin.key" "$tmp/lc/admin.key"
+TANDEM_LOCAL_DIR=$tmp/lc "$ctl" status >"$tmp/out" 2>"$tmp/err" ||
+  fail "status from the local-cluster state: $(cat "$tmp/err")"
+if [ ! -e /etc/tandem/admin.key ]; then
+  "$ctl" status >"$tmp/out" 2>"$tmp/err"
+  [ $? = 1 ] || fail "no admin key given: exit status"
+  has err 'no admin key: give --admin-key-file FILE'
+fi
+
+if [ $fails -ne 0 ]; then echo "tandemctl tests: $fails failure(s)" >&2; exit 1; fi
+echo "tandemctl tests: all passed"
