@@ -1,0 +1,60 @@
+/* prefilld/kvmap.h — where a request's KV goes: a checked copy of the KvDest
+ * the router sent (one destination per layout segment), and the mapping of
+ * one (chunk, layer) batch of engine pieces onto transfer descriptors with
+ * the bytes copied into a staging buffer the transfer owns.
+ * Ownership: a td_kvmap_t owns its block lists; a td_kvmap_batch_t is one
+ * allocation (descriptors + staged bytes) freed with td_kvmap_batch_free. */
+#ifndef TD_KVMAP_H
+#define TD_KVMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "status.h"
+#include "tandem.pb-c.h"
+#include "xfer.h"
+
+#define TD_KVMAP_REASON_MAX 256
+
+/* One segment's destination: the pool and its blocks (fixed: one slot). */
+typedef struct {
+    uint32_t pool_id;
+    uint64_t nblocks;
+    uint64_t *blocks;     /* [nblocks] block ids in the decode rank's pool */
+} td_kvmap_seg_t;
+
+typedef struct {
+    const td_layout_t *layout;   /* borrowed from the engine */
+    td_kvmap_seg_t *segs;        /* [layout->nsegs], indexed by segment */
+} td_kvmap_t;
+
+/* Check dest against the layout for a prompt of ntokens: every segment named
+ * exactly once, paged segments with enough blocks for the prompt, fixed
+ * segments with exactly one slot. TD_ERR_INVALID with a readable reason
+ * (not logged: the caller owns the request and logs once). */
+td_status_t td_kvmap_create(const td_layout_t *layout, const Tandem__KvDest *dest,
+                            uint64_t ntokens, td_kvmap_t **out, char *reason, size_t reason_len);
+void td_kvmap_destroy(td_kvmap_t *m);
+
+/* Descriptors and the bytes they point at, for one td_xfer_post. */
+typedef struct {
+    size_t ndescs;
+    td_xfer_desc_t *descs;   /* [ndescs], src inside `data` */
+    uint64_t bytes;          /* staged bytes */
+    unsigned char *data;     /* [bytes] */
+    void *user;              /* free for the caller (the task it belongs to) */
+} td_kvmap_batch_t;
+
+/* Map pieces onto the destination: paged entry e of a piece goes to block
+ * blocks[e / block_entries] at offset (e % block_entries) × entry_bytes, a
+ * piece spanning blocks becomes one descriptor per block; a fixed segment
+ * goes whole to its slot at offset 0. Every destination is range-checked
+ * against the KvDest (TD_ERR_RANGE with a reason, nothing allocated). The
+ * piece bytes are copied, so the batch outlives the engine's callback. */
+td_status_t td_kvmap_batch_create(const td_kvmap_t *m, const td_engine_piece_t *pieces,
+                                  size_t npieces, td_kvmap_batch_t **out, char *reason,
+                                  size_t reason_len);
+void td_kvmap_batch_free(td_kvmap_batch_t *b);
+
+#endif

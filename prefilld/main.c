@@ -1,0 +1,391 @@
+/* prefilld/main.c — the prefill daemon: options, one engine shared by N rank
+ * threads, each with its own event loop, UCX worker, router links and task
+ * queue (prefilld/rank.h); systemd readiness; SIGTERM ends every task with its
+ * terminal notification before the process exits. docs/prefilld.md. */
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "engine.h"
+#include "link.h"
+#include "rank.h"
+#include "xfer.h"
+
+#define PREFILLD_RANKS_MAX 64
+
+typedef struct {
+    td_daemon_opts_t d;
+    td_engine_config_t engine;
+    char *routers;
+    uint64_t ranks;
+    uint64_t chunk_tokens;
+    uint64_t max_queued_tokens;
+    uint64_t max_running;
+    char *transports;
+    uint64_t xfer_deadline_ms;
+} prefilld_config_t;
+
+static const td_config_opt_t prefilld_opts[] = {
+    TD_DAEMON_CONFIG_OPTS(prefilld_config_t, d),
+    TD_ENGINE_CONFIG_OPTS(prefilld_config_t, engine),
+    TD_CONFIG_OPT_STRING("routers", prefilld_config_t, routers, "",
+                         "routers to register with, host:port[,host:port...] (required)"),
+    TD_CONFIG_OPT_UINT64("ranks", prefilld_config_t, ranks, "1", 1, PREFILLD_RANKS_MAX,
+                         "rank threads (a prefill group: one per gpu)"),
+    TD_CONFIG_OPT_UINT64("chunk-tokens", prefilld_config_t, chunk_tokens, "512", 1, 1 << 20,
+                         "prompt tokens per prefill chunk"),
+    TD_CONFIG_OPT_UINT64("max-queued-tokens", prefilld_config_t, max_queued_tokens, "1048576",
+                         0, 0, "prompt tokens not yet prefilled per rank before refusing (0: no cap)"),
+    TD_CONFIG_OPT_UINT64("max-running", prefilld_config_t, max_running, "8", 1, 4096,
+                         "requests per rank prefilled round-robin, chunk by chunk"),
+    TD_CONFIG_OPT_STRING("transports", prefilld_config_t, transports, "",
+                         "ucx transport list like UCX_TLS (default: ucx's choice)"),
+    TD_CONFIG_OPT_UINT64("xfer-deadline-ms", prefilld_config_t, xfer_deadline_ms, "10000", 0,
+                         3600000, "deadline of one kv transfer in ms (0: none)"),
+    TD_CONFIG_OPT_END
+};
+
+typedef struct prefilld prefilld_t;
+
+/* One rank thread; everything but stop_req and the init fields belongs to it. */
+typedef struct {
+    prefilld_t *m;
+    uint32_t id;
+    pthread_t th;
+    struct event_base *base;
+    td_xfer_t *x;
+    td_rank_t *rk;
+    td_link_t *link;
+    struct event *stop_ev;       /* activated by the main thread */
+    _Atomic int stop_req;        /* 1: finish the tasks; 2: exit now */
+    td_status_t init_st;         /* under m->lock */
+    int init_done;               /* under m->lock */
+    int alive;                   /* under m->lock: its loop may take stop_ev */
+} prefilld_rank_t;
+
+struct prefilld {
+    prefilld_config_t cfg;
+    td_daemon_t *d;
+    struct event_base *base;
+    struct event *rank_exit_ev;  /* a rank thread has left its loop */
+    _Atomic uint32_t ranks_exited;
+    td_engine_t *engine;
+    char fingerprint[17];
+    prefilld_rank_t *ranks;
+    uint32_t nranks;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+};
+
+/* ---- Rank thread ------------------------------------------------------------------ */
+
+static void
+prefilld_register(prefilld_rank_t *r, int draining, Tandem__Register *reg)
+{
+    tandem__register__init(reg);
+    reg->engine_name = (char *)r->m->engine->name;
+    reg->engine_kind = (char *)r->m->engine->kind;
+    reg->vocab_size = r->m->engine->vocab;
+    reg->max_context = r->m->engine->max_context;
+    reg->draining = draining;
+}
+
+static void
+prefilld_on_done(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
+{
+    prefilld_rank_t *r = arg;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
+    env.prefill_done = (Tandem__PrefillDone *)msg;
+    td_status_t st = td_link_send(r->link, router, &env);
+    if (st != TD_OK)
+        td_warn("prefill rank %u: req %016" PRIx64 ": prefill done to router %s not sent: %s",
+                r->id, msg->req_id, td_link_router_name(router), td_status_str(st));
+}
+
+static void
+prefilld_on_load(td_rank_t *rk, const Tandem__Load *load, void *arg)
+{
+    prefilld_rank_t *r = arg;
+    td_link_load(r->link, load);
+}
+
+static void
+prefilld_on_idle(td_rank_t *rk, void *arg)
+{
+    prefilld_rank_t *r = arg;
+    struct timeval flush = { 0, 100000 };   /* let the last PrefillDone frames go out */
+    td_info("prefill rank %u: every task ended", r->id);
+    event_base_loopexit(r->base, &flush);
+}
+
+static void
+prefilld_on_message(td_link_t *l, td_link_router_t *router, const Tandem__Envelope *env,
+                    void *arg)
+{
+    prefilld_rank_t *r = arg;
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL:
+        td_rank_prefill(r->rk, router, env->prefill);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
+        td_rank_cancel(r->rk, router, env->cancel);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
+        td_rank_decode_peer(r->rk, env->decode_peer);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DRAIN: {
+        Tandem__Register reg;
+        prefilld_register(r, env->drain->draining, &reg);
+        td_rank_drain(r->rk, env->drain->draining);
+        (void)td_link_set_register(l, &reg);
+        td_info("prefill rank %u: %s by router %s", r->id,
+                env->drain->draining ? "draining" : "undrained", td_link_router_name(router));
+        break;
+    }
+    default:
+        td_debug("prefill rank %u: router %s: message %d ignored", r->id,
+                 td_link_router_name(router), (int)env->payload_case);
+        break;
+    }
+}
+
+static void
+prefilld_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *arg)
+{
+    prefilld_rank_t *r = arg;
+    td_rank_router_down(r->rk, router);
+}
+
+static void
+prefilld_on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    prefilld_rank_t *r = arg;
+    if (atomic_load(&r->stop_req) >= 2) {
+        event_base_loopexit(r->base, NULL);
+        return;
+    }
+    /* Bounded: tasks wait for their transfers, which have a deadline. */
+    uint64_t ms = 2 * r->m->cfg.xfer_deadline_ms + 2000;
+    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
+    event_base_loopexit(r->base, &tv);
+    td_rank_stop(r->rk);
+}
+
+static void
+prefilld_rank_teardown(prefilld_rank_t *r)
+{
+    td_link_destroy(r->link);
+    td_rank_destroy(r->rk);
+    td_xfer_destroy(r->x);
+    if (r->stop_ev)
+        event_free(r->stop_ev);
+    event_base_free(r->base);
+    r->link = NULL;
+    r->rk = NULL;
+    r->x = NULL;
+    r->stop_ev = NULL;
+    r->base = NULL;
+}
+
+static td_status_t
+prefilld_rank_setup(prefilld_rank_t *r)
+{
+    prefilld_t *m = r->m;
+    const prefilld_config_t *c = &m->cfg;
+    td_status_t st = TD_ERR_NOMEM;
+    if (!(r->base = event_base_new()))
+        goto err;
+    if (!(r->stop_ev = event_new(r->base, -1, 0, prefilld_on_stop, r)))
+        goto err;
+    td_xfer_config_t xc = {
+        .incarnation = td_daemon_incarnation(m->d),
+        .transports = c->transports[0] ? c->transports : NULL,
+    };
+    if ((st = td_xfer_create(r->base, &xc, &r->x)) != TD_OK)
+        goto err;
+    td_rank_config_t rc = {
+        .rank_id = r->id,
+        .chunk_tokens = c->chunk_tokens,
+        .max_queued_tokens = c->max_queued_tokens,
+        .max_running = (uint32_t)c->max_running,
+        .deadline_ms = (uint32_t)c->xfer_deadline_ms,
+    };
+    td_rank_handlers_t rh = { prefilld_on_done, prefilld_on_load, prefilld_on_idle, r };
+    if ((st = td_rank_create(r->base, r->x, m->engine, &rc, &rh, &r->rk)) != TD_OK)
+        goto err;
+    td_link_config_t lc = { .routers = c->routers };
+    lc.ctl.ident = (td_hello_ident_t){
+        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
+        .role = TANDEM__ROLE__ROLE_PREFILL,
+        .node_id = td_daemon_node_id(m->d),
+        .rank_id = r->id,
+        .incarnation = td_daemon_incarnation(m->d),
+        .model_fingerprint = m->fingerprint,
+        .kv_layout_hash = m->engine->layout->hash,
+    };
+    lc.ctl.secret = td_daemon_secret(m->d, &lc.ctl.secret_len);
+    Tandem__Register reg;
+    prefilld_register(r, 0, &reg);
+    td_link_handlers_t lh = { NULL, prefilld_on_message, prefilld_on_down, r };
+    if ((st = td_link_create(r->base, &lc, &reg, &lh, &r->link)) != TD_OK)
+        goto err;
+    return TD_OK;
+
+err:
+    td_error("prefill rank %u: cannot start: %s", r->id, td_status_str(st));
+    prefilld_rank_teardown(r);
+    return st;
+}
+
+static void *
+prefilld_rank_main(void *arg)
+{
+    prefilld_rank_t *r = arg;
+    prefilld_t *m = r->m;
+    td_status_t st = prefilld_rank_setup(r);
+    pthread_mutex_lock(&m->lock);
+    r->init_st = st;
+    r->init_done = 1;
+    r->alive = st == TD_OK;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (st == TD_OK) {
+        event_base_dispatch(r->base);
+        pthread_mutex_lock(&m->lock);
+        r->alive = 0;
+        pthread_mutex_unlock(&m->lock);
+        prefilld_rank_teardown(r);
+    }
+    atomic_fetch_add(&m->ranks_exited, 1);
+    event_active(m->rank_exit_ev, 0, 0);
+    return NULL;
+}
+
+/* ---- Main thread -------------------------------------------------------------------- */
+
+static void
+prefilld_stop_ranks(prefilld_t *m, int how)
+{
+    for (uint32_t i = 0; i < m->nranks; i++) {
+        prefilld_rank_t *r = &m->ranks[i];
+        atomic_store(&r->stop_req, how);
+        pthread_mutex_lock(&m->lock);
+        if (r->alive)
+            event_active(r->stop_ev, 0, 0);
+        pthread_mutex_unlock(&m->lock);
+    }
+}
+
+static void
+prefilld_on_signal(td_daemon_t *d, void *arg)
+{
+    prefilld_t *m = arg;
+    td_daemon_stopping(d);
+    prefilld_stop_ranks(m, 1);
+}
+
+static void
+prefilld_on_rank_exit(evutil_socket_t fd, short what, void *arg)
+{
+    prefilld_t *m = arg;
+    if (atomic_load(&m->ranks_exited) == m->nranks)
+        event_base_loopexit(m->base, NULL);
+}
+
+/* Start the rank threads and wait until each is up (or failed). */
+static td_status_t
+prefilld_start_ranks(prefilld_t *m)
+{
+    td_status_t st = TD_OK;
+    for (uint32_t i = 0; i < m->nranks; i++) {
+        prefilld_rank_t *r = &m->ranks[i];
+        r->m = m;
+        r->id = i;
+        if (pthread_create(&r->th, NULL, prefilld_rank_main, r) != 0) {
+            td_error("prefill rank %u: cannot create its thread", i);
+            m->nranks = i;
+            st = TD_ERR_IO;
+            break;
+        }
+    }
+    pthread_mutex_lock(&m->lock);
+    for (uint32_t i = 0; i < m->nranks; i++) {
+        while (!m->ranks[i].init_done)
+            pthread_cond_wait(&m->cond, &m->lock);
+        if (m->ranks[i].init_st != TD_OK)
+            st = m->ranks[i].init_st;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+int
+main(int argc, char **argv)
+{
+    static prefilld_t m;
+    int rc = 1;
+    evthread_use_pthreads();
+    pthread_mutex_init(&m.lock, NULL);
+    pthread_cond_init(&m.cond, NULL);
+    if (!(m.base = event_base_new())) {
+        fprintf(stderr, "prefilld: cannot create the event loop\n");
+        return 1;
+    }
+    td_status_t st = td_daemon_create("prefilld", prefilld_opts, &m.cfg, &m.cfg.d, argc, argv,
+                                      m.base, prefilld_on_signal, &m, &m.d);
+    if (st != TD_OK) {
+        event_base_free(m.base);
+        return td_daemon_exit_code(st);
+    }
+    if (!m.cfg.routers[0]) {
+        td_error("prefilld: --routers is required");
+        rc = 2;
+        goto err_free_daemon;
+    }
+    if ((st = td_engine_create(&m.cfg.engine, &m.engine)) != TD_OK)
+        goto err_free_daemon;
+    snprintf(m.fingerprint, sizeof(m.fingerprint), "%016" PRIx64, m.engine->fingerprint);
+    m.nranks = (uint32_t)m.cfg.ranks;
+    m.ranks = calloc(m.nranks, sizeof(*m.ranks));
+    m.rank_exit_ev = event_new(m.base, -1, 0, prefilld_on_rank_exit, &m);
+    if (!m.ranks || !m.rank_exit_ev) {
+        td_error("prefilld: out of memory");
+        goto err_free_engine;
+    }
+    st = prefilld_start_ranks(&m);
+    if (st == TD_OK) {
+        char status[256];
+        snprintf(status, sizeof(status), "node %s, %u ranks, incarnation %016" PRIx64
+                 ", routers %s", td_daemon_node_id(m.d), m.nranks,
+                 td_daemon_incarnation(m.d), m.cfg.routers);
+        fprintf(stderr, "prefilld ready: %s\n", status);
+        fflush(stderr);
+        td_daemon_ready(m.d, status);
+        event_base_dispatch(m.base);
+        rc = 0;
+    }
+    /* A second signal (or a start-up failure) lands here with ranks running. */
+    prefilld_stop_ranks(&m, 2);
+    for (uint32_t i = 0; i < m.nranks; i++)
+        pthread_join(m.ranks[i].th, NULL);
+    td_info("prefilld: exiting");
+
+err_free_engine:
+    if (m.rank_exit_ev)
+        event_free(m.rank_exit_ev);
+    free(m.ranks);
+    td_engine_destroy(m.engine);
+err_free_daemon:
+    td_daemon_destroy(m.d);
+    td_config_free(prefilld_opts, &m.cfg);
+    event_base_free(m.base);
+    libevent_global_shutdown();
+    return rc;
+}

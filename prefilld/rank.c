@@ -1,0 +1,889 @@
+/* prefilld/rank.c — one prefill rank (prefilld/rank.h): decode peers, the task
+ * state machine, the round-robin chunk scheduler on the loop thread, the KV
+ * push per (chunk, layer) and exactly one terminal notification per task. */
+#include "rank.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/queue.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvmap.h"
+#include "log.h"
+
+#ifndef TAILQ_FOREACH_SAFE   /* glibc's sys/queue.h lacks it */
+#define TAILQ_FOREACH_SAFE(var, head, field, tvar)                       \
+    for ((var) = TAILQ_FIRST(head); (var) && ((tvar) = TAILQ_NEXT(var, field), 1); \
+         (var) = (tvar))
+#endif
+
+/* ---- Types ------------------------------------------------------------------ */
+
+/* A task's life: QUEUED (waiting for a run slot) -> RUNNING (chunks, round
+ * robin) -> FLUSHING (engine part over; waiting for its data transfers) ->
+ * PUSHING (terminal notification posted) -> DONE / FAILED / CANCELED.
+ * QUEUED -> FLUSHING when canceled or refused before it ran; FLUSHING -> an
+ * end state directly when no terminal notification can be sent. */
+typedef enum {
+    TASK_QUEUED = 0,
+    TASK_RUNNING,
+    TASK_FLUSHING,
+    TASK_PUSHING,
+    TASK_DONE,
+    TASK_FAILED,
+    TASK_CANCELED,
+    TASK_NSTATES
+} task_state_t;
+
+static const char *const task_state_names[TASK_NSTATES] = {
+    "queued", "running", "flushing", "pushing", "done", "failed", "canceled",
+};
+
+#define BIT(s) (1u << (s))
+static const unsigned task_next[TASK_NSTATES] = {
+    [TASK_QUEUED] = BIT(TASK_RUNNING) | BIT(TASK_FLUSHING),
+    [TASK_RUNNING] = BIT(TASK_FLUSHING),
+    [TASK_FLUSHING] = BIT(TASK_PUSHING) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
+    [TASK_PUSHING] = BIT(TASK_DONE) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
+};
+
+/* A decode rank we may push to, as the router described it. */
+typedef struct rank_peer {
+    TAILQ_ENTRY(rank_peer) link;
+    char *node;
+    uint32_t rank;
+    uint64_t incarnation;
+    void *addr;
+    size_t addr_len;
+    ProtobufCBinaryData *pools;  /* [npools] exported pools (copies) */
+    size_t npools;
+    td_xfer_peer_t *xp;          /* NULL after a failure, until the next use */
+    uint64_t gen;                /* bumped each time xp is (re)created */
+} rank_peer_t;
+
+typedef struct task {
+    TAILQ_ENTRY(task) all;
+    TAILQ_ENTRY(task) run;       /* in rk->runq while QUEUED or RUNNING */
+    td_rank_t *rk;
+    void *router;                /* NULL once that router is gone */
+    uint64_t req_id;
+    uint64_t xfer_id;
+    task_state_t state;
+    int32_t *tokens;             /* [ntokens] the prompt */
+    uint64_t ntokens;
+    uint64_t pos;                /* tokens prefilled */
+    uint32_t chunks;
+    td_engine_sampling_t sampling;
+    td_engine_req_t *req;        /* while RUNNING */
+    td_kvmap_t *map;
+    rank_peer_t *peer;           /* NULL: no decode rank to notify */
+    uint64_t peer_gen;           /* endpoint generation the data went through; 0 = none yet */
+    uint32_t inflight;           /* data transfers posted, not yet done */
+    td_status_t status;          /* first failure, or TD_OK */
+    int canceled;
+    int32_t first_token;
+    char reason[TD_KVMAP_REASON_MAX];
+} task_t;
+
+struct td_rank_s {
+    struct event_base *base;
+    td_xfer_t *x;
+    td_engine_t *e;
+    td_rank_config_t cfg;
+    td_rank_handlers_t h;
+    TAILQ_HEAD(, task) tasks;
+    TAILQ_HEAD(, task) runq;
+    TAILQ_HEAD(, rank_peer) peers;
+    int efd;                     /* readable while runq is non-empty */
+    int efd_set;
+    struct event *work_ev;
+    task_t *current;             /* inside td_engine_prefill for this task */
+    uint32_t running;            /* tasks in RUNNING */
+    int stopping, draining, closing;
+    td_rank_stats_t stats;
+    Tandem__Load last_load;
+};
+
+static void task_try_terminal(task_t *t);
+
+/* ---- Task state --------------------------------------------------------------- */
+
+static void
+task_set_state(task_t *t, task_state_t to)
+{
+    if (!(task_next[t->state] & BIT(to))) {
+        td_error("prefill rank %u: req %016" PRIx64 ": bad transition %s -> %s",
+                 t->rk->cfg.rank_id, t->req_id, task_state_names[t->state],
+                 task_state_names[to]);
+        abort();
+    }
+    td_debug("prefill rank %u: req %016" PRIx64 ": %s -> %s", t->rk->cfg.rank_id, t->req_id,
+             task_state_names[t->state], task_state_names[to]);
+    if (t->state == TASK_RUNNING)
+        t->rk->running--;
+    if (to == TASK_RUNNING)
+        t->rk->running++;
+    t->state = to;
+}
+
+static void
+rank_publish_load(td_rank_t *rk)
+{
+    if (rk->closing)
+        return;
+    Tandem__Load l;
+    td_rank_load(rk, &l);
+    if (l.queued == rk->last_load.queued && l.queued_tokens == rk->last_load.queued_tokens &&
+        l.running == rk->last_load.running && l.draining == rk->last_load.draining)
+        return;
+    rk->last_load = l;
+    if (rk->h.load)
+        rk->h.load(rk, &l, rk->h.arg);
+}
+
+/* Keep the wake-up eventfd readable exactly while there is a chunk to run;
+ * libevent's level-triggered read event then runs one chunk per loop pass,
+ * after the I/O that is ready (Cancel, heartbeats, transfer completions). */
+static void
+rank_work_update(td_rank_t *rk)
+{
+    int want = !TAILQ_EMPTY(&rk->runq) && !rk->closing;
+    if (want == rk->efd_set)
+        return;
+    uint64_t v = 1;
+    if (want) {
+        if (write(rk->efd, &v, sizeof(v)) != sizeof(v))
+            td_error("prefill rank %u: wake-up eventfd write failed", rk->cfg.rank_id);
+    } else if (read(rk->efd, &v, sizeof(v)) != sizeof(v)) {
+        td_error("prefill rank %u: wake-up eventfd read failed", rk->cfg.rank_id);
+    }
+    rk->efd_set = want;
+}
+
+/* Record the first failure (later ones are consequences). */
+static void __attribute__((format(printf, 3, 4)))
+task_fail(task_t *t, td_status_t st, const char *fmt, ...)
+{
+    if (t->status != TD_OK || t->canceled)
+        return;
+    t->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->reason, sizeof(t->reason), fmt, ap);
+    va_end(ap);
+}
+
+/* The engine part is over (finished, failed or canceled): wait for the data
+ * transfers, then the terminal notification. */
+static void
+task_finish_engine(task_t *t)
+{
+    td_rank_t *rk = t->rk;
+    if (t->state != TASK_QUEUED && t->state != TASK_RUNNING)
+        return;
+    TAILQ_REMOVE(&rk->runq, t, run);
+    if (t->req) {
+        td_engine_req_destroy(t->req);
+        t->req = NULL;
+    }
+    task_set_state(t, TASK_FLUSHING);
+    rank_work_update(rk);
+    task_try_terminal(t);
+}
+
+/* A failure or cancel arrived from outside the engine call: a task between
+ * chunks stops now; the running one stops at its next layer boundary. */
+static void
+task_stop(task_t *t)
+{
+    if (t->rk->current != t)
+        task_finish_engine(t);
+}
+
+static void
+task_cancel(task_t *t, const char *why)
+{
+    if (t->state > TASK_RUNNING || t->status != TD_OK || t->canceled)
+        return;
+    t->canceled = 1;
+    snprintf(t->reason, sizeof(t->reason), "%s", why);
+    task_stop(t);
+}
+
+static void
+rank_check_idle(td_rank_t *rk)
+{
+    if (rk->stopping && !rk->closing && TAILQ_EMPTY(&rk->tasks) && rk->h.idle)
+        rk->h.idle(rk, rk->h.arg);
+}
+
+static void
+task_free(task_t *t)
+{
+    if (t->req)
+        td_engine_req_destroy(t->req);
+    td_kvmap_destroy(t->map);
+    free(t->tokens);
+    free(t);
+}
+
+/* The terminal notification ended (or none could be sent): report, free. */
+static void
+task_end(task_t *t)
+{
+    td_rank_t *rk = t->rk;
+    task_state_t end = t->status != TD_OK ? TASK_FAILED
+                       : t->canceled      ? TASK_CANCELED
+                                          : TASK_DONE;
+    task_set_state(t, end);
+    td_status_t st = end == TASK_CANCELED ? TD_ERR_CANCELED : t->status;
+    if (end == TASK_DONE) {
+        rk->stats.done++;
+        td_info("prefill rank %u: req %016" PRIx64 ": done, %" PRIu64 " tokens in %u chunks, "
+                "first token %d", rk->cfg.rank_id, t->req_id, t->ntokens, t->chunks,
+                (int)t->first_token);
+    } else {
+        if (end == TASK_FAILED)
+            rk->stats.failed++;
+        else
+            rk->stats.canceled++;
+        td_warn("prefill rank %u: req %016" PRIx64 ": %s (%s)", rk->cfg.rank_id, t->req_id,
+                task_state_names[end], t->reason);
+    }
+    if (t->router && !rk->closing && rk->h.done) {
+        Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
+        msg.req_id = t->req_id;
+        msg.status = st;
+        msg.reason = end == TASK_DONE ? "" : t->reason;
+        msg.first_token = end == TASK_DONE ? t->first_token : 0;
+        rk->h.done(rk, t->router, &msg, rk->h.arg);
+    }
+    TAILQ_REMOVE(&rk->tasks, t, all);
+    task_free(t);
+    rk->stats.live--;
+    rank_publish_load(rk);
+    rank_check_idle(rk);
+}
+
+/* ---- Decode peers -------------------------------------------------------------- */
+
+static rank_peer_t *
+rank_peer_find(td_rank_t *rk, const char *node, uint32_t rank)
+{
+    rank_peer_t *p;
+    TAILQ_FOREACH(p, &rk->peers, link)
+        if (p->rank == rank && strcmp(p->node, node) == 0)
+            return p;
+    return NULL;
+}
+
+/* (Re)create the endpoint from the stored address and pools. */
+static td_status_t
+rank_peer_connect(td_rank_t *rk, rank_peer_t *p)
+{
+    td_xfer_peer_t *xp;
+    td_status_t st = td_xfer_peer_create(rk->x, p->addr, p->addr_len, p->incarnation, &xp);
+    if (st != TD_OK)
+        return st;
+    for (size_t i = 0; i < p->npools; i++) {
+        st = td_xfer_peer_import_pool(xp, p->pools[i].data, p->pools[i].len);
+        if (st != TD_OK) {
+            td_xfer_peer_destroy(xp);
+            return st;
+        }
+    }
+    p->xp = xp;
+    p->gen++;
+    return TD_OK;
+}
+
+static void
+rank_peer_free(rank_peer_t *p)
+{
+    for (size_t i = 0; i < p->npools; i++)
+        free(p->pools[i].data);
+    free(p->pools);
+    free(p->addr);
+    free(p->node);
+    free(p);
+}
+
+/* Forget a peer: close its endpoint (its transfers fail) and fail the tasks
+ * that target it; they end without a terminal notification. */
+static void
+rank_peer_remove(td_rank_t *rk, rank_peer_t *p, const char *why)
+{
+    td_info("prefill rank %u: decode rank %s/%u incarnation %016" PRIx64 ": %s",
+            rk->cfg.rank_id, p->node, p->rank, p->incarnation, why);
+    TAILQ_REMOVE(&rk->peers, p, link);
+    task_t *t, *tn;
+    TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn) {
+        if (t->peer != p)
+            continue;
+        t->peer = NULL;
+        task_fail(t, TD_ERR_PEER, "decode rank %s/%u: %s", p->node, p->rank, why);
+        task_stop(t);
+    }
+    if (p->xp)
+        td_xfer_peer_destroy(p->xp);
+    rank_peer_free(p);
+}
+
+static td_status_t
+rank_peer_add(td_rank_t *rk, const Tandem__DecodePeer *msg)
+{
+    rank_peer_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return TD_ERR_NOMEM;
+    p->rank = msg->rank_id;
+    p->incarnation = msg->incarnation;
+    p->node = strdup(msg->node_id ? msg->node_id : "");
+    p->addr_len = msg->xfer_address.len;
+    p->addr = malloc(p->addr_len ? p->addr_len : 1);
+    p->pools = calloc(msg->n_pools ? msg->n_pools : 1, sizeof(*p->pools));
+    if (!p->node || !p->addr || !p->pools)
+        goto err_free;
+    memcpy(p->addr, msg->xfer_address.data, p->addr_len);
+    for (; p->npools < msg->n_pools; p->npools++) {
+        ProtobufCBinaryData *d = &p->pools[p->npools];
+        d->len = msg->pools[p->npools].len;
+        if (!(d->data = malloc(d->len ? d->len : 1)))
+            goto err_free;
+        memcpy(d->data, msg->pools[p->npools].data, d->len);
+    }
+    td_status_t st = rank_peer_connect(rk, p);
+    if (st != TD_OK) {
+        td_warn("prefill rank %u: decode rank %s/%u: cannot connect: %s", rk->cfg.rank_id,
+                p->node, p->rank, td_status_str(st));
+        rank_peer_free(p);
+        return st;
+    }
+    TAILQ_INSERT_TAIL(&rk->peers, p, link);
+    td_info("prefill rank %u: decode rank %s/%u incarnation %016" PRIx64 ": %zu pools",
+            rk->cfg.rank_id, p->node, p->rank, p->incarnation, p->npools);
+    return TD_OK;
+
+err_free:
+    rank_peer_free(p);
+    return TD_ERR_NOMEM;
+}
+
+void
+td_rank_decode_peer(td_rank_t *rk, const Tandem__DecodePeer *msg)
+{
+    const char *node = msg->node_id ? msg->node_id : "";
+    rank_peer_t *p = rank_peer_find(rk, node, msg->rank_id);
+    if (msg->gone) {
+        if (p && p->incarnation == msg->incarnation)
+            rank_peer_remove(rk, p, "gone");
+        return;
+    }
+    if (p && p->incarnation == msg->incarnation)
+        return;   /* the same news from another router */
+    if (p)
+        rank_peer_remove(rk, p, "replaced by a new incarnation");
+    if (!rk->closing)
+        (void)rank_peer_add(rk, msg);
+}
+
+static void
+rank_on_peer_fail(td_xfer_t *x, td_xfer_peer_t *xp, td_status_t status, void *arg)
+{
+    td_rank_t *rk = arg;
+    rank_peer_t *p;
+    TAILQ_FOREACH(p, &rk->peers, link) {
+        if (p->xp != xp)
+            continue;
+        td_warn("prefill rank %u: decode rank %s/%u: endpoint failed: %s; reconnecting on "
+                "next use", rk->cfg.rank_id, p->node, p->rank, td_status_str(status));
+        td_xfer_peer_destroy(xp);
+        p->xp = NULL;
+        return;
+    }
+}
+
+/* The endpoint a task's transfers go through. All of a task's transfers use
+ * one endpoint generation: after that endpoint failed, its writes may still
+ * land (docs/xfer.md), so no notification goes out on a new one. */
+static td_status_t
+task_endpoint(task_t *t, td_xfer_peer_t **out)
+{
+    rank_peer_t *p = t->peer;
+    if (!p) {
+        task_fail(t, TD_ERR_PEER, "no decode rank to push to");
+        return TD_ERR_PEER;
+    }
+    if (t->peer_gen && (!p->xp || p->gen != t->peer_gen)) {
+        task_fail(t, TD_ERR_PEER, "decode rank %s/%u: endpoint failed", p->node, p->rank);
+        return TD_ERR_PEER;
+    }
+    if (!p->xp) {
+        td_status_t st = rank_peer_connect(t->rk, p);
+        if (st != TD_OK) {
+            task_fail(t, st, "decode rank %s/%u: cannot reconnect: %s", p->node, p->rank,
+                      td_status_str(st));
+            return st;
+        }
+    }
+    t->peer_gen = p->gen;
+    *out = p->xp;
+    return TD_OK;
+}
+
+/* ---- Transfers ------------------------------------------------------------------ */
+
+static void
+task_on_data_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
+{
+    td_kvmap_batch_t *b = arg;
+    task_t *t = b->user;
+    td_kvmap_batch_free(b);
+    t->inflight--;
+    if (status != TD_OK) {
+        task_fail(t, status, "decode rank %s/%u: transfer failed: %s",
+                  t->peer ? t->peer->node : "?", t->peer ? t->peer->rank : 0,
+                  td_status_str(status));
+        task_stop(t);
+    }
+    task_try_terminal(t);
+}
+
+static void
+task_on_note_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
+{
+    task_t *t = arg;
+    if (status != TD_OK)
+        task_fail(t, status, "terminal notification failed: %s", td_status_str(status));
+    task_end(t);
+}
+
+/* Once the engine part is over and every data transfer has ended, post the
+ * terminal notification: a transfer with no pieces whose payload is the
+ * KvNote. Its flush follows the earlier transfers' completion, so the decode
+ * rank sees it after all of the request's data. */
+static void
+task_try_terminal(task_t *t)
+{
+    td_rank_t *rk = t->rk;
+    if (t->state != TASK_FLUSHING || t->inflight > 0 || rk->closing)
+        return;
+    td_xfer_peer_t *xp;
+    if (task_endpoint(t, &xp) != TD_OK) {
+        task_end(t);   /* nobody to notify: the decode rank goes by its endpoint's failure */
+        return;
+    }
+    Tandem__KvNote note = TANDEM__KV_NOTE__INIT;
+    note.req_id = t->req_id;
+    if (t->status != TD_OK) {
+        note.reason = t->reason;
+    } else if (t->canceled) {
+        note.canceled = 1;
+        note.reason = t->reason;
+    } else {
+        note.first_token = t->first_token;
+    }
+    uint8_t buf[TD_KVMAP_REASON_MAX + 64];
+    size_t len = tandem__kv_note__pack(&note, buf);
+    td_status_t st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, rk->cfg.deadline_ms,
+                                  task_on_note_done, t);
+    if (st != TD_OK) {
+        task_fail(t, st, "terminal notification refused: %s", td_status_str(st));
+        task_end(t);
+        return;
+    }
+    rk->stats.notes++;
+    task_set_state(t, TASK_PUSHING);
+}
+
+/* The engine's per-(chunk, layer) callback: the cancellation point, and the
+ * push of the layer's finished pieces as one transfer. */
+static td_status_t
+task_on_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces,
+              size_t npieces, void *arg)
+{
+    task_t *t = arg;
+    if (t->status != TD_OK)
+        return t->status;
+    if (t->canceled)
+        return TD_ERR_CANCELED;
+    if (npieces == 0)
+        return TD_OK;
+    td_xfer_peer_t *xp;
+    td_status_t st = task_endpoint(t, &xp);
+    if (st != TD_OK)
+        return st;
+    td_kvmap_batch_t *b;
+    char why[TD_KVMAP_REASON_MAX];
+    st = td_kvmap_batch_create(t->map, pieces, npieces, &b, why, sizeof(why));
+    if (st != TD_OK) {
+        task_fail(t, st, "layer %u: %s", layer, why);
+        return st;
+    }
+    b->user = t;
+    st = td_xfer_post(xp, t->xfer_id, b->descs, b->ndescs, NULL, 0, t->rk->cfg.deadline_ms,
+                      task_on_data_done, b);
+    if (st != TD_OK) {
+        td_kvmap_batch_free(b);
+        task_fail(t, st, "layer %u: transfer refused: %s", layer, td_status_str(st));
+        return st;
+    }
+    t->inflight++;
+    t->rk->stats.xfers++;
+    return TD_OK;
+}
+
+/* ---- Scheduler -------------------------------------------------------------------- */
+
+/* The next task to run a chunk of: the first in the run queue that is running,
+ * or queued while a run slot is free. Finished chunks go to the back, so the
+ * running tasks take turns chunk by chunk. */
+static task_t *
+rank_pick(td_rank_t *rk)
+{
+    task_t *t;
+    TAILQ_FOREACH(t, &rk->runq, run)
+        if (t->state == TASK_RUNNING || rk->running < rk->cfg.max_running)
+            return t;
+    return NULL;
+}
+
+static void
+task_run_chunk(task_t *t)
+{
+    td_rank_t *rk = t->rk;
+    if (t->state == TASK_QUEUED) {
+        td_status_t st = td_engine_req_create(rk->e, &t->sampling, &t->req);
+        if (st != TD_OK) {
+            task_fail(t, st, "engine: cannot create the request: %s", td_status_str(st));
+            task_finish_engine(t);
+            return;
+        }
+        task_set_state(t, TASK_RUNNING);
+    }
+    uint64_t n = t->ntokens - t->pos;
+    if (n > rk->cfg.chunk_tokens)
+        n = rk->cfg.chunk_tokens;
+    int last = t->pos + n == t->ntokens;
+    rk->current = t;
+    td_status_t st = td_engine_prefill(t->req, t->tokens + t->pos, n, last, task_on_layer, t);
+    rk->current = NULL;
+    rk->stats.chunks++;
+    t->chunks++;
+    if (st != TD_OK) {
+        task_fail(t, st, "engine prefill: %s", td_status_str(st));
+        task_finish_engine(t);
+        return;
+    }
+    t->pos += n;
+    if (last) {
+        td_engine_finish_t fin;
+        st = td_engine_sample(t->req, &t->first_token, &fin);
+        if (st != TD_OK)
+            task_fail(t, st, "engine sample: %s", td_status_str(st));
+        task_finish_engine(t);
+        return;
+    }
+    TAILQ_REMOVE(&rk->runq, t, run);
+    TAILQ_INSERT_TAIL(&rk->runq, t, run);
+}
+
+static void
+rank_on_work(evutil_socket_t fd, short what, void *arg)
+{
+    td_rank_t *rk = arg;
+    task_t *t = rank_pick(rk);
+    if (t)
+        task_run_chunk(t);
+    rank_work_update(rk);
+    rank_publish_load(rk);
+}
+
+/* ---- Messages --------------------------------------------------------------------- */
+
+static task_t *
+rank_task_find(td_rank_t *rk, void *router, uint64_t req_id)
+{
+    task_t *t;
+    TAILQ_FOREACH(t, &rk->tasks, all)
+        if (t->router == router && t->req_id == req_id)
+            return t;
+    return NULL;
+}
+
+static uint64_t
+rank_queued_tokens(const td_rank_t *rk)
+{
+    uint64_t n = 0;
+    const task_t *t;
+    TAILQ_FOREACH(t, &rk->runq, run)
+        n += t->ntokens - t->pos;
+    return n;
+}
+
+static void
+task_sampling(task_t *t, const Tandem__Sampling *s)
+{
+    t->sampling = td_engine_sampling_greedy();
+    if (!s)
+        return;
+    t->sampling.temperature = s->temperature;
+    t->sampling.top_p = s->top_p > 0 ? s->top_p : 1.0;
+    t->sampling.top_k = s->top_k;
+    t->sampling.seed = s->seed;
+    t->sampling.max_tokens = s->max_tokens;
+    for (size_t i = 0; i < s->n_stop_tokens && i < TD_ENGINE_MAX_STOP; i++)
+        t->sampling.stop[t->sampling.nstop++] = s->stop_tokens[i];
+}
+
+/* Why a Prefill cannot run (its task then fails at once, still with the
+ * terminal notification when the decode rank is known); TD_OK if it can. */
+static td_status_t
+task_check(task_t *t, const Tandem__Prefill *msg)
+{
+    td_rank_t *rk = t->rk;
+    char why[TD_KVMAP_REASON_MAX];
+    if (rk->stopping) {
+        task_fail(t, TD_ERR_CANCELED, "prefill rank %u is stopping", rk->cfg.rank_id);
+        return TD_ERR_CANCELED;
+    }
+    if (t->ntokens == 0) {
+        task_fail(t, TD_ERR_INVALID, "empty prompt");
+        return TD_ERR_INVALID;
+    }
+    td_status_t st = td_kvmap_create(rk->e->layout, msg->dest, t->ntokens, &t->map, why,
+                                     sizeof(why));
+    if (st != TD_OK) {
+        task_fail(t, st, "%s", why);
+        return st;
+    }
+    uint64_t queued = rank_queued_tokens(rk) - t->ntokens;   /* t is in the queue */
+    if (rk->cfg.max_queued_tokens && queued + t->ntokens > rk->cfg.max_queued_tokens) {
+        task_fail(t, TD_ERR_BUSY, "prefill rank %u: queue full (%" PRIu64 " tokens queued)",
+                  rk->cfg.rank_id, queued);
+        return TD_ERR_BUSY;
+    }
+    return TD_OK;
+}
+
+void
+td_rank_prefill(td_rank_t *rk, void *router, const Tandem__Prefill *msg)
+{
+    if (rank_task_find(rk, router, msg->req_id)) {
+        td_warn("prefill rank %u: req %016" PRIx64 ": duplicate prefill ignored",
+                rk->cfg.rank_id, msg->req_id);
+        return;
+    }
+    task_t *t = calloc(1, sizeof(*t));
+    if (t)
+        t->tokens = malloc((msg->n_tokens ? msg->n_tokens : 1) * sizeof(int32_t));
+    if (!t || !t->tokens) {
+        td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
+                 msg->req_id);
+        free(t);
+        return;
+    }
+    t->rk = rk;
+    t->router = router;
+    t->req_id = msg->req_id;
+    t->state = TASK_QUEUED;
+    t->ntokens = msg->n_tokens;
+    memcpy(t->tokens, msg->tokens, msg->n_tokens * sizeof(int32_t));
+    task_sampling(t, msg->sampling);
+    TAILQ_INSERT_TAIL(&rk->tasks, t, all);
+    TAILQ_INSERT_TAIL(&rk->runq, t, run);
+    rk->stats.tasks++;
+    rk->stats.live++;
+    const Tandem__KvDest *d = msg->dest;
+    if (d) {
+        t->xfer_id = d->xfer_id;
+        t->peer = rank_peer_find(rk, d->node_id ? d->node_id : "", d->rank_id);
+        if (t->peer && t->peer->incarnation != d->incarnation) {
+            task_fail(t, TD_ERR_STALE, "decode rank %s/%u: incarnation %016" PRIx64
+                      " unknown (have %016" PRIx64 ")", t->peer->node, t->peer->rank,
+                      d->incarnation, t->peer->incarnation);
+            t->peer = NULL;
+        } else if (!t->peer) {
+            task_fail(t, TD_ERR_NOT_FOUND, "decode rank %s/%u unknown",
+                      d->node_id ? d->node_id : "", d->rank_id);
+        }
+    } else {
+        task_fail(t, TD_ERR_INVALID, "prefill without kv dest");
+    }
+    td_debug("prefill rank %u: req %016" PRIx64 ": %" PRIu64 " tokens queued",
+             rk->cfg.rank_id, t->req_id, t->ntokens);
+    if (t->status != TD_OK || task_check(t, msg) != TD_OK) {
+        task_finish_engine(t);
+        return;
+    }
+    rank_work_update(rk);
+    rank_publish_load(rk);
+}
+
+void
+td_rank_cancel(td_rank_t *rk, void *router, const Tandem__Cancel *msg)
+{
+    task_t *t = rank_task_find(rk, router, msg->req_id);
+    if (!t) {
+        td_debug("prefill rank %u: cancel of unknown req %016" PRIx64, rk->cfg.rank_id,
+                 msg->req_id);
+        return;
+    }
+    task_cancel(t, msg->reason && msg->reason[0] ? msg->reason : "by the router");
+    rank_publish_load(rk);
+}
+
+void
+td_rank_router_down(td_rank_t *rk, void *router)
+{
+    task_t *t, *tn;
+    TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn) {
+        if (t->router != router)
+            continue;
+        t->router = NULL;
+        task_cancel(t, "router gone");
+    }
+    rank_publish_load(rk);
+}
+
+void
+td_rank_drain(td_rank_t *rk, int draining)
+{
+    rk->draining = draining;
+    rank_publish_load(rk);
+}
+
+void
+td_rank_stop(td_rank_t *rk)
+{
+    rk->stopping = 1;
+    task_t *t, *tn;
+    TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn)
+        task_cancel(t, "prefill rank stopping");
+    rank_check_idle(rk);
+}
+
+void
+td_rank_load(const td_rank_t *rk, Tandem__Load *out)
+{
+    tandem__load__init(out);
+    const task_t *t;
+    TAILQ_FOREACH(t, &rk->runq, run)
+        out->queued += t->state == TASK_QUEUED;
+    out->queued_tokens = rank_queued_tokens(rk);
+    out->running = rk->stats.live - out->queued;
+    out->draining = rk->draining || rk->stopping;
+}
+
+void
+td_rank_stats(const td_rank_t *rk, td_rank_stats_t *out)
+{
+    *out = rk->stats;
+}
+
+/* ---- Lifetime ----------------------------------------------------------------------- */
+
+td_status_t
+td_rank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+               const td_rank_config_t *cfg, const td_rank_handlers_t *h, td_rank_t **out)
+{
+    if (cfg->chunk_tokens == 0 || cfg->max_running == 0) {
+        td_error("prefill rank %u: chunk tokens and max running must be >= 1", cfg->rank_id);
+        return TD_ERR_INVALID;
+    }
+    td_rank_t *rk = calloc(1, sizeof(*rk));
+    if (!rk)
+        return TD_ERR_NOMEM;
+    rk->base = base;
+    rk->x = xfer;
+    rk->e = engine;
+    rk->cfg = *cfg;
+    rk->h = *h;
+    TAILQ_INIT(&rk->tasks);
+    TAILQ_INIT(&rk->runq);
+    TAILQ_INIT(&rk->peers);
+    tandem__load__init(&rk->last_load);
+    td_status_t st = TD_ERR_IO;
+    rk->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (rk->efd < 0) {
+        td_error("prefill rank %u: eventfd failed", cfg->rank_id);
+        goto err_free;
+    }
+    rk->work_ev = event_new(base, rk->efd, EV_READ | EV_PERSIST, rank_on_work, rk);
+    if (!rk->work_ev || event_add(rk->work_ev, NULL) != 0) {
+        td_error("prefill rank %u: cannot add the work event", cfg->rank_id);
+        st = TD_ERR_NOMEM;
+        goto err_close_efd;
+    }
+    td_xfer_set_peer_fail_handler(xfer, rank_on_peer_fail, rk);
+    *out = rk;
+    return TD_OK;
+
+err_close_efd:
+    if (rk->work_ev)
+        event_free(rk->work_ev);
+    close(rk->efd);
+err_free:
+    free(rk);
+    return st;
+}
+
+static uint64_t
+rank_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int
+rank_inflight(const td_rank_t *rk)
+{
+    const task_t *t;
+    TAILQ_FOREACH(t, &rk->tasks, all)
+        if (t->inflight || t->state == TASK_PUSHING)
+            return 1;
+    return 0;
+}
+
+void
+td_rank_destroy(td_rank_t *rk)
+{
+    if (!rk)
+        return;
+    rk->closing = 1;
+    task_t *t, *tn;
+    TAILQ_FOREACH(t, &rk->tasks, all)
+        t->peer = NULL;
+    rank_peer_t *p, *pn;
+    TAILQ_FOREACH_SAFE(p, &rk->peers, link, pn) {
+        TAILQ_REMOVE(&rk->peers, p, link);
+        if (p->xp)
+            td_xfer_peer_destroy(p->xp);
+        rank_peer_free(p);
+    }
+    /* Closing the endpoints ends their transfers; their done callbacks free
+     * the staging buffers, so wait for them (bounded) before freeing tasks. */
+    uint64_t until = rank_now_ms() + 2000;
+    while (rank_inflight(rk) && rank_now_ms() < until) {
+        td_xfer_progress(rk->x);
+        struct timespec ts = { 0, 1000000 };
+        nanosleep(&ts, NULL);
+    }
+    td_xfer_set_peer_fail_handler(rk->x, NULL, NULL);
+    TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn) {
+        if (t->inflight || t->state == TASK_PUSHING)
+            td_error("prefill rank %u: req %016" PRIx64 ": transfers still in flight at exit",
+                     rk->cfg.rank_id, t->req_id);
+        TAILQ_REMOVE(&rk->tasks, t, all);
+        task_free(t);
+    }
+    event_free(rk->work_ev);
+    close(rk->efd);
+    free(rk);
+}

@@ -1,0 +1,611 @@
+/* tests/unit/test_prefill_rank.c — one prefill rank (prefilld/rank.c) against a
+ * fake decode rank in the same process: a td_xfer receiver with one pool per
+ * KV segment whose every received byte is checked with td_synth_kv_verify;
+ * interleaved requests, cancel (queued, running), a bad KvDest, a decode rank
+ * gone mid-transfer, router loss, a full queue and stop. Also prefilld/kvmap.c. */
+#include <event2/event.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "engine.h"
+#include "kvmap.h"
+#include "rank.h"
+#include "synthetic.h"
+#include "xfer.h"
+
+#define MAX_REQS 8
+#define MAX_SEGS 16
+#define MAX_BLOCKS 128
+#define POOL_BLOCKS 256
+#define ROUTER_A ((void *)0xa)
+#define ROUTER_B ((void *)0xb)
+
+typedef struct {
+    int terminal;           /* notes with a KvNote payload */
+    int fail_notes;         /* notes without payload and status != OK */
+    int canceled;
+    int has_reason;
+    int verified;           /* KV checked byte for byte, first token right */
+    int32_t first_token;
+    int done;               /* PrefillDone received */
+    td_status_t done_status;
+    int32_t done_token;
+    int done_order;
+    void *router;
+} req_t;
+
+typedef struct {
+    struct event_base *base;
+    td_engine_t *engine;      /* the rank's */
+    td_engine_t *check;       /* the fake decode rank's, same config */
+    td_xfer_t *snd, *rcv;
+    td_xfer_pool_t **pools;   /* [nsegs] */
+    uint64_t *next_block;     /* [nsegs] */
+    td_rank_t *rk;
+    req_t reqs[MAX_REQS];
+    int32_t *prompts[MAX_REQS];
+    size_t lens[MAX_REQS];
+    Tandem__SegDest segs[MAX_REQS][MAX_SEGS];
+    uint64_t blocks[MAX_REQS][MAX_SEGS][MAX_BLOCKS];
+    int ndone;
+    int idle;
+} env_t;
+
+static uint64_t
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void
+run_until(env_t *e, const int *flag, int want, int timeout_ms)
+{
+    uint64_t until = now_ms() + (uint64_t)timeout_ms;
+    while (*flag < want && now_ms() < until)
+        event_base_loop(e->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+}
+
+static void
+run_for(env_t *e, int ms)
+{
+    int never = 0;
+    run_until(e, &never, 1, ms);
+}
+
+static td_status_t
+ignore_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, size_t n,
+             void *arg)
+{
+    return TD_OK;
+}
+
+/* The fake decode rank's check of a request's KV: every segment, every byte. */
+static int
+verify_req(env_t *e, int i)
+{
+    const td_layout_t *l = e->check->layout;
+    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_engine_req_t *req;
+    if (td_engine_req_create(e->check, &sp, &req) != TD_OK)
+        return 0;
+    int ok = td_engine_prefill(req, e->prompts[i], e->lens[i], 1, ignore_layer, NULL) == TD_OK;
+    for (uint32_t s = 0; ok && s < l->nsegs; s++) {
+        const td_layout_seg_t *seg = &l->segs[s];
+        const uint8_t *base = td_xfer_pool_base(e->pools[s]);
+        size_t bs = td_xfer_pool_block_size(e->pools[s]);
+        uint64_t bad;
+        if (seg->kind == TD_LAYOUT_FIXED) {
+            ok = td_synth_kv_verify(req, s, 0, seg->entries, base + e->blocks[i][s][0] * bs,
+                                    &bad) == TD_OK;
+            continue;
+        }
+        uint64_t n = td_layout_entries(seg, e->lens[i]);
+        for (uint64_t first = 0; ok && first < n; first += l->block_entries) {
+            uint64_t cnt = n - first < l->block_entries ? n - first : l->block_entries;
+            const uint8_t *blk = base + e->blocks[i][s][first / l->block_entries] * bs;
+            ok = td_synth_kv_verify(req, s, first, cnt, blk, &bad) == TD_OK;
+        }
+    }
+    int32_t tok;
+    td_engine_finish_t fin;
+    ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == e->reqs[i].first_token;
+    td_engine_req_destroy(req);
+    return ok;
+}
+
+static void
+on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
+{
+    env_t *e = arg;
+    if (n->payload_len == 0) {
+        if (n->status != TD_OK && n->xfer_id < MAX_REQS)
+            e->reqs[n->xfer_id].fail_notes++;
+        return;
+    }
+    Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, n->payload_len, n->payload);
+    CHECK(kn != NULL);
+    if (!kn)
+        return;
+    CHECK(kn->req_id < MAX_REQS && kn->req_id == n->xfer_id);
+    if (kn->req_id < MAX_REQS) {
+        req_t *r = &e->reqs[kn->req_id];
+        r->terminal++;
+        r->canceled = kn->canceled;
+        r->has_reason = kn->reason && kn->reason[0];
+        r->first_token = kn->first_token;
+        if (!r->canceled && !r->has_reason)
+            r->verified = verify_req(e, (int)kn->req_id);
+    }
+    tandem__kv_note__free_unpacked(kn, NULL);
+}
+
+static void
+on_done(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
+{
+    env_t *e = arg;
+    CHECK(msg->req_id < MAX_REQS);
+    if (msg->req_id >= MAX_REQS)
+        return;
+    req_t *r = &e->reqs[msg->req_id];
+    r->done++;
+    r->done_status = msg->status;
+    r->done_token = msg->first_token;
+    r->done_order = ++e->ndone;
+    CHECK(router == r->router);
+}
+
+static void
+on_idle(td_rank_t *rk, void *arg)
+{
+    ((env_t *)arg)->idle++;
+}
+
+static td_status_t
+engine_create(td_engine_t **out)
+{
+    td_engine_config_t c;
+    td_status_t st = td_engine_config_defaults(&c);
+    if (st != TD_OK)
+        return st;
+    td_layout_config_t *l = &c.synth.layout;
+    free(l->kv_sources);
+    l->kv_sources = strdup("1:2,3:1");
+    l->layers = 4;
+    l->kv_entry_bytes = 24;
+    l->index_entry_bytes = 8;
+    l->window = 8;
+    l->window_entry_bytes = 16;
+    l->partial_entry_bytes = 32;
+    l->block_entries = 4;
+    c.synth.vocab = 1000;
+    st = td_engine_create(&c, out);
+    td_engine_config_free(&c);
+    return st;
+}
+
+static void
+decode_peer(env_t *e, int gone)
+{
+    Tandem__DecodePeer m = TANDEM__DECODE_PEER__INIT;
+    void *addr;
+    size_t alen;
+    uint32_t n = e->check->layout->nsegs;
+    ProtobufCBinaryData pools[MAX_SEGS];
+    CHECK_STATUS(td_xfer_address(e->rcv, &addr, &alen), TD_OK);
+    for (uint32_t s = 0; s < n; s++)
+        CHECK_STATUS(td_xfer_pool_export(e->pools[s], (void **)&pools[s].data, &pools[s].len),
+                     TD_OK);
+    m.node_id = "dec";
+    m.rank_id = 0;
+    m.incarnation = td_xfer_incarnation(e->rcv);
+    m.xfer_address = (ProtobufCBinaryData){ alen, addr };
+    m.n_pools = n;
+    m.pools = pools;
+    m.gone = gone;
+    td_rank_decode_peer(e->rk, &m);
+    free(addr);
+    for (uint32_t s = 0; s < n; s++)
+        free(pools[s].data);
+}
+
+static int
+env_create(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued)
+{
+    memset(e, 0, sizeof(*e));
+    e->base = event_base_new();
+    td_xfer_config_t cs = { .incarnation = 0x1111, .transports = "shm,self" };
+    td_xfer_config_t cr = { .incarnation = 0x2222, .transports = "shm,self" };
+    if (!e->base || engine_create(&e->engine) != TD_OK || engine_create(&e->check) != TD_OK ||
+        td_xfer_create(e->base, &cs, &e->snd) != TD_OK ||
+        td_xfer_create(e->base, &cr, &e->rcv) != TD_OK)
+        return -1;
+    td_xfer_set_note_handler(e->rcv, on_note, e);
+    const td_layout_t *l = e->check->layout;
+    e->pools = calloc(l->nsegs, sizeof(*e->pools));
+    e->next_block = calloc(l->nsegs, sizeof(*e->next_block));
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        const td_layout_seg_t *seg = &l->segs[s];
+        size_t bs = (seg->kind == TD_LAYOUT_FIXED ? seg->entries : l->block_entries) *
+                    (size_t)seg->entry_bytes;
+        if (td_xfer_pool_create(e->rcv, s, TD_XFER_MEM_HOST, NULL, bs, POOL_BLOCKS,
+                                &e->pools[s]) != TD_OK)
+            return -1;
+    }
+    td_rank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
+                            .max_queued_tokens = max_queued, .deadline_ms = 5000 };
+    td_rank_handlers_t h = { on_done, NULL, on_idle, e };
+    if (td_rank_create(e->base, e->snd, e->engine, &rc, &h, &e->rk) != TD_OK)
+        return -1;
+    decode_peer(e, 0);
+    return 0;
+}
+
+static void
+env_destroy(env_t *e)
+{
+    td_rank_destroy(e->rk);
+    for (int i = 0; i < MAX_REQS; i++)
+        free(e->prompts[i]);
+    if (e->pools)
+        for (uint32_t s = 0; s < e->check->layout->nsegs; s++)
+            td_xfer_pool_destroy(e->pools[s]);
+    free(e->pools);
+    free(e->next_block);
+    td_xfer_destroy(e->snd);
+    td_xfer_destroy(e->rcv);
+    td_engine_destroy(e->engine);
+    td_engine_destroy(e->check);
+    event_base_free(e->base);
+}
+
+/* Send Prefill for request i with n tokens; blocks allocated as the decode
+ * rank would. drop_blocks: give every paged segment one block too few;
+ * bad_block: point a paged block outside the pool. */
+static void
+prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
+{
+    const td_layout_t *l = e->check->layout;
+    e->prompts[i] = malloc(n * sizeof(int32_t));
+    for (size_t k = 0; k < n; k++)
+        e->prompts[i][k] = (int32_t)((k * 7 + (size_t)i * 13) % 1000);
+    e->lens[i] = n;
+    e->reqs[i].router = router;
+    Tandem__SegDest *sdp[MAX_SEGS];
+    CHECK(l->nsegs <= MAX_SEGS && n / l->block_entries < MAX_BLOCKS);
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        Tandem__SegDest *sd = &e->segs[i][s];
+        tandem__seg_dest__init(sd);
+        sd->seg = s;
+        sd->pool_id = s;
+        uint64_t nb = l->segs[s].kind == TD_LAYOUT_FIXED ? 1 : td_layout_blocks(l, &l->segs[s], n);
+        if (drop_blocks && l->segs[s].kind == TD_LAYOUT_PAGED && nb)
+            nb--;
+        for (uint64_t b = 0; b < nb; b++)
+            e->blocks[i][s][b] = e->next_block[s]++ % POOL_BLOCKS;
+        if (bad_block && l->segs[s].kind == TD_LAYOUT_PAGED && nb)
+            e->blocks[i][s][0] = POOL_BLOCKS + 5;
+        sd->n_blocks = nb;
+        sd->blocks = e->blocks[i][s];
+        sdp[s] = sd;
+    }
+    Tandem__KvDest d = TANDEM__KV_DEST__INIT;
+    d.node_id = "dec";
+    d.rank_id = 0;
+    d.incarnation = td_xfer_incarnation(e->rcv);
+    d.xfer_id = (uint64_t)i;
+    d.n_segs = l->nsegs;
+    d.segs = sdp;
+    Tandem__Prefill m = TANDEM__PREFILL__INIT;
+    m.req_id = (uint64_t)i;
+    m.n_tokens = n;
+    m.tokens = e->prompts[i];
+    m.dest = &d;
+    td_rank_prefill(e->rk, router, &m);
+}
+
+static void
+cancel(env_t *e, int i, void *router)
+{
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    c.req_id = (uint64_t)i;
+    c.reason = "test";
+    td_rank_cancel(e->rk, router, &c);
+}
+
+static int
+all_done(env_t *e, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!e->reqs[i].done)
+            return 0;
+    return 1;
+}
+
+static void
+wait_done(env_t *e, int n)
+{
+    uint64_t until = now_ms() + 10000;
+    while (!all_done(e, n) && now_ms() < until)
+        event_base_loop(e->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    run_for(e, 30);   /* a duplicate note would show up now */
+}
+
+/* Request i's terminal notes, after waiting (up to 2 s) for the first: the
+ * note travels over UCX and may come after PrefillDone was handled. */
+static int
+notes_of(env_t *e, int i)
+{
+    run_until(e, &e->reqs[i].terminal, 1, 2000);
+    return e->reqs[i].terminal;
+}
+
+/* ---- kvmap ------------------------------------------------------------------- */
+
+static void
+test_kvmap(void)
+{
+    td_engine_t *eng;
+    CHECK_STATUS(engine_create(&eng), TD_OK);
+    const td_layout_t *l = eng->layout;
+    const td_layout_seg_t *kv = td_layout_find(l, "L1.kv");
+    uint32_t kvi = (uint32_t)(kv - l->segs);
+    /* every segment: 3 blocks, block ids 10*(s+1)+b: enough for 12 tokens */
+    Tandem__SegDest sd[64], *sdp[64];
+    uint64_t blocks[64][3];
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        tandem__seg_dest__init(&sd[s]);
+        sd[s].seg = s;
+        sd[s].pool_id = 100 + s;
+        sd[s].n_blocks = l->segs[s].kind == TD_LAYOUT_FIXED ? 1 : 3;
+        for (int b = 0; b < 3; b++)
+            blocks[s][b] = 10 * (s + 1) + (uint64_t)b;
+        sd[s].blocks = blocks[s];
+        sdp[s] = &sd[s];
+    }
+    Tandem__KvDest d = TANDEM__KV_DEST__INIT;
+    d.n_segs = l->nsegs;
+    d.segs = sdp;
+    td_kvmap_t *m;
+    char why[256];
+    CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_OK);
+    /* entries [3, 9) of L1.kv (block_entries 4): blocks 0 (3), 1 (4..7), 2 (8) */
+    uint8_t src[6 * 24];
+    for (size_t k = 0; k < sizeof(src); k++)
+        src[k] = (uint8_t)k;
+    td_engine_piece_t p = { .seg = kvi, .first = 3, .count = 6, .data = src };
+    td_kvmap_batch_t *b;
+    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_OK);
+    CHECK_EQ_INT(b->ndescs, 3);
+    CHECK_EQ_INT(b->bytes, sizeof(src));
+    uint64_t want_block[3] = { blocks[kvi][0], blocks[kvi][1], blocks[kvi][2] };
+    uint64_t want_off[3] = { 3 * 24, 0, 0 }, want_len[3] = { 24, 4 * 24, 24 };
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ_INT(b->descs[k].pool_id, 100 + kvi);
+        CHECK_EQ_INT(b->descs[k].block, want_block[k]);
+        CHECK_EQ_INT(b->descs[k].offset, want_off[k]);
+        CHECK_EQ_INT(b->descs[k].len, want_len[k]);
+    }
+    CHECK(memcmp(b->data, src, sizeof(src)) == 0 && b->data != src);
+    td_kvmap_batch_free(b);
+    /* past the blocks of the dest: refused with a reason */
+    p.first = 10;
+    p.count = 3;
+    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_ERR_RANGE);
+    CHECK(strstr(why, "L1.kv") != NULL);
+    p.first = UINT64_MAX - 1;
+    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_ERR_RANGE);
+    td_kvmap_destroy(m);
+    /* a dest too small for the prompt, a missing and a duplicate segment */
+    CHECK_STATUS(td_kvmap_create(l, &d, 100, &m, why, sizeof(why)), TD_ERR_INVALID);
+    d.n_segs = l->nsegs - 1;
+    CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_ERR_INVALID);
+    CHECK(strstr(why, "missing") != NULL);
+    sd[1].seg = 0;
+    d.n_segs = l->nsegs;
+    CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_ERR_INVALID);
+    sd[1].seg = 9999;
+    CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_ERR_INVALID);
+    td_engine_destroy(eng);
+}
+
+/* ---- rank ----------------------------------------------------------------------- */
+
+/* Several requests interleaved chunk by chunk: all done, every byte right,
+ * one terminal note each, and the short one done before the long one. */
+static void
+test_interleaved(void)
+{
+    env_t e;
+    if (env_create(&e, 8, 8, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    size_t lens[4] = { 120, 5, 37, 64 };
+    for (int i = 0; i < 4; i++)
+        prefill(&e, i, lens[i], ROUTER_A, 0, 0);
+    wait_done(&e, 4);
+    for (int i = 0; i < 4; i++) {
+        req_t *r = &e.reqs[i];
+        CHECK_EQ_INT(r->done, 1);
+        CHECK_STATUS(r->done_status, TD_OK);
+        CHECK_EQ_INT(notes_of(&e, i), 1);
+        CHECK_EQ_INT(r->fail_notes, 0);
+        CHECK(r->verified);
+        CHECK_EQ_INT(r->done_token, r->first_token);
+    }
+    CHECK(e.reqs[1].done_order < e.reqs[0].done_order);   /* 5 tokens beat 120 */
+    td_rank_stats_t st;
+    td_rank_stats(e.rk, &st);
+    CHECK_EQ_INT(st.chunks, 15 + 1 + 5 + 8);
+    CHECK_EQ_INT(st.done, 4);
+    CHECK_EQ_INT(st.live, 0);
+    Tandem__Load load;
+    td_rank_load(e.rk, &load);
+    CHECK_EQ_INT(load.queued + load.running + load.queued_tokens, 0);
+    env_destroy(&e);
+}
+
+/* Cancel a queued and a running request; exactly one terminal note each. */
+static void
+test_cancel(void)
+{
+    env_t e;
+    if (env_create(&e, 4, 1, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 400, ROUTER_A, 0, 0);
+    prefill(&e, 1, 20, ROUTER_A, 0, 0);
+    prefill(&e, 2, 20, ROUTER_A, 0, 0);
+    Tandem__Load load;
+    td_rank_load(e.rk, &load);
+    CHECK_EQ_INT(load.queued, 3);
+    CHECK_EQ_INT(load.queued_tokens, 440);
+    cancel(&e, 1, ROUTER_A);   /* queued: dropped */
+    cancel(&e, 2, ROUTER_B);   /* not that router's: ignored */
+    uint64_t until = now_ms() + 5000;
+    td_rank_stats_t st = { 0 };
+    while (st.chunks < 5 && now_ms() < until) {
+        event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        td_rank_stats(e.rk, &st);
+    }
+    CHECK(!e.reqs[0].done);
+    cancel(&e, 0, ROUTER_A);   /* running: stops at the next layer boundary */
+    wait_done(&e, 3);
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(e.reqs[i].done, 1);
+        CHECK_STATUS(e.reqs[i].done_status, TD_ERR_CANCELED);
+        CHECK_EQ_INT(notes_of(&e, i), 1);
+        CHECK(e.reqs[i].canceled);
+    }
+    td_rank_stats(e.rk, &st);
+    CHECK(st.chunks < 100);   /* request 0 never ran to its end */
+    CHECK_STATUS(e.reqs[2].done_status, TD_OK);
+    CHECK(notes_of(&e, 2) == 1 && e.reqs[2].verified);
+    CHECK_EQ_INT(notes_of(&e, 2), 1);
+    env_destroy(&e);
+}
+
+/* Bad destinations: too few blocks (refused before running), a block outside
+ * the pool (the post is refused), an unknown decode rank (no note possible). */
+static void
+test_bad_dest(void)
+{
+    env_t e;
+    if (env_create(&e, 16, 8, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 30, ROUTER_A, 1, 0);
+    prefill(&e, 1, 30, ROUTER_A, 0, 1);
+    prefill(&e, 3, 10, ROUTER_A, 0, 0);
+    wait_done(&e, 2);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_INVALID);
+    CHECK_EQ_INT(notes_of(&e, 0), 1);
+    CHECK(e.reqs[0].has_reason);
+    CHECK_STATUS(e.reqs[1].done_status, TD_ERR_RANGE);
+    CHECK_EQ_INT(notes_of(&e, 1), 1);
+    CHECK(e.reqs[1].has_reason);
+    CHECK(e.reqs[1].fail_notes >= 1);   /* the xfer engine's note for the refused post */
+    CHECK_STATUS(e.reqs[3].done_status, TD_OK);   /* others are unaffected */
+    CHECK(notes_of(&e, 3) == 1 && e.reqs[3].verified);
+    /* unknown decode rank */
+    Tandem__KvDest d = TANDEM__KV_DEST__INIT;
+    d.node_id = "nobody";
+    d.xfer_id = 2;
+    Tandem__Prefill m = TANDEM__PREFILL__INIT;
+    int32_t tok = 1;
+    m.req_id = 2;
+    m.n_tokens = 1;
+    m.tokens = &tok;
+    m.dest = &d;
+    e.reqs[2].router = ROUTER_A;
+    td_rank_prefill(e.rk, ROUTER_A, &m);
+    CHECK_EQ_INT(e.reqs[2].done, 1);
+    CHECK_STATUS(e.reqs[2].done_status, TD_ERR_NOT_FOUND);
+    CHECK_EQ_INT(e.reqs[2].terminal, 0);
+    env_destroy(&e);
+}
+
+/* The decode rank goes away mid-transfer: the task fails without a note;
+ * when it comes back, requests succeed again. */
+static void
+test_peer_gone(void)
+{
+    env_t e;
+    if (env_create(&e, 4, 8, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 400, ROUTER_A, 0, 0);
+    uint64_t until = now_ms() + 5000;
+    td_rank_stats_t st = { 0 };
+    while (st.xfers < 8 && now_ms() < until) {
+        event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        td_rank_stats(e.rk, &st);
+    }
+    decode_peer(&e, 1);
+    wait_done(&e, 1);
+    CHECK_EQ_INT(e.reqs[0].done, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_PEER);
+    CHECK_EQ_INT(e.reqs[0].terminal, 0);
+    decode_peer(&e, 0);
+    prefill(&e, 1, 50, ROUTER_A, 0, 0);
+    wait_done(&e, 2);
+    CHECK_STATUS(e.reqs[1].done_status, TD_OK);
+    CHECK(notes_of(&e, 1) == 1 && e.reqs[1].verified);
+    env_destroy(&e);
+}
+
+/* A router goes away: its tasks are canceled with their notes, never
+ * reported; a full queue refuses; stop cancels the rest and reports idle. */
+static void
+test_router_down_and_stop(void)
+{
+    env_t e;
+    if (env_create(&e, 4, 1, 150) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 100, ROUTER_A, 0, 0);
+    prefill(&e, 1, 40, ROUTER_B, 0, 0);
+    prefill(&e, 2, 40, ROUTER_B, 0, 0);   /* 180 > 150 tokens: refused */
+    CHECK_EQ_INT(e.reqs[2].done, 0);      /* its note first, then PrefillDone */
+    run_until(&e, &e.reqs[2].done, 1, 2000);
+    CHECK_STATUS(e.reqs[2].done_status, TD_ERR_BUSY);
+    CHECK_EQ_INT(notes_of(&e, 2), 1);
+    td_rank_router_down(e.rk, ROUTER_A);
+    run_until(&e, &e.reqs[0].terminal, 1, 2000);
+    run_for(&e, 20);
+    CHECK_EQ_INT(e.reqs[0].done, 0);
+    CHECK_EQ_INT(notes_of(&e, 0), 1);
+    CHECK(e.reqs[0].canceled);
+    prefill(&e, 3, 40, ROUTER_B, 0, 0);
+    td_rank_stop(e.rk);
+    prefill(&e, 4, 10, ROUTER_B, 0, 0);    /* refused while stopping */
+    run_until(&e, &e.idle, 1, 5000);
+    CHECK_EQ_INT(e.idle, 1);
+    CHECK_EQ_INT(e.reqs[1].done, 1);   /* done or canceled, depending on timing */
+    CHECK_STATUS(e.reqs[3].done_status, TD_ERR_CANCELED);
+    CHECK_STATUS(e.reqs[4].done_status, TD_ERR_CANCELED);
+    for (int i = 1; i <= 4; i++)
+        CHECK_EQ_INT(notes_of(&e, i), 1);
+    env_destroy(&e);
+}
+
+int
+main(void)
+{
+    td_log_set_level(TD_LOG_WARN);
+    test_kvmap();
+    test_interleaved();
+    test_cancel();
+    test_bad_dest();
+    test_peer_gone();
+    test_router_down_and_stop();
+    return td_check_exit("test_prefill_rank");
+}
