@@ -1,0 +1,463 @@
+/* routerd/cluster.c — membership: the control listener worker ranks connect
+ * to, the table of nodes and ranks (registration, load, draining, death),
+ * DecodePeer news to prefill ranks, and admin drain / undrain / remove. */
+#include "router.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const rank_state_names[] = {
+    [TD_RANK_UP] = "up", [TD_RANK_JOINING] = "joining",
+    [TD_RANK_DRAINING] = "draining", [TD_RANK_DEAD] = "dead",
+};
+
+const char *
+td_cluster_rank_state_str(td_rank_state_t st)
+{
+    return (unsigned)st <= TD_RANK_DEAD ? rank_state_names[st] : "?";
+}
+
+td_rank_state_t
+td_cluster_rank_state(const td_rank_t *rk)
+{
+    if (!rk->conn)
+        return TD_RANK_DEAD;
+    if (!rk->reg)
+        return TD_RANK_JOINING;
+    if (rk->node->draining || rk->load.draining || rk->reg->draining)
+        return TD_RANK_DRAINING;
+    return TD_RANK_UP;
+}
+
+td_status_t
+td_cluster_send(td_rank_t *rk, const Tandem__Envelope *env)
+{
+    if (!rk->conn) {
+        td_debug("%s rank %s/%u: not connected", td_hello_role_str(rk->role), rk->node->name,
+                 rk->rank_id);
+        return TD_ERR_CLOSED;
+    }
+    td_status_t st = td_ctl_conn_send(rk->conn, env);
+    if (st != TD_OK)
+        td_warn("%s: send failed: %s", td_ctl_conn_name(rk->conn), td_status_str(st));
+    return st;
+}
+
+/* ======================================================================= */
+/* Nodes and ranks                                                          */
+/* ======================================================================= */
+
+td_node_t *
+td_cluster_node_find(td_cluster_t *c, const char *name)
+{
+    for (td_node_t *n = c->nodes; n; n = n->next)
+        if (strcmp(n->name, name) == 0)
+            return n;
+    return NULL;
+}
+
+static td_node_t *
+node_get(td_cluster_t *c, const char *name)
+{
+    td_node_t *n = td_cluster_node_find(c, name);
+
+    if (n)
+        return n;
+    n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    snprintf(n->name, sizeof n->name, "%s", name);
+    n->next = c->nodes;
+    c->nodes = n;
+    return n;
+}
+
+static void
+rank_free(td_rank_t *rk)
+{
+    if (rk->reg)
+        tandem__register__free_unpacked(rk->reg, NULL);
+    free(rk);
+}
+
+static td_rank_t *
+rank_by_conn(td_cluster_t *c, const td_ctl_conn_t *conn)
+{
+    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->conn == conn)
+            return rk;
+    return NULL;
+}
+
+static td_rank_t *
+rank_find(td_cluster_t *c, const char *node, uint32_t rank_id, Tandem__Role role)
+{
+    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->rank_id == rank_id && rk->role == role && strcmp(rk->node->name, node) == 0)
+            return rk;
+    return NULL;
+}
+
+/* Forget a node that is being removed once none of its ranks holds a request:
+ * close their connections and free the entries. */
+static void
+node_forget_if_idle(td_cluster_t *c, td_node_t *n)
+{
+    if (!n->removing || c->hold)
+        return;
+    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->node == n && rk->inflight > 0)
+            return;
+    td_info("node %s: removed", n->name);
+    for (td_rank_t **p = &c->ranks; *p;) {
+        td_rank_t *rk = *p;
+        if (rk->node != n) {
+            p = &rk->next;
+            continue;
+        }
+        if (rk->conn) {   /* on_closed runs now or later and finds no rank */
+            td_ctl_conn_t *conn = rk->conn;
+            rk->conn = NULL;
+            td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_IDENTITY,
+                              "node removed by the operator");
+        }
+        *p = rk->next;
+        rank_free(rk);
+    }
+    for (td_node_t **p = &c->nodes; *p; p = &(*p)->next)
+        if (*p == n) {
+            *p = n->next;
+            free(n);
+            break;
+        }
+}
+
+void
+td_cluster_rank_release(td_cluster_t *c, td_rank_t *rk)
+{
+    if (rk->inflight > 0)
+        rk->inflight--;
+    if (rk->inflight == 0)
+        node_forget_if_idle(c, rk->node);
+}
+
+/* ======================================================================= */
+/* DecodePeer and Drain                                                      */
+/* ======================================================================= */
+
+static void
+decode_peer_send(td_rank_t *to, const td_rank_t *d, bool gone)
+{
+    Tandem__DecodePeer dp = TANDEM__DECODE_PEER__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    dp.node_id = (char *)d->node->name;
+    dp.rank_id = d->rank_id;
+    dp.incarnation = d->incarnation;
+    dp.gone = gone;
+    if (!gone && d->reg) {
+        dp.xfer_address = d->reg->xfer_address;
+        dp.n_pools = d->reg->n_pools;
+        dp.pools = d->reg->pools;
+    }
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
+    env.decode_peer = &dp;
+    (void)td_cluster_send(to, &env);
+}
+
+/* News of decode rank d to every registered prefill rank. */
+static void
+decode_peer_broadcast(td_cluster_t *c, const td_rank_t *d, bool gone)
+{
+    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->role == TANDEM__ROLE__ROLE_PREFILL && rk->conn && rk->reg)
+            decode_peer_send(rk, d, gone);
+}
+
+static void
+drain_send(td_rank_t *rk, bool draining)
+{
+    Tandem__Drain dr = TANDEM__DRAIN__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    dr.draining = draining;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &dr;
+    (void)td_cluster_send(rk, &env);
+}
+
+td_status_t
+td_cluster_node_drain(td_cluster_t *c, const char *name, bool draining)
+{
+    td_node_t *n = td_cluster_node_find(c, name);
+
+    if (!n)
+        return TD_ERR_NOT_FOUND;
+    n->draining = draining;
+    if (!draining)
+        n->removing = false;
+    td_info("node %s: %s by the operator", n->name, draining ? "draining" : "undrained");
+    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->node == n && rk->conn && rk->reg)
+            drain_send(rk, draining);
+    return TD_OK;
+}
+
+td_status_t
+td_cluster_node_remove(td_cluster_t *c, const char *name)
+{
+    td_status_t st = td_cluster_node_drain(c, name, true);
+    td_node_t *n;
+
+    if (st != TD_OK)
+        return st;
+    n = td_cluster_node_find(c, name);
+    n->removing = true;
+    node_forget_if_idle(c, n);
+    return TD_OK;
+}
+
+/* ======================================================================= */
+/* Control connections                                                       */
+/* ======================================================================= */
+
+/* rk's connection ended: its requests are retried or failed; forget: a
+ * removed node may be freed now (not while the caller still uses rk). */
+static void
+rank_lost(td_cluster_t *c, td_rank_t *rk, const char *reason, bool forget)
+{
+    bool was_registered = rk->reg != NULL;
+
+    td_warn("%s rank %s/%u: lost: %s", td_hello_role_str(rk->role), rk->node->name,
+            rk->rank_id, reason);
+    rk->conn = NULL;
+    c->hold++;   /* rk stays while its requests let go of it */
+    td_request_on_rank_lost(c->router, rk);
+    c->hold--;
+    if (was_registered && rk->role == TANDEM__ROLE__ROLE_DECODE)
+        decode_peer_broadcast(c, rk, true);
+    if (forget)
+        node_forget_if_idle(c, rk->node);
+}
+
+static void
+cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg)
+{
+    td_cluster_t *c = arg;
+    td_node_t *n;
+    td_rank_t *rk;
+
+    if (peer->role != TANDEM__ROLE__ROLE_PREFILL && peer->role != TANDEM__ROLE__ROLE_DECODE) {
+        td_warn("%s: refused: a %s cannot join the cluster", td_ctl_conn_name(conn),
+                td_hello_role_str(peer->role));
+        td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_IDENTITY,
+                          "only prefill and decode ranks connect to a router's control port");
+        return;
+    }
+    n = node_get(c, peer->node_id);
+    if (!n)
+        goto err_nomem;
+    rk = rank_find(c, peer->node_id, peer->rank_id, peer->role);
+    if (rk && rk->conn) {   /* a restart or a second connection replaces the first */
+        td_ctl_conn_t *old = rk->conn;
+        rank_lost(c, rk, "replaced by a new connection", false);
+        td_ctl_conn_close(old, TANDEM__REJECT_CODE__REJECT_IDENTITY,
+                          "replaced by a newer connection of the same rank");
+    }
+    if (!rk) {
+        rk = calloc(1, sizeof *rk);
+        if (!rk)
+            goto err_nomem;
+        rk->node = n;
+        rk->rank_id = peer->rank_id;
+        rk->role = peer->role;
+        rk->next = c->ranks;
+        c->ranks = rk;
+    }
+    if (rk->reg) {
+        tandem__register__free_unpacked(rk->reg, NULL);
+        rk->reg = NULL;
+    }
+    rk->conn = conn;
+    rk->incarnation = peer->incarnation;
+    memset(&rk->load, 0, sizeof rk->load);
+    rk->pend_tokens = 0;
+    rk->pend_reqs = 0;
+    td_info("%s: connected (incarnation %016llx)", td_ctl_conn_name(conn),
+            (unsigned long long)peer->incarnation);
+    return;
+
+err_nomem:
+    td_error("%s: out of memory for the rank table", td_ctl_conn_name(conn));
+    td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED, "router out of memory");
+}
+
+/* Our own copy of a Register (env is freed after the callback). */
+static td_status_t
+register_copy(const Tandem__Register *src, Tandem__Register **out)
+{
+    size_t len = tandem__register__get_packed_size(src);
+    uint8_t *buf = malloc(len ? len : 1);
+    Tandem__Register *cp;
+
+    if (!buf)
+        return TD_ERR_NOMEM;
+    tandem__register__pack(src, buf);
+    cp = tandem__register__unpack(NULL, len, buf);
+    free(buf);
+    if (!cp)
+        return TD_ERR_NOMEM;
+    *out = cp;
+    return TD_OK;
+}
+
+static void
+on_register(td_cluster_t *c, td_rank_t *rk, const Tandem__Register *reg)
+{
+    Tandem__Registered ok = TANDEM__REGISTERED__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    Tandem__Register *cp;
+    bool first = rk->reg == NULL;
+
+    if (rk->role == TANDEM__ROLE__ROLE_DECODE && reg->max_batch == 0) {
+        td_ctl_conn_close(rk->conn, TANDEM__REJECT_CODE__REJECT_PROTO,
+                          "decode rank registered with max_batch 0");
+        return;
+    }
+    if (register_copy(reg, &cp) != TD_OK) {
+        td_error("%s: out of memory for its registration", td_ctl_conn_name(rk->conn));
+        td_ctl_conn_close(rk->conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED,
+                          "router out of memory");
+        return;
+    }
+    if (rk->reg)
+        tandem__register__free_unpacked(rk->reg, NULL);
+    rk->reg = cp;
+    if (first) {
+        rk->load.kv_tokens_free = cp->kv_tokens_total;
+        rk->load.draining = cp->draining;
+    }
+    td_info("%s: registered: engine %s, max context %llu, kv tokens %llu, max batch %u%s",
+            td_ctl_conn_name(rk->conn), cp->engine_name, (unsigned long long)cp->max_context,
+            (unsigned long long)cp->kv_tokens_total, cp->max_batch,
+            cp->draining ? ", draining" : "");
+    ok.router_id = c->router->router_id;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REGISTERED;
+    env.registered = &ok;
+    if (td_cluster_send(rk, &env) != TD_OK)
+        return;
+    if (rk->node->draining)
+        drain_send(rk, true);
+    if (rk->role == TANDEM__ROLE__ROLE_DECODE) {
+        decode_peer_broadcast(c, rk, false);
+    } else {
+        for (td_rank_t *d = c->ranks; d; d = d->next)
+            if (d->role == TANDEM__ROLE__ROLE_DECODE && d->conn && d->reg)
+                decode_peer_send(rk, d, false);
+    }
+}
+
+static void
+on_load(td_rank_t *rk, const Tandem__Load *ld)
+{
+    rk->load = *ld;
+    rk->load.base.unknown_fields = NULL;
+    rk->load.base.n_unknown_fields = 0;
+    rk->pend_tokens = 0;
+    rk->pend_reqs = 0;
+    td_trace("%s: load: kv used %llu free %llu, running %u, queued %u",
+             td_ctl_conn_name(rk->conn), (unsigned long long)ld->kv_tokens_used,
+             (unsigned long long)ld->kv_tokens_free, ld->running, ld->queued);
+}
+
+static void
+cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
+{
+    td_cluster_t *c = arg;
+    td_rank_t *rk = rank_by_conn(c, conn);
+
+    if (!rk)
+        return;   /* being replaced or removed */
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_REGISTER) {
+        on_register(c, rk, env->register_);
+        return;
+    }
+    if (!rk->reg) {
+        td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_PROTO,
+                          "message before Register");
+        return;
+    }
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_LOAD:
+        on_load(rk, env->load);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE:
+    case TANDEM__ENVELOPE__PAYLOAD_TOKENS:
+    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
+        td_request_on_message(c->router, rk, env);
+        break;
+    default:
+        td_warn("%s: unexpected message (payload %d)", td_ctl_conn_name(conn),
+                (int)env->payload_case);
+        td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_PROTO,
+                          "unexpected message for a router");
+        break;
+    }
+}
+
+static void
+cluster_on_closed(td_ctl_conn_t *conn, td_status_t why, const char *reason, void *arg)
+{
+    td_cluster_t *c = arg;
+    td_rank_t *rk = rank_by_conn(c, conn);
+
+    if (rk)
+        rank_lost(c, rk, reason && *reason ? reason : td_status_str(why), true);
+}
+
+/* ======================================================================= */
+/* Life                                                                      */
+/* ======================================================================= */
+
+td_status_t
+td_cluster_init(td_cluster_t *c, td_router_t *r, const td_ctl_config_t *ctl,
+                const char *host, uint16_t port)
+{
+    static const td_ctl_handlers_t handlers = {
+        .on_established = cluster_on_established,
+        .on_message = cluster_on_message,
+        .on_closed = cluster_on_closed,
+    };
+    td_ctl_handlers_t h = handlers;
+
+    memset(c, 0, sizeof *c);
+    c->router = r;
+    h.arg = c;
+    return td_ctl_listener_create(r->base, ctl, &h, host, port, &c->lst);
+}
+
+void
+td_cluster_fini(td_cluster_t *c)
+{
+    if (c->lst)
+        td_ctl_listener_destroy(c->lst);
+    c->lst = NULL;
+    while (c->ranks) {
+        td_rank_t *rk = c->ranks;
+        c->ranks = rk->next;
+        rank_free(rk);
+    }
+    while (c->nodes) {
+        td_node_t *n = c->nodes;
+        c->nodes = n->next;
+        free(n);
+    }
+}
+
+uint16_t
+td_cluster_port(const td_cluster_t *c)
+{
+    return td_ctl_listener_port(c->lst);
+}

@@ -1,0 +1,255 @@
+/* routerd/main.c — the router daemon: options, the engine identity (model
+ * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
+ * control listeners on one event loop, and the ready line. */
+#include "router.h"
+#include "tok_bytes.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "net.h"
+
+#define ST td_router_cfg_t
+static const td_config_opt_t router_opts[] = {
+    TD_DAEMON_CONFIG_OPTS(ST, m),
+    TD_ENGINE_CONFIG_OPTS(ST, eng),
+    TD_CONFIG_OPT_STRING("http-listen", ST, http_listen, "127.0.0.1:8000",
+                         "host:port of the openai api (port 0: any free port)"),
+    TD_CONFIG_OPT_STRING("ctl-listen", ST, ctl_listen, "127.0.0.1:7100",
+                         "host:port worker ranks connect to (port 0: any free port)"),
+    TD_CONFIG_OPT_STRING("admin-listen", ST, admin_listen, "127.0.0.1:8001",
+                         "host:port of the admin api (port 0: any free port; empty: no admin api)"),
+    TD_CONFIG_OPT_STRING("api-keys-file", ST, api_keys_file, "",
+                         "client api keys, one per line (empty: the api needs no key)"),
+    TD_CONFIG_OPT_STRING("admin-key-file", ST, admin_key_file, "",
+                         "admin api keys, one per line (required with an admin listener)"),
+    TD_CONFIG_OPT_STRING("model-name", ST, model_name, "",
+                         "model id served in /v1/models (empty: tandem-<engine>)"),
+    TD_CONFIG_OPT_SIZE("max-body", ST, max_body, "1MiB", 1024, 1ull << 30,
+                       "largest request body accepted"),
+    TD_CONFIG_OPT_UINT64("max-tokens-limit", ST, max_tokens_limit, "32768", 1, 1u << 24,
+                         "largest max_tokens a request may ask for"),
+    TD_CONFIG_OPT_UINT64("max-tokens-default", ST, max_tokens_default, "256", 1, 1u << 24,
+                         "max_tokens of a request that gives none"),
+    TD_CONFIG_OPT_DURATION("request-timeout", ST, request_timeout_ms, "10m", 0, 86400000,
+                           "a request still running after this fails (0: no limit)"),
+    TD_CONFIG_OPT_DURATION("heartbeat", ST, heartbeat_ms, "1s", 10, 60000,
+                           "control heartbeat interval; three missed mark a rank dead"),
+    TD_CONFIG_OPT_SIZE("max-frame", ST, max_frame, "4MiB", 4096, 256ull << 20,
+                       "largest control frame accepted from a worker rank"),
+    TD_CONFIG_OPT_UINT64("retry-after", ST, retry_after_s, "1", 1, 3600,
+                         "seconds in the retry-after header of a 503"),
+    TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_SCHED_MAX_TRIED,
+                         "admissions tried per request (decode rejects, lost ranks)"),
+    TD_CONFIG_OPT_END
+};
+#undef ST
+
+/* The engine is created only for its identity and names, then destroyed. */
+static td_status_t
+router_identity(td_router_t *r)
+{
+    td_engine_t *e;
+    td_status_t st = td_engine_create(&r->cfg->eng, &e);
+
+    if (st != TD_OK)
+        return st;
+    snprintf(r->fingerprint, sizeof r->fingerprint, "%016" PRIx64, e->fingerprint);
+    r->kv_layout_hash = e->layout->hash;
+    r->kv_bytes_per_token = td_layout_paged_bytes_per_token(e->layout);
+    r->kv_fixed_bytes = td_layout_fixed_bytes(e->layout);
+    snprintf(r->engine_kind, sizeof r->engine_kind, "%s", e->kind);
+    if (r->cfg->model_name[0])
+        snprintf(r->model, sizeof r->model, "%s", r->cfg->model_name);
+    else
+        snprintf(r->model, sizeof r->model, "tandem-%s", e->name);
+    if (e->vocab < r->tok->vocab_size) {
+        td_error("engine vocabulary %u is smaller than the tokenizer's %u: prompts would "
+                 "hold ids the engine does not know", e->vocab, r->tok->vocab_size);
+        st = TD_ERR_INVALID;
+    } else if (e->vocab > r->tok->vocab_size) {
+        td_warn("engine vocabulary %u is larger than the tokenizer's %u (%s): generated ids "
+                "are shown modulo %u", e->vocab, r->tok->vocab_size, r->tok->name,
+                r->tok->vocab_size);
+    }
+    td_engine_destroy(e);
+    return st;
+}
+
+static td_status_t
+router_keys(const char *path, const char *what, td_apikeys_t **out)
+{
+    char err[TD_APIKEYS_ERRLEN];
+    td_status_t st = td_apikeys_load(path, out, err, sizeof err);
+
+    if (st != TD_OK)
+        td_error("%s: %s", what, err);
+    return st;
+}
+
+static void
+router_fini(td_router_t *r)
+{
+    td_request_fini(r);
+    if (r->http)
+        evhttp_free(r->http);
+    if (r->admin)
+        evhttp_free(r->admin);
+    td_cluster_fini(&r->cluster);
+    td_apikeys_destroy(r->keys);
+    td_apikeys_destroy(r->admin_keys);
+    td_tok_destroy(r->tok);
+}
+
+/* Print the ready line (host as configured, the ports actually bound). */
+static void
+router_ready(td_router_t *r, uint16_t http_port, uint16_t admin_port)
+{
+    char line[3 * TD_NET_HOST_MAX + 64], h[3][TD_NET_HOST_MAX];
+    const char *addr[3] = { r->cfg->http_listen, r->cfg->ctl_listen, r->cfg->admin_listen };
+    uint16_t port[3] = { http_port, td_cluster_port(&r->cluster), admin_port }, ignored;
+
+    for (int i = 0; i < 3; i++)
+        if (!addr[i][0] || td_net_addr_parse(addr[i], h[i], sizeof h[i], &ignored) != TD_OK ||
+            !h[i][0])
+            snprintf(h[i], sizeof h[i], "0.0.0.0");
+    if (r->admin)
+        snprintf(line, sizeof line, "http=%s:%u ctl=%s:%u admin=%s:%u", h[0], port[0], h[1],
+                 port[1], h[2], port[2]);
+    else
+        snprintf(line, sizeof line, "http=%s:%u ctl=%s:%u admin=off", h[0], port[0], h[1],
+                 port[1]);
+    fprintf(stderr, "routerd ready: %s\n", line);
+    fflush(stderr);
+    td_daemon_ready(r->daemon, line);
+}
+
+static td_status_t
+router_init(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    td_ctl_config_t ctl = {0};
+    size_t secret_len;
+    uint16_t http_port = 0, admin_port = 0, ctl_port;
+    char ctl_host[TD_NET_HOST_MAX];
+    td_status_t st;
+
+    if (cfg->max_tokens_default > cfg->max_tokens_limit) {
+        td_error("max-tokens-default %" PRIu64 " is above max-tokens-limit %" PRIu64,
+                 cfg->max_tokens_default, cfg->max_tokens_limit);
+        return TD_ERR_INVALID;
+    }
+    st = td_tok_bytes_create(&r->tok);
+    if (st == TD_OK)
+        st = router_identity(r);
+    if (st == TD_OK && cfg->api_keys_file[0])
+        st = router_keys(cfg->api_keys_file, "api-keys-file", &r->keys);
+    if (st == TD_OK && cfg->admin_listen[0]) {
+        if (!cfg->admin_key_file[0]) {
+            td_error("admin-listen %s needs admin-key-file (or admin-listen \"\" to turn the "
+                     "admin api off)", cfg->admin_listen);
+            st = TD_ERR_INVALID;
+        } else {
+            st = router_keys(cfg->admin_key_file, "admin-key-file", &r->admin_keys);
+        }
+    }
+    if (st != TD_OK)
+        return st;
+    if (!r->keys)
+        td_warn("no api-keys-file: the openai api accepts requests without a key");
+
+    r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
+    snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
+             r->id_prefix >> 48);
+    r->models[0] = r->model;
+    r->api = (td_openai_cfg_t){ .models = r->models, .max_body = cfg->max_body,
+                                .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
+                                .max_tokens_default = (uint32_t)cfg->max_tokens_default };
+    st = td_request_init(r);
+    if (st != TD_OK)
+        return st;
+
+    ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
+                                    .role = TANDEM__ROLE__ROLE_ROUTER,
+                                    .node_id = td_daemon_node_id(r->daemon),
+                                    .incarnation = td_daemon_incarnation(r->daemon),
+                                    .model_fingerprint = r->fingerprint,
+                                    .kv_layout_hash = r->kv_layout_hash };
+    ctl.secret = td_daemon_secret(r->daemon, &secret_len);
+    ctl.secret_len = secret_len;
+    ctl.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
+    ctl.max_frame = (uint32_t)cfg->max_frame;
+    st = td_net_addr_parse(cfg->ctl_listen, ctl_host, sizeof ctl_host, &ctl_port);
+    if (st != TD_OK) {
+        td_error("ctl-listen '%s': not host:port", cfg->ctl_listen);
+        return st;
+    }
+    st = td_cluster_init(&r->cluster, r, &ctl, ctl_host, ctl_port);
+    if (st != TD_OK)
+        return st;
+
+    r->http_site = (td_http_site_t){ r, false };
+    r->admin_site = (td_http_site_t){ r, true };
+    st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, &http_port);
+    if (st == TD_OK && cfg->admin_listen[0])
+        st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, &admin_port);
+    if (st != TD_OK)
+        return st;
+    td_info("routerd: model %s (%s), fingerprint %s, kv layout %016" PRIx64
+            ", tokenizer %s, router id %s", r->model, r->engine_kind, r->fingerprint,
+            r->kv_layout_hash, r->tok->name, r->router_id);
+    router_ready(r, http_port, admin_port);
+    return TD_OK;
+}
+
+static void
+router_on_stop(td_daemon_t *d, void *arg)
+{
+    td_router_t *r = arg;
+
+    td_info("routerd: stopping; requests in flight are dropped");
+    td_daemon_stopping(d);
+    event_base_loopexit(r->base, NULL);
+}
+
+int
+main(int argc, char **argv)
+{
+    td_router_cfg_t cfg;
+    td_router_t r;
+    td_status_t st;
+    int rc = 1;
+
+    memset(&r, 0, sizeof r);
+    r.base = event_base_new();
+    if (!r.base) {
+        fprintf(stderr, "routerd: cannot create the event loop\n");
+        return 1;
+    }
+    st = td_daemon_create("routerd", router_opts, &cfg, &cfg.m, argc, argv, r.base,
+                          router_on_stop, &r, &r.daemon);
+    if (st != TD_OK) {
+        rc = td_daemon_exit_code(st);
+        goto out_base;
+    }
+    r.cfg = &cfg;
+    r.table = router_opts;
+    st = router_init(&r);
+    if (st == TD_OK) {
+        event_base_dispatch(r.base);
+        rc = 0;
+    } else {
+        rc = st == TD_ERR_INVALID ? 2 : 1;
+    }
+    router_fini(&r);
+    td_daemon_destroy(r.daemon);
+    td_config_free(router_opts, &cfg);
+out_base:
+    event_base_free(r.base);
+    return rc;
+}

@@ -1,0 +1,69 @@
+/* routerd/metrics.h — the router's counters and latency histograms, and their
+ * Prometheus text rendering (route-metrics.c adds the per-rank gauges). */
+#ifndef TD_METRICS_H
+#define TD_METRICS_H
+
+#include <stdint.h>
+
+#include "status.h"
+#include "strbuf.h"
+
+/* How a request ended. */
+typedef enum {
+    TD_OUTCOME_DONE = 0,    /* answered: stop or length */
+    TD_OUTCOME_FAILED,      /* an error after it was accepted */
+    TD_OUTCOME_CANCELED,    /* client gone, operator cancel */
+    TD_OUTCOME_REJECTED,    /* refused before scheduling: 4xx, 503 */
+    TD_OUTCOME_N
+} td_outcome_t;
+
+/* Why something failed; every error response and error event counts once. */
+typedef enum {
+    TD_ERRREASON_BAD_REQUEST = 0,  /* 400 */
+    TD_ERRREASON_UNAUTHORIZED,     /* 401 */
+    TD_ERRREASON_NOT_FOUND,        /* 404 */
+    TD_ERRREASON_TOO_LARGE,        /* 413 */
+    TD_ERRREASON_NO_CAPACITY,      /* 503 */
+    TD_ERRREASON_TOO_LONG,         /* prompt + max_tokens over every context */
+    TD_ERRREASON_RANK_LOST,        /* a rank's connection ended mid-request */
+    TD_ERRREASON_PREFILL_FAILED,   /* PrefillDone with an error */
+    TD_ERRREASON_DECODE_FAILED,    /* Tokens{error} */
+    TD_ERRREASON_TIMEOUT,          /* --request-timeout */
+    TD_ERRREASON_INTERNAL,         /* our bug or out of memory */
+    TD_ERRREASON_N
+} td_errreason_t;
+
+#define TD_METRICS_NBUCKETS 16
+
+/* A latency histogram in seconds; buckets are fixed (metrics.c). */
+typedef struct {
+    uint64_t counts[TD_METRICS_NBUCKETS + 1];  /* last: +Inf */
+    uint64_t n;
+    double sum;
+} td_metrics_hist_t;
+
+typedef struct {
+    uint64_t requests[TD_OUTCOME_N];
+    uint64_t errors[TD_ERRREASON_N];
+    td_metrics_hist_t ttft;         /* request received -> first token sent */
+    td_metrics_hist_t itl;          /* between token messages of one request */
+    uint64_t kv_bytes_moved;        /* KV bytes of finished prefills (from the layout) */
+    uint64_t prompt_tokens;
+    uint64_t completion_tokens;
+    uint64_t retries;               /* re-admissions (AdmitReject, a rank lost) */
+} td_metrics_t;
+
+const char *td_metrics_outcome_str(td_outcome_t o);
+const char *td_metrics_errreason_str(td_errreason_t r);
+void td_metrics_observe(td_metrics_hist_t *h, double seconds);
+
+/* Append "# HELP", "# TYPE" and the series of the counters and histograms. */
+td_status_t td_metrics_render(const td_metrics_t *m, td_strbuf_t *out);
+/* Append "# HELP name help\n# TYPE name type\n". */
+td_status_t td_metrics_header(td_strbuf_t *out, const char *name, const char *type,
+                              const char *help);
+/* Append printf-formatted text. */
+td_status_t td_metrics_printf(td_strbuf_t *out, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif

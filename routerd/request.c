@@ -1,0 +1,960 @@
+/* routerd/request.c — the request state machine: tokenize, choose ranks,
+ * Admit / Prefill, turn Tokens into streamed text (incremental detokenizing,
+ * stop strings, SSE) or one response, and end every request exactly once:
+ * done, failed or canceled, with Cancel to its ranks where they may hold it. */
+#include "router.h"
+#include "sse.h"
+#include "stop.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#define REQTAB_BUCKETS 4096u   /* power of two; chains stay short at thousands in flight */
+
+struct td_request_s {
+    td_request_t *hnext;            /* hash chain */
+    td_request_t *prev, *next;      /* every request in flight */
+    td_router_t *r;
+    uint64_t id;                    /* wire id of the current attempt */
+    td_req_state_t state;
+    td_openai_req_t *oreq;
+    struct evhttp_request *http;    /* NULL once answered or the client is gone */
+    struct evhttp_connection *evcon;
+    struct event *watch;            /* EOF on the client's socket while we work */
+    char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
+    int32_t *prompt;
+    size_t nprompt;
+    td_rank_t *decode, *prefill;    /* bound ranks (each counted in rank->inflight) */
+    uint64_t tried[TD_SCHED_MAX_TRIED];   /* decode incarnations that refused */
+    size_t ntried;
+    unsigned attempts;
+    bool too_long;                  /* a decode rank said TOO_LONG */
+    bool streaming;                 /* 200 and the first chunk went out */
+    td_tok_dec_t dec;
+    td_stop_t *stop;
+    td_openai_stream_t stream;
+    td_strbuf_t text;               /* non-streaming: the answer so far */
+    td_strbuf_t piece;              /* scratch: decoded text of one message */
+    td_strbuf_t rel;                /* scratch: text released by the stop matcher */
+    uint32_t ntokens;               /* completion tokens */
+    uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
+    struct event *timer;            /* request timeout, or NULL */
+};
+
+typedef struct td_reqtab_s {
+    td_request_t *buckets[REQTAB_BUCKETS];
+    td_request_t *head;
+    size_t n;
+    struct evbuffer *chunk;         /* reused for every SSE chunk */
+    td_strbuf_t sse;                /* reused: one message's SSE events */
+} td_reqtab_t;
+
+static const char *const state_names[TD_REQ_NSTATES] = {
+    "new", "admitting", "prefilling", "decoding", "done", "failed", "canceled",
+};
+
+#define BIT(s) (1u << (s))
+/* Allowed transitions: a retry goes back to admitting; terminal states stay. */
+static const unsigned transitions[TD_REQ_NSTATES] = {
+    [TD_REQ_NEW] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_FAILED) | BIT(TD_REQ_CANCELED),
+    [TD_REQ_ADMITTING] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_PREFILLING) | BIT(TD_REQ_FAILED) |
+                         BIT(TD_REQ_CANCELED),
+    [TD_REQ_PREFILLING] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_DECODING) | BIT(TD_REQ_FAILED) |
+                          BIT(TD_REQ_CANCELED),
+    [TD_REQ_DECODING] = BIT(TD_REQ_DONE) | BIT(TD_REQ_FAILED) | BIT(TD_REQ_CANCELED),
+};
+
+const char *
+td_request_state_str(td_req_state_t st)
+{
+    return (unsigned)st < TD_REQ_NSTATES ? state_names[st] : "?";
+}
+
+static uint64_t
+now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The one place a request changes state. */
+static void
+set_state(td_request_t *q, td_req_state_t st)
+{
+    assert(transitions[q->state] & BIT(st));
+    td_debug("request %016" PRIx64 ": %s -> %s", q->id, state_names[q->state], state_names[st]);
+    q->state = st;
+}
+
+static bool
+is_terminal(td_req_state_t st)
+{
+    return st >= TD_REQ_DONE;
+}
+
+/* ======================================================================= */
+/* The table                                                                 */
+/* ======================================================================= */
+
+static size_t
+bucket_of(uint64_t id)
+{
+    return (size_t)(td_engine_mix64(id) & (REQTAB_BUCKETS - 1));
+}
+
+static td_request_t *
+req_find(td_reqtab_t *t, uint64_t id)
+{
+    for (td_request_t *q = t->buckets[bucket_of(id)]; q; q = q->hnext)
+        if (q->id == id)
+            return q;
+    return NULL;
+}
+
+static void
+hash_del(td_reqtab_t *t, td_request_t *q)
+{
+    for (td_request_t **p = &t->buckets[bucket_of(q->id)]; *p; p = &(*p)->hnext)
+        if (*p == q) {
+            *p = q->hnext;
+            return;
+        }
+}
+
+static void
+hash_add(td_reqtab_t *t, td_request_t *q)
+{
+    size_t b = bucket_of(q->id);
+
+    q->hnext = t->buckets[b];
+    t->buckets[b] = q;
+}
+
+/* A fresh router-unique id: router id in the top 16 bits. */
+static uint64_t
+id_next(td_router_t *r)
+{
+    r->id_seq = (r->id_seq + 1) & 0xffffffffffffull;
+    return r->id_prefix | r->id_seq;
+}
+
+/* ======================================================================= */
+/* Ranks and messages                                                        */
+/* ======================================================================= */
+
+static void
+bind_rank(td_request_t *q, td_rank_t **slot, td_rank_t *rk)
+{
+    *slot = rk;
+    rk->inflight++;
+}
+
+static void
+unbind_rank(td_request_t *q, td_rank_t **slot)
+{
+    td_rank_t *rk = *slot;
+
+    if (!rk)
+        return;
+    *slot = NULL;
+    td_cluster_rank_release(&q->r->cluster, rk);
+}
+
+static void
+send_cancel(td_request_t *q, td_rank_t *rk, const char *reason)
+{
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    if (!rk || !rk->conn)
+        return;
+    c.req_id = q->id;
+    c.reason = (char *)reason;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
+    env.cancel = &c;
+    (void)td_cluster_send(rk, &env);
+}
+
+/* Cancel the current attempt at its ranks and let go of them. */
+static void
+release_ranks(td_request_t *q, const char *cancel_reason)
+{
+    if (cancel_reason) {
+        send_cancel(q, q->decode, cancel_reason);
+        send_cancel(q, q->prefill, cancel_reason);
+    }
+    unbind_rank(q, &q->decode);
+    unbind_rank(q, &q->prefill);
+}
+
+static void
+sampling_fill(Tandem__Sampling *s, const td_request_t *q)
+{
+    tandem__sampling__init(s);
+    s->temperature = q->oreq->temperature;
+    s->top_p = q->oreq->top_p;
+    s->seed = (uint64_t)q->oreq->seed;
+    s->max_tokens = q->oreq->max_tokens;
+}
+
+/* ======================================================================= */
+/* Answers                                                                   */
+/* ======================================================================= */
+
+static void
+http_detach(td_request_t *q)
+{
+    if (q->watch)
+        event_free(q->watch);
+    q->watch = NULL;
+    if (q->evcon)
+        evhttp_connection_set_closecb(q->evcon, NULL, NULL);
+    q->evcon = NULL;
+    q->http = NULL;
+}
+
+/* Send the SSE events in the table's sse buffer as one chunk. */
+static void
+stream_flush(td_request_t *q)
+{
+    td_reqtab_t *t = q->r->reqs;
+
+    if (t->sse.len == 0 || !q->http)
+        return;
+    evbuffer_add(t->chunk, t->sse.data, t->sse.len);
+    evhttp_send_reply_chunk(q->http, t->chunk);
+    evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
+    td_strbuf_reset(&t->sse);
+}
+
+static void
+stream_start(td_request_t *q)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(q->http);
+
+    evhttp_add_header(h, "Content-Type", "text/event-stream");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "X-Request-Id", q->oid);
+    evhttp_send_reply_start(q->http, 200, "OK");
+    q->streaming = true;
+    if (td_openai_stream_text(&q->stream, "", 0, &q->r->reqs->sse) == TD_OK)
+        stream_flush(q);
+}
+
+static void
+request_free(td_request_t *q)
+{
+    td_reqtab_t *t = q->r->reqs;
+
+    hash_del(t, q);
+    if (q->prev)
+        q->prev->next = q->next;
+    else
+        t->head = q->next;
+    if (q->next)
+        q->next->prev = q->prev;
+    t->n--;
+    http_detach(q);
+    if (q->timer)
+        event_free(q->timer);
+    release_ranks(q, NULL);
+    td_stop_destroy(q->stop);
+    td_strbuf_free(&q->text);
+    td_strbuf_free(&q->piece);
+    td_strbuf_free(&q->rel);
+    free(q->prompt);
+    td_openai_req_destroy(q->oreq);
+    free(q);
+}
+
+static void
+count_outcome(td_request_t *q, td_outcome_t o)
+{
+    q->r->metrics.requests[o]++;
+}
+
+/* End q with an error: Cancel to its ranks, the error to the client (a
+ * response, or an error event when the stream has started). */
+static void
+request_fail(td_request_t *q, td_errreason_t why, const td_openai_err_t *e)
+{
+    td_router_t *r = q->r;
+
+    td_info("request %016" PRIx64 ": failed (%s): %s", q->id, td_metrics_errreason_str(why),
+            e->message);
+    r->metrics.errors[why]++;
+    count_outcome(q, q->state == TD_REQ_NEW ? TD_OUTCOME_REJECTED : TD_OUTCOME_FAILED);
+    set_state(q, TD_REQ_FAILED);
+    release_ranks(q, "request failed");
+    if (q->http) {
+        struct evhttp_request *h = q->http;
+        if (q->streaming) {
+            if (td_openai_stream_error(e, &r->reqs->sse) == TD_OK)
+                stream_flush(q);
+            http_detach(q);
+            evhttp_send_reply_end(h);
+        } else {
+            http_detach(q);
+            td_http_reply_err(h, e);
+        }
+    }
+    request_free(q);
+}
+
+static void
+request_fail_simple(td_request_t *q, td_errreason_t why, const char *what)
+{
+    td_openai_err_t e;
+
+    td_openai_err_set(&e, why == TD_ERRREASON_TIMEOUT ? 504 : 500, "server_error", NULL, NULL,
+                      "The server had an error while processing your request: %s.", what);
+    request_fail(q, why, &e);
+}
+
+/* Canceled: by the operator (the client still gets an error) or because the
+ * client went away. */
+static void
+request_cancel(td_request_t *q, const char *why)
+{
+    td_info("request %016" PRIx64 ": canceled: %s", q->id, why);
+    count_outcome(q, TD_OUTCOME_CANCELED);
+    set_state(q, TD_REQ_CANCELED);
+    release_ranks(q, why);
+    if (q->http) {
+        struct evhttp_request *h = q->http;
+        td_openai_err_t e;
+        td_openai_err_set(&e, 500, "server_error", NULL, "canceled",
+                          "The request was canceled: %s.", why);
+        if (q->streaming) {
+            if (td_openai_stream_error(&e, &q->r->reqs->sse) == TD_OK)
+                stream_flush(q);
+            http_detach(q);
+            evhttp_send_reply_end(h);
+        } else {
+            http_detach(q);
+            td_http_reply_err(h, &e);
+        }
+    }
+    request_free(q);
+}
+
+static td_openai_finish_t
+finish_of(Tandem__Finish f)
+{
+    return f == TANDEM__FINISH__FINISH_LENGTH ? TD_OPENAI_FINISH_LENGTH : TD_OPENAI_FINISH_STOP;
+}
+
+/* Generation ended (stop, length, or a stop string: then by_us, and the
+ * ranks get a Cancel because they may still be generating). */
+static void
+request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
+{
+    td_router_t *r = q->r;
+    td_reqtab_t *t = r->reqs;
+    td_openai_usage_t usage = { (uint32_t)q->nprompt, q->ntokens };
+    td_status_t st;
+
+    td_strbuf_reset(&q->rel);
+    st = td_tok_decode_flush(&q->dec, &q->piece);
+    if (st == TD_OK && !by_us) {
+        bool matched = false;
+        st = td_stop_feed(q->stop, q->piece.data ? q->piece.data : "", q->piece.len, &q->rel,
+                          &matched);
+        if (st == TD_OK && !matched)
+            st = td_stop_flush(q->stop, &q->rel);
+    }
+    td_strbuf_reset(&q->piece);
+    if (st != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    set_state(q, TD_REQ_DONE);
+    count_outcome(q, TD_OUTCOME_DONE);
+    release_ranks(q, by_us ? "finished by the router" : NULL);
+    if (q->http) {
+        struct evhttp_request *h = q->http;
+        if (q->streaming) {
+            if (q->rel.len)
+                st = td_openai_stream_text(&q->stream, q->rel.data, q->rel.len, &t->sse);
+            if (st == TD_OK)
+                st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
+            stream_flush(q);
+            http_detach(q);
+            evhttp_send_reply_end(h);
+        } else {
+            td_openai_meta_t meta = q->stream.meta;
+            td_strbuf_t body = {0};
+            if (q->rel.len)
+                st = td_strbuf_append(&q->text, q->rel.data, q->rel.len);
+            if (st == TD_OK)
+                st = td_openai_response_json(&meta, q->text.data ? q->text.data : "", q->text.len,
+                                             finish, &usage, &body);
+            http_detach(q);
+            if (st == TD_OK) {
+                evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
+                td_http_reply(h, 200, "application/json", body.data, body.len);
+            } else {
+                td_openai_err_t e;
+                td_openai_err_internal(&e, "could not format the response");
+                td_http_reply_err(h, &e);
+            }
+            td_strbuf_free(&body);
+        }
+    }
+    td_debug("request %016" PRIx64 ": done, %u prompt + %u completion tokens", q->id,
+             usage.prompt_tokens, usage.completion_tokens);
+    request_free(q);
+}
+
+/* ======================================================================= */
+/* Admission                                                                 */
+/* ======================================================================= */
+
+/* Choose a prefill and a decode rank and send Admit; on no capacity the
+ * request ends (503, or 400 when no rank has a context that long). */
+static void
+admit_next(td_request_t *q)
+{
+    td_router_t *r = q->r;
+    uint64_t need = q->nprompt + q->oreq->max_tokens;
+
+    for (;;) {
+        td_rank_t *p, *d;
+        bool too_long = false;
+
+        if (q->attempts >= r->cfg->max_attempts || q->ntried >= TD_SCHED_MAX_TRIED) {
+            td_openai_err_t e;
+            td_openai_err_overloaded(&e, (unsigned)r->cfg->retry_after_s);
+            request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
+            return;
+        }
+        p = td_sched_pick_prefill(&r->cluster);
+        d = p ? td_sched_pick_decode(&r->cluster, need, q->tried, q->ntried, &too_long) : NULL;
+        if (!d) {
+            td_openai_err_t e;
+            if (too_long || (q->too_long && p)) {
+                td_openai_err_set(&e, 400, "invalid_request_error", "messages",
+                                  "context_length_exceeded",
+                                  "This model's maximum context length is exceeded: the prompt "
+                                  "has %zu tokens and max_tokens is %u.",
+                                  q->nprompt, q->oreq->max_tokens);
+                request_fail(q, TD_ERRREASON_TOO_LONG, &e);
+            } else {
+                td_openai_err_overloaded(&e, (unsigned)r->cfg->retry_after_s);
+                request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
+            }
+            return;
+        }
+        if (q->attempts > 0) {   /* a new wire id: the old one may live on at a rank */
+            hash_del(r->reqs, q);
+            q->id = id_next(r);
+            hash_add(r->reqs, q);
+            r->metrics.retries++;
+        }
+        q->attempts++;
+        bind_rank(q, &q->decode, d);
+        bind_rank(q, &q->prefill, p);
+
+        Tandem__Admit a = TANDEM__ADMIT__INIT;
+        Tandem__Sampling s;
+        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+        sampling_fill(&s, q);
+        a.req_id = q->id;
+        a.n_tokens = q->nprompt;
+        a.tokens = q->prompt;
+        a.sampling = &s;
+        a.prefill_node = p->node->name;
+        a.prefill_rank = p->rank_id;
+        a.prefill_incarnation = p->incarnation;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
+        env.admit = &a;
+        if (td_cluster_send(d, &env) == TD_OK) {
+            d->pend_tokens += need;
+            d->pend_reqs++;
+            set_state(q, TD_REQ_ADMITTING);
+            return;
+        }
+        q->tried[q->ntried++] = d->incarnation;
+        release_ranks(q, NULL);
+    }
+}
+
+/* The current attempt is lost before any token reached the client: try
+ * again on other ranks (new Admit, new id), or fail. */
+static void
+retry_or_fail(td_request_t *q, td_errreason_t why, const char *what)
+{
+    if (q->ntokens == 0 && q->attempts < q->r->cfg->max_attempts) {
+        td_info("request %016" PRIx64 ": %s; retrying", q->id, what);
+        release_ranks(q, what);
+        if (q->state != TD_REQ_ADMITTING)
+            set_state(q, TD_REQ_ADMITTING);
+        admit_next(q);
+        return;
+    }
+    request_fail_simple(q, why, what);
+}
+
+static void
+on_admit_ok(td_request_t *q, td_rank_t *rk, const Tandem__AdmitOk *ok)
+{
+    Tandem__Prefill pf = TANDEM__PREFILL__INIT;
+    Tandem__Sampling s;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    if (q->state != TD_REQ_ADMITTING || rk != q->decode)
+        return;
+    sampling_fill(&s, q);
+    pf.req_id = q->id;
+    pf.n_tokens = q->nprompt;
+    pf.tokens = q->prompt;
+    pf.dest = ok->dest;
+    pf.sampling = &s;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
+    env.prefill = &pf;
+    if (!ok->dest || td_cluster_send(q->prefill, &env) != TD_OK) {
+        retry_or_fail(q, TD_ERRREASON_RANK_LOST, ok->dest ? "prefill rank unreachable"
+                                                          : "admit without a kv destination");
+        return;
+    }
+    q->prefill->pend_tokens += q->nprompt;
+    q->prefill->pend_reqs++;
+    set_state(q, TD_REQ_PREFILLING);
+    if (q->oreq->stream && q->http && !q->streaming)
+        stream_start(q);
+}
+
+static void
+on_admit_reject(td_request_t *q, td_rank_t *rk, const Tandem__AdmitReject *rej)
+{
+    if (q->state != TD_REQ_ADMITTING || rk != q->decode)
+        return;
+    td_info("request %016" PRIx64 ": %s rank %s/%u: admit rejected (%d): %s", q->id,
+            td_hello_role_str(rk->role), rk->node->name, rk->rank_id, (int)rej->code,
+            rej->reason);
+    if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG)
+        q->too_long = true;
+    q->tried[q->ntried++] = rk->incarnation;
+    release_ranks(q, NULL);
+    admit_next(q);
+}
+
+static void
+on_prefill_done(td_request_t *q, td_rank_t *rk, const Tandem__PrefillDone *pd)
+{
+    td_router_t *r = q->r;
+
+    if (rk != q->prefill)
+        return;
+    if (pd->status == TD_OK) {
+        r->metrics.kv_bytes_moved += (uint64_t)(r->kv_bytes_per_token * (double)q->nprompt) +
+                                     r->kv_fixed_bytes;
+        unbind_rank(q, &q->prefill);   /* P holds nothing of it any more */
+        return;
+    }
+    td_warn("request %016" PRIx64 ": prefill failed at %s/%u: %s (%s)", q->id, rk->node->name,
+            rk->rank_id, pd->reason, td_status_str((td_status_t)pd->status));
+    if (q->state == TD_REQ_PREFILLING)
+        retry_or_fail(q, TD_ERRREASON_PREFILL_FAILED, "prefill failed");
+    else
+        unbind_rank(q, &q->prefill);
+}
+
+/* Token ids outside the tokenizer's vocabulary (the synthetic engine's
+ * vocabulary is larger than the byte-level stand-in's) are shown modulo it. */
+static void
+tokens_text(td_request_t *q, const int32_t *ids, size_t n, td_status_t *st)
+{
+    const td_tok_t *tok = q->r->tok;
+    uint32_t buf[64];
+
+    for (size_t i = 0; i < n && *st == TD_OK;) {
+        size_t k = 0;
+        for (; k < 64 && i < n; k++, i++)
+            buf[k] = (uint32_t)ids[i] % tok->vocab_size;
+        *st = td_tok_decode(tok, &q->dec, buf, k, &q->piece);
+    }
+}
+
+static void
+on_tokens(td_request_t *q, td_rank_t *rk, const Tandem__Tokens *tk)
+{
+    td_router_t *r = q->r;
+    td_status_t st = TD_OK;
+    bool matched = false;
+    size_t n = tk->n_tokens;
+    uint64_t now = now_ns();
+
+    if (rk != q->decode || (q->state != TD_REQ_PREFILLING && q->state != TD_REQ_DECODING))
+        return;
+    if (tk->finish == TANDEM__FINISH__FINISH_ERROR ||
+        tk->finish == TANDEM__FINISH__FINISH_CANCELED) {
+        char what[300];
+        snprintf(what, sizeof what, "decode rank %s/%u: %s", rk->node->name, rk->rank_id,
+                 tk->error[0] ? tk->error : "canceled by the rank");
+        unbind_rank(q, &q->decode);   /* D ended it: no Cancel needed there */
+        if (q->state == TD_REQ_PREFILLING)
+            retry_or_fail(q, TD_ERRREASON_DECODE_FAILED, what);
+        else
+            request_fail_simple(q, TD_ERRREASON_DECODE_FAILED, what);
+        return;
+    }
+    if (q->state == TD_REQ_PREFILLING) {
+        set_state(q, TD_REQ_DECODING);
+        td_metrics_observe(&r->metrics.ttft, (double)(now - q->t_start) / 1e9);
+    } else {
+        td_metrics_observe(&r->metrics.itl, (double)(now - q->t_last) / 1e9);
+    }
+    q->t_last = now;
+    if (q->ntokens + n > q->oreq->max_tokens)   /* never more than asked for */
+        n = q->oreq->max_tokens - q->ntokens;
+    q->ntokens += (uint32_t)n;
+    r->metrics.completion_tokens += n;
+    td_strbuf_reset(&q->piece);
+    td_strbuf_reset(&q->rel);
+    tokens_text(q, tk->tokens, n, &st);
+    if (st == TD_OK && q->piece.len)
+        st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
+    td_strbuf_reset(&q->piece);
+    if (st == TD_OK && q->rel.len) {
+        if (q->streaming)
+            st = td_openai_stream_text(&q->stream, q->rel.data, q->rel.len, &r->reqs->sse);
+        else
+            st = td_strbuf_append(&q->text, q->rel.data, q->rel.len);
+        td_strbuf_reset(&q->rel);
+    }
+    if (st != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not decode the tokens");
+        return;
+    }
+    if (q->streaming)
+        stream_flush(q);
+    if (matched)
+        request_done(q, TD_OPENAI_FINISH_STOP, true);
+    else if (tk->finish != TANDEM__FINISH__FINISH_NONE)
+        request_done(q, finish_of(tk->finish), false);
+    else if (q->ntokens >= q->oreq->max_tokens)
+        request_done(q, TD_OPENAI_FINISH_LENGTH, true);
+}
+
+void
+td_request_on_message(td_router_t *r, td_rank_t *rk, const Tandem__Envelope *env)
+{
+    uint64_t id;
+    td_request_t *q;
+
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:     id = env->admit_ok->req_id; break;
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT: id = env->admit_reject->req_id; break;
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE: id = env->prefill_done->req_id; break;
+    case TANDEM__ENVELOPE__PAYLOAD_TOKENS:       id = env->tokens->req_id; break;
+    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
+        td_debug("%s: request %016" PRIx64 ": blocks released", td_ctl_conn_name(rk->conn),
+                 env->released->req_id);
+        return;
+    default:
+        return;
+    }
+    q = req_find(r->reqs, id);
+    if (!q) {   /* ended already (canceled, failed, retried under a new id) */
+        td_debug("%s: request %016" PRIx64 ": not in flight; message ignored",
+                 td_ctl_conn_name(rk->conn), id);
+        return;
+    }
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:     on_admit_ok(q, rk, env->admit_ok); break;
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT: on_admit_reject(q, rk, env->admit_reject); break;
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE: on_prefill_done(q, rk, env->prefill_done); break;
+    default:                                     on_tokens(q, rk, env->tokens); break;
+    }
+}
+
+void
+td_request_on_rank_lost(td_router_t *r, td_rank_t *rk)
+{
+    td_request_t *q = r->reqs->head;
+
+    while (q) {
+        td_request_t *next = q->next;   /* q may end here; later ones stay */
+        char what[200];
+
+        if (q->decode == rk) {
+            snprintf(what, sizeof what, "decode rank %s/%u lost", rk->node->name, rk->rank_id);
+            unbind_rank(q, &q->decode);
+            if (q->state == TD_REQ_DECODING)
+                request_fail_simple(q, TD_ERRREASON_RANK_LOST, what);
+            else
+                retry_or_fail(q, TD_ERRREASON_RANK_LOST, what);
+        } else if (q->prefill == rk) {
+            snprintf(what, sizeof what, "prefill rank %s/%u lost", rk->node->name, rk->rank_id);
+            unbind_rank(q, &q->prefill);
+            if (q->state == TD_REQ_ADMITTING || q->state == TD_REQ_PREFILLING)
+                retry_or_fail(q, TD_ERRREASON_RANK_LOST, what);
+        }
+        q = next;
+    }
+}
+
+/* ======================================================================= */
+/* Serving                                                                   */
+/* ======================================================================= */
+
+static void
+on_client_closed(struct evhttp_connection *evcon, void *arg)
+{
+    td_request_t *q = arg;
+    struct evhttp_request *h = q->http;
+
+    q->evcon = NULL;
+    q->http = NULL;
+    /* A request libevent detached from its dying connection is ours to free. */
+    if (h && !evhttp_request_get_connection(h))
+        evhttp_request_free(h);
+    request_cancel(q, "client disconnected");
+}
+
+/* evhttp reads nothing while a request is being answered, so a client that
+ * goes away is seen only when a write fails. We watch the socket ourselves:
+ * EOF or an error ends the request and the connection; pipelined bytes are
+ * left to evhttp (and the watch stops). */
+static void
+on_client_readable(evutil_socket_t fd, short what, void *arg)
+{
+    td_request_t *q = arg;
+    struct evhttp_connection *evcon = q->evcon;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (n > 0) {
+        event_del(q->watch);
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    http_detach(q);
+    request_cancel(q, "client disconnected");
+    evhttp_connection_free(evcon);
+}
+
+static void
+on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    request_fail_simple(arg, TD_ERRREASON_TIMEOUT, "the request timed out");
+}
+
+/* The prompt text. Until the V4.1 chat encoding lands, chat messages are
+ * joined as "<role>: <content>\n" followed by "assistant: ". */
+static td_status_t
+prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
+{
+    td_status_t st = TD_OK;
+
+    if (o->kind == TD_OPENAI_COMPLETION)
+        return td_strbuf_append(out, o->prompt, strlen(o->prompt));
+    for (size_t i = 0; st == TD_OK && i < o->nmsgs; i++) {
+        const char *role = td_openai_role_str(o->msgs[i].role);
+        st = td_strbuf_append(out, role, strlen(role));
+        if (st == TD_OK)
+            st = td_strbuf_append(out, ": ", 2);
+        if (st == TD_OK)
+            st = td_strbuf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
+        if (st == TD_OK)
+            st = td_strbuf_append(out, "\n", 1);
+    }
+    if (st == TD_OK)
+        st = td_strbuf_append(out, "assistant: ", 11);
+    return st;
+}
+
+static td_status_t
+prompt_tokens(td_request_t *q)
+{
+    td_strbuf_t text = {0};
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    td_status_t st = prompt_text(q->oreq, &text);
+
+    if (st == TD_OK)
+        st = td_tok_encode(q->r->tok, text.data ? text.data : "", text.len, &ids, &n);
+    td_strbuf_free(&text);
+    if (st != TD_OK)
+        return st;
+    q->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
+    q->nprompt = n;
+    return TD_OK;
+}
+
+void
+td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t kind)
+{
+    td_reqtab_t *t = r->reqs;
+    td_openai_err_t e;
+    td_openai_req_t *oreq;
+    size_t len;
+    const char *body = td_http_body(hreq, &len);
+    td_request_t *q;
+
+    if (td_openai_req_parse(&r->api, kind, body, len, &oreq, &e) != TD_OK) {
+        td_http_refuse(r, hreq, &e);
+        return;
+    }
+    q = calloc(1, sizeof *q);
+    if (!q) {
+        td_openai_req_destroy(oreq);
+        td_openai_err_internal(&e, "out of memory");
+        td_http_refuse(r, hreq, &e);
+        return;
+    }
+    q->r = r;
+    q->oreq = oreq;
+    q->http = hreq;
+    q->id = id_next(r);
+    q->t_start = now_ns();
+    q->t_last = q->t_start;
+    if (!oreq->has_seed)
+        oreq->seed = (int64_t)td_daemon_random64();
+    hash_add(t, q);
+    q->next = t->head;
+    if (t->head)
+        t->head->prev = q;
+    t->head = q;
+    t->n++;
+
+    if (td_openai_id_new(oreq->kind, q->oid) != TD_OK || prompt_tokens(q) != TD_OK ||
+        td_stop_create((const char *const *)oreq->stop, oreq->nstop, &q->stop) != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not prepare the request");
+        return;
+    }
+    if (q->nprompt == 0) {
+        td_openai_err_set(&e, 400, "invalid_request_error", "prompt", "invalid_value",
+                          "The prompt is empty.");
+        request_fail(q, TD_ERRREASON_BAD_REQUEST, &e);
+        return;
+    }
+    q->stream.meta = (td_openai_meta_t){ .kind = oreq->kind, .id = q->oid,
+                                         .created = (int64_t)time(NULL), .model = r->model,
+                                         .fingerprint = r->fingerprint };
+    q->stream.include_usage = oreq->include_usage;
+    r->metrics.prompt_tokens += q->nprompt;
+    if (r->cfg->request_timeout_ms) {
+        struct timeval tv = td_ctl_timeval_ms((uint32_t)r->cfg->request_timeout_ms);
+        q->timer = evtimer_new(r->base, on_timeout, q);
+        if (!q->timer) {
+            request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+            return;
+        }
+        evtimer_add(q->timer, &tv);
+    }
+    q->evcon = evhttp_request_get_connection(hreq);
+    evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
+    q->watch = event_new(r->base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
+                         EV_READ | EV_PERSIST, on_client_readable, q);
+    if (!q->watch || event_add(q->watch, NULL) != 0) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
+             oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,
+             oreq->max_tokens, oreq->stream ? ", streamed" : "");
+    admit_next(q);
+}
+
+/* ======================================================================= */
+/* Admin and metrics views, life                                             */
+/* ======================================================================= */
+
+td_status_t
+td_request_cancel_id(td_router_t *r, uint64_t id)
+{
+    td_request_t *q = req_find(r->reqs, id);
+
+    if (!q || is_terminal(q->state))
+        return TD_ERR_NOT_FOUND;
+    request_cancel(q, "canceled by the operator");
+    return TD_OK;
+}
+
+static json_t *
+rank_ref(const td_rank_t *rk)
+{
+    return rk ? json_pack("{s:s, s:i}", "node", rk->node->name, "rank", (json_int_t)rk->rank_id)
+              : json_null();
+}
+
+void *
+td_request_list_json(td_router_t *r)
+{
+    json_t *arr = json_array();
+    uint64_t now = now_ns();
+
+    for (td_request_t *q = r->reqs->head; arr && q; q = q->next) {
+        char id[20];
+        snprintf(id, sizeof id, "%016" PRIx64, q->id);
+        json_array_append_new(arr, json_pack(
+            "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I}",
+            "id", id, "openai_id", q->oid, "state", state_names[q->state],
+            "kind", q->oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion",
+            "stream", q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
+            "completion_tokens", (json_int_t)q->ntokens,
+            "max_tokens", (json_int_t)q->oreq->max_tokens,
+            "decode", rank_ref(q->decode), "prefill", rank_ref(q->prefill),
+            "attempts", (json_int_t)q->attempts,
+            "age_ms", (json_int_t)((now - q->t_start) / 1000000u)));
+    }
+    return arr;
+}
+
+void
+td_request_count_states(td_router_t *r, uint64_t counts[TD_REQ_NSTATES])
+{
+    memset(counts, 0, sizeof(uint64_t) * TD_REQ_NSTATES);
+    for (td_request_t *q = r->reqs->head; q; q = q->next)
+        counts[q->state]++;
+}
+
+td_status_t
+td_request_init(td_router_t *r)
+{
+    td_reqtab_t *t = calloc(1, sizeof *t);
+
+    if (!t)
+        return TD_ERR_NOMEM;
+    t->chunk = evbuffer_new();
+    if (!t->chunk) {
+        free(t);
+        return TD_ERR_NOMEM;
+    }
+    r->reqs = t;
+    return TD_OK;
+}
+
+void
+td_request_fini(td_router_t *r)
+{
+    td_reqtab_t *t = r->reqs;
+
+    if (!t)
+        return;
+    while (t->head) {
+        td_request_t *q = t->head;
+        http_detach(q);   /* evhttp_free answers and frees the HTTP side */
+        request_free(q);
+    }
+    evbuffer_free(t->chunk);
+    td_strbuf_free(&t->sse);
+    free(t);
+    r->reqs = NULL;
+}

@@ -1,0 +1,53 @@
+/* routerd/route-admin-status.c — GET /admin/status: every node with its
+ * ranks (role, state, incarnation, load, KV used/free, in flight). */
+#include "router.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+
+static json_t *
+rank_json(const td_rank_t *rk)
+{
+    const Tandem__Load *l = &rk->load;
+    char inc[17];
+
+    snprintf(inc, sizeof inc, "%016" PRIx64, rk->incarnation);
+    return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:{s:I, s:I, s:I}, "
+                     "s:{s:I, s:I, s:I, s:I}}",
+                     "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),
+                     "state", td_cluster_rank_state_str(td_cluster_rank_state(rk)),
+                     "incarnation", inc, "engine", rk->reg ? rk->reg->engine_name : "",
+                     "max_context", (json_int_t)(rk->reg ? rk->reg->max_context : 0),
+                     "max_batch", (json_int_t)(rk->reg ? rk->reg->max_batch : 0),
+                     "inflight", (json_int_t)rk->inflight,
+                     "load", "running", (json_int_t)l->running, "queued", (json_int_t)l->queued,
+                     "queued_tokens", (json_int_t)l->queued_tokens,
+                     "kv", "blocks_used", (json_int_t)l->kv_blocks_used,
+                     "blocks_free", (json_int_t)l->kv_blocks_free,
+                     "tokens_used", (json_int_t)l->kv_tokens_used,
+                     "tokens_free", (json_int_t)l->kv_tokens_free);
+}
+
+void
+td_route_admin_status(td_router_t *r, struct evhttp_request *req)
+{
+    json_t *nodes = json_array();
+    uint64_t states[TD_REQ_NSTATES], inflight = 0;
+
+    for (const td_node_t *n = r->cluster.nodes; nodes && n; n = n->next) {
+        json_t *ranks = json_array();
+        for (const td_rank_t *rk = r->cluster.ranks; ranks && rk; rk = rk->next)
+            if (rk->node == n)
+                json_array_append_new(ranks, rank_json(rk));
+        json_array_append_new(nodes, json_pack("{s:s, s:b, s:b, s:o}", "node", n->name,
+                                               "draining", n->draining, "removing", n->removing,
+                                               "ranks", ranks ? ranks : json_null()));
+    }
+    td_request_count_states(r, states);
+    for (int s = 0; s < TD_REQ_DONE; s++)
+        inflight += states[s];
+    td_http_reply_json(req, 200, json_pack("{s:s, s:s, s:s, s:I, s:o}", "router_id", r->router_id,
+                                           "model", r->model, "engine", r->engine_kind,
+                                           "requests_in_flight", (json_int_t)inflight,
+                                           "nodes", nodes ? nodes : json_null()));
+}

@@ -1,0 +1,100 @@
+/* routerd/route-metrics.c — GET /metrics: the router's counters and
+ * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
+ * depth, running, in flight) and requests in flight by state. */
+#include "router.h"
+
+#include <string.h>
+
+/* A label value with '"' and '\' escaped (node ids are printable ASCII). */
+static void
+label_escape(char *dst, size_t len, const char *src)
+{
+    size_t j = 0;
+
+    for (; *src && j + 2 < len; src++) {
+        if (*src == '"' || *src == '\\')
+            dst[j++] = '\\';
+        dst[j++] = *src;
+    }
+    dst[j] = '\0';
+}
+
+static td_status_t
+rank_gauges(td_router_t *r, td_strbuf_t *out)
+{
+    static const struct { const char *name, *help; } g[] = {
+        { "tandem_router_rank_kv_blocks", "kv blocks of a decode rank (used, free)" },
+        { "tandem_router_rank_kv_tokens", "kv capacity of a decode rank in tokens (used, free)" },
+        { "tandem_router_rank_queue_depth", "requests waiting at a rank (queued, queued_tokens)" },
+        { "tandem_router_rank_running", "requests running at a rank" },
+        { "tandem_router_rank_inflight", "this router's requests bound to a rank" },
+        { "tandem_router_rank_up", "1 when the rank takes requests, else 0" },
+    };
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
+        st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
+        for (const td_rank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+            char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
+            const Tandem__Load *l = &rk->load;
+            bool dec = rk->role == TANDEM__ROLE__ROLE_DECODE;
+            label_escape(node, sizeof node, rk->node->name);
+            snprintf(lbl, sizeof lbl, "node=\"%s\",rank=\"%u\",role=\"%s\"", node, rk->rank_id,
+                     td_hello_role_str(rk->role));
+            switch (i) {
+            case 0:
+            case 1:
+                if (dec)
+                    st = td_metrics_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
+                                           g[i].name, lbl,
+                                           (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
+                                           g[i].name, lbl,
+                                           (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
+                break;
+            case 2:
+                st = td_metrics_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
+                                       g[i].name, lbl, l->queued, g[i].name, lbl,
+                                       (unsigned long long)l->queued_tokens);
+                break;
+            case 3:
+                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, l->running);
+                break;
+            case 4:
+                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
+                break;
+            default:
+                st = td_metrics_printf(out, "%s{%s} %d\n", g[i].name, lbl,
+                                       td_cluster_rank_state(rk) == TD_RANK_UP);
+                break;
+            }
+        }
+    }
+    return st;
+}
+
+void
+td_route_metrics(td_router_t *r, struct evhttp_request *req)
+{
+    td_strbuf_t out = {0};
+    uint64_t states[TD_REQ_NSTATES];
+    td_status_t st = td_metrics_render(&r->metrics, &out);
+
+    if (st == TD_OK)
+        st = rank_gauges(r, &out);
+    if (st == TD_OK)
+        st = td_metrics_header(&out, "tandem_router_requests_in_flight", "gauge",
+                               "this router's requests in flight by state (its queue)");
+    td_request_count_states(r, states);
+    for (int s = TD_REQ_NEW; st == TD_OK && s < TD_REQ_DONE; s++)
+        st = td_metrics_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
+                               td_request_state_str((td_req_state_t)s),
+                               (unsigned long long)states[s]);
+    if (st == TD_OK) {
+        td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
+    } else {
+        td_openai_err_t e;
+        td_openai_err_internal(&e, "could not render the metrics");
+        td_http_reply_err(req, &e);
+    }
+    td_strbuf_free(&out);
+}

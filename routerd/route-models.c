@@ -1,0 +1,20 @@
+/* routerd/route-models.c — GET /v1/models: the one model served, naming the
+ * engine (the synthetic stand-in says so) and the tokenizer. */
+#include "router.h"
+
+void
+td_route_models(td_router_t *r, struct evhttp_request *req)
+{
+    td_openai_model_t m = { .id = r->model, .created = 0, .engine = r->engine_kind,
+                            .tokenizer = r->tok->name };
+    td_strbuf_t body = {0};
+
+    if (td_openai_models_json(&m, 1, &body) == TD_OK) {
+        td_http_reply(req, 200, "application/json", body.data, body.len);
+    } else {
+        td_openai_err_t e;
+        td_openai_err_internal(&e, "out of memory");
+        td_http_reply_err(req, &e);
+    }
+    td_strbuf_free(&body);
+}

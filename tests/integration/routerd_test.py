@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""tests/integration/routerd_test.py — black-box tests of routerd: a real
+routerd on free loopback ports, fake worker ranks (rtr_fake_worker) on its
+control port, checked over HTTP. usage: routerd_test.py TEST ROUTERD WORKER
+TEST: api | ctl | flow | cancel | failure. Every process is stopped by its pid."""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+KEY, ADMIN_KEY = "sk-test-1", "adm-test-1"
+
+
+def fail(msg):
+    raise AssertionError(msg)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+
+
+class Cluster:
+    def __init__(self, routerd, worker, tmp):
+        self.routerd, self.worker, self.tmp = routerd, worker, tmp
+        self.procs = []
+        for name, text in (("secret", "cluster-secret-1\n"), ("other-secret", "another\n"),
+                           ("keys", "# api\n%s\n" % KEY), ("akeys", ADMIN_KEY + "\n")):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, 0o600)
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def start_router(self, *extra):
+        self.rlog = self.path("routerd.log")
+        p = subprocess.Popen([self.routerd, "--secret-file", self.path("secret"),
+                              "--http-listen", "127.0.0.1:0", "--ctl-listen", "127.0.0.1:0",
+                              "--admin-listen", "127.0.0.1:0", "--api-keys-file", self.path("keys"),
+                              "--admin-key-file", self.path("akeys"),
+                              "--node-id", "router1", *extra],
+                             stdout=subprocess.DEVNULL, stderr=open(self.rlog, "w"))
+        self.procs.append(p)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            m = re.search(r"routerd ready: http=[\d.]+:(\d+) ctl=[\d.]+:(\d+) admin=[\d.]+:(\d+)",
+                          open(self.rlog).read())
+            if m:
+                self.http, self.ctl, self.admin = (int(x) for x in m.groups())
+                return p
+            check(p.poll() is None, "routerd exited: " + open(self.rlog).read())
+            time.sleep(0.05)
+        fail("routerd not ready in 10 s")
+
+    def start_worker(self, node, *extra, secret="secret"):
+        out = self.path("worker-%s.out" % node)
+        err = self.path("worker-%s.err" % node)
+        p = subprocess.Popen([self.worker, "--router", "127.0.0.1:%d" % self.ctl,
+                              "--secret-file", self.path(secret), "--node", node, *extra],
+                             stdout=open(out, "w"), stderr=open(err, "w"))
+        p.out, p.err = out, err
+        self.procs.append(p)
+        return p
+
+    def ranks(self):
+        st, _, body = request(self.admin, "GET", "/admin/status", key=ADMIN_KEY)
+        check(st == 200, "admin status: %d" % st)
+        return [dict(rk, node=n["node"]) for n in json.loads(body)["nodes"] for rk in n["ranks"]]
+
+    def wait(self, cond, what, timeout=5.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if cond():
+                return
+            time.sleep(0.05)
+        fail("timed out waiting for " + what)
+
+    def wait_up(self, n):
+        self.wait(lambda: sum(r["state"] == "up" for r in self.ranks()) == n, "%d ranks up" % n)
+
+    def stop(self):
+        """Stop every process; the exit codes of those not killed on purpose
+        (sanitizers report leaks and errors through them)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        bad = []
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.returncode not in (0, -signal.SIGKILL):
+                bad.append("%s exited %d" % (p.args[0], p.returncode))
+        self.procs = []
+        return bad
+
+
+def request(port, method, path, body=None, key=KEY, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    h = dict(headers or {})
+    if key:
+        h["Authorization"] = "Bearer " + key
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, r, data
+
+
+def chat(port, content="hi", **kw):
+    body = {"model": "tandem-synthetic", "messages": [{"role": "user", "content": content}]}
+    body.update(kw)
+    return request(port, "POST", "/v1/chat/completions", body)
+
+
+def check_error(status, data, want_status, code=None, param=None):
+    check(status == want_status, "status %d, wanted %d: %r" % (status, want_status, data))
+    e = json.loads(data)["error"]
+    check(set(e) == {"message", "type", "param", "code"}, "error fields: %r" % e)
+    check(e["code"] == code, "error code %r, wanted %r" % (e["code"], code))
+    if param is not None:
+        check(e["param"] == param, "error param %r, wanted %r" % (e["param"], param))
+
+
+class Stream:
+    """A streamed request read event by event."""
+
+    def __init__(self, port, **kw):
+        body = {"model": "tandem-synthetic", "messages": [{"role": "user", "content": "hi"}],
+                "stream": True}
+        body.update(kw)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        data = json.dumps(body).encode()
+        self.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        self.buf = b""
+        head = self.read_until(b"\r\n\r\n")
+        self.status = int(head.split()[1])
+
+    def read_until(self, sep):
+        while sep not in self.buf:
+            d = self.sock.recv(65536)
+            if not d:
+                fail("stream closed early; have %r" % self.buf)
+            self.buf += d
+        i = self.buf.index(sep) + len(sep)
+        out, self.buf = self.buf[:i], self.buf[i:]
+        return out
+
+    def event(self):
+        """The next SSE data payload (chunked framing skipped)."""
+        while True:
+            m = re.search(rb"data: (.*?)\n\n", self.buf, re.S)
+            if m:
+                self.buf = self.buf[m.end():]
+                return m.group(1).decode()
+            d = self.sock.recv(65536)
+            if not d:
+                fail("stream closed before an event; have %r" % self.buf)
+            self.buf += d
+
+    def events(self):
+        out = []
+        while not out or out[-1] != "[DONE]":
+            out.append(self.event())
+        return out
+
+    def close(self):
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_api(c):
+    c.start_router("--max-body", "2048")
+    st, _, data = request(c.http, "GET", "/v1/models")
+    check(st == 200, "models: %d" % st)
+    m = json.loads(data)["data"][0]
+    check(m["id"] == "tandem-synthetic", "model id %r" % m["id"])
+    check("synthetic" in m["engine"], "engine %r" % m["engine"])
+    check("byte-level" in m["tokenizer"], "tokenizer %r" % m["tokenizer"])
+
+    st, _, data = request(c.http, "GET", "/v1/models", key=None)
+    check_error(st, data, 401, None)
+    st, _, data = request(c.http, "GET", "/v1/models", key="sk-wrong")
+    check_error(st, data, 401, "invalid_api_key")
+    st, _, data = request(c.http, "POST", "/v1/chat/completions", "{not json")
+    check_error(st, data, 400, None)
+    st, _, data = chat(c.http, max_tokens=0)
+    check_error(st, data, 400, "integer_below_min_value", "max_tokens")
+    st, _, data = request(c.http, "POST", "/v1/chat/completions",
+                          {"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    check_error(st, data, 404, "model_not_found")
+    st, _, data = chat(c.http, content="x" * 3000)
+    check_error(st, data, 413, "request_too_large")
+    st, _, data = request(c.http, "GET", "/v1/nothing")
+    check_error(st, data, 404, None)
+    st, _, data = request(c.http, "GET", "/v1/chat/completions")
+    check_error(st, data, 404, None)
+
+    # No worker registered: 503 with Retry-After.
+    st, r, data = chat(c.http)
+    check_error(st, data, 503, None)
+    check(r.getheader("Retry-After") == "1", "Retry-After %r" % r.getheader("Retry-After"))
+
+    st, _, data = request(c.http, "GET", "/health", key=None)
+    h = json.loads(data)
+    check(st == 200 and h["status"] == "ok" and h["ready"] is False, "health %r" % h)
+
+    st, r, data = request(c.http, "GET", "/metrics", key=None)
+    check(st == 200 and r.getheader("Content-Type").startswith("text/plain"), "metrics")
+    text = data.decode()
+    for line in text.splitlines():
+        check(re.match(r"^(# (HELP|TYPE) \w+ .+|\w+(\{(\w+=\"[^\"]*\",?)+\})? [-+.\deE]+|\w+\{[^}]*\} [-+.\deE]+)$",
+                       line), "bad metrics line %r" % line)
+    for series in ("tandem_router_ttft_seconds_bucket", "tandem_router_inter_token_seconds_count",
+                   "tandem_router_kv_bytes_moved_total", 'tandem_router_requests_in_flight{state="decoding"}'):
+        check(series in text, "metrics lack " + series)
+    check(re.search(r'errors_total\{reason="unauthorized"\} 2\b', text), "unauthorized count")
+    check(re.search(r'errors_total\{reason="no_capacity"\} 1\b', text), "no_capacity count")
+    check(re.search(r'requests_total\{outcome="rejected"\} 9\b', text), "rejected count")
+
+    # The admin API: its own key, its own port.
+    st, _, data = request(c.admin, "GET", "/admin/status", key=KEY)
+    check_error(st, data, 401, "invalid_api_key")
+    st, _, data = request(c.admin, "GET", "/admin/config", key=ADMIN_KEY)
+    cfg = json.loads(data)["config"]
+    check(cfg["secret-file"] == "(redacted)" and cfg["admin-key-file"] == "(redacted)", "redaction")
+    check(cfg["max-body"] == "2KiB" and cfg["engine"] == "synthetic", "config %r" % cfg)
+    st, _, data = request(c.admin, "POST", "/admin/drain", {"node": "nope"}, key=ADMIN_KEY)
+    check_error(st, data, 404, "node_not_found")
+    st, _, data = request(c.admin, "POST", "/admin/cancel", {"id": "12"}, key=ADMIN_KEY)
+    check_error(st, data, 404, "request_not_found")
+    st, _, data = request(c.admin, "POST", "/v1/chat/completions", "{}", key=ADMIN_KEY)
+    check_error(st, data, 404, None)
+
+
+def test_ctl(c):
+    c.start_router()
+    w = c.start_worker("good")
+    c.wait_up(2)
+    for frame in (b"\x00\x00\x00\x10" + os.urandom(16), b"\x7f\xff\xff\xff" + b"x" * 64):
+        s = socket.create_connection(("127.0.0.1", c.ctl), timeout=5)
+        s.sendall(frame)
+        t0 = time.time()
+        try:
+            while s.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        check(time.time() - t0 < 5, "garbage connection not closed")
+        s.close()
+    c.wait_up(2)
+    st, _, data = chat(c.http, max_tokens=4)
+    check(st == 200, "request after garbage: %d %r" % (st, data))
+
+    bad = c.start_worker("intruder", secret="other-secret")
+    time.sleep(1.0)
+    check(all(r["node"] != "intruder" or r["state"] != "up" for r in c.ranks()), "intruder joined")
+    werr, rlog = open(bad.err).read(), open(c.rlog).read()
+    check(re.search(r"(?i)proof|secret|auth", werr), "worker log lacks the reason: %r" % werr[-500:])
+    check(re.search(r"(?i)proof|secret|auth", rlog), "router log lacks the reason")
+    check(w.poll() is None, "good worker died")
+
+
+def test_flow(c):
+    c.start_router()
+    w = c.start_worker("fake")
+    c.wait_up(2)
+    st, _, data = chat(c.http, max_tokens=10)
+    check(st == 200, "chat %d %r" % (st, data))
+    r = json.loads(data)
+    check(r["object"] == "chat.completion" and r["choices"][0]["message"]["content"] == "the quick ",
+          "content %r" % r)
+    check(r["choices"][0]["finish_reason"] == "length", "finish %r" % r)
+    prompt = len("user: hi\nassistant: ")
+    check(r["usage"] == {"prompt_tokens": prompt, "completion_tokens": 10,
+                         "total_tokens": prompt + 10}, "usage %r" % r["usage"])
+
+    st, _, data = request(c.http, "POST", "/v1/completions",
+                          {"model": "tandem-synthetic", "prompt": "abc", "max_tokens": 3, "seed": 5})
+    r = json.loads(data)
+    check(st == 200 and r["choices"][0]["text"] == "the" and r["usage"]["prompt_tokens"] == 3,
+          "completion %r" % r)
+
+    s = Stream(c.http, max_tokens=15, stream_options={"include_usage": True})
+    check(s.status == 200, "stream status %d" % s.status)
+    ev = s.events()
+    s.close()
+    chunks = [json.loads(e) for e in ev[:-1]]
+    check(chunks[0]["choices"][0]["delta"].get("role") == "assistant", "first chunk %r" % chunks[0])
+    text = "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks if ch["choices"])
+    check(text == "the quick brown", "streamed %r" % text)
+    check(chunks[-2]["choices"][0]["finish_reason"] == "length", "finish chunk %r" % chunks[-2])
+    check(chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 15, "usage")
+
+    st, _, data = chat(c.http, max_tokens=40, stop=["brown", "zzz"])
+    r = json.loads(data)
+    check(r["choices"][0]["message"]["content"] == "the quick " and
+          r["choices"][0]["finish_reason"] == "stop", "stop string: %r" % r)
+    c.wait(lambda: "cancel" in open(w.out).read(), "cancel after the stop string")
+
+    # A decode rank that rejects everything: requests are retried elsewhere.
+    c.start_worker("rejecter", "--role", "decode", "--reject")
+    c.wait_up(3)
+    for _ in range(4):
+        st, _, data = chat(c.http, max_tokens=2)
+        check(st == 200, "with a rejecting rank: %d %r" % (st, data))
+    _, _, m = request(c.http, "GET", "/metrics")
+    check(re.search(rb"tandem_router_retries_total [1-9]", m), "no retry counted")
+
+    # Drain: the only accepting node drained -> 503; undrained -> served.
+    st, _, _ = request(c.admin, "POST", "/admin/drain", {"node": "fake"}, key=ADMIN_KEY)
+    check(st == 200, "drain")
+    c.wait(lambda: "drain 1" in open(w.out).read(), "Drain to the worker")
+    check(any(r["node"] == "fake" and r["state"] == "draining" for r in c.ranks()), "draining")
+    st, _, data = chat(c.http, max_tokens=2)
+    check_error(st, data, 503, None)
+    st, _, _ = request(c.admin, "POST", "/admin/undrain", {"node": "fake"}, key=ADMIN_KEY)
+    st, _, data = chat(c.http, max_tokens=2)
+    check(st == 200, "after undrain: %d" % st)
+
+
+def blocks_used(c):
+    return sum(r["kv"]["blocks_used"] for r in c.ranks() if r["role"] == "decode")
+
+
+def requests_in_flight(c):
+    _, _, data = request(c.admin, "GET", "/admin/requests", key=ADMIN_KEY)
+    return json.loads(data)["requests"]
+
+
+def test_cancel(c):
+    c.start_router()
+    w = c.start_worker("fake", "--tok-ms", "40")
+    c.wait_up(2)
+    # Client disconnects mid-stream.
+    s = Stream(c.http, max_tokens=500)
+    s.event(), s.event()
+    check(blocks_used(c) == 1 or len(requests_in_flight(c)) == 1, "request not in flight")
+    s.close()
+    c.wait(lambda: "held" in open(w.out).read(), "Cancel at the decode rank")
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "blocks back to 0")
+
+    # Client disconnects while waiting for a non-streamed answer.
+    sock = socket.create_connection(("127.0.0.1", c.http))
+    body = json.dumps({"model": "tandem-synthetic", "max_tokens": 500,
+                       "messages": [{"role": "user", "content": "x"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.wait(lambda: len(requests_in_flight(c)) == 1, "request in flight")
+    sock.close()
+    c.wait(lambda: open(w.out).read().count("held") == 2, "Cancel after a non-streamed disconnect")
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "blocks back to 0")
+
+    # The operator cancels: the client gets an error event, then [DONE].
+    s = Stream(c.http, max_tokens=500)
+    s.event()
+    reqs = requests_in_flight(c)
+    check(len(reqs) == 1 and reqs[0]["state"] in ("prefilling", "decoding"), "requests %r" % reqs)
+    st, _, _ = request(c.admin, "POST", "/admin/cancel", {"id": reqs[0]["id"]}, key=ADMIN_KEY)
+    check(st == 200, "admin cancel %d" % st)
+    ev = []
+    while not ev or ev[-1] != "[DONE]":
+        ev.append(s.event())
+    check("error" in json.loads(ev[-2]), "no error event: %r" % ev[-2:])
+    s.close()
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "blocks back to 0")
+
+
+def test_failure(c):
+    c.start_router()
+    w = c.start_worker("victim", "--tok-ms", "40")
+    c.wait_up(2)
+    s = Stream(c.http, max_tokens=500)
+    s.event(), s.event()
+    t0 = time.time()
+    os.kill(w.pid, signal.SIGKILL)
+    ev = []
+    while not ev or ev[-1] != "[DONE]":
+        ev.append(s.event())
+    check(time.time() - t0 < 5, "error event after %.1f s" % (time.time() - t0))
+    err = json.loads(ev[-2])
+    check("error" in err and "lost" in err["error"]["message"], "error event %r" % ev[-2])
+    s.close()
+    c.wait(lambda: not requests_in_flight(c), "no request in flight")
+    check(all(r["state"] == "dead" for r in c.ranks()), "ranks not dead")
+    st, _, data = chat(c.http)
+    check_error(st, data, 503, None)
+    _, _, m = request(c.http, "GET", "/metrics")
+    check(re.search(rb'errors_total\{reason="rank_lost"\} 1\b', m), "rank_lost not counted")
+
+    # A prefill rank lost mid-prefill: the request is retried on another one.
+    a = c.start_worker("a")
+    c.wait_up(2)
+    hang = c.start_worker("hang", "--role", "prefill", "--prefill-hang")
+    c.wait_up(3)
+    sock = socket.create_connection(("127.0.0.1", c.http), timeout=10)
+    body = json.dumps({"model": "tandem-synthetic", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "x"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.wait(lambda: "held" in open(hang.out).read(), "Prefill at the stuck rank")
+    os.kill(hang.pid, signal.SIGKILL)
+    resp = b""
+    while b'"finish_reason"' not in resp:
+        d = sock.recv(65536)
+        check(d, "no answer after the prefill rank was lost: %r" % resp)
+        resp += d
+    sock.close()
+    check(b" 200 OK" in resp and b'"content":"the q"' in resp, "retried answer %r" % resp)
+    c.wait(lambda: "cancel" in open(a.out).read(), "Cancel of the first attempt at the decode rank")
+    st, _, _ = request(c.admin, "POST", "/admin/remove", {"node": "hang"}, key=ADMIN_KEY)
+    check(st == 200 and all(r["node"] != "hang" for r in c.ranks()), "node not removed")
+
+
+def main():
+    name, routerd, worker = sys.argv[1:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        c = Cluster(routerd, worker, tmp)
+        try:
+            globals()["test_" + name](c)
+            bad = c.stop()
+            check(not bad, "; ".join(bad))
+        except AssertionError as e:
+            print("FAIL: %s" % e)
+            for f in sorted(os.listdir(tmp)):
+                if f.endswith((".log", ".err", ".out")):
+                    print("---- %s (tail)\n%s" % (f, open(os.path.join(tmp, f)).read()[-3000:]))
+            return 1
+        finally:
+            c.stop()
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

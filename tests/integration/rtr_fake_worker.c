@@ -1,0 +1,309 @@
+/* tests/integration/rtr_fake_worker.c — a stand-in prefill rank and decode
+ * rank (one process, two links via common/link.c) for routerd's black-box
+ * tests: it speaks the control protocol of docs/cluster.md but moves no KV.
+ * Decode tokens are the bytes of TEXT, cycling, one per message every
+ * --tok-ms; Load reports one KV block per admitted request.
+ * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
+ *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
+ *        [--max-context N] */
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "daemon.h"
+#include "engine.h"
+#include "link.h"
+#include "log.h"
+
+#define TEXT "the quick brown fox jumps over the lazy dog "
+#define MAXREQ 256
+#define BLOCKS 1000
+
+typedef struct {
+    uint64_t id;            /* 0: free slot */
+    uint32_t max_tokens, sent;
+    bool prefilled;
+    struct event *tick;
+} fake_req_t;
+
+typedef struct {
+    struct event_base *base;
+    td_link_t *dlink, *plink;
+    td_link_router_t *drouter, *prouter;
+    fake_req_t reqs[MAXREQ];
+    uint32_t tok_ms;
+    bool reject;
+    bool prefill_hang;      /* never answer Prefill (a rank stuck mid-prefill) */
+    char node[65];
+} fake_t;
+
+static fake_t F;
+
+static fake_req_t *
+req_find(uint64_t id)
+{
+    for (int i = 0; i < MAXREQ; i++)
+        if (F.reqs[i].id == id && id)
+            return &F.reqs[i];
+    return NULL;
+}
+
+static void
+send_load(void)
+{
+    Tandem__Load ld = TANDEM__LOAD__INIT;
+
+    for (int i = 0; i < MAXREQ; i++)
+        if (F.reqs[i].id)
+            ld.kv_blocks_used++;
+    ld.kv_blocks_free = BLOCKS - ld.kv_blocks_used;
+    ld.kv_tokens_used = ld.kv_blocks_used * 64;
+    ld.kv_tokens_free = ld.kv_blocks_free * 64;
+    ld.running = (uint32_t)ld.kv_blocks_used;
+    if (F.dlink)
+        td_link_load(F.dlink, &ld);
+}
+
+static void
+dsend(Tandem__Envelope *env)
+{
+    if (F.drouter)
+        (void)td_link_send(F.dlink, F.drouter, env);
+}
+
+static void
+req_release(fake_req_t *q)
+{
+    Tandem__Released rel = TANDEM__RELEASED__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    rel.req_id = q->id;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
+    env.released = &rel;
+    dsend(&env);
+    event_free(q->tick);
+    memset(q, 0, sizeof *q);
+    send_load();
+}
+
+static void
+on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    fake_req_t *q = arg;
+    Tandem__Tokens tk = TANDEM__TOKENS__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    int32_t tok = (unsigned char)TEXT[q->sent % (sizeof TEXT - 1)];
+    struct timeval tv = td_ctl_timeval_ms(F.tok_ms);
+
+    tk.req_id = q->id;
+    tk.n_tokens = 1;
+    tk.tokens = &tok;
+    q->sent++;
+    tk.finish = q->sent >= q->max_tokens ? TANDEM__FINISH__FINISH_LENGTH : TANDEM__FINISH__FINISH_NONE;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_TOKENS;
+    env.tokens = &tk;
+    dsend(&env);
+    if (tk.finish != TANDEM__FINISH__FINISH_NONE)
+        req_release(q);
+    else
+        evtimer_add(q->tick, &tv);
+}
+
+static void
+on_decode_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, void *arg)
+{
+    Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
+
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_ADMIT) {
+        const Tandem__Admit *a = env->admit;
+        fake_req_t *q = NULL;
+        for (int i = 0; i < MAXREQ && !q; i++)
+            if (!F.reqs[i].id)
+                q = &F.reqs[i];
+        if (F.reject || !q || !a->sampling) {
+            Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
+            rej.req_id = a->req_id;
+            rej.code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
+            rej.reason = "fake worker: rejecting";
+            out.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT;
+            out.admit_reject = &rej;
+            dsend(&out);
+            return;
+        }
+        q->id = a->req_id;
+        q->max_tokens = a->sampling->max_tokens;
+        q->tick = evtimer_new(F.base, on_tick, q);
+        printf("admit %016" PRIx64 " tokens=%zu max_tokens=%u\n", q->id, a->n_tokens,
+               q->max_tokens);
+        fflush(stdout);
+        Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
+        Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
+        dest.node_id = F.node;
+        ok.req_id = q->id;
+        ok.dest = &dest;
+        out.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
+        out.admit_ok = &ok;
+        dsend(&out);
+        send_load();
+    } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_CANCEL) {
+        fake_req_t *q = req_find(env->cancel->req_id);
+        printf("cancel %016" PRIx64 " %s\n", env->cancel->req_id, q ? "held" : "unknown");
+        fflush(stdout);
+        if (q)
+            req_release(q);
+    } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_DRAIN) {
+        printf("drain %d\n", env->drain->draining);
+        fflush(stdout);
+    }
+}
+
+static void
+on_prefill_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, void *arg)
+{
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_PREFILL && F.prefill_hang) {
+        printf("prefill %016" PRIx64 " held\n", env->prefill->req_id);
+        fflush(stdout);
+    } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_PREFILL) {
+        Tandem__PrefillDone pd = TANDEM__PREFILL_DONE__INIT;
+        Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
+        fake_req_t *q = req_find(env->prefill->req_id);
+        struct timeval now = { 0, 0 };
+
+        pd.req_id = env->prefill->req_id;
+        pd.first_token = (unsigned char)TEXT[0];
+        out.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
+        out.prefill_done = &pd;
+        (void)td_link_send(l, r, &out);
+        if (q && !q->prefilled) {   /* the KV "arrived": decode starts */
+            q->prefilled = true;
+            evtimer_add(q->tick, &now);
+        }
+    } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER) {
+        printf("decode_peer %s/%u gone=%d\n", env->decode_peer->node_id,
+               env->decode_peer->rank_id, env->decode_peer->gone);
+        fflush(stdout);
+    }
+}
+
+static void
+on_up(td_link_t *l, td_link_router_t *r, void *arg)
+{
+    if (l == F.dlink)
+        F.drouter = r;
+    else
+        F.prouter = r;
+    printf("up %s\n", l == F.dlink ? "decode" : "prefill");
+    fflush(stdout);
+    if (l == F.dlink)
+        send_load();
+}
+
+static void
+on_down(td_link_t *l, td_link_router_t *r, td_status_t why, void *arg)
+{
+    if (l == F.dlink)
+        F.drouter = NULL;
+    else
+        F.prouter = NULL;
+    printf("down %s: %s\n", l == F.dlink ? "decode" : "prefill", td_status_str(why));
+    fflush(stdout);
+}
+
+static void
+on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    event_base_loopbreak(F.base);
+}
+
+int
+main(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        { "router", 1, 0, 'r' }, { "secret-file", 1, 0, 's' }, { "node", 1, 0, 'n' },
+        { "role", 1, 0, 'o' }, { "reject", 0, 0, 'j' }, { "tok-ms", 1, 0, 't' },
+        { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' }, { 0, 0, 0, 0 },
+    };
+    const char *router = NULL, *secret_file = NULL, *role = "both";
+    uint64_t max_context = 1u << 20;
+    char secret[256];
+    td_engine_config_t ecfg;
+    td_engine_t *eng;
+    char fp[17];
+    int c, rc = 1;
+    FILE *f;
+
+    snprintf(F.node, sizeof F.node, "fake");
+    F.tok_ms = 2;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'r': router = optarg; break;
+        case 's': secret_file = optarg; break;
+        case 'n': snprintf(F.node, sizeof F.node, "%s", optarg); break;
+        case 'o': role = optarg; break;
+        case 'j': F.reject = true; break;
+        case 'h': F.prefill_hang = true; break;
+        case 't': F.tok_ms = (uint32_t)atoi(optarg); break;
+        case 'c': max_context = strtoull(optarg, NULL, 10); break;
+        default: return 2;
+        }
+    }
+    if (!router || !secret_file || !(f = fopen(secret_file, "r")))
+        return 2;
+    size_t slen = fread(secret, 1, sizeof secret, f);
+    fclose(f);
+    while (slen > 0 && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
+        slen--;   /* as common/daemon.c reads it */
+    if (td_engine_config_defaults(&ecfg) != TD_OK || td_engine_create(&ecfg, &eng) != TD_OK)
+        return 1;
+    snprintf(fp, sizeof fp, "%016" PRIx64, eng->fingerprint);
+    signal(SIGPIPE, SIG_IGN);
+    F.base = event_base_new();
+    struct event *sig = evsignal_new(F.base, SIGTERM, on_signal, NULL);
+    evsignal_add(sig, NULL);
+
+    td_link_handlers_t h = { .on_up = on_up, .on_down = on_down };
+    td_link_config_t lc = { .routers = router, .backoff_min_ms = 50, .backoff_max_ms = 200 };
+    Tandem__Register reg = TANDEM__REGISTER__INIT;
+    lc.ctl.ident = (td_hello_ident_t){ TD_HELLO_PROTOCOL_VERSION, TANDEM__ROLE__ROLE_DECODE,
+                                       F.node, 0, td_daemon_random64(), fp, eng->layout->hash };
+    lc.ctl.secret = (const uint8_t *)secret;
+    lc.ctl.secret_len = slen;
+    reg.engine_name = "synthetic";
+    reg.engine_kind = "fake worker";
+    reg.vocab_size = eng->vocab;
+    reg.max_context = max_context;
+    reg.kv_tokens_total = BLOCKS * 64;
+    reg.max_batch = MAXREQ;
+    if (strcmp(role, "prefill") != 0) {
+        h.on_message = on_decode_msg;
+        if (td_link_create(F.base, &lc, &reg, &h, &F.dlink) != TD_OK)
+            goto out;
+    }
+    if (strcmp(role, "decode") != 0) {
+        lc.ctl.ident.role = TANDEM__ROLE__ROLE_PREFILL;
+        lc.ctl.ident.incarnation = td_daemon_random64();
+        h.on_message = on_prefill_msg;
+        if (td_link_create(F.base, &lc, &reg, &h, &F.plink) != TD_OK)
+            goto out;
+    }
+    event_base_dispatch(F.base);
+    rc = 0;
+out:
+    for (int i = 0; i < MAXREQ; i++)
+        if (F.reqs[i].tick)
+            event_free(F.reqs[i].tick);
+    if (F.dlink)
+        td_link_destroy(F.dlink);
+    if (F.plink)
+        td_link_destroy(F.plink);
+    event_free(sig);
+    event_base_free(F.base);
+    td_engine_destroy(eng);
+    td_engine_config_free(&ecfg);
+    return rc;
+}
