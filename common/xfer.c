@@ -3,11 +3,14 @@
  * flush, one terminal active message), peer failure and deadlines. */
 #include "xfer.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/timerfd.h>
 
 #include <event2/event.h>
 #include <ucp/api/ucp.h>
@@ -33,6 +36,10 @@
 #define TD_XFER_PROGRESS_MAX   64
 #define TD_XFER_RETRY_US       200
 #define TD_XFER_PENDING_US     50           /* poll period while flushes/notes wait */
+#define TD_XFER_SOON_US        1            /* "after the loop's other events" */
+#define TD_XFER_RX_SPIN_US     100          /* default td_xfer_config_t.rx_spin_us */
+#define TD_XFER_RX_SPIN_CAP    8            /* one spin lasts at most 8 x rx_spin_us */
+#define TD_XFER_MAX_RX_SPIN_US 10000
 #define TD_XFER_CLOSE_WAIT_MS  2000
 
 static void
@@ -165,7 +172,10 @@ struct td_xfer_s {
     struct event *ev_worker;       /* worker event fd */
     struct event *ev_sweep;        /* deadline sweep */
     struct event *ev_drain;        /* deliver queued completions */
-    struct event *ev_retry;        /* progress again after other events ran */
+    struct event *ev_retry;        /* retry_fd readable: progress again */
+    int retry_fd;                  /* timerfd: short re-polls, µs-precise */
+    uint64_t retry_at_ns;          /* when retry_fd expires; 0: not armed */
+    uint64_t rx_spin_ns;           /* keep polling this long after a notification */
     uint64_t incarnation;
     uint32_t max_payload;
     td_xfer_note_fn note_fn;
@@ -243,16 +253,52 @@ td_xfer_progress_worker(td_xfer_t *x)
     return n == TD_XFER_PROGRESS_MAX;
 }
 
+/* Progress again in `us` µs (or sooner, if armed for sooner), through the
+ * loop: the retry timerfd (see td_xfer_on_retry). */
+static void
+td_xfer_retry_in(td_xfer_t *x, long us)
+{
+    uint64_t at = td_xfer_now_ns() + (uint64_t)us * 1000u;
+    if (x->retry_at_ns && x->retry_at_ns <= at)
+        return;   /* armed already, for sooner */
+    struct itimerspec its = { .it_value = { 0, us * 1000 } };
+    if (timerfd_settime(x->retry_fd, 0, &its, NULL) == 0)
+        x->retry_at_ns = at;
+}
+
 /* A flush or notification that waits for room in a peer's shared-memory
  * FIFO gets no wake-up when the peer frees it (UCX's mm transports have no
  * such event, and ucp_worker_arm does not refuse to sleep on it): while
- * UCX holds such requests, come back through a short timer. */
+ * UCX holds such requests, come back after a short while. */
 static void
 td_xfer_poll_pending(td_xfer_t *x)
 {
-    static const struct timeval pending = { 0, TD_XFER_PENDING_US };
-    if (x->reqs && !event_pending(x->ev_retry, EV_TIMEOUT, NULL))
-        event_add(x->ev_retry, &pending);
+    if (x->reqs)
+        td_xfer_retry_in(x, TD_XFER_PENDING_US);
+}
+
+/* Wake-up coalescing on the receiver: after a pass that delivered
+ * notifications, keep polling (not armed) until rx_spin_ns pass without a
+ * new one, so that back-to-back notifications arrive without the sender
+ * having to signal a sleeping receiver (a sendto per notification over
+ * shm). Bounded by TD_XFER_RX_SPIN_CAP x rx_spin_ns; returns 1 when
+ * notifications were still arriving at the bound. */
+static int
+td_xfer_rx_spin(td_xfer_t *x)
+{
+    uint64_t seen = x->stats.notes_received;
+    uint64_t start = td_xfer_now_ns(), last = start, now = start;
+    while (now - last < x->rx_spin_ns) {
+        if (now - start >= TD_XFER_RX_SPIN_CAP * x->rx_spin_ns)
+            return 1;
+        td_xfer_progress_worker(x);
+        now = td_xfer_now_ns();
+        if (x->stats.notes_received != seen) {
+            seen = x->stats.notes_received;
+            last = now;
+        }
+    }
+    return 0;
 }
 
 /* Drain, arm, repeat while UCX reports pending events; when work remains
@@ -262,9 +308,22 @@ td_xfer_progress_arm(td_xfer_t *x)
 {
     if (x->in_progress)
         return;
+    uint64_t notes = x->stats.notes_received;
+    /* arm says BUSY without progress while a send waits for FIFO room
+     * (UCX's mm arbiter is not empty): that is the pending case too */
+    long again_us = x->reqs ? TD_XFER_PENDING_US : TD_XFER_RETRY_US;
     for (int round = 0; round < 4; round++) {
-        if (td_xfer_progress_worker(x))
+        if (td_xfer_progress_worker(x)) {
+            again_us = TD_XFER_SOON_US;   /* UCX is making progress: more now */
             break;
+        }
+        if (x->rx_spin_ns && x->stats.notes_received != notes) {
+            if (td_xfer_rx_spin(x)) {
+                again_us = TD_XFER_SOON_US;   /* still streaming */
+                break;
+            }
+            notes = x->stats.notes_received;  /* spin once per call */
+        }
         ucs_status_t s = ucp_worker_arm(x->worker);
         if (s == UCS_OK) {
             td_xfer_poll_pending(x);
@@ -276,10 +335,11 @@ td_xfer_progress_arm(td_xfer_t *x)
             return;
         }
     }
-    /* a short timer, not a zero one: libevent would run a re-armed zero
-     * timer in the same pass forever and never return to its caller */
-    static const struct timeval soon = { 0, TD_XFER_RETRY_US };
-    event_add(x->ev_retry, &soon);
+    /* More work right now, or UCX busy without progress (waiting for FIFO
+     * room: 50 µs, as above; otherwise 200 µs): come back through the loop,
+     * so that its other events get their turn (not a zero libevent timer:
+     * libevent runs a re-added one in the same pass forever) */
+    td_xfer_retry_in(x, again_us);
 }
 
 static void
@@ -295,6 +355,23 @@ td_xfer_on_worker(evutil_socket_t fd, short what, void *arg)
     td_xfer_t *x = arg;
     td_xfer_progress_arm(x);
     td_xfer_drain(x);
+}
+
+/* The retry timerfd expired: a libevent timer would do, but libevent
+ * (without EVENT_BASE_FLAG_PRECISE_TIMER, which the loop's owner chooses)
+ * rounds epoll timeouts up to whole milliseconds: a "50 µs" re-poll slept
+ * 1 ms, the stall of a sleeping sender whose FIFO towards the receiver was
+ * full. */
+static void
+td_xfer_on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    td_xfer_t *x = arg;
+    uint64_t expirations;
+    if (read(fd, &expirations, sizeof(expirations)) < 0) {
+        /* EAGAIN: already consumed; nothing else can fail on a timerfd */
+    }
+    x->retry_at_ns = 0;
+    td_xfer_on_worker(fd, what, arg);
 }
 
 static void
@@ -627,9 +704,11 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
 {
     td_status_t st = TD_ERR_UCX;
     ucs_status_t s;
-    if (!base || !cfg || cfg->incarnation == 0 || cfg->max_payload > TD_XFER_MAX_PAYLOAD) {
-        td_error("xfer: create: need an event base, a non-zero incarnation and "
-                 "max_payload <= %u", TD_XFER_MAX_PAYLOAD);
+    if (!base || !cfg || cfg->incarnation == 0 || cfg->max_payload > TD_XFER_MAX_PAYLOAD ||
+        (cfg->rx_spin_us > TD_XFER_MAX_RX_SPIN_US && cfg->rx_spin_us != TD_XFER_RX_SPIN_OFF)) {
+        td_error("xfer: create: need an event base, a non-zero incarnation, "
+                 "max_payload <= %u and rx_spin_us <= %u", TD_XFER_MAX_PAYLOAD,
+                 TD_XFER_MAX_RX_SPIN_US);
         return TD_ERR_INVALID;
     }
     td_xfer_t *x = calloc(1, sizeof(*x));
@@ -638,6 +717,8 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->base = base;
     x->incarnation = cfg->incarnation;
     x->max_payload = cfg->max_payload ? cfg->max_payload : TD_XFER_DEFAULT_PAYLOAD;
+    x->rx_spin_ns = cfg->rx_spin_us == TD_XFER_RX_SPIN_OFF ? 0 :
+                    1000u * (uint64_t)(cfg->rx_spin_us ? cfg->rx_spin_us : TD_XFER_RX_SPIN_US);
 
     ucp_config_t *uc;
     s = ucp_config_read(NULL, NULL, &uc);
@@ -698,15 +779,22 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
         st = td_xfer_status_from_ucs(s);
         goto err_destroy_worker;
     }
+    x->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (x->retry_fd < 0) {
+        td_error("xfer: retry timerfd: %s", strerror(errno));
+        st = TD_ERR_IO;
+        goto err_destroy_worker;
+    }
     st = TD_ERR_NOMEM;
     x->ev_worker = event_new(base, efd, EV_READ | EV_PERSIST, td_xfer_on_worker, x);
     x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
     x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
-    x->ev_retry = event_new(base, -1, 0, td_xfer_on_worker, x);
+    x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
     if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry)
         goto err_free_events;
     struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
-    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0) {
+    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
+        event_add(x->ev_retry, NULL) != 0) {
         td_error("xfer: cannot add events to the loop");
         st = TD_ERR_IO;
         goto err_free_events;
@@ -727,6 +815,7 @@ err_free_events:
         event_free(x->ev_drain);
     if (x->ev_retry)
         event_free(x->ev_retry);
+    close(x->retry_fd);
 err_destroy_worker:
     ucp_worker_destroy(x->worker);
 err_cleanup_ctx:
@@ -767,6 +856,7 @@ td_xfer_destroy(td_xfer_t *x)
     event_free(x->ev_sweep);
     event_free(x->ev_drain);
     event_free(x->ev_retry);
+    close(x->retry_fd);
     ucp_worker_destroy(x->worker);
     ucp_cleanup(x->ctx);
     while (x->all_ops) {

@@ -29,7 +29,14 @@ typedef struct {
     uint64_t incarnation;      /* this rank's incarnation id (non-zero) */
     const char *transports;    /* UCX transport list like UCX_TLS, NULL = UCX's default */
     uint32_t max_payload;      /* largest user payload in a notification (default 4096) */
+    /* Receiver wake-up coalescing: after delivering notifications, keep
+     * polling this long for the next one before sleeping (0 = default,
+     * 100 µs; TD_XFER_RX_SPIN_OFF: sleep at once). Costs up to that much
+     * CPU after the last notification of a burst; latency is unaffected. */
+    uint32_t rx_spin_us;
 } td_xfer_config_t;
+
+#define TD_XFER_RX_SPIN_OFF UINT32_MAX
 
 /* What the receiver learns when a transfer ends: exactly one per transfer. */
 typedef struct {

@@ -414,6 +414,12 @@ test_import_checks(void)
     td_xfer_config_t c0 = { .incarnation = 0 };
     CHECK_STATUS(td_xfer_create(e->base, &c0, &x), TD_ERR_INVALID);
     CHECK(x == NULL);
+    td_xfer_config_t spin = { .incarnation = 5, .transports = "tcp,self", .rx_spin_us = 20000 };
+    CHECK_STATUS(td_xfer_create(e->base, &spin, &x), TD_ERR_INVALID); /* > 10 ms */
+    CHECK(x == NULL);
+    spin.rx_spin_us = TD_XFER_RX_SPIN_OFF;
+    CHECK_STATUS(td_xfer_create(e->base, &spin, &x), TD_OK);
+    td_xfer_destroy(x);
     CHECK_STATUS(td_xfer_pool_create(e->rcv, 9, TD_XFER_MEM_CUDA, NULL, 1024, 1, &p),
                  TD_ERR_UNSUPPORTED); /* no GPU transports on the test machines */
     env_destroy(e);
