@@ -94,7 +94,11 @@ now_ns(void)
 static void
 set_state(td_request_t *q, td_req_state_t st)
 {
-    assert(transitions[q->state] & BIT(st));
+    if (!(transitions[q->state] & BIT(st))) {
+        td_error("request %016" PRIx64 ": illegal transition %s -> %s", q->id,
+                 state_names[q->state], state_names[st]);
+        assert(!"illegal request state transition");
+    }
     td_debug("request %016" PRIx64 ": %s -> %s", q->id, state_names[q->state], state_names[st]);
     q->state = st;
 }
