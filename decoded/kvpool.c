@@ -1,0 +1,292 @@
+/* decoded/kvpool.c — block accounting of a decode rank's KV pools: free
+ * stacks per paged segment, one slot allocator shared by the fixed segments,
+ * a state (free / reserved by a reservation) per block, and the counters. */
+#include "kvpool.h"
+
+#include <assert.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+typedef struct {
+    uint64_t nblocks;             /* blocks in the pool (fixed: the slots) */
+    uint64_t block_bytes;
+    uint64_t nfree;               /* paged: entries of free[] in use */
+    uint64_t *free;               /* paged: stack of free block ids */
+    const td_kvpool_res_t **state; /* [nblocks] paged: holder or NULL (free) */
+} td_kvpool_seg_t;
+
+struct td_kvpool_s {
+    const td_layout_t *layout;
+    td_kvpool_seg_t *segs;        /* [layout->nsegs] */
+    uint32_t nfixed;              /* fixed segments */
+    uint32_t slots;
+    uint32_t slots_used;
+    uint32_t nslot_free;
+    uint32_t *slot_free;          /* stack of free slots */
+    const td_kvpool_res_t **slot_state; /* [slots] holder or NULL */
+    uint64_t kv_tokens;
+    uint64_t tokens_used;
+    uint64_t blocks_total;
+    uint64_t blocks_used;
+};
+
+static void
+kvpool_assert_totals(const td_kvpool_t *kp)
+{
+    uint64_t free_blocks = (uint64_t)kp->nslot_free * kp->nfixed;
+    for (uint32_t s = 0; s < kp->layout->nsegs; s++)
+        free_blocks += kp->segs[s].nfree;
+    assert(kp->blocks_used + free_blocks == kp->blocks_total);
+    assert(kp->slots_used + kp->nslot_free == kp->slots);
+    (void)free_blocks;
+}
+
+td_status_t
+td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
+                 td_kvpool_t **out)
+{
+    if (kv_tokens == 0 || slots == 0) {
+        td_error("kv pool: kv tokens (%llu) and slots (%u) must be positive",
+                 (unsigned long long)kv_tokens, slots);
+        return TD_ERR_INVALID;
+    }
+    td_kvpool_t *kp = calloc(1, sizeof(*kp));
+    if (kp == NULL)
+        return TD_ERR_NOMEM;
+    kp->layout = layout;
+    kp->slots = slots;
+    kp->kv_tokens = kv_tokens;
+    kp->segs = calloc(layout->nsegs, sizeof(*kp->segs));
+    kp->slot_free = calloc(slots, sizeof(*kp->slot_free));
+    kp->slot_state = calloc(slots, sizeof(*kp->slot_state));
+    if (kp->segs == NULL || kp->slot_free == NULL || kp->slot_state == NULL)
+        goto err_free;
+    for (uint32_t i = 0; i < slots; i++)
+        kp->slot_free[i] = slots - 1 - i;   /* slot 0 on top */
+    kp->nslot_free = slots;
+    for (uint32_t s = 0; s < layout->nsegs; s++) {
+        const td_layout_seg_t *seg = &layout->segs[s];
+        td_kvpool_seg_t *ps = &kp->segs[s];
+        if (seg->kind == TD_LAYOUT_FIXED) {
+            kp->nfixed++;
+            ps->nblocks = slots;
+            ps->block_bytes = td_layout_seg_bytes(seg, 0);
+            kp->blocks_total += slots;
+            continue;
+        }
+        ps->nblocks = td_layout_blocks(layout, seg, kv_tokens);
+        if (ps->nblocks == 0)
+            ps->nblocks = 1;
+        ps->block_bytes = (uint64_t)layout->block_entries * seg->entry_bytes;
+        ps->free = calloc(ps->nblocks, sizeof(*ps->free));
+        ps->state = calloc(ps->nblocks, sizeof(*ps->state));
+        if (ps->free == NULL || ps->state == NULL)
+            goto err_free;
+        for (uint64_t b = 0; b < ps->nblocks; b++)
+            ps->free[b] = ps->nblocks - 1 - b;   /* block 0 on top */
+        ps->nfree = ps->nblocks;
+        kp->blocks_total += ps->nblocks;
+    }
+    kvpool_assert_totals(kp);
+    *out = kp;
+    return TD_OK;
+
+err_free:
+    td_kvpool_destroy(kp);
+    return TD_ERR_NOMEM;
+}
+
+void
+td_kvpool_destroy(td_kvpool_t *kp)
+{
+    if (kp == NULL)
+        return;
+    assert(kp->blocks_used == 0);
+    if (kp->segs != NULL) {
+        for (uint32_t s = 0; s < kp->layout->nsegs; s++) {
+            free(kp->segs[s].free);
+            free(kp->segs[s].state);
+        }
+    }
+    free(kp->segs);
+    free(kp->slot_free);
+    free(kp->slot_state);
+    free(kp);
+}
+
+uint64_t
+td_kvpool_seg_nblocks(const td_kvpool_t *kp, uint32_t seg)
+{
+    assert(seg < kp->layout->nsegs);
+    return kp->segs[seg].nblocks;
+}
+
+uint64_t
+td_kvpool_seg_block_bytes(const td_kvpool_t *kp, uint32_t seg)
+{
+    assert(seg < kp->layout->nsegs);
+    return kp->segs[seg].block_bytes;
+}
+
+td_status_t
+td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_res_t **out,
+                  const char **why)
+{
+    const td_layout_t *l = kp->layout;
+    uint64_t need_total = 0;
+    if (kp->nslot_free == 0) {
+        *why = "no free batch slot";
+        return TD_ERR_BUSY;
+    }
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        if (l->segs[s].kind != TD_LAYOUT_PAGED)
+            continue;
+        uint64_t need = td_layout_blocks(l, &l->segs[s], ntokens);
+        if (need > kp->segs[s].nfree) {
+            *why = "not enough free kv blocks";
+            return TD_ERR_BUSY;
+        }
+        need_total += need;
+    }
+    /* One allocation: the header, nblocks[], blocks[] and every id array. */
+    size_t size = sizeof(td_kvpool_res_t) + l->nsegs * (sizeof(uint64_t) + sizeof(uint64_t *)) +
+                  (need_total + kp->nfixed) * sizeof(uint64_t);
+    td_kvpool_res_t *res = calloc(1, size);
+    if (res == NULL) {
+        *why = "out of memory";
+        return TD_ERR_NOMEM;
+    }
+    res->owner = owner;
+    res->ntokens = ntokens;
+    res->nsegs = l->nsegs;
+    res->nblocks = (uint64_t *)(res + 1);
+    res->blocks = (uint64_t **)(res->nblocks + l->nsegs);
+    uint64_t *ids = (uint64_t *)(res->blocks + l->nsegs);
+
+    res->slot = kp->slot_free[--kp->nslot_free];
+    assert(kp->slot_state[res->slot] == NULL);
+    kp->slot_state[res->slot] = res;
+    kp->slots_used++;
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        td_kvpool_seg_t *ps = &kp->segs[s];
+        res->blocks[s] = ids;
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            res->nblocks[s] = 1;
+            ids[0] = res->slot;
+            ids++;
+            continue;
+        }
+        res->nblocks[s] = td_layout_blocks(l, &l->segs[s], ntokens);
+        for (uint64_t i = 0; i < res->nblocks[s]; i++) {
+            uint64_t b = ps->free[--ps->nfree];
+            assert(ps->state[b] == NULL);
+            ps->state[b] = res;
+            ids[i] = b;
+        }
+        ids += res->nblocks[s];
+    }
+    kp->blocks_used += need_total + kp->nfixed;
+    kp->tokens_used += ntokens;
+    kvpool_assert_totals(kp);
+    *out = res;
+    return TD_OK;
+}
+
+void
+td_kvpool_release(td_kvpool_t *kp, td_kvpool_res_t *res)
+{
+    const td_layout_t *l = kp->layout;
+    uint64_t freed = 0;
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        td_kvpool_seg_t *ps = &kp->segs[s];
+        if (l->segs[s].kind == TD_LAYOUT_FIXED)
+            continue;
+        for (uint64_t i = 0; i < res->nblocks[s]; i++) {
+            uint64_t b = res->blocks[s][i];
+            assert(b < ps->nblocks && ps->state[b] == res);
+            ps->state[b] = NULL;
+            ps->free[ps->nfree++] = b;
+        }
+        freed += res->nblocks[s];
+    }
+    assert(kp->slot_state[res->slot] == res);
+    kp->slot_state[res->slot] = NULL;
+    kp->slot_free[kp->nslot_free++] = res->slot;
+    kp->slots_used--;
+    freed += kp->nfixed;
+    assert(kp->blocks_used >= freed && kp->tokens_used >= res->ntokens);
+    kp->blocks_used -= freed;
+    kp->tokens_used -= res->ntokens;
+    kvpool_assert_totals(kp);
+    free(res);
+}
+
+void
+td_kvpool_counts(const td_kvpool_t *kp, td_kvpool_counts_t *out)
+{
+    const td_layout_t *l = kp->layout;
+    uint64_t fits = kp->nslot_free ? kp->kv_tokens : 0;
+    for (uint32_t s = 0; s < l->nsegs && fits; s++) {
+        const td_layout_seg_t *seg = &l->segs[s];
+        if (seg->kind != TD_LAYOUT_PAGED)
+            continue;
+        uint64_t t = kp->segs[s].nfree * l->block_entries * seg->ratio;
+        if (t < fits)
+            fits = t;
+    }
+    *out = (td_kvpool_counts_t){
+        .blocks_total = kp->blocks_total,
+        .blocks_used = kp->blocks_used,
+        .blocks_free = kp->blocks_total - kp->blocks_used,
+        .tokens_total = kp->kv_tokens,
+        .tokens_used = kp->tokens_used,
+        .tokens_free = fits,
+        .slots_total = kp->slots,
+        .slots_used = kp->slots_used,
+    };
+}
+
+uint64_t
+td_kvpool_block_owner(const td_kvpool_t *kp, uint32_t seg, uint64_t block)
+{
+    const td_kvpool_res_t *res;
+    assert(seg < kp->layout->nsegs && block < kp->segs[seg].nblocks);
+    if (kp->layout->segs[seg].kind == TD_LAYOUT_FIXED)
+        res = kp->slot_state[block];
+    else
+        res = kp->segs[seg].state[block];
+    return res ? res->owner : 0;
+}
+
+td_status_t
+td_kvpool_check(const td_kvpool_t *kp)
+{
+    uint64_t used = 0;
+    uint32_t slots = 0;
+    for (uint32_t i = 0; i < kp->slots; i++)
+        slots += kp->slot_state[i] != NULL;
+    used += (uint64_t)slots * kp->nfixed;
+    for (uint32_t s = 0; s < kp->layout->nsegs; s++) {
+        const td_kvpool_seg_t *ps = &kp->segs[s];
+        if (kp->layout->segs[s].kind == TD_LAYOUT_FIXED)
+            continue;
+        uint64_t seg_used = 0;
+        for (uint64_t b = 0; b < ps->nblocks; b++)
+            seg_used += ps->state[b] != NULL;
+        if (seg_used + ps->nfree != ps->nblocks) {
+            td_error("kv pool: segment %u: %llu blocks reserved + %llu free != %llu", s,
+                     (unsigned long long)seg_used, (unsigned long long)ps->nfree,
+                     (unsigned long long)ps->nblocks);
+            return TD_ERR_INTERNAL;
+        }
+        used += seg_used;
+    }
+    if (used != kp->blocks_used || slots != kp->slots_used) {
+        td_error("kv pool: block states say %llu used (%u slots), counters %llu (%u slots)",
+                 (unsigned long long)used, slots, (unsigned long long)kp->blocks_used,
+                 kp->slots_used);
+        return TD_ERR_INTERNAL;
+    }
+    return TD_OK;
+}

@@ -1,0 +1,65 @@
+/* decoded/kvpool.h — block accounting of one decode rank's KV pools: per
+ * paged segment of the layout a pool of blocks, per fixed segment one slot per
+ * batch row; all-or-nothing reservations for a request's whole life
+ * (prompt + max_tokens), the block states and the counters Load reports.
+ * Pure bookkeeping: the memory itself is registered by decoded/rank.c.
+ * Ownership: the pool borrows the layout (it must outlive the pool) and owns
+ * its reservations; a reservation is freed by td_kvpool_release. */
+#ifndef TD_KVPOOL_H
+#define TD_KVPOOL_H
+
+#include <stdint.h>
+
+#include "layout.h"
+#include "status.h"
+
+typedef struct td_kvpool_s td_kvpool_t;
+
+/* Blocks of one request. Fixed segments hold one block: the request's slot. */
+typedef struct {
+    uint64_t owner;      /* request id, for the logs and the block states */
+    uint64_t ntokens;    /* tokens reserved for (prompt + max_tokens) */
+    uint32_t slot;       /* the row in every fixed segment's pool */
+    uint32_t nsegs;
+    uint64_t *nblocks;   /* [nsegs] blocks per segment (fixed: 1) */
+    uint64_t **blocks;   /* [nsegs][nblocks[seg]] block ids (fixed: {slot}) */
+} td_kvpool_res_t;
+
+typedef struct {
+    uint64_t blocks_total;   /* all pools: paged blocks + fixed slots × fixed segments */
+    uint64_t blocks_used;
+    uint64_t blocks_free;
+    uint64_t tokens_total;   /* capacity in tokens (the configured kv tokens) */
+    uint64_t tokens_used;    /* tokens reserved by live reservations */
+    uint64_t tokens_free;    /* the longest request (prompt + max_tokens) that fits now */
+    uint32_t slots_total;
+    uint32_t slots_used;
+} td_kvpool_counts_t;
+
+/* Size the pools: every paged segment gets the blocks kv_tokens tokens need,
+ * every fixed segment `slots` slots. TD_ERR_INVALID (logged) for zero sizes. */
+td_status_t td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
+                             td_kvpool_t **out);
+/* Every reservation must have been released (asserted). */
+void td_kvpool_destroy(td_kvpool_t *kp);
+
+/* Geometry of segment seg's pool: blocks and bytes per block. */
+uint64_t td_kvpool_seg_nblocks(const td_kvpool_t *kp, uint32_t seg);
+uint64_t td_kvpool_seg_block_bytes(const td_kvpool_t *kp, uint32_t seg);
+
+/* Reserve every block a request of ntokens tokens can need, or nothing:
+ * TD_ERR_BUSY when a segment lacks blocks or no slot is free (the reason,
+ * not logged, in *why: a static string). */
+td_status_t td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens,
+                              td_kvpool_res_t **out, const char **why);
+/* Free the reservation's blocks (each must be reserved by it: asserted). */
+void td_kvpool_release(td_kvpool_t *kp, td_kvpool_res_t *res);
+
+void td_kvpool_counts(const td_kvpool_t *kp, td_kvpool_counts_t *out);
+/* The owner of a block (0 when free), for tests and the admin view. */
+uint64_t td_kvpool_block_owner(const td_kvpool_t *kp, uint32_t seg, uint64_t block);
+/* Walk every block state and check them against the counters: TD_OK or
+ * TD_ERR_INTERNAL (logged). */
+td_status_t td_kvpool_check(const td_kvpool_t *kp);
+
+#endif

@@ -1,0 +1,870 @@
+/* decoded/rank.c — one decode rank: pools registered with UCX, admission by
+ * block reservation, the request state machines, KV verification when the
+ * prefill's terminal note arrives, the continuous batch, and the block-reuse
+ * invariant (docs/decoded.md): blocks are freed only once no peer may write. */
+#include "rank.h"
+
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "log.h"
+#include "request.h"
+#include "synthetic.h"
+
+struct td_rank_s {
+    struct event_base *base;
+    td_engine_t *engine;
+    const td_layout_t *layout;
+    td_rank_config_t cfg;
+    char *node_id;
+    char *transports;
+    td_rank_io_t io;
+    td_xfer_t *xfer;
+    td_kvpool_t *kp;
+    td_xfer_pool_t **pools;          /* [nsegs], pool id = segment index */
+    uint8_t **pool_base;             /* [nsegs] */
+    ProtobufCBinaryData *exports;    /* [nsegs] */
+    ProtobufCBinaryData address;
+    td_request_t **slots;            /* [max_batch]: live requests by slot */
+    td_engine_row_t *rows;           /* [max_batch] */
+    td_request_t **row_req;          /* [max_batch] */
+    uint64_t next_xfer;
+    struct event *step_ev;
+    bool draining;
+    bool stopping;
+    td_rank_stats_t stats;
+    Tandem__Load last_load;
+    bool load_sent;
+};
+
+static void rank_release(td_rank_t *r, td_request_t *req);
+
+/* ---- Small helpers -------------------------------------------------------- */
+
+static td_request_t *
+rank_find(const td_rank_t *r, uint64_t id)
+{
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+        if (r->slots[i] != NULL && r->slots[i]->id == id)
+            return r->slots[i];
+    return NULL;
+}
+
+static td_request_t *
+rank_find_xfer(const td_rank_t *r, uint64_t xfer_id)
+{
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+        if (r->slots[i] != NULL && r->slots[i]->xfer_id == xfer_id)
+            return r->slots[i];
+    return NULL;
+}
+
+static void
+rank_publish_load(td_rank_t *r)
+{
+    td_kvpool_counts_t c;
+    td_kvpool_counts(r->kp, &c);
+    Tandem__Load load = TANDEM__LOAD__INIT;
+    load.kv_tokens_used = c.tokens_used;
+    load.kv_tokens_free = r->draining ? 0 : c.tokens_free;
+    load.kv_blocks_used = c.blocks_used;
+    load.kv_blocks_free = c.blocks_free;
+    uint32_t running = 0, waiting = 0;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        if (r->slots[i] == NULL)
+            continue;
+        running += r->slots[i]->state == TD_REQUEST_RUNNING;
+        waiting += r->slots[i]->state == TD_REQUEST_ADMITTED;
+    }
+    load.running = running;
+    load.queued = waiting;
+    load.draining = r->draining;
+    if (r->load_sent && memcmp(&load, &r->last_load, sizeof(load)) == 0)
+        return;
+    r->last_load = load;
+    r->load_sent = true;
+    if (r->io.load != NULL)
+        r->io.load(&load, r->io.arg);
+}
+
+static void
+rank_send(td_rank_t *r, td_request_t *req, const Tandem__Envelope *env)
+{
+    if (req->router == NULL)
+        return;
+    td_status_t st = r->io.send(req->router, env, r->io.arg);
+    if (st != TD_OK) {
+        td_warn("decode rank %u: request %016llx: send to router failed: %s", r->cfg.rank_id,
+                (unsigned long long)req->id, td_status_str(st));
+    }
+}
+
+static td_status_t
+rank_send_tokens(td_rank_t *r, td_request_t *req, const int32_t *tokens, size_t n,
+                 Tandem__Finish finish, const char *error)
+{
+    if (req->router == NULL)
+        return TD_OK;
+    Tandem__Tokens t = TANDEM__TOKENS__INIT;
+    t.req_id = req->id;
+    t.n_tokens = n;
+    t.tokens = (int32_t *)tokens;
+    t.finish = finish;
+    t.error = (char *)(error ? error : "");
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_TOKENS;
+    env.tokens = &t;
+    return r->io.send(req->router, &env, r->io.arg);
+}
+
+/* The request leaves the batch (or never joins it): FINISHED, CANCELED or
+ * FAILED, with the final Tokens when the router should hear of it; its
+ * blocks are freed at once only when no peer may still write into them. */
+static void
+rank_end(td_rank_t *r, td_request_t *req, td_request_state_t to, Tandem__Finish finish,
+         const char *error, bool tell_router)
+{
+    td_request_set_state(req, to, error);
+    if (to == TD_REQUEST_FINISHED)
+        r->stats.finished++;
+    else if (to == TD_REQUEST_CANCELED)
+        r->stats.canceled++;
+    else
+        r->stats.failed++;
+    if (tell_router)
+        (void)rank_send_tokens(r, req, NULL, 0, finish, error);
+    if (req->kv_done)
+        rank_release(r, req);
+    else
+        rank_publish_load(r);
+}
+
+/* The invariant's only door: blocks are freed here, after P's terminal
+ * note (kv_done) — or P known gone and the grace period passed. */
+static void
+rank_release(td_rank_t *r, td_request_t *req)
+{
+    assert(req->kv_done && td_request_ended(req));
+    td_request_set_state(req, TD_REQUEST_RELEASED, NULL);
+    uint32_t slot = req->res->slot;
+    assert(r->slots[slot] == req);
+    td_kvpool_release(r->kp, req->res);
+    req->res = NULL;
+    r->slots[slot] = NULL;
+    r->stats.released++;
+    Tandem__Released rel = TANDEM__RELEASED__INIT;
+    rel.req_id = req->id;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
+    env.released = &rel;
+    rank_send(r, req, &env);
+    td_request_destroy(req);
+    rank_publish_load(r);
+}
+
+/* ---- Admission ------------------------------------------------------------ */
+
+static void
+rank_reject(td_rank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode code,
+            const char *reason)
+{
+    r->stats.rejected++;
+    td_info("decode rank %u: admit %016llx rejected: %s", r->cfg.rank_id, (unsigned long long)id,
+            reason);
+    Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
+    rej.req_id = id;
+    rej.code = code;
+    rej.reason = (char *)reason;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT;
+    env.admit_reject = &rej;
+    td_status_t st = r->io.send(router, &env, r->io.arg);
+    if (st != TD_OK)
+        td_warn("decode rank %u: admit %016llx: reject not sent: %s", r->cfg.rank_id,
+                (unsigned long long)id, td_status_str(st));
+}
+
+/* Sampling from the wire, checked (a peer's bytes: a reason, never an abort). */
+static const char *
+rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_engine_sampling_t *out)
+{
+    if (in == NULL)
+        return "no sampling parameters";
+    if (in->max_tokens == 0)
+        return "max_tokens must be positive";
+    if (in->n_stop_tokens > TD_ENGINE_MAX_STOP)
+        return "too many stop tokens";
+    *out = (td_engine_sampling_t){ .temperature = in->temperature, .top_p = in->top_p,
+                                   .top_k = in->top_k, .seed = in->seed,
+                                   .max_tokens = in->max_tokens,
+                                   .nstop = (uint32_t)in->n_stop_tokens };
+    if (out->top_p == 0)
+        out->top_p = 1;   /* proto3 default: unset */
+    for (size_t i = 0; i < in->n_stop_tokens; i++)
+        out->stop[i] = in->stop_tokens[i];
+    (void)r;
+    return NULL;
+}
+
+static void
+rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
+{
+    td_engine_sampling_t sp;
+    const char *bad = NULL;
+    if (a->n_tokens == 0)
+        bad = "empty prompt";
+    else if (rank_find(r, a->req_id) != NULL)
+        bad = "request id already known";
+    else
+        bad = rank_sampling(r, a->sampling, &sp);
+    for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
+        if (a->tokens[i] < 0 || (uint64_t)a->tokens[i] >= r->engine->vocab)
+            bad = "prompt token outside the vocabulary";
+    if (bad != NULL) {
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID, bad);
+        return;
+    }
+    if (r->draining) {
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING,
+                    "decode rank is draining");
+        return;
+    }
+    uint64_t ntokens = (uint64_t)a->n_tokens + sp.max_tokens;
+    if (ntokens > r->engine->max_context) {
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG,
+                    "prompt + max_tokens over the model's max context");
+        return;
+    }
+    td_request_t *req = NULL;
+    td_engine_req_t *ereq = NULL;
+    td_kvpool_res_t *res = NULL;
+    const char *why = NULL;
+    if (td_engine_req_create(r->engine, &sp, &ereq) != TD_OK) {
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
+                    "bad sampling parameters");
+        return;
+    }
+    if (td_request_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
+        td_engine_req_destroy(ereq);
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                    "out of memory");
+        return;
+    }
+    req->ereq = ereq;
+    req->rank = r;
+    ereq->user = req;
+    if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
+        td_request_destroy(req);
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                    why);
+        return;
+    }
+    req->res = res;
+    req->router = router;
+    req->xfer_id = ++r->next_xfer;
+    snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
+             a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
+             a->prefill_incarnation);
+    r->slots[res->slot] = req;
+    r->stats.admitted++;
+
+    /* AdmitOk{KvDest}: per segment its pool (id = segment index) and blocks. */
+    uint32_t nsegs = r->layout->nsegs;
+    Tandem__SegDest *segs = calloc(nsegs, sizeof(*segs));
+    Tandem__SegDest **segp = calloc(nsegs, sizeof(*segp));
+    if (segs == NULL || segp == NULL) {
+        free(segs);
+        free(segp);
+        req->kv_done = true;   /* nothing was announced: no peer can write */
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
+                 false);
+        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                    "out of memory");
+        return;
+    }
+    for (uint32_t s = 0; s < nsegs; s++) {
+        tandem__seg_dest__init(&segs[s]);
+        segs[s].seg = s;
+        segs[s].pool_id = s;
+        segs[s].n_blocks = res->nblocks[s];
+        segs[s].blocks = res->blocks[s];
+        segp[s] = &segs[s];
+    }
+    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
+    dest.node_id = r->node_id;
+    dest.rank_id = r->cfg.rank_id;
+    dest.incarnation = r->cfg.incarnation;
+    dest.xfer_id = req->xfer_id;
+    dest.n_segs = nsegs;
+    dest.segs = segp;
+    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
+    ok.req_id = a->req_id;
+    ok.dest = &dest;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
+    env.admit_ok = &ok;
+    td_status_t st = r->io.send(router, &env, r->io.arg);
+    free(segs);
+    free(segp);
+    td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
+            "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
+            req->nprompt, sp.max_tokens, res->slot, req->prefill,
+            (unsigned long long)req->xfer_id);
+    if (st != TD_OK) {
+        /* The router never learnt the destination: no peer can write. */
+        td_warn("decode rank %u: request %016llx: AdmitOk not sent: %s", r->cfg.rank_id,
+                (unsigned long long)req->id, td_status_str(st));
+        req->kv_done = true;
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, "admit not sent",
+                 false);
+        return;
+    }
+    rank_publish_load(r);
+}
+
+/* ---- KV arrival ------------------------------------------------------------- */
+
+static uint8_t *
+rank_block(const td_rank_t *r, uint32_t seg, uint64_t block)
+{
+    return r->pool_base[seg] + block * td_kvpool_seg_block_bytes(r->kp, seg);
+}
+
+/* Adopt the prompt with the received fixed segments (the engine checks
+ * them), then verify every received paged entry (synthetic engine: every
+ * byte). A mismatch is a reason in err. */
+static td_status_t
+rank_verify_adopt(td_rank_t *r, td_request_t *req, char *err, size_t errlen)
+{
+    const td_layout_t *l = r->layout;
+    const void **fixed = calloc(l->nsegs, sizeof(*fixed));
+    if (fixed == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    uint64_t fixed_bytes = 0;
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        if (l->segs[s].kind != TD_LAYOUT_FIXED)
+            continue;
+        fixed[s] = rank_block(r, s, req->res->slot);
+        fixed_bytes += td_layout_seg_bytes(&l->segs[s], 0);
+    }
+    td_status_t st = td_engine_adopt(req->ereq, req->prompt, req->nprompt, fixed);
+    free(fixed);
+    if (st != TD_OK) {
+        snprintf(err, errlen, "received kv refused by the engine (fixed segments): %s",
+                 td_status_str(st));
+        return st;
+    }
+    uint64_t verified = fixed_bytes;
+    if (strcmp(r->engine->name, TD_SYNTH_NAME) == 0) {
+        for (uint32_t s = 0; s < l->nsegs; s++) {
+            const td_layout_seg_t *seg = &l->segs[s];
+            if (seg->kind != TD_LAYOUT_PAGED)
+                continue;
+            uint64_t entries = td_layout_entries(seg, req->nprompt);
+            for (uint64_t first = 0; first < entries; first += l->block_entries) {
+                uint64_t count = entries - first < l->block_entries ? entries - first
+                                                                    : l->block_entries;
+                uint64_t block = req->res->blocks[s][first / l->block_entries];
+                uint64_t bad = 0;
+                st = td_synth_kv_verify(req->ereq, s, first, count, rank_block(r, s, block),
+                                        &bad);
+                if (st != TD_OK) {
+                    snprintf(err, errlen,
+                             "received kv does not verify: segment %s entries %llu+%llu, "
+                             "byte %llu: %s", seg->name, (unsigned long long)first,
+                             (unsigned long long)count, (unsigned long long)bad,
+                             td_status_str(st));
+                    return st;
+                }
+                verified += count * seg->entry_bytes;
+            }
+        }
+    }
+    r->stats.verified_bytes += verified;
+    td_debug("decode rank %u: request %016llx: %llu kv bytes verified", r->cfg.rank_id,
+             (unsigned long long)req->id, (unsigned long long)verified);
+    return TD_OK;
+}
+
+static void rank_step_schedule(td_rank_t *r);
+static void rank_grace_start(td_rank_t *r, td_request_t *req);
+
+/* P's terminal note for an ADMITTED request: verify, adopt, first Tokens. */
+static void
+rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
+{
+    char err[320];
+    if (rank_verify_adopt(r, req, err, sizeof(err)) != TD_OK) {
+        td_error("decode rank %u: request %016llx from prefill %s: %s", r->cfg.rank_id,
+                 (unsigned long long)req->id, req->prefill, err);
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        return;
+    }
+    int32_t first = 0;
+    td_engine_finish_t fin = TD_ENGINE_FINISH_NONE;
+    td_status_t st = td_engine_sample(req->ereq, &first, &fin);
+    if (st != TD_OK || first != kn->first_token) {
+        snprintf(err, sizeof(err), "first token %d from prefill %s, expected %d (%s)",
+                 kn->first_token, req->prefill, first, td_status_str(st));
+        td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
+                 (unsigned long long)req->id, err);
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        return;
+    }
+    td_request_set_state(req, TD_REQUEST_RUNNING, "kv verified and adopted");
+    req->last = first;
+    req->generated = 1;
+    Tandem__Finish f = fin == TD_ENGINE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                       : fin == TD_ENGINE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+                                                        : TANDEM__FINISH__FINISH_NONE;
+    st = rank_send_tokens(r, req, &first, 1, f, NULL);
+    if (st != TD_OK)
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
+                 "tokens could not be sent", false);
+    else if (f != TANDEM__FINISH__FINISH_NONE)
+        rank_end(r, req, TD_REQUEST_FINISHED, f, td_engine_finish_str(fin), false);
+    else {
+        rank_publish_load(r);
+        rank_step_schedule(r);
+    }
+}
+
+/* Every transfer of a request ends in a note; the terminal one carries a
+ * KvNote payload (or a failure status). Only then may the blocks be freed. */
+static void
+rank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
+{
+    td_rank_t *r = arg;
+    td_request_t *req = rank_find_xfer(r, note->xfer_id);
+    (void)x;
+    if (req == NULL) {
+        td_warn("decode rank %u: note for unknown transfer %llu (status %s) dropped",
+                r->cfg.rank_id, (unsigned long long)note->xfer_id,
+                td_status_str(note->status));
+        return;
+    }
+    if (note->status == TD_OK && note->payload_len == 0)
+        return;   /* one (chunk, layer) landed; more follow */
+    if (req->kv_done) {
+        td_warn("decode rank %u: request %016llx: note after the terminal one dropped (status %s)",
+                r->cfg.rank_id, (unsigned long long)req->id, td_status_str(note->status));
+        return;
+    }
+    if (note->status != TD_OK) {
+        /* A transfer failed (its puts may not all have landed). P follows
+         * with its terminal note when its endpoint still works; if not, the
+         * endpoint was closed by force and nothing more can land: either way
+         * the grace period bounds the wait. */
+        char err[160];
+        snprintf(err, sizeof(err), "kv transfer from prefill %s failed: %s", req->prefill,
+                 td_status_str(note->status));
+        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
+                (unsigned long long)req->id, err);
+        if (!td_request_ended(req))
+            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        rank_grace_start(r, req);
+        return;
+    }
+    req->kv_done = true;   /* from here on no peer writes into its blocks */
+    if (req->grace != NULL)
+        event_del(req->grace);
+
+    char err[320];
+    err[0] = '\0';
+    Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, note->payload_len, note->payload);
+    if (kn == NULL)
+        snprintf(err, sizeof(err), "malformed kv note from prefill %s", req->prefill);
+    else if (kn->req_id != req->id)
+        snprintf(err, sizeof(err), "kv note names request %016llx", (unsigned long long)kn->req_id);
+    else if (!kn->canceled && kn->reason != NULL && kn->reason[0] != '\0')
+        snprintf(err, sizeof(err), "prefill %s failed: %.160s", req->prefill, kn->reason);
+    if (td_request_ended(req)) {
+        td_info("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
+                r->cfg.rank_id, (unsigned long long)req->id);
+        rank_release(r, req);
+    } else if (err[0] != '\0') {
+        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
+                (unsigned long long)req->id, err);
+        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+    } else if (kn->canceled) {
+        rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                 "prefill canceled", true);
+    } else {
+        rank_kv_arrived(r, req, kn);
+    }
+    if (kn != NULL)
+        tandem__kv_note__free_unpacked(kn, NULL);
+}
+
+/* ---- Cancel and the grace period --------------------------------------------- */
+
+static void
+rank_on_grace(evutil_socket_t fd, short what, void *arg)
+{
+    td_request_t *req = arg;
+    td_rank_t *r = req->rank;
+    (void)fd;
+    (void)what;
+    assert(!req->kv_done && td_request_ended(req));
+    td_warn("decode rank %u: request %016llx: no terminal note from prefill %s within the "
+            "%u ms grace period: freeing its blocks", r->cfg.rank_id,
+            (unsigned long long)req->id, req->prefill, 2 * r->cfg.xfer_deadline_ms);
+    req->kv_done = true;
+    rank_release(r, req);
+}
+
+/* P may still write: free only after the grace period (2 × the transfer
+ * deadline), unless its terminal note comes first. */
+static void
+rank_grace_start(td_rank_t *r, td_request_t *req)
+{
+    if (req->kv_done || (req->grace != NULL && evtimer_pending(req->grace, NULL)))
+        return;
+    if (req->grace == NULL) {
+        req->grace = evtimer_new(r->base, rank_on_grace, req);
+        if (req->grace == NULL) {
+            td_error("decode rank %u: request %016llx: no grace timer: blocks stay reserved",
+                     r->cfg.rank_id, (unsigned long long)req->id);
+            return;
+        }
+    }
+    struct timeval tv = { .tv_sec = (time_t)(2 * r->cfg.xfer_deadline_ms / 1000),
+                          .tv_usec = (suseconds_t)(2 * r->cfg.xfer_deadline_ms % 1000 * 1000) };
+    evtimer_add(req->grace, &tv);
+}
+
+static void
+rank_cancel(td_rank_t *r, const Tandem__Cancel *c)
+{
+    td_request_t *req = rank_find(r, c->req_id);
+    if (req == NULL) {
+        td_debug("decode rank %u: cancel for unknown request %016llx ignored", r->cfg.rank_id,
+                 (unsigned long long)c->req_id);
+        return;
+    }
+    td_info("decode rank %u: request %016llx canceled (%s): %.120s", r->cfg.rank_id,
+            (unsigned long long)req->id, td_request_state_str(req->state),
+            c->reason ? c->reason : "");
+    if (!td_request_ended(req))
+        rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "canceled",
+                 true);
+    /* rank_end freed it if P's note had come; else P, told at the same
+     * time, stops at its next layer boundary and sends its note, or is gone
+     * (or its endpoint to us failed): the grace period bounds the wait. */
+    if ((req = rank_find(r, c->req_id)) != NULL)
+        rank_grace_start(r, req);
+}
+
+void
+td_rank_on_router_down(td_rank_t *r, void *router)
+{
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        td_request_t *req = r->slots[i];
+        if (req == NULL || req->router != router)
+            continue;
+        uint64_t id = req->id;
+        req->router = NULL;
+        td_info("decode rank %u: request %016llx: its router is gone", r->cfg.rank_id,
+                (unsigned long long)id);
+        if (!td_request_ended(req))
+            rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                     "router gone", false);
+        /* Nobody will report P's fate now; P lost this router too and stops
+         * at its next layer boundary: the grace period bounds the wait. */
+        if (r->slots[i] != NULL && r->slots[i]->id == id)
+            rank_grace_start(r, r->slots[i]);
+    }
+}
+
+/* ---- The continuous batch ------------------------------------------------------- */
+
+/* Decode output: write the paged entries a step completed into the
+ * request's blocks (the pool is the request's KV, as on a GPU). */
+static td_status_t
+rank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piece_t *pieces,
+                     size_t npieces, void *arg)
+{
+    td_rank_t *r = arg;
+    td_request_t *req = ereq->user;
+    const td_layout_t *l = r->layout;
+    (void)layer;
+    for (size_t i = 0; i < npieces; i++) {
+        const td_engine_piece_t *p = &pieces[i];
+        const td_layout_seg_t *seg = &l->segs[p->seg];
+        if (seg->kind != TD_LAYOUT_PAGED)
+            continue;
+        for (uint64_t k = 0; k < p->count; k++) {
+            uint64_t e = p->first + k;
+            uint64_t bi = e / l->block_entries;
+            /* The reservation covers prompt + max_tokens tokens. */
+            assert(bi < req->res->nblocks[p->seg]);
+            memcpy(rank_block(r, p->seg, req->res->blocks[p->seg][bi]) +
+                       (e % l->block_entries) * seg->entry_bytes,
+                   (const uint8_t *)p->data + k * seg->entry_bytes, seg->entry_bytes);
+        }
+    }
+    return TD_OK;
+}
+
+static void
+rank_step(td_rank_t *r)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        td_request_t *req = r->slots[i];
+        if (req == NULL || req->state != TD_REQUEST_RUNNING)
+            continue;
+        r->rows[n] = (td_engine_row_t){ .req = req->ereq, .token = req->last };
+        r->row_req[n++] = req;
+    }
+    if (n == 0)
+        return;
+    r->stats.steps++;
+    td_status_t st = td_engine_decode_step(r->engine, r->rows, n, rank_on_decode_layer, r);
+    for (size_t i = 0; i < n; i++) {
+        td_request_t *req = r->row_req[i];
+        if (st != TD_OK) {
+            char err[96];
+            snprintf(err, sizeof(err), "decode step failed: %s", td_status_str(st));
+            td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
+                     (unsigned long long)req->id, err);
+            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+            continue;
+        }
+        td_engine_finish_t fin = r->rows[i].finish;
+        Tandem__Finish f = fin == TD_ENGINE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                           : fin == TD_ENGINE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+                                                            : TANDEM__FINISH__FINISH_NONE;
+        req->last = r->rows[i].next;
+        req->generated++;
+        if (rank_send_tokens(r, req, &req->last, 1, f, NULL) != TD_OK)
+            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
+                     "tokens could not be sent", false);
+        else if (f != TANDEM__FINISH__FINISH_NONE)
+            rank_end(r, req, TD_REQUEST_FINISHED, f, td_engine_finish_str(fin), false);
+    }
+    rank_publish_load(r);
+}
+
+static void
+rank_on_step(evutil_socket_t fd, short what, void *arg)
+{
+    td_rank_t *r = arg;
+    (void)fd;
+    (void)what;
+    rank_step(r);
+    rank_step_schedule(r);
+}
+
+/* Steps run back to back while requests run, with a short timer between
+ * them so that the loop reads new messages and notes (requests join and
+ * leave between steps). */
+static void
+rank_step_schedule(td_rank_t *r)
+{
+    if (evtimer_pending(r->step_ev, NULL))
+        return;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        if (r->slots[i] != NULL && r->slots[i]->state == TD_REQUEST_RUNNING) {
+            struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
+            evtimer_add(r->step_ev, &tv);
+            return;
+        }
+    }
+}
+
+/* ---- Messages, life cycle ---------------------------------------------------------- */
+
+void
+td_rank_on_message(td_rank_t *r, void *router, const Tandem__Envelope *env)
+{
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT:
+        rank_admit(r, router, env->admit);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
+        rank_cancel(r, env->cancel);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
+        if (!r->stopping && r->draining != env->drain->draining) {
+            r->draining = env->drain->draining;
+            td_info("decode rank %u: %s", r->cfg.rank_id,
+                    r->draining ? "draining: no new requests" : "drain ended");
+            rank_publish_load(r);
+        }
+        break;
+    default:
+        td_debug("decode rank %u: message %d ignored", r->cfg.rank_id, (int)env->payload_case);
+        break;
+    }
+}
+
+void
+td_rank_stop(td_rank_t *r)
+{
+    r->stopping = true;
+    r->draining = true;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        td_request_t *req = r->slots[i];
+        if (req != NULL && !td_request_ended(req))
+            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
+                     "decode rank shutting down", true);
+    }
+    rank_publish_load(r);
+}
+
+td_status_t
+td_rank_create(struct event_base *base, td_engine_t *engine, const td_rank_config_t *cfg,
+               const td_rank_io_t *io, td_rank_t **out)
+{
+    td_status_t st = TD_ERR_NOMEM;
+    td_rank_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return TD_ERR_NOMEM;
+    r->base = base;
+    r->engine = engine;
+    r->layout = engine->layout;
+    r->cfg = *cfg;
+    r->io = *io;
+    if (r->cfg.step_gap_us == 0)
+        r->cfg.step_gap_us = 50;
+    uint32_t nsegs = r->layout->nsegs;
+    r->node_id = strdup(cfg->node_id);
+    r->transports = cfg->transports ? strdup(cfg->transports) : NULL;
+    r->pools = calloc(nsegs, sizeof(*r->pools));
+    r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
+    r->exports = calloc(nsegs, sizeof(*r->exports));
+    r->slots = calloc(cfg->max_batch, sizeof(*r->slots));
+    r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
+    r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
+    r->step_ev = evtimer_new(base, rank_on_step, r);
+    if (r->node_id == NULL || (cfg->transports && r->transports == NULL) || !r->pools ||
+        !r->pool_base || !r->exports || !r->slots || !r->rows || !r->row_req || !r->step_ev)
+        goto err_destroy;
+    r->cfg.node_id = r->node_id;
+    r->cfg.transports = r->transports;
+    st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
+    if (st != TD_OK)
+        goto err_destroy;
+    td_xfer_config_t xc = { .incarnation = cfg->incarnation, .transports = r->transports };
+    st = td_xfer_create(base, &xc, &r->xfer);
+    if (st != TD_OK)
+        goto err_destroy;
+    td_xfer_set_note_handler(r->xfer, rank_on_note, r);
+    uint64_t bytes = 0;
+    for (uint32_t s = 0; s < nsegs; s++) {
+        uint64_t bb = td_kvpool_seg_block_bytes(r->kp, s), nb = td_kvpool_seg_nblocks(r->kp, s);
+        st = td_xfer_pool_create(r->xfer, s, TD_XFER_MEM_HOST, NULL, bb, nb, &r->pools[s]);
+        if (st != TD_OK)
+            goto err_destroy;
+        r->pool_base[s] = td_xfer_pool_base(r->pools[s]);
+        st = td_xfer_pool_export(r->pools[s], (void **)&r->exports[s].data,
+                                 &r->exports[s].len);
+        if (st != TD_OK)
+            goto err_destroy;
+        bytes += bb * nb;
+    }
+    st = td_xfer_address(r->xfer, (void **)&r->address.data, &r->address.len);
+    if (st != TD_OK)
+        goto err_destroy;
+    td_kvpool_counts_t c;
+    td_kvpool_counts(r->kp, &c);
+    td_info("decode rank %u: %u pools, %.1f MiB, %llu blocks, %llu kv tokens, %u batch rows",
+            cfg->rank_id, nsegs, (double)bytes / (1 << 20), (unsigned long long)c.blocks_total,
+            (unsigned long long)cfg->kv_tokens, cfg->max_batch);
+    *out = r;
+    return TD_OK;
+
+err_destroy:
+    td_rank_destroy(r);
+    return st;
+}
+
+void
+td_rank_destroy(td_rank_t *r)
+{
+    if (r == NULL)
+        return;
+    for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
+        td_request_t *req = r->slots[i];
+        if (req == NULL)
+            continue;
+        /* Exiting: the pools go away with the worker below, so a late write
+         * from a peer fails on its side instead of landing in reused memory. */
+        td_kvpool_release(r->kp, req->res);
+        req->res = NULL;
+        td_request_destroy(req);
+    }
+    if (r->exports != NULL)
+        for (uint32_t s = 0; s < r->layout->nsegs; s++)
+            free(r->exports[s].data);
+    free(r->address.data);
+    td_xfer_destroy(r->xfer);   /* destroys the pools */
+    td_kvpool_destroy(r->kp);
+    if (r->step_ev != NULL)
+        event_free(r->step_ev);
+    free(r->slots);
+    free(r->rows);
+    free(r->row_req);
+    free(r->exports);
+    free(r->pool_base);
+    free(r->pools);
+    free(r->transports);
+    free(r->node_id);
+    free(r);
+}
+
+void
+td_rank_register_fill(td_rank_t *r, Tandem__Register *reg)
+{
+    reg->engine_name = (char *)r->engine->name;
+    reg->engine_kind = (char *)r->engine->kind;
+    reg->vocab_size = r->engine->vocab;
+    reg->max_context = r->engine->max_context;
+    reg->draining = r->draining;
+    reg->xfer_address = r->address;
+    reg->n_pools = r->layout->nsegs;
+    reg->pools = r->exports;
+    reg->kv_tokens_total = r->cfg.kv_tokens;
+    reg->max_batch = r->cfg.max_batch;
+}
+
+void
+td_rank_load(td_rank_t *r)
+{
+    r->load_sent = false;
+    rank_publish_load(r);
+}
+
+void
+td_rank_stats(const td_rank_t *r, td_rank_stats_t *out)
+{
+    *out = r->stats;
+    out->live = out->running = out->waiting = 0;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+        if (r->slots[i] == NULL)
+            continue;
+        out->live++;
+        out->running += r->slots[i]->state == TD_REQUEST_RUNNING;
+        out->waiting += r->slots[i]->state == TD_REQUEST_ADMITTED;
+    }
+}
+
+void
+td_rank_kv_counts(const td_rank_t *r, td_kvpool_counts_t *out)
+{
+    td_kvpool_counts(r->kp, out);
+}
+
+td_xfer_t *
+td_rank_xfer(td_rank_t *r)
+{
+    return r->xfer;
+}

@@ -1,0 +1,411 @@
+/* tests/integration/decoded-rank.c — a decode rank (decoded/rank.c) driven by
+ * a fake router (its io callbacks) and a fake prefill rank that pushes real
+ * KV over UCX: in this process for the request paths, in a forked process
+ * that is SIGKILLed mid-transfer for the grace-period path. Checks tokens
+ * against the synthetic engine's own expectation, admission rejects, KV
+ * verification, cancel mid-prefill and mid-decode, a stale incarnation, and
+ * that blocks are freed only as the invariant allows (docs/decoded.md). */
+#include "rank.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "check.h"
+#include "decoded-fakes.h"
+#include "log.h"
+
+#define D_INC       0xd0d0d0d0ull
+#define MAX_BATCH   4
+#define KV_TOKENS   2048
+
+/* ---- Helpers on the rank ------------------------------------------------------ */
+
+typedef struct {
+    struct event_base *base;
+    td_engine_t *e;
+    td_rank_t *rk;
+    fk_router_t *rt;
+    Tandem__Register reg;
+} env_t;
+
+static const Tandem__KvDest *
+admit(env_t *t, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_tokens,
+      int want_code)
+{
+    Tandem__Sampling s = TANDEM__SAMPLING__INIT;
+    s.max_tokens = max_tokens;
+    Tandem__Admit a = TANDEM__ADMIT__INIT;
+    a.req_id = id;
+    a.n_tokens = n;
+    a.tokens = (int32_t *)prompt;
+    a.sampling = &s;
+    a.prefill_node = "fake-p";
+    a.prefill_incarnation = P_INC;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
+    env.admit = &a;
+    td_rank_on_message(t->rk, t->rt, &env);
+    if (want_code != 0) {
+        const Tandem__Envelope *rej =
+            fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, id);
+        CHECK(rej != NULL);
+        if (rej != NULL)
+            CHECK_EQ_INT(rej->admit_reject->code, want_code);
+        return NULL;
+    }
+    const Tandem__Envelope *ok = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, id);
+    CHECK(ok != NULL);
+    if (ok == NULL)
+        return NULL;
+    CHECK_EQ_INT(ok->admit_ok->dest->incarnation, D_INC);
+    CHECK_EQ_INT(ok->admit_ok->dest->n_segs, t->e->layout->nsegs);
+    return ok->admit_ok->dest;
+}
+
+static void
+cancel(env_t *t, uint64_t id)
+{
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    c.req_id = id;
+    c.reason = "test";
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
+    env.cancel = &c;
+    td_rank_on_message(t->rk, t->rt, &env);
+}
+
+static uint64_t
+blocks_used(env_t *t)
+{
+    td_kvpool_counts_t c;
+    td_rank_kv_counts(t->rk, &c);
+    CHECK_EQ_INT(c.blocks_used + c.blocks_free, c.blocks_total);
+    return c.blocks_used;
+}
+
+
+/* ---- Cases --------------------------------------------------------------------- */
+
+/* Two requests, the second joining while the first decodes: every token as
+ * the engine predicts, finish LENGTH, Released, blocks back to zero. */
+static void
+test_stream(env_t *t)
+{
+    int32_t pa[37], pb[9], got[256], want[256];
+    fk_prompt(pa, 37, 1);
+    fk_prompt(pb, 9, 2);
+    fk_p_t fp;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    const Tandem__KvDest *da = admit(t, 101, pa, 37, 60, 0);
+    const Tandem__KvDest *db = admit(t, 102, pb, 9, 20, 0);
+    CHECK(blocks_used(t) > 0);
+    CHECK_EQ_INT(t->rt->load.queued, 2);
+    if (da == NULL || db == NULL)
+        goto out;
+    fk_p_push(&fp, t->e, da, 101, pa, 37, 60, 1, 0);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 101, 5000));
+    fk_p_push(&fp, t->e, db, 102, pb, 9, 20, 1, 0);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 101, 5000));
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 102, 5000));
+    int fin;
+    const char *err;
+    size_t n = fk_router_tokens(t->rt, 101, got, 256, &fin, &err);
+    size_t nw = fk_expect(t->e, pa, 37, 60, want);
+    CHECK_EQ_INT(n, 60);
+    CHECK_EQ_INT(nw, 60);
+    CHECK(n == nw && memcmp(got, want, n * sizeof(*got)) == 0);
+    CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+    n = fk_router_tokens(t->rt, 102, got, 256, &fin, &err);
+    nw = fk_expect(t->e, pb, 9, 20, want);
+    CHECK(n == 20 && n == nw && memcmp(got, want, n * sizeof(*got)) == 0);
+    CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+    td_rank_stats_t st;
+    td_rank_stats(t->rk, &st);
+    CHECK(st.verified_bytes > 0);
+    CHECK_EQ_INT(st.finished, 2);
+    CHECK_EQ_INT(blocks_used(t), 0);
+    CHECK_EQ_INT(t->rt->load.kv_blocks_used, 0);
+out:
+    fk_run_until(t->base, fk_never, NULL, 50);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+static void
+test_rejects(env_t *t)
+{
+    int32_t p[8];
+    fk_prompt(p, 8, 3);
+    const Tandem__KvDest *d = admit(t, 201, p, 8, 10, 0);
+    CHECK(d != NULL);
+    admit(t, 201, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);  /* known id */
+    admit(t, 202, p, 0, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);  /* empty */
+    admit(t, 203, p, 8, 0, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);   /* max_tokens */
+    int32_t bad[2] = { 5, 1000 };
+    admit(t, 204, bad, 2, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
+    admit(t, 205, p, 8, 4090, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG);
+    admit(t, 206, p, 8, KV_TOKENS, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY);
+    for (uint64_t id = 207; id < 207 + MAX_BATCH - 1; id++)
+        CHECK(admit(t, id, p, 8, 10, 0) != NULL);
+    admit(t, 220, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY);  /* slots */
+    /* Cancel them all before any KV: the (absent) prefill's grace period. */
+    for (uint64_t id = 201; id < 207 + MAX_BATCH - 1; id++)
+        if (id <= 201 || id >= 207)
+            cancel(t, id);
+    CHECK(blocks_used(t) > 0);
+    Tandem__Drain dr = TANDEM__DRAIN__INIT;
+    dr.draining = 1;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &dr;
+    td_rank_on_message(t->rk, t->rt, &env);
+    CHECK(t->rt->load.draining);
+    fk_run_until(t->base, fk_never, NULL, 2 * DEADLINE_MS + 200);
+    CHECK_EQ_INT(blocks_used(t), 0);
+    admit(t, 230, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING);
+    dr.draining = 0;
+    td_rank_on_message(t->rk, t->rt, &env);
+    CHECK(!t->rt->load.draining);
+    fk_router_clear(t->rt);
+}
+
+/* A flipped byte in the pushed KV: Tokens ERROR naming the mismatch. */
+static void
+test_corrupt(env_t *t)
+{
+    int32_t p[20];
+    fk_prompt(p, 20, 4);
+    fk_p_t fp;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    const Tandem__KvDest *d = admit(t, 301, p, 20, 10, 0);
+    if (d != NULL) {
+        fp.corrupt = 1;
+        fk_p_push(&fp, t->e, d, 301, p, 20, 10, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 301, 5000));
+        int32_t got[16];
+        int fin;
+        const char *err;
+        size_t n = fk_router_tokens(t->rt, 301, got, 16, &fin, &err);
+        CHECK_EQ_INT(n, 0);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+        CHECK(err != NULL && strstr(err, "does not verify") != NULL);
+    }
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_run_until(t->base, fk_never, NULL, 20);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+/* Cancel while P still writes: blocks stay until P's canceled note. Cancel
+ * mid-decode: freed at once (the note came). Stale incarnation: dropped. */
+static void
+test_cancel(env_t *t)
+{
+    int32_t p[30];
+    fk_prompt(p, 30, 5);
+    fk_p_t fp, stale;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC + 1, t->e->layout, &stale), TD_OK);
+
+    const Tandem__KvDest *d = admit(t, 401, p, 30, 10, 0);
+    if (d != NULL) {
+        fk_p_push(&fp, t->e, d, 401, p, 30, 10, 0, 0);   /* data, no terminal note yet */
+        fk_run_until(t->base, fk_never, NULL, 50);
+        cancel(t, 401);
+        int32_t got[4];
+        int fin;
+        const char *err;
+        fk_router_tokens(t->rt, 401, got, 4, &fin, &err);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_CANCELED);
+        CHECK(blocks_used(t) > 0);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 401) == NULL);
+        fk_p_push(&fp, t->e, d, 401, p, 30, 10, 1, 1);   /* P's canceled note */
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 401, 5000));
+        CHECK_EQ_INT(blocks_used(t), 0);
+    }
+
+    d = admit(t, 402, p, 30, 1500, 0);
+    if (d != NULL) {
+        /* A note for another incarnation fk_never reaches the rank. */
+        td_xfer_stats_t xs;
+        fk_p_push(&stale, t->e, d, 402, p, 30, 1500, 1, 0);
+        fk_run_until(t->base, fk_never, NULL, 100);
+        td_xfer_stats(td_rank_xfer(t->rk), &xs);
+        CHECK(xs.notes_stale > 0);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 402) == NULL);
+
+        fk_p_push(&fp, t->e, d, 402, p, 30, 1500, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 402, 5000));
+        cancel(t, 402);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 402) != NULL);
+        int32_t got[1500];
+        int fin;
+        const char *err;
+        size_t n = fk_router_tokens(t->rt, 402, got, 1500, &fin, &err);
+        CHECK(n >= 1 && n < 1500);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_CANCELED);
+        CHECK_EQ_INT(blocks_used(t), 0);
+    }
+    fk_run_until(t->base, fk_never, NULL, 20);
+    fk_p_destroy(&stale);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+/* ---- The forked prefill: SIGKILLed mid-transfer --------------------------------- */
+
+
+/* Child: receive Register (the rank's address and pools) and Prefill (prompt
+ * + dest), push the data without the terminal note, say so, then wait to die. */
+static int
+child_main(int fd)
+{
+    Tandem__Envelope *reg = fk_env_recv(fd), *pre = fk_env_recv(fd);
+    struct event_base *base = event_base_new();
+    td_engine_t *e = fk_engine();
+    fk_p_t fp;
+    if (!reg || !pre || !base || !e ||
+        fk_p_create(base, reg->register_, D_INC, e->layout, &fp) != TD_OK)
+        _exit(3);
+    fk_p_push(&fp, e, pre->prefill->dest, pre->prefill->req_id, pre->prefill->tokens,
+            pre->prefill->n_tokens, 10, 0, 0);
+    while (fp.inflight > 0)
+        event_base_loop(base, EVLOOP_ONCE);
+    uint8_t ok = 1;
+    (void)fk_io_full(fd, &ok, 1, 1);
+    for (;;)
+        event_base_loop(base, EVLOOP_ONCE);
+}
+
+static void
+test_prefill_killed(env_t *t, pid_t child, int fd)
+{
+    int32_t p[25];
+    fk_prompt(p, 25, 6);
+    const Tandem__KvDest *d = admit(t, 501, p, 25, 10, 0);
+    if (d == NULL)
+        return;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REGISTER;
+    env.register_ = &t->reg;
+    CHECK(fk_env_send(fd, &env) == 0);
+    Tandem__Prefill pre = TANDEM__PREFILL__INIT;
+    pre.req_id = 501;
+    pre.n_tokens = 25;
+    pre.tokens = p;
+    pre.dest = (Tandem__KvDest *)d;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
+    env.prefill = &pre;
+    CHECK(fk_env_send(fd, &env) == 0);
+    uint8_t ok = 0;
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    uint64_t end = fk_now_ms() + 10000;
+    while (poll(&pfd, 1, 0) == 0 && fk_now_ms() < end)
+        event_base_loop(t->base, EVLOOP_ONCE);   /* the notes of its transfers land */
+    CHECK(fk_io_full(fd, &ok, 1, 0) == 0 && ok == 1);
+
+    /* The router learns P is gone and cancels; D waits for the grace period. */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    uint64_t t0 = fk_now_ms();
+    cancel(t, 501);
+    CHECK(blocks_used(t) > 0);
+    fk_run_until(t->base, fk_never, NULL, DEADLINE_MS);
+    CHECK(blocks_used(t) > 0);
+    CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 501) == NULL);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 501, 5000));
+    uint64_t waited = fk_now_ms() - t0;
+    if (waited + 10 < 2 * DEADLINE_MS)   /* libevent's clock is coarse (~4 ms) */
+        fprintf(stderr, "blocks freed after %llu ms\n", (unsigned long long)waited);
+    CHECK(waited + 10 >= 2 * DEADLINE_MS);
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_router_clear(t->rt);
+}
+
+/* The router goes: its requests end, blocks wait for P (here: its note). */
+static void
+test_router_down(env_t *t)
+{
+    int32_t p[12];
+    fk_prompt(p, 12, 7);
+    fk_p_t fp;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    const Tandem__KvDest *d = admit(t, 601, p, 12, 5, 0);
+    if (d != NULL) {
+        Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        td_rank_on_router_down(t->rk, t->rt);
+        size_t before = t->rt->n;
+        CHECK(blocks_used(t) > 0);
+        fk_p_push(&fp, t->e, dest, 601, p, 12, 5, 1, 1);
+        fk_run_until(t->base, fk_never, NULL, 100);
+        CHECK_EQ_INT(blocks_used(t), 0);
+        CHECK_EQ_INT(t->rt->n, before);   /* nothing more sent to a gone router */
+    }
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+int
+main(void)
+{
+    int sv[2];
+    signal(SIGPIPE, SIG_IGN);
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return 1;
+    pid_t child = fork();   /* before any UCX state exists in this process */
+    if (child == 0) {
+        close(sv[0]);
+        return child_main(sv[1]);
+    }
+    close(sv[1]);
+
+    static fk_router_t rt;
+    env_t t = { .rt = &rt };
+    t.base = event_base_new();
+    t.e = fk_engine();
+    struct event *tk = event_new(t.base, -1, EV_PERSIST, fk_tick, NULL);
+    struct timeval tv = { 0, 10000 };
+    event_add(tk, &tv);
+    td_rank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .incarnation = D_INC,
+                            .transports = TLS, .kv_tokens = KV_TOKENS,
+                            .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS };
+    td_rank_io_t io = { fk_router_send, fk_router_load, &rt };
+    CHECK(t.e != NULL);
+    if (t.e != NULL)
+        CHECK_STATUS(td_rank_create(t.base, t.e, &rc, &io, &t.rk), TD_OK);
+    if (t.rk != NULL) {
+        tandem__register__init(&t.reg);
+        td_rank_register_fill(t.rk, &t.reg);
+        CHECK_EQ_INT(t.reg.n_pools, t.e->layout->nsegs);
+        CHECK_EQ_INT(t.reg.kv_tokens_total, KV_TOKENS);
+        td_rank_load(t.rk);
+        CHECK(rt.loads == 1 && rt.load.kv_blocks_used == 0 && rt.load.kv_tokens_free > 0);
+        test_stream(&t);
+        test_rejects(&t);
+        test_corrupt(&t);
+        test_cancel(&t);
+        test_prefill_killed(&t, child, sv[0]);
+        test_router_down(&t);
+        td_rank_destroy(t.rk);
+    } else {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    close(sv[0]);
+    event_free(tk);
+    td_engine_destroy(t.e);
+    event_base_free(t.base);
+    fk_router_clear(&rt);
+    libevent_global_shutdown();
+    td_check_failures += fk_failures;
+    return td_check_exit("decoded-rank");
+}
