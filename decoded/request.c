@@ -74,7 +74,12 @@ void
 td_request_set_state(td_request_t *req, td_request_state_t to, const char *why)
 {
     assert((unsigned)to < TD_REQUEST_NSTATES);
-    assert(request_allowed[req->state] & (1u << to));
+    if (!(request_allowed[req->state] & (1u << to))) {
+        td_error("decode request %016llx: illegal transition %s -> %s",
+                 (unsigned long long)req->id, td_request_state_str(req->state),
+                 td_request_state_str(to));
+        assert(!"illegal decode request state transition");
+    }
     td_debug("decode request %016llx: %s -> %s%s%s", (unsigned long long)req->id,
              td_request_state_str(req->state), td_request_state_str(to), why ? ": " : "",
              why ? why : "");

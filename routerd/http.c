@@ -215,6 +215,9 @@ td_http_listen(td_http_site_t *site, const char *hostport, struct evhttp **out,
                  td_status_str(st));
         return st;
     }
+    /* Accepted sockets inherit TCP_NODELAY: an SSE chunk must not wait for
+     * the client's delayed ACK of the previous one (Nagle, 40 ms). */
+    (void)td_net_set_nodelay(fd);
     http = evhttp_new(site->r->base);
     if (!http)
         goto err_close;
