@@ -35,6 +35,7 @@ struct td_rank_s {
     td_request_t **row_req;          /* [max_batch] */
     uint64_t next_xfer;
     struct event *step_ev;
+    bool step_scheduled;          /* step_ev is active or pending */
     bool draining;
     bool stopping;
     td_rank_stats_t stats;
@@ -659,22 +660,30 @@ rank_on_step(evutil_socket_t fd, short what, void *arg)
     td_rank_t *r = arg;
     (void)fd;
     (void)what;
+    r->step_scheduled = false;
     rank_step(r);
     rank_step_schedule(r);
 }
 
-/* Steps run back to back while requests run, with a short timer between
- * them so that the loop reads new messages and notes (requests join and
- * leave between steps). */
+/* Steps run back to back while requests run. The next step is made active
+ * rather than put on a timer: libevent then polls I/O without waiting before
+ * it runs, so new messages and notes are read between steps (requests join
+ * and leave there), and no step waits for epoll's millisecond rounding of a
+ * short timer. step_gap_us > 0 inserts a real pause instead. */
 static void
 rank_step_schedule(td_rank_t *r)
 {
-    if (evtimer_pending(r->step_ev, NULL))
+    if (r->step_scheduled)
         return;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
         if (r->slots[i] != NULL && r->slots[i]->state == TD_REQUEST_RUNNING) {
-            struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
-            evtimer_add(r->step_ev, &tv);
+            r->step_scheduled = true;
+            if (r->cfg.step_gap_us == 0) {
+                event_active(r->step_ev, EV_TIMEOUT, 1);
+            } else {
+                struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
+                evtimer_add(r->step_ev, &tv);
+            }
             return;
         }
     }
@@ -733,8 +742,6 @@ td_rank_create(struct event_base *base, td_engine_t *engine, const td_rank_confi
     r->layout = engine->layout;
     r->cfg = *cfg;
     r->io = *io;
-    if (r->cfg.step_gap_us == 0)
-        r->cfg.step_gap_us = 50;
     uint32_t nsegs = r->layout->nsegs;
     r->node_id = strdup(cfg->node_id);
     r->transports = cfg->transports ? strdup(cfg->transports) : NULL;

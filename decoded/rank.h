@@ -37,7 +37,7 @@ typedef struct {
     uint64_t kv_tokens;           /* KV capacity in tokens */
     uint32_t max_batch;           /* batch rows = fixed slots */
     uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline; grace = 2 × it */
-    uint32_t step_gap_us;         /* pause between decode steps (lets I/O in); 0 = 50 */
+    uint32_t step_gap_us;         /* pause between decode steps; 0 = none (I/O is still read between steps) */
 } td_rank_config_t;
 
 typedef struct {
