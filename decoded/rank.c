@@ -665,11 +665,13 @@ rank_on_step(evutil_socket_t fd, short what, void *arg)
     rank_step_schedule(r);
 }
 
-/* Steps run back to back while requests run. The next step is made active
- * rather than put on a timer: libevent then polls I/O without waiting before
- * it runs, so new messages and notes are read between steps (requests join
- * and leave there), and no step waits for epoll's millisecond rounding of a
- * short timer. step_gap_us > 0 inserts a real pause instead. */
+/* Steps run back to back while requests run, each through a timer of
+ * step_gap_us (default 0). A timer, not event_active(): libevent runs an event
+ * re-activated from its own callback again in the same pass, before it polls
+ * I/O, so new messages and notes would wait until the batch is empty. An
+ * expired timer is run only after the next (non-blocking) poll, so requests
+ * join and leave between steps; a zero timeout makes epoll_wait not sleep at
+ * all (a non-zero one is rounded up to whole milliseconds). */
 static void
 rank_step_schedule(td_rank_t *r)
 {
@@ -677,13 +679,9 @@ rank_step_schedule(td_rank_t *r)
         return;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
         if (r->slots[i] != NULL && r->slots[i]->state == TD_REQUEST_RUNNING) {
+            struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
             r->step_scheduled = true;
-            if (r->cfg.step_gap_us == 0) {
-                event_active(r->step_ev, EV_TIMEOUT, 1);
-            } else {
-                struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
-                evtimer_add(r->step_ev, &tv);
-            }
+            evtimer_add(r->step_ev, &tv);
             return;
         }
     }

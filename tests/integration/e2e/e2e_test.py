@@ -1,0 +1,583 @@
+#!/usr/bin/env python3
+"""tests/integration/e2e/e2e_test.py — end-to-end scenarios against a real
+cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
+through the `openai` client; docs/testing.md says what each one proves.
+usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
+kill-decode | kill-prefill | bad-input | drain)"""
+import asyncio
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import (ENGINE, KEY, MODEL, SLOW, Cluster, Expect, Failure,  # noqa: E402
+                     check, control_probe, http_call, kv_bytes)
+
+import openai  # noqa: E402
+
+
+def chat_body(content, max_tokens, seed, temperature=0.8, **kw):
+    b = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+         "max_tokens": max_tokens, "seed": seed, "temperature": temperature}
+    b.update(kw)
+    return b
+
+
+def run_chat(client, body, stream):
+    """One chat completion through the openai client: (text, finish, usage)."""
+    if not stream:
+        r = client.chat.completions.create(**body)
+        check(r.object == "chat.completion" and len(r.choices) == 1, "response %r" % r)
+        return r.choices[0].message.content, r.choices[0].finish_reason, r.usage
+    text, finish, usage = "", None, None
+    with client.chat.completions.create(**body, stream=True,
+                                        stream_options={"include_usage": True}) as s:
+        for ch in s:
+            if ch.usage:
+                usage = ch.usage
+            for c in ch.choices:
+                text += c.delta.content or ""
+                finish = c.finish_reason or finish
+    return text, finish, usage
+
+
+def run_completion(client, body, stream):
+    if not stream:
+        r = client.completions.create(**body)
+        check(r.object == "text_completion", "response %r" % r)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage
+    text, finish, usage = "", None, None
+    with client.completions.create(**body, stream=True,
+                                   stream_options={"include_usage": True}) as s:
+        for ch in s:
+            if ch.usage:
+                usage = ch.usage
+            for c in ch.choices:
+                text += c.text or ""
+                finish = c.finish_reason or finish
+    return text, finish, usage
+
+
+def decode_log_lines(c, pattern):
+    """Every match of pattern in every decoded log (all incarnations)."""
+    out = []
+    for p in c.procs_all:
+        if p.name.startswith("decode"):
+            out += re.findall(pattern, p.text())
+    return out
+
+
+def admitted_on(c, node):
+    """Requests the decode node admitted, over all its incarnations."""
+    return sum(len(re.findall(r"request [0-9a-f]+ admitted", p.text()))
+               for p in c.procs_all if p.name == node)
+
+
+# ---- 1. the openai client, stream and non-stream ---------------------------------------
+
+
+def test_openai(c):
+    c.up(prefill=2, decode=2, decode_ranks=1)
+    client = c.client()
+    conv = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Sag mal: héllo ✓ — 你好"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "again, longer"}]
+    cases = [
+        ("chat", False, {"model": MODEL, "messages": conv, "max_tokens": 24, "seed": 11,
+                         "temperature": 0.7}),
+        ("chat", True, {"model": MODEL, "messages": conv, "max_tokens": 40, "seed": -5,
+                        "temperature": 1.3, "top_p": 0.9}),
+        ("chat", True, chat_body("greedy, please", 17, 3, temperature=0)),
+        ("completion", False, {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 33,
+                               "seed": 2 ** 40, "temperature": 0.5}),
+        ("completion", True, {"model": MODEL, "prompt": "The end.", "max_tokens": 9,
+                              "seed": 1, "temperature": 0}),
+        ("completion", True, {"model": MODEL, "prompt": "x" * 300, "max_tokens": 64,
+                              "seed": 77, "temperature": 1.0}),
+    ]
+    for kind, stream, body in cases:
+        what = "%s %s seed %d" % (kind, "stream" if stream else "non-stream", body["seed"])
+        exp = (Expect.chat if kind == "chat" else Expect.completion)(body)
+        run = run_chat if kind == "chat" else run_completion
+        exp.check(what, *run(client, body, stream))
+    # The expectation follows the sampling options (a test that cannot tell
+    # them apart would prove nothing): another seed or greedy differs.
+    b = cases[0][2]
+    e1, e2 = Expect.chat(b), Expect.chat(dict(b, seed=12))
+    check(e1.text != e2.text and e1.text != Expect.chat(dict(b, temperature=0)).text,
+          "sampling does not change the expectation")
+    text, _, _ = run_chat(client, dict(b, seed=12), False)
+    check(text == e2.text and text != e1.text, "seed 12 answered like seed 11")
+    c.wait_idle()
+
+
+# ---- 2. 200 concurrent streams over 2 prefilld x 2 decoded -------------------------------
+
+
+def test_load(c):
+    n = 200
+    c.up(prefill=2, decode=2, decode_ranks=2,
+         decode_flags=["--max-batch", "64", "--kv-tokens", "8192", "--log-level", "debug",
+                       "--synth-step-us", "2000"])
+    bodies = [chat_body("request %d %s" % (i, "abc" * (i % 23)), 8 + i % 25, 1000 + i,
+                        temperature=0.9) for i in range(n)]
+    live = {"now": 0, "max": 0}
+
+    async def one(client, body):
+        text, finish, usage = "", None, None
+        s = await client.chat.completions.create(**body, stream=True,
+                                                 stream_options={"include_usage": True})
+        live["now"] += 1
+        live["max"] = max(live["max"], live["now"])
+        try:
+            async for ch in s:
+                if ch.usage:
+                    usage = ch.usage
+                for ci in ch.choices:
+                    text += ci.delta.content or ""
+                    finish = ci.finish_reason or finish
+        finally:
+            live["now"] -= 1
+            await s.close()
+        return text, finish, usage
+
+    async def all_of_them():
+        async with c.async_client() as client:
+            return await asyncio.gather(*(one(client, b) for b in bodies),
+                                        return_exceptions=True)
+
+    t0 = time.time()
+    results = asyncio.run(all_of_them())
+    took = time.time() - t0
+    for i, (b, r) in enumerate(zip(bodies, results)):
+        check(not isinstance(r, BaseException), "request %d: %r" % (i, r))
+        Expect.chat(b).check("request %d" % i, *r)
+    check(live["max"] >= n // 2, "only %d streams were open at once" % live["max"])
+    c.wait_idle()
+    # Every request's KV was verified on arrival at its decode rank, every
+    # byte: decoded logs the bytes it checked per request; nothing failed.
+    got = sorted(int(x) for x in decode_log_lines(c, r"request [0-9a-f]+: (\d+) kv bytes verified"))
+    want = sorted(kv_bytes(Expect.chat(b).prompt_tokens) for b in bodies)
+    check(got == want, "kv verified for %d requests, byte counts %s" %
+          (len(got), "match" if got == want else "differ"))
+    check(not decode_log_lines(c, r"does not verify|refused by the engine|first token"),
+          "a KV verification failed")
+    per_rank = {}
+    for r in c.ranks():
+        if r["role"] == "decode":
+            per_rank[(r["node"], r["rank"])] = r["kv"]["blocks_used"]
+    check(len(per_rank) == 4 and not any(per_rank.values()), "blocks in use %r" % per_rank)
+    for node in ("decode0", "decode1"):
+        check(admitted_on(c, node) > 0, "%s served nothing" % node)
+    m = c.metrics()
+    check(re.search(r'tandem_router_requests_total\{outcome="done"\} %d\b' % n, m),
+          "router did not count %d done" % n)
+    print("200 streams in %.1f s, %d open at once" % (took, live["max"]))
+
+
+# ---- shared pieces of the failure scenarios ---------------------------------------------
+
+
+class Traffic(threading.Thread):
+    """Other requests running alongside a scenario: short streamed chats,
+    one after another, each checked against its expectation."""
+
+    def __init__(self, c, tag):
+        super().__init__(daemon=True)
+        self.client, self.tag = c.client(), tag
+        self.stop_flag, self.done, self.errors = threading.Event(), 0, []
+
+    def run(self):
+        i = 0
+        while not self.stop_flag.is_set():
+            body = chat_body("%s #%d" % (self.tag, i), 6 + i % 5, 500 + i)
+            try:
+                Expect.chat(body).check("%s #%d" % (self.tag, i), *run_chat(self.client, body, True))
+                self.done += 1
+            except Exception as e:   # noqa: BLE001 — reported by finish()
+                self.errors.append("%s #%d: %s: %s" % (self.tag, i, type(e).__name__, e))
+            i += 1
+
+    def finish(self, least=1):
+        self.stop_flag.set()
+        self.join(timeout=60 * SLOW)
+        check(not self.is_alive(), "%s: a request hangs" % self.tag)
+        check(not self.errors, "%s: %s" % (self.tag, "; ".join(self.errors)))
+        check(self.done >= least, "%s: only %d requests done" % (self.tag, self.done))
+
+
+class Bg(threading.Thread):
+    """One streamed chat in a thread: how it ended (result or exception) and when;
+    stop_after (chunks with content) closes the stream early (a client gone)."""
+
+    def __init__(self, c, body, stop_after=None):
+        super().__init__(daemon=True)
+        self.client, self.body, self.stop_after = c.client(), body, stop_after
+        self.result = self.error = self.t_end = None
+        self.chunks = 0
+        self.start()
+
+    def run(self):
+        try:
+            text, finish, usage = "", None, None
+            with self.client.chat.completions.create(**self.body, stream=True,
+                                                     stream_options={"include_usage": True}) as s:
+                for ch in s:
+                    if ch.usage:
+                        usage = ch.usage
+                    for ci in ch.choices:
+                        text += ci.delta.content or ""
+                        finish = ci.finish_reason or finish
+                        self.chunks += bool(ci.delta.content)
+                    if self.stop_after is not None and self.chunks >= self.stop_after:
+                        break   # leaving the with block closes the connection
+            self.result = (text, finish, usage)
+        except Exception as e:   # noqa: BLE001 — the scenario checks it
+            self.error = e
+        self.t_end = time.time()
+
+    def outcome(self, timeout=30):
+        self.join(timeout * SLOW)
+        check(not self.is_alive(), "a request hangs: %r" % self.body["messages"][0]["content"][:40])
+        return self.result, self.error
+
+
+def find_request(c, prompt_tokens, state=None):
+    """The router's view of our request (picked by its unique prompt length)."""
+    for q in c.requests():
+        if q["prompt_tokens"] == prompt_tokens and (state is None or q["state"] == state):
+            return q
+    return None
+
+
+def raw_stream(c, body):
+    """A streamed request on a plain socket (to hang up at any moment)."""
+    data = json.dumps(dict(body, stream=True)).encode()
+    sock = socket.create_connection(("127.0.0.1", c.http), timeout=10 * SLOW)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e2e\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return sock
+
+
+def log_has(proc, pattern):
+    return re.search(pattern, proc.text()) is not None
+
+
+# ---- 3. cancellation mid-prefill and mid-decode ------------------------------------------
+
+
+def test_cancel(c):
+    # Prefill 0.4 ms per token per layer (a 700-token prompt: ~1.7 s), decode
+    # 20 ms a step: long enough to act in the middle of either.
+    c.up(prefill=2, decode=2, decode_ranks=1, prefill_flags=["--synth-prefill-us", "400"],
+         decode_flags=["--synth-step-us", "20000"])
+    traffic = Traffic(c, "alongside")
+    traffic.start()
+    long_prompt = 700
+    for how in ("disconnect", "tandemctl"):
+        for phase in ("prefilling", "decoding"):
+            pad = 1 if phase == "prefilling" else 0   # distinct prompt lengths
+            content = "c" * (long_prompt + pad if phase == "prefilling" else 40 + pad)
+            if how == "tandemctl":
+                content += "tt"
+            body = chat_body(content, 400, 9, temperature=0.8)
+            ntok = Expect.chat(body).prompt_tokens
+            if how == "disconnect" and phase == "prefilling":
+                # No chunk comes during prefill: a raw client that just hangs up.
+                sock = raw_stream(c, body)
+            else:
+                bg = Bg(c, body, stop_after=3 if how == "disconnect" else None)
+            q = c.wait(lambda: find_request(c, ntok, phase), "request %s" % phase)
+            rid = q["id"]
+            if how == "tandemctl":
+                if phase == "decoding":
+                    c.wait(lambda: bg.chunks >= 3, "tokens streamed")
+                c.tandemctl("cancel", rid)
+                res, err = bg.outcome()
+                check(isinstance(err, openai.APIError) and "cancel" in str(err).lower(),
+                      "tandemctl cancel %s: client got %r %r" % (phase, res, err))
+            elif phase == "prefilling":
+                sock.close()
+            else:
+                res, err = bg.outcome()
+                check(err is None and res[1] is None, "client disconnect %s: %r %r" %
+                      (phase, res, err))
+            check(q["state"] == phase, "not canceled while %s: %r" % (phase, q))
+            c.wait(lambda: find_request(c, ntok) is None, "request %s gone" % rid)
+            # The decode rank saw the cancel in the phase we meant and freed
+            # the blocks: mid-prefill only once P's terminal (canceled) note came.
+            dstate = "admitted" if phase == "prefilling" else "running"
+            d = c.workers[q["decode"]["node"]]
+            c.wait(lambda: log_has(d, r"request %s canceled \(%s\)" % (rid, dstate)),
+                   "decode rank's cancel of %s" % rid)
+            if phase == "prefilling":
+                p = c.workers[q["prefill"]["node"]]
+                c.wait(lambda: log_has(p, r"req %s: (canceled|done)" % rid), "P's end of %s" % rid)
+                if not log_has(p, r"req %s: canceled" % rid):
+                    # Seen rarely: P runs the prefill to its end although the
+                    # router sent Cancel (docs/testing.md, known issues).
+                    print("note: %s at %s finished its prefill despite the cancel" % (rid, p.name))
+                c.wait(lambda: log_has(d, r"request %s: prefill's terminal note in, freeing" % rid),
+                       "blocks of %s freed on P's canceled note" % rid)
+    traffic.finish(least=5)
+    c.wait_idle()
+
+
+# ---- 4. SIGKILL of a decoded, of a prefilld ----------------------------------------------
+
+
+def test_kill_decode(c):
+    c.up(prefill=2, decode=2, decode_ranks=1, decode_flags=["--synth-step-us", "20000"])
+    bodies = [chat_body("victim or survivor %s" % ("v" * i), 150, 40 + i) for i in range(4)]
+    ntoks = [Expect.chat(b).prompt_tokens for b in bodies]
+    bgs = [Bg(c, b) for b in bodies]
+    qs = c.wait(lambda: [find_request(c, n, "decoding") for n in ntoks]
+                if all(find_request(c, n, "decoding") for n in ntoks) else None,
+                "4 requests decoding")
+    nodes = [q["decode"]["node"] for q in qs]
+    check(set(nodes) == {"decode0", "decode1"}, "requests not spread: %r" % nodes)
+    c.wait(lambda: all(bg.chunks >= 2 for bg in bgs), "tokens streaming")
+    inc0 = [r["incarnation"] for r in c.ranks() if r["node"] == "decode0"][0]
+    t_kill = time.time()
+    c.workers["decode0"].kill()
+    for bg, node, b in zip(bgs, nodes, bodies):
+        res, err = bg.outcome()
+        if node == "decode0":
+            check(isinstance(err, openai.APIError), "request on the killed node: %r %r" % (res, err))
+            check(bg.t_end - t_kill < 5, "error event after %.1f s" % (bg.t_end - t_kill))
+            check("lost" in str(err), "error %r" % str(err))
+        else:
+            check(err is None, "request on the surviving node: %r" % err)
+            Expect.chat(b).check("survivor", *res)
+    c.wait(lambda: all(r["state"] == "dead" for r in c.ranks() if r["node"] == "decode0"),
+           "decode0 dead")
+    # New requests go to the survivor.
+    client = c.client()
+    before = admitted_on(c, "decode1")
+    for i in range(4):
+        b = chat_body("after the kill %d" % i, 5, i)
+        Expect.chat(b).check("after the kill", *run_chat(client, b, i % 2 == 0))
+    check(admitted_on(c, "decode1") == before + 4, "new requests not all on decode1")
+    # The restarted daemon registers with a new incarnation and serves.
+    c.workers["decode0"] = c.start_worker("decoded", "decode0", "--ranks", "1")
+    c.wait(lambda: [r for r in c.ranks() if r["node"] == "decode0" and r["state"] == "up"
+                    and r["incarnation"] != inc0], "decode0 back with a new incarnation")
+    c.tandemctl("drain", "decode1")
+    for i in range(3):
+        b = chat_body("after the restart %d" % i, 7, i)
+        Expect.chat(b).check("after the restart", *run_chat(client, b, i % 2 == 1))
+    check(len(re.findall(r"admitted", c.workers["decode0"].text())) == 3,
+          "the restarted decode0 did not serve")
+    c.tandemctl("undrain", "decode1")
+    c.wait_idle()
+
+
+def test_kill_prefill(c):
+    # 0.5 ms per token per layer: a 600-token prompt prefills in ~1.8 s.
+    # Transfer deadline 1 s, so the decode rank's grace period is 2 s.
+    dl = ["--xfer-deadline-ms", "1000"]
+    c.up(prefill=2, decode=2, decode_ranks=1,
+         prefill_flags=["--synth-prefill-us", "500", *dl], decode_flags=dl)
+    traffic = Traffic(c, "alongside")
+    traffic.start()
+    body = chat_body("p" * 600, 12, 5)
+    ntok = Expect.chat(body).prompt_tokens
+    bg = Bg(c, body)
+    q = c.wait(lambda: find_request(c, ntok, "prefilling"), "long request prefilling")
+    time.sleep(0.5)   # some layers pushed: the kill lands mid-transfer
+    victim = q["prefill"]["node"]
+    c.workers[victim].kill()
+    res, err = bg.outcome()
+    check(err is None, "request not retried: %r" % err)
+    Expect.chat(body).check("retried request", *res)
+    # The first attempt's blocks: freed only by the grace period (P died
+    # without its terminal note), not before it.
+    d = c.workers[q["decode"]["node"]]
+    rid = q["id"]
+    c.wait(lambda: log_has(d, r"request %s: no terminal note from prefill" % rid),
+           "grace expiry of %s" % rid, timeout=10)
+    ts = {}
+    for line in d.text().splitlines():
+        for what, pat in (("cancel", "request %s canceled (admitted)" % rid),
+                          ("free", "request %s: no terminal note" % rid)):
+            if pat in line:
+                ts[what] = line.split()[0]
+    check(len(ts) == 2, "decode log lacks the cancel or the grace expiry of %s" % rid)
+    secs = [time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) + float(t[19:-1])
+            for t in (ts["cancel"], ts["free"])]
+    check(secs[1] - secs[0] >= 1.95, "blocks freed %.2f s after the cancel, before the grace "
+          "period" % (secs[1] - secs[0]))
+    check(not log_has(d, r"request %s: prefill's terminal note" % rid), "a note from a dead P")
+    traffic.finish(least=3)
+    c.wait_idle()
+    # With no prefill group left the request fails with a clear error.
+    survivor = [n for n in ("prefill0", "prefill1") if n != victim][0]
+    body = chat_body("q" * 600, 12, 6)
+    ntok = Expect.chat(body).prompt_tokens
+    bg = Bg(c, body)
+    c.wait(lambda: find_request(c, ntok, "prefilling"), "request prefilling")
+    time.sleep(0.3)
+    c.workers[survivor].kill()
+    res, err = bg.outcome()
+    check(isinstance(err, openai.APIError) and re.search("prefill", str(err)),
+          "no clear error with no prefill rank left: %r %r" % (res, err))
+    print("last prefill lost: %s" % err)
+    c.wait_idle(timeout=10)
+
+
+# ---- 5. bad input ----------------------------------------------------------------------
+
+
+def error_json(st, data, want_status, code=None):
+    check(st == want_status, "HTTP %d, wanted %d: %r" % (st, want_status, data[:300]))
+    e = json.loads(data)["error"]
+    check(set(e) == {"message", "type", "param", "code"} and e["message"],
+          "not OpenAI's error JSON: %r" % e)
+    if code is not None:
+        check(e["code"] == code, "code %r, wanted %r" % (e["code"], code))
+    return e
+
+
+def test_bad_input(c):
+    c.up(prefill=1, decode=1, decode_ranks=1, router=["--max-body", "64KiB"])
+    path = "/v1/chat/completions"
+    post = lambda body: http_call(c.http, "POST", path, body)   # noqa: E731
+    ok = chat_body("fine", 4, 1)
+    st, _, data = post('{"model": "tandem-synthetic", "messages": [')
+    error_json(st, data, 400)
+    for bad, code in ((dict(ok, messages="hi"), None), (dict(ok, max_tokens="ten"), None),
+                      (dict(ok, temperature=[1]), None), (dict(ok, messages=[]), None),
+                      (dict(ok, messages=[{"role": "user", "content": 5}]), None),
+                      (dict(ok, max_tokens=0), "integer_below_min_value"),
+                      (dict(ok, max_tokens=10 ** 9), None)):
+        st, _, data = post(bad)
+        error_json(st, data, 400, code)
+    st, _, data = post(dict(ok, model="gpt-nope"))
+    error_json(st, data, 404, "model_not_found")
+    st, _, data = post(dict(ok, messages=[{"role": "user", "content": "x" * 100000}]))
+    error_json(st, data, 413)
+    # The same through the openai client: typed errors.
+    client = c.client()
+    for kw, exc in (({"model": "gpt-nope"}, openai.NotFoundError),
+                    ({"max_tokens": 10 ** 9}, openai.BadRequestError),
+                    ({"messages": []}, openai.BadRequestError)):
+        try:
+            client.chat.completions.create(**dict(ok, **kw))
+            raise Failure("no error for %r" % kw)
+        except exc as e:
+            check(e.body and e.body.get("message"), "error body %r" % e.body)
+    Expect.chat(ok).check("after bad input", *run_chat(client, ok, False))
+
+    # Garbage and an oversized frame on routerd's control port: that
+    # connection closed, the cluster keeps serving.
+    for frame in (b"\x00\x00\x00\x10" + os.urandom(16), b"\x7f\xff\xff\xff" + b"x" * 64,
+                  b"GET / HTTP/1.1\r\n\r\n"):
+        check(control_probe(c.ctl, frame, 5 * SLOW), "control connection not closed")
+    Expect.chat(ok).check("after garbage frames", *run_chat(client, ok, True))
+
+    # Workers that must not join: the wrong secret, another KV layout; the
+    # reason in both logs.
+    wrong_secret = c.start_worker("decoded", "intruder", secret="wrong-secret", wait_ready=False)
+    other = ENGINE[:ENGINE.index("--kv-window")] + ["--kv-window", "33"] + \
+        ENGINE[ENGINE.index("--kv-window") + 2:]
+    wrong_layout = c.start_worker("decoded", "odd-layout", engine=other, wait_ready=False)
+    c.wait(lambda: re.search(r"(?i)(secret|proof|auth)", wrong_secret.text()),
+           "the wrong-secret worker's reason")
+    c.wait(lambda: re.search(r"(?i)layout", wrong_layout.text()), "the layout worker's reason")
+    c.wait(lambda: re.search(r"(?i)intruder.*(secret|proof|auth)|(secret|proof|auth).*intruder",
+                             c.router.text()) or re.search(r"(?i)(proof|secret).*(wrong|fail|bad)",
+                                                           c.router.text()),
+           "routerd's log of the wrong secret")
+    c.wait(lambda: re.search(r"(?i)layout", c.router.text()), "routerd's log of the layout")
+    check(not [r for r in c.ranks() if r["node"] in ("intruder", "odd-layout")
+               and r["state"] == "up"], "a rejected worker joined")
+
+    # A wrong protocol version (ctl_peer, otherwise the right identity).
+    m = re.search(r"layout hash ([0-9a-f]+), fingerprint ([0-9a-f]+)", c.router.text())
+    check(m, "routerd's log lacks its layout hash and fingerprint")
+    secret = open(c.path("secret")).read().strip()
+    import subprocess
+    r = subprocess.run([c.bins["ctl_peer"], "client", "--port", str(c.ctl), "--secret", secret,
+                        "--version", "99", "--model", m.group(2), "--layout", "0x" + m.group(1),
+                        "--node", "time-traveller", "--hold-ms", "2000"],
+                       capture_output=True, text=True, timeout=20 * SLOW)
+    check(r.returncode == 1 and re.search(r"(?i)closed: .*version", r.stdout),
+          "ctl_peer with protocol 99: %r %r" % (r.stdout, r.stderr[-500:]))
+    c.wait(lambda: re.search(r"(?i)version", c.router.text()), "routerd's log of the version")
+    Expect.chat(ok).check("after the rejected peers", *run_chat(client, ok, False))
+    c.wait_idle()
+
+
+# ---- 6. drain ----------------------------------------------------------------------------
+
+
+def test_drain(c):
+    c.up(prefill=1, decode=2, decode_ranks=1, decode_flags=["--synth-step-us", "20000"])
+    bodies = [chat_body("in flight %s" % ("d" * i), 60, 70 + i) for i in range(4)]
+    ntoks = [Expect.chat(b).prompt_tokens for b in bodies]
+    bgs = [Bg(c, b) for b in bodies]
+    qs = c.wait(lambda: [find_request(c, n, "decoding") for n in ntoks]
+                if all(find_request(c, n, "decoding") for n in ntoks) else None,
+                "4 requests decoding")
+    on0 = [b for b, q in zip(bodies, qs) if q["decode"]["node"] == "decode0"]
+    check(on0 and len(on0) < 4, "requests not spread: %r" % [q["decode"] for q in qs])
+    out = c.tandemctl("drain", "decode0")
+    check("draining" in out, "tandemctl drain: %r" % out)
+    before = admitted_on(c, "decode0")
+    client = c.client()
+    for i in range(6):
+        b = chat_body("while draining %d" % i, 4, i)
+        Expect.chat(b).check("while draining", *run_chat(client, b, i % 2 == 0))
+    for bg, b in zip(bgs, bodies):
+        res, err = bg.outcome()
+        check(err is None, "in-flight request failed: %r" % err)
+        Expect.chat(b).check("in flight during drain", *res)
+    check(admitted_on(c, "decode0") == before, "a drained node got new requests")
+    ranks0 = [r for r in c.ranks() if r["node"] == "decode0"]
+    check(all(r["state"] == "draining" for r in ranks0), "decode0 %r" % ranks0)
+    c.tandemctl("undrain", "decode0")
+    c.wait(lambda: all(r["state"] == "up" for r in c.ranks()), "undrained")
+    bgs = [Bg(c, chat_body("after undrain %d" % i, 30, i)) for i in range(4)]
+    for bg in bgs:
+        res, err = bg.outcome()
+        check(err is None, "after undrain: %r" % err)
+    check(admitted_on(c, "decode0") > before, "undrained node gets nothing")
+    c.wait_idle()
+
+
+# ---- main ----------------------------------------------------------------------------
+
+
+def main():
+    name, build = sys.argv[1], sys.argv[2]
+    bins = {"routerd": "routerd/routerd", "prefilld": "prefilld/prefilld",
+            "decoded": "decoded/decoded", "tandemctl": "tandemctl/tandemctl",
+            "ctl_peer": "tests/integration/ctl_peer"}
+    bins = {k: os.path.join(build, v) for k, v in bins.items()}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as tmp:
+        c = Cluster(bins, tmp)
+        try:
+            globals()["test_" + name.replace("-", "_")](c)
+            bad = c.stop()
+            check(not bad, "; ".join(bad))
+        except (Failure, openai.OpenAIError) as e:
+            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
+            c.stop()
+            c.dump_logs()
+            return 1
+        finally:
+            c.stop()
+    print("ok %s (%.1f s)" % (name, time.time() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
