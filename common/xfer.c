@@ -616,9 +616,11 @@ td_xfer_on_note(void *arg, const void *header, size_t header_length, void *data,
         .src_incarnation = td_xfer_get64(h + 24),
         .dst_incarnation = td_xfer_get64(h + 32),
         .status = (st <= TD_OK && st >= TD_ERR_INTERNAL) ? (td_status_t)st : TD_ERR_PROTO,
-        .payload = plen ? data : NULL,
-        .payload_len = plen,
     };
+    if (note.status == TD_OK && plen) {   /* a payload only with TD_OK (xfer.h) */
+        note.payload = data;
+        note.payload_len = plen;
+    }
     if (note.dst_incarnation != x->incarnation) {
         x->stats.notes_stale++;
         td_warn("xfer %016" PRIx64 ": stale notification for xfer %" PRIu64
@@ -845,8 +847,10 @@ td_xfer_destroy(td_xfer_t *x)
     td_xfer_drain(x);
     /* wait (bounded) for force-closed endpoints and their requests */
     uint64_t until = td_xfer_now_ns() + (uint64_t)TD_XFER_CLOSE_WAIT_MS * 1000000u;
-    while ((x->closing || td_xfer_ops_busy(x)) && td_xfer_now_ns() < until)
+    while ((x->closing || td_xfer_ops_busy(x)) && td_xfer_now_ns() < until) {
         td_xfer_progress_worker(x);
+        td_xfer_drain(x);   /* ops ended by the progress wait in the done queue */
+    }
     if (x->closing)
         td_warn("xfer %016" PRIx64 ": %u endpoint close(s) still pending at destroy",
                 x->incarnation, x->closing);
@@ -1152,16 +1156,15 @@ static void
 td_xfer_on_sweep(evutil_socket_t fd, short what, void *arg)
 {
     td_xfer_t *x = arg;
-    if (x->stats.inflight) {
-        uint64_t now = td_xfer_now_ns();
-        for (td_xfer_peer_t *peer = x->peers; peer; peer = peer->next) {
-            for (td_xfer_op_t *op = peer->ops; op; op = op->next) {
-                if (op->deadline_ns && op->deadline_ns <= now) {
-                    td_warn("xfer %" PRIu64 " to peer %016" PRIx64 ": deadline passed",
-                            op->xfer_id, peer->incarnation);
-                    td_xfer_peer_fail(peer, TD_ERR_TIMEOUT);
-                    break;
-                }
+    uint64_t now = td_xfer_now_ns();
+    /* every listed op: transfers and the failure notes of refused posts */
+    for (td_xfer_peer_t *peer = x->peers; peer; peer = peer->next) {
+        for (td_xfer_op_t *op = peer->ops; op; op = op->next) {
+            if (op->deadline_ns && op->deadline_ns <= now) {
+                td_warn("xfer %" PRIu64 " to peer %016" PRIx64 ": deadline passed",
+                        op->xfer_id, peer->incarnation);
+                td_xfer_peer_fail(peer, TD_ERR_TIMEOUT);
+                break;
             }
         }
     }
@@ -1354,10 +1357,29 @@ td_xfer_descs_check(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t
     return TD_OK;
 }
 
-/* A refused transfer still ends in one failure notification to the receiver
- * (best effort: no `done`, not counted as a transfer). */
+/* Put op at the tail of the peer's in-flight list (the sweep checks its
+ * deadline; closing the peer ends it). */
 static void
-td_xfer_note_reject(td_xfer_peer_t *peer, uint64_t xfer_id, td_status_t why)
+td_xfer_peer_link_op(td_xfer_peer_t *peer, td_xfer_op_t *op, uint32_t deadline_ms)
+{
+    if (deadline_ms)
+        op->deadline_ns = td_xfer_now_ns() + (uint64_t)deadline_ms * 1000000u;
+    op->peer = peer;
+    op->prev = peer->ops_tail;
+    if (peer->ops_tail)
+        peer->ops_tail->next = op;
+    else
+        peer->ops = op;
+    peer->ops_tail = op;
+}
+
+/* A refused transfer still ends in one failure notification to the receiver
+ * (best effort: no `done`, not counted as a transfer). It is on the peer's
+ * list with the post's deadline, so that a receiver that stops taking
+ * notifications fails the peer instead of keeping the note pending. */
+static void
+td_xfer_note_reject(td_xfer_peer_t *peer, uint64_t xfer_id, td_status_t why,
+                    uint32_t deadline_ms)
 {
     td_xfer_op_t *op = td_xfer_op_get(peer->x);
     if (!op)
@@ -1366,6 +1388,7 @@ td_xfer_note_reject(td_xfer_peer_t *peer, uint64_t xfer_id, td_status_t why)
     op->xfer_id = xfer_id;
     op->status = why;
     op->dst_incarnation = peer->incarnation;
+    td_xfer_peer_link_op(peer, op, deadline_ms);
     td_xfer_note_send(op, peer->ep);
 }
 
@@ -1425,15 +1448,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
     op->payload_len = payload_len;
     if (payload_len)
         memcpy(op->payload, payload, payload_len);
-    if (deadline_ms)
-        op->deadline_ns = td_xfer_now_ns() + (uint64_t)deadline_ms * 1000000u;
-    op->peer = peer;
-    op->prev = peer->ops_tail;
-    if (peer->ops_tail)
-        peer->ops_tail->next = op;
-    else
-        peer->ops = op;
-    peer->ops_tail = op;
+    td_xfer_peer_link_op(peer, op, deadline_ms);
     x->stats.posted++;
     x->stats.inflight++;
     td_xfer_op_set_state(op, TD_XFER_OP_PUT);
@@ -1479,7 +1494,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
 
 err_reject:
     x->stats.rejected++;
-    td_xfer_note_reject(peer, xfer_id, st);
+    td_xfer_note_reject(peer, xfer_id, st, deadline_ms);
     td_xfer_kick(x);
     return st;
 }

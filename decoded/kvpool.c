@@ -1,6 +1,6 @@
 /* decoded/kvpool.c — block accounting of a decode rank's KV pools: free
- * stacks per paged segment, one slot allocator shared by the fixed segments,
- * a state (free / reserved by a reservation) per block, and the counters. */
+ * queues (FIFO) per paged segment, one slot allocator shared by the fixed
+ * segments, a state (free / reserved by a reservation) per block, counters. */
 #include "kvpool.h"
 
 #include <assert.h>
@@ -12,7 +12,8 @@ typedef struct {
     uint64_t nblocks;             /* blocks in the pool (fixed: the slots) */
     uint64_t block_bytes;
     uint64_t nfree;               /* paged: entries of free[] in use */
-    uint64_t *free;               /* paged: stack of free block ids */
+    uint64_t free_head;           /* paged: index of the oldest free block */
+    uint64_t *free;               /* paged: ring of free block ids, oldest first */
     const td_kvpool_res_t **state; /* [nblocks] paged: holder or NULL (free) */
 } td_kvpool_seg_t;
 
@@ -23,7 +24,8 @@ struct td_kvpool_s {
     uint32_t slots;
     uint32_t slots_used;
     uint32_t nslot_free;
-    uint32_t *slot_free;          /* stack of free slots */
+    uint32_t slot_free_head;      /* index of the oldest free slot */
+    uint32_t *slot_free;          /* ring of free slots, oldest first */
     const td_kvpool_res_t **slot_state; /* [slots] holder or NULL */
     uint64_t kv_tokens;
     uint64_t tokens_used;
@@ -63,7 +65,7 @@ td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
     if (kp->segs == NULL || kp->slot_free == NULL || kp->slot_state == NULL)
         goto err_free;
     for (uint32_t i = 0; i < slots; i++)
-        kp->slot_free[i] = slots - 1 - i;   /* slot 0 on top */
+        kp->slot_free[i] = i;   /* slot 0 first */
     kp->nslot_free = slots;
     for (uint32_t s = 0; s < layout->nsegs; s++) {
         const td_layout_seg_t *seg = &layout->segs[s];
@@ -84,7 +86,7 @@ td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
         if (ps->free == NULL || ps->state == NULL)
             goto err_free;
         for (uint64_t b = 0; b < ps->nblocks; b++)
-            ps->free[b] = ps->nblocks - 1 - b;   /* block 0 on top */
+            ps->free[b] = b;   /* block 0 first */
         ps->nfree = ps->nblocks;
         kp->blocks_total += ps->nblocks;
     }
@@ -164,7 +166,9 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
     res->blocks = (uint64_t **)(res->nblocks + l->nsegs);
     uint64_t *ids = (uint64_t *)(res->blocks + l->nsegs);
 
-    res->slot = kp->slot_free[--kp->nslot_free];
+    res->slot = kp->slot_free[kp->slot_free_head];
+    kp->slot_free_head = (kp->slot_free_head + 1) % kp->slots;
+    kp->nslot_free--;
     assert(kp->slot_state[res->slot] == NULL);
     kp->slot_state[res->slot] = res;
     kp->slots_used++;
@@ -179,7 +183,9 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
         }
         res->nblocks[s] = td_layout_blocks(l, &l->segs[s], ntokens);
         for (uint64_t i = 0; i < res->nblocks[s]; i++) {
-            uint64_t b = ps->free[--ps->nfree];
+            uint64_t b = ps->free[ps->free_head];
+            ps->free_head = (ps->free_head + 1) % ps->nblocks;
+            ps->nfree--;
             assert(ps->state[b] == NULL);
             ps->state[b] = res;
             ids[i] = b;
@@ -206,13 +212,13 @@ td_kvpool_release(td_kvpool_t *kp, td_kvpool_res_t *res)
             uint64_t b = res->blocks[s][i];
             assert(b < ps->nblocks && ps->state[b] == res);
             ps->state[b] = NULL;
-            ps->free[ps->nfree++] = b;
+            ps->free[(ps->free_head + ps->nfree++) % ps->nblocks] = b;
         }
         freed += res->nblocks[s];
     }
     assert(kp->slot_state[res->slot] == res);
     kp->slot_state[res->slot] = NULL;
-    kp->slot_free[kp->nslot_free++] = res->slot;
+    kp->slot_free[(kp->slot_free_head + kp->nslot_free++) % kp->slots] = res->slot;
     kp->slots_used--;
     freed += kp->nfixed;
     assert(kp->blocks_used >= freed && kp->tokens_used >= res->ntokens);

@@ -5,8 +5,6 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +13,7 @@
 #include "engine.h"
 #include "link.h"
 #include "rank.h"
+#include "ranks.h"
 
 #define DECODED_RANKS_MAX 64
 
@@ -50,33 +49,25 @@ static const td_config_opt_t decoded_opts[] = {
 
 typedef struct decoded decoded_t;
 
-/* One rank thread; everything but the init fields belongs to it. */
+/* One rank's state; it belongs to that rank's thread (common/ranks.h). */
 typedef struct {
     decoded_t *m;
     uint32_t id;
-    pthread_t th;
-    struct event_base *base;
+    struct event_base *base;     /* the rank's loop, owned by m->rs */
     td_rank_t *rk;
     td_link_t *link;
-    struct event *stop_ev;       /* activated by the main thread */
     bool draining;               /* what Register last said */
-    td_status_t init_st;         /* under m->lock */
-    int init_done;               /* under m->lock */
-    int alive;                   /* under m->lock: its loop may take stop_ev */
 } decoded_rank_t;
 
 struct decoded {
     decoded_config_t cfg;
     td_daemon_t *d;
     struct event_base *base;
-    struct event *rank_exit_ev;  /* a rank thread has left its loop */
-    _Atomic uint32_t ranks_exited;
     td_engine_t *engine;
     char fingerprint[17];
     decoded_rank_t *ranks;
     uint32_t nranks;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
+    td_ranks_t *rs;              /* the rank threads */
 };
 
 /* ---- Rank thread ------------------------------------------------------------------ */
@@ -135,38 +126,34 @@ decoded_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *a
 }
 
 static void
-decoded_on_stop(evutil_socket_t fd, short what, void *arg)
+decoded_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
-    decoded_rank_t *r = arg;
+    decoded_rank_t *r = &((decoded_t *)arg)->ranks[id];
     struct timeval flush = { 0, 100000 };   /* let the last Tokens frames go out */
     td_rank_stop(r->rk);
     event_base_loopexit(r->base, &flush);
 }
 
 static void
-decoded_rank_teardown(decoded_rank_t *r)
+decoded_rank_teardown(void *arg, uint32_t id)
 {
+    decoded_rank_t *r = &((decoded_t *)arg)->ranks[id];
     td_link_destroy(r->link);
     r->link = NULL;
     td_rank_destroy(r->rk);
     r->rk = NULL;
-    if (r->stop_ev)
-        event_free(r->stop_ev);
-    r->stop_ev = NULL;
-    if (r->base)
-        event_base_free(r->base);
-    r->base = NULL;
 }
 
 static td_status_t
-decoded_rank_setup(decoded_rank_t *r)
+decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
 {
-    decoded_t *m = r->m;
+    decoded_t *m = arg;
+    decoded_rank_t *r = &m->ranks[id];
     const decoded_config_t *c = &m->cfg;
-    td_status_t st = TD_ERR_NOMEM;
-    if (!(r->base = event_base_new()) ||
-        !(r->stop_ev = event_new(r->base, -1, 0, decoded_on_stop, r)))
-        goto err;
+    td_status_t st;
+    r->m = m;
+    r->id = id;
+    r->base = base;
     td_rank_config_t rc = {
         .node_id = td_daemon_node_id(m->d),
         .rank_id = r->id,
@@ -200,45 +187,11 @@ decoded_rank_setup(decoded_rank_t *r)
 
 err:
     td_error("decode rank %u: cannot start: %s", r->id, td_status_str(st));
-    decoded_rank_teardown(r);
+    decoded_rank_teardown(m, id);
     return st;
 }
 
-static void *
-decoded_rank_main(void *arg)
-{
-    decoded_rank_t *r = arg;
-    decoded_t *m = r->m;
-    td_status_t st = decoded_rank_setup(r);
-    pthread_mutex_lock(&m->lock);
-    r->init_st = st;
-    r->init_done = 1;
-    r->alive = st == TD_OK;
-    pthread_cond_broadcast(&m->cond);
-    pthread_mutex_unlock(&m->lock);
-    if (st == TD_OK) {
-        event_base_dispatch(r->base);
-        pthread_mutex_lock(&m->lock);
-        r->alive = 0;
-        pthread_mutex_unlock(&m->lock);
-        decoded_rank_teardown(r);
-    }
-    atomic_fetch_add(&m->ranks_exited, 1);
-    event_active(m->rank_exit_ev, 0, 0);
-    return NULL;
-}
-
 /* ---- Main thread -------------------------------------------------------------------- */
-
-static void
-decoded_stop_ranks(decoded_t *m)
-{
-    pthread_mutex_lock(&m->lock);
-    for (uint32_t i = 0; i < m->nranks; i++)
-        if (m->ranks[i].alive)
-            event_active(m->ranks[i].stop_ev, 0, 0);
-    pthread_mutex_unlock(&m->lock);
-}
 
 static void
 decoded_on_signal(td_daemon_t *d, void *arg)
@@ -246,42 +199,7 @@ decoded_on_signal(td_daemon_t *d, void *arg)
     decoded_t *m = arg;
     td_info("decoded: stopping: no new requests, live ones end with an error");
     td_daemon_stopping(d);
-    decoded_stop_ranks(m);
-}
-
-static void
-decoded_on_rank_exit(evutil_socket_t fd, short what, void *arg)
-{
-    decoded_t *m = arg;
-    if (atomic_load(&m->ranks_exited) == m->nranks)
-        event_base_loopexit(m->base, NULL);
-}
-
-/* Start the rank threads and wait until each is up (or failed). */
-static td_status_t
-decoded_start_ranks(decoded_t *m)
-{
-    td_status_t st = TD_OK;
-    for (uint32_t i = 0; i < m->nranks; i++) {
-        decoded_rank_t *r = &m->ranks[i];
-        r->m = m;
-        r->id = i;
-        if (pthread_create(&r->th, NULL, decoded_rank_main, r) != 0) {
-            td_error("decode rank %u: cannot create its thread", i);
-            m->nranks = i;
-            st = TD_ERR_IO;
-            break;
-        }
-    }
-    pthread_mutex_lock(&m->lock);
-    for (uint32_t i = 0; i < m->nranks; i++) {
-        while (!m->ranks[i].init_done)
-            pthread_cond_wait(&m->cond, &m->lock);
-        if (m->ranks[i].init_st != TD_OK)
-            st = m->ranks[i].init_st;
-    }
-    pthread_mutex_unlock(&m->lock);
-    return st;
+    td_ranks_stop(m->rs, TD_RANKS_STOP_DRAIN);
 }
 
 int
@@ -290,8 +208,6 @@ main(int argc, char **argv)
     static decoded_t m;
     int rc = 1;
     evthread_use_pthreads();
-    pthread_mutex_init(&m.lock, NULL);
-    pthread_cond_init(&m.cond, NULL);
     if (!(m.base = event_base_new())) {
         fprintf(stderr, "decoded: cannot create the event loop\n");
         return 1;
@@ -312,12 +228,12 @@ main(int argc, char **argv)
     snprintf(m.fingerprint, sizeof(m.fingerprint), "%016" PRIx64, m.engine->fingerprint);
     m.nranks = (uint32_t)m.cfg.ranks;
     m.ranks = calloc(m.nranks, sizeof(*m.ranks));
-    m.rank_exit_ev = event_new(m.base, -1, 0, decoded_on_rank_exit, &m);
-    if (!m.ranks || !m.rank_exit_ev) {
+    if (!m.ranks) {
         td_error("decoded: out of memory");
         goto err_free_engine;
     }
-    st = decoded_start_ranks(&m);
+    td_ranks_handlers_t rh = { decoded_rank_setup, decoded_on_stop, decoded_rank_teardown, &m };
+    st = td_ranks_create(m.base, "decode rank", m.nranks, &rh, &m.rs);
     if (st == TD_OK) {
         char status[256];
         snprintf(status, sizeof(status), "node %s ranks %u kv-tokens %" PRIu64 " max-batch %"
@@ -330,15 +246,11 @@ main(int argc, char **argv)
         event_base_dispatch(m.base);
         rc = 0;
     }
-    /* A second signal (or a start-up failure) lands here with ranks running. */
-    decoded_stop_ranks(&m);
-    for (uint32_t i = 0; i < m.nranks; i++)
-        pthread_join(m.ranks[i].th, NULL);
+    /* A second signal lands here with ranks running. */
+    td_ranks_destroy(m.rs);
     td_info("decoded: exiting");
 
 err_free_engine:
-    if (m.rank_exit_ev)
-        event_free(m.rank_exit_ev);
     free(m.ranks);
     td_engine_destroy(m.engine);
 err_free_daemon:

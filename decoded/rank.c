@@ -47,11 +47,13 @@ static void rank_release(td_rank_t *r, td_request_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
+/* A request by the router that sent it and its id (ids are unique per
+ * router only). */
 static td_request_t *
-rank_find(const td_rank_t *r, uint64_t id)
+rank_find(const td_rank_t *r, const void *router, uint64_t id)
 {
     for (uint32_t i = 0; i < r->cfg.max_batch; i++)
-        if (r->slots[i] != NULL && r->slots[i]->id == id)
+        if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router)
             return r->slots[i];
     return NULL;
 }
@@ -212,6 +214,20 @@ rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_engine_sampling
     return NULL;
 }
 
+/* The grace period of a request whose prefill rank named prefill_deadline_ms
+ * (0: unknown): 2 × the larger of it and ours (P may get the Cancel up to one
+ * deadline after us; its last transfer then ends within one more), plus the
+ * margin for the prefill chunk in progress when the Cancel came (default:
+ * one deadline). */
+static uint32_t
+rank_grace_ms(const td_rank_t *r, uint32_t prefill_deadline_ms)
+{
+    uint64_t d = r->cfg.xfer_deadline_ms > prefill_deadline_ms ? r->cfg.xfer_deadline_ms
+                                                               : prefill_deadline_ms;
+    uint64_t g = 2 * d + (r->cfg.grace_margin_ms ? r->cfg.grace_margin_ms : d);
+    return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
+}
+
 static void
 rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
 {
@@ -219,7 +235,7 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
     const char *bad = NULL;
     if (a->n_tokens == 0)
         bad = "empty prompt";
-    else if (rank_find(r, a->req_id) != NULL)
+    else if (rank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
     else
         bad = rank_sampling(r, a->sampling, &sp);
@@ -268,6 +284,7 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
     req->res = res;
     req->router = router;
     req->xfer_id = ++r->next_xfer;
+    req->grace_ms = rank_grace_ms(r, a->prefill_deadline_ms);
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
@@ -446,6 +463,7 @@ rank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
     td_request_t *req = rank_find_xfer(r, note->xfer_id);
     (void)x;
     if (req == NULL) {
+        r->stats.notes_unknown++;
         td_warn("decode rank %u: note for unknown transfer %llu (status %s) dropped",
                 r->cfg.rank_id, (unsigned long long)note->xfer_id,
                 td_status_str(note->status));
@@ -516,13 +534,13 @@ rank_on_grace(evutil_socket_t fd, short what, void *arg)
     assert(!req->kv_done && td_request_ended(req));
     td_warn("decode rank %u: request %016llx: no terminal note from prefill %s within the "
             "%u ms grace period: freeing its blocks", r->cfg.rank_id,
-            (unsigned long long)req->id, req->prefill, 2 * r->cfg.xfer_deadline_ms);
+            (unsigned long long)req->id, req->prefill, req->grace_ms);
     req->kv_done = true;
     rank_release(r, req);
 }
 
-/* P may still write: free only after the grace period (2 × the transfer
- * deadline), unless its terminal note comes first. */
+/* P may still write: free only after the grace period (req->grace_ms),
+ * unless its terminal note comes first. */
 static void
 rank_grace_start(td_rank_t *r, td_request_t *req)
 {
@@ -536,15 +554,15 @@ rank_grace_start(td_rank_t *r, td_request_t *req)
             return;
         }
     }
-    struct timeval tv = { .tv_sec = (time_t)(2 * r->cfg.xfer_deadline_ms / 1000),
-                          .tv_usec = (suseconds_t)(2 * r->cfg.xfer_deadline_ms % 1000 * 1000) };
+    struct timeval tv = { .tv_sec = (time_t)(req->grace_ms / 1000),
+                          .tv_usec = (suseconds_t)(req->grace_ms % 1000 * 1000) };
     evtimer_add(req->grace, &tv);
 }
 
 static void
-rank_cancel(td_rank_t *r, const Tandem__Cancel *c)
+rank_cancel(td_rank_t *r, void *router, const Tandem__Cancel *c)
 {
-    td_request_t *req = rank_find(r, c->req_id);
+    td_request_t *req = rank_find(r, router, c->req_id);
     if (req == NULL) {
         td_debug("decode rank %u: cancel for unknown request %016llx ignored", r->cfg.rank_id,
                  (unsigned long long)c->req_id);
@@ -553,13 +571,16 @@ rank_cancel(td_rank_t *r, const Tandem__Cancel *c)
     td_info("decode rank %u: request %016llx canceled (%s): %.120s", r->cfg.rank_id,
             (unsigned long long)req->id, td_request_state_str(req->state),
             c->reason ? c->reason : "");
+    /* The router never sent the Prefill: no prefill rank knows the blocks. */
+    if (c->prefill_not_sent && req->state == TD_REQUEST_ADMITTED)
+        req->kv_done = true;
     if (!td_request_ended(req))
         rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "canceled",
                  true);
     /* rank_end freed it if P's note had come; else P, told at the same
      * time, stops at its next layer boundary and sends its note, or is gone
      * (or its endpoint to us failed): the grace period bounds the wait. */
-    if ((req = rank_find(r, c->req_id)) != NULL)
+    if ((req = rank_find(r, router, c->req_id)) != NULL)
         rank_grace_start(r, req);
 }
 
@@ -697,7 +718,7 @@ td_rank_on_message(td_rank_t *r, void *router, const Tandem__Envelope *env)
         rank_admit(r, router, env->admit);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
-        rank_cancel(r, env->cancel);
+        rank_cancel(r, router, env->cancel);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         if (!r->stopping && r->draining != env->drain->draining) {
@@ -797,10 +818,13 @@ td_rank_destroy(td_rank_t *r)
 {
     if (r == NULL)
         return;
+    if (r->xfer != NULL)   /* no note may look up a freed request below */
+        td_xfer_set_note_handler(r->xfer, NULL, NULL);
     for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
         td_request_t *req = r->slots[i];
         if (req == NULL)
             continue;
+        r->slots[i] = NULL;
         /* Exiting: the pools go away with the worker below, so a late write
          * from a peer fails on its side instead of landing in reused memory. */
         td_kvpool_release(r->kp, req->res);

@@ -36,13 +36,17 @@ typedef struct {
     const char *transports;       /* UCX transport list, NULL = UCX default (copied) */
     uint64_t kv_tokens;           /* KV capacity in tokens */
     uint32_t max_batch;           /* batch rows = fixed slots */
-    uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline; grace = 2 × it */
+    uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline, at least (Admit may
+                                     name a longer one: the larger counts) */
+    uint32_t grace_margin_ms;     /* added to 2 × the deadline for a prefill chunk in
+                                     progress when the Cancel came; 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none (I/O is still read between steps) */
 } td_rank_config_t;
 
 typedef struct {
     uint64_t admitted, rejected, finished, canceled, failed, released;
     uint64_t verified_bytes;      /* received KV bytes checked against the engine */
+    uint64_t notes_unknown;       /* KV notes for no live request (late: dropped) */
     uint64_t steps;               /* decode steps run */
     uint32_t live;                /* requests holding blocks */
     uint32_t running;             /* in the batch */

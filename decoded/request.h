@@ -44,6 +44,7 @@ typedef struct {
                                     grace period passed): no peer writes any more */
     struct event *grace;         /* grace timer once P is reported gone */
     void *rank;                  /* the rank it lives on (for timers) */
+    uint32_t grace_ms;           /* its grace period (decoded/rank.c) */
     char prefill[96];            /* "node/rank#incarnation", for the logs */
 } td_request_t;
 

@@ -151,6 +151,20 @@ engine_check_append(const td_engine_req_t *req, const int32_t *tokens, size_t n)
     return TD_OK;
 }
 
+/* After the op that took a prompt: a failure sticks to the request (the first
+ * one wins); on success every token so far is prompt. */
+static td_status_t
+engine_prompt_done(td_engine_req_t *req, td_status_t st)
+{
+    if (st != TD_OK) {
+        if (req->failed == TD_OK)
+            req->failed = st;
+        return st;
+    }
+    req->prompt = req->ntokens;
+    return TD_OK;
+}
+
 td_status_t
 td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                   td_engine_layer_fn fn, void *arg)
@@ -168,14 +182,7 @@ td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int las
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    st = req->engine->ops->prefill(req, tokens, n, last, fn, arg);
-    if (st != TD_OK) {
-        if (req->failed == TD_OK)
-            req->failed = st;
-        return st;
-    }
-    req->prompt = req->ntokens;
-    return TD_OK;
+    return engine_prompt_done(req, req->engine->ops->prefill(req, tokens, n, last, fn, arg));
 }
 
 td_status_t
@@ -190,14 +197,7 @@ td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const voi
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    st = req->engine->ops->adopt(req, tokens, n, fixed);
-    if (st != TD_OK) {
-        if (req->failed == TD_OK)
-            req->failed = st;
-        return st;
-    }
-    req->prompt = req->ntokens;
-    return TD_OK;
+    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n, fixed));
 }
 
 td_status_t

@@ -5,8 +5,6 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +13,7 @@
 #include "engine.h"
 #include "link.h"
 #include "rank.h"
+#include "ranks.h"
 #include "xfer.h"
 
 #define PREFILLD_RANKS_MAX 64
@@ -46,41 +45,33 @@ static const td_config_opt_t prefilld_opts[] = {
                          "requests per rank prefilled round-robin, chunk by chunk"),
     TD_CONFIG_OPT_STRING("transports", prefilld_config_t, transports, "",
                          "ucx transport list like UCX_TLS (default: ucx's choice)"),
-    TD_CONFIG_OPT_UINT64("xfer-deadline-ms", prefilld_config_t, xfer_deadline_ms, "10000", 0,
-                         3600000, "deadline of one kv transfer in ms (0: none)"),
+    TD_CONFIG_OPT_UINT64("xfer-deadline-ms", prefilld_config_t, xfer_deadline_ms, "10000", 1,
+                         3600000, "deadline of one kv transfer in ms (decode ranks hold "
+                         "the blocks of a request whose prefill failed for twice this)"),
     TD_CONFIG_OPT_END
 };
 
 typedef struct prefilld prefilld_t;
 
-/* One rank thread; everything but stop_req and the init fields belongs to it. */
+/* One rank's state; it belongs to that rank's thread (common/ranks.h). */
 typedef struct {
     prefilld_t *m;
     uint32_t id;
-    pthread_t th;
-    struct event_base *base;
+    struct event_base *base;     /* the rank's loop, owned by m->rs */
     td_xfer_t *x;
     td_rank_t *rk;
     td_link_t *link;
-    struct event *stop_ev;       /* activated by the main thread */
-    _Atomic int stop_req;        /* 1: finish the tasks; 2: exit now */
-    td_status_t init_st;         /* under m->lock */
-    int init_done;               /* under m->lock */
-    int alive;                   /* under m->lock: its loop may take stop_ev */
 } prefilld_rank_t;
 
 struct prefilld {
     prefilld_config_t cfg;
     td_daemon_t *d;
     struct event_base *base;
-    struct event *rank_exit_ev;  /* a rank thread has left its loop */
-    _Atomic uint32_t ranks_exited;
     td_engine_t *engine;
     char fingerprint[17];
     prefilld_rank_t *ranks;
     uint32_t nranks;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
+    td_ranks_t *rs;              /* the rank threads */
 };
 
 /* ---- Rank thread ------------------------------------------------------------------ */
@@ -94,6 +85,7 @@ prefilld_register(prefilld_rank_t *r, int draining, Tandem__Register *reg)
     reg->vocab_size = r->m->engine->vocab;
     reg->max_context = r->m->engine->max_context;
     reg->draining = draining;
+    reg->xfer_deadline_ms = (uint32_t)r->m->cfg.xfer_deadline_ms;
 }
 
 static void
@@ -163,11 +155,12 @@ prefilld_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *
     td_rank_router_down(r->rk, router);
 }
 
+/* DRAIN: finish the tasks; NOW: exit now. */
 static void
-prefilld_on_stop(evutil_socket_t fd, short what, void *arg)
+prefilld_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
-    prefilld_rank_t *r = arg;
-    if (atomic_load(&r->stop_req) >= 2) {
+    prefilld_rank_t *r = &((prefilld_t *)arg)->ranks[id];
+    if (how == TD_RANKS_STOP_NOW) {
         event_base_loopexit(r->base, NULL);
         return;
     }
@@ -179,31 +172,27 @@ prefilld_on_stop(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
-prefilld_rank_teardown(prefilld_rank_t *r)
+prefilld_rank_teardown(void *arg, uint32_t id)
 {
+    prefilld_rank_t *r = &((prefilld_t *)arg)->ranks[id];
     td_link_destroy(r->link);
     td_rank_destroy(r->rk);
     td_xfer_destroy(r->x);
-    if (r->stop_ev)
-        event_free(r->stop_ev);
-    event_base_free(r->base);
     r->link = NULL;
     r->rk = NULL;
     r->x = NULL;
-    r->stop_ev = NULL;
-    r->base = NULL;
 }
 
 static td_status_t
-prefilld_rank_setup(prefilld_rank_t *r)
+prefilld_rank_setup(void *arg, uint32_t id, struct event_base *base)
 {
-    prefilld_t *m = r->m;
+    prefilld_t *m = arg;
+    prefilld_rank_t *r = &m->ranks[id];
     const prefilld_config_t *c = &m->cfg;
-    td_status_t st = TD_ERR_NOMEM;
-    if (!(r->base = event_base_new()))
-        goto err;
-    if (!(r->stop_ev = event_new(r->base, -1, 0, prefilld_on_stop, r)))
-        goto err;
+    td_status_t st;
+    r->m = m;
+    r->id = id;
+    r->base = base;
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(m->d),
         .transports = c->transports[0] ? c->transports : NULL,
@@ -240,90 +229,18 @@ prefilld_rank_setup(prefilld_rank_t *r)
 
 err:
     td_error("prefill rank %u: cannot start: %s", r->id, td_status_str(st));
-    prefilld_rank_teardown(r);
+    prefilld_rank_teardown(m, id);
     return st;
 }
 
-static void *
-prefilld_rank_main(void *arg)
-{
-    prefilld_rank_t *r = arg;
-    prefilld_t *m = r->m;
-    td_status_t st = prefilld_rank_setup(r);
-    pthread_mutex_lock(&m->lock);
-    r->init_st = st;
-    r->init_done = 1;
-    r->alive = st == TD_OK;
-    pthread_cond_broadcast(&m->cond);
-    pthread_mutex_unlock(&m->lock);
-    if (st == TD_OK) {
-        event_base_dispatch(r->base);
-        pthread_mutex_lock(&m->lock);
-        r->alive = 0;
-        pthread_mutex_unlock(&m->lock);
-        prefilld_rank_teardown(r);
-    }
-    atomic_fetch_add(&m->ranks_exited, 1);
-    event_active(m->rank_exit_ev, 0, 0);
-    return NULL;
-}
-
 /* ---- Main thread -------------------------------------------------------------------- */
-
-static void
-prefilld_stop_ranks(prefilld_t *m, int how)
-{
-    for (uint32_t i = 0; i < m->nranks; i++) {
-        prefilld_rank_t *r = &m->ranks[i];
-        atomic_store(&r->stop_req, how);
-        pthread_mutex_lock(&m->lock);
-        if (r->alive)
-            event_active(r->stop_ev, 0, 0);
-        pthread_mutex_unlock(&m->lock);
-    }
-}
 
 static void
 prefilld_on_signal(td_daemon_t *d, void *arg)
 {
     prefilld_t *m = arg;
     td_daemon_stopping(d);
-    prefilld_stop_ranks(m, 1);
-}
-
-static void
-prefilld_on_rank_exit(evutil_socket_t fd, short what, void *arg)
-{
-    prefilld_t *m = arg;
-    if (atomic_load(&m->ranks_exited) == m->nranks)
-        event_base_loopexit(m->base, NULL);
-}
-
-/* Start the rank threads and wait until each is up (or failed). */
-static td_status_t
-prefilld_start_ranks(prefilld_t *m)
-{
-    td_status_t st = TD_OK;
-    for (uint32_t i = 0; i < m->nranks; i++) {
-        prefilld_rank_t *r = &m->ranks[i];
-        r->m = m;
-        r->id = i;
-        if (pthread_create(&r->th, NULL, prefilld_rank_main, r) != 0) {
-            td_error("prefill rank %u: cannot create its thread", i);
-            m->nranks = i;
-            st = TD_ERR_IO;
-            break;
-        }
-    }
-    pthread_mutex_lock(&m->lock);
-    for (uint32_t i = 0; i < m->nranks; i++) {
-        while (!m->ranks[i].init_done)
-            pthread_cond_wait(&m->cond, &m->lock);
-        if (m->ranks[i].init_st != TD_OK)
-            st = m->ranks[i].init_st;
-    }
-    pthread_mutex_unlock(&m->lock);
-    return st;
+    td_ranks_stop(m->rs, TD_RANKS_STOP_DRAIN);
 }
 
 int
@@ -332,8 +249,6 @@ main(int argc, char **argv)
     static prefilld_t m;
     int rc = 1;
     evthread_use_pthreads();
-    pthread_mutex_init(&m.lock, NULL);
-    pthread_cond_init(&m.cond, NULL);
     if (!(m.base = event_base_new())) {
         fprintf(stderr, "prefilld: cannot create the event loop\n");
         return 1;
@@ -354,12 +269,13 @@ main(int argc, char **argv)
     snprintf(m.fingerprint, sizeof(m.fingerprint), "%016" PRIx64, m.engine->fingerprint);
     m.nranks = (uint32_t)m.cfg.ranks;
     m.ranks = calloc(m.nranks, sizeof(*m.ranks));
-    m.rank_exit_ev = event_new(m.base, -1, 0, prefilld_on_rank_exit, &m);
-    if (!m.ranks || !m.rank_exit_ev) {
+    if (!m.ranks) {
         td_error("prefilld: out of memory");
         goto err_free_engine;
     }
-    st = prefilld_start_ranks(&m);
+    td_ranks_handlers_t rh = { prefilld_rank_setup, prefilld_on_stop, prefilld_rank_teardown,
+                               &m };
+    st = td_ranks_create(m.base, "prefill rank", m.nranks, &rh, &m.rs);
     if (st == TD_OK) {
         char status[256];
         snprintf(status, sizeof(status), "node %s, %u ranks, incarnation %016" PRIx64
@@ -371,15 +287,11 @@ main(int argc, char **argv)
         event_base_dispatch(m.base);
         rc = 0;
     }
-    /* A second signal (or a start-up failure) lands here with ranks running. */
-    prefilld_stop_ranks(&m, 2);
-    for (uint32_t i = 0; i < m.nranks; i++)
-        pthread_join(m.ranks[i].th, NULL);
+    /* A second signal lands here with ranks running. */
+    td_ranks_destroy(m.rs);
     td_info("prefilld: exiting");
 
 err_free_engine:
-    if (m.rank_exit_ev)
-        event_free(m.rank_exit_ev);
     free(m.ranks);
     td_engine_destroy(m.engine);
 err_free_daemon:

@@ -106,11 +106,26 @@ struct td_rank_s {
     task_t *current;             /* inside td_engine_prefill for this task */
     uint32_t running;            /* tasks in RUNNING */
     int stopping, draining, closing;
+    uint64_t last_work_ms;       /* end of the last rank_on_work pass */
     td_rank_stats_t stats;
     Tandem__Load last_load;
 };
 
 static void task_try_terminal(task_t *t);
+
+/* A gap this long between two work passes (the process was stopped, or the
+ * loop was held up): the next pass runs no chunk, so that what arrived
+ * meanwhile (a Cancel, a router's end) is read first. */
+#define TD_RANK_RESUME_GAP_MS 100
+
+static uint64_t
+rank_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 
 /* ---- Task state --------------------------------------------------------------- */
 
@@ -449,7 +464,13 @@ task_on_data_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
         task_fail(t, status, "decode rank %s/%u: transfer failed: %s",
                   t->peer ? t->peer->node : "?", t->peer ? t->peer->rank : 0,
                   td_status_str(status));
-        task_stop(t);
+        if (t->state <= TASK_RUNNING) {
+            /* task_stop either leaves the task running (inside its engine
+             * call) or ends the engine part and tries the terminal note
+             * itself, which may end and free the task: t is not used again */
+            task_stop(t);
+            return;
+        }
     }
     task_try_terminal(t);
 }
@@ -557,6 +578,10 @@ static void
 task_run_chunk(task_t *t)
 {
     td_rank_t *rk = t->rk;
+    if (t->canceled || t->status != TD_OK) {   /* not normally in the run queue then */
+        task_finish_engine(t);
+        return;
+    }
     if (t->state == TASK_QUEUED) {
         td_status_t st = td_engine_req_create(rk->e, &t->sampling, &t->req);
         if (st != TD_OK) {
@@ -597,9 +622,12 @@ static void
 rank_on_work(evutil_socket_t fd, short what, void *arg)
 {
     td_rank_t *rk = arg;
-    task_t *t = rank_pick(rk);
+    uint64_t now = rank_now_ms();
+    int resumed = rk->last_work_ms && now - rk->last_work_ms > TD_RANK_RESUME_GAP_MS;
+    task_t *t = resumed ? NULL : rank_pick(rk);
     if (t)
         task_run_chunk(t);
+    rk->last_work_ms = rank_now_ms();
     rank_work_update(rk);
     rank_publish_load(rk);
 }
@@ -792,8 +820,9 @@ td_status_t
 td_rank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
                const td_rank_config_t *cfg, const td_rank_handlers_t *h, td_rank_t **out)
 {
-    if (cfg->chunk_tokens == 0 || cfg->max_running == 0) {
-        td_error("prefill rank %u: chunk tokens and max running must be >= 1", cfg->rank_id);
+    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0) {
+        td_error("prefill rank %u: chunk tokens, max running and the transfer deadline (ms) "
+                 "must be >= 1", cfg->rank_id);
         return TD_ERR_INVALID;
     }
     td_rank_t *rk = calloc(1, sizeof(*rk));
@@ -831,14 +860,6 @@ err_close_efd:
 err_free:
     free(rk);
     return st;
-}
-
-static uint64_t
-rank_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static int

@@ -26,7 +26,8 @@ typedef struct {
     uint64_t chunk_tokens;       /* prefill chunk size (>= 1) */
     uint64_t max_queued_tokens;  /* prompt tokens not yet prefilled, all tasks; 0 = no cap */
     uint32_t max_running;        /* tasks prefilled round-robin at once (>= 1) */
-    uint32_t deadline_ms;        /* per transfer; 0 = none */
+    uint32_t deadline_ms;        /* per transfer (>= 1: the decode ranks' grace period
+                                    relies on it) */
 } td_rank_config_t;
 
 typedef struct {

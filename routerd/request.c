@@ -187,6 +187,9 @@ send_cancel(td_request_t *q, td_rank_t *rk, const char *reason)
         return;
     c.req_id = q->id;
     c.reason = (char *)reason;
+    /* ADMITTING: the attempt's Prefill was never sent (on_admit_ok sends it
+     * and moves on), so the decode rank may free the blocks at once */
+    c.prefill_not_sent = q->state == TD_REQ_ADMITTING && rk == q->decode;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
     env.cancel = &c;
     (void)td_cluster_send(rk, &env);
@@ -489,6 +492,7 @@ admit_next(td_request_t *q)
         a.prefill_node = p->node->name;
         a.prefill_rank = p->rank_id;
         a.prefill_incarnation = p->incarnation;
+        a.prefill_deadline_ms = p->reg ? p->reg->xfer_deadline_ms : 0;
         env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
         env.admit = &a;
         if (td_cluster_send(d, &env) == TD_OK) {

@@ -126,19 +126,9 @@ conn_gone(void *arg)
 static const Tandem__KvDest *
 admit(rtr_t *r, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_tokens)
 {
-    Tandem__Sampling s = TANDEM__SAMPLING__INIT;
-    s.max_tokens = max_tokens;
-    Tandem__Admit a = TANDEM__ADMIT__INIT;
-    a.req_id = id;
-    a.n_tokens = n;
-    a.tokens = (int32_t *)prompt;
-    a.sampling = &s;
-    a.prefill_node = "fake-p";
-    a.prefill_incarnation = P_INC;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
-    env.admit = &a;
-    rtr_send(r, &env);
+    fk_admit_t adm;
+    fk_admit_init(&adm, id, prompt, n, max_tokens);
+    rtr_send(r, &adm.env);
     fk_wait_msg(r->base, &r->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, id, 3000);
     const Tandem__Envelope *ok = fk_router_find(&r->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, id);
     return ok ? ok->admit_ok->dest : NULL;
@@ -251,9 +241,9 @@ main(int argc, char **argv)
         fk_prompt(p, 16, 12);
         start_request(r, &fp2, 3, p, 16, 1000);
         kill(r->pid, SIGKILL);
-        uint64_t t0 = fk_now_ms();
+        uint64_t t0 = td_testutil_now_ms();
         CHECK(fk_run_until(r->base, conn_gone, r, 5000));
-        CHECK(fk_now_ms() - t0 < 5000);
+        CHECK(td_testutil_now_ms() - t0 < 5000);
         waitpid(r->pid, NULL, 0);
         fk_p_destroy(&fp2);
 

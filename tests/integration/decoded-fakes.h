@@ -10,12 +10,15 @@
 
 #include <event2/event.h>
 
+#include "../unit/testutil.h"
 #include "engine.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
 
 #define P_INC       0x9e9e9e9eull   /* the fake prefill's incarnation */
-#define DEADLINE_MS 300u            /* transfer deadline: grace = 600 ms */
+#define DEADLINE_MS 300u            /* transfer deadline */
+#define GRACE_MARGIN_MS 100u        /* grace = 2 × DEADLINE_MS + it = 700 ms */
+#define GRACE_MS (2 * DEADLINE_MS + GRACE_MARGIN_MS)
 #define TLS         "shm,self"
 #define MAX_MSGS    8192
 /* The engine options fk_engine() uses, for a decoded command line. */
@@ -27,7 +30,6 @@
 /* Failed checks inside the fakes; a test adds them to its own count. */
 extern int fk_failures;
 
-uint64_t fk_now_ms(void);
 td_engine_t *fk_engine(void);
 
 /* ---- Fake router: every message, deep-copied ---- */
@@ -93,8 +95,17 @@ size_t fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_t
                  int32_t *out);
 void fk_prompt(int32_t *p, size_t n, int32_t seed);
 
+/* An Admit of request id for prompt from the fake prefill ("fake-p", P_INC),
+ * ready to send as adm->env; it points into adm and at prompt. */
+typedef struct {
+    Tandem__Sampling s;
+    Tandem__Admit a;
+    Tandem__Envelope env;
+} fk_admit_t;
+void fk_admit_init(fk_admit_t *adm, uint64_t id, const int32_t *prompt, size_t n,
+                   uint32_t max_tokens);
+
 /* ---- Framed envelopes over a socket (u32 host-order length + packed) ---- */
-int fk_io_full(int fd, void *buf, size_t len, int writing);
 int fk_env_send(int fd, const Tandem__Envelope *env);
 Tandem__Envelope *fk_env_recv(int fd);
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../unit/check.h"
+#include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
 #include "synthetic.h"
@@ -60,14 +61,6 @@ static struct {
     req_t reqs[MAX_REQS];
     pid_t child;
 } g;
-
-static uint64_t
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void
 on_alarm(int sig)
@@ -262,8 +255,8 @@ cancel(int i)
 static int
 wait_for(const int *v, int want, int ms)
 {
-    uint64_t until = now_ms() + (uint64_t)ms;
-    while (*v < want && now_ms() < until)
+    uint64_t until = td_testutil_now_ms() + (uint64_t)ms;
+    while (*v < want && td_testutil_now_ms() < until)
         event_base_loop(g.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     return *v >= want;
 }
@@ -442,9 +435,9 @@ main(int argc, char **argv)
             CHECK_EQ_INT(g.reqs[i].terminal, 1);
     }
     int status = 0;
-    uint64_t until = now_ms() + 10000;
+    uint64_t until = td_testutil_now_ms() + 10000;
     pid_t w = 0;
-    while ((w = waitpid(g.child, &status, WNOHANG)) == 0 && now_ms() < until)
+    while ((w = waitpid(g.child, &status, WNOHANG)) == 0 && td_testutil_now_ms() < until)
         event_base_loop(g.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     if (w == 0) {
         kill(g.child, SIGKILL);

@@ -23,6 +23,7 @@
 #include <event2/event.h>
 
 #include "../unit/check.h"
+#include "../unit/testutil.h"
 #include "log.h"
 
 #define RCV_INC    0xbbbbull
@@ -39,22 +40,6 @@
 #define PAUSE_MS   5             /* the receiver's loop is blocked this long per burst */
 #define RECOVER_MS 3             /* median bound after the pause (~0.3 ms; old 1 ms re-polls: >= 7) */
 
-static uint64_t
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static uint64_t
-now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
-
 static int
 cmp_u64(const void *a, const void *b)
 {
@@ -65,40 +50,21 @@ cmp_u64(const void *a, const void *b)
 /* ---- framing over the socketpair: u32 length + bytes, with a timeout ---- */
 
 static int
-io_full(int fd, void *buf, size_t len, int writing)
-{
-    uint8_t *p = buf;
-    while (len) {
-        struct pollfd pfd = { .fd = fd, .events = writing ? POLLOUT : POLLIN };
-        if (poll(&pfd, 1, 10000) != 1)
-            return -1;
-        ssize_t n = writing ? write(fd, p, len) : read(fd, p, len);
-        if (n <= 0) {
-            if (n < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-static int
 frame_send(int fd, const void *buf, size_t len)
 {
     uint32_t n = (uint32_t)len;
-    return io_full(fd, &n, sizeof(n), 1) || io_full(fd, (void *)buf, len, 1) ? -1 : 0;
+    return td_testutil_io_full(fd, &n, sizeof(n), 1) ||
+           td_testutil_io_full(fd, (void *)buf, len, 1) ? -1 : 0;
 }
 
 static void *
 frame_recv(int fd, size_t *len)
 {
     uint32_t n;
-    if (io_full(fd, &n, sizeof(n), 0) || n > (1u << 20))
+    if (td_testutil_io_full(fd, &n, sizeof(n), 0) || n > (1u << 20))
         return NULL;
     void *buf = malloc(n ? n : 1);
-    if (buf && io_full(fd, buf, n, 0)) {
+    if (buf && td_testutil_io_full(fd, buf, n, 0)) {
         free(buf);
         return NULL;
     }
@@ -136,7 +102,7 @@ on_parent_msg(evutil_socket_t fd, short what, void *arg)
         return;
     }
     if (c == 'p') {
-        if (io_full(fd, &c, 1, 1))
+        if (td_testutil_io_full(fd, &c, 1, 1))
             event_base_loopbreak(r->base);
         struct timespec pause = { 0, PAUSE_MS * 1000000L };
         nanosleep(&pause, NULL);
@@ -144,7 +110,7 @@ on_parent_msg(evutil_socket_t fd, short what, void *arg)
     }
     for (int i = 0; i < 100; i++)
         td_xfer_progress(r->x);
-    if (c == 'r' && io_full(fd, &r->notes_ok, sizeof(r->notes_ok), 1))
+    if (c == 'r' && td_testutil_io_full(fd, &r->notes_ok, sizeof(r->notes_ok), 1))
         event_base_loopbreak(r->base);
 }
 
@@ -205,7 +171,7 @@ note_failure(sender_t *s, td_status_t st)
 {
     if (!s->failed++) {
         s->first_fail = st;
-        s->first_fail_ms = now_ms();
+        s->first_fail_ms = td_testutil_now_ms();
     }
     s->stop_posting = 1;
 }
@@ -254,8 +220,8 @@ on_peer_fail(td_xfer_t *x, td_xfer_peer_t *peer, td_status_t st, void *arg)
 static void
 loop_until(struct event_base *base, const int *flag, int want, uint64_t timeout_ms)
 {
-    uint64_t until = now_ms() + timeout_ms;
-    while (*flag < want && now_ms() < until)
+    uint64_t until = td_testutil_now_ms() + timeout_ms;
+    while (*flag < want && td_testutil_now_ms() < until)
         event_base_loop(base, EVLOOP_ONCE);
 }
 
@@ -268,11 +234,11 @@ stream_check(sender_t *s, struct event_base *base, int fd, const char *tls)
     s->pieces = 1;
     s->piece_len = STREAM_LEN;
     s->max_posts = STREAM_N;
-    uint64_t t0 = now_ms();
+    uint64_t t0 = td_testutil_now_ms();
     for (int i = 0; i < INFLIGHT; i++)
         post_one(s);
     loop_until(base, &s->ok, STREAM_N, 10000);
-    uint64_t took = now_ms() - t0;
+    uint64_t took = td_testutil_now_ms() - t0;
     fprintf(stderr, "xfer_peer stream %s: %d transfers of %u bytes in %" PRIu64 " ms\n", tls,
             s->ok, STREAM_LEN, took);
     CHECK_EQ_INT(s->ok, STREAM_N);
@@ -289,13 +255,14 @@ stream_check(sender_t *s, struct event_base *base, int fd, const char *tls)
     int bursts = strncmp(tls, "shm", 3) == 0 ? BURSTS : 0;  /* a FIFO of shm only */
     for (int b = 0; b < bursts; b++) {
         char c = 'p';
-        CHECK(io_full(fd, &c, 1, 1) == 0 && io_full(fd, &c, 1, 0) == 0 && c == 'p');
-        uint64_t b0 = now_us();
+        CHECK(td_testutil_io_full(fd, &c, 1, 1) == 0 && td_testutil_io_full(fd, &c, 1, 0) == 0 &&
+              c == 'p');
+        uint64_t b0 = td_testutil_now_us();
         s->max_posts = s->next_id + BURST;
         while (s->next_id < s->max_posts && !s->stop_posting)
             post_one(s);
         loop_until(base, &s->ok, STREAM_N + (b + 1) * BURST, 10000);
-        uint64_t burst = now_us() - b0;
+        uint64_t burst = td_testutil_now_us() - b0;
         recover_us[b] = burst > PAUSE_MS * 1000 ? burst - PAUSE_MS * 1000 : 0;
     }
     if (bursts) {
@@ -310,7 +277,8 @@ stream_check(sender_t *s, struct event_base *base, int fd, const char *tls)
 
     uint64_t notes = 0;
     char c = 'r';
-    CHECK(io_full(fd, &c, 1, 1) == 0 && io_full(fd, &notes, sizeof(notes), 0) == 0);
+    CHECK(td_testutil_io_full(fd, &c, 1, 1) == 0 &&
+          td_testutil_io_full(fd, &notes, sizeof(notes), 0) == 0);
     CHECK_EQ_INT(notes, STREAM_N + bursts * BURST);
 }
 
@@ -373,7 +341,7 @@ main(int argc, char **argv)
     CHECK_EQ_INT(s.failed, 0);
 
     /* phase 2: the receiver dies or freezes mid-stream */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = td_testutil_now_ms();
     kill(child, stop ? SIGSTOP : SIGKILL);
     if (!stop) {
         /* reap it as a supervisor would: a zombie still looks alive to
@@ -399,11 +367,11 @@ main(int argc, char **argv)
     }
     /* every transfer ends, the peer is reported once, new posts are refused */
     td_xfer_stats_t st;
-    uint64_t until = now_ms() + 3000;
+    uint64_t until = td_testutil_now_ms() + 3000;
     do {
         event_base_loop(base, EVLOOP_NONBLOCK);
         td_xfer_stats(s.x, &st);
-    } while ((st.inflight || !s.peer_fails) && now_ms() < until);
+    } while ((st.inflight || !s.peer_fails) && td_testutil_now_ms() < until);
     CHECK_EQ_INT(st.inflight, 0);
     CHECK_EQ_INT(s.peer_fails, 1);
     CHECK_STATUS(s.peer_fail_status, stop ? TD_ERR_TIMEOUT : TD_ERR_PEER);

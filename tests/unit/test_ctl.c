@@ -6,6 +6,7 @@
  * after accept errors; connect falling back to the next address; names
  * refused on the loop; destroy while connected. */
 #include "check.h"
+#include "testutil.h"
 #include "ctl.h"
 #include "frame.h"
 #include "log.h"
@@ -67,15 +68,6 @@ base_config(td_hello_ident_t *id, const char *node, Tandem__Role role)
                               .heartbeat_ms = 50, .handshake_ms = 300 };
 }
 
-static uint64_t
-now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void
 tick_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -87,10 +79,10 @@ run_until(struct event_base *base, const int *flag, int want, unsigned ms)
 {
     struct event *tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
     struct timeval tv = { 0, 10000 };
-    uint64_t end = now_ms() + ms;
+    uint64_t end = td_testutil_now_ms() + ms;
 
     event_add(tick, &tv);
-    while ((flag == NULL || *flag < want) && now_ms() < end)
+    while ((flag == NULL || *flag < want) && td_testutil_now_ms() < end)
         event_base_loop(base, EVLOOP_ONCE);
     event_free(tick);
     return flag == NULL || *flag >= want;
@@ -139,9 +131,9 @@ static int
 raw_until_closed(struct event_base *base, int fd, char *buf, size_t cap, size_t *len,
                  int echo, unsigned ms)
 {
-    uint64_t end = now_ms() + ms;
+    uint64_t end = td_testutil_now_ms() + ms;
 
-    while (now_ms() < end) {
+    while (td_testutil_now_ms() < end) {
         run_until(base, NULL, 0, 10);
         if (!raw_read(fd, buf, cap, len, echo))
             return 1;
@@ -311,11 +303,11 @@ test_bad_peers(struct event_base *base)
     CHECK_STATUS(ss.why, TD_ERR_TOO_BIG);
     CHECK(strstr(ss.reason, "frame of 1048576 bytes exceeds the 4096-byte limit") != NULL);
 
-    t0 = now_ms();
+    t0 = td_testutil_now_ms();
     CHECK(run_until(base, &ss.closed, 2, 2000));
     CHECK_STATUS(ss.why, TD_ERR_TIMEOUT);
     CHECK(strstr(ss.reason, "handshake not finished within 300 ms") != NULL);
-    CHECK(now_ms() - t0 <= 1000);
+    CHECK(td_testutil_now_ms() - t0 <= 1000);
     close(silent);
     close(bad);
 
@@ -323,11 +315,11 @@ test_bad_peers(struct event_base *base)
     CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "127.0.0.1", td_ctl_listener_port(lst), &c),
                  TD_OK);
     CHECK(run_until(base, &ss.established, 1, 2000));
-    t0 = now_ms();
+    t0 = td_testutil_now_ms();
     CHECK(run_until(base, &ss.closed, 3, 2000));
     CHECK_STATUS(ss.why, TD_ERR_TIMEOUT);
     CHECK(strstr(ss.reason, "peer dead: nothing received for") != NULL);
-    CHECK(now_ms() - t0 >= 140 && now_ms() - t0 <= 1500);
+    CHECK(td_testutil_now_ms() - t0 >= 140 && td_testutil_now_ms() - t0 <= 1500);
     /* The client hears why. */
     CHECK(run_until(base, &cs.closed, 1, 2000));
     CHECK_STATUS(cs.why, TD_ERR_TIMEOUT);

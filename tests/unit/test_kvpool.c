@@ -1,6 +1,7 @@
 /* tests/unit/test_kvpool.c — decode KV block accounting (decoded/kvpool.c):
  * pool geometry from the layout, all-or-nothing reservations, block states,
- * counters and the used + free == total invariant under random churn. */
+ * counters, the used + free == total invariant under random churn, and FIFO
+ * reuse of freed blocks. */
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -162,6 +163,46 @@ test_churn(const td_layout_t *l)
     td_kvpool_destroy(kp);
 }
 
+/* Freed blocks and slots are reused oldest-freed first: a request reserved
+ * right after another's release gets none of its blocks while older free
+ * ones exist (a late write would otherwise land in exactly the next request). */
+static void
+test_fifo_reuse(const td_layout_t *l)
+{
+    td_kvpool_t *kp = NULL;
+    CHECK_STATUS(td_kvpool_create(l, 64, 3, &kp), TD_OK);
+    if (kp == NULL)
+        return;
+    const char *why;
+    td_kvpool_res_t *a = NULL, *b = NULL, *c = NULL;
+    CHECK_STATUS(td_kvpool_reserve(kp, 1, 16, &a, &why), TD_OK);
+    CHECK_STATUS(td_kvpool_reserve(kp, 2, 16, &b, &why), TD_OK);
+    if (a == NULL || b == NULL)
+        goto out;
+    uint64_t a_blocks[2][8], a_n[2], a_slot = a->slot;
+    for (uint32_t s = 0; s < 2; s++) {
+        a_n[s] = a->nblocks[s];
+        CHECK(a_n[s] <= 8);
+        memcpy(a_blocks[s], a->blocks[s], a_n[s] * sizeof(uint64_t));
+    }
+    td_kvpool_release(kp, a);
+    CHECK_STATUS(td_kvpool_reserve(kp, 3, 16, &c, &why), TD_OK);
+    if (c == NULL)
+        goto out;
+    CHECK(c->slot != a_slot);
+    for (uint32_t s = 0; s < 2; s++)
+        for (uint64_t i = 0; i < c->nblocks[s]; i++)
+            for (uint64_t k = 0; k < a_n[s]; k++)
+                CHECK(c->blocks[s][i] != a_blocks[s][k]);
+    CHECK_STATUS(td_kvpool_check(kp), TD_OK);
+out:
+    if (b != NULL)
+        td_kvpool_release(kp, b);
+    if (c != NULL)
+        td_kvpool_release(kp, c);
+    td_kvpool_destroy(kp);
+}
+
 /* The V4.1 default layout: 8 paged segments (ratios 2, 2, 2, 1). */
 static void
 test_default_layout(void)
@@ -210,6 +251,7 @@ main(void)
         test_geometry(l);
         test_reserve_release(l);
         test_churn(l);
+        test_fifo_reuse(l);
         td_layout_destroy(l);
     }
     test_default_layout();

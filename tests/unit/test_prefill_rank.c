@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "testutil.h"
 #include "engine.h"
 #include "kvmap.h"
 #include "rank.h"
@@ -51,21 +52,21 @@ typedef struct {
     uint64_t blocks[MAX_REQS][MAX_SEGS][MAX_BLOCKS];
     int ndone;
     int idle;
+    struct event_base *rcv_base;  /* the receiver's loop: e->base, or one never run */
 } env_t;
 
-static uint64_t
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+/* The engines' shape (both sides); test_fail_between_chunks changes it. */
+static struct {
+    uint32_t layers;
+    const char *sources;
+    double prefill_us;
+} engine_shape = { 4, "1:2,3:1", 0 };
 
 static void
 run_until(env_t *e, const int *flag, int want, int timeout_ms)
 {
-    uint64_t until = now_ms() + (uint64_t)timeout_ms;
-    while (*flag < want && now_ms() < until)
+    uint64_t until = td_testutil_now_ms() + (uint64_t)timeout_ms;
+    while (*flag < want && td_testutil_now_ms() < until)
         event_base_loop(e->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
 }
 
@@ -173,8 +174,9 @@ engine_create(td_engine_t **out)
         return st;
     td_layout_config_t *l = &c.synth.layout;
     free(l->kv_sources);
-    l->kv_sources = strdup("1:2,3:1");
-    l->layers = 4;
+    l->kv_sources = strdup(engine_shape.sources);
+    l->layers = engine_shape.layers;
+    c.synth.prefill_us = engine_shape.prefill_us;
     l->kv_entry_bytes = 24;
     l->index_entry_bytes = 8;
     l->window = 8;
@@ -212,16 +214,20 @@ decode_peer(env_t *e, int gone)
         free(pools[s].data);
 }
 
+/* stalled_rcv: the receiver runs on a loop of its own that the test drives
+ * (or not), so its notification FIFO can be kept full. */
 static int
-env_create(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued)
+env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued,
+              uint32_t deadline_ms, int stalled_rcv)
 {
     memset(e, 0, sizeof(*e));
     e->base = event_base_new();
+    e->rcv_base = stalled_rcv ? event_base_new() : e->base;
     td_xfer_config_t cs = { .incarnation = 0x1111, .transports = "shm,self" };
     td_xfer_config_t cr = { .incarnation = 0x2222, .transports = "shm,self" };
-    if (!e->base || engine_create(&e->engine) != TD_OK || engine_create(&e->check) != TD_OK ||
-        td_xfer_create(e->base, &cs, &e->snd) != TD_OK ||
-        td_xfer_create(e->base, &cr, &e->rcv) != TD_OK)
+    if (!e->base || !e->rcv_base || engine_create(&e->engine) != TD_OK ||
+        engine_create(&e->check) != TD_OK || td_xfer_create(e->base, &cs, &e->snd) != TD_OK ||
+        td_xfer_create(e->rcv_base, &cr, &e->rcv) != TD_OK)
         return -1;
     td_xfer_set_note_handler(e->rcv, on_note, e);
     const td_layout_t *l = e->check->layout;
@@ -236,12 +242,18 @@ env_create(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued)
             return -1;
     }
     td_rank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
-                            .max_queued_tokens = max_queued, .deadline_ms = 5000 };
+                            .max_queued_tokens = max_queued, .deadline_ms = deadline_ms };
     td_rank_handlers_t h = { on_done, NULL, on_idle, e };
     if (td_rank_create(e->base, e->snd, e->engine, &rc, &h, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
     return 0;
+}
+
+static int
+env_create(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued)
+{
+    return env_create_ex(e, chunk, max_running, max_queued, 5000, 0);
 }
 
 static void
@@ -259,6 +271,8 @@ env_destroy(env_t *e)
     td_xfer_destroy(e->rcv);
     td_engine_destroy(e->engine);
     td_engine_destroy(e->check);
+    if (e->rcv_base && e->rcv_base != e->base)
+        event_base_free(e->rcv_base);
     event_base_free(e->base);
 }
 
@@ -328,8 +342,8 @@ all_done(env_t *e, int n)
 static void
 wait_done(env_t *e, int n)
 {
-    uint64_t until = now_ms() + 10000;
-    while (!all_done(e, n) && now_ms() < until)
+    uint64_t until = td_testutil_now_ms() + 10000;
+    while (!all_done(e, n) && td_testutil_now_ms() < until)
         event_base_loop(e->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     run_for(e, 30);   /* a duplicate note would show up now */
 }
@@ -467,9 +481,9 @@ test_cancel(void)
     CHECK_EQ_INT(load.queued_tokens, 440);
     cancel(&e, 1, ROUTER_A);   /* queued: dropped */
     cancel(&e, 2, ROUTER_B);   /* not that router's: ignored */
-    uint64_t until = now_ms() + 5000;
+    uint64_t until = td_testutil_now_ms() + 5000;
     td_rank_stats_t st = { 0 };
-    while (st.chunks < 5 && now_ms() < until) {
+    while (st.chunks < 5 && td_testutil_now_ms() < until) {
         event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
         td_rank_stats(e.rk, &st);
     }
@@ -542,9 +556,9 @@ test_peer_gone(void)
         return;
     }
     prefill(&e, 0, 400, ROUTER_A, 0, 0);
-    uint64_t until = now_ms() + 5000;
+    uint64_t until = td_testutil_now_ms() + 5000;
     td_rank_stats_t st = { 0 };
-    while (st.xfers < 8 && now_ms() < until) {
+    while (st.xfers < 8 && td_testutil_now_ms() < until) {
         event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
         td_rank_stats(e.rk, &st);
     }
@@ -597,6 +611,75 @@ test_router_down_and_stop(void)
     env_destroy(&e);
 }
 
+static void
+filler_done(td_xfer_t *x, uint64_t id, td_status_t st, void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* The reviewed crash: a task between chunks whose only data transfer in
+ * flight fails (deadline: the receiver is stalled with a full notification
+ * FIFO), while the terminal note cannot be posted (the endpoint has failed;
+ * the done callbacks run before the peer-fail handler). The task ends in the
+ * transfer's done callback and must not be touched after (ASan). One layer
+ * with a ratio-8 source and 1-token chunks: a transfer every 8th chunk; 20 ms
+ * per chunk, so the 50 ms deadline sweep runs between chunks. */
+static void
+test_fail_between_chunks(void)
+{
+    engine_shape.layers = 1;
+    engine_shape.sources = "0:8";
+    engine_shape.prefill_us = 20000;
+    env_t e;
+    int ok = env_create_ex(&e, 1, 1, 0, 1, 1) == 0;
+    engine_shape.layers = 4;
+    engine_shape.sources = "1:2,3:1";
+    engine_shape.prefill_us = 0;
+    if (!ok) {
+        CHECK(!"env");
+        return;
+    }
+    /* Fill the stalled receiver's FIFO: post empty transfers from a second
+     * endpoint until one stays in flight. */
+    void *addr;
+    size_t alen;
+    td_xfer_peer_t *filler = NULL;
+    CHECK_STATUS(td_xfer_address(e.rcv, &addr, &alen), TD_OK);
+    CHECK_STATUS(td_xfer_peer_create(e.snd, addr, alen, td_xfer_incarnation(e.rcv), &filler),
+                 TD_OK);
+    free(addr);
+    int filled = 0, posted = 0;
+    td_xfer_stats_t xs = { 0 };
+    while (filler && posted < 4096) {
+        CHECK_STATUS(td_xfer_post(filler, 1000, NULL, 0, NULL, 0, 0, filler_done, &filled),
+                     TD_OK);
+        posted++;
+        td_xfer_progress(e.snd);
+        td_xfer_stats(e.snd, &xs);
+        if (xs.inflight > 0)
+            break;
+    }
+    CHECK(xs.inflight > 0);
+    prefill(&e, 0, 24, ROUTER_A, 0, 0);
+    wait_done(&e, 1);
+    CHECK_EQ_INT(e.reqs[0].done, 1);
+    CHECK(e.reqs[0].done_status == TD_ERR_TIMEOUT || e.reqs[0].done_status == TD_ERR_PEER);
+    td_rank_stats_t st;
+    td_rank_stats(e.rk, &st);
+    CHECK_EQ_INT(st.failed, 1);
+    CHECK_EQ_INT(st.live, 0);
+    CHECK(st.chunks < 24);   /* it failed between chunks, not at the end */
+    /* Let the receiver drain its FIFO: the filler's transfers complete. */
+    uint64_t until = td_testutil_now_ms() + 5000;
+    while (filled < posted && td_testutil_now_ms() < until) {
+        event_base_loop(e.rcv_base, EVLOOP_NONBLOCK);
+        event_base_loop(e.base, EVLOOP_NONBLOCK);
+    }
+    CHECK_EQ_INT(filled, posted);
+    td_xfer_peer_destroy(filler);
+    env_destroy(&e);
+}
+
 int
 main(void)
 {
@@ -607,5 +690,6 @@ main(void)
     test_bad_dest();
     test_peer_gone();
     test_router_down_and_stop();
+    test_fail_between_chunks();
     return td_check_exit("test_prefill_rank");
 }

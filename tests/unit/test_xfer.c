@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "check.h"
+#include "testutil.h"
 #include "log.h"
 
 #define MAX_XFERS 160
@@ -61,14 +62,6 @@ fill_random(uint8_t *p, size_t n)
         p[i] = (uint8_t)rng();
 }
 
-static uint64_t
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void
 on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
 {
@@ -109,8 +102,8 @@ on_done(td_xfer_t *x, uint64_t id, td_status_t st, void *arg)
 static int
 run_until(env_t *e, const int *counter, int want, int timeout_ms)
 {
-    uint64_t until = now_ms() + (uint64_t)timeout_ms;
-    while (*counter < want && now_ms() < until)
+    uint64_t until = td_testutil_now_ms() + (uint64_t)timeout_ms;
+    while (*counter < want && td_testutil_now_ms() < until)
         event_base_loop(e->base, EVLOOP_ONCE);
     return *counter >= want;
 }
@@ -342,11 +335,11 @@ test_stale(void)
     CHECK_STATUS(td_xfer_post(e->peer, 5, &d, 1, NULL, 0, 0, on_done, e), TD_OK);
     CHECK(run_until(e, &e->done_total, 1, 5000));
     td_xfer_stats_t st;
-    uint64_t until = now_ms() + 5000;
+    uint64_t until = td_testutil_now_ms() + 5000;
     do {
         event_base_loop(e->base, EVLOOP_NONBLOCK);
         td_xfer_stats(e->rcv, &st);
-    } while (st.notes_stale == 0 && now_ms() < until);
+    } while (st.notes_stale == 0 && td_testutil_now_ms() < until);
     CHECK_EQ_INT(st.notes_stale, 1);
     CHECK_EQ_INT(st.notes_received, 0);
     CHECK_EQ_INT(e->notes_total, 0);
@@ -461,6 +454,84 @@ test_peer_destroy(void)
     free(e);
 }
 
+static void
+on_peer_fail(td_xfer_t *x, td_xfer_peer_t *peer, td_status_t st, void *arg)
+{
+    (*(int *)arg)++;
+}
+
+/* Post 64 KiB transfers until one stays in flight: the stalled receiver's
+ * shared-memory FIFO (or TCP socket) is full. Returns the number posted. */
+static int
+fifo_fill(env_t *e, uint32_t pool_id, const void *src)
+{
+    td_xfer_stats_t st = { 0 };
+    td_xfer_desc_t d = { .src = src, .pool_id = pool_id, .len = 65536 };
+    int posted = 0;
+    while (posted < 4096 && st.inflight == 0) {
+        d.block = (uint64_t)posted % 4;
+        CHECK_STATUS(td_xfer_post(e->peer, 0, &d, 1, NULL, 0, 0, on_done, e), TD_OK);
+        posted++;
+        td_xfer_progress(e->snd);
+        td_xfer_stats(e->snd, &st);
+    }
+    CHECK(st.inflight > 0);
+    return posted;
+}
+
+/* ---- a receiver that stops taking notifications (its loop stalled) ------- */
+
+/* With the receiver's FIFO full, a refused post's failure note cannot go out:
+ * it carries the post's deadline (the sweep fails the peer), and destroying
+ * the sender with such a note pending does not wait out the close timeout. */
+static void
+test_stalled_receiver(const char *tls)
+{
+    env_t *e = calloc(1, sizeof(*e));
+    struct event_base *rbase = event_base_new();
+    e->base = event_base_new();
+    td_xfer_config_t cs = { .incarnation = 0x1111, .transports = tls };
+    td_xfer_config_t cr = { .incarnation = 0x2222, .transports = tls };
+    if (!e->base || !rbase || td_xfer_create(e->base, &cs, &e->snd) != TD_OK ||
+        td_xfer_create(rbase, &cr, &e->rcv) != TD_OK) {
+        CHECK(!"env create");
+        return;
+    }
+    int fails = 0;
+    td_xfer_set_peer_fail_handler(e->snd, on_peer_fail, &fails);
+    void *addr;
+    size_t alen;
+    CHECK_STATUS(td_xfer_address(e->rcv, &addr, &alen), TD_OK);
+    CHECK_STATUS(td_xfer_peer_create(e->snd, addr, alen, 0x2222, &e->peer), TD_OK);
+    pool_make(e, 1, NULL, 65536, 4);
+    uint8_t *src = calloc(1, 65536);
+    td_xfer_desc_t bad = { .src = src, .pool_id = 1, .block = 99, .len = 64 };
+
+    fifo_fill(e, 1, src);
+    CHECK_STATUS(td_xfer_post(e->peer, 1, &bad, 1, NULL, 0, 100, on_done, e), TD_ERR_RANGE);
+    uint64_t t0 = td_testutil_now_ms();
+    CHECK(run_until(e, &fails, 1, 3000));   /* the note's deadline failed the peer */
+    CHECK(td_testutil_now_ms() - t0 < 1000);
+    CHECK_EQ_INT(e->done[1], 0);            /* a refused post has no done */
+    td_xfer_peer_destroy(e->peer);
+
+    /* again with no deadline, then destroy the sender with the note pending */
+    CHECK_STATUS(td_xfer_peer_create(e->snd, addr, alen, 0x2222, &e->peer), TD_OK);
+    free(addr);
+    pool_make(e, 2, NULL, 65536, 4);
+    bad.pool_id = 2;
+    fifo_fill(e, 2, src);
+    CHECK_STATUS(td_xfer_post(e->peer, 2, &bad, 1, NULL, 0, 0, on_done, e), TD_ERR_RANGE);
+    t0 = td_testutil_now_ms();
+    td_xfer_destroy(e->snd);
+    CHECK(td_testutil_now_ms() - t0 < 1000);
+    td_xfer_destroy(e->rcv);
+    event_base_free(e->base);
+    event_base_free(rbase);
+    free(src);
+    free(e);
+}
+
 int
 main(void)
 {
@@ -472,5 +543,7 @@ main(void)
     test_stale();
     test_import_checks();
     test_peer_destroy();
+    test_stalled_receiver("shm,self");
+    test_stalled_receiver("tcp,self");
     return td_check_exit("test_xfer");
 }
