@@ -3,17 +3,15 @@
  * links (decoded/rank.h); systemd readiness; SIGTERM stops taking work, ends
  * the live requests with an error event and exits. docs/decoded.md. */
 #include <event2/event.h>
-#include <event2/thread.h>
 #include <inttypes.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
 #include "rank.h"
 #include "ranks.h"
+#include "worker.h"
 
 #define DECODED_RANKS_MAX 64
 
@@ -53,7 +51,7 @@ typedef struct decoded decoded_t;
 typedef struct {
     decoded_t *m;
     uint32_t id;
-    struct event_base *base;     /* the rank's loop, owned by m->rs */
+    struct event_base *base;     /* the rank's loop, owned by m->w.rs */
     td_rank_t *rk;
     td_link_t *link;
     bool draining;               /* what Register last said */
@@ -61,14 +59,15 @@ typedef struct {
 
 struct decoded {
     decoded_config_t cfg;
-    td_daemon_t *d;
-    struct event_base *base;
-    td_engine_t *engine;
-    char fingerprint[17];
-    decoded_rank_t *ranks;
-    uint32_t nranks;
-    td_ranks_t *rs;              /* the rank threads */
+    td_worker_t w;               /* w.ranks: decoded_rank_t[w.nranks] */
 };
+
+static decoded_rank_t *
+decoded_rank(void *arg, uint32_t id)
+{
+    decoded_rank_t *ranks = ((decoded_t *)arg)->w.ranks;
+    return &ranks[id];
+}
 
 /* ---- Rank thread ------------------------------------------------------------------ */
 
@@ -128,7 +127,7 @@ decoded_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *a
 static void
 decoded_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
-    decoded_rank_t *r = &((decoded_t *)arg)->ranks[id];
+    decoded_rank_t *r = decoded_rank(arg, id);
     struct timeval flush = { 0, 100000 };   /* let the last Tokens frames go out */
     td_rank_stop(r->rk);
     event_base_loopexit(r->base, &flush);
@@ -137,7 +136,7 @@ decoded_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 static void
 decoded_rank_teardown(void *arg, uint32_t id)
 {
-    decoded_rank_t *r = &((decoded_t *)arg)->ranks[id];
+    decoded_rank_t *r = decoded_rank(arg, id);
     td_link_destroy(r->link);
     r->link = NULL;
     td_rank_destroy(r->rk);
@@ -148,35 +147,35 @@ static td_status_t
 decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
 {
     decoded_t *m = arg;
-    decoded_rank_t *r = &m->ranks[id];
+    decoded_rank_t *r = decoded_rank(m, id);
     const decoded_config_t *c = &m->cfg;
     td_status_t st;
     r->m = m;
     r->id = id;
     r->base = base;
     td_rank_config_t rc = {
-        .node_id = td_daemon_node_id(m->d),
+        .node_id = td_daemon_node_id(m->w.d),
         .rank_id = r->id,
-        .incarnation = td_daemon_incarnation(m->d),
+        .incarnation = td_daemon_incarnation(m->w.d),
         .transports = c->transports[0] ? c->transports : NULL,
         .kv_tokens = c->kv_tokens,
         .max_batch = (uint32_t)c->max_batch,
         .xfer_deadline_ms = (uint32_t)c->xfer_deadline_ms,
     };
     td_rank_io_t io = { decoded_on_send, decoded_on_load, r };
-    if ((st = td_rank_create(r->base, m->engine, &rc, &io, &r->rk)) != TD_OK)
+    if ((st = td_rank_create(r->base, m->w.engine, &rc, &io, &r->rk)) != TD_OK)
         goto err;
     td_link_config_t lc = { .routers = c->routers };
     lc.ctl.ident = (td_hello_ident_t){
         .protocol_version = TD_HELLO_PROTOCOL_VERSION,
         .role = TANDEM__ROLE__ROLE_DECODE,
-        .node_id = td_daemon_node_id(m->d),
+        .node_id = td_daemon_node_id(m->w.d),
         .rank_id = r->id,
-        .incarnation = td_daemon_incarnation(m->d),
-        .model_fingerprint = m->fingerprint,
-        .kv_layout_hash = m->engine->layout->hash,
+        .incarnation = td_daemon_incarnation(m->w.d),
+        .model_fingerprint = m->w.fingerprint,
+        .kv_layout_hash = m->w.engine->layout->hash,
     };
-    lc.ctl.secret = td_daemon_secret(m->d, &lc.ctl.secret_len);
+    lc.ctl.secret = td_daemon_secret(m->w.d, &lc.ctl.secret_len);
     Tandem__Register reg;
     decoded_register(r, &reg);
     td_link_handlers_t lh = { decoded_on_up, decoded_on_message, decoded_on_down, r };
@@ -194,69 +193,32 @@ err:
 /* ---- Main thread -------------------------------------------------------------------- */
 
 static void
-decoded_on_signal(td_daemon_t *d, void *arg)
+decoded_status(void *arg, char *buf, size_t len)
 {
-    decoded_t *m = arg;
-    td_info("decoded: stopping: no new requests, live ones end with an error");
-    td_daemon_stopping(d);
-    td_ranks_stop(m->rs, TD_RANKS_STOP_DRAIN);
+    const decoded_t *m = arg;
+    snprintf(buf, len, "node %s ranks %u kv-tokens %" PRIu64 " max-batch %" PRIu64
+             " incarnation %016" PRIx64 " routers %s", td_daemon_node_id(m->w.d),
+             m->w.nranks, m->cfg.kv_tokens, m->cfg.max_batch, td_daemon_incarnation(m->w.d),
+             m->cfg.routers);
 }
 
 int
 main(int argc, char **argv)
 {
     static decoded_t m;
-    int rc = 1;
-    evthread_use_pthreads();
-    if (!(m.base = event_base_new())) {
-        fprintf(stderr, "decoded: cannot create the event loop\n");
-        return 1;
-    }
-    td_status_t st = td_daemon_create("decoded", decoded_opts, &m.cfg, &m.cfg.d, argc, argv,
-                                      m.base, decoded_on_signal, &m, &m.d);
-    if (st != TD_OK) {
-        event_base_free(m.base);
-        return td_daemon_exit_code(st);
-    }
-    if (!m.cfg.routers[0]) {
-        td_error("decoded: --routers is required");
-        rc = 2;
-        goto err_free_daemon;
-    }
-    if ((st = td_engine_create(&m.cfg.engine, &m.engine)) != TD_OK)
-        goto err_free_daemon;
-    snprintf(m.fingerprint, sizeof(m.fingerprint), "%016" PRIx64, m.engine->fingerprint);
-    m.nranks = (uint32_t)m.cfg.ranks;
-    m.ranks = calloc(m.nranks, sizeof(*m.ranks));
-    if (!m.ranks) {
-        td_error("decoded: out of memory");
-        goto err_free_engine;
-    }
-    td_ranks_handlers_t rh = { decoded_rank_setup, decoded_on_stop, decoded_rank_teardown, &m };
-    st = td_ranks_create(m.base, "decode rank", m.nranks, &rh, &m.rs);
-    if (st == TD_OK) {
-        char status[256];
-        snprintf(status, sizeof(status), "node %s ranks %u kv-tokens %" PRIu64 " max-batch %"
-                 PRIu64 " incarnation %016" PRIx64 " routers %s", td_daemon_node_id(m.d),
-                 m.nranks, m.cfg.kv_tokens, m.cfg.max_batch, td_daemon_incarnation(m.d),
-                 m.cfg.routers);
-        fprintf(stderr, "decoded ready: %s\n", status);
-        fflush(stderr);
-        td_daemon_ready(m.d, status);
-        event_base_dispatch(m.base);
-        rc = 0;
-    }
-    /* A second signal lands here with ranks running. */
-    td_ranks_destroy(m.rs);
-    td_info("decoded: exiting");
-
-err_free_engine:
-    free(m.ranks);
-    td_engine_destroy(m.engine);
-err_free_daemon:
-    td_daemon_destroy(m.d);
-    td_config_free(decoded_opts, &m.cfg);
-    event_base_free(m.base);
-    libevent_global_shutdown();
-    return rc;
+    const td_worker_spec_t spec = {
+        .ident = "decoded",
+        .rank_name = "decode rank",
+        .opts = decoded_opts,
+        .cfg = &m.cfg,
+        .daemon_cfg = &m.cfg.d,
+        .engine_cfg = &m.cfg.engine,
+        .routers = &m.cfg.routers,
+        .ranks = &m.cfg.ranks,
+        .rank_size = sizeof(decoded_rank_t),
+        .rank = { decoded_rank_setup, decoded_on_stop, decoded_rank_teardown, &m },
+        .stopping = "decoded: stopping: no new requests, live ones end with an error",
+        .status = decoded_status,
+    };
+    return td_worker_main(&m.w, &spec, argc, argv);
 }

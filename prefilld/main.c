@@ -3,17 +3,15 @@
  * queue (prefilld/rank.h); systemd readiness; SIGTERM ends every task with its
  * terminal notification before the process exits. docs/prefilld.md. */
 #include <event2/event.h>
-#include <event2/thread.h>
 #include <inttypes.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
 #include "rank.h"
 #include "ranks.h"
+#include "worker.h"
 #include "xfer.h"
 
 #define PREFILLD_RANKS_MAX 64
@@ -57,7 +55,7 @@ typedef struct prefilld prefilld_t;
 typedef struct {
     prefilld_t *m;
     uint32_t id;
-    struct event_base *base;     /* the rank's loop, owned by m->rs */
+    struct event_base *base;     /* the rank's loop, owned by m->w.rs */
     td_xfer_t *x;
     td_rank_t *rk;
     td_link_t *link;
@@ -65,14 +63,15 @@ typedef struct {
 
 struct prefilld {
     prefilld_config_t cfg;
-    td_daemon_t *d;
-    struct event_base *base;
-    td_engine_t *engine;
-    char fingerprint[17];
-    prefilld_rank_t *ranks;
-    uint32_t nranks;
-    td_ranks_t *rs;              /* the rank threads */
+    td_worker_t w;               /* w.ranks: prefilld_rank_t[w.nranks] */
 };
+
+static prefilld_rank_t *
+prefilld_rank(void *arg, uint32_t id)
+{
+    prefilld_rank_t *ranks = ((prefilld_t *)arg)->w.ranks;
+    return &ranks[id];
+}
 
 /* ---- Rank thread ------------------------------------------------------------------ */
 
@@ -80,10 +79,10 @@ static void
 prefilld_register(prefilld_rank_t *r, int draining, Tandem__Register *reg)
 {
     tandem__register__init(reg);
-    reg->engine_name = (char *)r->m->engine->name;
-    reg->engine_kind = (char *)r->m->engine->kind;
-    reg->vocab_size = r->m->engine->vocab;
-    reg->max_context = r->m->engine->max_context;
+    reg->engine_name = (char *)r->m->w.engine->name;
+    reg->engine_kind = (char *)r->m->w.engine->kind;
+    reg->vocab_size = r->m->w.engine->vocab;
+    reg->max_context = r->m->w.engine->max_context;
     reg->draining = draining;
     reg->xfer_deadline_ms = (uint32_t)r->m->cfg.xfer_deadline_ms;
 }
@@ -159,7 +158,7 @@ prefilld_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *
 static void
 prefilld_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
-    prefilld_rank_t *r = &((prefilld_t *)arg)->ranks[id];
+    prefilld_rank_t *r = prefilld_rank(arg, id);
     if (how == TD_RANKS_STOP_NOW) {
         event_base_loopexit(r->base, NULL);
         return;
@@ -174,7 +173,7 @@ prefilld_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 static void
 prefilld_rank_teardown(void *arg, uint32_t id)
 {
-    prefilld_rank_t *r = &((prefilld_t *)arg)->ranks[id];
+    prefilld_rank_t *r = prefilld_rank(arg, id);
     td_link_destroy(r->link);
     td_rank_destroy(r->rk);
     td_xfer_destroy(r->x);
@@ -187,14 +186,14 @@ static td_status_t
 prefilld_rank_setup(void *arg, uint32_t id, struct event_base *base)
 {
     prefilld_t *m = arg;
-    prefilld_rank_t *r = &m->ranks[id];
+    prefilld_rank_t *r = prefilld_rank(m, id);
     const prefilld_config_t *c = &m->cfg;
     td_status_t st;
     r->m = m;
     r->id = id;
     r->base = base;
     td_xfer_config_t xc = {
-        .incarnation = td_daemon_incarnation(m->d),
+        .incarnation = td_daemon_incarnation(m->w.d),
         .transports = c->transports[0] ? c->transports : NULL,
     };
     if ((st = td_xfer_create(r->base, &xc, &r->x)) != TD_OK)
@@ -207,19 +206,19 @@ prefilld_rank_setup(void *arg, uint32_t id, struct event_base *base)
         .deadline_ms = (uint32_t)c->xfer_deadline_ms,
     };
     td_rank_handlers_t rh = { prefilld_on_done, prefilld_on_load, prefilld_on_idle, r };
-    if ((st = td_rank_create(r->base, r->x, m->engine, &rc, &rh, &r->rk)) != TD_OK)
+    if ((st = td_rank_create(r->base, r->x, m->w.engine, &rc, &rh, &r->rk)) != TD_OK)
         goto err;
     td_link_config_t lc = { .routers = c->routers };
     lc.ctl.ident = (td_hello_ident_t){
         .protocol_version = TD_HELLO_PROTOCOL_VERSION,
         .role = TANDEM__ROLE__ROLE_PREFILL,
-        .node_id = td_daemon_node_id(m->d),
+        .node_id = td_daemon_node_id(m->w.d),
         .rank_id = r->id,
-        .incarnation = td_daemon_incarnation(m->d),
-        .model_fingerprint = m->fingerprint,
-        .kv_layout_hash = m->engine->layout->hash,
+        .incarnation = td_daemon_incarnation(m->w.d),
+        .model_fingerprint = m->w.fingerprint,
+        .kv_layout_hash = m->w.engine->layout->hash,
     };
-    lc.ctl.secret = td_daemon_secret(m->d, &lc.ctl.secret_len);
+    lc.ctl.secret = td_daemon_secret(m->w.d, &lc.ctl.secret_len);
     Tandem__Register reg;
     prefilld_register(r, 0, &reg);
     td_link_handlers_t lh = { NULL, prefilld_on_message, prefilld_on_down, r };
@@ -236,68 +235,30 @@ err:
 /* ---- Main thread -------------------------------------------------------------------- */
 
 static void
-prefilld_on_signal(td_daemon_t *d, void *arg)
+prefilld_status(void *arg, char *buf, size_t len)
 {
-    prefilld_t *m = arg;
-    td_daemon_stopping(d);
-    td_ranks_stop(m->rs, TD_RANKS_STOP_DRAIN);
+    const prefilld_t *m = arg;
+    snprintf(buf, len, "node %s, %u ranks, incarnation %016" PRIx64 ", routers %s",
+             td_daemon_node_id(m->w.d), m->w.nranks, td_daemon_incarnation(m->w.d),
+             m->cfg.routers);
 }
 
 int
 main(int argc, char **argv)
 {
     static prefilld_t m;
-    int rc = 1;
-    evthread_use_pthreads();
-    if (!(m.base = event_base_new())) {
-        fprintf(stderr, "prefilld: cannot create the event loop\n");
-        return 1;
-    }
-    td_status_t st = td_daemon_create("prefilld", prefilld_opts, &m.cfg, &m.cfg.d, argc, argv,
-                                      m.base, prefilld_on_signal, &m, &m.d);
-    if (st != TD_OK) {
-        event_base_free(m.base);
-        return td_daemon_exit_code(st);
-    }
-    if (!m.cfg.routers[0]) {
-        td_error("prefilld: --routers is required");
-        rc = 2;
-        goto err_free_daemon;
-    }
-    if ((st = td_engine_create(&m.cfg.engine, &m.engine)) != TD_OK)
-        goto err_free_daemon;
-    snprintf(m.fingerprint, sizeof(m.fingerprint), "%016" PRIx64, m.engine->fingerprint);
-    m.nranks = (uint32_t)m.cfg.ranks;
-    m.ranks = calloc(m.nranks, sizeof(*m.ranks));
-    if (!m.ranks) {
-        td_error("prefilld: out of memory");
-        goto err_free_engine;
-    }
-    td_ranks_handlers_t rh = { prefilld_rank_setup, prefilld_on_stop, prefilld_rank_teardown,
-                               &m };
-    st = td_ranks_create(m.base, "prefill rank", m.nranks, &rh, &m.rs);
-    if (st == TD_OK) {
-        char status[256];
-        snprintf(status, sizeof(status), "node %s, %u ranks, incarnation %016" PRIx64
-                 ", routers %s", td_daemon_node_id(m.d), m.nranks,
-                 td_daemon_incarnation(m.d), m.cfg.routers);
-        fprintf(stderr, "prefilld ready: %s\n", status);
-        fflush(stderr);
-        td_daemon_ready(m.d, status);
-        event_base_dispatch(m.base);
-        rc = 0;
-    }
-    /* A second signal lands here with ranks running. */
-    td_ranks_destroy(m.rs);
-    td_info("prefilld: exiting");
-
-err_free_engine:
-    free(m.ranks);
-    td_engine_destroy(m.engine);
-err_free_daemon:
-    td_daemon_destroy(m.d);
-    td_config_free(prefilld_opts, &m.cfg);
-    event_base_free(m.base);
-    libevent_global_shutdown();
-    return rc;
+    const td_worker_spec_t spec = {
+        .ident = "prefilld",
+        .rank_name = "prefill rank",
+        .opts = prefilld_opts,
+        .cfg = &m.cfg,
+        .daemon_cfg = &m.cfg.d,
+        .engine_cfg = &m.cfg.engine,
+        .routers = &m.cfg.routers,
+        .ranks = &m.cfg.ranks,
+        .rank_size = sizeof(prefilld_rank_t),
+        .rank = { prefilld_rank_setup, prefilld_on_stop, prefilld_rank_teardown, &m },
+        .status = prefilld_status,
+    };
+    return td_worker_main(&m.w, &spec, argc, argv);
 }
