@@ -493,26 +493,31 @@ td_xfer_drain(td_xfer_t *x)
     if (x->draining)
         return;
     x->draining = 1;
-    while (x->done_q || x->fail_q) {
-        td_xfer_op_t *op = x->done_q;
-        if (op) {
-            x->done_q = op->qnext;
-            if (!x->done_q)
-                x->done_q_tail = NULL;
-            if (op->counted) {
-                x->stats.inflight--;
-                if (op->result == TD_OK) {
-                    x->stats.completed++;
-                    x->stats.bytes_sent += op->bytes;
-                } else {
-                    x->stats.failed++;
-                }
-                if (op->done)
-                    op->done(x, op->xfer_id, op->result, op->arg);
+    /* Only the ops queued before this call: a done callback that posts a new
+     * transfer which completes inline (shm) queues it again, and draining
+     * those too would never return to the loop while the peer keeps up. */
+    td_xfer_op_t *batch = x->done_q;
+    x->done_q = x->done_q_tail = NULL;
+    while (batch) {
+        td_xfer_op_t *op = batch;
+        batch = op->qnext;
+        if (op->counted) {
+            x->stats.inflight--;
+            if (op->result == TD_OK) {
+                x->stats.completed++;
+                x->stats.bytes_sent += op->bytes;
+            } else {
+                x->stats.failed++;
             }
-            td_xfer_op_unref(op);
-            continue;
+            if (op->done)
+                op->done(x, op->xfer_id, op->result, op->arg);
         }
+        td_xfer_op_unref(op);
+    }
+    /* A peer's failure is reported after every transfer on it has ended;
+     * one at a time from the list itself (a handler may destroy a peer,
+     * which unlinks it). At most one report per peer: this ends. */
+    while (!x->done_q && x->fail_q) {
         td_xfer_peer_t *peer = x->fail_q;
         x->fail_q = peer->fail_next;
         peer->fail_queued = 0;
@@ -520,6 +525,8 @@ td_xfer_drain(td_xfer_t *x)
             x->fail_fn(x, peer, peer->fail_status, x->fail_arg);
     }
     x->draining = 0;
+    if (x->done_q || x->fail_q)
+        td_xfer_retry_in(x, 1);   /* the rest on the loop's next pass, after its I/O */
 }
 
 /* ======================================================================== */
