@@ -147,6 +147,14 @@ td_hello_check(const td_hello_ident_t *ours, const uint8_t our_nonce[TD_HELLO_NO
         *code = TANDEM__REJECT_CODE__REJECT_AUTH;
         return TD_ERR_AUTH;
     }
+    /* Incarnations are random per process: a peer with ours is this process
+     * reached through itself, e.g. a relay of our own proof (docs). */
+    if (peer->incarnation == ours->incarnation) {
+        snprintf(reason, reason_len, "peer claims our own incarnation %016" PRIx64
+                 ": a connection to ourselves or a relay", peer->incarnation);
+        *code = TANDEM__REJECT_CODE__REJECT_IDENTITY;
+        return TD_ERR_AUTH;
+    }
     if (strcmp(peer->model_fingerprint, ours->model_fingerprint) != 0) {
         td_hello_printable(a, sizeof(a), ours->model_fingerprint,
                            strlen(ours->model_fingerprint));

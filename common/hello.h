@@ -51,8 +51,9 @@ typedef enum {
 /* Check the peer's Hello against ours (our_nonce: the nonce in the Hello we
  * sent). TD_OK, or TD_ERR_MISMATCH (version, model, layout) / TD_ERR_PROTO
  * (bad role, node id, nonce) / TD_ERR_AUTH (the peer's nonce is ours: our
- * own Hello reflected) with a readable reason in reason[reason_len] and the
- * matching Reject code in *code. */
+ * own Hello reflected; or its incarnation is ours: a connection to ourselves,
+ * e.g. our own proof relayed) with a readable reason in reason[reason_len] and
+ * the matching Reject code in *code. */
 td_status_t td_hello_check(const td_hello_ident_t *ours,
                            const uint8_t our_nonce[TD_HELLO_NONCE_LEN],
                            const Tandem__Hello *peer, char *reason, size_t reason_len,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # tests/integration/ctl-handshake.sh — the Hello exchange between two
 # processes: accepted when everything matches; refused, with the reason in
-# both processes' logs, for each single mismatch.
+# both processes' logs, for each single mismatch and for a client claiming the
+# server's incarnation (what a node relayed to itself would see).
 . "$(dirname "$0")/ctl-lib.sh"
 
-start_server srv --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed
+start_server srv --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed \
+    --incarnation 0x5e1f
 
 start_client ok --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed --node ok
 wait_exit "$client_pid" 10
@@ -34,6 +36,9 @@ check_refused model "model fingerprint differs (ours deepseek-v4.1-flash@cd34, p
 check_refused layout "kv layout hash differs (ours 0000000000005eee, peer 0000000000005eed)" \
     "kv layout hash differs (ours 0000000000005eed, peer 0000000000005eee)" \
     --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eee
+self="peer claims our own incarnation 0000000000005e1f: a connection to ourselves or a relay"
+check_refused self "$self" "$self" \
+    --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed --incarnation 0x5e1f
 stop_server
 check_logs
 echo "ok"

@@ -2,7 +2,8 @@
  * tests. "server" listens (port 0 = any), prints "port N" and serves until
  * SIGTERM/SIGINT; "client" connects, prints "established", holds the
  * connection for --hold-ms, then prints "alive heartbeats=N" (exit 0) — or
- * "closed: STATUS: REASON" (exit 1) as soon as the connection ends. */
+ * "closed: STATUS: REASON" (exit 1) as soon as the connection ends. The
+ * incarnation is random per process, as in the daemons, unless given. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <event2/event.h>
 
 #include "ctl.h"
+#include "daemon.h"
 #include "log.h"
 
 typedef struct {
@@ -78,7 +80,7 @@ peer_usage(void)
 {
     fprintf(stderr, "usage: ctl_peer server|client [--host H] [--port N] [--secret S]\n"
                     "  [--version N] [--model M] [--layout N] [--node ID] [--hb-ms N]\n"
-                    "  [--handshake-ms N] [--hold-ms N]\n");
+                    "  [--handshake-ms N] [--hold-ms N] [--incarnation N]\n");
     return 2;
 }
 
@@ -91,12 +93,14 @@ main(int argc, char **argv)
         { "model", required_argument, NULL, 'm' },   { "layout", required_argument, NULL, 'l' },
         { "node", required_argument, NULL, 'n' },    { "hb-ms", required_argument, NULL, 'b' },
         { "handshake-ms", required_argument, NULL, 'k' },
-        { "hold-ms", required_argument, NULL, 'o' }, { NULL, 0, NULL, 0 },
+        { "hold-ms", required_argument, NULL, 'o' },
+        { "incarnation", required_argument, NULL, 'i' }, { NULL, 0, NULL, 0 },
     };
     const char *host = "127.0.0.1", *secret = "test-cluster-secret";
     td_ctl_config_t cfg = {
         .ident = { .protocol_version = TD_HELLO_PROTOCOL_VERSION, .node_id = "peer",
-                   .model_fingerprint = "test-model", .kv_layout_hash = 1 },
+                   .incarnation = td_daemon_random64(), .model_fingerprint = "test-model",
+                   .kv_layout_hash = 1 },
     };
     td_ctl_handlers_t h = { peer_on_established, NULL, peer_on_closed, NULL };
     peer_t p = { 0 };
@@ -123,6 +127,7 @@ main(int argc, char **argv)
         case 'b': cfg.heartbeat_ms = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'k': cfg.handshake_ms = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'o': p.hold_ms = strtoul(optarg, NULL, 10); break;
+        case 'i': cfg.ident.incarnation = strtoull(optarg, NULL, 0); break;
         default: return peer_usage();
         }
     }

@@ -1,6 +1,6 @@
 /* tests/unit/test_ctl.c — control connections on one event loop: handshake
- * accepted; refused with a reason on both sides for each single mismatch;
- * a reflected Hello refused; pre-auth frames refused unparsed; send before
+ * accepted; refused with a reason on both sides for each single mismatch
+ * and for a client claiming the server's incarnation; a reflected Hello refused; pre-auth frames refused unparsed; send before
  * established and above the output cap; silent and dead peers time out; a
  * bad frame closes only its own connection; the handshake cap and the pause
  * after accept errors; connect falling back to the next address; names
@@ -62,7 +62,8 @@ base_config(td_hello_ident_t *id, const char *node, Tandem__Role role)
 {
     *id = (td_hello_ident_t){
         .protocol_version = TD_HELLO_PROTOCOL_VERSION, .role = role, .node_id = node,
-        .rank_id = 0, .incarnation = 7, .model_fingerprint = "model-x", .kv_layout_hash = 99,
+        .rank_id = 0, .incarnation = 0x700u + (uint64_t)role,   /* distinct per side */
+        .model_fingerprint = "model-x", .kv_layout_hash = 99,
     };
     return (td_ctl_config_t){ .ident = *id, .secret = secret, .secret_len = sizeof(secret),
                               .heartbeat_ms = 50, .handshake_ms = 300 };
@@ -213,7 +214,7 @@ test_handshake_ok(struct event_base *base)
     td_ctl_listener_destroy(lst);
 }
 
-enum mutation { M_VERSION, M_SECRET, M_MODEL, M_LAYOUT, M_ROLE };
+enum mutation { M_VERSION, M_SECRET, M_MODEL, M_LAYOUT, M_INCARNATION };
 
 static void
 test_handshake_refused(struct event_base *base)
@@ -227,6 +228,8 @@ test_handshake_refused(struct event_base *base)
         { M_SECRET, TD_ERR_AUTH, "cluster secret proof failed" },
         { M_MODEL, TD_ERR_MISMATCH, "model fingerprint differs" },
         { M_LAYOUT, TD_ERR_MISMATCH, "kv layout hash differs" },
+        /* A client claiming the server's incarnation: each side sees its own. */
+        { M_INCARNATION, TD_ERR_AUTH, "peer claims our own incarnation" },
     };
     static const uint8_t wrong_secret[] = "unit-test-secreT";
 
@@ -244,7 +247,7 @@ test_handshake_refused(struct event_base *base)
         case M_SECRET:  ccfg.secret = wrong_secret; break;
         case M_MODEL:   ccfg.ident.model_fingerprint = "model-y"; break;
         case M_LAYOUT:  ccfg.ident.kv_layout_hash = 98; break;
-        default: break;
+        case M_INCARNATION: ccfg.ident.incarnation = scfg.ident.incarnation; break;
         }
         sh.arg = &ss;
         ch.arg = &cs;

@@ -1,7 +1,9 @@
 /* tests/unit/test_hello.c — Hello checks (one mismatch at a time, with the
  * reason an operator reads) and the HMAC proof: good, wrong secret, replayed
- * onto another connection, tampered Hello fields, reflected to its sender,
- * and a proof obtained on a second connection to the same verifier. */
+ * onto another connection, tampered Hello fields, reflected to its sender, a
+ * proof obtained on a second connection to the same verifier, and a node's
+ * own proof relayed back to it through a connection it made (refused by the
+ * incarnation check). */
 #include "check.h"
 #include "hello.h"
 
@@ -18,7 +20,7 @@ static const td_hello_ident_t ours = {
 };
 
 enum mutation { M_NONE, M_VERSION, M_MODEL, M_LAYOUT, M_ROLE0, M_ROLE99, M_NODE_EMPTY,
-                M_NODE_SPACE, M_NONCE_SHORT, M_NONCE_OURS };
+                M_NODE_SPACE, M_NONCE_SHORT, M_NONCE_OURS, M_INCARNATION_OURS };
 
 static void
 test_check(void)
@@ -41,8 +43,11 @@ test_check(void)
         { M_NODE_EMPTY, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "invalid peer node id \"\"" },
         { M_NODE_SPACE, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "invalid peer node id \"a b\"" },
         { M_NONCE_SHORT, TD_ERR_PROTO, TANDEM__REJECT_CODE__REJECT_IDENTITY, "peer nonce is 31 bytes, want 32" },
+        /* Our whole Hello reflected (our incarnation too) reads as reflection. */
         { M_NONCE_OURS, TD_ERR_AUTH, TANDEM__REJECT_CODE__REJECT_AUTH,
           "peer nonce equals ours (our own hello reflected)" },
+        { M_INCARNATION_OURS, TD_ERR_AUTH, TANDEM__REJECT_CODE__REJECT_IDENTITY,
+          "peer claims our own incarnation 0000000000001234: a connection to ourselves or a relay" },
     };
     uint8_t nonce[TD_HELLO_NONCE_LEN] = { 1 }, our_nonce[TD_HELLO_NONCE_LEN] = { 2 };
 
@@ -54,6 +59,7 @@ test_check(void)
 
         id.role = TANDEM__ROLE__ROLE_PREFILL;
         id.node_id = "node-b";
+        id.incarnation = 0x5678;
         switch (cases[i].m) {
         case M_VERSION:    id.protocol_version = 2; break;
         case M_MODEL:      id.model_fingerprint = "deepseek-v4.1-flash@cd\0014"; break;
@@ -62,6 +68,8 @@ test_check(void)
         case M_ROLE99:     id.role = 99; break;
         case M_NODE_EMPTY: id.node_id = ""; break;
         case M_NODE_SPACE: id.node_id = "a b"; break;
+        case M_NONCE_OURS:
+        case M_INCARNATION_OURS: id.incarnation = ours.incarnation; break;
         default: break;
         }
         td_hello_build(&peer, &id, cases[i].m == M_NONCE_OURS ? our_nonce : nonce);
@@ -182,6 +190,35 @@ test_proof(void)
     CHECK_STATUS(td_hello_proof_compute(secret, sizeof(secret), 0, &a, &b, proof), TD_ERR_RANGE);
 }
 
+/* Relay through a self-connection: the attacker holds connection 1 to b (b
+ * accepted: b's Hello b1, nonce n1) and makes b connect to it (connection 2:
+ * b's Hello b2, nonce n2). It sends b2 on connection 1 as its own Hello and
+ * b1 on connection 2 as the acceptor's, then relays b's initiator proof from
+ * connection 2 into connection 1. The transcripts match, so the proof alone
+ * verifies; the Hello check refuses it first (b2 carries b's incarnation). */
+static void
+test_relay_to_self(void)
+{
+    uint8_t n1[TD_HELLO_NONCE_LEN], n2[TD_HELLO_NONCE_LEN];
+    char reason[TD_HELLO_REASON_MAX] = "";
+    Tandem__RejectCode code = 0;
+    Tandem__Hello b1, b2;
+
+    CHECK_STATUS(td_hello_nonce_make(n1), TD_OK);
+    CHECK_STATUS(td_hello_nonce_make(n2), TD_OK);
+    td_hello_build(&b1, &ours, n1);
+    td_hello_build(&b2, &ours, n2);
+    /* b's proof as initiator of connection 2 over (b2, b1) ... */
+    CHECK_STATUS(verify_as(TD_HELLO_INITIATOR, &b2, &b1, TD_HELLO_INITIATOR, &b2, &b1), TD_OK);
+    /* ... but on connection 1 b never gets that far with peer Hello b2. */
+    CHECK_STATUS(td_hello_check(&ours, n1, &b2, reason, sizeof(reason), &code), TD_ERR_AUTH);
+    CHECK_STR(reason, "peer claims our own incarnation 0000000000001234: "
+                      "a connection to ourselves or a relay");
+    CHECK_EQ_INT(code, TANDEM__REJECT_CODE__REJECT_IDENTITY);
+    /* The same on connection 2, where b is the initiator and sees b1. */
+    CHECK_STATUS(td_hello_check(&ours, n2, &b1, reason, sizeof(reason), &code), TD_ERR_AUTH);
+}
+
 static void
 test_printable_and_ident(void)
 {
@@ -210,6 +247,7 @@ main(void)
 {
     test_check();
     test_proof();
+    test_relay_to_self();
     test_printable_and_ident();
     return td_check_exit("test_hello");
 }

@@ -164,7 +164,7 @@ ident(Tandem__Role role, const char *node, uint32_t rank)
         .role = role,
         .node_id = node,
         .rank_id = rank,
-        .incarnation = 0x1234u + rank,
+        .incarnation = 0x1234u + rank + ((uint64_t)role << 16),   /* never the router's */
         .model_fingerprint = "synthetic:test",
         .kv_layout_hash = 0xabcdefu,
     };
