@@ -165,17 +165,8 @@ decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_rank_io_t io = { decoded_on_send, decoded_on_load, r };
     if ((st = td_rank_create(r->base, m->w.engine, &rc, &io, &r->rk)) != TD_OK)
         goto err;
-    td_link_config_t lc = { .routers = c->routers };
-    lc.ctl.ident = (td_hello_ident_t){
-        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
-        .role = TANDEM__ROLE__ROLE_DECODE,
-        .node_id = td_daemon_node_id(m->w.d),
-        .rank_id = r->id,
-        .incarnation = td_daemon_incarnation(m->w.d),
-        .model_fingerprint = m->w.fingerprint,
-        .kv_layout_hash = m->w.engine->layout->hash,
-    };
-    lc.ctl.secret = td_daemon_secret(m->w.d, &lc.ctl.secret_len);
+    td_link_config_t lc;
+    td_worker_link_config(&m->w, TANDEM__ROLE__ROLE_DECODE, r->id, c->routers, &lc);
     Tandem__Register reg;
     decoded_register(r, &reg);
     td_link_handlers_t lh = { decoded_on_up, decoded_on_message, decoded_on_down, r };

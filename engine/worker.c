@@ -78,3 +78,20 @@ err_free_daemon:
     libevent_global_shutdown();
     return rc;
 }
+
+void
+td_worker_link_config(const td_worker_t *w, Tandem__Role role, uint32_t rank_id,
+                      const char *routers, td_link_config_t *out)
+{
+    *out = (td_link_config_t){ .routers = routers };
+    out->ctl.ident = (td_hello_ident_t){
+        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
+        .role = role,
+        .node_id = td_daemon_node_id(w->d),
+        .rank_id = rank_id,
+        .incarnation = td_daemon_incarnation(w->d),
+        .model_fingerprint = w->fingerprint,
+        .kv_layout_hash = w->engine->layout->hash,
+    };
+    out->ctl.secret = td_daemon_secret(w->d, &out->ctl.secret_len);
+}

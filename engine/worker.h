@@ -10,6 +10,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "engine.h"
+#include "link.h"
 #include "ranks.h"
 
 /* The main thread's state, for the rank handlers and the status callback.
@@ -50,5 +51,12 @@ typedef struct {
  * after the loop ran (or for --help), 2 for bad options or no --routers, 1
  * for any other failure (logged where it was decided). */
 int td_worker_main(td_worker_t *w, const td_worker_spec_t *spec, int argc, char **argv);
+
+/* The link configuration of rank `rank_id` playing `role`: this process's
+ * Hello identity (node, incarnation, model fingerprint, KV layout hash), the
+ * cluster secret and the routers. Points into w and routers: valid while
+ * they are (td_link_create copies what it keeps). */
+void td_worker_link_config(const td_worker_t *w, Tandem__Role role, uint32_t rank_id,
+                           const char *routers, td_link_config_t *out);
 
 #endif

@@ -208,17 +208,8 @@ prefilld_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_rank_handlers_t rh = { prefilld_on_done, prefilld_on_load, prefilld_on_idle, r };
     if ((st = td_rank_create(r->base, r->x, m->w.engine, &rc, &rh, &r->rk)) != TD_OK)
         goto err;
-    td_link_config_t lc = { .routers = c->routers };
-    lc.ctl.ident = (td_hello_ident_t){
-        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
-        .role = TANDEM__ROLE__ROLE_PREFILL,
-        .node_id = td_daemon_node_id(m->w.d),
-        .rank_id = r->id,
-        .incarnation = td_daemon_incarnation(m->w.d),
-        .model_fingerprint = m->w.fingerprint,
-        .kv_layout_hash = m->w.engine->layout->hash,
-    };
-    lc.ctl.secret = td_daemon_secret(m->w.d, &lc.ctl.secret_len);
+    td_link_config_t lc;
+    td_worker_link_config(&m->w, TANDEM__ROLE__ROLE_PREFILL, r->id, c->routers, &lc);
     Tandem__Register reg;
     prefilld_register(r, 0, &reg);
     td_link_handlers_t lh = { NULL, prefilld_on_message, prefilld_on_down, r };
