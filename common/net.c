@@ -5,7 +5,6 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -238,26 +237,6 @@ td_net_connect_result(int fd)
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
         err = errno;
     return td_status_from_errno(err);
-}
-
-td_status_t
-td_net_set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        return td_status_from_errno(errno);
-    return TD_OK;
-}
-
-td_status_t
-td_net_set_cloexec(int fd)
-{
-    int fl = fcntl(fd, F_GETFD);
-
-    if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
-        return td_status_from_errno(errno);
-    return TD_OK;
 }
 
 td_status_t

@@ -61,8 +61,6 @@ td_status_t td_net_connect_result(int fd);
 /* "ip:port" or "[v6]:port" of addr into buf (IPv4-mapped IPv6 as IPv4). */
 void td_net_addr_str(const td_net_addr_t *addr, char *buf, size_t len);
 
-td_status_t td_net_set_nonblock(int fd);
-td_status_t td_net_set_cloexec(int fd);
 td_status_t td_net_set_nodelay(int fd);
 
 /* "ip:port" of the remote end of fd ("?" when unknown) into buf. */
