@@ -351,8 +351,9 @@ mk_clean(const char *dir)
 /* ---- The generated tokenizer ------------------------------------------------------ */
 
 /* The added tokens of the V4 tokenizer that are not numbered place holders,
- * with their exact contents and flags; the first three are also ids 0-2 of
- * the BPE vocabulary, as in the release. */
+ * with their exact contents and flags, plus <｜System｜>, which the V4.1 chat
+ * format opens its system block with (the V4 tokenizer does not have it); the
+ * first three are also ids 0-2 of the BPE vocabulary, as in the release. */
 static const struct {
     const char *content;
     int special;
@@ -366,6 +367,7 @@ static const struct {
     { "<｜fim▁end｜>", 0, 1 },
     { "<｜User｜>", 0, 1 },
     { "<｜Assistant｜>", 0, 1 },
+    { "<｜System｜>", 0, 1 },
     { "<|EOT|>", 0, 1 },
     { "<｜tool▁calls▁begin｜>", 0, 1 },
     { "<｜tool▁calls▁end｜>", 0, 1 },
