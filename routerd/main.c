@@ -2,6 +2,8 @@
  * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
  * control listeners on one event loop, and the ready line. */
 #include "router.h"
+#include "chat.h"
+#include "tok_bpe.h"
 #include "tok_bytes.h"
 
 #include <inttypes.h>
@@ -30,6 +32,10 @@ static const td_config_opt_t router_opts[] = {
                          "admin api keys, one per line (required with an admin listener)"),
     TD_CONFIG_OPT_STRING("model-name", ST, model_name, "",
                          "model id served in /v1/models (empty: tandem-<engine>)"),
+    TD_CONFIG_OPT_STRING("tokenizer", ST, tokenizer, "",
+                         "tokenizer.json, or a checkpoint directory holding one; with it chat "
+                         "requests use the DeepSeek-V4.1 chat format (empty: the model "
+                         "directory's, else a byte-level stand-in)"),
     TD_CONFIG_OPT_SIZE("max-body", ST, max_body, "1MiB", 1024, 1ull << 30,
                        "largest request body accepted"),
     TD_CONFIG_OPT_UINT64("max-tokens-limit", ST, max_tokens_limit, "32768", 1, 1u << 24,
@@ -49,6 +55,44 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_END
 };
 #undef ST
+
+/* The V4.1 tokenizer from --tokenizer (or the model directory), else the
+ * byte-level stand-in. */
+static td_status_t
+router_tokenizer(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    const char *path = cfg->tokenizer[0] ? cfg->tokenizer : cfg->eng.model[0] ? cfg->eng.model
+                                                                              : NULL;
+    td_status_t st;
+
+    if (!path)
+        return td_tok_bytes_create(&r->tok);
+    st = td_tok_bpe_create(path, &r->tok);
+    if (st != TD_OK) {
+        td_error("tokenizer %s: %s", path, td_status_str(st));
+        return st;
+    }
+    r->v41 = td_tok_bpe_tokenizer(r->tok);
+    /* a tokenizer without the format's tokens (the V4 one lacks <｜System｜>)
+     * could not encode a single chat prompt: refuse it now */
+    size_t n;
+    const char *const *names = td_chat_special_tokens(&n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id;
+        if (td_tokenizer_find(r->v41, names[i], strlen(names[i]), &id) != TD_OK) {
+            td_error("tokenizer %s has no token \"%s\", which the DeepSeek-V4.1 chat format "
+                     "needs: give the V4.1 checkpoint's tokenizer.json", path, names[i]);
+            td_tok_destroy(r->tok);
+            r->tok = NULL;
+            r->v41 = NULL;
+            return TD_ERR_MISMATCH;
+        }
+    }
+    td_info("tokenizer %s: %s; chat requests use the DeepSeek-V4.1 chat format", path,
+            r->tok->name);
+    return TD_OK;
+}
 
 /* The engine is created only for its identity and names, then destroyed. */
 static td_status_t
@@ -144,7 +188,7 @@ router_init(td_router_t *r)
                  cfg->max_tokens_default, cfg->max_tokens_limit);
         return TD_ERR_INVALID;
     }
-    st = td_tok_bytes_create(&r->tok);
+    st = router_tokenizer(r);
     if (st == TD_OK)
         st = router_identity(r);
     if (st == TD_OK && cfg->api_keys_file[0])

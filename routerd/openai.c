@@ -691,8 +691,10 @@ field_response_format(parse_t *p, const char *key, const json_t *v)
                        "only 'text' is supported by this server (no JSON mode).");
 }
 
-/* Accepted for compatibility and not used: user, metadata, store, service_tier,
- * parallel_tool_calls (type-checked only). */
+/* Type-checked only here: user, metadata, store, service_tier and
+ * parallel_tool_calls are accepted for compatibility and not used; thinking
+ * and reasoning_effort are read by the V4.1 chat encoding (engine/chat.c:
+ * values checked there) and have no effect on the byte-level stand-in. */
 static td_status_t
 field_ignored(parse_t *p, const char *key, const json_t *v)
 {
@@ -702,6 +704,8 @@ field_ignored(parse_t *p, const char *key, const json_t *v)
         { "metadata", JSON_OBJECT, "an object" },
         { "store", JSON_TRUE, "a boolean" },
         { "parallel_tool_calls", JSON_TRUE, "a boolean" },
+        { "thinking", JSON_OBJECT, "an object" },
+        { "reasoning_effort", JSON_STRING, "a string" },
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(types[i].name, key) == 0) {
@@ -751,6 +755,8 @@ static const td_openai_field_t fields[] = {
     { "store",                 CHAT,        field_ignored, false },
     { "service_tier",          CHAT,        field_ignored, false },
     { "parallel_tool_calls",   CHAT,        field_ignored, false },
+    { "thinking",              CHAT,        field_ignored, false },
+    { "reasoning_effort",      CHAT,        field_ignored, false },
 };
 
 static const td_openai_field_t *
@@ -911,6 +917,7 @@ finish_str(td_openai_finish_t f)
     switch (f) {
     case TD_OPENAI_FINISH_STOP:   return "stop";
     case TD_OPENAI_FINISH_LENGTH: return "length";
+    case TD_OPENAI_FINISH_TOOL_CALLS: return "tool_calls";
     case TD_OPENAI_FINISH_NONE:   break;
     }
     return NULL;
@@ -1016,6 +1023,48 @@ td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len, td_st
     if (rc == TD_OK && with_role)
         s->role_sent = true;
     return rc;
+}
+
+/* A choice around a delta (chunk) or message object, which it takes over. */
+static json_t *
+choice_with(json_t *obj, bool chunk, td_openai_finish_t finish)
+{
+    json_t *c = json_pack("{s:i, s:n, s:s?}", "index", 0, "logprobs", "finish_reason",
+                          finish_str(finish));
+    if (c == NULL || obj == NULL || json_object_set_new(c, chunk ? "delta" : "message", obj)) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
+}
+
+td_status_t
+td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_strbuf_t *out)
+{
+    bool with_role = !s->role_sent;
+    if (delta && with_role && json_object_set_new(delta, "role", json_string("assistant"))) {
+        json_decref(delta);
+        return TD_ERR_NOMEM;
+    }
+    json_t *c = choice_with(delta, true, TD_OPENAI_FINISH_NONE);
+    if (c == NULL)
+        return TD_ERR_NOMEM;
+    td_status_t rc = json_emit(response_obj(&s->meta, true, c, s->include_usage, NULL), true,
+                               out);
+    if (rc == TD_OK)
+        s->role_sent = true;
+    return rc;
+}
+
+td_status_t
+td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
+                                td_openai_finish_t finish, const td_openai_usage_t *usage,
+                                td_strbuf_t *out)
+{
+    json_t *c = choice_with(message, false, finish);
+    if (c == NULL)
+        return TD_ERR_NOMEM;
+    return json_emit(response_obj(m, false, c, 2, usage), false, out);
 }
 
 td_status_t

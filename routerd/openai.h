@@ -7,6 +7,8 @@
 #include "status.h"
 #include "strbuf.h"
 
+#include <jansson.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,6 +30,7 @@ typedef enum {
     TD_OPENAI_FINISH_NONE = 0,   /* still generating: JSON null */
     TD_OPENAI_FINISH_STOP,       /* end of sequence or a stop string */
     TD_OPENAI_FINISH_LENGTH,     /* max_tokens or the context ran out */
+    TD_OPENAI_FINISH_TOOL_CALLS, /* chat: the reply ended with tool calls */
 } td_openai_finish_t;
 
 #define TD_OPENAI_MAX_STOP 4
@@ -161,6 +164,17 @@ typedef struct {
  * carries delta.role "assistant"; call with len 0 to send it before any text. */
 td_status_t td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len,
                                   td_strbuf_t *out);
+/* Append the SSE event of a chat chunk whose delta is the given object
+ * (reasoning_content, tool_calls, content: the chat reader's deltas); the
+ * first chunk also gets delta.role. delta is consumed (its reference stolen). */
+td_status_t td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_strbuf_t *out);
+
+/* The non-streaming chat.completion whose choice carries the given message
+ * object ({"role":"assistant","content",...}); message is consumed. */
+td_status_t td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
+                                            td_openai_finish_t finish,
+                                            const td_openai_usage_t *usage, td_strbuf_t *out);
+
 /* Append the end of the stream: the chunk with finish_reason, a usage chunk
  * (choices: []) when include_usage, then `data: [DONE]`. */
 td_status_t td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,

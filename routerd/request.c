@@ -1,7 +1,9 @@
 /* routerd/request.c — the request state machine: tokenize, choose ranks,
  * Admit / Prefill, turn Tokens into streamed text (incremental detokenizing,
- * stop strings, SSE) or one response, and end every request exactly once:
+ * stop strings, the V4.1 reply reader's reasoning / content / tool-call
+ * deltas, SSE) or one response, and end every request exactly once:
  * done, failed or canceled, with Cancel to its ranks where they may hold it. */
+#include "chat.h"
 #include "router.h"
 #include "sse.h"
 #include "stop.h"
@@ -43,6 +45,7 @@ struct td_request_s {
     bool streaming;                 /* 200 and the first chunk went out */
     td_tok_dec_t dec;
     td_stop_t *stop;
+    td_chat_parser_t *chat;         /* V4.1 chat: reads the reply (stop strings too) */
     td_openai_stream_t stream;
     td_strbuf_t text;               /* non-streaming: the answer so far */
     td_strbuf_t piece;              /* scratch: decoded text of one message */
@@ -279,6 +282,7 @@ request_free(td_request_t *q)
         event_free(q->timer);
     release_ranks(q, NULL);
     td_stop_destroy(q->stop);
+    td_chat_parser_destroy(q->chat);
     td_strbuf_free(&q->text);
     td_strbuf_free(&q->piece);
     td_strbuf_free(&q->rel);
@@ -358,6 +362,53 @@ request_cancel(td_request_t *q, const char *why)
     request_free(q);
 }
 
+/* Stream the V4.1 reply reader's deltas (non-streaming requests take the
+ * whole reply from the reader at the end). */
+static td_status_t
+chat_emit(td_request_t *q, const td_chat_delta_t *d, size_t n)
+{
+    td_strbuf_t *sse = &q->r->reqs->sse;
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; i < n && st == TD_OK && q->streaming; i++) {
+        json_t *delta = NULL;
+        switch (d[i].kind) {
+        case TD_CHAT_DELTA_CONTENT:
+            st = td_openai_stream_text(&q->stream, d[i].text, d[i].len, sse);
+            continue;
+        case TD_CHAT_DELTA_REASONING:
+            delta = json_pack("{s:s%}", "reasoning_content", d[i].text, d[i].len);
+            break;
+        case TD_CHAT_DELTA_TOOL_CALL:
+            delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
+                              (int)d[i].index, "id", d[i].id, "type", "function", "function",
+                              "name", d[i].name, "arguments", "");
+            break;
+        case TD_CHAT_DELTA_TOOL_ARGS:
+            delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)d[i].index,
+                              "function", "arguments", d[i].text, d[i].len);
+            break;
+        }
+        st = delta ? td_openai_stream_delta(&q->stream, delta, sse) : TD_ERR_NOMEM;
+    }
+    return st;
+}
+
+/* Text released for the client: through the V4.1 reply reader, or as is. */
+static td_status_t
+emit_text(td_request_t *q, const char *text, size_t len)
+{
+    if (q->chat) {
+        const td_chat_delta_t *d;
+        size_t n;
+        td_status_t st = td_chat_parser_feed(q->chat, text, len, &d, &n);
+        return st == TD_OK ? chat_emit(q, d, n) : st;
+    }
+    if (q->streaming)
+        return td_openai_stream_text(&q->stream, text, len, &q->r->reqs->sse);
+    return td_strbuf_append(&q->text, text, len);
+}
+
 static td_openai_finish_t
 finish_of(Tandem__Finish f)
 {
@@ -384,8 +435,26 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
             st = td_stop_flush(q->stop, &q->rel);
     }
     td_strbuf_reset(&q->piece);
+    if (st == TD_OK && q->rel.len)
+        st = emit_text(q, q->rel.data, q->rel.len);
+    if (st == TD_OK && q->chat) {
+        /* the reader releases what it held back and decides the finish reason */
+        const td_chat_delta_t *d;
+        size_t n;
+        st = td_chat_parser_finish(q->chat, finish == TD_OPENAI_FINISH_LENGTH
+                                                ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
+                                   &d, &n);
+        if (st == TD_OK)
+            st = chat_emit(q, d, n);
+        if (st == TD_OK) {
+            td_chat_finish_t f = td_chat_parser_reply(q->chat)->finish;
+            finish = f == TD_CHAT_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
+                   : f == TD_CHAT_FINISH_LENGTH     ? TD_OPENAI_FINISH_LENGTH
+                                                    : TD_OPENAI_FINISH_STOP;
+        }
+    }
     if (st != TD_OK) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not finish the reply");
         return;
     }
     set_state(q, TD_REQ_DONE);
@@ -394,21 +463,22 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
     if (q->http) {
         struct evhttp_request *h = q->http;
         if (q->streaming) {
-            if (q->rel.len)
-                st = td_openai_stream_text(&q->stream, q->rel.data, q->rel.len, &t->sse);
-            if (st == TD_OK)
-                st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
+            st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
             stream_flush(q);
             http_detach(q);
             evhttp_send_reply_end(h);
         } else {
             td_openai_meta_t meta = q->stream.meta;
             td_strbuf_t body = {0};
-            if (q->rel.len)
-                st = td_strbuf_append(&q->text, q->rel.data, q->rel.len);
-            if (st == TD_OK)
-                st = td_openai_response_json(&meta, q->text.data ? q->text.data : "", q->text.len,
-                                             finish, &usage, &body);
+            if (q->chat) {
+                json_t *msg = NULL;
+                st = td_chat_reply_json(td_chat_parser_reply(q->chat), &msg);
+                if (st == TD_OK)
+                    st = td_openai_response_message_json(&meta, msg, finish, &usage, &body);
+            } else {
+                st = td_openai_response_json(&meta, q->text.data ? q->text.data : "",
+                                             q->text.len, finish, &usage, &body);
+            }
             http_detach(q);
             if (st == TD_OK) {
                 evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
@@ -644,12 +714,11 @@ on_tokens(td_request_t *q, td_rank_t *rk, const Tandem__Tokens *tk)
         st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
     td_strbuf_reset(&q->piece);
     if (st == TD_OK && q->rel.len) {
-        if (q->streaming)
-            st = td_openai_stream_text(&q->stream, q->rel.data, q->rel.len, &r->reqs->sse);
-        else
-            st = td_strbuf_append(&q->text, q->rel.data, q->rel.len);
+        st = emit_text(q, q->rel.data, q->rel.len);
         td_strbuf_reset(&q->rel);
     }
+    if (st == TD_OK && q->chat && td_chat_parser_stopped(q->chat))
+        matched = true;
     if (st != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not decode the tokens");
         return;
@@ -769,8 +838,8 @@ on_timeout(evutil_socket_t fd, short what, void *arg)
     request_fail_simple(arg, TD_ERRREASON_TIMEOUT, "the request timed out");
 }
 
-/* The prompt text. Until the V4.1 chat encoding lands, chat messages are
- * joined as "<role>: <content>\n" followed by "assistant: ". */
+/* The prompt text of the stand-in (no V4.1 tokenizer): chat messages joined
+ * as "<role>: <content>\n" followed by "assistant: ". */
 static td_status_t
 prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
 {
@@ -793,19 +862,65 @@ prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
     return st;
 }
 
+/* With the V4.1 tokenizer, a chat request is rendered in the V4.1 chat
+ * format and its reply read back by td_chat_parser; a request the format
+ * cannot express gets e (400). */
 static td_status_t
-prompt_tokens(td_request_t *q)
+chat_prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_t *e)
+{
+    json_error_t jerr;
+    json_t *req = json_loadb(body, len, 0, &jerr);
+    td_chat_prompt_t *p = NULL;
+    td_chat_err_t ce;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    td_status_t st;
+
+    if (!req) {   /* td_openai_req_parse accepted this very body */
+        td_openai_err_internal(e, "could not read the request again");
+        return TD_ERR_INTERNAL;
+    }
+    memset(&ce, 0, sizeof ce);
+    st = td_chat_encode(req, NULL, &p, &ce);
+    json_decref(req);
+    if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
+        td_openai_err_set(e, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
+                          ce.code, "%s", ce.message);
+        return st;
+    }
+    if (st == TD_OK)
+        st = td_chat_prompt_ids(p, q->r->v41, &ids, &n);
+    if (st == TD_OK)
+        st = td_chat_parser_create(&p->parse, &q->chat);
+    td_chat_prompt_destroy(p);
+    if (st != TD_OK) {
+        free(ids);
+        td_openai_err_internal(e, "could not encode the chat prompt");
+        return st;
+    }
+    q->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
+    q->nprompt = n;
+    return TD_OK;
+}
+
+static td_status_t
+prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_t *e)
 {
     td_strbuf_t text = {0};
     uint32_t *ids = NULL;
     size_t n = 0;
-    td_status_t st = prompt_text(q->oreq, &text);
+    td_status_t st;
 
+    if (q->r->v41 && q->oreq->kind == TD_OPENAI_CHAT)
+        return chat_prompt_tokens(q, body, len, e);
+    st = prompt_text(q->oreq, &text);
     if (st == TD_OK)
         st = td_tok_encode(q->r->tok, text.data ? text.data : "", text.len, &ids, &n);
     td_strbuf_free(&text);
-    if (st != TD_OK)
+    if (st != TD_OK) {
+        td_openai_err_internal(e, "could not tokenize the prompt");
         return st;
+    }
     q->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
     q->nprompt = n;
     return TD_OK;
@@ -847,9 +962,18 @@ td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t k
     t->head = q;
     t->n++;
 
-    if (td_openai_id_new(oreq->kind, q->oid) != TD_OK || prompt_tokens(q) != TD_OK ||
-        td_stop_create((const char *const *)oreq->stop, oreq->nstop, &q->stop) != TD_OK) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not prepare the request");
+    if (td_openai_id_new(oreq->kind, q->oid) != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "no randomness for the request id");
+        return;
+    }
+    if (prompt_tokens(q, body, len, &e) != TD_OK) {
+        request_fail(q, e.http == 400 ? TD_ERRREASON_BAD_REQUEST : TD_ERRREASON_INTERNAL, &e);
+        return;
+    }
+    /* V4.1 chat: the reply reader matches stop strings (in content only) */
+    if (td_stop_create((const char *const *)oreq->stop, q->chat ? 0 : oreq->nstop, &q->stop) !=
+        TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
     if (q->nprompt == 0) {

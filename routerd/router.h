@@ -35,6 +35,7 @@ typedef struct {
     char *api_keys_file;
     char *admin_key_file;
     char *model_name;           /* id in /v1/models; "" = "tandem-<engine>" */
+    char *tokenizer;            /* tokenizer.json or a checkpoint directory; "" = model's */
     uint64_t max_body;          /* bytes */
     uint64_t max_tokens_limit;
     uint64_t max_tokens_default;
@@ -203,6 +204,8 @@ struct td_router_s {
     const td_config_opt_t *table;   /* for the admin config view */
     td_daemon_t *daemon;
     td_tok_t *tok;
+    const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok (chat encoding and
+                                       reply parsing on), or NULL (byte-level stand-in) */
     td_apikeys_t *keys;
     td_apikeys_t *admin_keys;
     char model[96];                 /* id in /v1/models */

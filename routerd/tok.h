@@ -1,11 +1,13 @@
 /* routerd/tok.h — the tokenizer interface routerd encodes prompts and decodes
  * streamed tokens through: a vtable every tokenizer implements (the byte-level
- * stand-in now, V4.1's byte-level BPE later), plus UTF-8-safe incremental decoding. */
+ * stand-in, and V4.1's byte-level BPE in tok_bpe.c), plus UTF-8-safe
+ * incremental decoding. */
 #ifndef TD_TOK_H
 #define TD_TOK_H
 
 #include "status.h"
 #include "strbuf.h"
+#include "tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,13 +34,10 @@ struct td_tok {
     uint32_t vocab_size;    /* ids are 0 .. vocab_size-1 */
 };
 
-/* Incremental decoding state of one stream: the bytes of a UTF-8 character
- * whose end has not arrived yet. Zero-initialise ({0}) per stream. */
-typedef struct {
-    uint8_t buf[4];
-    uint8_t n;      /* bytes held */
-    uint8_t need;   /* length of the character being completed */
-} td_tok_dec_t;
+/* Incremental decoding state of one stream (engine/tokenizer.h's): the bytes
+ * of a UTF-8 character whose end has not arrived yet. Zero-initialise ({0})
+ * per stream. */
+typedef td_detok_t td_tok_dec_t;
 
 static inline td_status_t
 td_tok_encode(const td_tok_t *tok, const char *text, size_t len, uint32_t **ids,

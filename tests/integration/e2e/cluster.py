@@ -148,6 +148,7 @@ class Cluster:
 
     def __init__(self, bins, tmp):
         self.bins, self.tmp = bins, tmp
+        self.engine = list(ENGINE)   # engine options of every process started
         self.procs = []       # to stop
         self.procs_all = []   # every process started (logs, counts)
         self.nstarted = {}
@@ -181,7 +182,7 @@ class Cluster:
 
     def start_router(self, *extra):
         self.router = self._spawn("routerd", [
-            self.bins["routerd"], *ENGINE, "--secret-file", self.path("secret"),
+            self.bins["routerd"], *self.engine, "--secret-file", self.path("secret"),
             "--node-id", "router0", "--log-level", "info",
             "--http-listen", "127.0.0.1:0", "--ctl-listen", "127.0.0.1:0",
             "--admin-listen", "127.0.0.1:0", "--api-keys-file", self.path("api.keys"),
@@ -194,7 +195,7 @@ class Cluster:
     def start_worker(self, kind, node, *extra, secret="secret", engine=None, wait_ready=True):
         """kind: prefilld | decoded. Ready = its ready line (wait_ready) —
         registration is checked with wait_ranks."""
-        argv = [self.bins[kind], *(ENGINE if engine is None else engine),
+        argv = [self.bins[kind], *(self.engine if engine is None else engine),
                 "--secret-file", self.path(secret), "--node-id", node,
                 "--routers", "127.0.0.1:%d" % self.ctl, *extra]
         if wait_ready:
