@@ -1,6 +1,9 @@
 /* routerd/tok_bpe.c — td_tok_t over the engine's byte-level BPE tokenizer.
  * Plain encode recognises special tokens spelled in the text (a completions
- * prompt may carry them, as with Hugging Face's encode). */
+ * prompt may carry them, as with Hugging Face's encode); generated special
+ * tokens (BOS, EOS, pad, image markup) decode to nothing, as with
+ * skip_special_tokens. The chat format's markers (<think>, </think>, ｜DSML｜)
+ * are not special tokens and reach the reply reader. */
 #include "tok_bpe.h"
 
 #include <stdio.h>
@@ -24,7 +27,10 @@ static td_status_t
 td_tok_bpe_piece(const td_tok_t *tok, uint32_t id, const char **bytes, size_t *len)
 {
     const td_tok_bpe_t *t = (const td_tok_bpe_t *)tok;
-    return td_tokenizer_piece(t->tok, id, bytes, len);
+    td_status_t st = td_tokenizer_piece(t->tok, id, bytes, len);
+    if (st == TD_OK && td_tokenizer_is_special(t->tok, id))
+        *len = 0;
+    return st;
 }
 
 static void
