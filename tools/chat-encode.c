@@ -5,6 +5,7 @@
 #include "tokenizer.h"
 
 #include "log.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -44,40 +45,6 @@ usage(FILE *f)
             "exits 1; bad usage exits 2.\n");
 }
 
-/* All of f, NUL-terminated (the NUL not counted in *len). */
-static int
-read_all(FILE *f, char **out, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-
-    if (buf == NULL)
-        return -1;
-    for (;;) {
-        if (cap - n < 4096) {
-            char *nb = realloc(buf, cap * 2);
-            if (nb == NULL) {
-                free(buf);
-                return -1;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return -1;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 static int
 read_input(const char *path, char **out, size_t *len)
 {
@@ -90,7 +57,7 @@ read_input(const char *path, char **out, size_t *len)
             return -1;
         }
     }
-    int rc = read_all(f, out, len);
+    int rc = cli_read_all(f, out, len);
     if (rc != 0)
         fprintf(stderr, "chat-encode: %s: read failed: %s\n", path, strerror(errno));
     if (f != stdin)

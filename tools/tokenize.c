@@ -3,6 +3,7 @@
 #include "tokenizer.h"
 
 #include "log.h"
+#include "cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -23,39 +24,6 @@ usage(FILE *f)
             "  --tokenizer PATH  tokenizer.json or its directory (default: $TANDEM_TOKENIZER)\n"
             "  --no-special      encode: special-token spellings are plain text;\n"
             "                    decode: leave special tokens out\n");
-}
-
-/* All of f, NUL-terminated (the NUL not counted in *len). */
-static int
-read_all(FILE *f, char **out, size_t *len)
-{
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return -1;
-    for (;;) {
-        if (cap - n < 4096) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return -1;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
-    if (ferror(f)) {
-        free(buf);
-        return -1;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
 }
 
 /* Parse ids: a JSON array, or numbers separated by spaces, commas, newlines. */
@@ -171,7 +139,7 @@ main(int argc, char **argv)
         if (!input)
             return 1;
         len = strlen(input);
-    } else if (read_all(stdin, &input, &len) != 0) {
+    } else if (cli_read_all(stdin, &input, &len) != 0) {
         fprintf(stderr, "tokenize: reading standard input: %s\n", strerror(errno));
         return 1;
     }
