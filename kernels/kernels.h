@@ -91,6 +91,129 @@ const td_kernels_t *td_kernels_cpu(void);
  * there is no usable device or no kernel image for it; *out set on TD_OK. */
 td_status_t td_kernels_cuda(const td_kernels_t **out);
 
+/* ---- compute ops ------------------------------------------------------
+ * The forward pass's arithmetic, one table per backend (td_kernels_ops_t is
+ * kept apart from the KV-movement table above so that a backend can grow its
+ * compute ops one by one). Every pointer is backend memory (host for cpu);
+ * tensors are row-major f32 unless said otherwise, shapes in brackets. An op
+ * with a NULL pointer (where one is required) or a zero or inconsistent size
+ * returns TD_ERR_INVALID with the reason in td_kernels_error() and writes
+ * nothing. cpu ops are synchronous; `out` may alias an input only where an
+ * op says so. Numerics follow the PyTorch reference of DeepSeek-V4.1 (fp32
+ * throughout; docs/forward.md); the quantizers are bit-exact. */
+
+/* Router scoring functions (transformers' ACT2FN names). */
+typedef enum {
+    TD_KERNELS_SCORE_SQRTSOFTPLUS = 0,  /* sqrt(softplus(x)), softplus(x) = x for x > 20 */
+    TD_KERNELS_SCORE_SIGMOID = 1,
+} td_kernels_score_t;
+
+typedef struct td_kernels_ops {
+    const char *name;  /* "cpu" */
+
+    /* y[m, n] = x[m, k] . w[n, k]^T (a bias-free nn.Linear); with acc,
+     * y += that. y must not alias x or w. */
+    td_status_t (*linear)(const float *x, const float *w, float *y,
+                          size_t m, size_t n, size_t k, int acc);
+    /* Block-diagonal linear: x [m, g, k], w [g, n, k] -> y [m, g, n]
+     * (y[r, j] = w[j] . x[r, j] for every group j). */
+    td_status_t (*linear_grouped)(const float *x, const float *w, float *y,
+                                  size_t m, size_t g, size_t n, size_t k);
+    /* y[r] = table[ids[r]]: table [rows, d], ids [n], y [n, d]; an id >=
+     * rows (or < 0) is TD_ERR_RANGE. */
+    td_status_t (*embed)(const float *table, size_t rows, size_t d,
+                         const int64_t *ids, size_t n, float *y);
+    /* y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) (* w when w is not NULL):
+     * x, y [n, d], w [d]; y may be x. */
+    td_status_t (*rmsnorm)(const float *x, const float *w, float eps,
+                           size_t n, size_t d, float *y);
+    /* Interleaved-pair RoPE in place on the last rd channels of every head:
+     * x [n, h, d], pos [n], inv_freq [rd / 2]. Pair i of token r turns by
+     * a = inv_freq[i] * pos[r] (f32), with cos(a) * scale and sin(a) * scale;
+     * inverse turns the other way. rd even, rd <= d. */
+    td_status_t (*rope)(float *x, size_t n, size_t h, size_t d, size_t rd,
+                        const int64_t *pos, const float *inv_freq, float scale,
+                        int inverse);
+    /* Attention over one shared K = V head with a per-head sink logit:
+     * q [n, h, d], kv [t, d], mask [n, t] added to the scaled scores (0 or
+     * -inf; NULL: none), sink [h], out [n, h, d]. The sink joins the softmax
+     * as an extra logit and is dropped: out = sum_j p_j kv_j with
+     * p = softmax([s, sink])[:t]. A row whose every key is masked gives 0. */
+    td_status_t (*attention)(const float *q, const float *kv, const float *mask,
+                             const float *sink, float scale, size_t n, size_t h,
+                             size_t t, size_t d, float *out);
+
+    /* fp8 e4m3 with one power-of-two (ue8m0) scale per block of b channels:
+     * x [n, d] -> codes [n, d], scales [n, d / b] (biased exponents); the
+     * scale is 2^ceil(log2(max(amax, 1e-4) / 448)), values clamped to +-448
+     * and rounded to nearest even. d % b == 0. dequant: y = e4m3 * scale. */
+    td_status_t (*quant_fp8)(const float *x, size_t n, size_t d, size_t b,
+                             uint8_t *codes, uint8_t *scales);
+    td_status_t (*dequant_fp8)(const uint8_t *codes, const uint8_t *scales,
+                               size_t n, size_t d, size_t b, float *y);
+    /* fp4 e2m1 with one scale per block of b channels: x [n, d] -> packed
+     * [n, d / 2] (channel 2i in the low nibble), scales [n, d / b]. e4m3:
+     * scale = e4m3(max(amax, 6 * 2^-9) / 6) (e4m3 codes); else ue8m0 2^ceil(
+     * log2(max(amax, 6 * 2^-126) / 6)) (biased exponents). d % b == 0, b even. */
+    td_status_t (*quant_fp4)(const float *x, size_t n, size_t d, size_t b,
+                             int e4m3_scales, uint8_t *packed, uint8_t *scales);
+    td_status_t (*dequant_fp4)(const uint8_t *packed, const uint8_t *scales,
+                               size_t n, size_t d, size_t b, int e4m3_scales,
+                               float *y);
+
+    /* SwiGLU with the training clamps: out = silu(min(g, limit)) *
+     * clamp(u, -limit, limit) (no clamp when limit <= 0), times w[r] when w
+     * is not NULL. g, u, out [n, f], w [n]; out may be g or u. */
+    td_status_t (*swiglu)(const float *g, const float *u, const float *w,
+                          size_t n, size_t f, float limit, float *out);
+    /* Router scores in place: x [n, e] -> fn(x / temp). */
+    td_status_t (*score)(float *x, size_t n, size_t e, td_kernels_score_t fn,
+                         float temp);
+    /* The k largest of each row of x [n, m] -> idx [n, k], largest first;
+     * equal values go lowest index first (NaN counts as the largest), so
+     * the choice does not depend on the row's width. torch.topk agrees
+     * wherever no tie straddles the k-th place (docs/forward.md).
+     * 1 <= k <= m. */
+    td_status_t (*topk)(const float *x, size_t n, size_t m, size_t k, int64_t *idx);
+
+    /* Hyper-connection coefficients from the mix projections: mixes [n,
+     * (2 + hc) * hc], scale [3], base [(2 + hc) * hc] -> pre [n, hc] =
+     * sigmoid(..) + eps, post [n, hc] = 2 sigmoid(..), comb [n, hc, hc] =
+     * softmax rows + eps, then column / row normalizations (iters in all). */
+    td_status_t (*hc_mixes)(const float *mixes, const float *scale, const float *base,
+                            size_t n, size_t hc, int iters, float eps,
+                            float *pre, float *post, float *comb);
+    /* out[r] = sum_j pre[r, j] * s[r, j]: s [n, hc, d], pre [n, hc], out [n, d]. */
+    td_status_t (*hc_collapse)(const float *s, const float *pre, size_t n,
+                               size_t hc, size_t d, float *out);
+    /* out[r, k] = post[r, k] * x[r] + sum_j comb[r, j, k] * res[r, j]:
+     * x [n, d], res, out [n, hc, d] (distinct), post [n, hc], comb [n, hc, hc]. */
+    td_status_t (*hc_expand)(const float *x, const float *res, const float *post,
+                             const float *comb, size_t n, size_t hc, size_t d,
+                             float *out);
+    /* Engram injection in place: s [n, hc, d] += gate[r, j] * value[r] with
+     * gate = sigmoid(signed sqrt(max(|dot|, 1e-6))), dot = sum(s * qk * key)
+     * * rsqrt(mean(s^2) + eps) * rsqrt(mean(key^2) + eps) / sqrt(d) per
+     * (token, stream): key [n, hc, d], value [n, d], qk [hc, d]. */
+    td_status_t (*engram_mix)(float *s, const float *key, const float *value,
+                              const float *qk, size_t n, size_t hc, size_t d,
+                              float eps);
+    /* Softmax-gated pooling: kv, gate [g, r, d] -> out [g, d] = sum_i kv_i *
+     * softmax_i(gate) per channel. */
+    td_status_t (*gate_pool)(const float *kv, const float *gate, size_t g,
+                             size_t r, size_t d, float *out);
+    /* Indexer scores: out[r, t] = sum_j relu(q[r, j] . k[t]) * scale * w[r, j]:
+     * q [n, h, d], k [t, d], w [n, h], out [n, t]. */
+    td_status_t (*index_scores)(const float *q, const float *k, const float *w,
+                                size_t n, size_t h, size_t t, size_t d, float scale,
+                                float *out);
+    /* y[i] += x[i], n floats. */
+    td_status_t (*add)(float *y, const float *x, size_t n);
+} td_kernels_ops_t;
+
+/* The cpu compute ops (OpenBLAS sgemm for the linears); never NULL. */
+const td_kernels_ops_t *td_kernels_cpu_ops(void);
+
 /* Why the last failed call on this thread failed, e.g.
  * "kv_pack: table[3] = 17 >= nblocks 16"; "" when none has failed. */
 const char *td_kernels_error(void);
