@@ -1,10 +1,17 @@
 /* engine/sample.c — choosing next tokens from dense logit rows: a linear
- * argmax for greedy requests, the engine's generic sampler for the rest. */
+ * argmax for greedy requests, the engine's generic sampler for the rest;
+ * log-probabilities in double, stop tokens and the finish rule. */
 #include "sample.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
+
+/* The V4 tokenizer's end of sequence, used when config.json names none. */
+#define SAMPLE_EOS_TOKEN "<｜end▁of▁sentence｜>"
 
 int32_t
 td_sample_argmax(const float *logits, size_t n)
@@ -23,28 +30,302 @@ td_sample_argmax(const float *logits, size_t n)
 }
 
 td_status_t
+td_sample_logsumexp(const float *logits, size_t n, double *lse)
+{
+    float mx = -INFINITY;
+    double sum = 0;
+
+    if (n == 0)
+        return TD_ERR_INVALID;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY)
+            return TD_ERR_INVALID;
+        if (logits[i] > mx)
+            mx = logits[i];
+    }
+    if (mx == -INFINITY)
+        return TD_ERR_INVALID;
+    for (size_t i = 0; i < n; i++)
+        sum += exp((double)logits[i] - (double)mx);
+    *lse = (double)mx + log(sum);
+    return TD_OK;
+}
+
+/* Does (la, a) come before (lb, b): larger logit first, then lower id. */
+static int
+sample_before(float la, int32_t a, float lb, int32_t b)
+{
+    return la > lb || (la == lb && a < b);
+}
+
+td_status_t
+td_sample_logprobs(const float *logits, size_t n, int32_t token, uint32_t ntop,
+                   td_sample_pick_t *out)
+{
+    td_sample_alt_t top[TD_SAMPLE_MAX_TOP];
+    double lse;
+    size_t k = 0;
+    td_status_t st;
+
+    if (token < 0 || (size_t)token >= n || ntop > TD_SAMPLE_MAX_TOP || n > INT32_MAX)
+        return TD_ERR_RANGE;
+    st = td_sample_logsumexp(logits, n, &lse);
+    if (st != TD_OK)
+        return st;
+    /* insertion into the ntop best so far, in order (logit desc, id asc) */
+    for (size_t i = 0; i < n && ntop > 0; i++) {
+        float l = logits[i];
+        size_t at = k;
+
+        if (k == ntop && !sample_before(l, (int32_t)i, logits[top[k - 1].id], top[k - 1].id))
+            continue;
+        while (at > 0 && sample_before(l, (int32_t)i, logits[top[at - 1].id], top[at - 1].id))
+            at--;
+        if (k < ntop)
+            k++;
+        memmove(&top[at + 1], &top[at], (k - 1 - at) * sizeof(top[0]));
+        top[at].id = (int32_t)i;
+    }
+    for (size_t j = 0; j < k; j++)
+        top[j].logprob = (double)logits[top[j].id] - lse;
+    out->token = token;
+    out->logprob = (double)logits[token] - lse;
+    out->ntop = (uint32_t)k;
+    memcpy(out->top, top, k * sizeof(top[0]));
+    return TD_OK;
+}
+
+/* ---- Choosing ------------------------------------------------------------------- */
+
+/* A candidate of the top-k preselection. */
+typedef struct {
+    float logit;
+    int32_t id;
+} sample_cand_t;
+
+/* Is a worse than b in the sampler's order (logit desc, then id asc)? */
+static int
+sample_worse(const sample_cand_t *a, const sample_cand_t *b)
+{
+    return sample_before(b->logit, b->id, a->logit, a->id);
+}
+
+static void
+sample_sift_down(sample_cand_t *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, w = i;
+        if (l < n && sample_worse(&h[l], &h[w]))
+            w = l;
+        if (l + 1 < n && sample_worse(&h[l + 1], &h[w]))
+            w = l + 1;
+        if (w == i)
+            return;
+        sample_cand_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* td_engine_sample_logits over the row, with top_k < vocab: the engine sorts
+ * every candidate and keeps the first top_k, so handing it exactly those k
+ * (a heap of the best k, O(vocab log k)) draws the same token, without
+ * sorting the whole vocabulary. */
+static td_status_t
+sample_draw(const float *row, size_t vocab, const td_engine_sampling_t *s, uint64_t position,
+            int32_t *token)
+{
+    size_t k = s->top_k;
+    td_engine_logits_t lg = { (uint32_t)vocab, NULL, row };
+
+    if (k == 0 || k >= vocab / 2)
+        return td_engine_sample_logits(&lg, s, position, token);
+
+    sample_cand_t *h = malloc(k * sizeof(*h));
+    int32_t *ids = malloc(k * sizeof(*ids));
+    float *lgs = malloc(k * sizeof(*lgs));
+    td_status_t st = TD_ERR_NOMEM;
+
+    if (h == NULL || ids == NULL || lgs == NULL)
+        goto cleanup;
+    for (size_t i = 0; i < k; i++)
+        h[i] = (sample_cand_t){ row[i], (int32_t)i };
+    for (size_t i = k / 2; i-- > 0;)
+        sample_sift_down(h, k, i);
+    for (size_t i = k; i < vocab; i++) {
+        sample_cand_t c = { row[i], (int32_t)i };
+        if (sample_worse(&h[0], &c)) {
+            h[0] = c;
+            sample_sift_down(h, k, 0);
+        }
+    }
+    for (size_t i = 0; i < k; i++) {
+        ids[i] = h[i].id;
+        lgs[i] = h[i].logit;
+    }
+    lg = (td_engine_logits_t){ (uint32_t)k, ids, lgs };
+    st = td_engine_sample_logits(&lg, s, position, token);
+cleanup:
+    free(h);
+    free(ids);
+    free(lgs);
+    return st;
+}
+
+/* The token of one row (see td_sample_rows); row r only names it in logs. */
+static td_status_t
+sample_choose(const float *row, size_t vocab, const td_engine_sampling_t *s, uint64_t position,
+              size_t r, int32_t *token)
+{
+    int32_t t = td_sample_argmax(row, vocab);
+    char why[96];
+    td_status_t st = td_sample_check(s, why, sizeof(why));
+
+    if (st != TD_OK) {
+        td_error("sample: row %zu: %s", r, why);
+        return st;
+    }
+    if (t < 0 || row[t] == INFINITY || row[t] == -INFINITY) {
+        td_error("sample: row %zu: %zu logits, with a NaN or +inf among them or none finite", r,
+                 vocab);
+        return TD_ERR_INVALID;
+    }
+    if (!(s->temperature == 0 || s->top_k == 1)) {
+        st = sample_draw(row, vocab, s, position, &t);
+        if (st != TD_OK) {
+            td_error("sample: row %zu: temperature %g, top_p %g, top_k %u: %s", r,
+                     s->temperature, s->top_p, s->top_k, td_status_str(st));
+            return st;
+        }
+    }
+    *token = t;
+    return TD_OK;
+}
+
+td_status_t
 td_sample_rows(const float *logits, size_t rows, size_t vocab,
                const td_engine_sampling_t *const *sp, const uint64_t *positions, int32_t *tokens)
 {
     for (size_t r = 0; r < rows; r++) {
-        const float *row = logits + r * vocab;
-        const td_engine_sampling_t *s = sp[r];
-        int32_t t = td_sample_argmax(row, vocab);
+        td_status_t st = sample_choose(logits + r * vocab, vocab, sp[r], positions[r], r,
+                                       &tokens[r]);
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
 
-        if (t < 0) {
-            td_error("sample: row %zu: %zu logits, or a NaN among them", r, vocab);
-            return TD_ERR_INVALID;
+td_status_t
+td_sample_pick(const float *logits, size_t n, const td_engine_sampling_t *sp, uint64_t position,
+               uint32_t ntop, td_sample_pick_t *out)
+{
+    int32_t t;
+    td_status_t st;
+
+    if (ntop > TD_SAMPLE_MAX_TOP) {
+        td_error("sample: %u alternatives asked, at most %d", ntop, TD_SAMPLE_MAX_TOP);
+        return TD_ERR_RANGE;
+    }
+    st = sample_choose(logits, n, sp, position, 0, &t);
+    if (st != TD_OK)
+        return st;
+    return td_sample_logprobs(logits, n, t, ntop, out);
+}
+
+/* ---- Stopping ------------------------------------------------------------------ */
+
+td_status_t
+td_sample_check(const td_engine_sampling_t *sp, char *err, size_t errlen)
+{
+    const char *what = NULL;
+    char buf[96];
+
+    if (!(sp->temperature >= 0) || isinf(sp->temperature))
+        what = "temperature must be finite and >= 0";
+    else if (!(sp->top_p > 0 && sp->top_p <= 1))
+        what = "top_p must be in (0, 1]";
+    else if (sp->nstop > TD_ENGINE_MAX_STOP)
+        what = "too many stop tokens";
+    for (uint32_t i = 0; what == NULL && i < sp->nstop; i++)
+        if (sp->stop[i] < 0) {
+            snprintf(buf, sizeof(buf), "stop token %u is negative (%d)", i, sp->stop[i]);
+            what = buf;
         }
-        if (!(s->temperature == 0 || s->top_k == 1)) {
-            td_engine_logits_t lg = { (uint32_t)vocab, NULL, row };
-            td_status_t st = td_engine_sample_logits(&lg, s, positions[r], &t);
+    if (what == NULL)
+        return TD_OK;
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "%s", what);
+    return TD_ERR_INVALID;
+}
+
+/* Add id to sp's stops unless there. */
+static td_status_t
+sample_stop_add(td_engine_sampling_t *sp, int32_t id)
+{
+    for (uint32_t i = 0; i < sp->nstop; i++)
+        if (sp->stop[i] == id)
+            return TD_OK;
+    if (sp->nstop >= TD_ENGINE_MAX_STOP)
+        return TD_ERR_RANGE;
+    sp->stop[sp->nstop++] = id;
+    return TD_OK;
+}
+
+td_status_t
+td_sample_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok, td_engine_sampling_t *sp)
+{
+    td_engine_sampling_t s = *sp;
+    td_status_t st;
+
+    if (cfg->eos_kind != TD_MODELCFG_EOS_NONE && cfg->eos_token_id.n > 0) {
+        for (uint32_t i = 0; i < cfg->eos_token_id.n; i++) {
+            int64_t id = cfg->eos_token_id.v[i];
+            if (id < 0 || id >= cfg->vocab_size) {
+                td_error("sample: config eos_token_id %lld is outside the vocabulary (%lld ids)",
+                         (long long)id, (long long)cfg->vocab_size);
+                return TD_ERR_INVALID;
+            }
+            st = sample_stop_add(&s, (int32_t)id);
             if (st != TD_OK) {
-                td_error("sample: row %zu: temperature %g, top_p %g, top_k %u: %s", r,
-                         s->temperature, s->top_p, s->top_k, td_status_str(st));
+                td_error("sample: config eos_token_id: more than %d stop tokens",
+                         TD_ENGINE_MAX_STOP);
                 return st;
             }
         }
-        tokens[r] = t;
+    } else {
+        uint32_t id;
+        if (tok == NULL ||
+            td_tokenizer_find(tok, SAMPLE_EOS_TOKEN, strlen(SAMPLE_EOS_TOKEN), &id) != TD_OK) {
+            td_warn("sample: config eos_token_id is null and the tokenizer has no %s: no "
+                    "end-of-sequence token", SAMPLE_EOS_TOKEN);
+            return TD_ERR_NOT_FOUND;
+        }
+        if ((int64_t)id >= cfg->vocab_size) {
+            td_error("sample: tokenizer %s is id %u, outside the vocabulary (%lld ids)",
+                     SAMPLE_EOS_TOKEN, id, (long long)cfg->vocab_size);
+            return TD_ERR_INVALID;
+        }
+        st = sample_stop_add(&s, (int32_t)id);
+        if (st != TD_OK) {
+            td_error("sample: %s: more than %d stop tokens", SAMPLE_EOS_TOKEN,
+                     TD_ENGINE_MAX_STOP);
+            return st;
+        }
     }
+    *sp = s;
     return TD_OK;
+}
+
+td_engine_finish_t
+td_sample_finish(const td_engine_sampling_t *sp, int32_t token, uint64_t generated,
+                 uint64_t seq_len, uint64_t context)
+{
+    for (uint32_t i = 0; i < sp->nstop && i < TD_ENGINE_MAX_STOP; i++)
+        if (sp->stop[i] == token)
+            return TD_ENGINE_FINISH_STOP;
+    if ((sp->max_tokens != 0 && generated >= sp->max_tokens) ||
+        (context != 0 && seq_len >= context))
+        return TD_ENGINE_FINISH_LENGTH;
+    return TD_ENGINE_FINISH_NONE;
 }

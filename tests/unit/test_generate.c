@@ -1,0 +1,801 @@
+/* tests/unit/test_generate.c — engine/sample on hand-made logits (greedy, ties,
+ * temperature, top-k, top-p boundaries, seeded draws, their distribution,
+ * logprobs, stop and finish rules) and generation on tiny checkpoints: a batch
+ * of 8 decoded together equals each alone bit for bit, and a cache copied out
+ * as bytes continues bit for bit in a second load of the model. */
+#include "cache.h"
+#include "check.h"
+#include "log.h"
+#include "model.h"
+#include "modelcfg.h"
+#include "sample.h"
+#include "status.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+/* The last error logged (refusals are checked for their message). */
+static char last_log[512];
+
+static void
+log_sink(td_log_level_t level, const char *line, void *arg)
+{
+    (void)level;
+    (void)arg;
+    snprintf(last_log, sizeof(last_log), "%s", line);
+}
+
+#define CHECK_LOGGED(what)                                                           \
+    do {                                                                             \
+        if (strstr(last_log, (what)) == NULL) {                                      \
+            fprintf(stderr, "%s:%d: logged \"%s\", want it to say \"%s\"\n", __FILE__,   \
+                    __LINE__, last_log, (what));                                     \
+            td_check_failures++;                                                     \
+        }                                                                            \
+        last_log[0] = '\0';                                                           \
+    } while (0)
+
+static td_engine_sampling_t
+sampling(double temperature, double top_p, uint32_t top_k, uint64_t seed)
+{
+    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    sp.temperature = temperature;
+    sp.top_p = top_p;
+    sp.top_k = top_k;
+    sp.seed = seed;
+    return sp;
+}
+
+static int32_t
+pick(const float *lg, size_t n, const td_engine_sampling_t *sp, uint64_t pos)
+{
+    td_sample_pick_t pk;
+    td_status_t st = td_sample_pick(lg, n, sp, pos, 0, &pk);
+    if (st != TD_OK) {
+        fprintf(stderr, "td_sample_pick: %s\n", td_status_str(st));
+        td_check_failures++;
+        return -1;
+    }
+    return pk.token;
+}
+
+/* The sampler's rule written out independently: order by logit (desc, then
+ * id), keep top_k, weights exp((l - l_max) / T), keep the shortest prefix
+ * whose share reaches top_p, normalize. p[id] for every id. */
+static void
+expected_dist(const float *lg, size_t n, const td_engine_sampling_t *sp, double *p)
+{
+    size_t order[64], keep;
+    double w[64], sum = 0, acc = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        size_t at = i;
+        while (at > 0 && (lg[order[at - 1]] < lg[i]))
+            at--;
+        memmove(&order[at + 1], &order[at], (i - at) * sizeof(order[0]));
+        order[at] = i;
+    }
+    keep = sp->top_k != 0 && sp->top_k < n ? sp->top_k : n;
+    for (size_t i = 0; i < keep; i++) {
+        w[i] = exp(((double)lg[order[i]] - lg[order[0]]) / sp->temperature);
+        sum += w[i];
+    }
+    for (size_t i = 0; i < keep; i++) {
+        acc += w[i] / sum;
+        if (acc >= sp->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    sum = 0;
+    for (size_t i = 0; i < keep; i++)
+        sum += w[i];
+    for (size_t i = 0; i < n; i++)
+        p[i] = 0;
+    for (size_t i = 0; i < keep; i++)
+        p[order[i]] = w[i] / sum;
+}
+
+/* Pearson's statistic of counts against p over n bins (N draws); a count in a
+ * bin of probability 0 makes it infinite. *df: bins with p > 0, minus 1. */
+static double
+chi_square(const unsigned *counts, const double *p, size_t n, unsigned N, unsigned *df)
+{
+    double x = 0;
+    unsigned bins = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == 0) {
+            if (counts[i] != 0)
+                return INFINITY;
+            continue;
+        }
+        double e = p[i] * N;
+        x += (counts[i] - e) * (counts[i] - e) / e;
+        bins++;
+    }
+    *df = bins > 0 ? bins - 1 : 0;
+    return x;
+}
+
+/* The acceptance bound: df + 6 sqrt(2 df), about the 0.9999 quantile for the
+ * degrees of freedom used here (7: 29.4 vs 29.9). The draws are a fixed
+ * function of (seed, position), so the test is deterministic. */
+static double
+chi_bound(unsigned df)
+{
+    return df + 6.0 * sqrt(2.0 * df);
+}
+
+/* ---- sampling rules -------------------------------------------------------------- */
+
+static void
+test_greedy(void)
+{
+    const float lg[6] = { 0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f };
+    td_engine_sampling_t t0 = sampling(0, 1, 0, 1), k1 = sampling(5.0, 1, 1, 1);
+
+    CHECK_EQ_INT(td_sample_argmax(lg, 6), 1);      /* tie between 1 and 3: lowest id */
+    for (uint64_t s = 0; s < 50; s++) {
+        t0.seed = k1.seed = s;
+        CHECK_EQ_INT(pick(lg, 6, &t0, s * 7), 1);   /* temperature 0: no draw at all */
+        CHECK_EQ_INT(pick(lg, 6, &k1, s * 7), 1);   /* top_k 1 at any temperature */
+    }
+    /* -inf logits are never chosen; a single finite one always is */
+    const float masked[4] = { -INFINITY, -INFINITY, -3.0f, -INFINITY };
+    td_engine_sampling_t hot = sampling(2.0, 1, 0, 9);
+    for (uint64_t p = 0; p < 50; p++)
+        CHECK_EQ_INT(pick(masked, 4, &hot, p), 2);
+    CHECK_EQ_INT(pick(masked, 4, &t0, 0), 2);
+}
+
+static void
+test_top_k_top_p(void)
+{
+    /* top_k at a tie on its boundary: [5, 3, 3, 3] with k 2 keeps ids 0 and 1 */
+    const float kt[4] = { 5.0f, 3.0f, 3.0f, 3.0f };
+    td_engine_sampling_t sp = sampling(100.0, 1, 2, 3);
+    unsigned seen[4] = { 0 };
+    for (uint64_t p = 0; p < 400; p++)
+        seen[pick(kt, 4, &sp, p) & 3]++;
+    CHECK(seen[0] > 100 && seen[1] > 100 && seen[2] == 0 && seen[3] == 0);
+
+    /* top_p on exact boundaries: four equal logits have shares 1/4 each, the
+     * running sums 0.25, 0.5, 0.75, 1 are exact, and ">= top_p" decides */
+    const float flat[4] = { 1.0f, 1.0f, 1.0f, 1.0f };
+    static const struct {
+        double top_p;
+        unsigned kept;   /* ids 0 .. kept-1 (ties ordered by id) */
+    } cases[] = {
+        { 0.25, 1 }, { 0.2500001, 2 }, { 0.5, 2 }, { 0.5000001, 3 }, { 0.75, 3 }, { 0.76, 4 },
+        { 1.0, 4 }, { 1e-9, 1 },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        unsigned cnt[4] = { 0 };
+        sp = sampling(1.0, cases[c].top_p, 0, 77);
+        for (uint64_t p = 0; p < 800; p++)
+            cnt[pick(flat, 4, &sp, p) & 3]++;
+        for (unsigned i = 0; i < 4; i++) {
+            int want = i < cases[c].kept;
+            if ((cnt[i] > 0) != want || (want && cnt[i] < 800 / cases[c].kept / 2)) {
+                fprintf(stderr, "top_p %.9g: id %u drawn %u times of 800 (want %s)\n",
+                        cases[c].top_p, i, cnt[i], want ? "about 1/kept" : "never");
+                td_check_failures++;
+            }
+        }
+    }
+}
+
+static void
+test_seed(void)
+{
+    const float lg[8] = { 1.5f, 0.7f, 0.0f, -0.4f, -1.2f, 0.3f, 2.0f, -2.5f };
+    td_engine_sampling_t a = sampling(1.0, 1, 0, 1234), b = a;
+    int32_t ra[64], rb[64];
+    int differ = 0;
+
+    b.seed = 1235;
+    for (uint64_t p = 0; p < 64; p++) {
+        ra[p] = pick(lg, 8, &a, p);
+        rb[p] = pick(lg, 8, &b, p);
+        differ += ra[p] != rb[p];
+        CHECK_EQ_INT(pick(lg, 8, &a, p), ra[p]);   /* the same (seed, position) again */
+    }
+    CHECK(differ > 8);                              /* another seed, other draws */
+
+    /* the model samples as the synthetic engine does: td_engine_sample_logits
+     * with the same (seed, position) */
+    td_engine_sampling_t e = sampling(0.9, 0.95, 6, 0);
+    td_engine_logits_t dense = { 8, NULL, lg };
+    for (uint64_t s = 0; s < 40; s++)
+        for (uint64_t p = 0; p < 40; p += 3) {
+            int32_t want = -1;
+            e.seed = s * 0x10001;
+            CHECK_STATUS(td_engine_sample_logits(&dense, &e, p, &want), TD_OK);
+            CHECK_EQ_INT(pick(lg, 8, &e, p), want);
+        }
+
+    /* the same with a vocabulary of 1000 full of ties, for top_k below and
+     * above the preselection's threshold (vocab / 2) */
+    static float wide[1000];
+    static const uint32_t ks[] = { 0, 2, 3, 5, 17, 100, 499, 500, 501, 999, 1000, 5000 };
+    for (int i = 0; i < 1000; i++)
+        wide[i] = (float)((i * 7919) % 23) * 0.25f;
+    td_engine_logits_t wl = { 1000, NULL, wide };
+    for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++)
+        for (uint64_t p = 0; p < 30; p++) {
+            td_engine_sampling_t w = sampling(3.0, p % 3 ? 0.9 : 1.0, ks[ki], p * 31);
+            int32_t want = -1;
+            CHECK_STATUS(td_engine_sample_logits(&wl, &w, p, &want), TD_OK);
+            CHECK_EQ_INT(pick(wide, 1000, &w, p), want);
+        }
+
+    /* the draw does not depend on the batch: rows of td_sample_rows, in any
+     * order and with other rows around, give what each gives alone */
+    float rows[3][8];
+    td_engine_sampling_t c = sampling(0.7, 0.9, 5, 99);
+    const td_engine_sampling_t *sps[3] = { &c, &a, &b };
+    for (uint64_t p = 0; p < 32; p++) {
+        uint64_t pos[3] = { p, p + 100, 3 * p };
+        int32_t tok[3];
+        for (int r = 0; r < 3; r++)
+            for (int i = 0; i < 8; i++)
+                rows[r][i] = lg[(i + r) % 8];
+        CHECK_STATUS(td_sample_rows(&rows[0][0], 3, 8, sps, pos, tok), TD_OK);
+        for (int r = 0; r < 3; r++)
+            CHECK_EQ_INT(tok[r], pick(rows[r], 8, sps[r], pos[r]));
+    }
+}
+
+/* Draws over many seeds (one position) and many positions (one seed) follow
+ * the rule's distribution; the same draws are far from a sampler that gets
+ * the temperature or the cut wrong. */
+static void
+test_distribution(void)
+{
+    enum { N = 20000 };
+    const float lg[8] = { 1.5f, 0.7f, 0.0f, -0.4f, -1.2f, 0.3f, 2.0f, -2.5f };
+    static const struct {
+        double temperature, top_p;
+        uint32_t top_k;
+        double wrong_t;         /* a broken sampler's temperature */
+        uint32_t wrong_k;       /* ... or its missing top_k */
+    } cases[] = {
+        { 0.8, 1.0, 0, 1.0, 0 },
+        { 1.0, 1.0, 0, 1.2, 0 },
+        { 1.3, 1.0, 4, 1.3, 0 },
+        { 1.0, 0.8, 0, 1.0, 0 },      /* wrong: top_p ignored (checked below) */
+        { 2.0, 0.9, 6, 2.0, 7 },
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (int over_seeds = 0; over_seeds < 2; over_seeds++) {
+            td_engine_sampling_t sp = sampling(cases[c].temperature, cases[c].top_p,
+                                               cases[c].top_k, 2024);
+            unsigned counts[8] = { 0 }, df, wdf;
+            double p[8], q[8];
+
+            for (unsigned i = 0; i < N; i++) {
+                uint64_t pos = 41;
+                if (over_seeds)
+                    sp.seed = i;
+                else
+                    pos = i;
+                int32_t t = pick(lg, 8, &sp, pos);
+                if (t >= 0 && t < 8)
+                    counts[t]++;
+            }
+            expected_dist(lg, 8, &sp, p);
+            double x = chi_square(counts, p, 8, N, &df);
+            if (!(x <= chi_bound(df))) {
+                fprintf(stderr, "distribution case %zu (%s): chi-square %.2f > %.2f (df %u)\n",
+                        c, over_seeds ? "over seeds" : "over positions", x, chi_bound(df), df);
+                td_check_failures++;
+            }
+            /* power: the draws reject the broken variant */
+            td_engine_sampling_t wrong = sp;
+            wrong.temperature = cases[c].wrong_t;
+            wrong.top_k = cases[c].wrong_k;
+            if (cases[c].top_p < 1 && cases[c].wrong_t == cases[c].temperature &&
+                cases[c].wrong_k == cases[c].top_k)
+                wrong.top_p = 1.0;
+            expected_dist(lg, 8, &wrong, q);
+            double wx = chi_square(counts, q, 8, N, &wdf);
+            if (!(wx > chi_bound(wdf))) {
+                fprintf(stderr, "distribution case %zu: a broken sampler is not rejected "
+                                "(chi-square %.2f <= %.2f)\n", c, wx, chi_bound(wdf));
+                td_check_failures++;
+            }
+            if (c == 0 && over_seeds)
+                fprintf(stderr, "test_generate: chi-square %.2f (df %u, bound %.1f); a "
+                                "sampler at temperature %.1f scores %.0f\n", x, df,
+                        chi_bound(df), wrong.temperature, wx);
+        }
+    }
+}
+
+static void
+test_logprobs(void)
+{
+    const float lg[10] = { 1.5f, 0.7f, 0.0f, -0.4f, -1.2f, 0.7f, 2.0f, -2.5f, 9.0f, -30.0f };
+    td_sample_pick_t pk, all;
+    double lse, sum = 0, naive = 0;
+
+    CHECK_STATUS(td_sample_logsumexp(lg, 10, &lse), TD_OK);
+    for (int i = 0; i < 10; i++)
+        naive += exp((double)lg[i]);
+    CHECK(fabs(lse - log(naive)) < 1e-13);
+
+    /* every id (ntop = vocab): ordered, sum of probabilities 1, = logit - lse */
+    CHECK_STATUS(td_sample_logprobs(lg, 10, 3, 10, &all), TD_OK);
+    CHECK_EQ_INT(all.ntop, 10);
+    CHECK_EQ_INT(all.token, 3);
+    CHECK(all.logprob == (double)lg[3] - lse);
+    for (uint32_t i = 0; i < all.ntop; i++) {
+        sum += exp(all.top[i].logprob);
+        CHECK(all.top[i].logprob == (double)lg[all.top[i].id] - lse);
+        if (i > 0)
+            CHECK(all.top[i].logprob <= all.top[i - 1].logprob);
+        CHECK(all.top[i].logprob <= 0);
+    }
+    CHECK(fabs(sum - 1.0) < 1e-12);
+    CHECK_EQ_INT(all.top[0].id, 8);
+    CHECK_EQ_INT(all.top[1].id, 6);
+    CHECK(all.top[3].id == 1 && all.top[4].id == 5);   /* equal logits: lower id first */
+
+    /* the chosen token's logprob is the model's, whatever the sampling: the
+     * same at temperature 0, 0.3 and 3, with top_k and top_p cuts */
+    td_engine_sampling_t sps[3] = { sampling(0, 1, 0, 0), sampling(0.3, 0.5, 2, 1),
+                                    sampling(3.0, 0.9, 0, 2) };
+    for (int s = 0; s < 3; s++)
+        for (uint64_t p = 0; p < 20; p++) {
+            CHECK_STATUS(td_sample_pick(lg, 10, &sps[s], p, 3, &pk), TD_OK);
+            CHECK(pk.logprob == (double)lg[pk.token] - lse);
+            CHECK_EQ_INT(pk.ntop, 3);
+            CHECK(pk.top[0].id == 8 && pk.top[1].id == 6 && pk.top[2].id == 0);
+            CHECK_EQ_INT(pk.token, pick(lg, 10, &sps[s], p));
+        }
+
+    /* shifting every logit changes nothing (to rounding); large logits stay finite */
+    float big[10];
+    for (int i = 0; i < 10; i++)
+        big[i] = lg[i] + 1e4f;
+    CHECK_STATUS(td_sample_logprobs(big, 10, 8, 2, &pk), TD_OK);
+    CHECK(isfinite(pk.logprob) && fabs(pk.logprob - all.top[0].logprob) < 1e-3);
+
+    /* a 129,280-id row: still normalized in double */
+    size_t V = 129280;
+    float *row = malloc(V * sizeof(float));
+    for (size_t i = 0; i < V; i++)
+        row[i] = (float)sin((double)i * 0.37) * 4.0f;
+    CHECK_STATUS(td_sample_logsumexp(row, V, &lse), TD_OK);
+    sum = 0;
+    for (size_t i = 0; i < V; i++)
+        sum += exp((double)row[i] - lse);
+    CHECK(fabs(sum - 1.0) < 1e-12);
+    free(row);
+
+    /* -inf: probability 0, listed last */
+    const float masked[3] = { -INFINITY, 0.0f, -INFINITY };
+    CHECK_STATUS(td_sample_logprobs(masked, 3, 0, 3, &pk), TD_OK);
+    CHECK(pk.logprob == -INFINITY && pk.top[0].id == 1 && pk.top[0].logprob == 0.0);
+    CHECK(pk.top[1].id == 0 && pk.top[2].id == 2);
+
+    /* refusals */
+    const float nan_row[2] = { 0.0f, NAN }, inf_row[2] = { 0.0f, INFINITY };
+    const float none[2] = { -INFINITY, -INFINITY };
+    td_engine_sampling_t g = sampling(0, 1, 0, 0);
+    CHECK_STATUS(td_sample_logprobs(lg, 10, 10, 0, &pk), TD_ERR_RANGE);
+    CHECK_STATUS(td_sample_logprobs(lg, 10, -1, 0, &pk), TD_ERR_RANGE);
+    CHECK_STATUS(td_sample_logprobs(lg, 10, 0, TD_SAMPLE_MAX_TOP + 1, &pk), TD_ERR_RANGE);
+    CHECK_STATUS(td_sample_logprobs(nan_row, 2, 0, 0, &pk), TD_ERR_INVALID);
+    CHECK_STATUS(td_sample_logprobs(inf_row, 2, 0, 0, &pk), TD_ERR_INVALID);
+    CHECK_STATUS(td_sample_logsumexp(none, 2, &lse), TD_ERR_INVALID);
+    CHECK_STATUS(td_sample_logsumexp(lg, 0, &lse), TD_ERR_INVALID);
+    CHECK_STATUS(td_sample_pick(nan_row, 2, &g, 0, 0, &pk), TD_ERR_INVALID);
+    CHECK_LOGGED("NaN or +inf");
+    CHECK_STATUS(td_sample_pick(inf_row, 2, &g, 0, 0, &pk), TD_ERR_INVALID);
+    CHECK_LOGGED("NaN or +inf");
+    CHECK_STATUS(td_sample_pick(none, 2, &g, 0, 0, &pk), TD_ERR_INVALID);
+    CHECK_LOGGED("none finite");
+    CHECK_STATUS(td_sample_pick(lg, 10, &g, 0, TD_SAMPLE_MAX_TOP + 1, &pk), TD_ERR_RANGE);
+    CHECK_LOGGED("21 alternatives");
+}
+
+static void
+test_stop_finish(void)
+{
+    td_engine_sampling_t sp = sampling(1.0, 1.0, 0, 0);
+    char why[96];
+
+    /* parameter checks */
+    CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_OK);
+    sp.temperature = -0.1;
+    CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+    CHECK(strstr(why, "temperature") != NULL);
+    sp.temperature = INFINITY;
+    CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+    sp.temperature = NAN;
+    CHECK_STATUS(td_sample_check(&sp, NULL, 0), TD_ERR_INVALID);
+    sp.temperature = 1.0;
+    static const double bad_p[] = { 0.0, -0.5, 1.0000001, NAN };
+    for (size_t i = 0; i < 4; i++) {
+        sp.top_p = bad_p[i];
+        CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+        CHECK(strstr(why, "top_p") != NULL);
+    }
+    sp.top_p = 1.0;
+    sp.nstop = 1;
+    sp.stop[0] = -4;
+    CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+    sp.nstop = TD_ENGINE_MAX_STOP + 1;
+    CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+    const float lg[3] = { 0, 1, 2 };
+    CHECK_STATUS(td_sample_pick(lg, 3, &sp, 0, 0, &(td_sample_pick_t){ 0 }), TD_ERR_INVALID);
+    CHECK_LOGGED("too many stop tokens");
+
+    /* finish: stop ids first, then max_tokens, then the context */
+    sp = sampling(1.0, 1.0, 0, 0);
+    sp.nstop = 2;
+    sp.stop[0] = 7;
+    sp.stop[1] = 9;
+    sp.max_tokens = 4;
+    CHECK_EQ_INT(td_sample_finish(&sp, 9, 1, 10, 100), TD_ENGINE_FINISH_STOP);
+    CHECK_EQ_INT(td_sample_finish(&sp, 7, 4, 100, 100), TD_ENGINE_FINISH_STOP);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 3, 10, 100), TD_ENGINE_FINISH_NONE);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 4, 10, 100), TD_ENGINE_FINISH_LENGTH);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 100, 100), TD_ENGINE_FINISH_LENGTH);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 99, 100), TD_ENGINE_FINISH_NONE);
+    sp.max_tokens = 0;   /* no limit but the context; context 0: none at all */
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 1000000, 5000, 0), TD_ENGINE_FINISH_NONE);
+
+    /* end-of-sequence ids from config.json */
+    static const struct {
+        const char *json;
+        td_status_t st;
+        unsigned n;
+        int32_t ids[2];
+    } cfgs[] = {
+        { "{\"vocab_size\": 1000, \"eos_token_id\": 1}", TD_OK, 1, { 1 } },
+        { "{\"vocab_size\": 1000, \"eos_token_id\": [5, 7]}", TD_OK, 2, { 5, 7 } },
+        { "{\"vocab_size\": 1000, \"eos_token_id\": [7, 7]}", TD_OK, 1, { 7 } },
+        { "{\"vocab_size\": 1000, \"eos_token_id\": 1000}", TD_ERR_INVALID, 0, { 0 } },
+        { "{\"vocab_size\": 1000, \"eos_token_id\": [3, -1]}", TD_ERR_INVALID, 0, { 0 } },
+        { "{\"vocab_size\": 1000, \"eos_token_id\": null}", TD_ERR_NOT_FOUND, 0, { 0 } },
+    };
+    for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++) {
+        td_modelcfg_t *cfg = NULL;
+        char err[256];
+        CHECK_STATUS(td_modelcfg_parse(cfgs[i].json, strlen(cfgs[i].json), &cfg, err,
+                                       sizeof(err)), TD_OK);
+        if (cfg == NULL) {
+            fprintf(stderr, "%s: %s\n", cfgs[i].json, err);
+            continue;
+        }
+        sp = sampling(0, 1, 0, 0);
+        sp.nstop = 1;
+        sp.stop[0] = 7;   /* one the caller set; EOS ids are added, not repeated */
+        CHECK_STATUS(td_sample_stop_eos(cfg, NULL, &sp), cfgs[i].st);
+        if (cfgs[i].st == TD_ERR_INVALID)
+            CHECK_LOGGED("outside the vocabulary");
+        if (cfgs[i].st == TD_ERR_NOT_FOUND)
+            CHECK_LOGGED("no end-of-sequence token");
+        if (cfgs[i].st == TD_OK) {
+            unsigned want = 1 + cfgs[i].n - (cfgs[i].ids[cfgs[i].n - 1] == 7);
+            CHECK_EQ_INT(sp.nstop, want);
+            for (unsigned k = 0; k < cfgs[i].n; k++) {
+                int found = 0;
+                for (unsigned j = 0; j < sp.nstop; j++)
+                    found |= sp.stop[j] == cfgs[i].ids[k];
+                CHECK(found);
+            }
+        } else {
+            CHECK_EQ_INT(sp.nstop, 1);   /* unchanged */
+        }
+        td_modelcfg_destroy(cfg);
+    }
+    /* too many: the caller's 16 plus one more */
+    td_modelcfg_t *cfg = NULL;
+    const char *one = "{\"vocab_size\": 1000, \"eos_token_id\": 999}";
+    CHECK_STATUS(td_modelcfg_parse(one, strlen(one), &cfg, NULL, 0), TD_OK);
+    if (cfg != NULL) {
+        sp.nstop = TD_ENGINE_MAX_STOP;
+        for (int i = 0; i < TD_ENGINE_MAX_STOP; i++)
+            sp.stop[i] = i;
+        CHECK_STATUS(td_sample_stop_eos(cfg, NULL, &sp), TD_ERR_RANGE);
+        CHECK_LOGGED("more than 16 stop tokens");
+        CHECK_EQ_INT(sp.nstop, TD_ENGINE_MAX_STOP);
+        td_modelcfg_destroy(cfg);
+    }
+}
+
+/* ---- tiny checkpoints ---------------------------------------------------------------- */
+
+static char tmpdir[] = "/tmp/test_generate.XXXXXX";
+static char tool[PATH_MAX + 32];
+
+/* mk-tiny-model: $TD_MK_TINY_MODEL, else <build>/tools/mk-tiny-model next to
+ * this test's <build>/tests/unit/test_generate. */
+static int
+find_tool(void)
+{
+    const char *env = getenv("TD_MK_TINY_MODEL");
+    char exe[PATH_MAX];
+    ssize_t n;
+
+    if (env != NULL && *env != '\0') {
+        snprintf(tool, sizeof(tool), "%s", env);
+        return access(tool, X_OK) == 0;
+    }
+    n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return 0;
+    exe[n] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(exe, '/');
+        if (slash == NULL)
+            return 0;
+        *slash = '\0';
+    }
+    snprintf(tool, sizeof(tool), "%s/tools/mk-tiny-model", exe);
+    return access(tool, X_OK) == 0;
+}
+
+/* Write a checkpoint into tmpdir/name; *dir gets its path. */
+static int
+make_checkpoint(const char *name, const char *args, char *dir, size_t len)
+{
+    char cmd[3 * PATH_MAX + 200];
+
+    snprintf(dir, len, "%s/%s", tmpdir, name);
+    snprintf(cmd, sizeof(cmd), "'%s' %s '%s' >/dev/null", tool, args, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "failed: %s\n", cmd);
+        td_check_failures++;
+        return -1;
+    }
+    return 0;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t
+rng_below(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+/* Report the first differing logit of two rows. */
+static int
+rows_equal(const char *what, int step, int req, const float *a, const float *b, size_t V)
+{
+    if (memcmp(a, b, V * sizeof(float)) == 0)
+        return 1;
+    for (size_t i = 0; i < V; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+            fprintf(stderr, "%s: step %d, request %d: logit %zu is %.9g, alone %.9g\n", what,
+                    step, req, i, a[i], b[i]);
+            break;
+        }
+    td_check_failures++;
+    return 0;
+}
+
+/* Eight requests with different prompts and lengths, decoded together with
+ * td_forward_decode, give bit for bit the logits each gives alone: all eight
+ * for 8 steps, then subsets in other orders (a request's row moves). */
+static void
+test_batch_invariance(const char *name, const char *args)
+{
+    enum { R = 8, MAXP = 48 };
+    static const size_t lens[R] = { 1, 2, 7, 8, 9, 16, 29, 44 };
+    /* the rows of each step, in batch order */
+    static const int sched[][R + 1] = {
+        { 8, 0, 1, 2, 3, 4, 5, 6, 7 }, { 8, 0, 1, 2, 3, 4, 5, 6, 7 },
+        { 8, 0, 1, 2, 3, 4, 5, 6, 7 }, { 8, 0, 1, 2, 3, 4, 5, 6, 7 },
+        { 8, 7, 6, 5, 4, 3, 2, 1, 0 }, { 8, 3, 0, 7, 1, 6, 2, 5, 4 },
+        { 8, 0, 1, 2, 3, 4, 5, 6, 7 }, { 8, 0, 1, 2, 3, 4, 5, 6, 7 },
+        { 5, 6, 1, 4, 0, 3 },          { 5, 6, 1, 4, 0, 3 },
+        { 3, 7, 2, 5 },                { 1, 2 },
+        { 8, 5, 4, 3, 2, 1, 0, 7, 6 }, { 8, 0, 1, 2, 3, 4, 5, 6, 7 },
+    };
+    const int nsteps = (int)(sizeof(sched) / sizeof(sched[0]));
+    char dir[PATH_MAX + 64];
+    td_model_t *m = NULL;
+    td_cache_t *batch[R] = { 0 }, *alone[R] = { 0 };
+    float *lb = NULL, *la = NULL;
+    int32_t prompt[R][MAXP], next[R];
+    int same = 1;
+
+    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+        return;
+    CHECK_STATUS(td_model_load(dir, &m), TD_OK);
+    if (m == NULL)
+        return;
+    size_t V = (size_t)m->cfg->vocab_size;
+    lb = malloc(R * V * sizeof(float));
+    la = malloc(V * sizeof(float));
+    for (int r = 0; r < R; r++) {
+        for (size_t i = 0; i < lens[r]; i++)
+            prompt[r][i] = (int32_t)rng_below((uint32_t)V);
+        CHECK_STATUS(td_cache_create(m->plan, 128, &batch[r]), TD_OK);
+        CHECK_STATUS(td_cache_create(m->plan, 128, &alone[r]), TD_OK);
+        if (batch[r] == NULL || alone[r] == NULL)
+            goto out;
+        /* the batch's copies prefill in chunks of 5, the lone ones in one call */
+        for (size_t at = 0; at < lens[r]; at += 5) {
+            size_t n = lens[r] - at < 5 ? lens[r] - at : 5;
+            CHECK_STATUS(td_forward_prefill(m, batch[r], prompt[r] + at, n, 0, lb), TD_OK);
+        }
+        CHECK_STATUS(td_forward_prefill(m, alone[r], prompt[r], lens[r], 0, la), TD_OK);
+        same &= rows_equal(name, -1, r, lb, la, V);
+        next[r] = td_sample_argmax(la, V);
+    }
+    for (int s = 0; s < nsteps; s++) {
+        int n = sched[s][0];
+        td_cache_t *caches[R];
+        int32_t toks[R];
+        for (int i = 0; i < n; i++) {
+            caches[i] = batch[sched[s][1 + i]];
+            toks[i] = next[sched[s][1 + i]];
+        }
+        CHECK_STATUS(td_forward_decode(m, caches, toks, (size_t)n, lb), TD_OK);
+        for (int i = 0; i < n; i++) {
+            int r = sched[s][1 + i];
+            td_cache_t *one[1] = { alone[r] };
+            CHECK_STATUS(td_forward_decode(m, one, &next[r], 1, la), TD_OK);
+            same &= rows_equal(name, s, r, lb + (size_t)i * V, la, V);
+            next[r] = td_sample_argmax(la, V);   /* greedy continuation */
+        }
+    }
+    for (int r = 0; r < R; r++)
+        CHECK_EQ_INT(td_cache_tokens(batch[r]), td_cache_tokens(alone[r]));
+    fprintf(stderr, "test_generate: %s: batch of %d over %d steps: %s\n", name, R, nsteps,
+            same ? "bitwise equal" : "DIFFERENT");
+out:
+    for (int r = 0; r < R; r++) {
+        td_cache_destroy(batch[r]);
+        td_cache_destroy(alone[r]);
+    }
+    free(lb);
+    free(la);
+    td_model_destroy(m);
+}
+
+/* A cache written out as bytes after prefill and a few steps, read back into
+ * a second, fresh load of the same checkpoint (the first one gone, as in
+ * another process), continues with bit-identical logits. */
+static void
+test_cache_handoff(const char *name, const char *args)
+{
+    enum { P = 37, WARM = 5, K = 12 };
+    char dir[PATH_MAX + 64], path[PATH_MAX + 96];
+    td_model_t *a = NULL, *b = NULL;
+    td_cache_t *c = NULL, *cb = NULL;
+    float *la = NULL, *ref = NULL;
+    int32_t prompt[P], toks[K + 1], tok;
+    unsigned char *bytes = NULL;
+    size_t size = 0;
+    int same = 1;
+
+    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+        return;
+    snprintf(path, sizeof(path), "%s/%s.cache", tmpdir, name);
+    CHECK_STATUS(td_model_load(dir, &a), TD_OK);
+    if (a == NULL)
+        return;
+    size_t V = (size_t)a->cfg->vocab_size;
+    la = malloc(V * sizeof(float));
+    ref = malloc((size_t)K * V * sizeof(float));
+    for (int i = 0; i < P; i++)
+        prompt[i] = (int32_t)rng_below((uint32_t)V);
+    CHECK_STATUS(td_cache_create(a->plan, 96, &c), TD_OK);
+    if (c == NULL)
+        goto out;
+    CHECK_STATUS(td_forward_prefill(a, c, prompt, P, 0, la), TD_OK);
+    tok = td_sample_argmax(la, V);
+    for (int s = 0; s < WARM; s++) {
+        CHECK_STATUS(td_forward_decode(a, &c, &tok, 1, la), TD_OK);
+        tok = td_sample_argmax(la, V);
+    }
+    /* out to a file */
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL && fwrite(c->bytes, 1, c->size, f) == c->size);
+    if (f != NULL)
+        CHECK(fclose(f) == 0);
+    /* the original goes on */
+    for (int s = 0; s < K; s++) {
+        toks[s] = tok;
+        CHECK_STATUS(td_forward_decode(a, &c, &tok, 1, ref + (size_t)s * V), TD_OK);
+        tok = td_sample_argmax(ref + (size_t)s * V, V);
+    }
+    td_cache_destroy(c);
+    c = NULL;
+    td_model_destroy(a);
+    a = NULL;
+
+    /* a fresh instance reads the bytes */
+    CHECK_STATUS(td_model_load(dir, &b), TD_OK);
+    f = fopen(path, "rb");
+    if (b == NULL || f == NULL) {
+        td_check_failures++;
+        if (f != NULL)
+            fclose(f);
+        goto out;
+    }
+    fseek(f, 0, SEEK_END);
+    size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    bytes = malloc(size);
+    CHECK(fread(bytes, 1, size, f) == size);
+    fclose(f);
+    CHECK_STATUS(td_cache_load(b->plan, bytes, size, &cb), TD_OK);
+    if (cb == NULL)
+        goto out;
+    CHECK_EQ_INT(td_cache_tokens(cb), P + WARM);
+    for (int s = 0; s < K; s++) {
+        CHECK_STATUS(td_forward_decode(b, &cb, &toks[s], 1, la), TD_OK);
+        same &= rows_equal(name, s, 0, la, ref + (size_t)s * V, V);
+        if (s + 1 < K)
+            CHECK_EQ_INT(td_sample_argmax(la, V), toks[s + 1]);
+    }
+    /* a damaged header is refused */
+    bytes[0] ^= 1;
+    td_cache_t *bad = NULL;
+    CHECK_STATUS(td_cache_load(b->plan, bytes, size, &bad), TD_ERR_INVALID);
+    CHECK(bad == NULL);
+    fprintf(stderr, "test_generate: %s: cache of %zu bytes handed to a fresh load, %d steps: %s\n",
+            name, size, K, same ? "bitwise equal" : "DIFFERENT");
+out:
+    free(bytes);
+    td_cache_destroy(cb);
+    td_cache_destroy(c);
+    td_model_destroy(b);
+    td_model_destroy(a);
+    free(la);
+    free(ref);
+}
+
+int
+main(void)
+{
+    td_log_set_level(TD_LOG_WARN);
+    td_log_set_sink(log_sink, NULL);
+    test_greedy();
+    test_top_k_top_p();
+    test_seed();
+    test_distribution();
+    test_logprobs();
+    test_stop_finish();
+
+    if (!find_tool()) {
+        fprintf(stderr, "test_generate: mk-tiny-model not found (%s); set TD_MK_TINY_MODEL\n",
+                tool);
+        td_check_failures++;
+        return td_check_exit("test_generate");
+    }
+    if (mkdtemp(tmpdir) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_batch_invariance("tiny", "--dtype f32 --init perturbed --seed 11");
+    test_batch_invariance("tiny-fp4", "--quant fp8+fp4 --init perturbed --seed 12");
+    test_batch_invariance("tiny-noengram", "--preset tiny-noengram --init perturbed --seed 13");
+    test_cache_handoff("handoff", "--dtype f32 --init perturbed --seed 14");
+    test_cache_handoff("handoff-fp4", "--quant fp8+fp4 --init perturbed --seed 15");
+
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_generate: could not remove %s\n", tmpdir);
+    return td_check_exit("test_generate");
+}

@@ -1,0 +1,882 @@
+/* tools/generate — text generation on one checkpoint in one process: an
+ * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
+ * (engine/model, engine/sample, engine/chat), a summary on stderr. */
+#include "chat.h"
+#include "model.h"
+#include "sample.h"
+#include "tokenizer.h"
+
+#include "cli.h"
+#include "log.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GEN_DEFAULT_MAX_TOKENS 256
+#define GEN_DEFAULT_CHUNK 256
+
+static void
+usage(FILE *f)
+{
+    fprintf(f,
+        "usage: generate [--model DIR] (--messages FILE|- | --prompt TEXT) [--max-tokens N]\n"
+        "                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--no-stream]\n"
+        "                [--thinking|--no-thinking] [--effort LEVEL] [--logprobs N] [--json]\n"
+        "                [--context N] [--chunk N]\n"
+        "  Generate a reply with the DeepSeek-V4.1 checkpoint in DIR (default: $TANDEM_MODEL)\n"
+        "  and stream its text to standard output; a summary goes to standard error.\n"
+        "  --messages FILE  an OpenAI chat completion request, or a bare messages array\n"
+        "                   (- reads standard input), rendered in the V4.1 chat format;\n"
+        "                   the reply is read back into reasoning, content and tool calls\n"
+        "  --prompt TEXT    raw text, tokenized as it is (special-token spellings are tokens)\n"
+        "  --max-tokens N   generated tokens at most (default %d)\n"
+        "  --temperature T  0 is greedy (default 1)\n"
+        "  --top-p P        keep the smallest most likely set with mass >= P, in (0, 1] (default 1)\n"
+        "  --top-k K        keep the K most likely tokens; 0: all (default 0)\n"
+        "  --seed S         the draw at position p depends on (S, p) only (default: random,\n"
+        "                   printed in the summary)\n"
+        "  --no-stream      print the reply once it is complete\n"
+        "  --thinking, --no-thinking, --effort LEVEL\n"
+        "                   as the request's \"thinking\" and \"reasoning_effort\" (--messages)\n"
+        "  --logprobs N     report each token's log-probability and the N (0..%d) most\n"
+        "                   likely alternatives (with --json)\n"
+        "  --json           JSON lines: one per token and per reply delta, then a summary\n"
+        "                   object (with --no-stream only that object)\n"
+        "  --context N      tokens the request may reach, prompt included (default: the\n"
+        "                   config's max_position_embeddings)\n"
+        "  --chunk N        prefill chunk in tokens (default %d)\n"
+        "Errors print a message and exit 1; bad usage exits 2.\n",
+        GEN_DEFAULT_MAX_TOKENS, TD_SAMPLE_MAX_TOP, GEN_DEFAULT_CHUNK);
+}
+
+/* ---- options -------------------------------------------------------------------- */
+
+typedef struct {
+    const char *model;
+    const char *messages;         /* a path, "-" for stdin; NULL with --prompt */
+    const char *prompt;
+    uint64_t max_tokens;
+    double temperature, top_p;
+    uint64_t top_k;
+    uint64_t seed;
+    bool seed_set;
+    bool stream, json;
+    td_chat_opts_t chat;
+    bool chat_set;                /* --thinking, --no-thinking or --effort given */
+    int64_t logprobs;             /* -1: not asked */
+    uint64_t context;             /* 0: the config's */
+    uint64_t chunk;
+} gen_opts_t;
+
+static int
+parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    unsigned long long v;
+
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (s[0] == '\0' || s[0] == '-' || *end != '\0' || errno != 0 || v < lo || v > hi) {
+        fprintf(stderr, "generate: %s: \"%s\" is not an integer in [%llu, %llu]\n", opt, s,
+                (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int
+parse_real(const char *opt, const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (s[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(v)) {
+        fprintf(stderr, "generate: %s: \"%s\" is not a number\n", opt, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* 0, or 2 after a message (usage error); 1 for --help printed. */
+static int
+parse_opts(int argc, char **argv, gen_opts_t *o)
+{
+    enum {
+        OPT_MODEL = 256, OPT_MESSAGES, OPT_PROMPT, OPT_MAX, OPT_TEMP, OPT_TOPP, OPT_TOPK,
+        OPT_SEED, OPT_NOSTREAM, OPT_THINK, OPT_NOTHINK, OPT_EFFORT, OPT_LOGPROBS, OPT_JSON,
+        OPT_CONTEXT, OPT_CHUNK,
+    };
+    static const struct option longopts[] = {
+        { "model", required_argument, NULL, OPT_MODEL },
+        { "messages", required_argument, NULL, OPT_MESSAGES },
+        { "prompt", required_argument, NULL, OPT_PROMPT },
+        { "max-tokens", required_argument, NULL, OPT_MAX },
+        { "temperature", required_argument, NULL, OPT_TEMP },
+        { "top-p", required_argument, NULL, OPT_TOPP },
+        { "top-k", required_argument, NULL, OPT_TOPK },
+        { "seed", required_argument, NULL, OPT_SEED },
+        { "no-stream", no_argument, NULL, OPT_NOSTREAM },
+        { "thinking", no_argument, NULL, OPT_THINK },
+        { "no-thinking", no_argument, NULL, OPT_NOTHINK },
+        { "effort", required_argument, NULL, OPT_EFFORT },
+        { "logprobs", required_argument, NULL, OPT_LOGPROBS },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "context", required_argument, NULL, OPT_CONTEXT },
+        { "chunk", required_argument, NULL, OPT_CHUNK },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    uint64_t v;
+    int c;
+
+    *o = (gen_opts_t){
+        .model = getenv("TANDEM_MODEL"), .max_tokens = GEN_DEFAULT_MAX_TOKENS,
+        .temperature = 1.0, .top_p = 1.0, .stream = true,
+        .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
+    };
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_MODEL: o->model = optarg; break;
+        case OPT_MESSAGES: o->messages = optarg; break;
+        case OPT_PROMPT: o->prompt = optarg; break;
+        case OPT_MAX:
+            if (parse_u64("--max-tokens", optarg, 1, UINT32_MAX, &o->max_tokens) != 0)
+                return 2;
+            break;
+        case OPT_TEMP:
+            if (parse_real("--temperature", optarg, &o->temperature) != 0)
+                return 2;
+            if (o->temperature < 0) {
+                fprintf(stderr, "generate: --temperature: %s is negative\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_TOPP:
+            if (parse_real("--top-p", optarg, &o->top_p) != 0)
+                return 2;
+            if (!(o->top_p > 0 && o->top_p <= 1)) {
+                fprintf(stderr, "generate: --top-p: %s is not in (0, 1]\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_TOPK:
+            if (parse_u64("--top-k", optarg, 0, UINT32_MAX, &o->top_k) != 0)
+                return 2;
+            break;
+        case OPT_SEED:
+            if (parse_u64("--seed", optarg, 0, UINT64_MAX, &o->seed) != 0)
+                return 2;
+            o->seed_set = true;
+            break;
+        case OPT_NOSTREAM: o->stream = false; break;
+        case OPT_THINK: o->chat.thinking = 1; o->chat_set = true; break;
+        case OPT_NOTHINK: o->chat.thinking = 0; o->chat_set = true; break;
+        case OPT_EFFORT: o->chat.effort = optarg; o->chat_set = true; break;
+        case OPT_LOGPROBS:
+            if (parse_u64("--logprobs", optarg, 0, TD_SAMPLE_MAX_TOP, &v) != 0)
+                return 2;
+            o->logprobs = (int64_t)v;
+            break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_CONTEXT:
+            if (parse_u64("--context", optarg, 2, UINT32_MAX, &o->context) != 0)
+                return 2;
+            break;
+        case OPT_CHUNK:
+            if (parse_u64("--chunk", optarg, 1, 1u << 20, &o->chunk) != 0)
+                return 2;
+            break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "generate: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    if ((o->messages == NULL) == (o->prompt == NULL)) {
+        fprintf(stderr, "generate: give one of --messages FILE and --prompt TEXT\n");
+        return 2;
+    }
+    if (o->prompt != NULL && o->chat_set) {
+        fprintf(stderr, "generate: --thinking, --no-thinking and --effort go with --messages\n");
+        return 2;
+    }
+    if (o->logprobs >= 0 && !o->json) {
+        fprintf(stderr, "generate: --logprobs goes with --json\n");
+        return 2;
+    }
+    if (o->model == NULL || o->model[0] == '\0') {
+        fprintf(stderr, "generate: no model: give --model DIR or set TANDEM_MODEL\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+typedef enum { SEC_NONE, SEC_REASONING, SEC_CONTENT, SEC_TOOL } gen_section_t;
+
+/* Where the reply goes and how: text (reasoning dimmed on a terminal, else
+ * each of its lines prefixed "> "), or JSON lines. */
+typedef struct {
+    bool tty, json, stream;
+    gen_section_t section;
+    bool line_start;        /* the last byte written was a newline (or none yet) */
+    bool failed;            /* a write failed (reported once at the end) */
+} gen_out_t;
+
+static void
+out_put(gen_out_t *g, const char *s, size_t n)
+{
+    if (n == 0)
+        return;
+    if (fwrite(s, 1, n, stdout) != n)
+        g->failed = true;
+    g->line_start = s[n - 1] == '\n';
+}
+
+/* A terminal control sequence: not text, the line state stays. */
+static void
+out_ctl(gen_out_t *g, const char *seq)
+{
+    if (fputs(seq, stdout) == EOF)
+        g->failed = true;
+}
+
+static void
+out_section(gen_out_t *g, gen_section_t s)
+{
+    if (g->section == s)
+        return;
+    if (g->section == SEC_REASONING && g->tty)
+        out_ctl(g, "\033[0m");
+    if (g->section != SEC_NONE && !g->line_start)
+        out_put(g, "\n", 1);
+    if (g->section == SEC_REASONING)
+        out_put(g, "\n", 1);
+    if (s == SEC_REASONING && g->tty)
+        out_ctl(g, "\033[2m");
+    g->section = s;
+}
+
+/* Text of a kind; reasoning on a non-terminal gets "> " at each line start. */
+static void
+out_text(gen_out_t *g, gen_section_t s, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    out_section(g, s);
+    if (s != SEC_REASONING || g->tty) {
+        out_put(g, text, len);
+        return;
+    }
+    while (len > 0) {
+        const char *nl = memchr(text, '\n', len);
+        size_t n = nl ? (size_t)(nl - text) + 1 : len;
+        if (g->line_start)
+            out_put(g, "> ", 2);
+        out_put(g, text, n);
+        text += n;
+        len -= n;
+    }
+}
+
+static void
+out_tool_call(gen_out_t *g, uint32_t index, const char *name)
+{
+    char head[256];
+    int n;
+
+    out_section(g, SEC_TOOL);
+    if (!g->line_start)
+        out_put(g, "\n", 1);
+    n = snprintf(head, sizeof(head), "[tool call %u: %s] ", index, name);
+    out_put(g, head, n > 0 && (size_t)n < sizeof(head) ? (size_t)n : strlen(head));
+}
+
+/* After the reply: the terminal's attributes back, the line ended. */
+static void
+out_end(gen_out_t *g)
+{
+    if (g->section == SEC_REASONING && g->tty)
+        out_ctl(g, "\033[0m");
+    if (g->tty && !g->line_start)
+        out_put(g, "\n", 1);
+}
+
+/* One JSON line (o is stolen). */
+static void
+out_json(gen_out_t *g, json_t *o)
+{
+    if (o == NULL || json_dumpf(o, stdout, JSON_COMPACT) != 0 || fputc('\n', stdout) == EOF)
+        g->failed = true;
+    json_decref(o);
+}
+
+static void
+out_delta(gen_out_t *g, const td_chat_delta_t *d)
+{
+    static const char *const kinds[] = { "reasoning", "content", "tool_call", "tool_args" };
+
+    if (g->json) {
+        json_t *o = json_pack("{s:s, s:I}", "type", kinds[d->kind], "index", (json_int_t)d->index);
+        if (o == NULL)
+            return out_json(g, NULL);
+        if (d->kind == TD_CHAT_DELTA_TOOL_CALL) {
+            json_object_set_new(o, "id", json_string(d->id));
+            json_object_set_new(o, "name", json_string(d->name));
+        } else {
+            json_t *t = json_stringn(d->text, d->len);
+            if (t == NULL)
+                g->failed = true;
+            json_object_set_new(o, "text", t ? t : json_string(""));
+            if (d->kind != TD_CHAT_DELTA_TOOL_ARGS)
+                json_object_del(o, "index");
+        }
+        return out_json(g, o);
+    }
+    switch (d->kind) {
+    case TD_CHAT_DELTA_REASONING: out_text(g, SEC_REASONING, d->text, d->len); break;
+    case TD_CHAT_DELTA_CONTENT: out_text(g, SEC_CONTENT, d->text, d->len); break;
+    case TD_CHAT_DELTA_TOOL_CALL: out_tool_call(g, d->index, d->name); break;
+    case TD_CHAT_DELTA_TOOL_ARGS: out_text(g, SEC_TOOL, d->text, d->len); break;
+    }
+}
+
+/* ---- the generation ------------------------------------------------------------------ */
+
+typedef struct {
+    const gen_opts_t *o;
+    td_model_t *m;
+    td_chat_prompt_t *chat;       /* NULL with --prompt */
+    td_chat_parser_t *parser;     /* NULL with --prompt */
+    uint32_t *prompt;             /* [nprompt] */
+    size_t nprompt;
+    td_engine_sampling_t sp;
+    uint64_t context;             /* the request's limit, prompt included */
+    gen_out_t out;
+
+    td_detok_t detok;
+    char *piece;                  /* [piece_cap] detok output */
+    size_t piece_cap;
+    char *text;                   /* everything decoded (--prompt), for --no-stream and --json */
+    size_t text_len, text_cap;
+
+    int32_t *ids;                 /* [ngen] generated */
+    size_t ngen;
+    json_t *logprobs;             /* per-token records for --no-stream --json, or NULL */
+    const char *finish;
+    double load_s, prefill_s, decode_s;
+} gen_t;
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int
+text_append(gen_t *g, const char *s, size_t n)
+{
+    if (g->text_len + n + 1 > g->text_cap) {
+        size_t cap = g->text_cap ? g->text_cap : 4096;
+        while (cap < g->text_len + n + 1)
+            cap *= 2;
+        char *t = realloc(g->text, cap);
+        if (t == NULL)
+            return -1;
+        g->text = t;
+        g->text_cap = cap;
+    }
+    memcpy(g->text + g->text_len, s, n);
+    g->text_len += n;
+    g->text[g->text_len] = '\0';
+    return 0;
+}
+
+/* The log-probabilities of a step as JSON (OpenAI's token / bytes / logprob). */
+static json_t *
+json_logprob(const td_tokenizer_t *tok, int32_t id, double lp)
+{
+    const char *b = "";
+    size_t n;
+    td_detok_t st = { 0 };
+    char buf[TD_DETOK_OUT_MAX(64) + 8], *txt = buf;
+    json_t *bytes = json_array(), *o;
+
+    if (td_tokenizer_piece(tok, (uint32_t)id, &b, &n) != TD_OK)
+        n = 0;
+    if (TD_DETOK_OUT_MAX(n) + 3 > sizeof(buf))
+        txt = malloc(TD_DETOK_OUT_MAX(n) + 3);
+    size_t tl = 0;
+    if (txt != NULL) {
+        tl = td_detok_bytes(&st, b, n, txt);
+        tl += td_detok_flush(&st, txt + tl);
+    }
+    for (size_t i = 0; bytes && i < n; i++)
+        json_array_append_new(bytes, json_integer((unsigned char)b[i]));
+    o = json_pack("{s:I, s:s%, s:o, s:o}", "id", (json_int_t)id, "token", txt ? txt : "",
+                  txt ? tl : 0, "bytes", bytes, "logprob",
+                  isfinite(lp) ? json_real(lp) : json_null());
+    if (txt != buf)
+        free(txt);
+    return o;
+}
+
+static json_t *
+json_pick(const td_tokenizer_t *tok, const td_sample_pick_t *pk)
+{
+    json_t *o = json_logprob(tok, pk->token, pk->logprob), *top = json_array();
+
+    for (uint32_t i = 0; top && i < pk->ntop; i++)
+        json_array_append_new(top, json_logprob(tok, pk->top[i].id, pk->top[i].logprob));
+    if (o == NULL || top == NULL || json_object_set_new(o, "top_logprobs", top) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Feed decoded text to the reply reader (--messages) or straight out. */
+static int
+gen_text(gen_t *g, const char *text, size_t len)
+{
+    if (g->parser != NULL) {
+        const td_chat_delta_t *d;
+        size_t nd;
+        td_status_t st = td_chat_parser_feed(g->parser, text, len, &d, &nd);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
+            return -1;
+        }
+        for (size_t i = 0; g->out.stream && i < nd; i++)
+            out_delta(&g->out, &d[i]);
+        return 0;
+    }
+    if (text_append(g, text, len) != 0) {
+        fprintf(stderr, "generate: out of memory\n");
+        return -1;
+    }
+    if (g->out.stream && !g->out.json)
+        out_text(&g->out, SEC_CONTENT, text, len);
+    return 0;
+}
+
+/* One chosen token: record it, decode its text, print. A stop token's text
+ * is not part of the reply. */
+static int
+gen_emit(gen_t *g, const td_sample_pick_t *pk, td_engine_finish_t fin)
+{
+    const td_tokenizer_t *tok = g->m->tok;
+    size_t len = 0;
+    td_status_t st;
+
+    g->ids[g->ngen++] = pk->token;
+    if (fin != TD_ENGINE_FINISH_STOP) {
+        st = td_detok_feed(&g->detok, tok, (uint32_t)pk->token, TD_TOKENIZER_SKIP_SPECIAL,
+                           g->piece, g->piece_cap, &len);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: token %d has no text in the tokenizer (%s)\n", pk->token,
+                    td_status_str(st));
+            return -1;
+        }
+    }
+    if (g->out.json && (g->out.stream || g->logprobs != NULL)) {
+        json_t *o = json_pack("{s:s, s:I, s:I, s:s%}", "type", "token", "index",
+                              (json_int_t)(g->ngen - 1), "id", (json_int_t)pk->token, "text",
+                              g->piece, len);
+        if (o != NULL && fin == TD_ENGINE_FINISH_STOP)
+            json_object_set_new(o, "stop", json_true());
+        if (o != NULL && g->o->logprobs >= 0) {
+            json_t *lp = json_pick(tok, pk);
+            json_object_set_new(o, "logprob", lp ? json_incref(json_object_get(lp, "logprob"))
+                                                 : NULL);
+            json_object_set_new(o, "top_logprobs",
+                                lp ? json_incref(json_object_get(lp, "top_logprobs")) : NULL);
+            json_decref(lp);
+        }
+        if (g->out.stream) {
+            out_json(&g->out, o);
+        } else if (o == NULL || json_array_append_new(g->logprobs, o) != 0) {
+            fprintf(stderr, "generate: out of memory\n");
+            return -1;
+        }
+    }
+    if (gen_text(g, g->piece, len) != 0)
+        return -1;
+    if (g->out.stream && fflush(stdout) != 0)
+        g->out.failed = true;
+    return 0;
+}
+
+/* End of output: what detok and the reader held back, the finish reason. */
+static int
+gen_finish(gen_t *g, td_engine_finish_t fin)
+{
+    char tail[8];
+    size_t n = td_detok_flush(&g->detok, tail);
+
+    if (gen_text(g, tail, n) != 0)
+        return -1;
+    g->finish = td_engine_finish_str(fin);
+    if (g->parser != NULL) {
+        const td_chat_delta_t *d;
+        size_t nd;
+        td_status_t st = td_chat_parser_finish(
+            g->parser, fin == TD_ENGINE_FINISH_LENGTH ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
+            &d, &nd);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
+            return -1;
+        }
+        for (size_t i = 0; g->out.stream && i < nd; i++)
+            out_delta(&g->out, &d[i]);
+        g->finish = td_chat_finish_str(td_chat_parser_reply(g->parser)->finish);
+    }
+    return 0;
+}
+
+/* --no-stream text: the whole reply at once. */
+static void
+gen_print_reply(gen_t *g)
+{
+    if (g->parser == NULL) {
+        out_text(&g->out, SEC_CONTENT, g->text, g->text_len);
+        return;
+    }
+    const td_chat_reply_t *r = td_chat_parser_reply(g->parser);
+    if (r->reasoning != NULL)
+        out_text(&g->out, SEC_REASONING, r->reasoning, r->reasoning_len);
+    out_text(&g->out, SEC_CONTENT, r->content, r->content_len);
+    for (size_t i = 0; i < r->ncalls; i++) {
+        out_tool_call(&g->out, (uint32_t)i, r->calls[i].name);
+        out_text(&g->out, SEC_TOOL, r->calls[i].arguments, r->calls[i].arguments_len);
+    }
+}
+
+static double
+rate(double n, double s)
+{
+    return s > 0 ? n / s : 0;
+}
+
+/* The closing JSON object. */
+static void
+gen_print_done(gen_t *g)
+{
+    json_t *ids = json_array(), *pids = json_array(), *o, *msg = NULL;
+    double ndec = g->ngen > 1 ? (double)(g->ngen - 1) : 0;
+
+    for (size_t i = 0; ids && i < g->ngen; i++)
+        json_array_append_new(ids, json_integer(g->ids[i]));
+    for (size_t i = 0; pids && i < g->nprompt; i++)
+        json_array_append_new(pids, json_integer(g->prompt[i]));
+    o = json_pack("{s:s, s:s, s:o, s:o, s:{s:I, s:I}, s:{s:f, s:f, s:f, s:f, s:f}, s:I}",
+                  "type", "done", "finish_reason", g->finish, "ids", ids, "prompt_ids", pids,
+                  "usage", "prompt_tokens", (json_int_t)g->nprompt, "completion_tokens",
+                  (json_int_t)g->ngen, "timing", "load_s", g->load_s, "prefill_s", g->prefill_s,
+                  "prefill_tok_s", rate((double)g->nprompt, g->prefill_s), "decode_s",
+                  g->decode_s, "decode_tok_s", rate(ndec, g->decode_s), "seed",
+                  (json_int_t)g->sp.seed);
+    if (o == NULL)
+        return out_json(&g->out, NULL);
+    if (g->parser != NULL) {
+        if (td_chat_reply_json(td_chat_parser_reply(g->parser), &msg) != TD_OK)
+            g->out.failed = true;
+        json_object_set_new(o, "message", msg);
+    } else {
+        json_t *t = json_stringn(g->text ? g->text : "", g->text_len);
+        if (t == NULL)
+            g->out.failed = true;
+        json_object_set_new(o, "text", t);
+    }
+    if (g->logprobs != NULL)
+        json_object_set(o, "tokens", g->logprobs);
+    out_json(&g->out, o);
+}
+
+/* Prefill in chunks, then decode until a stop token or the length limit. */
+static int
+gen_run(gen_t *g)
+{
+    td_model_t *m = g->m;
+    size_t V = (size_t)m->cfg->vocab_size;
+    uint64_t cap = g->nprompt + g->sp.max_tokens;
+    td_cache_t *c = NULL;
+    float *logits = NULL;
+    int32_t *in = NULL;
+    td_sample_pick_t pk;
+    td_engine_finish_t fin = TD_ENGINE_FINISH_NONE;
+    uint32_t ntop = g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
+    td_status_t st;
+    int rc = -1;
+
+    if (cap > g->context)
+        cap = g->context;
+    st = td_cache_create(m->plan, cap, &c);
+    logits = malloc(V * sizeof(float));
+    in = malloc(g->nprompt * sizeof(int32_t));
+    g->ids = malloc((g->sp.max_tokens + 1) * sizeof(int32_t));
+    if (st != TD_OK || logits == NULL || in == NULL || g->ids == NULL) {
+        fprintf(stderr, "generate: a cache for %llu tokens: %s\n", (unsigned long long)cap,
+                td_status_str(st != TD_OK ? st : TD_ERR_NOMEM));
+        goto cleanup;
+    }
+    for (size_t i = 0; i < g->nprompt; i++)
+        in[i] = (int32_t)g->prompt[i];
+
+    double t0 = now_s();
+    for (size_t at = 0; at < g->nprompt; at += g->o->chunk) {
+        size_t n = g->nprompt - at < g->o->chunk ? g->nprompt - at : g->o->chunk;
+        st = td_forward_prefill(m, c, in + at, n, 0, logits);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: prefill of prompt tokens %zu..%zu failed: %s\n", at,
+                    at + n, td_status_str(st));
+            goto cleanup;
+        }
+    }
+    double t1 = now_s();
+    g->prefill_s = t1 - t0;
+
+    uint64_t pos = g->nprompt;
+    for (;;) {
+        st = td_sample_pick(logits, V, &g->sp, pos, ntop, &pk);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: sampling the token at position %llu failed: %s\n",
+                    (unsigned long long)pos, td_status_str(st));
+            goto cleanup;
+        }
+        fin = td_sample_finish(&g->sp, pk.token, g->ngen + 1, pos + 1, cap);
+        if (gen_emit(g, &pk, fin) != 0)
+            goto cleanup;
+        if (fin == TD_ENGINE_FINISH_NONE && g->parser != NULL &&
+            td_chat_parser_stopped(g->parser))
+            fin = TD_ENGINE_FINISH_STOP;
+        if (fin != TD_ENGINE_FINISH_NONE || g->out.failed)
+            break;
+        td_cache_t *one[1] = { c };
+        st = td_forward_decode(m, one, &pk.token, 1, logits);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: decode step at position %llu failed: %s\n",
+                    (unsigned long long)pos, td_status_str(st));
+            goto cleanup;
+        }
+        pos++;
+    }
+    g->decode_s = now_s() - t1;
+    if (gen_finish(g, fin) != 0)
+        goto cleanup;
+    rc = 0;
+cleanup:
+    free(in);
+    free(logits);
+    td_cache_destroy(c);
+    return rc;
+}
+
+/* ---- input ---------------------------------------------------------------------------- */
+
+/* Read and render the chat request; prints why on failure. */
+static int
+gen_read_request(const char *path, const td_chat_opts_t *opts, td_chat_prompt_t **out)
+{
+    FILE *f = stdin;
+    char *text = NULL;
+    size_t len;
+    json_error_t jerr;
+    td_chat_err_t err;
+    const char *name = strcmp(path, "-") == 0 ? "<stdin>" : path;
+
+    if (f == stdin && strcmp(path, "-") != 0 && (f = fopen(path, "rb")) == NULL) {
+        fprintf(stderr, "generate: --messages %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int rc = cli_read_all(f, &text, &len);
+    int e = errno;
+    if (f != stdin)
+        fclose(f);
+    if (rc != 0) {
+        fprintf(stderr, "generate: --messages %s: read failed: %s\n", name, strerror(e));
+        return -1;
+    }
+    json_t *req = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
+    free(text);
+    if (req == NULL) {
+        fprintf(stderr, "generate: --messages %s:%d:%d: not JSON: %s\n", name, jerr.line,
+                jerr.column, jerr.text);
+        return -1;
+    }
+    td_status_t st = td_chat_encode(req, opts, out, &err);
+    json_decref(req);
+    if (st == TD_OK)
+        return 0;
+    if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED)
+        fprintf(stderr, "generate: --messages %s: request refused (%s)%s%s: %s\n", name,
+                td_status_str(st), err.param[0] ? " at " : "", err.param, err.message);
+    else
+        fprintf(stderr, "generate: --messages %s: %s\n", name, td_status_str(st));
+    return -1;
+}
+
+/* Prompt ids, sampling and limits; prints why on failure. */
+static int
+gen_prepare(gen_t *g)
+{
+    const gen_opts_t *o = g->o;
+    td_model_t *m = g->m;
+    td_status_t st;
+    char why[96];
+
+    if (m->tok == NULL) {
+        fprintf(stderr, "generate: model %s has no tokenizer.json: it is needed to read the "
+                        "prompt and write the reply\n", o->model);
+        return -1;
+    }
+    if (g->chat != NULL)
+        st = td_chat_prompt_ids(g->chat, m->tok, &g->prompt, &g->nprompt);
+    else
+        st = td_tokenizer_encode(m->tok, o->prompt, strlen(o->prompt), TD_TOKENIZER_SPECIAL,
+                                 &g->prompt, &g->nprompt);
+    if (st != TD_OK) {
+        fprintf(stderr, "generate: tokenizing the prompt with %s/tokenizer.json: %s\n", o->model,
+                td_status_str(st));
+        return -1;
+    }
+    for (size_t i = 0; i < g->nprompt; i++)
+        if ((int64_t)g->prompt[i] >= m->cfg->vocab_size) {
+            fprintf(stderr, "generate: prompt token %zu is id %u, outside the model's "
+                            "vocabulary of %lld\n", i, g->prompt[i],
+                    (long long)m->cfg->vocab_size);
+            return -1;
+        }
+    if (g->nprompt == 0) {
+        fprintf(stderr, "generate: the prompt is empty (0 tokens)\n");
+        return -1;
+    }
+    uint64_t maxpos = (uint64_t)m->cfg->max_position_embeddings;
+    g->context = o->context ? o->context : maxpos;
+    if (g->context > maxpos) {
+        fprintf(stderr, "generate: --context %llu is above the model's max_position_embeddings "
+                        "(%llu)\n", (unsigned long long)g->context, (unsigned long long)maxpos);
+        return -1;
+    }
+    if (g->nprompt >= g->context) {
+        fprintf(stderr, "generate: the prompt has %zu tokens: it does not fit the context of "
+                        "%llu tokens with room for a reply\n", g->nprompt,
+                (unsigned long long)g->context);
+        return -1;
+    }
+    g->sp = (td_engine_sampling_t){
+        .temperature = o->temperature, .top_p = o->top_p, .top_k = (uint32_t)o->top_k,
+        .seed = o->seed, .max_tokens = (uint32_t)o->max_tokens,
+    };
+    if (!o->seed_set)
+        g->sp.seed = td_engine_mix64((uint64_t)time(NULL) * TD_ENGINE_GAMMA ^
+                                     td_engine_mix64((uint64_t)getpid() + (uint64_t)clock()));
+    if (td_sample_check(&g->sp, why, sizeof(why)) != TD_OK) {
+        fprintf(stderr, "generate: %s\n", why);
+        return -1;
+    }
+    st = td_sample_stop_eos(m->cfg, m->tok, &g->sp);
+    if (st != TD_OK && st != TD_ERR_NOT_FOUND) {
+        fprintf(stderr, "generate: model %s: no usable end-of-sequence token (%s)\n", o->model,
+                td_status_str(st));
+        return -1;
+    }
+    if (g->chat != NULL) {
+        td_chat_parse_opts_t po = g->chat->parse;
+        po.id_seed = td_engine_mix64(g->sp.seed + TD_ENGINE_GAMMA) | 1;   /* reproducible ids */
+        st = td_chat_parser_create(&po, &g->parser);
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: reply reader: %s\n", td_status_str(st));
+            return -1;
+        }
+    }
+    g->piece_cap = TD_DETOK_OUT_MAX(td_tokenizer_max_piece(m->tok)) + 8;
+    g->piece = malloc(g->piece_cap);
+    if (g->piece == NULL || (o->json && !o->stream && (g->logprobs = json_array()) == NULL)) {
+        fprintf(stderr, "generate: out of memory\n");
+        return -1;
+    }
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    gen_opts_t o;
+    gen_t g = { 0 };
+    int rc;
+
+    td_log_set_ident("generate");
+    td_log_set_level(TD_LOG_WARN);
+    rc = parse_opts(argc, argv, &o);
+    if (rc != 0)
+        return rc == 1 ? 0 : rc;
+    g.o = &o;
+    g.out = (gen_out_t){
+        .tty = isatty(STDOUT_FILENO) && !o.json && getenv("NO_COLOR") == NULL,
+        .json = o.json, .stream = o.stream, .line_start = true,
+    };
+    rc = 1;
+    if (o.messages != NULL && gen_read_request(o.messages, &o.chat, &g.chat) != 0)
+        goto cleanup;
+
+    double t0 = now_s();
+    td_status_t st = td_model_load(o.model, &g.m);
+    if (st != TD_OK) {
+        fprintf(stderr, "generate: cannot load the model in %s: %s\n", o.model,
+                td_status_str(st));
+        goto cleanup;
+    }
+    g.load_s = now_s() - t0;
+    if (gen_prepare(&g) != 0 || gen_run(&g) != 0)
+        goto cleanup;
+
+    if (o.json) {
+        gen_print_done(&g);
+    } else {
+        if (!o.stream)
+            gen_print_reply(&g);
+        out_end(&g.out);
+    }
+    if (fflush(stdout) != 0 || g.out.failed) {
+        fprintf(stderr, "generate: writing the reply failed: %s\n", strerror(errno));
+        goto cleanup;
+    }
+    double ndec = g.ngen > 1 ? (double)(g.ngen - 1) : 0;
+    char how[40] = "greedy";
+    if (!(g.sp.temperature == 0 || g.sp.top_k == 1))
+        snprintf(how, sizeof(how), "seed %llu", (unsigned long long)g.sp.seed);
+    fprintf(stderr,
+            "generate: %zu prompt tokens, prefill %.3f s (%.1f tok/s); %zu tokens generated, "
+            "decode %.3f s (%.1f tok/s); finish %s; %s\n",
+            g.nprompt, g.prefill_s, rate((double)g.nprompt, g.prefill_s), g.ngen, g.decode_s,
+            rate(ndec, g.decode_s), g.finish, how);
+    rc = 0;
+cleanup:
+    json_decref(g.logprobs);
+    free(g.ids);
+    free(g.text);
+    free(g.piece);
+    free(g.prompt);
+    td_chat_parser_destroy(g.parser);
+    td_chat_prompt_destroy(g.chat);
+    td_model_destroy(g.m);
+    return rc;
+}
