@@ -2,6 +2,7 @@
  * name, argument and state checks around the ops, the generic sampler and
  * the cost-model clock. */
 #include "engine.h"
+#include "sample.h"
 
 #include <errno.h>
 #include <math.h>
@@ -227,14 +228,7 @@ td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finis
     if (st != TD_OK)
         return st;
     generated = req->ntokens - req->prompt + 1;
-    *finish = TD_ENGINE_FINISH_NONE;
-    for (uint32_t i = 0; i < sp->nstop; i++)
-        if (sp->stop[i] == tok)
-            *finish = TD_ENGINE_FINISH_STOP;
-    if (*finish == TD_ENGINE_FINISH_NONE &&
-        ((sp->max_tokens != 0 && generated >= sp->max_tokens) ||
-         req->ntokens + 1 >= req->engine->max_context))
-        *finish = TD_ENGINE_FINISH_LENGTH;
+    *finish = td_sample_finish(sp, tok, generated, req->ntokens + 1, req->engine->max_context);
     *token = tok;
     return TD_OK;
 }
