@@ -1,6 +1,7 @@
 /* engine/forward.c — the DeepSeek-V4.1 forward pass as transformers'
  * DeepseekV41ForCausalLM runs it with a cache (mHC streams, engram, window +
- * CSA2 attention, MoE), every op through the model's td_kernels_ops_t. */
+ * CSA2 attention, MoE), every op through the model's td_kernels_ops_t; the
+ * requests of a pass attend side by side on the cpu ops' threads. */
 #include "model.h"
 
 #include <math.h>
@@ -40,6 +41,7 @@ typedef struct {
     uint64_t *p0;             /* [nseq] the request's position before this call */
     int64_t *pos;             /* [N] absolute positions */
     fw_shared_t *sh;          /* [nseq] */
+    td_status_t *seq_st;      /* [nseq] each request's attention status */
     size_t H, hc, hd, nh, rd;
 
     float *S, *R;             /* [N, hc, H] streams, residual */
@@ -224,7 +226,7 @@ fw_engram(fw_t *f, uint32_t l)
         }
     }
     FW_CHECK(f->k->embed(L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
-    FW_CHECK(f->k->linear(f->emb, L->eg_wkv, f->kvx, N, H * (hc + 1), cols * ed, 0));
+    FW_CHECK(f->k->linear_mat(f->emb, L->eg_wkv, f->kvx, N));
     for (size_t r = 0; r < N; r++) {
         memcpy(f->ekey + r * hc * H, f->kvx + r * H * (hc + 1), hc * H * sizeof(float));
         memcpy(f->eval + r * H, f->kvx + r * H * (hc + 1) + hc * H, H * sizeof(float));
@@ -303,7 +305,7 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
             tmp = malloc(G * (idh > hd ? idh : hd) * sizeof(float));
             if (tmp == NULL)
                 goto out;
-            FW_TRY(f->k->linear(lat, L->idx_wk, tmp, G, idh, hd, 0));
+            FW_TRY(f->k->linear_mat(lat, L->idx_wk, tmp, G));
             FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, G, idh, tmp));
             FW_TRY(f->k->rope(tmp, G, 1, idh, f->rd, gpos, f->m->inv_freq_compress,
                               f->m->rope_scale_compress, 0));
@@ -418,13 +420,13 @@ fw_index(fw_t *f, uint32_t l, size_t s)
         goto out;
     st = TD_OK;
 
-    FW_TRY(f->k->linear(f->qr + r0 * ql, L->idx_wq_b, qi, n, ih * idh, ql, 0));
+    FW_TRY(f->k->linear_mat(f->qr + r0 * ql, L->idx_wq_b, qi, n));
     FW_TRY(f->k->rope(qi, n, ih, idh, f->rd, f->pos + r0, f->m->inv_freq_compress,
                       f->m->rope_scale_compress, 0));
     st = fw_fake_quant(f, plan->index_fmt, (uint32_t)idh, qi, n * ih);
     if (st != TD_OK)
         goto out;
-    FW_TRY(f->k->linear(f->x + r0 * f->H, L->idx_wproj, w, n, ih, f->H, 0));
+    FW_TRY(f->k->linear_mat(f->x + r0 * f->H, L->idx_wproj, w, n));
     const float heads_scaling = (float)(1.0 / sqrt((double)ih));
     for (size_t i = 0; i < n * ih; i++)
         w[i] *= heads_scaling;
@@ -598,22 +600,33 @@ out:
     return st;
 }
 
+typedef struct {
+    fw_t *f;
+    uint32_t l;
+} fw_attend_job_t;
+
+static void
+fw_attend_task(void *arg, size_t s)
+{
+    fw_attend_job_t *j = arg;
+    j->f->seq_st[s] = fw_attend(j->f, j->l, s);
+}
+
 static td_status_t
 fw_attention(fw_t *f, uint32_t l)
 {
     const td_modelcfg_t *c = f->c;
     const td_model_layer_t *L = &f->m->layers[l];
-    size_t N = f->N, H = f->H, hd = f->hd, nh = f->nh, ql = (size_t)c->q_lora_rank;
-    size_t og = (size_t)c->o_groups, olr = (size_t)c->o_lora_rank;
+    size_t N = f->N, hd = f->hd, nh = f->nh, ql = (size_t)c->q_lora_rank;
     const float eps = (float)c->rms_norm_eps;
     float rs;
     const float *inv = fw_inv_freq(f, l, &rs);
 
-    FW_CHECK(f->k->linear(f->x, L->wq_a, f->qr, N, ql, H, 0));
+    FW_CHECK(f->k->linear_mat(f->x, L->wq_a, f->qr, N));
     FW_CHECK(f->k->rmsnorm(f->qr, L->q_norm, eps, N, ql, f->qr));
-    FW_CHECK(f->k->linear(f->qr, L->wq_b, f->q, N, nh * hd, ql, 0));
+    FW_CHECK(f->k->linear_mat(f->qr, L->wq_b, f->q, N));
     FW_CHECK(f->k->rope(f->q, N, nh, hd, f->rd, f->pos, inv, rs, 0));
-    FW_CHECK(f->k->linear(f->x, L->wkv, f->kv, N, hd, H, 0));
+    FW_CHECK(f->k->linear_mat(f->x, L->wkv, f->kv, N));
     FW_CHECK(f->k->rmsnorm(f->kv, L->kv_norm, eps, N, hd, f->kv));
     FW_CHECK(f->k->rope(f->kv, N, 1, hd, f->rd, f->pos, inv, rs, 0));
     if (f->m->plan->window_fmt == TD_CACHE_FP8) {
@@ -621,18 +634,19 @@ fw_attention(fw_t *f, uint32_t l)
         FW_CHECK(f->k->dequant_fp8(f->kv_codes, f->kv_scales, N, hd, TD_CACHE_FP8_BLOCK, f->kv));
     }
     if (c->layers[l].kv_source) {
-        FW_CHECK(f->k->linear(f->x, L->cmp_wkv, f->ckv, N, hd, H, 0));
+        FW_CHECK(f->k->linear_mat(f->x, L->cmp_wkv, f->ckv, N));
         if (c->layers[l].ratio > 1)
-            FW_CHECK(f->k->linear(f->x, L->cmp_wgate, f->cg, N, hd, H, 0));
+            FW_CHECK(f->k->linear_mat(f->x, L->cmp_wgate, f->cg, N));
     }
-    for (size_t s = 0; s < f->nseq; s++) {
-        td_status_t st = fw_attend(f, l, s);
-        if (st != TD_OK)
-            return st;
-    }
+    /* the requests side by side: each touches only its rows, cache and shared state */
+    fw_attend_job_t job = { f, l };
+    td_kernels_cpu_parallel(f->nseq, fw_attend_task, &job);
+    for (size_t s = 0; s < f->nseq; s++)
+        if (f->seq_st[s] != TD_OK)
+            return f->seq_st[s];
     FW_CHECK(f->k->rope(f->ao, N, nh, hd, f->rd, f->pos, inv, rs, 1));
-    FW_CHECK(f->k->linear_grouped(f->ao, L->wo_a, f->oa, N, og, olr, nh * hd / og));
-    FW_CHECK(f->k->linear(f->oa, L->wo_b, f->y, N, H, og * olr, 0));
+    FW_CHECK(f->k->linear_mat(f->ao, L->wo_a, f->oa, N));
+    FW_CHECK(f->k->linear_mat(f->oa, L->wo_b, f->y, N));
     return TD_OK;
 }
 
@@ -667,7 +681,7 @@ fw_moe(fw_t *f, uint32_t l)
         goto out;
 
     /* router: scores from the unbiased logits, selection with the bias */
-    FW_TRY(f->k->linear(f->x, L->gate, sc, N, E, H, 0));
+    FW_TRY(f->k->linear_mat(f->x, L->gate, sc, N));
     FW_TRY(f->k->score(sc, N, E,
                        strcmp(c->scoring_func, "sigmoid") == 0 ? TD_KERNELS_SCORE_SIGMOID
                                                                : TD_KERNELS_SCORE_SQRTSOFTPLUS,
@@ -702,17 +716,17 @@ fw_moe(fw_t *f, uint32_t l)
                 }
         if (ne == 0)
             continue;
-        FW_TRY(f->k->linear(xe, L->w1[e], ge, ne, I, H, 0));
-        FW_TRY(f->k->linear(xe, L->w3[e], ue, ne, I, H, 0));
+        FW_TRY(f->k->linear_mat(xe, L->w1[e], ge, ne));
+        FW_TRY(f->k->linear_mat(xe, L->w3[e], ue, ne));
         FW_TRY(f->k->swiglu(ge, ue, we, ne, I, limit, ge));
-        FW_TRY(f->k->linear(ge, L->w2[e], ye, ne, H, I, 0));
+        FW_TRY(f->k->linear_mat(ge, L->w2[e], ye, ne));
         for (size_t i = 0; i < ne; i++)
             FW_TRY(f->k->add(f->y + rows[i] * H, ye + i * H, H));
     }
-    FW_TRY(f->k->linear(f->x, L->sw1, ge, N, I, H, 0));
-    FW_TRY(f->k->linear(f->x, L->sw3, ue, N, I, H, 0));
+    FW_TRY(f->k->linear_mat(f->x, L->sw1, ge, N));
+    FW_TRY(f->k->linear_mat(f->x, L->sw3, ue, N));
     FW_TRY(f->k->swiglu(ge, ue, NULL, N, I, limit, ge));
-    FW_TRY(f->k->linear(ge, L->sw2, ye, N, H, I, 0));
+    FW_TRY(f->k->linear_mat(ge, L->sw2, ye, N));
     FW_TRY(f->k->add(f->y, ye, N * H));
     st = TD_OK;
 
@@ -732,15 +746,24 @@ out:
 
 /* ---- the layer and the model ----------------------------------------------------------- */
 
-/* (pre, post, comb) of one hc site from the streams in f->S. */
+/* The streams become the residual R; S takes the site's output. */
+static void
+fw_swap_streams(fw_t *f)
+{
+    float *t = f->S;
+    f->S = f->R;
+    f->R = t;
+}
+
+/* (pre, post, comb) of one hc site from the streams (in f->R). */
 static td_status_t
-fw_hc_mixes(fw_t *f, const float *fn, const float *scale, const float *base, float *pre,
-            float *post, float *comb)
+fw_hc_mixes(fw_t *f, const td_kernels_mat_t *fn, const float *scale, const float *base,
+            float *pre, float *post, float *comb)
 {
     size_t N = f->N, hc = f->hc, H = f->H;
 
-    FW_CHECK(f->k->rmsnorm(f->S, NULL, (float)f->c->rms_norm_eps, N, hc * H, f->flat));
-    FW_CHECK(f->k->linear(f->flat, fn, f->mixes, N, (2 + hc) * hc, hc * H, 0));
+    FW_CHECK(f->k->rmsnorm(f->R, NULL, (float)f->c->rms_norm_eps, N, hc * H, f->flat));
+    FW_CHECK(f->k->linear_mat(f->flat, fn, f->mixes, N));
     FW_CHECK(f->k->hc_mixes(f->mixes, scale, base, N, hc, (int)f->c->hc_sinkhorn_iters,
                             (float)f->c->hc_eps, pre, post, comb));
     return TD_OK;
@@ -759,24 +782,24 @@ fw_layer(fw_t *f, uint32_t l)
         if (st != TD_OK)
             return st;
     }
-    memcpy(f->R, f->S, N * hc * H * sizeof(float));
+    fw_swap_streams(f);   /* R: the residual (the streams so far); S: the site's output */
     st = fw_hc_mixes(f, L->hc_attn_fn, L->hc_attn_scale, L->hc_attn_base, f->a_pre, f->a_post,
                      f->a_comb);
     if (st != TD_OK)
         return st;
-    FW_CHECK(f->k->hc_collapse(f->S, f->pre_in, N, hc, H, f->x));
+    FW_CHECK(f->k->hc_collapse(f->R, f->pre_in, N, hc, H, f->x));
     FW_CHECK(f->k->rmsnorm(f->x, L->attn_norm, eps, N, H, f->x));
     st = fw_attention(f, l);
     if (st != TD_OK)
         return st;
     FW_CHECK(f->k->hc_expand(f->y, f->R, f->a_post, f->a_comb, N, hc, H, f->S));
 
-    memcpy(f->R, f->S, N * hc * H * sizeof(float));
+    fw_swap_streams(f);
     st = fw_hc_mixes(f, L->hc_ffn_fn, L->hc_ffn_scale, L->hc_ffn_base, f->f_pre, f->f_post,
                      f->f_comb);
     if (st != TD_OK)
         return st;
-    FW_CHECK(f->k->hc_collapse(f->S, f->a_pre, N, hc, H, f->x));
+    FW_CHECK(f->k->hc_collapse(f->R, f->a_pre, N, hc, H, f->x));
     FW_CHECK(f->k->rmsnorm(f->x, L->ffn_norm, eps, N, H, f->x));
     st = fw_moe(f, l);
     if (st != TD_OK)
@@ -841,6 +864,7 @@ fw_alloc(fw_t *f)
     f->p0 = fw_calloc(f->nseq, sizeof(*f->p0));
     f->pos = fw_calloc(N, sizeof(*f->pos));
     f->sh = fw_calloc(f->nseq, sizeof(*f->sh));
+    f->seq_st = fw_calloc(f->nseq, sizeof(*f->seq_st));
     f->S = fw_calloc(N * hc * H, sizeof(float));
     f->R = fw_calloc(N * hc * H, sizeof(float));
     f->flat = fw_calloc(N * hc * H, sizeof(float));
@@ -863,7 +887,8 @@ fw_alloc(fw_t *f)
     f->kv_codes = fw_calloc(N * hd, 1);
     f->kv_scales = fw_calloc(N * (hd / TD_CACHE_FP8_BLOCK + 1), 1);
     f->oa = fw_calloc(N * (size_t)(c->o_groups * c->o_lora_rank), sizeof(float));
-    if (f->row0 == NULL || f->p0 == NULL || f->pos == NULL || f->sh == NULL || f->S == NULL ||
+    if (f->row0 == NULL || f->p0 == NULL || f->pos == NULL || f->sh == NULL ||
+        f->seq_st == NULL || f->S == NULL ||
         f->R == NULL || f->flat == NULL || f->mixes == NULL || f->pre_in == NULL ||
         f->a_pre == NULL || f->a_post == NULL || f->a_comb == NULL || f->f_pre == NULL ||
         f->f_post == NULL || f->f_comb == NULL || f->x == NULL || f->y == NULL ||
@@ -914,7 +939,7 @@ fw_free(fw_t *f)
             free(f->sh[s].bias);
             free(f->sh[s].cand);
         }
-    void *bufs[] = { f->row0, f->p0, f->pos, f->sh, f->S, f->R, f->flat, f->mixes,
+    void *bufs[] = { f->row0, f->p0, f->pos, f->sh, f->seq_st, f->S, f->R, f->flat, f->mixes,
                      f->pre_in, f->a_pre, f->a_post, f->a_comb, f->f_pre, f->f_post,
                      f->f_comb, f->x, f->y, f->qr, f->q, f->ao, f->kv, f->ckv, f->cg,
                      f->kv_codes, f->kv_scales, f->oa, f->back, f->hid, f->emb, f->kvx,
@@ -928,7 +953,7 @@ static td_status_t
 fw_logits(fw_t *f)
 {
     const td_modelcfg_t *c = f->c;
-    size_t H = f->H, V = (size_t)c->vocab_size;
+    size_t H = f->H;
 
     FW_CHECK(f->k->hc_collapse(f->S, f->pre_in, f->N, f->hc, H, f->x));
     FW_CHECK(f->k->rmsnorm(f->x, f->m->norm, (float)c->rms_norm_eps, f->N, H, f->x));
@@ -937,8 +962,8 @@ fw_logits(fw_t *f)
         if (q->logits == NULL)
             continue;
         size_t first = q->all_logits ? 0 : q->n - 1, rows = q->n - first;
-        FW_CHECK(f->k->linear(f->x + (f->row0[s] + first) * H, f->m->head, q->logits, rows, V,
-                              H, 0));
+        FW_CHECK(f->k->linear_mat(f->x + (f->row0[s] + first) * H, f->m->head, q->logits,
+                                  rows));
     }
     return TD_OK;
 }

@@ -1,6 +1,7 @@
-/* engine/model.c — loading a DeepSeek-V4.1 backbone: weights dequantized into
- * one f32 arena, the default and YaRN rope tables as transformers computes
- * them, the engram hash state with numpy's hash multipliers. */
+/* engine/model.c — loading a DeepSeek-V4.1 backbone: weights dequantized (the
+ * linears into the ops' prepared matrices, the rest into one f32 arena), the
+ * default and YaRN rope tables as transformers computes them, the engram hash
+ * state with numpy's hash multipliers. */
 #include "model.h"
 
 #include <math.h>
@@ -263,35 +264,111 @@ rope_table(const td_modelcfg_t *cfg, const td_modelcfg_rope_t *r, const char *wh
 
 typedef struct {
     const td_weights_schema_t *schema;
-    float **ptr;           /* [schema->n] each entry's f32 copy */
+    float **ptr;           /* [schema->n] each entry's f32 copy (NULL for linears) */
+    td_kernels_mat_t **mat;/* [schema->n] each linear's prepared matrix */
     td_status_t st;
 } model_bind_t;
+
+/* The schema entry named by fmt; NULL (and b->st set) if there is none. */
+__attribute__((format(printf, 2, 0))) static const td_weights_entry_t *
+model_entry(model_bind_t *b, const char *fmt, va_list ap)
+{
+    char name[TD_WEIGHTS_NAME_MAX];
+
+    vsnprintf(name, sizeof(name), fmt, ap);
+    const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
+    if (e == NULL) {
+        td_error("model: tensor '%s' is not in the weight schema", name);
+        b->st = TD_ERR_INTERNAL;
+    }
+    return e;
+}
 
 /* The f32 copy of the tensor named by fmt; NULL (and b->st set) if the schema
  * has no such tensor. */
 __attribute__((format(printf, 2, 3))) static float *
 model_get(model_bind_t *b, const char *fmt, ...)
 {
-    char name[TD_WEIGHTS_NAME_MAX];
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(name, sizeof(name), fmt, ap);
+    const td_weights_entry_t *e = model_entry(b, fmt, ap);
     va_end(ap);
-    const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
-    if (e == NULL) {
-        td_error("model: tensor '%s' is not in the weight schema", name);
-        b->st = TD_ERR_INTERNAL;
-        return NULL;
-    }
-    return b->ptr[e - b->schema->entries];
+    return e ? b->ptr[e - b->schema->entries] : NULL;
 }
 
+/* The prepared matrix of the linear named by fmt (model_linear_groups). */
+__attribute__((format(printf, 2, 3))) static td_kernels_mat_t *
+model_mat(model_bind_t *b, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    const td_weights_entry_t *e = model_entry(b, fmt, ap);
+    va_end(ap);
+    if (e == NULL)
+        return NULL;
+    if (b->mat[e - b->schema->entries] == NULL) {   /* model_linear_groups misses it */
+        td_error("model: tensor '%s' was not prepared as a linear", e->name);
+        b->st = TD_ERR_INTERNAL;
+    }
+    return b->mat[e - b->schema->entries];
+}
+
+/* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
+ * linears: 1), or 0 for a tensor that is not a linear's weight (kept f32). */
+static size_t
+model_linear_groups(const td_modelcfg_t *c, const td_weights_entry_t *e)
+{
+    static const char *const suffixes[] = {
+        ".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_b.weight",
+        ".compressor.wkv.weight", ".compressor.wgate.weight", ".indexer.wq_b.weight",
+        ".indexer.weights_proj.weight", ".indexer.wk.weight", ".ffn.gate.weight",
+        ".w1.weight", ".w2.weight", ".w3.weight", ".engram.wkv.weight", ".hc_attn_fn",
+        ".hc_ffn_fn",
+    };
+    static const char wo_a[] = ".attn.wo_a.weight";
+    size_t len = strlen(e->name);
+
+    if (e->ndim != 2)
+        return 0;
+    if (strcmp(e->name, "head.weight") == 0)
+        return 1;
+    if (len >= sizeof(wo_a) - 1 && strcmp(e->name + len - (sizeof(wo_a) - 1), wo_a) == 0)
+        return (size_t)c->o_groups;
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        size_t sl = strlen(suffixes[i]);
+        if (len >= sl && strcmp(e->name + len - sl, suffixes[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Keep a prepared matrix in the model (which destroys it). */
 static td_status_t
-model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr)
+model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
+{
+    td_kernels_mat_t **n = realloc(m->mats, (m->nmats + 1) * sizeof(*n));
+    if (n == NULL) {
+        m->ops->mat_destroy(mat);
+        return TD_ERR_NOMEM;
+    }
+    m->mats = n;
+    m->mats[m->nmats++] = mat;
+    m->mat_bytes += m->ops->mat_bytes(mat);
+    return TD_OK;
+}
+
+/* Dequantize every tensor: the linears' weights one at a time into a scratch
+ * buffer and on into prepared matrices (mat), the rest into the f32 arena
+ * (ptr). */
+static td_status_t
+model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat)
 {
     const td_weights_schema_t *s = w->schema;
-    size_t total = 0;
+    size_t total = 0, most = 0;
+    float *scratch = NULL;
+    td_status_t st = TD_OK;
 
     for (size_t i = 0; i < w->n; i++) {
         int64_t cnt = td_quant_dequant_count(w->t[i].w, w->t[i].scale);
@@ -299,31 +376,56 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr)
             td_error("model: tensor '%s': %lld elements", s->entries[i].name, (long long)cnt);
             return TD_ERR_INVALID;
         }
-        total += (size_t)cnt;
+        if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
+            total += (size_t)cnt;
+        else if ((size_t)cnt > most)
+            most = (size_t)cnt;
     }
-    m->arena = malloc(total * sizeof(float));
-    if (m->arena == NULL) {
-        td_error("model: cannot allocate %zu MiB of f32 weights", total * sizeof(float) >> 20);
+    m->arena = malloc((total ? total : 1) * sizeof(float));
+    scratch = malloc((most ? most : 1) * sizeof(float));
+    if (m->arena == NULL || scratch == NULL) {
+        td_error("model: cannot allocate %zu MiB of f32 weights",
+                 (total + most) * sizeof(float) >> 20);
+        free(scratch);
         return TD_ERR_NOMEM;
     }
     m->arena_floats = total;
     size_t at = 0;
-    for (size_t i = 0; i < w->n; i++) {
+    for (size_t i = 0; i < w->n && st == TD_OK; i++) {
         const td_weights_entry_t *e = &s->entries[i];
+        size_t groups = model_linear_groups(m->cfg, e);
         int br = 0, bc = 0;
         if (e->format == TD_WEIGHTS_FP8_BLOCK) {
             br = (int)s->block_rows;
             bc = (int)s->block_cols;
         }
-        ptr[i] = m->arena + at;
-        td_status_t st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, ptr[i]);
+        float *dst = groups ? scratch : m->arena + at;
+        st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, dst);
         if (st != TD_OK) {
             td_error("model: tensor '%s': %s", e->name, td_quant_last_error());
-            return st;
+            break;
         }
-        at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+        if (groups == 0) {
+            ptr[i] = dst;
+            at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+            continue;
+        }
+        if (e->shape[0] % (int64_t)groups != 0) {
+            td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
+                     (long long)e->shape[0], groups);
+            st = TD_ERR_INVALID;
+            break;
+        }
+        st = m->ops->mat_create(dst, groups, (size_t)e->shape[0] / groups, (size_t)e->shape[1],
+                                &mat[i]);
+        if (st != TD_OK) {
+            td_error("model: tensor '%s': %s", e->name, td_kernels_error());
+            break;
+        }
+        st = model_keep_mat(m, mat[i]);
     }
-    return TD_OK;
+    free(scratch);
+    return st;
 }
 
 static td_status_t
@@ -336,30 +438,30 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     size_t E = (size_t)c->n_routed_experts;
 
     L->attn_norm = model_get(b, "%s%lld.attn_norm.weight", p, (long long)i);
-    L->wq_a = model_get(b, "%s%lld.attn.wq_a.weight", p, (long long)i);
+    L->wq_a = model_mat(b, "%s%lld.attn.wq_a.weight", p, (long long)i);
     L->q_norm = model_get(b, "%s%lld.attn.q_norm.weight", p, (long long)i);
-    L->wq_b = model_get(b, "%s%lld.attn.wq_b.weight", p, (long long)i);
-    L->wkv = model_get(b, "%s%lld.attn.wkv.weight", p, (long long)i);
+    L->wq_b = model_mat(b, "%s%lld.attn.wq_b.weight", p, (long long)i);
+    L->wkv = model_mat(b, "%s%lld.attn.wkv.weight", p, (long long)i);
     L->kv_norm = model_get(b, "%s%lld.attn.kv_norm.weight", p, (long long)i);
-    L->wo_a = model_get(b, "%s%lld.attn.wo_a.weight", p, (long long)i);
-    L->wo_b = model_get(b, "%s%lld.attn.wo_b.weight", p, (long long)i);
+    L->wo_a = model_mat(b, "%s%lld.attn.wo_a.weight", p, (long long)i);
+    L->wo_b = model_mat(b, "%s%lld.attn.wo_b.weight", p, (long long)i);
     L->attn_sink = model_get(b, "%s%lld.attn.attn_sink", p, (long long)i);
     if (cl->kv_source) {
-        L->cmp_wkv = model_get(b, "%s%lld.attn.compressor.wkv.weight", p, (long long)i);
+        L->cmp_wkv = model_mat(b, "%s%lld.attn.compressor.wkv.weight", p, (long long)i);
         if (cl->ratio > 1)
-            L->cmp_wgate = model_get(b, "%s%lld.attn.compressor.wgate.weight", p, (long long)i);
+            L->cmp_wgate = model_mat(b, "%s%lld.attn.compressor.wgate.weight", p, (long long)i);
         L->cmp_norm = model_get(b, "%s%lld.attn.compressor.norm.weight", p, (long long)i);
     }
     if (cl->index_source) {
-        L->idx_wq_b = model_get(b, "%s%lld.attn.indexer.wq_b.weight", p, (long long)i);
-        L->idx_wproj = model_get(b, "%s%lld.attn.indexer.weights_proj.weight", p, (long long)i);
+        L->idx_wq_b = model_mat(b, "%s%lld.attn.indexer.wq_b.weight", p, (long long)i);
+        L->idx_wproj = model_mat(b, "%s%lld.attn.indexer.weights_proj.weight", p, (long long)i);
         if (cl->owns_index_k) {
-            L->idx_wk = model_get(b, "%s%lld.attn.indexer.wk.weight", p, (long long)i);
+            L->idx_wk = model_mat(b, "%s%lld.attn.indexer.wk.weight", p, (long long)i);
             L->idx_k_norm = model_get(b, "%s%lld.attn.indexer.k_norm.weight", p, (long long)i);
         }
     }
     L->ffn_norm = model_get(b, "%s%lld.ffn_norm.weight", p, (long long)i);
-    L->gate = model_get(b, "%s%lld.ffn.gate.weight", p, (long long)i);
+    L->gate = model_mat(b, "%s%lld.ffn.gate.weight", p, (long long)i);
     L->gate_bias = model_get(b, "%s%lld.ffn.gate.bias", p, (long long)i);
     L->w1 = calloc(E, sizeof(*L->w1));
     L->w2 = calloc(E, sizeof(*L->w2));
@@ -367,18 +469,18 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     if (L->w1 == NULL || L->w2 == NULL || L->w3 == NULL)
         return TD_ERR_NOMEM;
     for (size_t e = 0; e < E; e++) {
-        L->w1[e] = model_get(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
-        L->w2[e] = model_get(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
-        L->w3[e] = model_get(b, "%s%lld.ffn.experts.%zu.w3.weight", p, (long long)i, e);
+        L->w1[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
+        L->w2[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
+        L->w3[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w3.weight", p, (long long)i, e);
     }
-    L->sw1 = model_get(b, "%s%lld.ffn.shared_experts.w1.weight", p, (long long)i);
-    L->sw2 = model_get(b, "%s%lld.ffn.shared_experts.w2.weight", p, (long long)i);
-    L->sw3 = model_get(b, "%s%lld.ffn.shared_experts.w3.weight", p, (long long)i);
+    L->sw1 = model_mat(b, "%s%lld.ffn.shared_experts.w1.weight", p, (long long)i);
+    L->sw2 = model_mat(b, "%s%lld.ffn.shared_experts.w2.weight", p, (long long)i);
+    L->sw3 = model_mat(b, "%s%lld.ffn.shared_experts.w3.weight", p, (long long)i);
     if (cl->engram >= 0) {
         size_t hc = (size_t)c->hc_mult, H = (size_t)c->hidden_size;
         L->eg_table = model_get(b, "%s%lld.engram.embed.weight", p, (long long)i);
         L->eg_rows = (uint64_t)c->engram_num_embeddings.v[cl->engram];
-        L->eg_wkv = model_get(b, "%s%lld.engram.wkv.weight", p, (long long)i);
+        L->eg_wkv = model_mat(b, "%s%lld.engram.wkv.weight", p, (long long)i);
         const float *q = model_get(b, "%s%lld.engram.q_weight", p, (long long)i);
         const float *k = model_get(b, "%s%lld.engram.k_weight", p, (long long)i);
         L->eg_qk = malloc(hc * H * sizeof(float));
@@ -388,10 +490,10 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
             for (size_t j = 0; j < hc * H; j++)
                 L->eg_qk[j] = q[j] * k[j];
     }
-    L->hc_attn_fn = model_get(b, "%s%lld.hc_attn_fn", p, (long long)i);
+    L->hc_attn_fn = model_mat(b, "%s%lld.hc_attn_fn", p, (long long)i);
     L->hc_attn_base = model_get(b, "%s%lld.hc_attn_base", p, (long long)i);
     L->hc_attn_scale = model_get(b, "%s%lld.hc_attn_scale", p, (long long)i);
-    L->hc_ffn_fn = model_get(b, "%s%lld.hc_ffn_fn", p, (long long)i);
+    L->hc_ffn_fn = model_mat(b, "%s%lld.hc_ffn_fn", p, (long long)i);
     L->hc_ffn_base = model_get(b, "%s%lld.hc_ffn_base", p, (long long)i);
     L->hc_ffn_scale = model_get(b, "%s%lld.hc_ffn_scale", p, (long long)i);
     return b->st;
@@ -507,17 +609,29 @@ td_model_load(const char *dir, td_model_t **out)
     }
     b.schema = schema;
     b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
+    b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
-    if (b.ptr == NULL || m->layers == NULL) {
+    if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
         st = TD_ERR_NOMEM;
         goto out;
     }
-    st = model_dequant_all(m, w, b.ptr);
+    st = model_dequant_all(m, w, b.ptr, b.mat);
     if (st != TD_OK)
         goto out;
     m->embed = model_get(&b, "embed.weight");
     m->norm = model_get(&b, "norm.weight");
-    m->head = c->tie_word_embeddings ? m->embed : model_get(&b, "head.weight");
+    if (!c->tie_word_embeddings) {
+        m->head = model_mat(&b, "head.weight");
+    } else if (m->embed != NULL) {
+        st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                                &m->head);
+        if (st == TD_OK)
+            st = model_keep_mat(m, m->head);
+        if (st != TD_OK) {
+            td_error("model %s: the head from the embedding: %s", dir, td_kernels_error());
+            goto out;
+        }
+    }
     for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
         st = model_bind_layer(m, &b, i);
     if (st == TD_OK)
@@ -548,12 +662,14 @@ td_model_load(const char *dir, td_model_t **out)
     if (st != TD_OK)
         goto out;
     m->plan = plan;
-    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights", dir,
-            (long long)c->num_hidden_layers, (long long)c->hidden_size,
-            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20);
+    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
+            "%zu MiB of linears", dir, (long long)c->num_hidden_layers,
+            (long long)c->hidden_size, (long long)c->vocab_size,
+            m->arena_floats * sizeof(float) >> 20, m->mat_bytes >> 20);
 
 out:
     free(b.ptr);
+    free(b.mat);
     td_weights_destroy(w);
     td_st_close(st_file);
     td_weights_schema_destroy(schema);
@@ -584,6 +700,9 @@ td_model_destroy(td_model_t *m)
     free(m->engram.mult);
     free(m->engram.primes);
     free(m->engram.offsets);
+    for (size_t i = 0; i < m->nmats; i++)
+        m->ops->mat_destroy(m->mats[i]);
+    free(m->mats);
     free(m->arena);
     td_cache_plan_destroy((td_cache_plan_t *)m->plan);
     td_tokenizer_destroy(m->tok);

@@ -13,47 +13,50 @@
 #include "status.h"
 #include "tokenizer.h"
 
-/* One backbone layer's weights; pointers into the model's arena (NULL where
- * the layer has no such tensor). H = hidden_size, hc = hc_mult, E =
+/* One backbone layer's weights: the linears as prepared matrices
+ * (td_kernels_mat_t, owned by the model, NULL where the layer has none),
+ * everything else as pointers into the model's f32 arena (NULL where the
+ * layer has no such tensor). H = hidden_size, hc = hc_mult, E =
  * n_routed_experts, I = moe_intermediate_size. */
 typedef struct {
     /* attention */
     const float *attn_norm;     /* [H] */
-    const float *wq_a;          /* [q_lora_rank, H] */
+    td_kernels_mat_t *wq_a;     /* [q_lora_rank, H] */
     const float *q_norm;        /* [q_lora_rank] */
-    const float *wq_b;          /* [heads * head_dim, q_lora_rank] */
-    const float *wkv;           /* [head_dim, H] */
+    td_kernels_mat_t *wq_b;     /* [heads * head_dim, q_lora_rank] */
+    td_kernels_mat_t *wkv;      /* [head_dim, H] */
     const float *kv_norm;       /* [head_dim] */
-    const float *wo_a;          /* [o_groups, o_lora_rank, heads * head_dim / o_groups] */
-    const float *wo_b;          /* [H, o_groups * o_lora_rank] */
+    td_kernels_mat_t *wo_a;     /* o_groups x [o_lora_rank, heads * head_dim / o_groups] */
+    td_kernels_mat_t *wo_b;     /* [H, o_groups * o_lora_rank] */
     const float *attn_sink;     /* [heads] */
     /* compressor (kv sources) */
-    const float *cmp_wkv;       /* [head_dim, H] */
-    const float *cmp_wgate;     /* [head_dim, H], ratio > 1 only */
+    td_kernels_mat_t *cmp_wkv;  /* [head_dim, H] */
+    td_kernels_mat_t *cmp_wgate;/* [head_dim, H], ratio > 1 only */
     const float *cmp_norm;      /* [head_dim] */
     /* indexer (index sources) */
-    const float *idx_wq_b;      /* [index_n_heads * index_head_dim, q_lora_rank] */
-    const float *idx_wproj;     /* [index_n_heads, H] */
-    const float *idx_wk;        /* [index_head_dim, head_dim], index source that is a kv source */
+    td_kernels_mat_t *idx_wq_b; /* [index_n_heads * index_head_dim, q_lora_rank] */
+    td_kernels_mat_t *idx_wproj;/* [index_n_heads, H] */
+    td_kernels_mat_t *idx_wk;   /* [index_head_dim, head_dim], index source that is a kv source */
     const float *idx_k_norm;    /* [index_head_dim] */
     /* MoE */
     const float *ffn_norm;      /* [H] */
-    const float *gate;          /* [E, H] */
+    td_kernels_mat_t *gate;     /* [E, H] */
     const float *gate_bias;     /* [E] */
-    const float **w1, **w3;     /* [E] -> [I, H] */
-    const float **w2;           /* [E] -> [H, I] */
-    const float *sw1, *sw3;     /* [I, H] the shared expert */
-    const float *sw2;           /* [H, I] */
+    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H] */
+    td_kernels_mat_t **w2;      /* [E] -> [H, I] */
+    td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
+    td_kernels_mat_t *sw2;      /* [H, I] */
     /* engram (engram layers) */
     const float *eg_table;      /* [eg_rows, engram_head_dim] */
     uint64_t eg_rows;
-    const float *eg_wkv;        /* [H * (hc + 1), (max_ngram - 1) * engram_n_heads * engram_head_dim] */
+    td_kernels_mat_t *eg_wkv;   /* [H * (hc + 1), (max_ngram - 1) * engram_n_heads * engram_head_dim] */
     float *eg_qk;               /* [hc, H] q_weight * k_weight (computed at load) */
     /* hyper-connections */
-    const float *hc_attn_fn;    /* [(2 + hc) * hc, hc * H] */
+    td_kernels_mat_t *hc_attn_fn;   /* [(2 + hc) * hc, hc * H] */
     const float *hc_attn_base;  /* [(2 + hc) * hc] */
     const float *hc_attn_scale; /* [3] */
-    const float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+    td_kernels_mat_t *hc_ffn_fn;
+    const float *hc_ffn_base, *hc_ffn_scale;
 } td_model_layer_t;
 
 /* The engram hash state of the reference's DeepseekV41NgramHashState. */
@@ -77,7 +80,7 @@ typedef struct {
 
     const float *embed;         /* [vocab_size, H] */
     const float *norm;          /* [H] */
-    const float *head;          /* [vocab_size, H] (embed when tied) */
+    td_kernels_mat_t *head;     /* [vocab_size, H] (made from embed when tied) */
     td_model_layer_t *layers;   /* [num_hidden_layers] */
 
     /* rope: inverse frequencies of qk_rope_head_dim / 2 pairs and the cos/sin
@@ -88,16 +91,20 @@ typedef struct {
 
     td_model_engram_t engram;   /* zero when the config has no engram layers */
 
-    float *arena;               /* every f32 weight */
+    float *arena;               /* every f32 weight but the linears' */
     size_t arena_floats;
+    td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
+    size_t nmats;
+    size_t mat_bytes;           /* their bytes */
 } td_model_t;
 
 /* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
  * the config must pass td_modelcfg_check, the checkpoint td_weights_bind;
- * every tensor is dequantized into f32. The tokenizer is required when the
- * config has engram layers (its compressed token map must have
- * engram_compressed_vocab_size classes, as the reference requires). Errors are
- * logged with the object they concern. */
+ * every tensor is dequantized into f32, the linears then prepared by the
+ * ops' mat_create (kept as bf16 where every value is one: exact). The
+ * tokenizer is required when the config has engram layers (its compressed
+ * token map must have engram_compressed_vocab_size classes, as the reference
+ * requires). Errors are logged with the object they concern. */
 td_status_t td_model_load(const char *dir, td_model_t **out);
 void td_model_destroy(td_model_t *m);
 

@@ -108,11 +108,31 @@ typedef enum {
     TD_KERNELS_SCORE_SIGMOID = 1,
 } td_kernels_score_t;
 
+/* A linear's weights in the layout the backend's linear_mat reads (cpu:
+ * bf16 when every value is one, which is exact; 16-column k-major panels or
+ * rows, by shape). Made by mat_create, owned by its caller. */
+typedef struct td_kernels_mat td_kernels_mat_t;
+
 typedef struct td_kernels_ops {
     const char *name;  /* "cpu" */
 
+    /* Prepare w [groups, n, k] (f32, row-major) for linear_mat: groups
+     * independent [n, k] blocks (1: a plain linear; more: a block-diagonal
+     * one, as linear_grouped). w is copied; *out on TD_OK. */
+    td_status_t (*mat_create)(const float *w, size_t groups, size_t n, size_t k,
+                              td_kernels_mat_t **out);
+    void (*mat_destroy)(td_kernels_mat_t *w);
+    /* Bytes the prepared weights take. */
+    size_t (*mat_bytes)(const td_kernels_mat_t *w);
+    /* y [m, groups, n] = x [m, groups, k] . w^T group by group; the same
+     * values as linear / linear_grouped on the weights w was made from. y
+     * must not alias x. Every output element is summed in an order fixed by
+     * (n, k) alone: a row's result does not depend on the other rows. */
+    td_status_t (*linear_mat)(const float *x, const td_kernels_mat_t *w, float *y, size_t m);
+
     /* y[m, n] = x[m, k] . w[n, k]^T (a bias-free nn.Linear); with acc,
-     * y += that. y must not alias x or w. */
+     * y += that. y must not alias x or w. (Prepares w on every call: the
+     * forward pass uses linear_mat.) */
     td_status_t (*linear)(const float *x, const float *w, float *y,
                           size_t m, size_t n, size_t k, int acc);
     /* Block-diagonal linear: x [m, g, k], w [g, n, k] -> y [m, g, n]
@@ -211,8 +231,26 @@ typedef struct td_kernels_ops {
     td_status_t (*add)(float *y, const float *x, size_t n);
 } td_kernels_ops_t;
 
-/* The cpu compute ops (OpenBLAS sgemm for the linears); never NULL. */
+/* The cpu compute ops; never NULL. */
 const td_kernels_ops_t *td_kernels_cpu_ops(void);
+
+/* Threads the cpu compute ops use, the calling thread included: n in 1 ..
+ * 256 (TD_ERR_RANGE otherwise). Before any call, $TD_CPU_THREADS or else the
+ * online CPUs. Results do not depend on it: every output element is computed
+ * by one thread, in an order fixed by the shapes alone. Workers start on the
+ * first op that splits its work, and spin briefly between ops before they
+ * sleep. One op at a time uses the workers; an op that finds them busy (a
+ * pass on another thread) runs in its own thread. */
+td_status_t td_kernels_cpu_set_threads(unsigned n);
+unsigned td_kernels_cpu_threads(void);
+
+/* Run fn(arg, i) for every i in [0, n) on those threads (the caller's
+ * included) and return when all are done: host work of any backend, e.g.
+ * the requests of one pass. Tasks run in any order on any thread, so each
+ * must write only what no other task touches. Inside a task, or while
+ * another thread runs such a loop, the tasks run one by one in the caller. */
+typedef void (*td_kernels_task_fn)(void *arg, size_t i);
+void td_kernels_cpu_parallel(size_t n, td_kernels_task_fn fn, void *arg);
 
 /* Why the last failed call on this thread failed, e.g.
  * "kv_pack: table[3] = 17 >= nblocks 16"; "" when none has failed. */

@@ -4,6 +4,7 @@
 #include "cpu_ops.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #define FP8_MAX 448.0f
@@ -64,6 +65,30 @@ e4m3_decode(uint8_t c)
     else
         v = ldexpf((float)(8 + m), e - 10);
     return (c & 0x80) ? -v : v;
+}
+
+/* e4m3_decode of every code, and 2^k as a float: the dequantizers multiply
+ * by these (x * 2^k is exact, as ldexpf, for the normal range of 2^k). */
+static float fq_e4m3[256];
+static pthread_once_t fq_once = PTHREAD_ONCE_INIT;
+
+static void
+fq_init(void)
+{
+    for (int c = 0; c < 256; c++)
+        fq_e4m3[c] = e4m3_decode((uint8_t)c);
+}
+
+/* ldexpf(v, k): a product with 2^k where 2^k is a normal float. */
+static inline float
+fq_ldexp(float v, int k)
+{
+    if (k < -126 || k > 127)
+        return ldexpf(v, k);
+    uint32_t bits = (uint32_t)(k + 127) << 23;
+    float p;
+    memcpy(&p, &bits, sizeof(p));
+    return v * p;
 }
 
 /* e2m1 code of a value already clamped to [-6, 6]: ties at 0.25, 1.25, 2.5
@@ -139,10 +164,17 @@ td_kernels_cpu_dequant_fp8(const uint8_t *codes, const uint8_t *scales, size_t n
     td_status_t st = check_blocks("dequant_fp8", codes, scales, y, n, d, b, 0);
     if (st != TD_OK)
         return st;
+    pthread_once(&fq_once, fq_init);
     for (size_t blk = 0; blk < n * (d / b); blk++) {
         int k = (int)scales[blk] - 127;
+        if (k < -126 || k > 127) {
+            for (size_t i = 0; i < b; i++)
+                y[blk * b + i] = ldexpf(fq_e4m3[codes[blk * b + i]], k);
+            continue;
+        }
+        float p = fq_ldexp(1.0f, k);
         for (size_t i = 0; i < b; i++)
-            y[blk * b + i] = ldexpf(e4m3_decode(codes[blk * b + i]), k);
+            y[blk * b + i] = fq_e4m3[codes[blk * b + i]] * p;
     }
     return TD_OK;
 }
@@ -187,8 +219,9 @@ td_kernels_cpu_dequant_fp4(const uint8_t *packed, const uint8_t *scales, size_t 
     td_status_t st = check_blocks("dequant_fp4", packed, scales, y, n, d, b, 1);
     if (st != TD_OK)
         return st;
+    pthread_once(&fq_once, fq_init);
     for (size_t blk = 0; blk < n * (d / b); blk++) {
-        float scale = e4m3_scales ? e4m3_decode(scales[blk])
+        float scale = e4m3_scales ? fq_e4m3[scales[blk]]
                                   : ldexpf(1.0f, (int)scales[blk] - 127);
         const uint8_t *pb = packed + blk * b / 2;
         for (size_t i = 0; i < b; i += 2) {

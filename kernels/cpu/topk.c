@@ -1,6 +1,7 @@
 /* kernels/cpu/topk.c — the k largest of a row, equal values lowest index
  * first (NaN largest): a choice independent of the row's width, so one-shot
- * prefill, chunks and decode steps pick alike (docs/forward.md). */
+ * prefill, chunks and decode steps pick alike (docs/forward.md). A heap of
+ * the k best so far, then those k in order: the first k of the full sort. */
 #include "cpu_ops.h"
 
 #include <math.h>
@@ -11,18 +12,37 @@ typedef struct {
     int64_t i;
 } topk_elem_t;
 
-/* Descending by value (NaN first), then ascending by index. */
+/* Whether a comes before b: larger first (NaN largest), then lower index. */
 static int
-topk_cmp(const void *pa, const void *pb)
+topk_before(const topk_elem_t *a, const topk_elem_t *b)
 {
-    const topk_elem_t *a = pa, *b = pb;
     int na = isnan(a->v), nb = isnan(b->v);
 
     if (na != nb)
-        return na ? -1 : 1;
+        return na;
     if (!na && a->v != b->v)
-        return a->v > b->v ? -1 : 1;
-    return a->i < b->i ? -1 : a->i > b->i;
+        return a->v > b->v;
+    return a->i < b->i;
+}
+
+/* Restore the heap below slot p: every parent comes after its children (the
+ * root is the last of the k). */
+static void
+topk_sift(topk_elem_t *h, size_t n, size_t p)
+{
+    for (;;) {
+        size_t w = p, l = 2 * p + 1, r = l + 1;
+        if (l < n && topk_before(&h[w], &h[l]))
+            w = l;
+        if (r < n && topk_before(&h[w], &h[r]))
+            w = r;
+        if (w == p)
+            return;
+        topk_elem_t t = h[p];
+        h[p] = h[w];
+        h[w] = t;
+        p = w;
+    }
 }
 
 td_status_t
@@ -32,18 +52,30 @@ td_kernels_cpu_topk(const float *x, size_t n, size_t m, size_t k, int64_t *idx)
         return td_kernels_fail(TD_ERR_INVALID, "topk: NULL argument");
     if (n == 0 || k == 0 || k > m)
         return td_kernels_fail(TD_ERR_INVALID, "topk: k %zu of %zu, %zu rows", k, m, n);
-    topk_elem_t *q = malloc(m * sizeof(*q));
-    if (q == NULL)
-        return td_kernels_fail(TD_ERR_NOMEM, "topk: %zu elements", m);
+    topk_elem_t *h = malloc(k * sizeof(*h));
+    if (h == NULL)
+        return td_kernels_fail(TD_ERR_NOMEM, "topk: %zu elements", k);
     for (size_t r = 0; r < n; r++) {
-        for (size_t j = 0; j < m; j++) {
-            q[j].v = x[r * m + j];
-            q[j].i = (int64_t)j;
+        const float *row = x + r * m;
+        for (size_t j = 0; j < k; j++) {
+            h[j].v = row[j];
+            h[j].i = (int64_t)j;
         }
-        qsort(q, m, sizeof(*q), topk_cmp);
-        for (size_t j = 0; j < k; j++)
-            idx[r * k + j] = q[j].i;
+        for (size_t p = k / 2; p-- > 0;)
+            topk_sift(h, k, p);
+        for (size_t j = k; j < m; j++) {
+            topk_elem_t e = { row[j], (int64_t)j };
+            if (topk_before(&e, &h[0])) {
+                h[0] = e;
+                topk_sift(h, k, 0);
+            }
+        }
+        for (size_t left = k; left > 0; left--) {   /* the last of those left goes last */
+            idx[r * k + left - 1] = h[0].i;
+            h[0] = h[left - 1];
+            topk_sift(h, left - 1, 0);
+        }
     }
-    free(q);
+    free(h);
     return TD_OK;
 }

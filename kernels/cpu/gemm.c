@@ -1,0 +1,460 @@
+/* kernels/cpu/gemm.c — the linears: weights prepared once (td_kernels_mat_t:
+ * bf16 when that is exact, columns in 16-wide k-major panels) and y = x . w^T
+ * summed in one order per output element fixed by the weights' shape alone,
+ * so no row count, tile, thread count or code path changes a bit. */
+#include "cpu_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the order ------------------------------------------------------------------
+ * It is the order of the OpenBLAS 0.3.21 sgemm calls (on 32 rows, AVX-512
+ * kernels) the linears were computed with before, so results are those of
+ * that code bit for bit (docs/forward.md). For weights [n, k]:
+ *
+ * "lanes" when k >= 32, n <= 37 and 32 n k <= 1e6: sixteen sums, sum l
+ *   taking fma(x[i], w[i], s) for i = l, l + 16, ... from s = +0; then
+ *   q_b = (s_4b + s_4b+1) + (s_4b+2 + s_4b+3), y = (q_0 + q_1) + (q_2 + q_3).
+ *   The weights stay rows [n, k].
+ * "blocks" otherwise: k in blocks (320 while 640 or more remain, then the
+ *   rest, halved and rounded up to 16 when above 320); each block one fma
+ *   chain a from +0 in order of i; y = a + y over the blocks from y = +0.
+ *   The weights are panels [n / 16][k][16] (columns past n zero).
+ *
+ * Both code paths (portable scalar, AVX-512) compute exactly this. */
+
+#define GEMM_Q 320
+#define GEMM_PANEL 16
+
+struct td_kernels_mat {
+    size_t groups, n, k;
+    int bf16;               /* values stored as bf16 (exact) */
+    int lanes;              /* the lanes order: rows [n, k]; else panels */
+    size_t panels;          /* per group: ceil(n / 16) */
+    size_t group_elems;     /* stored values per group */
+    void *data;             /* [groups][...] f32 or bf16 */
+    size_t bytes;
+};
+
+static int
+gemm_is_lanes(size_t n, size_t k)
+{
+    return k >= 32 && n <= 37 && 32.0 * (double)n * (double)k <= 1e6;
+}
+
+/* The length of the block that starts with `left` values of k to go. */
+static size_t
+gemm_block(size_t left)
+{
+    if (left >= 2 * GEMM_Q)
+        return GEMM_Q;
+    if (left > GEMM_Q)
+        return (left / 2 + 15) / 16 * 16;
+    return left;
+}
+
+static inline float
+gemm_from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* ---- preparing weights ------------------------------------------------------------ */
+
+td_status_t
+td_kernels_cpu_mat_create(const float *w, size_t groups, size_t n, size_t k,
+                          td_kernels_mat_t **out)
+{
+    if (w == NULL || out == NULL)
+        return td_kernels_fail(TD_ERR_INVALID, "mat_create: NULL argument");
+    if (groups == 0 || n == 0 || k == 0 || n > SIZE_MAX / k / groups / 2)
+        return td_kernels_fail(TD_ERR_INVALID, "mat_create: %zu groups of %zu x %zu",
+                               groups, n, k);
+    td_kernels_mat_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return td_kernels_fail(TD_ERR_NOMEM, "mat_create: %zu x %zu", n, k);
+    m->groups = groups;
+    m->n = n;
+    m->k = k;
+    m->lanes = gemm_is_lanes(n, k);
+    m->panels = (n + GEMM_PANEL - 1) / GEMM_PANEL;
+    m->group_elems = m->lanes ? n * k : m->panels * GEMM_PANEL * k;
+    m->bf16 = 1;
+    for (size_t i = 0; i < groups * n * k && m->bf16; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof(u));
+        m->bf16 = (u & 0xFFFF) == 0;
+    }
+    size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
+    m->bytes = (groups * m->group_elems * esz + 63) / 64 * 64;
+    m->data = aligned_alloc(64, m->bytes);
+    if (m->data == NULL) {
+        free(m);
+        return td_kernels_fail(TD_ERR_NOMEM, "mat_create: %zu bytes", groups * n * k * esz);
+    }
+    memset(m->data, 0, m->bytes);
+    for (size_t g = 0; g < groups; g++)
+        for (size_t c = 0; c < n; c++)
+            for (size_t i = 0; i < k; i++) {
+                float v = w[(g * n + c) * k + i];
+                size_t at = g * m->group_elems +
+                            (m->lanes ? c * k + i
+                                      : ((c / GEMM_PANEL) * k + i) * GEMM_PANEL + c % GEMM_PANEL);
+                if (m->bf16) {
+                    uint32_t u;
+                    memcpy(&u, &v, sizeof(u));
+                    ((uint16_t *)m->data)[at] = (uint16_t)(u >> 16);
+                } else {
+                    ((float *)m->data)[at] = v;
+                }
+            }
+    *out = m;
+    return TD_OK;
+}
+
+void
+td_kernels_cpu_mat_destroy(td_kernels_mat_t *m)
+{
+    if (m == NULL)
+        return;
+    free(m->data);
+    free(m);
+}
+
+size_t
+td_kernels_cpu_mat_bytes(const td_kernels_mat_t *m)
+{
+    return m ? m->bytes : 0;
+}
+
+/* ---- one call ------------------------------------------------------------------- */
+
+typedef struct {
+    const td_kernels_mat_t *w;
+    const float *x;         /* [m, groups, k] */
+    float *y;               /* [m, groups, n] */
+    size_t m;
+    size_t mc, cc;          /* rows, columns (whole panels) per task */
+    size_t nrt, nct;        /* tasks along rows, along columns (per group) */
+} gemm_job_t;
+
+/* The weights of group g: element (c, i) at gemm_at(). */
+static inline size_t
+gemm_at(const td_kernels_mat_t *w, size_t g, size_t c, size_t i)
+{
+    return g * w->group_elems +
+           (w->lanes ? c * w->k + i
+                     : ((c / GEMM_PANEL) * w->k + i) * GEMM_PANEL + c % GEMM_PANEL);
+}
+
+static inline float
+gemm_w(const td_kernels_mat_t *w, size_t at)
+{
+    return w->bf16 ? gemm_from_bf16(((const uint16_t *)w->data)[at])
+                   : ((const float *)w->data)[at];
+}
+
+/* ---- portable ------------------------------------------------------------------ */
+
+static void
+gemm_portable(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t c0, size_t c1)
+{
+    const td_kernels_mat_t *w = j->w;
+    size_t k = w->k, ldx = w->groups * k, ldy = w->groups * w->n;
+
+    for (size_t r = r0; r < r1; r++)
+        for (size_t c = c0; c < c1; c++) {
+            const float *x = j->x + r * ldx + g * k;
+            float y = 0.0f;
+            if (w->lanes) {
+                float s[16] = { 0 };
+                for (size_t i = 0; i < k; i++)
+                    s[i % 16] = fmaf(x[i], gemm_w(w, gemm_at(w, g, c, i)), s[i % 16]);
+                float q[4];
+                for (size_t b = 0; b < 4; b++)
+                    q[b] = (s[4 * b] + s[4 * b + 1]) + (s[4 * b + 2] + s[4 * b + 3]);
+                y = (q[0] + q[1]) + (q[2] + q[3]);
+            } else {
+                for (size_t i0 = 0, kb; i0 < k; i0 += kb) {
+                    kb = gemm_block(k - i0);
+                    float a = 0.0f;
+                    for (size_t i = i0; i < i0 + kb; i++)
+                        a = fmaf(x[i], gemm_w(w, gemm_at(w, g, c, i)), a);
+                    y = a + y;
+                }
+            }
+            j->y[r * ldy + g * w->n + c] = y;
+        }
+}
+
+/* ---- AVX-512 ---------------------------------------------------------------------- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define GEMM_AVX512 1
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+
+#define GEMM_INLINE static inline __attribute__((always_inline))
+
+GEMM_INLINE __m512
+gemm_ld_f32(const float *p)
+{
+    return _mm512_loadu_ps(p);
+}
+
+GEMM_INLINE __m512
+gemm_ld_bf16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+GEMM_INLINE __mmask16
+gemm_mask(size_t left)
+{
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+GEMM_INLINE __m512
+gemm_ldm_f32(const float *p, __mmask16 mk)
+{
+    return _mm512_maskz_loadu_ps(mk, p);
+}
+
+GEMM_INLINE __m512
+gemm_ldm_bf16(const uint16_t *p, __mmask16 mk)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(mk, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The lanes order's final sum of one vector of sixteen sums. */
+GEMM_INLINE float
+gemm_sum_pairs(__m512 v)
+{
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));   /* (l, l^1) */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));   /* + (l^2, l^3) */
+    __m128 q0 = _mm512_castps512_ps128(v), q1 = _mm512_extractf32x4_ps(v, 1);
+    __m128 q2 = _mm512_extractf32x4_ps(v, 2), q3 = _mm512_extractf32x4_ps(v, 3);
+    return _mm_cvtss_f32(_mm_add_ss(_mm_add_ss(q0, q1), _mm_add_ss(q2, q3)));
+}
+
+/* -- lanes: k in the vector; MR rows x NR columns -- */
+
+#define GEMM_LANES_TILE(WT, SUF, MR, NR)                                              \
+    static void gemm_lanes_##SUF##_##MR##x##NR(const gemm_job_t *j, size_t g,          \
+                                               size_t r, size_t c)                     \
+    {                                                                                 \
+        const td_kernels_mat_t *w = j->w;                                             \
+        const size_t k = w->k, ldx = w->groups * k, ldy = w->groups * w->n;           \
+        const float *x = j->x + r * ldx + g * k;                                      \
+        const WT *wp = (const WT *)w->data + gemm_at(w, g, c, 0);                     \
+        __m512 s[MR][NR];                                                             \
+        _Pragma("GCC unroll 8") for (int a = 0; a < MR; a++)                          \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NR; b++)                      \
+                s[a][b] = _mm512_setzero_ps();                                        \
+        for (size_t i = 0; i < k; i += 16) {                                          \
+            __mmask16 mk = gemm_mask(k - i);                                          \
+            __m512 xv[MR];                                                            \
+            _Pragma("GCC unroll 8") for (int a = 0; a < MR; a++)                      \
+                xv[a] = _mm512_maskz_loadu_ps(mk, x + a * ldx + i);                   \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NR; b++) {                    \
+                __m512 wv = gemm_ldm_##SUF(wp + b * k + i, mk);                       \
+                _Pragma("GCC unroll 8") for (int a = 0; a < MR; a++)                  \
+                    s[a][b] = _mm512_fmadd_ps(xv[a], wv, s[a][b]);                    \
+            }                                                                         \
+        }                                                                             \
+        _Pragma("GCC unroll 8") for (int a = 0; a < MR; a++)                          \
+            _Pragma("GCC unroll 8") for (int b = 0; b < NR; b++)                      \
+                j->y[(r + a) * ldy + g * w->n + c + b] = gemm_sum_pairs(s[a][b]);     \
+    }
+
+#define GEMM_LANES_TILES(WT, SUF)                                                     \
+    GEMM_LANES_TILE(WT, SUF, 4, 4)                                                    \
+    GEMM_LANES_TILE(WT, SUF, 1, 4)                                                    \
+    GEMM_LANES_TILE(WT, SUF, 4, 1)                                                    \
+    GEMM_LANES_TILE(WT, SUF, 1, 1)
+
+GEMM_LANES_TILES(float, f32)
+GEMM_LANES_TILES(uint16_t, bf16)
+
+#define GEMM_LANES_CALL(MR, NR, ...)                                                  \
+    (j->w->bf16 ? gemm_lanes_bf16_##MR##x##NR(__VA_ARGS__)                           \
+                : gemm_lanes_f32_##MR##x##NR(__VA_ARGS__))
+
+static void
+gemm_lanes(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t c0, size_t c1)
+{
+    size_t r = r0;
+    for (; r + 4 <= r1; r += 4) {
+        size_t c = c0;
+        for (; c + 4 <= c1; c += 4)
+            GEMM_LANES_CALL(4, 4, j, g, r, c);
+        for (; c < c1; c++)
+            GEMM_LANES_CALL(4, 1, j, g, r, c);
+    }
+    for (; r < r1; r++) {
+        size_t c = c0;
+        for (; c + 4 <= c1; c += 4)
+            GEMM_LANES_CALL(1, 4, j, g, r, c);
+        for (; c < c1; c++)
+            GEMM_LANES_CALL(1, 1, j, g, r, c);
+    }
+}
+
+/* -- blocks: columns in the vector (a panel), MR rows x CT panels -- */
+
+/* Over k in [i0, i0 + kb) for rows r .. r + MR - 1 and the CT panels from
+ * panel p; first: the first block (y = a + 0). */
+#define GEMM_PANEL_TILE(WT, SUF, MR, CT)                                              \
+    static void gemm_panel_##SUF##_##MR##x##CT(const gemm_job_t *j, size_t g,          \
+                                               size_t r, size_t p, size_t i0,          \
+                                               size_t kb, int first)                   \
+    {                                                                                 \
+        const td_kernels_mat_t *w = j->w;                                             \
+        const size_t k = w->k, ldx = w->groups * k, ldy = w->groups * w->n;           \
+        const float *x = j->x + r * ldx + g * k;                                      \
+        const WT *wp = (const WT *)w->data + g * w->group_elems + p * k * GEMM_PANEL; \
+        __m512 a[MR][CT];                                                             \
+        _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++)                         \
+            _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                      \
+                a[m][t] = _mm512_setzero_ps();                                        \
+        for (size_t i = i0; i < i0 + kb; i++) {                                       \
+            __m512 wv[CT];                                                            \
+            _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                      \
+                wv[t] = gemm_ld_##SUF(wp + (t * k + i) * GEMM_PANEL);                 \
+            _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {                   \
+                __m512 xb = _mm512_set1_ps(x[m * ldx + i]);                           \
+                _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                  \
+                    a[m][t] = _mm512_fmadd_ps(xb, wv[t], a[m][t]);                    \
+            }                                                                         \
+        }                                                                             \
+        _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++) {                        \
+            size_t c = (p + t) * GEMM_PANEL;                                          \
+            __mmask16 mk = gemm_mask(w->n - c);                                       \
+            _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {                   \
+                float *yp = j->y + (r + m) * ldy + g * w->n + c;                      \
+                __m512 old = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, yp); \
+                _mm512_mask_storeu_ps(yp, mk, _mm512_add_ps(a[m][t], old));           \
+            }                                                                         \
+        }                                                                             \
+    }
+
+#define GEMM_PANEL_TILES(WT, SUF)                                                     \
+    GEMM_PANEL_TILE(WT, SUF, 12, 2)                                                   \
+    GEMM_PANEL_TILE(WT, SUF, 8, 2)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 4, 2)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 2, 2)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 1, 2)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 4, 4)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 2, 4)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 1, 4)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 12, 1)                                                   \
+    GEMM_PANEL_TILE(WT, SUF, 8, 1)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 4, 1)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 2, 1)                                                    \
+    GEMM_PANEL_TILE(WT, SUF, 1, 1)
+
+GEMM_PANEL_TILES(float, f32)
+GEMM_PANEL_TILES(uint16_t, bf16)
+
+typedef void (*gemm_panel_fn)(const gemm_job_t *j, size_t g, size_t r, size_t p, size_t i0,
+                              size_t kb, int first);
+
+#define GEMM_PANEL_ROW(SUF, CT)                                                       \
+    { gemm_panel_##SUF##_1x##CT, gemm_panel_##SUF##_2x##CT, gemm_panel_##SUF##_4x##CT,   \
+      gemm_panel_##SUF##_8x##CT, gemm_panel_##SUF##_12x##CT }
+
+/* [bf16][panels 1, 2, 4][rows 1, 2, 4, 8, 12]; 4 panels only with up to 4 rows */
+static const size_t gemm_tile_rows[5] = { 1, 2, 4, 8, 12 };
+static const gemm_panel_fn gemm_panel_fns[2][3][5] = {
+    { GEMM_PANEL_ROW(f32, 1), GEMM_PANEL_ROW(f32, 2),
+      { gemm_panel_f32_1x4, gemm_panel_f32_2x4, gemm_panel_f32_4x4, NULL, NULL } },
+    { GEMM_PANEL_ROW(bf16, 1), GEMM_PANEL_ROW(bf16, 2),
+      { gemm_panel_bf16_1x4, gemm_panel_bf16_2x4, gemm_panel_bf16_4x4, NULL, NULL } },
+};
+
+/* Panels [p0, p1) for rows [r0, r1): block by block; per group of panels,
+ * the rows in the largest tiles that fit. */
+static void
+gemm_panels(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t p0, size_t p1)
+{
+    const int bf = j->w->bf16;
+    for (size_t i0 = 0, kb; i0 < j->w->k; i0 += kb) {
+        kb = gemm_block(j->w->k - i0);
+        int first = i0 == 0;
+        for (size_t p = p0; p < p1;) {
+            size_t np = p1 - p;
+            /* few rows: 4 panels at a time (4 chains in flight), else 2 */
+            int ci = r1 - r0 <= 4 && np >= 4 ? 2 : np >= 2 ? 1 : 0;
+            size_t r = r0;
+            for (int ri = ci == 2 ? 2 : 4; ri >= 0; ri--)
+                for (; r + gemm_tile_rows[ri] <= r1; r += gemm_tile_rows[ri])
+                    gemm_panel_fns[bf][ci][ri](j, g, r, p, i0, kb, first);
+            p += (size_t)1 << ci;
+        }
+    }
+}
+
+#pragma GCC pop_options
+
+static int
+gemm_have_avx512(void)
+{
+    return (td_kernels_cpu_isa() & TD_KERNELS_CPU_AVX512) != 0;
+}
+#endif
+
+/* ---- tasks ---------------------------------------------------------------------- */
+
+static void
+gemm_task(void *arg, size_t t)
+{
+    const gemm_job_t *j = arg;
+    const td_kernels_mat_t *w = j->w;
+    size_t per_group = j->nrt * j->nct;
+    size_t g = t / per_group, rt = (t % per_group) / j->nct, ct = t % j->nct;
+    size_t r0 = rt * j->mc, r1 = r0 + j->mc < j->m ? r0 + j->mc : j->m;
+    size_t c0 = ct * j->cc, c1 = c0 + j->cc < w->n ? c0 + j->cc : w->n;
+
+#ifdef GEMM_AVX512
+    if (gemm_have_avx512()) {
+        if (w->lanes)
+            gemm_lanes(j, g, r0, r1, c0, c1);
+        else
+            gemm_panels(j, g, r0, r1, c0 / GEMM_PANEL, (c1 + GEMM_PANEL - 1) / GEMM_PANEL);
+        return;
+    }
+#endif
+    gemm_portable(j, g, r0, r1, c0, c1);
+}
+
+td_status_t
+td_kernels_cpu_linear_mat(const float *x, const td_kernels_mat_t *w, float *y, size_t m)
+{
+    if (x == NULL || w == NULL || y == NULL || m == 0)
+        return td_kernels_fail(TD_ERR_INVALID, "linear_mat: NULL argument or no rows");
+    gemm_job_t j = { w, x, y, m, 0, 0, 0, 0 };
+
+    /* rows per task: 96 (whole 12-row tiles); columns: whole panels, about
+     * 64 K weights a task (at least 4 panels) */
+    j.mc = m < 96 ? m : 96;
+    size_t cc = (64u << 10) / w->k / GEMM_PANEL * GEMM_PANEL;
+    cc = cc < 4 * GEMM_PANEL ? 4 * GEMM_PANEL : cc;
+    j.cc = cc < w->n ? cc : w->n;
+    j.nrt = (m + j.mc - 1) / j.mc;
+    j.nct = (w->n + j.cc - 1) / j.cc;
+    size_t tasks = w->groups * j.nrt * j.nct;
+    if ((double)m * (double)w->n * (double)w->k * (double)w->groups < 32768.0)
+        for (size_t t = 0; t < tasks; t++)
+            gemm_task(&j, t);
+    else
+        td_kernels_cpu_parallel(tasks, gemm_task, &j);
+    return TD_OK;
+}
