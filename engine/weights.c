@@ -351,10 +351,16 @@ td_weights_format_str(td_weights_format_t f)
 
 /* ---- Binding -------------------------------------------------------------------- */
 
+/* Without a report function, problems are logged: the first WT_LOG_MAX of
+ * them one by one, then only the summary (a config that does not match its
+ * checkpoint can make every tensor wrong). */
+#define WT_LOG_MAX 20
+
 typedef struct {
     td_weights_report_fn fn;
     void *arg;
     size_t count[TD_WEIGHTS_SUMMARY];
+    size_t logged;
 } wt_report_t;
 
 __attribute__((format(printf, 3, 4)))
@@ -371,8 +377,12 @@ wt_report(wt_report_t *r, td_weights_problem_t kind, const char *fmt, ...)
         r->count[kind]++;
     if (r->fn != NULL)
         r->fn(r->arg, kind, line);
-    else
+    else if (kind == TD_WEIGHTS_SUMMARY || r->logged < WT_LOG_MAX)
         td_error("%s", line);
+    else if (r->logged == WT_LOG_MAX)
+        td_error("weights: more problems follow; only the summary is shown");
+    if (kind < TD_WEIGHTS_SUMMARY)
+        r->logged++;
 }
 
 static const char *
@@ -511,7 +521,7 @@ td_status_t
 td_weights_bind(const td_weights_schema_t *s, const td_st_t *st, td_weights_report_fn report,
                 void *arg, td_weights_t **out)
 {
-    wt_report_t r = { report, arg, { 0 } };
+    wt_report_t r = { report, arg, { 0 }, 0 };
     const char **names = NULL;
     size_t nnames = 0, ntensors = td_st_count(st), problems;
     td_weights_t *w;
