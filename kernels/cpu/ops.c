@@ -529,8 +529,9 @@ attention_scores(const float *q, size_t hn, const float *kv, const size_t *u, si
                         sc[g * t + i + c] = blk[4 * g + c];
             }
 #endif
-        for (size_t g = 0; g < hn; g++)
-            dotf_many(q + g * d, kv + u[i] * d, d, d, e - i, sc + g * t + i);
+        if (i < e)   /* what the 4 x 4 blocks left of the run (u[e] may be unset) */
+            for (size_t g = 0; g < hn; g++)
+                dotf_many(q + g * d, kv + u[i] * d, d, d, e - i, sc + g * t + i);
         i = e;
     }
 }
