@@ -327,6 +327,20 @@ log_has(const char *log, const char *what)
     return strstr(buf, what) != NULL;
 }
 
+/* The ready line is written by the daemon's main thread, which may come
+ * after its ranks registered: poll for it. */
+static int
+wait_log(const char *log, const char *what, int ms)
+{
+    uint64_t until = td_testutil_now_ms() + (uint64_t)ms;
+    while (!log_has(log, what)) {
+        if (td_testutil_now_ms() >= until)
+            return 0;
+        usleep(10000);
+    }
+    return 1;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -392,8 +406,12 @@ main(int argc, char **argv)
 
     /* 1. both ranks register and get the decode peer */
     CHECK(wait_for(&g.registrations, NRANKS, 10000));
-    CHECK(log_has(log, "prefilld ready: "));
-    CHECK(notify_has(nfd, "READY=1"));
+    CHECK(wait_log(log, "prefilld ready: ", 10000));
+    int ready = 0;   /* sent right after the ready line: poll for it too */
+    for (uint64_t until = td_testutil_now_ms() + 5000;
+         !(ready |= notify_has(nfd, "READY=1")) && td_testutil_now_ms() < until;)
+        usleep(10000);
+    CHECK(ready);
     if (g.registrations == NRANKS) {
         /* 2. interleaved requests on both ranks, one canceled */
         prefill(0, 0, 300);
