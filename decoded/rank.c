@@ -353,29 +353,47 @@ rank_block(const td_rank_t *r, uint32_t seg, uint64_t block)
     return r->pool_base[seg] + block * td_kvpool_seg_block_bytes(r->kp, seg);
 }
 
-/* Adopt the prompt with the received fixed segments (the engine checks
- * them), then verify every received paged entry (synthetic engine: every
- * byte). A mismatch is a reason in err. */
+/* Adopt the prompt with the received fixed segments and the blocks holding
+ * the received paged entries (the engine checks or loads them), then verify
+ * every received paged entry (synthetic engine: every byte). A mismatch is
+ * a reason in err. */
 static td_status_t
 rank_verify_adopt(td_rank_t *r, td_request_t *req, char *err, size_t errlen)
 {
     const td_layout_t *l = r->layout;
     const void **fixed = calloc(l->nsegs, sizeof(*fixed));
-    if (fixed == NULL) {
+    const void **pblocks = NULL;
+    const void *const **paged = calloc(l->nsegs, sizeof(*paged));
+    uint64_t nblocks = 0, fixed_bytes = 0, at = UINT64_MAX; /* UINT64_MAX: no adopt yet */
+    td_status_t st = TD_ERR_NOMEM;
+    for (uint32_t s = 0; s < l->nsegs; s++)
+        if (l->segs[s].kind == TD_LAYOUT_PAGED)
+            nblocks += req->res->nblocks[s];
+    pblocks = calloc(nblocks ? nblocks : 1, sizeof(*pblocks));
+    if (fixed == NULL || paged == NULL || pblocks == NULL) {
         snprintf(err, errlen, "out of memory");
-        return TD_ERR_NOMEM;
+        goto cleanup;
     }
-    uint64_t fixed_bytes = 0;
+    at = 0;
     for (uint32_t s = 0; s < l->nsegs; s++) {
-        if (l->segs[s].kind != TD_LAYOUT_FIXED)
+        if (l->segs[s].kind != TD_LAYOUT_FIXED) {
+            paged[s] = &pblocks[at];
+            for (uint64_t b = 0; b < req->res->nblocks[s]; b++)
+                pblocks[at++] = rank_block(r, s, req->res->blocks[s][b]);
             continue;
+        }
         fixed[s] = rank_block(r, s, req->res->slot);
         fixed_bytes += td_layout_seg_bytes(&l->segs[s], 0);
     }
-    td_status_t st = td_engine_adopt(req->ereq, req->prompt, req->nprompt, fixed);
+    st = td_engine_adopt_kv(req->ereq, req->prompt, req->nprompt, fixed, paged);
+cleanup:
+    free(pblocks);
+    free(paged);
     free(fixed);
+    if (at == UINT64_MAX)
+        return st;
     if (st != TD_OK) {
-        snprintf(err, errlen, "received kv refused by the engine (fixed segments): %s",
+        snprintf(err, errlen, "received kv refused by the engine: %s",
                  td_status_str(st));
         return st;
     }
@@ -425,9 +443,16 @@ rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
         rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
         return;
     }
+    /* An engine with a distribution right after adopt (synthetic) must agree
+     * with P's first token; one without (TD_ERR_STATE: a real model, whose
+     * logits come from the pass P ran) takes P's token. */
     int32_t first = 0;
     td_engine_finish_t fin = TD_ENGINE_FINISH_NONE;
     td_status_t st = td_engine_sample(req->ereq, &first, &fin);
+    if (st == TD_ERR_STATE && req->ereq->failed == TD_OK) {
+        first = kn->first_token;
+        st = td_engine_take(req->ereq, first, &fin);
+    }
     if (st != TD_OK || first != kn->first_token) {
         snprintf(err, sizeof(err), "first token %d from prefill %s, expected %d (%s)",
                  kn->first_token, req->prefill, first, td_status_str(st));

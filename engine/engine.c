@@ -58,9 +58,8 @@ td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
 
     if (strcmp(name, TD_SYNTH_NAME) == 0) {
         st = td_synth_create(&cfg->synth, &e);
-    } else if (strcmp(name, "deepseek-v41") == 0) {
-        td_error("engine deepseek-v41: not implemented yet (use engine = synthetic)");
-        return TD_ERR_UNSUPPORTED;
+    } else if (strcmp(name, TD_V41_NAME) == 0) {
+        st = td_v41_create(cfg, &e);
     } else {
         td_error("engine \"%s\": unknown (known: synthetic, deepseek-v41)", name);
         return TD_ERR_NOT_FOUND;
@@ -189,6 +188,13 @@ td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int las
 td_status_t
 td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed)
 {
+    return td_engine_adopt_kv(req, tokens, n, fixed, NULL);
+}
+
+td_status_t
+td_engine_adopt_kv(td_engine_req_t *req, const int32_t *tokens, size_t n,
+                   const void *const *fixed, const void *const *const *paged)
+{
     td_status_t st;
 
     if (req->ntokens != 0) {
@@ -198,7 +204,7 @@ td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const voi
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n, fixed));
+    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n, fixed, paged));
 }
 
 td_status_t
@@ -230,6 +236,26 @@ td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finis
     generated = req->ntokens - req->prompt + 1;
     *finish = td_sample_finish(sp, tok, generated, req->ntokens + 1, req->engine->max_context);
     *token = tok;
+    return TD_OK;
+}
+
+td_status_t
+td_engine_take(td_engine_req_t *req, int32_t token, td_engine_finish_t *finish)
+{
+    const td_engine_t *e = req->engine;
+
+    if (req->failed != TD_OK || req->ntokens == 0) {
+        td_error("engine %s: cannot take a token for a request that is %s", e->name,
+                 req->failed != TD_OK ? "failed" : "empty");
+        return TD_ERR_STATE;
+    }
+    if (token < 0 || (uint32_t)token >= e->vocab) {
+        td_error("engine %s: token %d is outside the vocabulary of %u", e->name, token,
+                 e->vocab);
+        return TD_ERR_INVALID;
+    }
+    *finish = td_sample_finish(&req->sampling, token, req->ntokens - req->prompt + 1,
+                               req->ntokens + 1, e->max_context);
     return TD_OK;
 }
 

@@ -1,10 +1,10 @@
 /* engine/engine.h — what the daemons see of a model: its KV layout, chunked
  * prefill that hands each finished layer's segment data to the caller, one
  * decode step over a batch, and sampling. Nothing model-specific leaks out:
- * every engine ("synthetic" now, "deepseek-v41" later) is an ops table.
+ * every engine ("synthetic", "deepseek-v41") is an ops table.
  * Ownership: an engine owns its layout; a request belongs to one engine and
  * is destroyed before it. Calls on one request are not concurrent; calls on
- * different requests of the synthetic engine may run on different threads. */
+ * different requests may run on different threads. */
 #ifndef TD_ENGINE_H
 #define TD_ENGINE_H
 
@@ -117,9 +117,14 @@ typedef struct {
                            td_engine_layer_fn fn, void *arg);
     /* Take over a request whose prefill ran elsewhere: tokens are its prompt,
      * fixed[seg] (NULL, or per segment NULL for paged) the received fixed
-     * segments, checked where the engine can. No cost, no output. */
+     * segments, paged[seg] (NULL, or per segment NULL for fixed) the blocks
+     * holding the received paged entries (block b: entries
+     * [b * block_entries, ...) of the layout, td_layout_entries(seg, n) in
+     * all); each checked or loaded where the engine can. No cost, no output.
+     * An engine that cannot give logits before its first decode step
+     * answers logits with TD_ERR_STATE until then. */
     td_status_t (*adopt)(td_engine_req_t *req, const int32_t *tokens, size_t n,
-                         const void *const *fixed);
+                         const void *const *fixed, const void *const *const *paged);
     /* Append each row's token, emit the paged entries it completes. */
     td_status_t (*decode)(td_engine_t *e, td_engine_row_t *rows, size_t n,
                           td_engine_layer_fn fn, void *arg);
@@ -130,7 +135,7 @@ typedef struct {
 
 struct td_engine {
     const td_engine_ops_t *ops;
-    const char *name;          /* "synthetic" */
+    const char *name;          /* "synthetic", "deepseek-v41" */
     const char *kind;          /* what it is, shown in logs and /v1/models */
     const td_layout_t *layout; /* owned by the engine */
     uint32_t vocab;
@@ -156,8 +161,8 @@ typedef struct {
 td_status_t td_engine_config_defaults(td_engine_config_t *cfg);
 void td_engine_config_free(td_engine_config_t *cfg);
 
-/* Create the engine cfg->engine names. "deepseek-v41": TD_ERR_UNSUPPORTED
- * (not implemented yet); unknown: TD_ERR_NOT_FOUND. Logs what it created. */
+/* Create the engine cfg->engine names ("deepseek-v41" loads cfg->model,
+ * engine/v41engine.c); unknown: TD_ERR_NOT_FOUND. Logs what it created. */
 td_status_t td_engine_create(const td_engine_config_t *cfg, td_engine_t **out);
 void td_engine_destroy(td_engine_t *e);
 
@@ -173,8 +178,17 @@ void td_engine_req_destroy(td_engine_req_t *req);
  * max context: TD_ERR_INVALID / TD_ERR_RANGE, nothing appended. */
 td_status_t td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                               td_engine_layer_fn fn, void *arg);
+/* Adopt a prompt prefilled elsewhere (see ops.adopt) with the received fixed
+ * segments and paged blocks; fixed and paged may be NULL where the engine
+ * needs no received KV (synthetic). td_engine_adopt: paged = NULL. */
+td_status_t td_engine_adopt_kv(td_engine_req_t *req, const int32_t *tokens, size_t n,
+                               const void *const *fixed, const void *const *const *paged);
 td_status_t td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n,
                             const void *const *fixed);
+/* Take `token`, sampled elsewhere (the prefill rank), as the token at the
+ * request's end: the finish it brings under the request's sampling.
+ * TD_ERR_INVALID for a token outside the vocabulary. */
+td_status_t td_engine_take(td_engine_req_t *req, int32_t token, td_engine_finish_t *finish);
 /* Sample the token at the request's end (the first token after prefill):
  * the engine's distribution through td_engine_sample_logits. */
 td_status_t td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finish);
@@ -202,5 +216,9 @@ td_engine_mix64(uint64_t z)
  * us == 0 returns at once. Absolute deadlines keep oversleep from adding up. */
 void td_engine_wait(uint64_t *deadline_ns, double us);
 uint64_t td_engine_now_ns(void);
+
+/* The DeepSeek-V4.1 engine on the CPU model of cfg->model (v41engine.c). */
+#define TD_V41_NAME "deepseek-v41"
+td_status_t td_v41_create(const td_engine_config_t *cfg, td_engine_t **out);
 
 #endif

@@ -302,12 +302,14 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
 }
 
 static td_status_t
-synth_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed)
+synth_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed,
+            const void *const *const *paged)
 {
     synth_t *s = (synth_t *)req->engine;
     synth_req_t *r = (synth_req_t *)req;
     td_status_t st = synth_append(r, tokens, n);
 
+    (void)paged; /* paged entries are verified by the caller (td_synth_kv_verify) */
     if (st != TD_OK)
         return st;
     for (uint32_t i = 0; fixed != NULL && i < s->layout->nsegs; i++) {

@@ -414,9 +414,9 @@ test_create(void)
     cfg.engine = strdup("deepseek-v41");
     log_lines[0] = '\0';
     e = NULL;
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_ERR_UNSUPPORTED);
+    CHECK_STATUS(td_engine_create(&cfg, &e), TD_ERR_INVALID);   /* no model directory */
     CHECK(e == NULL);
-    CHECK(strstr(log_lines, "not implemented yet") != NULL);
+    CHECK(strstr(log_lines, "no model directory") != NULL);
 
     free(cfg.engine);
     cfg.engine = strdup("llama");

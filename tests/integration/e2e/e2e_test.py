@@ -3,7 +3,7 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat)"""
+kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model)"""
 import asyncio
 import json
 import os
@@ -679,6 +679,84 @@ def test_v41_chat(c):
                        timeout=60 * SLOW)
     check(r.returncode != 0 and "System" in r.stderr.decode(),
           "routerd with the V4 tokenizer: exit %d, %r" % (r.returncode, r.stderr[-400:]))
+
+
+# ---- 9. the DeepSeek-V4.1 model as the engine ----------------------------------------
+
+
+def test_v41_model(c):
+    """Every process with --engine deepseek-v41 --model DIR (a tools/mk-tiny-model
+    checkpoint): prefill on the prefill rank, KV over the transfer path, decode
+    on the decode rank. Greedy replies must be the tokens tools/generate gives
+    for the same messages in one process: same prompt and completion token
+    counts, same message (reasoning and content), streamed and not."""
+    build = c.build
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    # 16-token chunks: each prompt is prefilled in several chunks, so paged
+    # entries leave per (chunk, layer) and fixed segments with the last one.
+    c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model),
+         prefill_flags=("--chunk-tokens", "16"))
+
+    def generate(messages, max_tokens):
+        req = c.path("request.json")
+        with open(req, "w") as f:
+            json.dump({"messages": messages}, f)
+        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
+                            "--messages", req, "--temperature", "0", "--max-tokens",
+                            str(max_tokens), "--json", "--no-stream"],
+                           capture_output=True, timeout=60 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+    def fields(msg):
+        return {k: msg.get(k) or "" for k in ("content", "reasoning_content")}
+
+    client = c.client()
+    prompts = [
+        ([{"role": "user", "content": "Hello there"}], 12),
+        ([{"role": "system", "content": "You are terse."},
+          {"role": "user", "content": "Sag mal: héllo ✓ — 你好"}], 20),
+        ([{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+          {"role": "user", "content": "three, four, five, six, seven, eight, nine"}], 31),
+    ]
+    for messages, max_tokens in prompts:
+        ref = generate(messages, max_tokens)
+        want = fields(ref["message"])
+        what = "prompt of %d tokens" % len(ref["prompt_ids"])
+        body = {"model": "tandem-deepseek-v41", "messages": messages,
+                "max_tokens": max_tokens, "temperature": 0, "seed": 1}
+        rsp = client.chat.completions.create(**body)
+        got = fields(rsp.choices[0].message.model_dump())
+        check(rsp.usage.prompt_tokens == len(ref["prompt_ids"]),
+              "%s: %d prompt tokens, generate: %d" % (what, rsp.usage.prompt_tokens,
+                                                       len(ref["prompt_ids"])))
+        check(rsp.usage.completion_tokens == len(ref["ids"]),
+              "%s: %d tokens, generate: %d %r" % (what, rsp.usage.completion_tokens,
+                                                   len(ref["ids"]), ref["ids"]))
+        check(got == want, "%s: message %r, generate: %r" % (what, got, want))
+        check(rsp.choices[0].finish_reason == ref["finish_reason"],
+              "%s: finish %r, generate: %r" % (what, rsp.choices[0].finish_reason,
+                                                ref["finish_reason"]))
+        acc, usage = {"content": "", "reasoning_content": ""}, None
+        with client.chat.completions.create(**body, stream=True,
+                                            stream_options={"include_usage": True}) as s:
+            for ch in s:
+                usage = ch.usage or usage
+                for ch0 in ch.choices:
+                    acc["content"] += ch0.delta.content or ""
+                    acc["reasoning_content"] += getattr(ch0.delta, "reasoning_content",
+                                                        None) or ""
+        check(acc == want, "%s stream: %r, generate: %r" % (what, acc, want))
+        check(usage is not None and usage.completion_tokens == len(ref["ids"]),
+              "%s stream: usage %r, generate: %d tokens" % (what, usage, len(ref["ids"])))
+    check(not decode_log_lines(c, r"does not verify|refused by the engine|first token"),
+          "decode rank complained: %r" % decode_log_lines(
+              c, r"does not verify|refused by the engine|first token"))
+    c.wait_idle()
 
 
 # ---- main ----------------------------------------------------------------------------
