@@ -10,6 +10,7 @@
 #include "quant.h"
 #include "sample.h"
 #include "status.h"
+#include "testutil.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -704,31 +705,11 @@ test_cache_plan(void)
 static char tmpdir[] = "/tmp/test_model.XXXXXX";
 static char tool[PATH_MAX + 32];
 
-/* mk-tiny-model: $TD_MK_TINY_MODEL, else <build>/tools/mk-tiny-model next to
- * this test's <build>/tests/unit/test_model. */
+/* mk-tiny-model: $TD_MK_TINY_MODEL, else <build>/tools/mk-tiny-model. */
 static int
 find_tool(void)
 {
-    const char *env = getenv("TD_MK_TINY_MODEL");
-    char exe[PATH_MAX];
-    ssize_t n;
-
-    if (env != NULL && *env != '\0') {
-        snprintf(tool, sizeof(tool), "%s", env);
-        return access(tool, X_OK) == 0;
-    }
-    n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (n <= 0)
-        return 0;
-    exe[n] = '\0';
-    for (int up = 0; up < 3; up++) {
-        char *slash = strrchr(exe, '/');
-        if (slash == NULL)
-            return 0;
-        *slash = '\0';
-    }
-    snprintf(tool, sizeof(tool), "%s/tools/mk-tiny-model", exe);
-    return access(tool, X_OK) == 0;
+    return td_testutil_build_tool("TD_MK_TINY_MODEL", "mk-tiny-model", tool, sizeof(tool));
 }
 
 /* Write a checkpoint into tmpdir/name, merge `patch` (a JSON object, or NULL)

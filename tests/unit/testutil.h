@@ -1,12 +1,17 @@
 /* tests/unit/testutil.h — small helpers the C tests share (next to check.h):
- * monotonic clocks, and whole-buffer socket I/O that gives up after 10 s. */
+ * monotonic clocks, whole-buffer socket I/O that gives up after 10 s, and
+ * finding a tool of the build the test belongs to. */
 #ifndef TD_TESTUTIL_H
 #define TD_TESTUTIL_H
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +51,34 @@ td_testutil_io_full(int fd, void *buf, size_t len, int writing)
         len -= (size_t)n;
     }
     return 0;
+}
+
+/* The path of a built tool in out (len bytes): $env when set, else
+ * <build>/tools/<name>, the test being <build>/tests/<folder>/<test>.
+ * 1 when it is there and executable. */
+static inline int
+td_testutil_build_tool(const char *env, const char *name, char *out, size_t len)
+{
+    const char *given = getenv(env);
+    char exe[PATH_MAX];
+    ssize_t n;
+
+    if (given != NULL && *given != '\0') {
+        snprintf(out, len, "%s", given);
+        return access(out, X_OK) == 0;
+    }
+    n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return 0;
+    exe[n] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(exe, '/');
+        if (slash == NULL)
+            return 0;
+        *slash = '\0';
+    }
+    snprintf(out, len, "%s/tools/%s", exe, name);
+    return access(out, X_OK) == 0;
 }
 
 #endif
