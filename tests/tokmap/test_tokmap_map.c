@@ -31,7 +31,7 @@ static uint32_t *
 read_map(const char *path, uint32_t *nids, uint32_t *nclasses)
 {
     size_t len;
-    char *text = tmtest_read_gz(path, &len), *cur = text, *line;
+    char *text = tokref_read_gz(path, &len), *cur = text, *line;
     uint32_t *m = NULL, n = 0;
     unsigned long c, v;
 

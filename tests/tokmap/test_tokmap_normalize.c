@@ -75,7 +75,7 @@ static void
 check_fixture(const char *path)
 {
     size_t len, ncp = 0, nstr = 0, bad_cp = 0, bad_str = 0;
-    char *text = tmtest_read_gz(path, &len), *cur = text, *line;
+    char *text = tokref_read_gz(path, &len), *cur = text, *line;
     uint32_t next_cp = 0;   /* every code point below is checked already */
 
     CHECK(text != NULL);
