@@ -569,6 +569,22 @@ td_quant_fp8_block(const float *x, int64_t rows, int64_t cols, int block_rows,
     return TD_OK;
 }
 
+/* The ue8m0 scale of one group of n values: 2^ceil(log2(max(amax, floor) /
+ * vmax)), the power of two that brings the group within +-vmax. Its code is
+ * returned, its value in *s. */
+static uint8_t
+q_group_scale(const float *v, int64_t n, float floor, float vmax, float *s)
+{
+    float amax = 0.0f;
+
+    for (int64_t j = 0; j < n; j++)
+        amax = fmaxf(amax, fabsf(v[j]));
+    amax = fmaxf(amax, floor);
+    uint8_t code = td_quant_e8m0_ceil(amax * (1.0f / vmax));
+    *s = td_quant_e8m0_to_f32(code);
+    return code;
+}
+
 td_status_t
 td_quant_fp4_group(const float *x, int64_t rows, int64_t cols, uint8_t *packed, uint8_t *scale)
 {
@@ -585,15 +601,9 @@ td_quant_fp4_group(const float *x, int64_t rows, int64_t cols, uint8_t *packed, 
     for (int64_t i = 0; i < rows; i++) {
         for (int64_t j0 = 0; j0 < cols; j0 += g) {
             const float *v = x + i * cols + j0;
-            float amax = 0.0f, s;
-            uint8_t code;
+            float s;
 
-            for (int64_t j = 0; j < g; j++)
-                amax = fmaxf(amax, fabsf(v[j]));
-            amax = fmaxf(amax, 6.0f * 0x1p-126f);
-            code = td_quant_e8m0_ceil(amax * (1.0f / 6.0f));
-            s = td_quant_e8m0_to_f32(code);
-            scale[i * (cols / g) + j0 / g] = code;
+            scale[i * (cols / g) + j0 / g] = q_group_scale(v, g, 6.0f * 0x1p-126f, 6.0f, &s);
             for (int64_t j = 0; j < g; j += 2) {
                 uint8_t lo = td_quant_f32_to_e2m1(clampf(v[j] / s, 6.0f));
                 uint8_t hi = td_quant_f32_to_e2m1(clampf(v[j + 1] / s, 6.0f));
@@ -620,15 +630,9 @@ td_quant_fp8_rows(const float *x, int64_t rows, int64_t cols, int group, uint8_t
     for (int64_t i = 0; i < rows; i++) {
         for (int64_t j0 = 0; j0 < cols; j0 += group) {
             const float *v = x + i * cols + j0;
-            float amax = 0.0f, s;
-            uint8_t code;
+            float s;
 
-            for (int64_t j = 0; j < group; j++)
-                amax = fmaxf(amax, fabsf(v[j]));
-            amax = fmaxf(amax, 1e-4f);
-            code = td_quant_e8m0_ceil(amax * (1.0f / 448.0f));
-            s = td_quant_e8m0_to_f32(code);
-            scale[i * (cols / group) + j0 / group] = code;
+            scale[i * (cols / group) + j0 / group] = q_group_scale(v, group, 1e-4f, 448.0f, &s);
             for (int64_t j = 0; j < group; j++)
                 q[i * cols + j0 + j] = td_quant_f32_to_e4m3(clampf(v[j] / s, 448.0f));
         }
