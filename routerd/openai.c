@@ -862,7 +862,7 @@ td_openai_req_parse(const td_openai_cfg_t *cfg, td_openai_kind_t kind, const cha
     }
     if ((rc = parse_finish(&p)) != TD_OK)
         goto err_destroy_req;
-    json_decref(root);
+    req->body = root;   /* the reference moves to req */
     *out = req;
     return TD_OK;
 
@@ -891,6 +891,7 @@ td_openai_req_destroy(td_openai_req_t *req)
     free(req->prompt);
     free(req->tools);
     free(req->tool_choice);
+    json_decref(req->body);
     free(req);
 }
 

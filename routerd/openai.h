@@ -68,6 +68,8 @@ typedef struct {
     size_t nstop;
     char *tools;              /* chat: raw JSON array, or NULL */
     char *tool_choice;        /* chat: raw JSON (string or object), or NULL */
+    json_t *body;             /* the parsed request body (a reference; the V4.1
+                                 chat encoder reads it) */
 } td_openai_req_t;
 
 /* What the parser checks requests against. */

@@ -866,23 +866,16 @@ prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
  * format and its reply read back by td_chat_parser; a request the format
  * cannot express gets e (400). */
 static td_status_t
-chat_prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_t *e)
+chat_prompt_tokens(td_request_t *q, td_openai_err_t *e)
 {
-    json_error_t jerr;
-    json_t *req = json_loadb(body, len, 0, &jerr);
     td_chat_prompt_t *p = NULL;
     td_chat_err_t ce;
     uint32_t *ids = NULL;
     size_t n = 0;
     td_status_t st;
 
-    if (!req) {   /* td_openai_req_parse accepted this very body */
-        td_openai_err_internal(e, "could not read the request again");
-        return TD_ERR_INTERNAL;
-    }
     memset(&ce, 0, sizeof ce);
-    st = td_chat_encode(req, NULL, &p, &ce);
-    json_decref(req);
+    st = td_chat_encode(q->oreq->body, NULL, &p, &ce);
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
         td_openai_err_set(e, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
                           ce.code, "%s", ce.message);
@@ -904,7 +897,7 @@ chat_prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_
 }
 
 static td_status_t
-prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_t *e)
+prompt_tokens(td_request_t *q, td_openai_err_t *e)
 {
     td_strbuf_t text = {0};
     uint32_t *ids = NULL;
@@ -912,7 +905,7 @@ prompt_tokens(td_request_t *q, const char *body, size_t len, td_openai_err_t *e)
     td_status_t st;
 
     if (q->r->v41 && q->oreq->kind == TD_OPENAI_CHAT)
-        return chat_prompt_tokens(q, body, len, e);
+        return chat_prompt_tokens(q, e);
     st = prompt_text(q->oreq, &text);
     if (st == TD_OK)
         st = td_tok_encode(q->r->tok, text.data ? text.data : "", text.len, &ids, &n);
@@ -966,7 +959,7 @@ td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t k
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "no randomness for the request id");
         return;
     }
-    if (prompt_tokens(q, body, len, &e) != TD_OK) {
+    if (prompt_tokens(q, &e) != TD_OK) {
         request_fail(q, e.http == 400 ? TD_ERRREASON_BAD_REQUEST : TD_ERRREASON_INTERNAL, &e);
         return;
     }
