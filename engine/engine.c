@@ -48,8 +48,8 @@ td_engine_config_free(td_engine_config_t *cfg)
     *cfg = w.e;
 }
 
-td_status_t
-td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
+static td_status_t
+engine_create(const td_engine_config_t *cfg, int run, td_engine_t **out)
 {
     const char *name = cfg->engine ? cfg->engine : "";
     td_engine_t *e;
@@ -59,7 +59,7 @@ td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
     if (strcmp(name, TD_SYNTH_NAME) == 0) {
         st = td_synth_create(&cfg->synth, &e);
     } else if (strcmp(name, TD_V41_NAME) == 0) {
-        st = td_v41_create(cfg, &e);
+        st = td_v41_create(cfg, run, &e);
     } else {
         td_error("engine \"%s\": unknown (known: synthetic, deepseek-v41)", name);
         return TD_ERR_NOT_FOUND;
@@ -71,6 +71,18 @@ td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
             (unsigned long long)e->layout->hash, (unsigned long long)e->fingerprint);
     *out = e;
     return TD_OK;
+}
+
+td_status_t
+td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
+{
+    return engine_create(cfg, 1, out);
+}
+
+td_status_t
+td_engine_create_identity(const td_engine_config_t *cfg, td_engine_t **out)
+{
+    return engine_create(cfg, 0, out);
 }
 
 void

@@ -164,6 +164,11 @@ void td_engine_config_free(td_engine_config_t *cfg);
 /* Create the engine cfg->engine names ("deepseek-v41" loads cfg->model,
  * engine/v41engine.c); unknown: TD_ERR_NOT_FOUND. Logs what it created. */
 td_status_t td_engine_create(const td_engine_config_t *cfg, td_engine_t **out);
+/* The same engine's identity only — name, kind, layout, vocabulary, context,
+ * fingerprint — without what it needs to run (deepseek-v41: the config and
+ * cache plan, no weights): what routerd needs. Requests on it:
+ * TD_ERR_UNSUPPORTED. */
+td_status_t td_engine_create_identity(const td_engine_config_t *cfg, td_engine_t **out);
 void td_engine_destroy(td_engine_t *e);
 
 /* "synthetic (not a model: keyed-hash tokens and KV), 40 layers, 890.0 B/token
@@ -217,8 +222,9 @@ td_engine_mix64(uint64_t z)
 void td_engine_wait(uint64_t *deadline_ns, double us);
 uint64_t td_engine_now_ns(void);
 
-/* The DeepSeek-V4.1 engine on the CPU model of cfg->model (v41engine.c). */
+/* The DeepSeek-V4.1 engine on the CPU model of cfg->model (v41engine.c);
+ * weights 0: its identity only (config and cache plan, nothing loaded). */
 #define TD_V41_NAME "deepseek-v41"
-td_status_t td_v41_create(const td_engine_config_t *cfg, td_engine_t **out);
+td_status_t td_v41_create(const td_engine_config_t *cfg, int weights, td_engine_t **out);
 
 #endif

@@ -18,7 +18,9 @@
 
 typedef struct {
     td_engine_t base;
-    td_model_t *m;             /* owned */
+    td_model_t *m;             /* owned; NULL for an identity-only engine */
+    td_modelcfg_t *cfg;        /* owned, identity-only engine (else m's) */
+    td_cache_plan_t *plan;     /* owned, identity-only engine (else m's) */
     char kind[160];
 } v41_t;
 
@@ -65,12 +67,16 @@ v41_destroy(td_engine_t *e)
     v41_t *v = (v41_t *)e;
 
     td_model_destroy(v->m);
+    td_cache_plan_destroy(v->plan);
+    td_modelcfg_destroy(v->cfg);
     free(v);
 }
 
 td_status_t
-td_v41_create(const td_engine_config_t *cfg, td_engine_t **out)
+td_v41_create(const td_engine_config_t *cfg, int weights, td_engine_t **out)
 {
+    const td_modelcfg_t *mc;
+    const td_cache_plan_t *plan;
     v41_t *v;
     uint64_t h;
     td_status_t st;
@@ -85,19 +91,27 @@ td_v41_create(const td_engine_config_t *cfg, td_engine_t **out)
     v = calloc(1, sizeof(*v));
     if (v == NULL)
         return TD_ERR_NOMEM;
-    st = td_model_load(cfg->model, &v->m);
+    if (weights) {
+        st = td_model_load(cfg->model, &v->m);
+    } else {
+        st = td_modelcfg_load(cfg->model, &v->cfg);
+        if (st == TD_OK)
+            st = td_cache_plan_create(v->cfg, &v->plan);
+    }
     if (st != TD_OK) {
-        free(v);
+        v41_destroy(&v->base);
         return st;
     }
+    mc = v->m ? v->m->cfg : v->cfg;
+    plan = v->m ? v->m->plan : v->plan;
     v->base.ops = &v41_ops;
     v->base.name = TD_V41_NAME;
     snprintf(v->kind, sizeof(v->kind), "DeepSeek-V4.1 on the CPU (%s)", cfg->model);
     v->base.kind = v->kind;
-    v->base.layout = v->m->plan->layout;
-    v->base.vocab = (uint32_t)v->m->cfg->vocab_size;
-    v->base.max_context = (uint64_t)v->m->cfg->max_position_embeddings < V41_MAX_CONTEXT
-                              ? (uint64_t)v->m->cfg->max_position_embeddings
+    v->base.layout = plan->layout;
+    v->base.vocab = (uint32_t)mc->vocab_size;
+    v->base.max_context = (uint64_t)mc->max_position_embeddings < V41_MAX_CONTEXT
+                              ? (uint64_t)mc->max_position_embeddings
                               : V41_MAX_CONTEXT;
     v->base.fingerprint = td_engine_mix64(h ^ td_engine_mix64(v->base.layout->hash));
     *out = &v->base;
@@ -113,6 +127,11 @@ v41_req_create(td_engine_t *e, td_engine_req_t **out)
     v41_req_t *r = calloc(1, sizeof(*r));
     td_status_t st;
 
+    if (v->m == NULL) {
+        free(r);
+        td_error("engine deepseek-v41: identity only (no weights loaded): it runs no requests");
+        return TD_ERR_UNSUPPORTED;
+    }
     if (r == NULL)
         return TD_ERR_NOMEM;
     r->logits = malloc((size_t)e->vocab * sizeof(float));

@@ -94,12 +94,12 @@ router_tokenizer(td_router_t *r)
     return TD_OK;
 }
 
-/* The engine is created only for its identity and names, then destroyed. */
+/* The engine's identity and names (no weights loaded), then destroyed. */
 static td_status_t
 router_identity(td_router_t *r)
 {
     td_engine_t *e;
-    td_status_t st = td_engine_create(&r->cfg->eng, &e);
+    td_status_t st = td_engine_create_identity(&r->cfg->eng, &e);
 
     if (st != TD_OK)
         return st;
