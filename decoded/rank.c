@@ -14,7 +14,6 @@
 
 #include "log.h"
 #include "request.h"
-#include "synthetic.h"
 
 struct td_rank_s {
     struct event_base *base;
@@ -194,15 +193,15 @@ rank_reject(td_rank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode cod
 
 /* Sampling from the wire, checked (a peer's bytes: a reason, never an abort). */
 static const char *
-rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_engine_sampling_t *out)
+rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_sample_params_t *out)
 {
     if (in == NULL)
         return "no sampling parameters";
     if (in->max_tokens == 0)
         return "max_tokens must be positive";
-    if (in->n_stop_tokens > TD_ENGINE_MAX_STOP)
+    if (in->n_stop_tokens > TD_SAMPLE_MAX_STOP)
         return "too many stop tokens";
-    *out = (td_engine_sampling_t){ .temperature = in->temperature, .top_p = in->top_p,
+    *out = (td_sample_params_t){ .temperature = in->temperature, .top_p = in->top_p,
                                    .top_k = in->top_k, .seed = in->seed,
                                    .max_tokens = in->max_tokens,
                                    .nstop = (uint32_t)in->n_stop_tokens };
@@ -231,7 +230,7 @@ rank_grace_ms(const td_rank_t *r, uint32_t prefill_deadline_ms)
 static void
 rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
 {
-    td_engine_sampling_t sp;
+    td_sample_params_t sp;
     const char *bad = NULL;
     if (a->n_tokens == 0)
         bad = "empty prompt";
@@ -398,7 +397,7 @@ cleanup:
         return st;
     }
     uint64_t verified = fixed_bytes;
-    if (strcmp(r->engine->name, TD_SYNTH_NAME) == 0) {
+    if (td_engine_verifies(r->engine)) {
         for (uint32_t s = 0; s < l->nsegs; s++) {
             const td_layout_seg_t *seg = &l->segs[s];
             if (seg->kind != TD_LAYOUT_PAGED)
@@ -409,8 +408,8 @@ cleanup:
                                                                     : l->block_entries;
                 uint64_t block = req->res->blocks[s][first / l->block_entries];
                 uint64_t bad = 0;
-                st = td_synth_kv_verify(req->ereq, s, first, count, rank_block(r, s, block),
-                                        &bad);
+                st = td_engine_kv_verify(req->ereq, s, first, count, rank_block(r, s, block),
+                                         &bad);
                 if (st != TD_OK) {
                     snprintf(err, errlen,
                              "received kv does not verify: segment %s entries %llu+%llu, "
@@ -447,7 +446,7 @@ rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
      * with P's first token; one without (TD_ERR_STATE: a real model, whose
      * logits come from the pass P ran) takes P's token. */
     int32_t first = 0;
-    td_engine_finish_t fin = TD_ENGINE_FINISH_NONE;
+    td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
     td_status_t st = td_engine_sample(req->ereq, &first, &fin);
     if (st == TD_ERR_STATE && req->ereq->failed == TD_OK) {
         first = kn->first_token;
@@ -464,15 +463,15 @@ rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
     td_request_set_state(req, TD_REQUEST_RUNNING, "kv verified and adopted");
     req->last = first;
     req->generated = 1;
-    Tandem__Finish f = fin == TD_ENGINE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                       : fin == TD_ENGINE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+    Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                       : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
                                                         : TANDEM__FINISH__FINISH_NONE;
     st = rank_send_tokens(r, req, &first, 1, f, NULL);
     if (st != TD_OK)
         rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
                  "tokens could not be sent", false);
     else if (f != TANDEM__FINISH__FINISH_NONE)
-        rank_end(r, req, TD_REQUEST_FINISHED, f, td_engine_finish_str(fin), false);
+        rank_end(r, req, TD_REQUEST_FINISHED, f, td_sample_finish_str(fin), false);
     else {
         rank_publish_load(r);
         rank_step_schedule(r);
@@ -685,9 +684,9 @@ rank_step(td_rank_t *r)
             rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
             continue;
         }
-        td_engine_finish_t fin = r->rows[i].finish;
-        Tandem__Finish f = fin == TD_ENGINE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                           : fin == TD_ENGINE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+        td_sample_finish_t fin = r->rows[i].finish;
+        Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                           : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
                                                             : TANDEM__FINISH__FINISH_NONE;
         req->last = r->rows[i].next;
         req->generated++;
@@ -695,7 +694,7 @@ rank_step(td_rank_t *r)
             rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
                      "tokens could not be sent", false);
         else if (f != TANDEM__FINISH__FINISH_NONE)
-            rank_end(r, req, TD_REQUEST_FINISHED, f, td_engine_finish_str(fin), false);
+            rank_end(r, req, TD_REQUEST_FINISHED, f, td_sample_finish_str(fin), false);
     }
     rank_publish_load(r);
 }

@@ -1,89 +1,13 @@
-/* engine/engine.c — the engine-independent half of engine.h: creation by
- * name, argument and state checks around the ops, the generic sampler and
- * the cost-model clock. */
+/* engine/engine.c — the engine-independent half of engine.h: argument and
+ * state checks around the ops, and sampling a request's next token. */
 #include "engine.h"
-#include "sample.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
 #include "log.h"
 
-/* ---- Configuration and creation ------------------------------------------- */
-
-typedef struct {
-    td_engine_config_t e;
-} engine_wrap_t;
-
-static const td_config_opt_t engine_opts[] = {
-    TD_ENGINE_CONFIG_OPTS(engine_wrap_t, e),
-    TD_CONFIG_OPT_END
-};
-
-td_status_t
-td_engine_config_defaults(td_engine_config_t *cfg)
-{
-    engine_wrap_t w;
-    char err[TD_CONFIG_ERRLEN];
-    td_status_t st = td_config_defaults(engine_opts, &w, err, sizeof(err));
-
-    if (st != TD_OK) {
-        td_error("engine: config defaults: %s", err);
-        return st;
-    }
-    *cfg = w.e;
-    return TD_OK;
-}
-
-void
-td_engine_config_free(td_engine_config_t *cfg)
-{
-    engine_wrap_t w = { *cfg };
-
-    td_config_free(engine_opts, &w);
-    *cfg = w.e;
-}
-
-static td_status_t
-engine_create(const td_engine_config_t *cfg, int run, td_engine_t **out)
-{
-    const char *name = cfg->engine ? cfg->engine : "";
-    td_engine_t *e;
-    td_status_t st;
-    char desc[256];
-
-    if (strcmp(name, TD_SYNTH_NAME) == 0) {
-        st = td_synth_create(&cfg->synth, &e);
-    } else if (strcmp(name, TD_V41_NAME) == 0) {
-        st = td_v41_create(cfg, run, &e);
-    } else {
-        td_error("engine \"%s\": unknown (known: synthetic, deepseek-v41)", name);
-        return TD_ERR_NOT_FOUND;
-    }
-    if (st != TD_OK)
-        return st;
-    td_engine_describe(e, desc, sizeof(desc));
-    td_info("engine %s: %s, layout hash %016llx, fingerprint %016llx", e->name, desc,
-            (unsigned long long)e->layout->hash, (unsigned long long)e->fingerprint);
-    *out = e;
-    return TD_OK;
-}
-
-td_status_t
-td_engine_create(const td_engine_config_t *cfg, td_engine_t **out)
-{
-    return engine_create(cfg, 1, out);
-}
-
-td_status_t
-td_engine_create_identity(const td_engine_config_t *cfg, td_engine_t **out)
-{
-    return engine_create(cfg, 0, out);
-}
+/* ---- Engines ---------------------------------------------------------------- */
 
 void
 td_engine_destroy(td_engine_t *e)
@@ -106,17 +30,22 @@ td_engine_describe(const td_engine_t *e, char *buf, size_t len)
 /* ---- Requests ---------------------------------------------------------------- */
 
 td_status_t
-td_engine_req_create(td_engine_t *e, const td_engine_sampling_t *sp, td_engine_req_t **out)
+td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, td_engine_req_t **out)
 {
     td_engine_req_t *req;
     td_status_t st;
 
-    if (sp->nstop > TD_ENGINE_MAX_STOP || !(sp->temperature >= 0) ||
+    if (sp->nstop > TD_SAMPLE_MAX_STOP || !(sp->temperature >= 0) ||
         !(sp->top_p > 0 && sp->top_p <= 1)) {
         td_error("engine %s: sampling: temperature %g, top_p %g, %u stop tokens: want "
                  "temperature >= 0, 0 < top_p <= 1, at most %d stop tokens", e->name,
-                 sp->temperature, sp->top_p, sp->nstop, TD_ENGINE_MAX_STOP);
+                 sp->temperature, sp->top_p, sp->nstop, TD_SAMPLE_MAX_STOP);
         return TD_ERR_INVALID;
+    }
+    if (e->ops->req_create == NULL) {
+        td_error("engine %s: identity only (nothing loaded to run it): it runs no requests",
+                 e->name);
+        return TD_ERR_UNSUPPORTED;
     }
     st = e->ops->req_create(e, &req);
     if (st != TD_OK)
@@ -220,7 +149,7 @@ td_engine_adopt_kv(td_engine_req_t *req, const int32_t *tokens, size_t n,
 }
 
 td_status_t
-td_engine_logits(td_engine_req_t *req, td_engine_logits_t *out)
+td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out)
 {
     if (req->failed != TD_OK || req->ntokens == 0) {
         td_error("engine %s: no distribution for a request that is %s", req->engine->name,
@@ -230,11 +159,26 @@ td_engine_logits(td_engine_req_t *req, td_engine_logits_t *out)
     return req->engine->ops->logits(req, out);
 }
 
-td_status_t
-td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finish)
+int
+td_engine_verifies(const td_engine_t *e)
 {
-    const td_engine_sampling_t *sp = &req->sampling;
-    td_engine_logits_t lg;
+    return e->ops->kv_verify != NULL;
+}
+
+td_status_t
+td_engine_kv_verify(td_engine_req_t *req, uint32_t seg, uint64_t first, uint64_t count,
+                    const void *data, uint64_t *bad)
+{
+    if (req->engine->ops->kv_verify == NULL)
+        return TD_ERR_UNSUPPORTED;
+    return req->engine->ops->kv_verify(req, seg, first, count, data, bad);
+}
+
+td_status_t
+td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish)
+{
+    const td_sample_params_t *sp = &req->sampling;
+    td_sample_dist_t lg;
     uint64_t generated;
     int32_t tok;
     td_status_t st;
@@ -242,7 +186,7 @@ td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finis
     st = td_engine_logits(req, &lg);
     if (st != TD_OK)
         return st;
-    st = td_engine_sample_logits(&lg, sp, req->ntokens, &tok);
+    st = td_sample_dist(&lg, sp, req->ntokens, &tok);
     if (st != TD_OK)
         return st;
     generated = req->ntokens - req->prompt + 1;
@@ -252,7 +196,7 @@ td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finis
 }
 
 td_status_t
-td_engine_take(td_engine_req_t *req, int32_t token, td_engine_finish_t *finish)
+td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish_t *finish)
 {
     const td_engine_t *e = req->engine;
 
@@ -306,127 +250,3 @@ td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine
     return TD_OK;
 }
 
-/* ---- Sampling ------------------------------------------------------------------- */
-
-td_engine_sampling_t
-td_engine_sampling_greedy(void)
-{
-    td_engine_sampling_t sp = { .temperature = 0, .top_p = 1 };
-
-    return sp;
-}
-
-const char *
-td_engine_finish_str(td_engine_finish_t f)
-{
-    switch (f) {
-    case TD_ENGINE_FINISH_NONE:   return "none";
-    case TD_ENGINE_FINISH_STOP:   return "stop";
-    case TD_ENGINE_FINISH_LENGTH: return "length";
-    }
-    return "?";
-}
-
-double
-td_engine_draw(uint64_t seed, uint64_t position)
-{
-    uint64_t z = td_engine_mix64(seed ^ td_engine_mix64(position + TD_ENGINE_GAMMA));
-
-    return (double)(z >> 11) * 0x1.0p-53;
-}
-
-typedef struct {
-    int32_t id;
-    float logit;
-    double p;
-} engine_cand_t;
-
-static int
-engine_cand_cmp(const void *a, const void *b)
-{
-    const engine_cand_t *x = a, *y = b;
-
-    if (x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
-td_status_t
-td_engine_sample_logits(const td_engine_logits_t *lg, const td_engine_sampling_t *sp,
-                        uint64_t position, int32_t *token)
-{
-    engine_cand_t *c;
-    size_t n = lg->n, keep;
-    double sum = 0, u, acc = 0;
-    int32_t tok;
-
-    if (n == 0 || !(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1))
-        return TD_ERR_INVALID;
-    c = malloc(n * sizeof(*c));
-    if (c == NULL)
-        return TD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        c[i].id = lg->ids ? lg->ids[i] : (int32_t)i;
-        c[i].logit = lg->logits[i];
-    }
-    qsort(c, n, sizeof(*c), engine_cand_cmp);
-    if (sp->temperature == 0 || sp->top_k == 1) {
-        tok = c[0].id;
-        goto out;
-    }
-    keep = sp->top_k != 0 && sp->top_k < n ? sp->top_k : n;
-    for (size_t i = 0; i < keep; i++) {
-        c[i].p = exp(((double)c[i].logit - c[0].logit) / sp->temperature);
-        sum += c[i].p;
-    }
-    /* top_p: the smallest prefix whose mass reaches top_p (at least one). */
-    for (size_t i = 0; i < keep; i++) {
-        acc += c[i].p / sum;
-        if (acc >= sp->top_p) {
-            keep = i + 1;
-            break;
-        }
-    }
-    sum = 0;
-    for (size_t i = 0; i < keep; i++)
-        sum += c[i].p;
-    u = td_engine_draw(sp->seed, position) * sum;
-    tok = c[keep - 1].id;
-    acc = 0;
-    for (size_t i = 0; i < keep; i++) {
-        acc += c[i].p;
-        if (u < acc) {
-            tok = c[i].id;
-            break;
-        }
-    }
-out:
-    free(c);
-    *token = tok;
-    return TD_OK;
-}
-
-/* ---- Cost-model clock ---------------------------------------------------------- */
-
-uint64_t
-td_engine_now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void
-td_engine_wait(uint64_t *deadline_ns, double us)
-{
-    struct timespec ts;
-
-    if (us <= 0)
-        return;
-    *deadline_ns += (uint64_t)(us * 1000.0 + 0.5);
-    ts.tv_sec = (time_t)(*deadline_ns / 1000000000ull);
-    ts.tv_nsec = (long)(*deadline_ns % 1000000000ull);
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
-}

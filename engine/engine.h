@@ -11,57 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
 #include "layout.h"
+#include "sample.h"
 #include "status.h"
-#include "synthetic.h"
 
 typedef struct td_engine td_engine_t;
 typedef struct td_engine_req td_engine_req_t;
-
-/* ---- Sampling --------------------------------------------------------------- */
-
-#define TD_ENGINE_MAX_STOP 16
-
-/* Per-request sampling parameters, copied at td_engine_req_create. */
-typedef struct {
-    double temperature;   /* 0 = greedy (argmax; ties: lowest id) */
-    double top_p;         /* (0, 1]: keep the smallest top set with mass >= top_p */
-    uint32_t top_k;       /* 0 = no limit */
-    uint64_t seed;        /* the draw for position p depends on (seed, p) only */
-    uint32_t max_tokens;  /* generated tokens, first included; 0 = up to max context */
-    uint32_t nstop;
-    int32_t stop[TD_ENGINE_MAX_STOP]; /* token ids that end the request */
-} td_engine_sampling_t;
-
-/* Greedy, no limits. */
-td_engine_sampling_t td_engine_sampling_greedy(void);
-
-typedef enum {
-    TD_ENGINE_FINISH_NONE = 0,  /* go on */
-    TD_ENGINE_FINISH_STOP,      /* the token is a stop token (it is still returned) */
-    TD_ENGINE_FINISH_LENGTH,    /* max_tokens generated or the context is full */
-} td_engine_finish_t;
-
-const char *td_engine_finish_str(td_engine_finish_t f);
-
-/* A next-token distribution: n candidates, every other token has logit -inf.
- * Dense engines give ids = NULL (candidate i is token i, n = vocab). */
-typedef struct {
-    uint32_t n;
-    const int32_t *ids;   /* [n] or NULL */
-    const float *logits;  /* [n] */
-} td_engine_logits_t;
-
-/* The generic sampler over a distribution: greedy when temperature == 0 or
- * top_k == 1; else sort by logit (desc, ties by id), keep top_k, softmax at
- * temperature, keep the top_p prefix, draw u = td_engine_draw(seed, position).
- * TD_ERR_INVALID for an empty distribution or bad parameters. */
-td_status_t td_engine_sample_logits(const td_engine_logits_t *lg, const td_engine_sampling_t *sp,
-                                    uint64_t position, int32_t *token);
-
-/* The uniform draw in [0, 1) for (seed, position) (53 bits of a keyed mix). */
-double td_engine_draw(uint64_t seed, uint64_t position);
 
 /* ---- KV output ---------------------------------------------------------------- */
 
@@ -90,7 +45,7 @@ typedef td_status_t (*td_engine_layer_fn)(td_engine_req_t *req, uint32_t layer,
  * An implementation embeds it as the first member of its own request. */
 struct td_engine_req {
     td_engine_t *engine;
-    td_engine_sampling_t sampling;
+    td_sample_params_t sampling;
     uint64_t ntokens;      /* tokens in the sequence (prompt + decoded inputs) */
     uint64_t prompt;       /* tokens given by prefill/adopt */
     td_status_t failed;    /* TD_OK, or why the request became unusable */
@@ -102,13 +57,14 @@ typedef struct {
     td_engine_req_t *req;        /* each request at most once per step */
     int32_t token;               /* in: the last sampled token, appended now */
     int32_t next;                /* out: sampled at the next position */
-    td_engine_finish_t finish;   /* out */
+    td_sample_finish_t finish;   /* out */
 } td_engine_row_t;
 
 /* An implementation. Callers use the td_engine_* wrappers, which check state
  * and arguments first. */
 typedef struct {
     void (*destroy)(td_engine_t *e);
+    /* NULL for an identity-only engine (requests: TD_ERR_UNSUPPORTED). */
     td_status_t (*req_create)(td_engine_t *e, td_engine_req_t **out);
     void (*req_destroy)(td_engine_req_t *req);
     /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`:
@@ -128,9 +84,15 @@ typedef struct {
     /* Append each row's token, emit the paged entries it completes. */
     td_status_t (*decode)(td_engine_t *e, td_engine_row_t *rows, size_t n,
                           td_engine_layer_fn fn, void *arg);
+    /* Check received bytes of entries [first, first + count) of segment seg
+     * against what the engine computes for req's sequence: TD_OK, or
+     * TD_ERR_MISMATCH with *bad the offset of the first wrong byte. NULL for
+     * an engine that cannot recompute its KV cheaply (a model). */
+    td_status_t (*kv_verify)(td_engine_req_t *req, uint32_t seg, uint64_t first,
+                             uint64_t count, const void *data, uint64_t *bad);
     /* The next-token distribution at the request's end; valid until the next
      * call on req. */
-    td_status_t (*logits)(td_engine_req_t *req, td_engine_logits_t *out);
+    td_status_t (*logits)(td_engine_req_t *req, td_sample_dist_t *out);
 } td_engine_ops_t;
 
 struct td_engine {
@@ -143,39 +105,13 @@ struct td_engine {
     uint64_t fingerprint;      /* model fingerprint for Hello */
 };
 
-/* Everything any engine may be configured with; one table for daemons. */
-typedef struct {
-    char *engine;              /* "synthetic" or "deepseek-v41" */
-    char *model;               /* model directory (real engines) */
-    td_synth_config_t synth;
-} td_engine_config_t;
-
-#define TD_ENGINE_CONFIG_OPTS(st, m)                                               \
-    TD_CONFIG_OPT_STRING("engine", st, m.engine, "synthetic",                      \
-                         "engine: synthetic (keyed-hash stand-in) or deepseek-v41"), \
-    TD_CONFIG_OPT_STRING("model", st, m.model, "",                                 \
-                         "model directory (config.json, safetensors) of a real engine"), \
-    TD_SYNTH_CONFIG_OPTS(st, m.synth)
-
-/* Defaults / free for a td_engine_config_t outside a daemon's table. */
-td_status_t td_engine_config_defaults(td_engine_config_t *cfg);
-void td_engine_config_free(td_engine_config_t *cfg);
-
-/* Create the engine cfg->engine names ("deepseek-v41" loads cfg->model,
- * engine/v41engine.c); unknown: TD_ERR_NOT_FOUND. Logs what it created. */
-td_status_t td_engine_create(const td_engine_config_t *cfg, td_engine_t **out);
-/* The same engine's identity only — name, kind, layout, vocabulary, context,
- * fingerprint — without what it needs to run (deepseek-v41: the config and
- * cache plan, no weights): what routerd needs. Requests on it:
- * TD_ERR_UNSUPPORTED. */
-td_status_t td_engine_create_identity(const td_engine_config_t *cfg, td_engine_t **out);
 void td_engine_destroy(td_engine_t *e);
 
 /* "synthetic (not a model: keyed-hash tokens and KV), 40 layers, 890.0 B/token
  * paged + 2.9 MiB fixed per request, vocab 129280" — snprintf-like. */
 size_t td_engine_describe(const td_engine_t *e, char *buf, size_t len);
 
-td_status_t td_engine_req_create(td_engine_t *e, const td_engine_sampling_t *sp,
+td_status_t td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp,
                                  td_engine_req_t **out);
 void td_engine_req_destroy(td_engine_req_t *req);
 
@@ -193,38 +129,20 @@ td_status_t td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t 
 /* Take `token`, sampled elsewhere (the prefill rank), as the token at the
  * request's end: the finish it brings under the request's sampling.
  * TD_ERR_INVALID for a token outside the vocabulary. */
-td_status_t td_engine_take(td_engine_req_t *req, int32_t token, td_engine_finish_t *finish);
+td_status_t td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish_t *finish);
 /* Sample the token at the request's end (the first token after prefill):
- * the engine's distribution through td_engine_sample_logits. */
-td_status_t td_engine_sample(td_engine_req_t *req, int32_t *token, td_engine_finish_t *finish);
-td_status_t td_engine_logits(td_engine_req_t *req, td_engine_logits_t *out);
+ * the engine's distribution through td_sample_dist. */
+td_status_t td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish);
+td_status_t td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out);
+/* Whether e checks received KV bytes (ops.kv_verify), and the check;
+ * TD_ERR_UNSUPPORTED where it does not. */
+int td_engine_verifies(const td_engine_t *e);
+td_status_t td_engine_kv_verify(td_engine_req_t *req, uint32_t seg, uint64_t first,
+                                uint64_t count, const void *data, uint64_t *bad);
 /* One decode step: append every row's token, then sample each row's next.
  * Rows are checked first; on a bad row nothing is appended (TD_ERR_INVALID,
  * TD_ERR_STATE, TD_ERR_RANGE). fn may be NULL. */
 td_status_t td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n,
                                   td_engine_layer_fn fn, void *arg);
-
-/* ---- For implementations -------------------------------------------------------- */
-
-/* splitmix64's finalizer, the mix every keyed hash here is built from. */
-static inline uint64_t
-td_engine_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-#define TD_ENGINE_GAMMA 0x9e3779b97f4a7c15ull
-
-/* Sleep until *deadline_ns (CLOCK_MONOTONIC, absolute) after adding us to it;
- * us == 0 returns at once. Absolute deadlines keep oversleep from adding up. */
-void td_engine_wait(uint64_t *deadline_ns, double us);
-uint64_t td_engine_now_ns(void);
-
-/* The DeepSeek-V4.1 engine on the CPU model of cfg->model (v41engine.c);
- * weights 0: its identity only (config and cache plan, nothing loaded). */
-#define TD_V41_NAME "deepseek-v41"
-td_status_t td_v41_create(const td_engine_config_t *cfg, int weights, td_engine_t **out);
 
 #endif

@@ -1,6 +1,6 @@
-/* engine/sample.c — choosing next tokens from dense logit rows: a linear
- * argmax for greedy requests, the engine's generic sampler for the rest;
- * log-probabilities in double, stop tokens and the finish rule. */
+/* engine/sample.c — choosing next tokens: the generic sampler over a
+ * distribution, a linear argmax for greedy rows of logits, log-probabilities
+ * in double, stop tokens and the finish rule. */
 #include "sample.h"
 
 #include <math.h>
@@ -9,9 +9,7 @@
 #include <string.h>
 
 #include "log.h"
-
-/* The V4 tokenizer's end of sequence, used when config.json names none. */
-#define SAMPLE_EOS_TOKEN "<｜end▁of▁sentence｜>"
+#include "rng.h"
 
 int32_t
 td_sample_argmax(const float *logits, size_t n)
@@ -128,19 +126,19 @@ sample_sift_down(sample_cand_t *h, size_t n, size_t i)
     }
 }
 
-/* td_engine_sample_logits over the row, with top_k < vocab: the engine sorts
+/* td_sample_dist over the row, with top_k < vocab: the engine sorts
  * every candidate and keeps the first top_k, so handing it exactly those k
  * (a heap of the best k, O(vocab log k)) draws the same token, without
  * sorting the whole vocabulary. */
 static td_status_t
-sample_draw(const float *row, size_t vocab, const td_engine_sampling_t *s, uint64_t position,
+sample_draw(const float *row, size_t vocab, const td_sample_params_t *s, uint64_t position,
             int32_t *token)
 {
     size_t k = s->top_k;
-    td_engine_logits_t lg = { (uint32_t)vocab, NULL, row };
+    td_sample_dist_t lg = { (uint32_t)vocab, NULL, row };
 
     if (k == 0 || k >= vocab / 2)
-        return td_engine_sample_logits(&lg, s, position, token);
+        return td_sample_dist(&lg, s, position, token);
 
     sample_cand_t *h = malloc(k * sizeof(*h));
     int32_t *ids = malloc(k * sizeof(*ids));
@@ -164,8 +162,8 @@ sample_draw(const float *row, size_t vocab, const td_engine_sampling_t *s, uint6
         ids[i] = h[i].id;
         lgs[i] = h[i].logit;
     }
-    lg = (td_engine_logits_t){ (uint32_t)k, ids, lgs };
-    st = td_engine_sample_logits(&lg, s, position, token);
+    lg = (td_sample_dist_t){ (uint32_t)k, ids, lgs };
+    st = td_sample_dist(&lg, s, position, token);
 cleanup:
     free(h);
     free(ids);
@@ -175,7 +173,7 @@ cleanup:
 
 /* The token of one row (see td_sample_rows); row r only names it in logs. */
 static td_status_t
-sample_choose(const float *row, size_t vocab, const td_engine_sampling_t *s, uint64_t position,
+sample_choose(const float *row, size_t vocab, const td_sample_params_t *s, uint64_t position,
               size_t r, int32_t *token)
 {
     int32_t t = td_sample_argmax(row, vocab);
@@ -205,7 +203,7 @@ sample_choose(const float *row, size_t vocab, const td_engine_sampling_t *s, uin
 
 td_status_t
 td_sample_rows(const float *logits, size_t rows, size_t vocab,
-               const td_engine_sampling_t *const *sp, const uint64_t *positions, int32_t *tokens)
+               const td_sample_params_t *const *sp, const uint64_t *positions, int32_t *tokens)
 {
     for (size_t r = 0; r < rows; r++) {
         td_status_t st = sample_choose(logits + r * vocab, vocab, sp[r], positions[r], r,
@@ -217,7 +215,7 @@ td_sample_rows(const float *logits, size_t rows, size_t vocab,
 }
 
 td_status_t
-td_sample_pick(const float *logits, size_t n, const td_engine_sampling_t *sp, uint64_t position,
+td_sample_pick(const float *logits, size_t n, const td_sample_params_t *sp, uint64_t position,
                uint32_t ntop, td_sample_pick_t *out)
 {
     int32_t t;
@@ -236,7 +234,7 @@ td_sample_pick(const float *logits, size_t n, const td_engine_sampling_t *sp, ui
 /* ---- Stopping ------------------------------------------------------------------ */
 
 td_status_t
-td_sample_check(const td_engine_sampling_t *sp, char *err, size_t errlen)
+td_sample_check(const td_sample_params_t *sp, char *err, size_t errlen)
 {
     const char *what = NULL;
     char buf[96];
@@ -245,7 +243,7 @@ td_sample_check(const td_engine_sampling_t *sp, char *err, size_t errlen)
         what = "temperature must be finite and >= 0";
     else if (!(sp->top_p > 0 && sp->top_p <= 1))
         what = "top_p must be in (0, 1]";
-    else if (sp->nstop > TD_ENGINE_MAX_STOP)
+    else if (sp->nstop > TD_SAMPLE_MAX_STOP)
         what = "too many stop tokens";
     for (uint32_t i = 0; what == NULL && i < sp->nstop; i++)
         if (sp->stop[i] < 0) {
@@ -259,73 +257,127 @@ td_sample_check(const td_engine_sampling_t *sp, char *err, size_t errlen)
     return TD_ERR_INVALID;
 }
 
-/* Add id to sp's stops unless there. */
-static td_status_t
-sample_stop_add(td_engine_sampling_t *sp, int32_t id)
+td_status_t
+td_sample_stop_add(td_sample_params_t *sp, int32_t id)
 {
     for (uint32_t i = 0; i < sp->nstop; i++)
         if (sp->stop[i] == id)
             return TD_OK;
-    if (sp->nstop >= TD_ENGINE_MAX_STOP)
+    if (sp->nstop >= TD_SAMPLE_MAX_STOP)
         return TD_ERR_RANGE;
     sp->stop[sp->nstop++] = id;
     return TD_OK;
 }
 
-td_status_t
-td_sample_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok, td_engine_sampling_t *sp)
-{
-    td_engine_sampling_t s = *sp;
-    td_status_t st;
-
-    if (cfg->eos_kind != TD_MODELCFG_EOS_NONE && cfg->eos_token_id.n > 0) {
-        for (uint32_t i = 0; i < cfg->eos_token_id.n; i++) {
-            int64_t id = cfg->eos_token_id.v[i];
-            if (id < 0 || id >= cfg->vocab_size) {
-                td_error("sample: config eos_token_id %lld is outside the vocabulary (%lld ids)",
-                         (long long)id, (long long)cfg->vocab_size);
-                return TD_ERR_INVALID;
-            }
-            st = sample_stop_add(&s, (int32_t)id);
-            if (st != TD_OK) {
-                td_error("sample: config eos_token_id: more than %d stop tokens",
-                         TD_ENGINE_MAX_STOP);
-                return st;
-            }
-        }
-    } else {
-        uint32_t id;
-        if (tok == NULL ||
-            td_tokenizer_find(tok, SAMPLE_EOS_TOKEN, strlen(SAMPLE_EOS_TOKEN), &id) != TD_OK) {
-            td_warn("sample: config eos_token_id is null and the tokenizer has no %s: no "
-                    "end-of-sequence token", SAMPLE_EOS_TOKEN);
-            return TD_ERR_NOT_FOUND;
-        }
-        if ((int64_t)id >= cfg->vocab_size) {
-            td_error("sample: tokenizer %s is id %u, outside the vocabulary (%lld ids)",
-                     SAMPLE_EOS_TOKEN, id, (long long)cfg->vocab_size);
-            return TD_ERR_INVALID;
-        }
-        st = sample_stop_add(&s, (int32_t)id);
-        if (st != TD_OK) {
-            td_error("sample: %s: more than %d stop tokens", SAMPLE_EOS_TOKEN,
-                     TD_ENGINE_MAX_STOP);
-            return st;
-        }
-    }
-    *sp = s;
-    return TD_OK;
-}
-
-td_engine_finish_t
-td_sample_finish(const td_engine_sampling_t *sp, int32_t token, uint64_t generated,
+td_sample_finish_t
+td_sample_finish(const td_sample_params_t *sp, int32_t token, uint64_t generated,
                  uint64_t seq_len, uint64_t context)
 {
-    for (uint32_t i = 0; i < sp->nstop && i < TD_ENGINE_MAX_STOP; i++)
+    for (uint32_t i = 0; i < sp->nstop && i < TD_SAMPLE_MAX_STOP; i++)
         if (sp->stop[i] == token)
-            return TD_ENGINE_FINISH_STOP;
+            return TD_SAMPLE_FINISH_STOP;
     if ((sp->max_tokens != 0 && generated >= sp->max_tokens) ||
         (context != 0 && seq_len >= context))
-        return TD_ENGINE_FINISH_LENGTH;
-    return TD_ENGINE_FINISH_NONE;
+        return TD_SAMPLE_FINISH_LENGTH;
+    return TD_SAMPLE_FINISH_NONE;
+}
+
+/* ---- The generic sampler ----------------------------------------------------------- */
+
+td_sample_params_t
+td_sample_params_greedy(void)
+{
+    td_sample_params_t sp = { .temperature = 0, .top_p = 1 };
+
+    return sp;
+}
+
+const char *
+td_sample_finish_str(td_sample_finish_t f)
+{
+    switch (f) {
+    case TD_SAMPLE_FINISH_NONE:   return "none";
+    case TD_SAMPLE_FINISH_STOP:   return "stop";
+    case TD_SAMPLE_FINISH_LENGTH: return "length";
+    }
+    return "?";
+}
+
+double
+td_sample_draw(uint64_t seed, uint64_t position)
+{
+    uint64_t z = td_rng_mix64(seed ^ td_rng_mix64(position + TD_RNG_GAMMA));
+
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+typedef struct {
+    int32_t id;
+    float logit;
+    double p;
+} sample_ent_t;
+
+static int
+sample_ent_cmp(const void *a, const void *b)
+{
+    const sample_ent_t *x = a, *y = b;
+
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+td_status_t
+td_sample_dist(const td_sample_dist_t *lg, const td_sample_params_t *sp,
+                        uint64_t position, int32_t *token)
+{
+    sample_ent_t *c;
+    size_t n = lg->n, keep;
+    double sum = 0, u, acc = 0;
+    int32_t tok;
+
+    if (n == 0 || !(sp->temperature >= 0) || !(sp->top_p > 0 && sp->top_p <= 1))
+        return TD_ERR_INVALID;
+    c = malloc(n * sizeof(*c));
+    if (c == NULL)
+        return TD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        c[i].id = lg->ids ? lg->ids[i] : (int32_t)i;
+        c[i].logit = lg->logits[i];
+    }
+    qsort(c, n, sizeof(*c), sample_ent_cmp);
+    if (sp->temperature == 0 || sp->top_k == 1) {
+        tok = c[0].id;
+        goto out;
+    }
+    keep = sp->top_k != 0 && sp->top_k < n ? sp->top_k : n;
+    for (size_t i = 0; i < keep; i++) {
+        c[i].p = exp(((double)c[i].logit - c[0].logit) / sp->temperature);
+        sum += c[i].p;
+    }
+    /* top_p: the smallest prefix whose mass reaches top_p (at least one). */
+    for (size_t i = 0; i < keep; i++) {
+        acc += c[i].p / sum;
+        if (acc >= sp->top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    sum = 0;
+    for (size_t i = 0; i < keep; i++)
+        sum += c[i].p;
+    u = td_sample_draw(sp->seed, position) * sum;
+    tok = c[keep - 1].id;
+    acc = 0;
+    for (size_t i = 0; i < keep; i++) {
+        acc += c[i].p;
+        if (u < acc) {
+            tok = c[i].id;
+            break;
+        }
+    }
+out:
+    free(c);
+    *token = tok;
+    return TD_OK;
 }

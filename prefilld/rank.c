@@ -79,7 +79,7 @@ typedef struct task {
     uint64_t ntokens;
     uint64_t pos;                /* tokens prefilled */
     uint32_t chunks;
-    td_engine_sampling_t sampling;
+    td_sample_params_t sampling;
     td_engine_req_t *req;        /* while RUNNING */
     td_kvmap_t *map;
     rank_peer_t *peer;           /* NULL: no decode rank to notify */
@@ -607,7 +607,7 @@ task_run_chunk(task_t *t)
     }
     t->pos += n;
     if (last) {
-        td_engine_finish_t fin;
+        td_sample_finish_t fin;
         st = td_engine_sample(t->req, &t->first_token, &fin);
         if (st != TD_OK)
             task_fail(t, st, "engine sample: %s", td_status_str(st));
@@ -657,7 +657,7 @@ rank_queued_tokens(const td_rank_t *rk)
 static void
 task_sampling(task_t *t, const Tandem__Sampling *s)
 {
-    t->sampling = td_engine_sampling_greedy();
+    t->sampling = td_sample_params_greedy();
     if (!s)
         return;
     t->sampling.temperature = s->temperature;
@@ -665,7 +665,7 @@ task_sampling(task_t *t, const Tandem__Sampling *s)
     t->sampling.top_k = s->top_k;
     t->sampling.seed = s->seed;
     t->sampling.max_tokens = s->max_tokens;
-    for (size_t i = 0; i < s->n_stop_tokens && i < TD_ENGINE_MAX_STOP; i++)
+    for (size_t i = 0; i < s->n_stop_tokens && i < TD_SAMPLE_MAX_STOP; i++)
         t->sampling.stop[t->sampling.nstop++] = s->stop_tokens[i];
 }
 

@@ -5,6 +5,7 @@
 #include "chat.h"
 #include "tok_bpe.h"
 #include "tok_bytes.h"
+#include "v41id.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -94,12 +95,19 @@ router_tokenizer(td_router_t *r)
     return TD_OK;
 }
 
+/* The engines routerd knows: their identities only (no model is linked). */
+static const td_engine_kind_t *const router_engines[] = {
+    &td_synth_kind,
+    &td_v41_identity_kind,
+    NULL,
+};
+
 /* The engine's identity and names (no weights loaded), then destroyed. */
 static td_status_t
 router_identity(td_router_t *r)
 {
     td_engine_t *e;
-    td_status_t st = td_engine_create_identity(&r->cfg->eng, &e);
+    td_status_t st = td_engine_create_identity(router_engines, &r->cfg->eng, &e);
 
     if (st != TD_OK)
         return st;

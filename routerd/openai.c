@@ -693,7 +693,7 @@ field_response_format(parse_t *p, const char *key, const json_t *v)
 
 /* Type-checked only here: user, metadata, store, service_tier and
  * parallel_tool_calls are accepted for compatibility and not used; thinking
- * and reasoning_effort are read by the V4.1 chat encoding (engine/chat.c:
+ * and reasoning_effort are read by the V4.1 chat encoding (text/chat.c:
  * values checked there) and have no effect on the byte-level stand-in. */
 static td_status_t
 field_ignored(parse_t *p, const char *key, const json_t *v)

@@ -4,6 +4,7 @@
  * deltas, SSE) or one response, and end every request exactly once:
  * done, failed or canceled, with Cancel to its ranks where they may hold it. */
 #include "chat.h"
+#include "rng.h"
 #include "router.h"
 #include "sse.h"
 #include "stop.h"
@@ -119,7 +120,7 @@ is_terminal(td_req_state_t st)
 static size_t
 bucket_of(uint64_t id)
 {
-    return (size_t)(td_engine_mix64(id) & (REQTAB_BUCKETS - 1));
+    return (size_t)(td_rng_mix64(id) & (REQTAB_BUCKETS - 1));
 }
 
 static td_request_t *

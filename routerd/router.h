@@ -14,6 +14,7 @@
 #include "ctl.h"
 #include "daemon.h"
 #include "engine.h"
+#include "registry.h"
 #include "metrics.h"
 #include "openai.h"
 #include "status.h"

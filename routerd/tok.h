@@ -34,7 +34,7 @@ struct td_tok {
     uint32_t vocab_size;    /* ids are 0 .. vocab_size-1 */
 };
 
-/* Incremental decoding state of one stream (engine/tokenizer.h's): the bytes
+/* Incremental decoding state of one stream (text/tokenizer.h's): the bytes
  * of a UTF-8 character whose end has not arrived yet. Zero-initialise ({0})
  * per stream. */
 typedef td_detok_t td_tok_dec_t;

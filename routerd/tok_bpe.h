@@ -1,4 +1,4 @@
-/* routerd/tok_bpe.h — the DeepSeek-V4.1 tokenizer (engine/tokenizer.h)
+/* routerd/tok_bpe.h — the DeepSeek-V4.1 tokenizer (text/tokenizer.h)
  * behind routerd's td_tok_t vtable. */
 #ifndef TD_TOK_BPE_H
 #define TD_TOK_BPE_H

@@ -1,6 +1,6 @@
 /* tools/chat-encode — the V4.1 chat format from the command line: an OpenAI
  * chat request (or a messages array) in, the prompt out; with --parse, model
- * output text in, the parsed reply as JSON out (engine/chat.c). */
+ * output text in, the parsed reply as JSON out (text/chat.c). */
 #include "chat.h"
 #include "tokenizer.h"
 

@@ -1,6 +1,6 @@
 /* tools/generate — text generation on one checkpoint in one process: an
  * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
- * (engine/model, engine/sample, engine/chat), a summary on stderr. */
+ * (model/model, engine/sample, text/chat), a summary on stderr. */
 #include "chat.h"
 #include "model.h"
 #include "sample.h"
@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "log.h"
+#include "rng.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -365,7 +366,7 @@ typedef struct {
     td_chat_parser_t *parser;     /* NULL with --prompt */
     uint32_t *prompt;             /* [nprompt] */
     size_t nprompt;
-    td_engine_sampling_t sp;
+    td_sample_params_t sp;
     uint64_t context;             /* the request's limit, prompt included */
     gen_out_t out;
 
@@ -480,14 +481,14 @@ gen_text(gen_t *g, const char *text, size_t len)
 /* One chosen token: record it, decode its text, print. A stop token's text
  * is not part of the reply. */
 static int
-gen_emit(gen_t *g, const td_sample_pick_t *pk, td_engine_finish_t fin)
+gen_emit(gen_t *g, const td_sample_pick_t *pk, td_sample_finish_t fin)
 {
     const td_tokenizer_t *tok = g->m->tok;
     size_t len = 0;
     td_status_t st;
 
     g->ids[g->ngen++] = pk->token;
-    if (fin != TD_ENGINE_FINISH_STOP) {
+    if (fin != TD_SAMPLE_FINISH_STOP) {
         st = td_detok_feed(&g->detok, tok, (uint32_t)pk->token, TD_TOKENIZER_SKIP_SPECIAL,
                            g->piece, g->piece_cap, &len);
         if (st != TD_OK) {
@@ -500,7 +501,7 @@ gen_emit(gen_t *g, const td_sample_pick_t *pk, td_engine_finish_t fin)
         json_t *o = json_pack("{s:s, s:I, s:I, s:s%}", "type", "token", "index",
                               (json_int_t)(g->ngen - 1), "id", (json_int_t)pk->token, "text",
                               g->piece, len);
-        if (o != NULL && fin == TD_ENGINE_FINISH_STOP)
+        if (o != NULL && fin == TD_SAMPLE_FINISH_STOP)
             json_object_set_new(o, "stop", json_true());
         if (o != NULL && g->o->logprobs >= 0) {
             json_t *lp = json_pick(tok, pk);
@@ -526,19 +527,19 @@ gen_emit(gen_t *g, const td_sample_pick_t *pk, td_engine_finish_t fin)
 
 /* End of output: what detok and the reader held back, the finish reason. */
 static int
-gen_finish(gen_t *g, td_engine_finish_t fin)
+gen_finish(gen_t *g, td_sample_finish_t fin)
 {
     char tail[8];
     size_t n = td_detok_flush(&g->detok, tail);
 
     if (gen_text(g, tail, n) != 0)
         return -1;
-    g->finish = td_engine_finish_str(fin);
+    g->finish = td_sample_finish_str(fin);
     if (g->parser != NULL) {
         const td_chat_delta_t *d;
         size_t nd;
         td_status_t st = td_chat_parser_finish(
-            g->parser, fin == TD_ENGINE_FINISH_LENGTH ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
+            g->parser, fin == TD_SAMPLE_FINISH_LENGTH ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
             &d, &nd);
         if (st != TD_OK) {
             fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
@@ -621,7 +622,7 @@ gen_run(gen_t *g)
     float *logits = NULL;
     int32_t *in = NULL;
     td_sample_pick_t pk;
-    td_engine_finish_t fin = TD_ENGINE_FINISH_NONE;
+    td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
     uint32_t ntop = g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
     td_status_t st;
     int rc = -1;
@@ -664,10 +665,10 @@ gen_run(gen_t *g)
         fin = td_sample_finish(&g->sp, pk.token, g->ngen + 1, pos + 1, cap);
         if (gen_emit(g, &pk, fin) != 0)
             goto cleanup;
-        if (fin == TD_ENGINE_FINISH_NONE && g->parser != NULL &&
+        if (fin == TD_SAMPLE_FINISH_NONE && g->parser != NULL &&
             td_chat_parser_stopped(g->parser))
-            fin = TD_ENGINE_FINISH_STOP;
-        if (fin != TD_ENGINE_FINISH_NONE || g->out.failed)
+            fin = TD_SAMPLE_FINISH_STOP;
+        if (fin != TD_SAMPLE_FINISH_NONE || g->out.failed)
             break;
         td_cache_t *one[1] = { c };
         st = td_forward_decode(m, one, &pk.token, 1, logits);
@@ -781,18 +782,18 @@ gen_prepare(gen_t *g)
                 (unsigned long long)g->context);
         return -1;
     }
-    g->sp = (td_engine_sampling_t){
+    g->sp = (td_sample_params_t){
         .temperature = o->temperature, .top_p = o->top_p, .top_k = (uint32_t)o->top_k,
         .seed = o->seed, .max_tokens = (uint32_t)o->max_tokens,
     };
     if (!o->seed_set)
-        g->sp.seed = td_engine_mix64((uint64_t)time(NULL) * TD_ENGINE_GAMMA ^
-                                     td_engine_mix64((uint64_t)getpid() + (uint64_t)clock()));
+        g->sp.seed = td_rng_mix64((uint64_t)time(NULL) * TD_RNG_GAMMA ^
+                                     td_rng_mix64((uint64_t)getpid() + (uint64_t)clock()));
     if (td_sample_check(&g->sp, why, sizeof(why)) != TD_OK) {
         fprintf(stderr, "generate: %s\n", why);
         return -1;
     }
-    st = td_sample_stop_eos(m->cfg, m->tok, &g->sp);
+    st = td_model_stop_eos(m->cfg, m->tok, &g->sp);
     if (st != TD_OK && st != TD_ERR_NOT_FOUND) {
         fprintf(stderr, "generate: model %s: no usable end-of-sequence token (%s)\n", o->model,
                 td_status_str(st));
@@ -800,7 +801,7 @@ gen_prepare(gen_t *g)
     }
     if (g->chat != NULL) {
         td_chat_parse_opts_t po = g->chat->parse;
-        po.id_seed = td_engine_mix64(g->sp.seed + TD_ENGINE_GAMMA) | 1;   /* reproducible ids */
+        po.id_seed = td_rng_mix64(g->sp.seed + TD_RNG_GAMMA) | 1;   /* reproducible ids */
         st = td_chat_parser_create(&po, &g->parser);
         if (st != TD_OK) {
             fprintf(stderr, "generate: reply reader: %s\n", td_status_str(st));

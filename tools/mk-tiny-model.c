@@ -1060,7 +1060,7 @@ out:
 
 /* ---- main ----------------------------------------------------------------------------- */
 
-/* The number of token classes the engram hashes see (engine/tokmap). */
+/* The number of token classes the engram hashes see (text/tokmap). */
 static int
 mk_compressed_vocab(const td_tokenizer_t *tok, uint32_t *out)
 {

@@ -1,5 +1,5 @@
 /* tools/tokenize — the V4.1 tokenizer from the command line: text -> ids, or
- * with --decode ids -> text, through engine/tokenizer.c. */
+ * with --decode ids -> text, through text/tokenizer.c. */
 #include "tokenizer.h"
 
 #include "log.h"

@@ -1,4 +1,4 @@
-/* tests/chat/test_chat.c — engine/chat.c unit by unit: every refusal (status,
+/* tests/chat/test_chat.c — text/chat.c unit by unit: every refusal (status,
  * field, message, the OpenAI error body), the settings that override the
  * request, and the output reader's API (misuse, invalid UTF-8, stop strings,
  * tool call ids). */

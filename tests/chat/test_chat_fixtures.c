@@ -1,4 +1,4 @@
-/* tests/chat/test_chat_fixtures.c — engine/chat.c against the reference
+/* tests/chat/test_chat_fixtures.c — text/chat.c against the reference
  * fixtures that tests/chat/regen writes: prompts byte for byte (and their
  * special-token ranges and parse options), refusals, and the output reader
  * one-shot, one token piece at a time (the deltas after every piece) and one

@@ -26,7 +26,7 @@ main(int argc, char **argv)
 {
     const char *dir = NULL, *prompt = NULL, *messages = NULL;
     td_chat_opts_t copts = { .thinking = -1 };
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     unsigned long max_tokens = 16;
 
     for (int i = 1; i < argc; i++) {
@@ -85,7 +85,7 @@ main(int argc, char **argv)
 
     json_t *out_ids = json_array(), *lps = json_array(), *pids = json_array();
     const char *finish = "length";
-    const td_engine_sampling_t *sps[1] = { &sp };
+    const td_sample_params_t *sps[1] = { &sp };
     for (size_t i = 0; i < n; i++)
         json_array_append_new(pids, json_integer(ids[i]));
     for (unsigned long g = 0; g < max_tokens; g++) {

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
+
 int fk_failures;
 
 #define FK_CHECK(cond)                                                        \
@@ -40,7 +42,7 @@ fk_engine(void)
     cfg.synth.layout.block_entries = 4;
     cfg.synth.vocab = 1000;
     cfg.synth.max_context = 4096;
-    if (td_engine_create(&cfg, &e) != TD_OK)
+    if (td_engine_create(test_engines, &cfg, &e) != TD_OK)
         e = NULL;
     td_engine_config_free(&cfg);
     return e;
@@ -277,11 +279,11 @@ int32_t
 fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
         const int32_t *prompt, size_t n, uint32_t max_tokens, int terminal, int canceled)
 {
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     sp.max_tokens = max_tokens;
     td_engine_req_t *req = NULL;
     int32_t first = -1;
-    td_engine_finish_t fin;
+    td_sample_finish_t fin;
     fp->dest = dest;
     FK_CHECK((td_engine_req_create(e, &sp, &req)) == TD_OK);
     if (req == NULL)
@@ -317,15 +319,15 @@ size_t
 fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_tokens,
               int32_t *out)
 {
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     sp.max_tokens = max_tokens;
     td_engine_req_t *req = NULL;
-    td_engine_finish_t fin;
+    td_sample_finish_t fin;
     size_t k = 0;
     td_engine_req_create(e, &sp, &req);
     td_engine_prefill(req, prompt, n, 1, fk_no_layer, NULL);
     td_engine_sample(req, &out[k++], &fin);
-    while (fin == TD_ENGINE_FINISH_NONE) {
+    while (fin == TD_SAMPLE_FINISH_NONE) {
         td_engine_row_t row = { .req = req, .token = out[k - 1] };
         if (td_engine_decode_step(e, &row, 1, NULL, NULL) != TD_OK)
             break;

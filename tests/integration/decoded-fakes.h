@@ -12,6 +12,7 @@
 
 #include "../unit/testutil.h"
 #include "engine.h"
+#include "registry.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
 

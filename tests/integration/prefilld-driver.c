@@ -22,8 +22,11 @@
 #include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
+#include "registry.h"
 #include "synthetic.h"
 #include "xfer.h"
+
+static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 
 #define NRANKS 2
 #define MAX_REQS 16
@@ -84,7 +87,7 @@ verify_req(int i)
 {
     req_t *r = &g.reqs[i];
     const td_layout_t *l = g.engine->layout;
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
     if (td_engine_req_create(g.engine, &sp, &req) != TD_OK)
         return 0;
@@ -103,7 +106,7 @@ verify_req(int i)
         }
     }
     int32_t tok;
-    td_engine_finish_t fin;
+    td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == r->first_token;
     td_engine_req_destroy(req);
     return ok;
@@ -374,7 +377,7 @@ main(int argc, char **argv)
     lc->window_entry_bytes = 16, lc->partial_entry_bytes = 32, lc->block_entries = 4;
     ec.synth.vocab = 1000;
     ec.synth.prefill_us = 20;
-    CHECK_STATUS(td_engine_create(&ec, &g.engine), TD_OK);
+    CHECK_STATUS(td_engine_create(test_engines, &ec, &g.engine), TD_OK);
     td_engine_config_free(&ec);
     char fp[17];
     snprintf(fp, sizeof(fp), "%016" PRIx64, g.engine->fingerprint);

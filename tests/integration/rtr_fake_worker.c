@@ -17,8 +17,11 @@
 
 #include "daemon.h"
 #include "engine.h"
+#include "registry.h"
 #include "link.h"
 #include "log.h"
+
+static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 
 #define TEXT "the quick brown fox jumps over the lazy dog "
 #define MAXREQ 256
@@ -258,7 +261,7 @@ main(int argc, char **argv)
     fclose(f);
     while (slen > 0 && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
         slen--;   /* as common/daemon.c reads it */
-    if (td_engine_config_defaults(&ecfg) != TD_OK || td_engine_create(&ecfg, &eng) != TD_OK)
+    if (td_engine_config_defaults(&ecfg) != TD_OK || td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
         return 1;
     snprintf(fp, sizeof fp, "%016" PRIx64, eng->fingerprint);
     signal(SIGPIPE, SIG_IGN);

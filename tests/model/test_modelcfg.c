@@ -1,4 +1,4 @@
-/* tests/model/test_modelcfg.c — engine/modelcfg against the reference: every case
+/* tests/model/test_modelcfg.c — model/modelcfg against the reference: every case
  * of modelcfg_cases.json (tests/model/regen) resolves or fails as there; then
  * files, to_json round trips, engine checks, features and engram primes. */
 #include "check.h"

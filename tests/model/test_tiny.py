@@ -2,8 +2,8 @@
 # tests/model/test_tiny.py — tools/mk-tiny-model's output: byte-identical for
 # the same arguments, bound to its weight schema by the C front end, readable
 # by the Python reference tools (safetensors lists the same tensors,
-# tokenizers encodes like engine/tokenizer, the reference config class accepts
-# config.json and resolves it as engine/modelcfg does).
+# tokenizers encodes like text/tokenizer, the reference config class accepts
+# config.json and resolves it as model/modelcfg does).
 #
 # Needs: python3 with safetensors and tokenizers; the reference config check
 # also needs the V4.1 config module in the local transformers (see
@@ -116,7 +116,7 @@ def check_dir(label, d, quant, dtype):
         if w is None or s is None or w[1][1] * 2 != h or s[1][1] * 32 != h:
             fail(f"{label}: fp4 expert shapes {w} {s} for hidden_size {h}")
 
-    # the tokenizer: tokenizers and engine/tokenizer give the same ids
+    # the tokenizer: tokenizers and text/tokenizer give the same ids
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
@@ -129,7 +129,7 @@ def check_dir(label, d, quant, dtype):
         r = run([CHECK, "encode", d, text])
         ours = [int(x) for x in r.stdout.split()]
         if r.returncode != 0 or ours != ref:
-            fail(f"{label}: {text!r}: tokenizers {ref}, engine/tokenizer {ours} {r.stderr.strip()}")
+            fail(f"{label}: {text!r}: tokenizers {ref}, text/tokenizer {ours} {r.stderr.strip()}")
 
     # the reference config class accepts config.json and resolves it as we do
     try:

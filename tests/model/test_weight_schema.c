@@ -1,4 +1,4 @@
-/* tests/model/test_weight_schema.c — engine/weights: which tensors exist for which
+/* tests/model/test_weight_schema.c — model/weights: which tensors exist for which
  * layers (reference module tree, release shapes from docs/weights.md) and each
  * problem class a bind reports (missing, shape, dtype, unexpected, summary). */
 #include "check.h"

@@ -43,10 +43,10 @@ log_sink(td_log_level_t level, const char *line, void *arg)
         last_log[0] = '\0';                                                           \
     } while (0)
 
-static td_engine_sampling_t
+static td_sample_params_t
 sampling(double temperature, double top_p, uint32_t top_k, uint64_t seed)
 {
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     sp.temperature = temperature;
     sp.top_p = top_p;
     sp.top_k = top_k;
@@ -55,7 +55,7 @@ sampling(double temperature, double top_p, uint32_t top_k, uint64_t seed)
 }
 
 static int32_t
-pick(const float *lg, size_t n, const td_engine_sampling_t *sp, uint64_t pos)
+pick(const float *lg, size_t n, const td_sample_params_t *sp, uint64_t pos)
 {
     td_sample_pick_t pk;
     td_status_t st = td_sample_pick(lg, n, sp, pos, 0, &pk);
@@ -71,7 +71,7 @@ pick(const float *lg, size_t n, const td_engine_sampling_t *sp, uint64_t pos)
  * id), keep top_k, weights exp((l - l_max) / T), keep the shortest prefix
  * whose share reaches top_p, normalize. p[id] for every id. */
 static void
-expected_dist(const float *lg, size_t n, const td_engine_sampling_t *sp, double *p)
+expected_dist(const float *lg, size_t n, const td_sample_params_t *sp, double *p)
 {
     size_t order[64], keep;
     double w[64], sum = 0, acc = 0;
@@ -141,7 +141,7 @@ static void
 test_greedy(void)
 {
     const float lg[6] = { 0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f };
-    td_engine_sampling_t t0 = sampling(0, 1, 0, 1), k1 = sampling(5.0, 1, 1, 1);
+    td_sample_params_t t0 = sampling(0, 1, 0, 1), k1 = sampling(5.0, 1, 1, 1);
 
     CHECK_EQ_INT(td_sample_argmax(lg, 6), 1);      /* tie between 1 and 3: lowest id */
     for (uint64_t s = 0; s < 50; s++) {
@@ -151,7 +151,7 @@ test_greedy(void)
     }
     /* -inf logits are never chosen; a single finite one always is */
     const float masked[4] = { -INFINITY, -INFINITY, -3.0f, -INFINITY };
-    td_engine_sampling_t hot = sampling(2.0, 1, 0, 9);
+    td_sample_params_t hot = sampling(2.0, 1, 0, 9);
     for (uint64_t p = 0; p < 50; p++)
         CHECK_EQ_INT(pick(masked, 4, &hot, p), 2);
     CHECK_EQ_INT(pick(masked, 4, &t0, 0), 2);
@@ -162,7 +162,7 @@ test_top_k_top_p(void)
 {
     /* top_k at a tie on its boundary: [5, 3, 3, 3] with k 2 keeps ids 0 and 1 */
     const float kt[4] = { 5.0f, 3.0f, 3.0f, 3.0f };
-    td_engine_sampling_t sp = sampling(100.0, 1, 2, 3);
+    td_sample_params_t sp = sampling(100.0, 1, 2, 3);
     unsigned seen[4] = { 0 };
     for (uint64_t p = 0; p < 400; p++)
         seen[pick(kt, 4, &sp, p) & 3]++;
@@ -198,7 +198,7 @@ static void
 test_seed(void)
 {
     const float lg[8] = { 1.5f, 0.7f, 0.0f, -0.4f, -1.2f, 0.3f, 2.0f, -2.5f };
-    td_engine_sampling_t a = sampling(1.0, 1, 0, 1234), b = a;
+    td_sample_params_t a = sampling(1.0, 1, 0, 1234), b = a;
     int32_t ra[64], rb[64];
     int differ = 0;
 
@@ -211,15 +211,15 @@ test_seed(void)
     }
     CHECK(differ > 8);                              /* another seed, other draws */
 
-    /* the model samples as the synthetic engine does: td_engine_sample_logits
+    /* the model samples as the synthetic engine does: td_sample_dist
      * with the same (seed, position) */
-    td_engine_sampling_t e = sampling(0.9, 0.95, 6, 0);
-    td_engine_logits_t dense = { 8, NULL, lg };
+    td_sample_params_t e = sampling(0.9, 0.95, 6, 0);
+    td_sample_dist_t dense = { 8, NULL, lg };
     for (uint64_t s = 0; s < 40; s++)
         for (uint64_t p = 0; p < 40; p += 3) {
             int32_t want = -1;
             e.seed = s * 0x10001;
-            CHECK_STATUS(td_engine_sample_logits(&dense, &e, p, &want), TD_OK);
+            CHECK_STATUS(td_sample_dist(&dense, &e, p, &want), TD_OK);
             CHECK_EQ_INT(pick(lg, 8, &e, p), want);
         }
 
@@ -229,20 +229,20 @@ test_seed(void)
     static const uint32_t ks[] = { 0, 2, 3, 5, 17, 100, 499, 500, 501, 999, 1000, 5000 };
     for (int i = 0; i < 1000; i++)
         wide[i] = (float)((i * 7919) % 23) * 0.25f;
-    td_engine_logits_t wl = { 1000, NULL, wide };
+    td_sample_dist_t wl = { 1000, NULL, wide };
     for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++)
         for (uint64_t p = 0; p < 30; p++) {
-            td_engine_sampling_t w = sampling(3.0, p % 3 ? 0.9 : 1.0, ks[ki], p * 31);
+            td_sample_params_t w = sampling(3.0, p % 3 ? 0.9 : 1.0, ks[ki], p * 31);
             int32_t want = -1;
-            CHECK_STATUS(td_engine_sample_logits(&wl, &w, p, &want), TD_OK);
+            CHECK_STATUS(td_sample_dist(&wl, &w, p, &want), TD_OK);
             CHECK_EQ_INT(pick(wide, 1000, &w, p), want);
         }
 
     /* the draw does not depend on the batch: rows of td_sample_rows, in any
      * order and with other rows around, give what each gives alone */
     float rows[3][8];
-    td_engine_sampling_t c = sampling(0.7, 0.9, 5, 99);
-    const td_engine_sampling_t *sps[3] = { &c, &a, &b };
+    td_sample_params_t c = sampling(0.7, 0.9, 5, 99);
+    const td_sample_params_t *sps[3] = { &c, &a, &b };
     for (uint64_t p = 0; p < 32; p++) {
         uint64_t pos[3] = { p, p + 100, 3 * p };
         int32_t tok[3];
@@ -277,7 +277,7 @@ test_distribution(void)
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         for (int over_seeds = 0; over_seeds < 2; over_seeds++) {
-            td_engine_sampling_t sp = sampling(cases[c].temperature, cases[c].top_p,
+            td_sample_params_t sp = sampling(cases[c].temperature, cases[c].top_p,
                                                cases[c].top_k, 2024);
             unsigned counts[8] = { 0 }, df, wdf;
             double p[8], q[8];
@@ -300,7 +300,7 @@ test_distribution(void)
                 td_check_failures++;
             }
             /* power: the draws reject the broken variant */
-            td_engine_sampling_t wrong = sp;
+            td_sample_params_t wrong = sp;
             wrong.temperature = cases[c].wrong_t;
             wrong.top_k = cases[c].wrong_k;
             if (cases[c].top_p < 1 && cases[c].wrong_t == cases[c].temperature &&
@@ -352,7 +352,7 @@ test_logprobs(void)
 
     /* the chosen token's logprob is the model's, whatever the sampling: the
      * same at temperature 0, 0.3 and 3, with top_k and top_p cuts */
-    td_engine_sampling_t sps[3] = { sampling(0, 1, 0, 0), sampling(0.3, 0.5, 2, 1),
+    td_sample_params_t sps[3] = { sampling(0, 1, 0, 0), sampling(0.3, 0.5, 2, 1),
                                     sampling(3.0, 0.9, 0, 2) };
     for (int s = 0; s < 3; s++)
         for (uint64_t p = 0; p < 20; p++) {
@@ -391,7 +391,7 @@ test_logprobs(void)
     /* refusals */
     const float nan_row[2] = { 0.0f, NAN }, inf_row[2] = { 0.0f, INFINITY };
     const float none[2] = { -INFINITY, -INFINITY };
-    td_engine_sampling_t g = sampling(0, 1, 0, 0);
+    td_sample_params_t g = sampling(0, 1, 0, 0);
     CHECK_STATUS(td_sample_logprobs(lg, 10, 10, 0, &pk), TD_ERR_RANGE);
     CHECK_STATUS(td_sample_logprobs(lg, 10, -1, 0, &pk), TD_ERR_RANGE);
     CHECK_STATUS(td_sample_logprobs(lg, 10, 0, TD_SAMPLE_MAX_TOP + 1, &pk), TD_ERR_RANGE);
@@ -412,7 +412,7 @@ test_logprobs(void)
 static void
 test_stop_finish(void)
 {
-    td_engine_sampling_t sp = sampling(1.0, 1.0, 0, 0);
+    td_sample_params_t sp = sampling(1.0, 1.0, 0, 0);
     char why[96];
 
     /* parameter checks */
@@ -435,7 +435,7 @@ test_stop_finish(void)
     sp.nstop = 1;
     sp.stop[0] = -4;
     CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
-    sp.nstop = TD_ENGINE_MAX_STOP + 1;
+    sp.nstop = TD_SAMPLE_MAX_STOP + 1;
     CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
     const float lg[3] = { 0, 1, 2 };
     CHECK_STATUS(td_sample_pick(lg, 3, &sp, 0, 0, &(td_sample_pick_t){ 0 }), TD_ERR_INVALID);
@@ -447,14 +447,14 @@ test_stop_finish(void)
     sp.stop[0] = 7;
     sp.stop[1] = 9;
     sp.max_tokens = 4;
-    CHECK_EQ_INT(td_sample_finish(&sp, 9, 1, 10, 100), TD_ENGINE_FINISH_STOP);
-    CHECK_EQ_INT(td_sample_finish(&sp, 7, 4, 100, 100), TD_ENGINE_FINISH_STOP);
-    CHECK_EQ_INT(td_sample_finish(&sp, 8, 3, 10, 100), TD_ENGINE_FINISH_NONE);
-    CHECK_EQ_INT(td_sample_finish(&sp, 8, 4, 10, 100), TD_ENGINE_FINISH_LENGTH);
-    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 100, 100), TD_ENGINE_FINISH_LENGTH);
-    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 99, 100), TD_ENGINE_FINISH_NONE);
+    CHECK_EQ_INT(td_sample_finish(&sp, 9, 1, 10, 100), TD_SAMPLE_FINISH_STOP);
+    CHECK_EQ_INT(td_sample_finish(&sp, 7, 4, 100, 100), TD_SAMPLE_FINISH_STOP);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 3, 10, 100), TD_SAMPLE_FINISH_NONE);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 4, 10, 100), TD_SAMPLE_FINISH_LENGTH);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 100, 100), TD_SAMPLE_FINISH_LENGTH);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 2, 99, 100), TD_SAMPLE_FINISH_NONE);
     sp.max_tokens = 0;   /* no limit but the context; context 0: none at all */
-    CHECK_EQ_INT(td_sample_finish(&sp, 8, 1000000, 5000, 0), TD_ENGINE_FINISH_NONE);
+    CHECK_EQ_INT(td_sample_finish(&sp, 8, 1000000, 5000, 0), TD_SAMPLE_FINISH_NONE);
 
     /* end-of-sequence ids from config.json */
     static const struct {
@@ -482,7 +482,7 @@ test_stop_finish(void)
         sp = sampling(0, 1, 0, 0);
         sp.nstop = 1;
         sp.stop[0] = 7;   /* one the caller set; EOS ids are added, not repeated */
-        CHECK_STATUS(td_sample_stop_eos(cfg, NULL, &sp), cfgs[i].st);
+        CHECK_STATUS(td_model_stop_eos(cfg, NULL, &sp), cfgs[i].st);
         if (cfgs[i].st == TD_ERR_INVALID)
             CHECK_LOGGED("outside the vocabulary");
         if (cfgs[i].st == TD_ERR_NOT_FOUND)
@@ -506,12 +506,12 @@ test_stop_finish(void)
     const char *one = "{\"vocab_size\": 1000, \"eos_token_id\": 999}";
     CHECK_STATUS(td_modelcfg_parse(one, strlen(one), &cfg, NULL, 0), TD_OK);
     if (cfg != NULL) {
-        sp.nstop = TD_ENGINE_MAX_STOP;
-        for (int i = 0; i < TD_ENGINE_MAX_STOP; i++)
+        sp.nstop = TD_SAMPLE_MAX_STOP;
+        for (int i = 0; i < TD_SAMPLE_MAX_STOP; i++)
             sp.stop[i] = i;
-        CHECK_STATUS(td_sample_stop_eos(cfg, NULL, &sp), TD_ERR_RANGE);
+        CHECK_STATUS(td_model_stop_eos(cfg, NULL, &sp), TD_ERR_RANGE);
         CHECK_LOGGED("more than 16 stop tokens");
-        CHECK_EQ_INT(sp.nstop, TD_ENGINE_MAX_STOP);
+        CHECK_EQ_INT(sp.nstop, TD_SAMPLE_MAX_STOP);
         td_modelcfg_destroy(cfg);
     }
 }

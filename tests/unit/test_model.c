@@ -271,7 +271,7 @@ test_quant(void)
         quant_inputs(x, N * D, amp);
         if (rep == 3)        /* a block of zeros: amax clamps */
             memset(x, 0, 32 * sizeof(float));
-        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with engine/quant's e4m3 */
+        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with ckpt/quant's e4m3 */
         for (size_t b = 0; b < N * D / 32; b++) {
             float amax = 0;
             for (size_t i = 0; i < 32; i++)
@@ -584,8 +584,8 @@ static void
 test_sample(void)
 {
     float lg[2][6] = { { 0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f }, { 1.0f, 1.0f, 1.0f, 1.0f, 9.0f, 1.0f } };
-    td_engine_sampling_t greedy = td_engine_sampling_greedy(), hot = greedy, top2 = greedy;
-    const td_engine_sampling_t *sp[2] = { &greedy, &greedy };
+    td_sample_params_t greedy = td_sample_params_greedy(), hot = greedy, top2 = greedy;
+    const td_sample_params_t *sp[2] = { &greedy, &greedy };
     uint64_t pos[2] = { 3, 7 };
     int32_t tok[2];
 

@@ -11,10 +11,13 @@
 #include "check.h"
 #include "testutil.h"
 #include "engine.h"
+#include "registry.h"
 #include "kvmap.h"
 #include "rank.h"
 #include "synthetic.h"
 #include "xfer.h"
+
+static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 
 #define MAX_REQS 8
 #define MAX_SEGS 16
@@ -89,7 +92,7 @@ static int
 verify_req(env_t *e, int i)
 {
     const td_layout_t *l = e->check->layout;
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
     if (td_engine_req_create(e->check, &sp, &req) != TD_OK)
         return 0;
@@ -112,7 +115,7 @@ verify_req(env_t *e, int i)
         }
     }
     int32_t tok;
-    td_engine_finish_t fin;
+    td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == e->reqs[i].first_token;
     td_engine_req_destroy(req);
     return ok;
@@ -184,7 +187,7 @@ engine_create(td_engine_t **out)
     l->partial_entry_bytes = 32;
     l->block_entries = 4;
     c.synth.vocab = 1000;
-    st = td_engine_create(&c, out);
+    st = td_engine_create(test_engines, &c, out);
     td_engine_config_free(&c);
     return st;
 }

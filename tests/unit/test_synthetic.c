@@ -4,7 +4,10 @@
  * the cost model, and agreement with the independent tools/synth-expect. */
 #include "check.h"
 #include "engine.h"
+#include "registry.h"
+#include "clock.h"
 #include "log.h"
+#include "rng.h"
 
 #include <libgen.h>
 #include <limits.h>
@@ -12,6 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "synthetic.h"
+#include "worker.h"
+
+/* The worker daemons' engines: synthetic and deepseek-v41. */
+#define test_engines td_worker_engines
 
 /* ---- Helpers ------------------------------------------------------------------- */
 
@@ -35,7 +43,7 @@ small_engine(uint64_t key, uint64_t vocab)
     cfg.synth.layout.block_entries = 4;
     cfg.synth.key = key;
     cfg.synth.vocab = vocab;
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_OK);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_OK);
     td_engine_config_free(&cfg);
     return e;
 }
@@ -47,7 +55,7 @@ default_engine(void)
     td_engine_t *e = NULL;
 
     CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_OK);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_OK);
     td_engine_config_free(&cfg);
     return e;
 }
@@ -56,7 +64,7 @@ static void
 make_prompt(int32_t *tok, size_t n, uint32_t vocab, uint64_t salt)
 {
     for (size_t i = 0; i < n; i++)
-        tok[i] = (int32_t)(td_engine_mix64(salt * 1000003 + i) % vocab);
+        tok[i] = (int32_t)(td_rng_mix64(salt * 1000003 + i) % vocab);
 }
 
 /* Collects what the layer callback hands out: per segment, the paged entries
@@ -170,9 +178,9 @@ static int32_t
 prefill_chunked(td_engine_t *e, const int32_t *tok, size_t n, size_t chunk, collect_t *c,
                 td_engine_req_t **reqout)
 {
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req = NULL;
-    td_engine_finish_t fin;
+    td_sample_finish_t fin;
     int32_t first = -1;
 
     CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
@@ -187,7 +195,7 @@ prefill_chunked(td_engine_t *e, const int32_t *tok, size_t n, size_t chunk, coll
                                        c ? collect_fn : verify_fn, c), TD_OK);
     }
     CHECK_STATUS(td_engine_sample(req, &first, &fin), TD_OK);
-    CHECK_EQ_INT(fin, TD_ENGINE_FINISH_NONE);
+    CHECK_EQ_INT(fin, TD_SAMPLE_FINISH_NONE);
     if (reqout)
         *reqout = req;
     else
@@ -398,7 +406,7 @@ test_create(void)
     CHECK_STR(cfg.engine, "synthetic");
     td_log_set_level(TD_LOG_INFO);
     log_lines[0] = '\0';
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_OK);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_OK);
     td_log_set_level(TD_LOG_WARN);
     CHECK(strstr(log_lines, "synthetic (not a model: keyed-hash tokens and KV)") != NULL);
     CHECK(strstr(log_lines, "890.0 B/token") != NULL);
@@ -414,18 +422,18 @@ test_create(void)
     cfg.engine = strdup("deepseek-v41");
     log_lines[0] = '\0';
     e = NULL;
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_ERR_INVALID);   /* no model directory */
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_ERR_INVALID);   /* no model directory */
     CHECK(e == NULL);
     CHECK(strstr(log_lines, "no model directory") != NULL);
 
     free(cfg.engine);
     cfg.engine = strdup("llama");
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_ERR_NOT_FOUND);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_ERR_NOT_FOUND);
 
     free(cfg.engine);
     cfg.engine = strdup("synthetic");
     cfg.synth.vocab = 1;
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_ERR_INVALID);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_ERR_INVALID);
     td_engine_config_free(&cfg);
 }
 
@@ -568,7 +576,7 @@ test_verify(td_engine_t *e)
     int32_t tok[N];
     collect_t c;
     td_engine_req_t *req, *dreq;
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     const void **fixed = calloc(e->layout->nsegs, sizeof(*fixed));
     uint64_t bad = 0;
 
@@ -624,7 +632,7 @@ test_verify(td_engine_t *e)
         log_lines[0] = '\0';
         CHECK_STATUS(td_engine_adopt(d2, tok, N, fixed), TD_ERR_MISMATCH);
         CHECK(strstr(log_lines, "fixed segment L2.window differs at byte 3") != NULL);
-        CHECK_STATUS(td_engine_sample(d2, &(int32_t){ 0 }, &(td_engine_finish_t){ 0 }),
+        CHECK_STATUS(td_engine_sample(d2, &(int32_t){ 0 }, &(td_sample_finish_t){ 0 }),
                      TD_ERR_STATE);
         td_engine_req_destroy(d2);
         c.seg[w][3] ^= 1;
@@ -632,7 +640,7 @@ test_verify(td_engine_t *e)
     /* the decode side continues the prefill side's stream */
     {
         int32_t t0, t1;
-        td_engine_finish_t f;
+        td_sample_finish_t f;
         td_engine_row_t row;
 
         CHECK_STATUS(td_engine_sample(req, &t0, &f), TD_OK);
@@ -653,10 +661,10 @@ test_verify(td_engine_t *e)
 static void
 test_failures(td_engine_t *e)
 {
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
     int32_t tok[10], t;
-    td_engine_finish_t f;
+    td_sample_finish_t f;
     collect_t c;
 
     make_prompt(tok, 10, e->vocab, 5);
@@ -679,7 +687,7 @@ test_failures(td_engine_t *e)
     sp.top_p = 0;
     CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_ERR_INVALID);
     sp.top_p = 1;
-    sp.nstop = TD_ENGINE_MAX_STOP + 1;
+    sp.nstop = TD_SAMPLE_MAX_STOP + 1;
     CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_ERR_INVALID);
 }
 
@@ -691,10 +699,10 @@ test_sampling(td_engine_t *e)
     enum { N = 20, POS = 200 };
     int32_t tok[N];
     td_engine_req_t *req;
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
-    td_engine_logits_t lg;
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_dist_t lg;
     int32_t t, t2;
-    td_engine_finish_t f;
+    td_sample_finish_t f;
     int differ = 0, hit_not_greedy = 0;
 
     make_prompt(tok, N, e->vocab, 6);
@@ -707,27 +715,27 @@ test_sampling(td_engine_t *e)
     /* temperature: reproducible per (seed, position), seeds differ somewhere,
      * top_k / top_p bound the choice */
     for (uint64_t pos = 0; pos < POS; pos++) {
-        td_engine_sampling_t s1 = { .temperature = 1.0, .top_p = 1, .seed = 42 };
-        td_engine_sampling_t s2 = s1;
+        td_sample_params_t s1 = { .temperature = 1.0, .top_p = 1, .seed = 42 };
+        td_sample_params_t s2 = s1;
 
         s2.seed = 43;
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s1, pos, &t), TD_OK);
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s1, pos, &t2), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s1, pos, &t), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s1, pos, &t2), TD_OK);
         CHECK_EQ_INT(t, t2);
         hit_not_greedy += t != lg.ids[0];
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s2, pos, &t2), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s2, pos, &t2), TD_OK);
         differ += t != t2;
 
         s1.top_k = 2;
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s1, pos, &t), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s1, pos, &t), TD_OK);
         CHECK(t == lg.ids[0] || (lg.n > 1 && t == lg.ids[1]));
         s1.top_k = 0;
         s1.top_p = 0.35;    /* the top candidate alone has ~0.4 of the mass */
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s1, pos, &t), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s1, pos, &t), TD_OK);
         CHECK_EQ_INT(t, lg.ids[0]);
         s1.top_p = 1;
         s1.temperature = 0;
-        CHECK_STATUS(td_engine_sample_logits(&lg, &s1, pos, &t), TD_OK);
+        CHECK_STATUS(td_sample_dist(&lg, &s1, pos, &t), TD_OK);
         CHECK_EQ_INT(t, lg.ids[0]);
     }
     CHECK(differ > POS / 10);
@@ -736,8 +744,8 @@ test_sampling(td_engine_t *e)
     /* the sampler's frequencies follow softmax(logits / T) on a dense vector */
     {
         const float logits[4] = { 1.0f, 0.0f, 2.0f, -1.0f };
-        td_engine_logits_t d = { 4, NULL, logits };
-        td_engine_sampling_t s = { .temperature = 0.5, .top_p = 1, .seed = 9 };
+        td_sample_dist_t d = { 4, NULL, logits };
+        td_sample_params_t s = { .temperature = 0.5, .top_p = 1, .seed = 9 };
         int count[4] = { 0 };
         double z = 0, p[4];
         enum { DRAWS = 20000 };
@@ -745,16 +753,16 @@ test_sampling(td_engine_t *e)
         for (int i = 0; i < 4; i++)
             z += p[i] = exp(logits[i] / 0.5);
         for (uint64_t pos = 0; pos < DRAWS; pos++) {
-            CHECK_STATUS(td_engine_sample_logits(&d, &s, pos, &t), TD_OK);
+            CHECK_STATUS(td_sample_dist(&d, &s, pos, &t), TD_OK);
             count[t]++;
         }
         for (int i = 0; i < 4; i++)
             CHECK(fabs((double)count[i] / DRAWS - p[i] / z) < 0.02);
         s.temperature = 0;
-        CHECK_STATUS(td_engine_sample_logits(&d, &s, 0, &t), TD_OK);
+        CHECK_STATUS(td_sample_dist(&d, &s, 0, &t), TD_OK);
         CHECK_EQ_INT(t, 2);
         d.n = 0;
-        CHECK_STATUS(td_engine_sample_logits(&d, &s, 0, &t), TD_ERR_INVALID);
+        CHECK_STATUS(td_sample_dist(&d, &s, 0, &t), TD_ERR_INVALID);
     }
     td_engine_req_destroy(req);
 
@@ -764,7 +772,7 @@ test_sampling(td_engine_t *e)
         td_engine_row_t row;
 
         generate(e, tok, N, 5, gen, NULL);
-        sp = td_engine_sampling_greedy();
+        sp = td_sample_params_greedy();
         sp.nstop = 2;
         sp.stop[0] = -5;
         sp.stop[1] = gen[2];
@@ -772,13 +780,13 @@ test_sampling(td_engine_t *e)
         CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
         CHECK_STATUS(td_engine_prefill(req, tok, N, 1, verify_fn, NULL), TD_OK);
         CHECK_STATUS(td_engine_sample(req, &t, &f), TD_OK);
-        CHECK_EQ_INT(f, gen[0] == gen[2] ? TD_ENGINE_FINISH_STOP : TD_ENGINE_FINISH_NONE);
+        CHECK_EQ_INT(f, gen[0] == gen[2] ? TD_SAMPLE_FINISH_STOP : TD_SAMPLE_FINISH_NONE);
         row = (td_engine_row_t){ .req = req, .token = t };
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
         row.token = row.next;
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
         CHECK_EQ_INT(row.next, gen[2]);
-        CHECK_EQ_INT(row.finish, TD_ENGINE_FINISH_STOP);
+        CHECK_EQ_INT(row.finish, TD_SAMPLE_FINISH_STOP);
         td_engine_req_destroy(req);
 
         sp.nstop = 0;
@@ -786,13 +794,13 @@ test_sampling(td_engine_t *e)
         CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
         CHECK_STATUS(td_engine_prefill(req, tok, N, 1, verify_fn, NULL), TD_OK);
         CHECK_STATUS(td_engine_sample(req, &t, &f), TD_OK);
-        CHECK_EQ_INT(f, TD_ENGINE_FINISH_NONE);                 /* 1st */
+        CHECK_EQ_INT(f, TD_SAMPLE_FINISH_NONE);                 /* 1st */
         row = (td_engine_row_t){ .req = req, .token = t };
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
-        CHECK_EQ_INT(row.finish, TD_ENGINE_FINISH_NONE);        /* 2nd */
+        CHECK_EQ_INT(row.finish, TD_SAMPLE_FINISH_NONE);        /* 2nd */
         row.token = row.next;
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
-        CHECK_EQ_INT(row.finish, TD_ENGINE_FINISH_LENGTH);      /* 3rd */
+        CHECK_EQ_INT(row.finish, TD_SAMPLE_FINISH_LENGTH);      /* 3rd */
         td_engine_req_destroy(req);
     }
 }
@@ -806,7 +814,7 @@ test_cost(void)
     td_engine_t *e = NULL;
     td_engine_req_t *req[4];
     td_engine_row_t rows[4];
-    td_engine_sampling_t sp = td_engine_sampling_greedy();
+    td_sample_params_t sp = td_sample_params_greedy();
     int32_t tok[100];
     uint64_t t0;
     double ms, best;
@@ -818,7 +826,7 @@ test_cost(void)
     cfg.synth.prefill_us = 30;          /* 6 layers × 100 tokens × 30 us = 18 ms */
     cfg.synth.step_us = 5000;           /* 5 ms + 4 rows × 1 ms = 9 ms */
     cfg.synth.row_us = 1000;
-    CHECK_STATUS(td_engine_create(&cfg, &e), TD_OK);
+    CHECK_STATUS(td_engine_create(test_engines, &cfg, &e), TD_OK);
     td_engine_config_free(&cfg);
     if (e == NULL)
         return;
@@ -828,9 +836,9 @@ test_cost(void)
     best = 1e9;
     for (int i = 0; i < 4; i++) {
         CHECK_STATUS(td_engine_req_create(e, &sp, &req[i]), TD_OK);
-        t0 = td_engine_now_ns();
+        t0 = td_clock_ns();
         CHECK_STATUS(td_engine_prefill(req[i], tok, 100, 1, verify_fn, NULL), TD_OK);
-        ms = (td_engine_now_ns() - t0) / 1e6;
+        ms = (td_clock_ns() - t0) / 1e6;
         CHECK(ms >= 18.0);
         best = ms < best ? ms : best;
         rows[i] = (td_engine_row_t){ .req = req[i], .token = 1 };
@@ -839,9 +847,9 @@ test_cost(void)
     CHECK(best < 18.0 * 1.25);
     best = 1e9;
     for (int i = 0; i < 3; i++) {
-        t0 = td_engine_now_ns();
+        t0 = td_clock_ns();
         CHECK_STATUS(td_engine_decode_step(e, rows, 4, NULL, NULL), TD_OK);
-        ms = (td_engine_now_ns() - t0) / 1e6;
+        ms = (td_clock_ns() - t0) / 1e6;
         CHECK(ms >= 9.0);
         best = ms < best ? ms : best;
         for (int r = 0; r < 4; r++)

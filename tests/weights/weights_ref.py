@@ -3,7 +3,7 @@
 
 Needs python3 with safetensors (>= 0.6, for the F8_E8M0 and F4 dtype codes) and
 numpy; no torch, no network. Expected values are computed here independently of
-engine/quant.c: decoders by formula or numpy, encoders and quantizers by exact
+ckpt/quant.c: decoders by formula or numpy, encoders and quantizers by exact
 rational arithmetic (fractions) over each format's value grid.
 
   weights_ref.py gen DIR      write fixtures + manifest.json into DIR

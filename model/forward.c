@@ -1,0 +1,1086 @@
+/* model/forward.c — the DeepSeek-V4.1 forward pass as transformers'
+ * DeepseekV41ForCausalLM runs it with a cache (mHC streams, engram, window +
+ * CSA2 attention, MoE), every op through the model's td_kernels_ops_t; the
+ * requests of a pass attend side by side on the cpu ops' threads. */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Query rows per attention tile (bounds the key/mask buffers of long chunks). */
+#define FW_TILE 128
+
+/* The reference's per-forward `shared` dict, one per request. */
+typedef struct {
+    float *comp;              /* [ncomp, head_dim] the compressed KV the group reads */
+    size_t ncomp;
+    int has_comp;
+    float *index_k;           /* [nidx, index_head_dim] the indexer keys the group scores */
+    size_t nidx;
+    int has_index_k;
+    float *bias;              /* [n, bias_t] top-k block bias (0 / -inf) */
+    size_t bias_t;
+    int has_bias;
+    unsigned char *cand;      /* [n, cand_t] candidate mask of the two-level top-k */
+    size_t cand_t;
+    int has_cand;
+} fw_shared_t;
+
+/* One forward call. */
+typedef struct {
+    const td_model_t *m;
+    const td_modelcfg_t *c;
+    const td_kernels_ops_t *k;
+    td_forward_seq_t *seqs;
+    size_t nseq;
+    size_t N;                 /* rows */
+    size_t *row0;             /* [nseq] first row of each request */
+    uint64_t *p0;             /* [nseq] the request's position before this call */
+    int64_t *pos;             /* [N] absolute positions */
+    fw_shared_t *sh;          /* [nseq] */
+    td_status_t *seq_st;      /* [nseq] each request's attention status */
+    size_t H, hc, hd, nh, rd;
+
+    float *S, *R;             /* [N, hc, H] streams, residual */
+    float *flat, *mixes;      /* [N, hc * H], [N, (2 + hc) * hc] */
+    float *pre_in, *a_pre, *a_post, *a_comb, *f_pre, *f_post, *f_comb;
+    float *x, *y;             /* [N, H] */
+    /* attention */
+    float *qr, *q, *kv, *ao, *oa, *ckv, *cg;
+    uint8_t *kv_codes, *kv_scales;
+    /* engram */
+    int64_t *back;            /* [N, max_ngram] compressed ids looked back (pad when blocked) */
+    int64_t *hid;             /* [N, cols] */
+    float *emb, *kvx, *ekey, *eval;
+} fw_t;
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+#define FW_CHECK(expr)                                                         \
+    do {                                                                       \
+        td_status_t st_ = (expr);                                              \
+        if (st_ != TD_OK) {                                                    \
+            td_error("forward: %s: %s", #expr, td_kernels_error());            \
+            return st_;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* The same inside functions that unwind with goto out (st declared there). */
+#define FW_TRY(expr)                                                           \
+    do {                                                                       \
+        st = (expr);                                                           \
+        if (st != TD_OK) {                                                     \
+            td_error("forward: %s: %s", #expr, td_kernels_error());            \
+            goto out;                                                          \
+        }                                                                      \
+    } while (0)
+
+static void *
+fw_calloc(size_t n, size_t size)
+{
+    return calloc(n ? n : 1, size);
+}
+
+/* Store n vectors of dim values into entries of a cache segment in format f. */
+static td_status_t
+fw_store(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *x, size_t n,
+         unsigned char *dst)
+{
+    size_t eb = td_cache_fmt_bytes(fmt, dim);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *e = dst + i * eb;
+        const float *v = x + i * dim;
+        switch (fmt) {
+        case TD_CACHE_FP8:
+            FW_CHECK(f->k->quant_fp8(v, 1, dim, TD_CACHE_FP8_BLOCK, e, e + dim));
+            break;
+        case TD_CACHE_FP4_E4M3:
+            FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, e, e + dim / 2));
+            break;
+        case TD_CACHE_FP4_UE8M0:
+            FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, e, e + dim / 2));
+            break;
+        case TD_CACHE_F32:
+            memcpy(e, v, (size_t)dim * sizeof(float));
+            break;
+        }
+    }
+    return TD_OK;
+}
+
+/* Load n entries of format f into f32 [n, dim]. */
+static td_status_t
+fw_load(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const unsigned char *src, size_t n,
+        float *y)
+{
+    size_t eb = td_cache_fmt_bytes(fmt, dim);
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char *e = src + i * eb;
+        float *v = y + i * dim;
+        switch (fmt) {
+        case TD_CACHE_FP8:
+            FW_CHECK(f->k->dequant_fp8(e, e + dim, 1, dim, TD_CACHE_FP8_BLOCK, v));
+            break;
+        case TD_CACHE_FP4_E4M3:
+            FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, v));
+            break;
+        case TD_CACHE_FP4_UE8M0:
+            FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, v));
+            break;
+        case TD_CACHE_F32:
+            memcpy(v, e, (size_t)dim * sizeof(float));
+            break;
+        }
+    }
+    return TD_OK;
+}
+
+/* The reference's fake quantizers, in place (quantize, then dequantize). */
+static td_status_t
+fw_fake_quant(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, float *x, size_t n)
+{
+    if (fmt == TD_CACHE_F32)
+        return TD_OK;
+    unsigned char *tmp = malloc(td_cache_fmt_bytes(fmt, dim) * n);
+    if (tmp == NULL)
+        return TD_ERR_NOMEM;
+    td_status_t st = fw_store(f, fmt, dim, x, n, tmp);
+    if (st == TD_OK)
+        st = fw_load(f, fmt, dim, tmp, n, x);
+    free(tmp);
+    return st;
+}
+
+static const float *
+fw_inv_freq(const fw_t *f, uint32_t l, float *scale)
+{
+    if (f->c->layers[l].ratio > 0) {
+        *scale = f->m->rope_scale_compress;
+        return f->m->inv_freq_compress;
+    }
+    *scale = f->m->rope_scale_main;
+    return f->m->inv_freq_main;
+}
+
+/* ---- engram ---------------------------------------------------------------------- */
+
+/* back[r, s]: the compressed id of the token s places before row r, or the
+ * pad class where the look-back reaches before position 0. */
+static td_status_t
+fw_engram_back(fw_t *f)
+{
+    const td_model_engram_t *g = &f->m->engram;
+    size_t nb = (size_t)f->c->engram_max_ngram_size, slots = f->m->plan->engram_slots;
+
+    for (size_t s = 0; s < f->nseq; s++) {
+        const td_forward_seq_t *q = &f->seqs[s];
+        const int32_t *ring = (const int32_t *)td_cache_seg(q->cache, (uint32_t)f->m->plan->engram);
+        uint64_t p0 = f->p0[s];
+        for (size_t i = 0; i < q->n; i++) {
+            uint64_t p = p0 + i;
+            for (size_t sh = 0; sh < nb; sh++) {
+                int64_t cls = g->pad_class;
+                if (p >= sh) {
+                    uint64_t src = p - sh;
+                    int64_t tok = src >= p0 ? q->tokens[src - p0] : ring[src % slots];
+                    if (tok < 0 || (uint64_t)tok >= g->map_size) {
+                        td_error("forward: cache holds token id %lld at position %llu, "
+                                 "outside the tokenizer's %u ids", (long long)tok,
+                                 (unsigned long long)src, g->map_size);
+                        return TD_ERR_INVALID;
+                    }
+                    cls = g->token_map[tok];
+                }
+                f->back[(f->row0[s] + i) * nb + sh] = cls;
+            }
+        }
+    }
+    return TD_OK;
+}
+
+static td_status_t
+fw_engram(fw_t *f, uint32_t l)
+{
+    const td_modelcfg_t *c = f->c;
+    const td_model_layer_t *L = &f->m->layers[l];
+    const td_model_engram_t *g = &f->m->engram;
+    size_t k = (size_t)c->layers[l].engram, nb = (size_t)c->engram_max_ngram_size;
+    size_t heads = (size_t)c->engram_n_heads, cols = (nb - 1) * heads;
+    size_t ed = (size_t)c->engram_head_dim, H = f->H, hc = f->hc, N = f->N;
+    const int64_t *mult = g->mult + k * nb;
+    const uint64_t *primes = g->primes + k * cols, *offs = g->offsets + k * cols;
+
+    for (size_t r = 0; r < N; r++) {
+        const int64_t *t = f->back + r * nb;
+        /* ids < vocab and multipliers < INT64_MAX / vocab: no product overflows */
+        uint64_t rolling = (uint64_t)t[0] * (uint64_t)mult[0];
+        for (size_t i = 1; i < nb; i++) {
+            rolling ^= (uint64_t)t[i] * (uint64_t)mult[i];
+            for (size_t h = 0; h < heads; h++) {
+                size_t col = (i - 1) * heads + h;
+                f->hid[r * cols + col] = (int64_t)(rolling % primes[col] + offs[col]);
+            }
+        }
+    }
+    FW_CHECK(f->k->embed(L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
+    FW_CHECK(f->k->linear_mat(f->emb, L->eg_wkv, f->kvx, N));
+    for (size_t r = 0; r < N; r++) {
+        memcpy(f->ekey + r * hc * H, f->kvx + r * H * (hc + 1), hc * H * sizeof(float));
+        memcpy(f->eval + r * H, f->kvx + r * H * (hc + 1) + hc * H, H * sizeof(float));
+    }
+    FW_CHECK(f->k->engram_mix(f->S, f->ekey, f->eval, L->eg_qk, N, hc, H,
+                              (float)c->rms_norm_eps));
+    return TD_OK;
+}
+
+/* ---- compressor and indexer (CSA2) -------------------------------------------------- */
+
+/* The kv source layer l for request s: pool the groups that complete in this
+ * call, publish their indexer keys and compressed KV into the cache, and hand
+ * the group the running compressed KV. */
+static td_status_t
+fw_compress(fw_t *f, uint32_t l, size_t s)
+{
+    const td_modelcfg_layer_t *cl = &f->c->layers[l];
+    const td_model_layer_t *L = &f->m->layers[l];
+    const td_cache_plan_t *plan = f->m->plan;
+    const td_cache_layer_t *sg = &plan->layers[l];
+    td_cache_t *cache = f->seqs[s].cache;
+    fw_shared_t *sh = &f->sh[s];
+    size_t n = f->seqs[s].n, r0 = f->row0[s], hd = f->hd, r = (size_t)cl->ratio;
+    uint64_t p0 = f->p0[s], e0 = p0 / r;
+    size_t G, b = 0;
+    float *lat = NULL, *kvb = NULL, *gb = NULL, *tmp = NULL;
+    int64_t *gpos = NULL;
+    td_status_t st = TD_ERR_NOMEM;
+    const float eps = (float)f->c->rms_norm_eps;
+
+    if (r == 1) {
+        G = n;
+        lat = malloc(G * hd * sizeof(float));
+        gpos = malloc(G * sizeof(int64_t));
+        if (lat == NULL || gpos == NULL)
+            goto out;
+        memcpy(lat, f->ckv + r0 * hd, G * hd * sizeof(float));
+        for (size_t i = 0; i < G; i++)
+            gpos[i] = (int64_t)(p0 + i);
+    } else {
+        unsigned char *part = td_cache_seg(cache, (uint32_t)sg->partial);
+        size_t tot;
+        b = (size_t)(p0 % r);
+        tot = b + n;
+        G = tot / r;
+        kvb = malloc(tot * hd * sizeof(float));
+        gb = malloc(tot * hd * sizeof(float));
+        lat = malloc((G ? G : 1) * hd * sizeof(float));
+        gpos = malloc((G ? G : 1) * sizeof(int64_t));
+        if (kvb == NULL || gb == NULL || lat == NULL || gpos == NULL)
+            goto out;
+        for (size_t j = 0; j < b; j++) {     /* slots 0 .. b-1 hold the open group */
+            memcpy(kvb + j * hd, part + j * 2 * hd * sizeof(float), hd * sizeof(float));
+            memcpy(gb + j * hd, part + (j * 2 + 1) * hd * sizeof(float), hd * sizeof(float));
+        }
+        memcpy(kvb + b * hd, f->ckv + r0 * hd, n * hd * sizeof(float));
+        memcpy(gb + b * hd, f->cg + r0 * hd, n * hd * sizeof(float));
+        if (G > 0)
+            FW_TRY(f->k->gate_pool(kvb, gb, G, r, hd, lat));
+        /* a ring of r slots: token t in slot t % r (buffer row j is token
+         * e0 * r + j), so the open group's tokens sit in slots 0, 1, ... */
+        for (size_t j = tot > r ? tot - r : 0; j < tot; j++) {
+            memcpy(part + (j % r) * 2 * hd * sizeof(float), kvb + j * hd, hd * sizeof(float));
+            memcpy(part + ((j % r) * 2 + 1) * hd * sizeof(float), gb + j * hd,
+                   hd * sizeof(float));
+        }
+        for (size_t g = 0; g < G; g++)
+            gpos[g] = (int64_t)((e0 + g) * r);
+    }
+
+    if (G > 0) {
+        FW_TRY(f->k->rmsnorm(lat, L->cmp_norm, eps, G, hd, lat));
+        if (cl->owns_index_k) {
+            size_t idh = (size_t)f->c->index_head_dim;
+            tmp = malloc(G * (idh > hd ? idh : hd) * sizeof(float));
+            if (tmp == NULL)
+                goto out;
+            FW_TRY(f->k->linear_mat(lat, L->idx_wk, tmp, G));
+            FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, G, idh, tmp));
+            FW_TRY(f->k->rope(tmp, G, 1, idh, f->rd, gpos, f->m->inv_freq_compress,
+                              f->m->rope_scale_compress, 0));
+            st = fw_store(f, plan->index_fmt, (uint32_t)idh, tmp, G,
+                          td_cache_seg(cache, (uint32_t)sg->index) +
+                              e0 * td_cache_fmt_bytes(plan->index_fmt, (uint32_t)idh));
+            if (st != TD_OK)
+                goto out;
+        }
+        FW_TRY(f->k->rope(lat, G, 1, hd, f->rd, gpos, f->m->inv_freq_compress,
+                          f->m->rope_scale_compress, 0));
+        st = fw_store(f, plan->kv_fmt, (uint32_t)hd, lat, G,
+                      td_cache_seg(cache, (uint32_t)sg->kv) +
+                          e0 * td_cache_fmt_bytes(plan->kv_fmt, (uint32_t)hd));
+        if (st != TD_OK)
+            goto out;
+    }
+    /* the running compressed cache of the group (none before its first group) */
+    sh->ncomp = (size_t)((p0 + n) / r);
+    sh->has_comp = sh->ncomp > 0;
+    if (sh->has_comp)
+        st = fw_load(f, plan->kv_fmt, (uint32_t)hd, td_cache_seg(cache, (uint32_t)sg->kv),
+                     sh->ncomp, sh->comp);
+    else
+        st = TD_OK;
+
+out:
+    free(lat);
+    free(kvb);
+    free(gb);
+    free(tmp);
+    free(gpos);
+    return st;
+}
+
+/* select_candidate_blocks of the reference for one query row: sc [t] (-inf
+ * where unreachable), clen = visible entries; keep [t]. */
+static td_status_t
+fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned char *keep,
+              float *bscore, int64_t *bidx)
+{
+    size_t bs = (size_t)f->c->candidate_block_size, nb = (t + bs - 1) / bs;
+    size_t kb = (size_t)f->c->candidate_topk_blocks < nb ? (size_t)f->c->candidate_topk_blocks : nb;
+
+    for (size_t j = 0; j < nb; j++) {
+        float mx = -INFINITY;
+        for (size_t i = j * bs; i < (j + 1) * bs && i < t; i++)
+            if (sc[i] > mx || isnan(sc[i]))
+                mx = sc[i];
+        bscore[j] = mx;
+    }
+    if (clen > 0)   /* (clen - 1) // bs; clen 0 gives block -1: none pinned */
+        bscore[(clen - 1) / bs] = INFINITY;
+    memset(keep, 0, t);
+    if (kb == 0)
+        return TD_OK;
+    FW_CHECK(f->k->topk(bscore, 1, nb, kb, bidx));
+    for (size_t j = 0; j < kb; j++)
+        if (bscore[bidx[j]] > -INFINITY)
+            for (size_t i = (size_t)bidx[j] * bs; i < ((size_t)bidx[j] + 1) * bs && i < t; i++)
+                keep[i] = 1;
+    return TD_OK;
+}
+
+/* The index source layer l for request s: score the queries against the
+ * group's indexer keys and publish the top-k block bias (and, at the
+ * candidate source, the candidate blocks). */
+static td_status_t
+fw_index(fw_t *f, uint32_t l, size_t s)
+{
+    const td_modelcfg_t *c = f->c;
+    const td_modelcfg_layer_t *cl = &c->layers[l];
+    const td_model_layer_t *L = &f->m->layers[l];
+    const td_cache_plan_t *plan = f->m->plan;
+    fw_shared_t *sh = &f->sh[s];
+    td_cache_t *cache = f->seqs[s].cache;
+    size_t n = f->seqs[s].n, r0 = f->row0[s], r = (size_t)cl->ratio;
+    size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
+    size_t ql = (size_t)c->q_lora_rank;
+    uint64_t p0 = f->p0[s];
+    float *qi = NULL, *w = NULL, *sc = NULL, *bscore = NULL;
+    int64_t *idx = NULL, *bidx = NULL;
+    td_status_t st = TD_ERR_NOMEM;
+
+    if (cl->owns_index_k) {
+        sh->nidx = (size_t)((p0 + n) / r);
+        sh->has_index_k = sh->nidx > 0;
+        if (sh->has_index_k) {
+            st = fw_load(f, plan->index_fmt, (uint32_t)idh,
+                         td_cache_seg(cache, (uint32_t)plan->layers[l].index), sh->nidx,
+                         sh->index_k);
+            if (st != TD_OK)
+                return st;
+        }
+    }
+    if (!sh->has_index_k || sh->nidx == 0)
+        return TD_OK;
+    size_t t = sh->nidx;
+
+    qi = malloc(n * ih * idh * sizeof(float));
+    w = malloc(n * ih * sizeof(float));
+    sc = malloc(n * t * sizeof(float));
+    size_t topk = (size_t)c->index_topk < t ? (size_t)c->index_topk : t;
+    idx = malloc((topk ? topk : 1) * n * sizeof(int64_t));
+    bscore = malloc(t * sizeof(float));
+    bidx = malloc(t * sizeof(int64_t));
+    float *nb_bias = realloc(sh->bias, n * t * sizeof(float));
+    if (nb_bias != NULL)
+        sh->bias = nb_bias;
+    if (qi == NULL || w == NULL || sc == NULL || idx == NULL || bscore == NULL ||
+        bidx == NULL || nb_bias == NULL)
+        goto out;
+    st = TD_OK;
+
+    FW_TRY(f->k->linear_mat(f->qr + r0 * ql, L->idx_wq_b, qi, n));
+    FW_TRY(f->k->rope(qi, n, ih, idh, f->rd, f->pos + r0, f->m->inv_freq_compress,
+                      f->m->rope_scale_compress, 0));
+    st = fw_fake_quant(f, plan->index_fmt, (uint32_t)idh, qi, n * ih);
+    if (st != TD_OK)
+        goto out;
+    FW_TRY(f->k->linear_mat(f->x + r0 * f->H, L->idx_wproj, w, n));
+    const float heads_scaling = (float)(1.0 / sqrt((double)ih));
+    for (size_t i = 0; i < n * ih; i++)
+        w[i] *= heads_scaling;
+    FW_TRY(f->k->index_scores(qi, sh->index_k, w, n, ih, t, idh,
+                              (float)(1.0 / sqrt((double)idh)), sc));
+    for (size_t i = 0; i < n; i++) {        /* visible once the query passed the group */
+        uint64_t clen = (p0 + i + 1) / r;
+        for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
+            sc[i * t + j] = -INFINITY;
+    }
+    if (cl->candidate_source) {
+        unsigned char *cand = realloc(sh->cand, n * t);
+        if (cand == NULL) {
+            st = TD_ERR_NOMEM;
+            goto out;
+        }
+        sh->cand = cand;
+        for (size_t i = 0; i < n; i++) {
+            st = fw_candidates(f, sc + i * t, t, (p0 + i + 1) / r, cand + i * t, bscore, bidx);
+            if (st != TD_OK)
+                goto out;
+        }
+        sh->cand_t = t;
+        sh->has_cand = 1;
+    } else if (cl->uses_candidates && sh->has_cand) {
+        if (sh->cand_t != t) {
+            td_error("forward: layer %u scores %zu compressed entries against a candidate "
+                     "mask of %zu (the reference cannot broadcast them)", l, t, sh->cand_t);
+            st = TD_ERR_UNSUPPORTED;
+            goto out;
+        }
+        for (size_t i = 0; i < n * t; i++)
+            if (!sh->cand[i])
+                sc[i] = -INFINITY;
+    }
+    for (size_t i = 0; i < n * t; i++)
+        sh->bias[i] = -INFINITY;
+    if (topk > 0) {
+        FW_TRY(f->k->topk(sc, n, t, topk, idx));
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < topk; j++) {
+                int64_t e = idx[i * topk + j];
+                if (sc[i * t + (size_t)e] > -INFINITY)
+                    sh->bias[i * t + (size_t)e] = 0.0f;
+            }
+    }
+    sh->bias_t = t;
+    sh->has_bias = 1;
+
+out:
+    free(qi);
+    free(w);
+    free(sc);
+    free(idx);
+    free(bscore);
+    free(bidx);
+    return st;
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* Attention of request s at layer l over its window (ring + this chunk) and
+ * the group's compressed KV; writes f->ao rows, then updates the ring. */
+static td_status_t
+fw_attend(fw_t *f, uint32_t l, size_t s)
+{
+    const td_modelcfg_layer_t *cl = &f->c->layers[l];
+    const td_cache_plan_t *plan = f->m->plan;
+    const td_cache_layer_t *sg = &plan->layers[l];
+    td_cache_t *cache = f->seqs[s].cache;
+    fw_shared_t *sh = &f->sh[s];
+    size_t n = f->seqs[s].n, r0 = f->row0[s], hd = f->hd, nh = f->nh;
+    size_t wm = plan->window_slots;
+    uint64_t p0 = f->p0[s];
+    size_t nprev = (size_t)(p0 < wm ? p0 : wm);
+    uint64_t kbase = p0 - nprev;              /* position of window key 0 */
+    size_t web = td_cache_fmt_bytes(plan->window_fmt, (uint32_t)hd);
+    unsigned char *ring = td_cache_seg(cache, (uint32_t)sg->window);
+    float *win = NULL, *keys = NULL, *mask = NULL;
+    td_status_t st = TD_ERR_NOMEM;
+
+    win = malloc((nprev + n) * hd * sizeof(float));
+    if (win == NULL)
+        goto out;
+    for (size_t j = 0; j < nprev; j++) {
+        st = fw_load(f, plan->window_fmt, (uint32_t)hd, ring + ((kbase + j) % wm) * web, 1,
+                     win + j * hd);
+        if (st != TD_OK)
+            goto out;
+    }
+    memcpy(win + nprev * hd, f->kv + r0 * hd, n * hd * sizeof(float));
+
+    const float *comp = NULL;
+    size_t tc = 0;
+    const float *bias = NULL;
+    if (cl->ratio > 0) {
+        if (cl->kv_source) {
+            st = fw_compress(f, l, s);
+            if (st != TD_OK)
+                goto out;
+        }
+        if (cl->index_source) {
+            st = fw_index(f, l, s);
+            if (st != TD_OK)
+                goto out;
+        }
+        if (sh->has_comp && sh->ncomp > 0) {
+            comp = sh->comp;
+            tc = sh->ncomp;
+            if (sh->has_bias) {
+                if (sh->bias_t != tc) {
+                    td_error("forward: layer %u attends %zu compressed entries with a top-k "
+                             "bias of %zu (the reference cannot concatenate them)", l, tc,
+                             sh->bias_t);
+                    st = TD_ERR_UNSUPPORTED;
+                    goto out;
+                }
+                bias = sh->bias;
+            }
+        }
+    }
+
+    size_t tile = n < FW_TILE ? n : FW_TILE;
+    keys = malloc((tile + wm + tc) * hd * sizeof(float));
+    mask = malloc(tile * (tile + wm + tc) * sizeof(float));
+    if (keys == NULL || mask == NULL) {
+        st = TD_ERR_NOMEM;
+        goto out;
+    }
+    const float softmax_scale = (float)(1.0 / sqrt((double)hd));
+    for (size_t a = 0; a < n; a += tile) {
+        size_t bq = a + tile < n ? a + tile : n, nt = bq - a;
+        uint64_t lo = p0 + a >= wm ? p0 + a - wm : 0;  /* first window position needed */
+        uint64_t hi = p0 + bq;                          /* one past the last */
+        size_t tw = (size_t)(hi - lo), tk = tw + tc;
+        memcpy(keys, win + (lo - kbase) * hd, tw * hd * sizeof(float));
+        if (tc > 0)
+            memcpy(keys + tw * hd, comp, tc * hd * sizeof(float));
+        for (size_t i = 0; i < nt; i++) {
+            uint64_t p = p0 + a + i;
+            float *mr = mask + i * tk;
+            for (size_t j = 0; j < tw; j++) {
+                uint64_t kp = lo + j;
+                mr[j] = kp <= p && kp + wm >= p ? 0.0f : -INFINITY;
+            }
+            for (size_t j = 0; j < tc; j++)
+                mr[tw + j] = bias ? bias[(a + i) * tc + j] : -INFINITY;
+        }
+        FW_TRY(f->k->attention(f->q + (r0 + a) * nh * hd, keys, mask,
+                               f->m->layers[l].attn_sink, softmax_scale, nt, nh, tk, hd,
+                               f->ao + (r0 + a) * nh * hd));
+    }
+
+    /* the ring keeps the last sliding_window - 1 positions */
+    for (size_t i = n > wm ? n - wm : 0; i < n; i++) {
+        unsigned char *e = ring + ((p0 + i) % wm) * web;
+        if (plan->window_fmt == TD_CACHE_FP8) {
+            memcpy(e, f->kv_codes + (r0 + i) * hd, hd);
+            memcpy(e + hd, f->kv_scales + (r0 + i) * (hd / TD_CACHE_FP8_BLOCK),
+                   hd / TD_CACHE_FP8_BLOCK);
+        } else {
+            memcpy(e, f->kv + (r0 + i) * hd, hd * sizeof(float));
+        }
+    }
+    st = TD_OK;
+
+out:
+    free(win);
+    free(keys);
+    free(mask);
+    return st;
+}
+
+typedef struct {
+    fw_t *f;
+    uint32_t l;
+} fw_attend_job_t;
+
+static void
+fw_attend_task(void *arg, size_t s)
+{
+    fw_attend_job_t *j = arg;
+    j->f->seq_st[s] = fw_attend(j->f, j->l, s);
+}
+
+static td_status_t
+fw_attention(fw_t *f, uint32_t l)
+{
+    const td_modelcfg_t *c = f->c;
+    const td_model_layer_t *L = &f->m->layers[l];
+    size_t N = f->N, hd = f->hd, nh = f->nh, ql = (size_t)c->q_lora_rank;
+    const float eps = (float)c->rms_norm_eps;
+    float rs;
+    const float *inv = fw_inv_freq(f, l, &rs);
+
+    FW_CHECK(f->k->linear_mat(f->x, L->wq_a, f->qr, N));
+    FW_CHECK(f->k->rmsnorm(f->qr, L->q_norm, eps, N, ql, f->qr));
+    FW_CHECK(f->k->linear_mat(f->qr, L->wq_b, f->q, N));
+    FW_CHECK(f->k->rope(f->q, N, nh, hd, f->rd, f->pos, inv, rs, 0));
+    FW_CHECK(f->k->linear_mat(f->x, L->wkv, f->kv, N));
+    FW_CHECK(f->k->rmsnorm(f->kv, L->kv_norm, eps, N, hd, f->kv));
+    FW_CHECK(f->k->rope(f->kv, N, 1, hd, f->rd, f->pos, inv, rs, 0));
+    if (f->m->plan->window_fmt == TD_CACHE_FP8) {
+        FW_CHECK(f->k->quant_fp8(f->kv, N, hd, TD_CACHE_FP8_BLOCK, f->kv_codes, f->kv_scales));
+        FW_CHECK(f->k->dequant_fp8(f->kv_codes, f->kv_scales, N, hd, TD_CACHE_FP8_BLOCK, f->kv));
+    }
+    if (c->layers[l].kv_source) {
+        FW_CHECK(f->k->linear_mat(f->x, L->cmp_wkv, f->ckv, N));
+        if (c->layers[l].ratio > 1)
+            FW_CHECK(f->k->linear_mat(f->x, L->cmp_wgate, f->cg, N));
+    }
+    /* the requests side by side: each touches only its rows, cache and shared state */
+    fw_attend_job_t job = { f, l };
+    td_kernels_cpu_parallel(f->nseq, fw_attend_task, &job);
+    for (size_t s = 0; s < f->nseq; s++)
+        if (f->seq_st[s] != TD_OK)
+            return f->seq_st[s];
+    FW_CHECK(f->k->rope(f->ao, N, nh, hd, f->rd, f->pos, inv, rs, 1));
+    FW_CHECK(f->k->linear_mat(f->ao, L->wo_a, f->oa, N));
+    FW_CHECK(f->k->linear_mat(f->oa, L->wo_b, f->y, N));
+    return TD_OK;
+}
+
+/* ---- MoE -------------------------------------------------------------------------------- */
+
+static td_status_t
+fw_moe(fw_t *f, uint32_t l)
+{
+    const td_modelcfg_t *c = f->c;
+    const td_model_layer_t *L = &f->m->layers[l];
+    size_t N = f->N, H = f->H, E = (size_t)c->n_routed_experts;
+    size_t K = (size_t)c->num_experts_per_tok, I = (size_t)c->moe_intermediate_size;
+    float *sc = NULL, *biased = NULL, *wts = NULL, *xe = NULL, *ge = NULL, *ue = NULL;
+    float *ye = NULL, *we = NULL;
+    int64_t *idx = NULL;
+    size_t *rows = NULL;
+    td_status_t st = TD_ERR_NOMEM;
+    float limit = (float)c->swiglu_limit;
+
+    sc = malloc(N * E * sizeof(float));
+    biased = malloc(N * E * sizeof(float));
+    wts = malloc(N * K * sizeof(float));
+    idx = malloc(N * K * sizeof(int64_t));
+    xe = malloc(N * H * sizeof(float));
+    ye = malloc(N * H * sizeof(float));
+    ge = malloc(N * I * sizeof(float));
+    ue = malloc(N * I * sizeof(float));
+    we = malloc(N * sizeof(float));
+    rows = malloc(N * sizeof(size_t));
+    if (sc == NULL || biased == NULL || wts == NULL || idx == NULL || xe == NULL ||
+        ye == NULL || ge == NULL || ue == NULL || we == NULL || rows == NULL)
+        goto out;
+
+    /* router: scores from the unbiased logits, selection with the bias */
+    FW_TRY(f->k->linear_mat(f->x, L->gate, sc, N));
+    FW_TRY(f->k->score(sc, N, E,
+                       strcmp(c->scoring_func, "sigmoid") == 0 ? TD_KERNELS_SCORE_SIGMOID
+                                                               : TD_KERNELS_SCORE_SQRTSOFTPLUS,
+                       (float)c->gate_temp));
+    for (size_t r = 0; r < N; r++)
+        for (size_t e = 0; e < E; e++)
+            biased[r * E + e] = sc[r * E + e] + L->gate_bias[e];
+    FW_TRY(f->k->topk(biased, N, E, K, idx));
+    for (size_t r = 0; r < N; r++) {
+        float sum = 0.0f;
+        for (size_t j = 0; j < K; j++) {
+            wts[r * K + j] = sc[r * E + (size_t)idx[r * K + j]];
+            sum += wts[r * K + j];
+        }
+        for (size_t j = 0; j < K; j++) {
+            if (c->norm_topk_prob && K > 1)
+                wts[r * K + j] = wts[r * K + j] / (sum + 1e-20f);
+            wts[r * K + j] *= (float)c->routed_scaling_factor;
+        }
+    }
+
+    memset(f->y, 0, N * H * sizeof(float));
+    for (size_t e = 0; e < E; e++) {
+        size_t ne = 0;
+        for (size_t r = 0; r < N; r++)
+            for (size_t j = 0; j < K; j++)
+                if ((size_t)idx[r * K + j] == e) {
+                    rows[ne] = r;
+                    we[ne] = wts[r * K + j];
+                    memcpy(xe + ne * H, f->x + r * H, H * sizeof(float));
+                    ne++;
+                }
+        if (ne == 0)
+            continue;
+        FW_TRY(f->k->linear_mat(xe, L->w1[e], ge, ne));
+        FW_TRY(f->k->linear_mat(xe, L->w3[e], ue, ne));
+        FW_TRY(f->k->swiglu(ge, ue, we, ne, I, limit, ge));
+        FW_TRY(f->k->linear_mat(ge, L->w2[e], ye, ne));
+        for (size_t i = 0; i < ne; i++)
+            FW_TRY(f->k->add(f->y + rows[i] * H, ye + i * H, H));
+    }
+    FW_TRY(f->k->linear_mat(f->x, L->sw1, ge, N));
+    FW_TRY(f->k->linear_mat(f->x, L->sw3, ue, N));
+    FW_TRY(f->k->swiglu(ge, ue, NULL, N, I, limit, ge));
+    FW_TRY(f->k->linear_mat(ge, L->sw2, ye, N));
+    FW_TRY(f->k->add(f->y, ye, N * H));
+    st = TD_OK;
+
+out:
+    free(sc);
+    free(biased);
+    free(wts);
+    free(idx);
+    free(xe);
+    free(ye);
+    free(ge);
+    free(ue);
+    free(we);
+    free(rows);
+    return st;
+}
+
+/* ---- the layer and the model ----------------------------------------------------------- */
+
+/* The streams become the residual R; S takes the site's output. */
+static void
+fw_swap_streams(fw_t *f)
+{
+    float *t = f->S;
+    f->S = f->R;
+    f->R = t;
+}
+
+/* (pre, post, comb) of one hc site from the streams (in f->R). */
+static td_status_t
+fw_hc_mixes(fw_t *f, const td_kernels_mat_t *fn, const float *scale, const float *base,
+            float *pre, float *post, float *comb)
+{
+    size_t N = f->N, hc = f->hc, H = f->H;
+
+    FW_CHECK(f->k->rmsnorm(f->R, NULL, (float)f->c->rms_norm_eps, N, hc * H, f->flat));
+    FW_CHECK(f->k->linear_mat(f->flat, fn, f->mixes, N));
+    FW_CHECK(f->k->hc_mixes(f->mixes, scale, base, N, hc, (int)f->c->hc_sinkhorn_iters,
+                            (float)f->c->hc_eps, pre, post, comb));
+    return TD_OK;
+}
+
+static td_status_t
+fw_layer(fw_t *f, uint32_t l)
+{
+    const td_model_layer_t *L = &f->m->layers[l];
+    size_t N = f->N, hc = f->hc, H = f->H;
+    const float eps = (float)f->c->rms_norm_eps;
+    td_status_t st;
+
+    if (f->c->layers[l].engram >= 0) {
+        st = fw_engram(f, l);
+        if (st != TD_OK)
+            return st;
+    }
+    fw_swap_streams(f);   /* R: the residual (the streams so far); S: the site's output */
+    st = fw_hc_mixes(f, L->hc_attn_fn, L->hc_attn_scale, L->hc_attn_base, f->a_pre, f->a_post,
+                     f->a_comb);
+    if (st != TD_OK)
+        return st;
+    FW_CHECK(f->k->hc_collapse(f->R, f->pre_in, N, hc, H, f->x));
+    FW_CHECK(f->k->rmsnorm(f->x, L->attn_norm, eps, N, H, f->x));
+    st = fw_attention(f, l);
+    if (st != TD_OK)
+        return st;
+    FW_CHECK(f->k->hc_expand(f->y, f->R, f->a_post, f->a_comb, N, hc, H, f->S));
+
+    fw_swap_streams(f);
+    st = fw_hc_mixes(f, L->hc_ffn_fn, L->hc_ffn_scale, L->hc_ffn_base, f->f_pre, f->f_post,
+                     f->f_comb);
+    if (st != TD_OK)
+        return st;
+    FW_CHECK(f->k->hc_collapse(f->R, f->a_pre, N, hc, H, f->x));
+    FW_CHECK(f->k->rmsnorm(f->x, L->ffn_norm, eps, N, H, f->x));
+    st = fw_moe(f, l);
+    if (st != TD_OK)
+        return st;
+    FW_CHECK(f->k->hc_expand(f->y, f->R, f->f_post, f->f_comb, N, hc, H, f->S));
+    memcpy(f->pre_in, f->f_pre, N * hc * sizeof(float));
+    return TD_OK;
+}
+
+static td_status_t
+fw_check_args(const td_model_t *m, const td_forward_seq_t *seqs, size_t nseqs)
+{
+    const td_modelcfg_t *c = m->cfg;
+
+    if (seqs == NULL || nseqs == 0) {
+        td_error("forward: no sequences");
+        return TD_ERR_INVALID;
+    }
+    for (size_t s = 0; s < nseqs; s++) {
+        const td_forward_seq_t *q = &seqs[s];
+        if (q->cache == NULL || q->tokens == NULL || q->n == 0) {
+            td_error("forward: sequence %zu: no cache, no tokens or n = 0", s);
+            return TD_ERR_INVALID;
+        }
+        if (q->cache->plan != m->plan) {
+            td_error("forward: sequence %zu: the cache belongs to another model", s);
+            return TD_ERR_INVALID;
+        }
+        for (size_t o = 0; o < s; o++)
+            if (seqs[o].cache == q->cache) {
+                td_error("forward: sequences %zu and %zu share one cache", o, s);
+                return TD_ERR_INVALID;
+            }
+        uint64_t have = td_cache_tokens(q->cache);
+        if (have > q->cache->capacity || q->n > q->cache->capacity - have) {
+            td_error("forward: sequence %zu: %zu tokens after %llu exceed the cache's "
+                     "capacity of %llu", s, q->n, (unsigned long long)have,
+                     (unsigned long long)q->cache->capacity);
+            return TD_ERR_RANGE;
+        }
+        for (size_t i = 0; i < q->n; i++) {
+            int32_t t = q->tokens[i];
+            if (t < 0 || t >= c->vocab_size ||
+                (m->engram.token_map != NULL && (uint32_t)t >= m->engram.map_size)) {
+                td_error("forward: sequence %zu: token %zu is id %d, outside the vocabulary "
+                         "of %lld", s, i, t, (long long)c->vocab_size);
+                return TD_ERR_RANGE;
+            }
+        }
+    }
+    return TD_OK;
+}
+
+static td_status_t
+fw_alloc(fw_t *f)
+{
+    const td_modelcfg_t *c = f->c;
+    size_t N = f->N, H = f->H, hc = f->hc, hd = f->hd, nh = f->nh;
+    size_t nm = (2 + hc) * hc;
+
+    f->row0 = fw_calloc(f->nseq, sizeof(*f->row0));
+    f->p0 = fw_calloc(f->nseq, sizeof(*f->p0));
+    f->pos = fw_calloc(N, sizeof(*f->pos));
+    f->sh = fw_calloc(f->nseq, sizeof(*f->sh));
+    f->seq_st = fw_calloc(f->nseq, sizeof(*f->seq_st));
+    f->S = fw_calloc(N * hc * H, sizeof(float));
+    f->R = fw_calloc(N * hc * H, sizeof(float));
+    f->flat = fw_calloc(N * hc * H, sizeof(float));
+    f->mixes = fw_calloc(N * nm, sizeof(float));
+    f->pre_in = fw_calloc(N * hc, sizeof(float));
+    f->a_pre = fw_calloc(N * hc, sizeof(float));
+    f->a_post = fw_calloc(N * hc, sizeof(float));
+    f->a_comb = fw_calloc(N * hc * hc, sizeof(float));
+    f->f_pre = fw_calloc(N * hc, sizeof(float));
+    f->f_post = fw_calloc(N * hc, sizeof(float));
+    f->f_comb = fw_calloc(N * hc * hc, sizeof(float));
+    f->x = fw_calloc(N * H, sizeof(float));
+    f->y = fw_calloc(N * H, sizeof(float));
+    f->qr = fw_calloc(N * (size_t)c->q_lora_rank, sizeof(float));
+    f->q = fw_calloc(N * nh * hd, sizeof(float));
+    f->ao = fw_calloc(N * nh * hd, sizeof(float));
+    f->kv = fw_calloc(N * hd, sizeof(float));
+    f->ckv = fw_calloc(N * hd, sizeof(float));
+    f->cg = fw_calloc(N * hd, sizeof(float));
+    f->kv_codes = fw_calloc(N * hd, 1);
+    f->kv_scales = fw_calloc(N * (hd / TD_CACHE_FP8_BLOCK + 1), 1);
+    f->oa = fw_calloc(N * (size_t)(c->o_groups * c->o_lora_rank), sizeof(float));
+    if (f->row0 == NULL || f->p0 == NULL || f->pos == NULL || f->sh == NULL ||
+        f->seq_st == NULL || f->S == NULL ||
+        f->R == NULL || f->flat == NULL || f->mixes == NULL || f->pre_in == NULL ||
+        f->a_pre == NULL || f->a_post == NULL || f->a_comb == NULL || f->f_pre == NULL ||
+        f->f_post == NULL || f->f_comb == NULL || f->x == NULL || f->y == NULL ||
+        f->qr == NULL || f->q == NULL || f->ao == NULL || f->kv == NULL || f->ckv == NULL ||
+        f->cg == NULL || f->kv_codes == NULL || f->kv_scales == NULL || f->oa == NULL)
+        return TD_ERR_NOMEM;
+    if (c->engram_layer_ids.n > 0) {
+        size_t nb = (size_t)c->engram_max_ngram_size;
+        size_t cols = (nb - 1) * (size_t)c->engram_n_heads;
+        f->back = fw_calloc(N * nb, sizeof(*f->back));
+        f->hid = fw_calloc(N * cols, sizeof(*f->hid));
+        f->emb = fw_calloc(N * cols * (size_t)c->engram_head_dim, sizeof(float));
+        f->kvx = fw_calloc(N * H * (hc + 1), sizeof(float));
+        f->ekey = fw_calloc(N * hc * H, sizeof(float));
+        f->eval = fw_calloc(N * H, sizeof(float));
+        if (f->back == NULL || f->hid == NULL || f->emb == NULL || f->kvx == NULL ||
+            f->ekey == NULL || f->eval == NULL)
+            return TD_ERR_NOMEM;
+    }
+    /* per request: room for the largest compressed cache any group reaches */
+    size_t at = 0;
+    for (size_t s = 0; s < f->nseq; s++) {
+        uint64_t after = td_cache_tokens(f->seqs[s].cache) + f->seqs[s].n;
+        size_t most = 0;
+        for (int64_t l = 0; l < c->num_hidden_layers; l++)
+            if (c->layers[l].kv_source && (size_t)(after / (uint64_t)c->layers[l].ratio) > most)
+                most = (size_t)(after / (uint64_t)c->layers[l].ratio);
+        f->row0[s] = at;
+        f->p0[s] = td_cache_tokens(f->seqs[s].cache);
+        for (size_t i = 0; i < f->seqs[s].n; i++)
+            f->pos[at + i] = (int64_t)(f->p0[s] + i);
+        at += f->seqs[s].n;
+        f->sh[s].comp = fw_calloc(most * hd, sizeof(float));
+        f->sh[s].index_k = fw_calloc(most * (size_t)c->index_head_dim, sizeof(float));
+        if (f->sh[s].comp == NULL || f->sh[s].index_k == NULL)
+            return TD_ERR_NOMEM;
+    }
+    return TD_OK;
+}
+
+static void
+fw_free(fw_t *f)
+{
+    if (f->sh != NULL)
+        for (size_t s = 0; s < f->nseq; s++) {
+            free(f->sh[s].comp);
+            free(f->sh[s].index_k);
+            free(f->sh[s].bias);
+            free(f->sh[s].cand);
+        }
+    void *bufs[] = { f->row0, f->p0, f->pos, f->sh, f->seq_st, f->S, f->R, f->flat, f->mixes,
+                     f->pre_in, f->a_pre, f->a_post, f->a_comb, f->f_pre, f->f_post,
+                     f->f_comb, f->x, f->y, f->qr, f->q, f->ao, f->kv, f->ckv, f->cg,
+                     f->kv_codes, f->kv_scales, f->oa, f->back, f->hid, f->emb, f->kvx,
+                     f->ekey, f->eval };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+}
+
+/* The final collapse, norm and head for the rows that want logits. */
+static td_status_t
+fw_logits(fw_t *f)
+{
+    const td_modelcfg_t *c = f->c;
+    size_t H = f->H;
+
+    FW_CHECK(f->k->hc_collapse(f->S, f->pre_in, f->N, f->hc, H, f->x));
+    FW_CHECK(f->k->rmsnorm(f->x, f->m->norm, (float)c->rms_norm_eps, f->N, H, f->x));
+    for (size_t s = 0; s < f->nseq; s++) {
+        const td_forward_seq_t *q = &f->seqs[s];
+        if (q->logits == NULL)
+            continue;
+        size_t first = q->all_logits ? 0 : q->n - 1, rows = q->n - first;
+        FW_CHECK(f->k->linear_mat(f->x + (f->row0[s] + first) * H, f->m->head, q->logits,
+                                  rows));
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
+{
+    fw_t f;
+    td_status_t st;
+
+    st = fw_check_args(m, seqs, nseqs);
+    if (st != TD_OK)
+        return st;
+    memset(&f, 0, sizeof(f));
+    f.m = m;
+    f.c = m->cfg;
+    f.k = m->ops;
+    f.seqs = seqs;
+    f.nseq = nseqs;
+    for (size_t s = 0; s < nseqs; s++)
+        f.N += seqs[s].n;
+    f.H = (size_t)m->cfg->hidden_size;
+    f.hc = (size_t)m->cfg->hc_mult;
+    f.hd = (size_t)m->cfg->head_dim;
+    f.nh = (size_t)m->cfg->num_attention_heads;
+    f.rd = (size_t)m->cfg->qk_rope_head_dim;
+    st = fw_alloc(&f);
+    if (st != TD_OK) {
+        td_error("forward: cannot allocate the buffers of %zu rows", f.N);
+        goto out;
+    }
+    if (m->plan->engram >= 0) {
+        st = fw_engram_back(&f);
+        if (st != TD_OK)
+            goto out;
+    }
+
+    /* embedding into every stream; the first site collapses stream 0 */
+    for (size_t s = 0, r = 0; s < nseqs; s++)
+        for (size_t i = 0; i < seqs[s].n; i++, r++)
+            f.pos[r] = (int64_t)(f.p0[s] + i);
+    {
+        int64_t *ids = malloc(f.N * sizeof(int64_t));
+        if (ids == NULL) {
+            st = TD_ERR_NOMEM;
+            goto out;
+        }
+        for (size_t s = 0, r = 0; s < nseqs; s++)
+            for (size_t i = 0; i < seqs[s].n; i++, r++)
+                ids[r] = seqs[s].tokens[i];
+        st = m->ops->embed(m->embed, (size_t)m->cfg->vocab_size, f.H, ids, f.N, f.x);
+        free(ids);
+        if (st != TD_OK) {
+            td_error("forward: embed: %s", td_kernels_error());
+            goto out;
+        }
+    }
+    for (size_t r = 0; r < f.N; r++) {
+        for (size_t j = 0; j < f.hc; j++)
+            memcpy(f.S + (r * f.hc + j) * f.H, f.x + r * f.H, f.H * sizeof(float));
+        f.pre_in[r * f.hc] = 1.0f;
+    }
+
+    for (uint32_t l = 0; l < (uint32_t)m->cfg->num_hidden_layers; l++) {
+        st = fw_layer(&f, l);
+        if (st != TD_OK)
+            goto out;
+    }
+    st = fw_logits(&f);
+    if (st != TD_OK)
+        goto out;
+
+    for (size_t s = 0; s < nseqs; s++) {
+        td_cache_t *cache = seqs[s].cache;
+        if (m->plan->engram >= 0) {
+            int32_t *ring = (int32_t *)td_cache_seg(cache, (uint32_t)m->plan->engram);
+            size_t slots = m->plan->engram_slots, n = seqs[s].n;
+            for (size_t i = n > slots ? n - slots : 0; i < n; i++)
+                ring[(f.p0[s] + i) % slots] = seqs[s].tokens[i];
+        }
+        td_cache_set_tokens(cache, f.p0[s] + seqs[s].n);
+    }
+
+out:
+    fw_free(&f);
+    return st;
+}
+
+td_status_t
+td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens, size_t n,
+                   int all_logits, float *logits)
+{
+    td_forward_seq_t s = { c, tokens, n, logits, all_logits };
+    return td_forward(m, &s, 1);
+}
+
+td_status_t
+td_forward_decode(const td_model_t *m, td_cache_t *const *caches, const int32_t *tokens,
+                  size_t n, float *logits)
+{
+    td_status_t st;
+
+    if (caches == NULL || tokens == NULL || n == 0) {
+        td_error("forward: decode of %zu requests without caches or tokens", n);
+        return TD_ERR_INVALID;
+    }
+    td_forward_seq_t *s = calloc(n, sizeof(*s));
+    if (s == NULL)
+        return TD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        s[i].cache = caches[i];
+        s[i].tokens = &tokens[i];
+        s[i].n = 1;
+        s[i].logits = logits ? logits + i * (size_t)m->cfg->vocab_size : NULL;
+        s[i].all_logits = 0;
+    }
+    st = td_forward(m, s, n);
+    free(s);
+    return st;
+}

@@ -1,0 +1,761 @@
+/* model/model.c — loading a DeepSeek-V4.1 backbone: weights dequantized (the
+ * linears into the ops' prepared matrices, the rest into one f32 arena), the
+ * default and YaRN rope tables as transformers computes them, the engram hash
+ * state with numpy's hash multipliers. */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "quant.h"
+#include "safetensors.h"
+#include "tokmap.h"
+#include "weights.h"
+
+/* ---- numpy's Generator(PCG64).integers ----------------------------------------
+ * SeedSequence (numpy/random/bit_generator.pyx) turns the seed into four
+ * 64-bit words, PCG64 (XSL-RR 128/64) draws, and integers(0, bound) uses
+ * Lemire's bounded method (numpy/random/src/distributions). */
+
+__extension__ typedef unsigned __int128 model_u128;
+
+#define SS_INIT_A 0x43b0d7e5u
+#define SS_MULT_A 0x931e8875u
+#define SS_INIT_B 0x8b51f9ddu
+#define SS_MULT_B 0x58f38dedu
+#define SS_MIX_L 0xca01f9ddu
+#define SS_MIX_R 0x4973f715u
+#define SS_POOL 4
+
+static uint32_t
+ss_hashmix(uint32_t v, uint32_t *hc)
+{
+    v ^= *hc;
+    *hc *= SS_MULT_A;
+    v *= *hc;
+    v ^= v >> 16;
+    return v;
+}
+
+static uint32_t
+ss_mix(uint32_t x, uint32_t y)
+{
+    uint32_t r = SS_MIX_L * x - SS_MIX_R * y;
+    return r ^ (r >> 16);
+}
+
+/* SeedSequence(seed).generate_state(n64, uint64) for a non-negative seed. */
+static void
+ss_generate(uint64_t seed, uint64_t *out, size_t n64)
+{
+    uint32_t ent[2], pool[SS_POOL], hc = SS_INIT_A;
+    size_t nent = 0;
+
+    if (seed == 0)
+        ent[nent++] = 0;
+    while (seed != 0) {
+        ent[nent++] = (uint32_t)seed;
+        seed >>= 32;
+    }
+    for (size_t i = 0; i < SS_POOL; i++)
+        pool[i] = ss_hashmix(i < nent ? ent[i] : 0, &hc);
+    for (size_t s = 0; s < SS_POOL; s++)
+        for (size_t d = 0; d < SS_POOL; d++)
+            if (s != d)
+                pool[d] = ss_mix(pool[d], ss_hashmix(pool[s], &hc));
+    hc = SS_INIT_B;
+    for (size_t i = 0; i < 2 * n64; i++) {
+        uint32_t v = pool[i % SS_POOL];
+        v ^= hc;
+        hc *= SS_MULT_B;
+        v *= hc;
+        v ^= v >> 16;
+        if (i % 2 == 0)
+            out[i / 2] = v;
+        else
+            out[i / 2] |= (uint64_t)v << 32;
+    }
+}
+
+typedef struct {
+    model_u128 state, inc;
+    int has32;
+    uint32_t buf32;
+} model_pcg_t;
+
+static const model_u128 pcg_mult =
+    ((model_u128)2549297995355413924ULL << 64) | 4865540595714422341ULL;
+
+static void
+pcg_step(model_pcg_t *g)
+{
+    g->state = g->state * pcg_mult + g->inc;
+}
+
+static void
+pcg_seed(model_pcg_t *g, uint64_t seed)
+{
+    uint64_t v[4];
+
+    ss_generate(seed, v, 4);
+    memset(g, 0, sizeof(*g));
+    g->inc = ((((model_u128)v[2] << 64) | v[3]) << 1) | 1u;
+    pcg_step(g);
+    g->state += ((model_u128)v[0] << 64) | v[1];
+    pcg_step(g);
+}
+
+static uint64_t
+pcg_next64(model_pcg_t *g)
+{
+    pcg_step(g);
+    uint64_t x = (uint64_t)(g->state >> 64) ^ (uint64_t)g->state;
+    unsigned r = (unsigned)(g->state >> 122);
+    return (x >> r) | (x << ((64 - r) & 63));
+}
+
+static uint32_t
+pcg_next32(model_pcg_t *g)
+{
+    if (g->has32) {
+        g->has32 = 0;
+        return g->buf32;
+    }
+    uint64_t v = pcg_next64(g);
+    g->has32 = 1;
+    g->buf32 = (uint32_t)(v >> 32);
+    return (uint32_t)v;
+}
+
+/* A value in [0, rng] (numpy's random_bounded_uint64_fill, unmasked). */
+static uint64_t
+pcg_bounded(model_pcg_t *g, uint64_t rng)
+{
+    if (rng == 0)
+        return 0;
+    if (rng <= 0xFFFFFFFFull) {
+        if (rng == 0xFFFFFFFFull)
+            return pcg_next32(g);
+        uint32_t excl = (uint32_t)rng + 1;
+        uint64_t m = (uint64_t)pcg_next32(g) * excl;
+        uint32_t left = (uint32_t)m;
+        if (left < excl) {
+            uint32_t th = (UINT32_MAX - (uint32_t)rng) % excl;
+            while (left < th) {
+                m = (uint64_t)pcg_next32(g) * excl;
+                left = (uint32_t)m;
+            }
+        }
+        return m >> 32;
+    }
+    if (rng == UINT64_MAX)
+        return pcg_next64(g);
+    uint64_t excl = rng + 1;
+    model_u128 m = (model_u128)pcg_next64(g) * excl;
+    uint64_t left = (uint64_t)m;
+    if (left < excl) {
+        uint64_t th = (UINT64_MAX - rng) % excl;
+        while (left < th) {
+            m = (model_u128)pcg_next64(g) * excl;
+            left = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+td_status_t
+td_model_hash_multipliers(uint64_t layer_id, uint32_t max_ngram, uint64_t vocab, int64_t *out)
+{
+    model_pcg_t g;
+
+    if (vocab == 0 || layer_id > UINT64_MAX / 10007 || out == NULL) {
+        td_error("engram: hash multipliers of layer %llu, vocabulary %llu",
+                 (unsigned long long)layer_id, (unsigned long long)vocab);
+        return TD_ERR_INVALID;
+    }
+    uint64_t bound = ((uint64_t)INT64_MAX / vocab) / 2;
+    if (bound < 1)
+        bound = 1;
+    pcg_seed(&g, 10007 * layer_id);
+    for (uint32_t i = 0; i < max_ngram; i++)
+        out[i] = (int64_t)pcg_bounded(&g, bound - 1) * 2 + 1;
+    return TD_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------------- */
+
+/* base ** (arange(0, dim, 2) / dim) in f32, as torch computes it. */
+static float
+rope_pos_freq(double base, uint32_t i, uint32_t dim)
+{
+    return powf((float)base, (float)(2 * i) / (float)dim);
+}
+
+/* transformers' _compute_yarn_parameters: find_correction_dim. */
+static double
+rope_correction_dim(double rot, uint32_t dim, double base, double max_pos)
+{
+    return (dim * log(max_pos / (rot * 2.0 * M_PI))) / (2.0 * log(base));
+}
+
+/* Fill inv_freq [dim / 2] and *scale for one rope entry of the config. */
+static td_status_t
+rope_table(const td_modelcfg_t *cfg, const td_modelcfg_rope_t *r, const char *which,
+           float *inv_freq, float *scale)
+{
+    uint32_t dim = (uint32_t)cfg->qk_rope_head_dim;
+    double base = r->has_theta ? r->theta : cfg->rope_theta.v;
+
+    *scale = 1.0f;
+    if (r->rope_type == NULL || strcmp(r->rope_type, "default") == 0) {
+        for (uint32_t i = 0; i < dim / 2; i++)
+            inv_freq[i] = 1.0f / rope_pos_freq(base, i, dim);
+        return TD_OK;
+    }
+    if (strcmp(r->rope_type, "yarn") != 0) {
+        td_error("rope %s: rope_type '%s' is not implemented (default and yarn are)", which,
+                 r->rope_type);
+        return TD_ERR_UNSUPPORTED;
+    }
+    double factor = r->has_factor ? r->factor : 0.0;
+    double orig = r->has_original_max ? r->original_max_position_embeddings
+                                      : (double)cfg->max_position_embeddings;
+    if (!r->has_factor)
+        factor = (double)cfg->max_position_embeddings / orig;
+    double attn;
+    if (r->has_attention_factor) {
+        attn = r->attention_factor;
+    } else {
+        double ms = r->has_mscale ? r->mscale : 0.0, msa = r->has_mscale_all_dim ? r->mscale_all_dim : 0.0;
+#define YARN_MSCALE(s, m) ((s) <= 1.0 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
+        if (ms != 0.0 && msa != 0.0)
+            attn = YARN_MSCALE(factor, ms) / YARN_MSCALE(factor, msa);
+        else
+            attn = YARN_MSCALE(factor, 1.0);
+#undef YARN_MSCALE
+    }
+    double beta_fast = r->has_beta_fast && r->beta_fast != 0.0 ? r->beta_fast : 32.0;
+    double beta_slow = r->has_beta_slow && r->beta_slow != 0.0 ? r->beta_slow : 1.0;
+    double low = floor(rope_correction_dim(beta_fast, dim, base, orig));
+    double high = ceil(rope_correction_dim(beta_slow, dim, base, orig));
+    if (low < 0.0)
+        low = 0.0;
+    if (high > dim - 1)
+        high = dim - 1;
+    if (low == high)
+        high += 0.001;
+    for (uint32_t i = 0; i < dim / 2; i++) {
+        float pf = rope_pos_freq(base, i, dim);
+        float extra = 1.0f / pf, inter = 1.0f / ((float)factor * pf);
+        float ramp = ((float)i - (float)low) / (float)(high - low);
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float ef = 1.0f - ramp;
+        inv_freq[i] = inter * (1.0f - ef) + extra * ef;
+    }
+    *scale = (float)attn;
+    return TD_OK;
+}
+
+/* ---- weights --------------------------------------------------------------------- */
+
+typedef struct {
+    const td_weights_schema_t *schema;
+    float **ptr;           /* [schema->n] each entry's f32 copy (NULL for linears) */
+    td_kernels_mat_t **mat;/* [schema->n] each linear's prepared matrix */
+    td_status_t st;
+} model_bind_t;
+
+/* The schema entry named by fmt; NULL (and b->st set) if there is none. */
+__attribute__((format(printf, 2, 0))) static const td_weights_entry_t *
+model_entry(model_bind_t *b, const char *fmt, va_list ap)
+{
+    char name[TD_WEIGHTS_NAME_MAX];
+
+    vsnprintf(name, sizeof(name), fmt, ap);
+    const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
+    if (e == NULL) {
+        td_error("model: tensor '%s' is not in the weight schema", name);
+        b->st = TD_ERR_INTERNAL;
+    }
+    return e;
+}
+
+/* The f32 copy of the tensor named by fmt; NULL (and b->st set) if the schema
+ * has no such tensor. */
+__attribute__((format(printf, 2, 3))) static float *
+model_get(model_bind_t *b, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    const td_weights_entry_t *e = model_entry(b, fmt, ap);
+    va_end(ap);
+    return e ? b->ptr[e - b->schema->entries] : NULL;
+}
+
+/* The prepared matrix of the linear named by fmt (model_linear_groups). */
+__attribute__((format(printf, 2, 3))) static td_kernels_mat_t *
+model_mat(model_bind_t *b, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    const td_weights_entry_t *e = model_entry(b, fmt, ap);
+    va_end(ap);
+    if (e == NULL)
+        return NULL;
+    if (b->mat[e - b->schema->entries] == NULL) {   /* model_linear_groups misses it */
+        td_error("model: tensor '%s' was not prepared as a linear", e->name);
+        b->st = TD_ERR_INTERNAL;
+    }
+    return b->mat[e - b->schema->entries];
+}
+
+/* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
+ * linears: 1), or 0 for a tensor that is not a linear's weight (kept f32). */
+static size_t
+model_linear_groups(const td_modelcfg_t *c, const td_weights_entry_t *e)
+{
+    static const char *const suffixes[] = {
+        ".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_b.weight",
+        ".compressor.wkv.weight", ".compressor.wgate.weight", ".indexer.wq_b.weight",
+        ".indexer.weights_proj.weight", ".indexer.wk.weight", ".ffn.gate.weight",
+        ".w1.weight", ".w2.weight", ".w3.weight", ".engram.wkv.weight", ".hc_attn_fn",
+        ".hc_ffn_fn",
+    };
+    static const char wo_a[] = ".attn.wo_a.weight";
+    size_t len = strlen(e->name);
+
+    if (e->ndim != 2)
+        return 0;
+    if (strcmp(e->name, "head.weight") == 0)
+        return 1;
+    if (len >= sizeof(wo_a) - 1 && strcmp(e->name + len - (sizeof(wo_a) - 1), wo_a) == 0)
+        return (size_t)c->o_groups;
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+        size_t sl = strlen(suffixes[i]);
+        if (len >= sl && strcmp(e->name + len - sl, suffixes[i]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Keep a prepared matrix in the model (which destroys it). */
+static td_status_t
+model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
+{
+    td_kernels_mat_t **n = realloc(m->mats, (m->nmats + 1) * sizeof(*n));
+    if (n == NULL) {
+        m->ops->mat_destroy(mat);
+        return TD_ERR_NOMEM;
+    }
+    m->mats = n;
+    m->mats[m->nmats++] = mat;
+    m->mat_bytes += m->ops->mat_bytes(mat);
+    return TD_OK;
+}
+
+/* Dequantize every tensor: the linears' weights one at a time into a scratch
+ * buffer and on into prepared matrices (mat), the rest into the f32 arena
+ * (ptr). */
+static td_status_t
+model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat)
+{
+    const td_weights_schema_t *s = w->schema;
+    size_t total = 0, most = 0;
+    float *scratch = NULL;
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; i < w->n; i++) {
+        int64_t cnt = td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+        if (cnt <= 0 || (uint64_t)cnt > SIZE_MAX / sizeof(float) - total) {
+            td_error("model: tensor '%s': %lld elements", s->entries[i].name, (long long)cnt);
+            return TD_ERR_INVALID;
+        }
+        if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
+            total += (size_t)cnt;
+        else if ((size_t)cnt > most)
+            most = (size_t)cnt;
+    }
+    m->arena = malloc((total ? total : 1) * sizeof(float));
+    scratch = malloc((most ? most : 1) * sizeof(float));
+    if (m->arena == NULL || scratch == NULL) {
+        td_error("model: cannot allocate %zu MiB of f32 weights",
+                 (total + most) * sizeof(float) >> 20);
+        free(scratch);
+        return TD_ERR_NOMEM;
+    }
+    m->arena_floats = total;
+    size_t at = 0;
+    for (size_t i = 0; i < w->n && st == TD_OK; i++) {
+        const td_weights_entry_t *e = &s->entries[i];
+        size_t groups = model_linear_groups(m->cfg, e);
+        int br = 0, bc = 0;
+        if (e->format == TD_WEIGHTS_FP8_BLOCK) {
+            br = (int)s->block_rows;
+            bc = (int)s->block_cols;
+        }
+        float *dst = groups ? scratch : m->arena + at;
+        st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, dst);
+        if (st != TD_OK) {
+            td_error("model: tensor '%s': %s", e->name, td_quant_last_error());
+            break;
+        }
+        if (groups == 0) {
+            ptr[i] = dst;
+            at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+            continue;
+        }
+        if (e->shape[0] % (int64_t)groups != 0) {
+            td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
+                     (long long)e->shape[0], groups);
+            st = TD_ERR_INVALID;
+            break;
+        }
+        st = m->ops->mat_create(dst, groups, (size_t)e->shape[0] / groups, (size_t)e->shape[1],
+                                &mat[i]);
+        if (st != TD_OK) {
+            td_error("model: tensor '%s': %s", e->name, td_kernels_error());
+            break;
+        }
+        st = model_keep_mat(m, mat[i]);
+    }
+    free(scratch);
+    return st;
+}
+
+static td_status_t
+model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
+{
+    const td_modelcfg_t *c = m->cfg;
+    const td_modelcfg_layer_t *cl = &c->layers[i];
+    td_model_layer_t *L = &m->layers[i];
+    const char *p = "layers.";
+    size_t E = (size_t)c->n_routed_experts;
+
+    L->attn_norm = model_get(b, "%s%lld.attn_norm.weight", p, (long long)i);
+    L->wq_a = model_mat(b, "%s%lld.attn.wq_a.weight", p, (long long)i);
+    L->q_norm = model_get(b, "%s%lld.attn.q_norm.weight", p, (long long)i);
+    L->wq_b = model_mat(b, "%s%lld.attn.wq_b.weight", p, (long long)i);
+    L->wkv = model_mat(b, "%s%lld.attn.wkv.weight", p, (long long)i);
+    L->kv_norm = model_get(b, "%s%lld.attn.kv_norm.weight", p, (long long)i);
+    L->wo_a = model_mat(b, "%s%lld.attn.wo_a.weight", p, (long long)i);
+    L->wo_b = model_mat(b, "%s%lld.attn.wo_b.weight", p, (long long)i);
+    L->attn_sink = model_get(b, "%s%lld.attn.attn_sink", p, (long long)i);
+    if (cl->kv_source) {
+        L->cmp_wkv = model_mat(b, "%s%lld.attn.compressor.wkv.weight", p, (long long)i);
+        if (cl->ratio > 1)
+            L->cmp_wgate = model_mat(b, "%s%lld.attn.compressor.wgate.weight", p, (long long)i);
+        L->cmp_norm = model_get(b, "%s%lld.attn.compressor.norm.weight", p, (long long)i);
+    }
+    if (cl->index_source) {
+        L->idx_wq_b = model_mat(b, "%s%lld.attn.indexer.wq_b.weight", p, (long long)i);
+        L->idx_wproj = model_mat(b, "%s%lld.attn.indexer.weights_proj.weight", p, (long long)i);
+        if (cl->owns_index_k) {
+            L->idx_wk = model_mat(b, "%s%lld.attn.indexer.wk.weight", p, (long long)i);
+            L->idx_k_norm = model_get(b, "%s%lld.attn.indexer.k_norm.weight", p, (long long)i);
+        }
+    }
+    L->ffn_norm = model_get(b, "%s%lld.ffn_norm.weight", p, (long long)i);
+    L->gate = model_mat(b, "%s%lld.ffn.gate.weight", p, (long long)i);
+    L->gate_bias = model_get(b, "%s%lld.ffn.gate.bias", p, (long long)i);
+    L->w1 = calloc(E, sizeof(*L->w1));
+    L->w2 = calloc(E, sizeof(*L->w2));
+    L->w3 = calloc(E, sizeof(*L->w3));
+    if (L->w1 == NULL || L->w2 == NULL || L->w3 == NULL)
+        return TD_ERR_NOMEM;
+    for (size_t e = 0; e < E; e++) {
+        L->w1[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
+        L->w2[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
+        L->w3[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w3.weight", p, (long long)i, e);
+    }
+    L->sw1 = model_mat(b, "%s%lld.ffn.shared_experts.w1.weight", p, (long long)i);
+    L->sw2 = model_mat(b, "%s%lld.ffn.shared_experts.w2.weight", p, (long long)i);
+    L->sw3 = model_mat(b, "%s%lld.ffn.shared_experts.w3.weight", p, (long long)i);
+    if (cl->engram >= 0) {
+        size_t hc = (size_t)c->hc_mult, H = (size_t)c->hidden_size;
+        L->eg_table = model_get(b, "%s%lld.engram.embed.weight", p, (long long)i);
+        L->eg_rows = (uint64_t)c->engram_num_embeddings.v[cl->engram];
+        L->eg_wkv = model_mat(b, "%s%lld.engram.wkv.weight", p, (long long)i);
+        const float *q = model_get(b, "%s%lld.engram.q_weight", p, (long long)i);
+        const float *k = model_get(b, "%s%lld.engram.k_weight", p, (long long)i);
+        L->eg_qk = malloc(hc * H * sizeof(float));
+        if (L->eg_qk == NULL)
+            return TD_ERR_NOMEM;
+        if (q != NULL && k != NULL)
+            for (size_t j = 0; j < hc * H; j++)
+                L->eg_qk[j] = q[j] * k[j];
+    }
+    L->hc_attn_fn = model_mat(b, "%s%lld.hc_attn_fn", p, (long long)i);
+    L->hc_attn_base = model_get(b, "%s%lld.hc_attn_base", p, (long long)i);
+    L->hc_attn_scale = model_get(b, "%s%lld.hc_attn_scale", p, (long long)i);
+    L->hc_ffn_fn = model_mat(b, "%s%lld.hc_ffn_fn", p, (long long)i);
+    L->hc_ffn_base = model_get(b, "%s%lld.hc_ffn_base", p, (long long)i);
+    L->hc_ffn_scale = model_get(b, "%s%lld.hc_ffn_scale", p, (long long)i);
+    return b->st;
+}
+
+/* ---- engram hash state ---------------------------------------------------------------- */
+
+static td_status_t
+model_engram_init(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+    td_model_engram_t *g = &m->engram;
+    uint32_t nl = c->engram_layer_ids.n, nb = (uint32_t)c->engram_max_ngram_size;
+    uint32_t cols = (nb - 1) * (uint32_t)c->engram_n_heads, ncls;
+    td_status_t st;
+
+    if (m->tok == NULL) {
+        td_error("model %s: the engram layers need the tokenizer (tokenizer.json) to build "
+                 "their n-gram hash state", dir);
+        return TD_ERR_INVALID;
+    }
+    st = td_tokmap_build(m->tok, &g->token_map, &ncls);
+    if (st != TD_OK)
+        return st;
+    g->map_size = td_tokenizer_vocab_size(m->tok);
+    if ((int64_t)ncls != c->engram_compressed_vocab_size) {
+        td_error("model %s: the tokenizer-derived compressed vocabulary size (%u) does not "
+                 "match engram_compressed_vocab_size (%lld); the hash multipliers would "
+                 "rehash the whole engram table", dir, ncls,
+                 (long long)c->engram_compressed_vocab_size);
+        return TD_ERR_INVALID;
+    }
+    if (c->engram_pad_id < 0 || (uint64_t)c->engram_pad_id >= g->map_size) {
+        td_error("model %s: engram_pad_id %lld outside the tokenizer's %u ids", dir,
+                 (long long)c->engram_pad_id, g->map_size);
+        return TD_ERR_INVALID;
+    }
+    g->pad_class = g->token_map[c->engram_pad_id];
+    g->mult = calloc((size_t)nl * nb, sizeof(*g->mult));
+    g->primes = calloc((size_t)nl * cols, sizeof(*g->primes));
+    g->offsets = calloc((size_t)nl * cols, sizeof(*g->offsets));
+    if (g->mult == NULL || g->primes == NULL || g->offsets == NULL)
+        return TD_ERR_NOMEM;
+    for (uint32_t k = 0; k < nl; k++) {
+        uint64_t total = 0;
+        st = td_modelcfg_engram_primes(c, k, g->primes + (size_t)k * cols, &total);
+        if (st != TD_OK)
+            return st;
+        uint64_t at = 0;
+        for (uint32_t j = 0; j < cols; j++) {
+            g->offsets[(size_t)k * cols + j] = at;
+            at += g->primes[(size_t)k * cols + j];
+        }
+        st = td_model_hash_multipliers((uint64_t)c->engram_layer_ids.v[k], nb, ncls,
+                                       g->mult + (size_t)k * nb);
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
+/* ---- load / destroy ------------------------------------------------------------------------ */
+
+td_status_t
+td_model_load(const char *dir, td_model_t **out)
+{
+    td_model_t *m;
+    td_weights_schema_t *schema = NULL;
+    td_st_t *st_file = NULL;
+    td_weights_t *w = NULL;
+    model_bind_t b = { 0 };
+    td_status_t st;
+    char path[4096], err[512];
+
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return TD_ERR_NOMEM;
+    m->ops = td_kernels_cpu_ops();
+    st = td_modelcfg_load(dir, &m->cfg);
+    if (st != TD_OK)
+        goto out;
+    st = td_modelcfg_check(m->cfg, err, sizeof(err));
+    if (st != TD_OK) {
+        td_error("model %s: %s", dir, err);
+        goto out;
+    }
+    const td_modelcfg_t *c = m->cfg;
+    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
+        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
+                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
+        st = TD_ERR_UNSUPPORTED;
+        goto out;
+    }
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f != NULL) {
+        fclose(f);
+        st = td_tokenizer_load(path, &m->tok);
+        if (st != TD_OK)
+            goto out;
+    }
+
+    st = td_weights_schema_create(c, &schema);
+    if (st != TD_OK)
+        goto out;
+    st = td_st_open(dir, &st_file);
+    if (st != TD_OK)
+        goto out;
+    st = td_weights_bind(schema, st_file, NULL, NULL, &w);
+    if (st != TD_OK) {
+        td_error("model %s: the checkpoint does not match the config", dir);
+        goto out;
+    }
+    b.schema = schema;
+    b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
+    b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
+    if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
+        st = TD_ERR_NOMEM;
+        goto out;
+    }
+    st = model_dequant_all(m, w, b.ptr, b.mat);
+    if (st != TD_OK)
+        goto out;
+    m->embed = model_get(&b, "embed.weight");
+    m->norm = model_get(&b, "norm.weight");
+    if (!c->tie_word_embeddings) {
+        m->head = model_mat(&b, "head.weight");
+    } else if (m->embed != NULL) {
+        st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                                &m->head);
+        if (st == TD_OK)
+            st = model_keep_mat(m, m->head);
+        if (st != TD_OK) {
+            td_error("model %s: the head from the embedding: %s", dir, td_kernels_error());
+            goto out;
+        }
+    }
+    for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
+        st = model_bind_layer(m, &b, i);
+    if (st == TD_OK)
+        st = b.st;
+    if (st != TD_OK)
+        goto out;
+
+    size_t half = (size_t)c->qk_rope_head_dim / 2;
+    m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
+    m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
+    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
+        st = TD_ERR_NOMEM;
+        goto out;
+    }
+    st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
+    if (st == TD_OK)
+        st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
+                        &m->rope_scale_compress);
+    if (st != TD_OK)
+        goto out;
+    if (c->engram_layer_ids.n > 0) {
+        st = model_engram_init(m, dir);
+        if (st != TD_OK)
+            goto out;
+    }
+    td_cache_plan_t *plan;
+    st = td_cache_plan_create(c, &plan);
+    if (st != TD_OK)
+        goto out;
+    m->plan = plan;
+    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
+            "%zu MiB of linears", dir, (long long)c->num_hidden_layers,
+            (long long)c->hidden_size, (long long)c->vocab_size,
+            m->arena_floats * sizeof(float) >> 20, m->mat_bytes >> 20);
+
+out:
+    free(b.ptr);
+    free(b.mat);
+    td_weights_destroy(w);
+    td_st_close(st_file);
+    td_weights_schema_destroy(schema);
+    if (st != TD_OK) {
+        td_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return TD_OK;
+}
+
+void
+td_model_destroy(td_model_t *m)
+{
+    if (m == NULL)
+        return;
+    if (m->layers != NULL)
+        for (int64_t i = 0; i < m->cfg->num_hidden_layers; i++) {
+            free(m->layers[i].w1);
+            free(m->layers[i].w2);
+            free(m->layers[i].w3);
+            free(m->layers[i].eg_qk);
+        }
+    free(m->layers);
+    free(m->inv_freq_main);
+    free(m->inv_freq_compress);
+    free(m->engram.token_map);
+    free(m->engram.mult);
+    free(m->engram.primes);
+    free(m->engram.offsets);
+    for (size_t i = 0; i < m->nmats; i++)
+        m->ops->mat_destroy(m->mats[i]);
+    free(m->mats);
+    free(m->arena);
+    td_cache_plan_destroy((td_cache_plan_t *)m->plan);
+    td_tokenizer_destroy(m->tok);
+    td_modelcfg_destroy(m->cfg);
+    free(m);
+}
+
+/* ---- End of sequence ---------------------------------------------------------- */
+
+/* The V4 tokenizer's end of sequence, used when config.json names none. */
+#define MODEL_EOS_TOKEN "<｜end▁of▁sentence｜>"
+
+td_status_t
+td_model_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok, td_sample_params_t *sp)
+{
+    td_sample_params_t s = *sp;
+    td_status_t st;
+
+    if (cfg->eos_kind != TD_MODELCFG_EOS_NONE && cfg->eos_token_id.n > 0) {
+        for (uint32_t i = 0; i < cfg->eos_token_id.n; i++) {
+            int64_t id = cfg->eos_token_id.v[i];
+            if (id < 0 || id >= cfg->vocab_size) {
+                td_error("model: config eos_token_id %lld is outside the vocabulary (%lld ids)",
+                         (long long)id, (long long)cfg->vocab_size);
+                return TD_ERR_INVALID;
+            }
+            st = td_sample_stop_add(&s, (int32_t)id);
+            if (st != TD_OK) {
+                td_error("model: config eos_token_id: more than %d stop tokens",
+                         TD_SAMPLE_MAX_STOP);
+                return st;
+            }
+        }
+    } else {
+        uint32_t id;
+        if (tok == NULL ||
+            td_tokenizer_find(tok, MODEL_EOS_TOKEN, strlen(MODEL_EOS_TOKEN), &id) != TD_OK) {
+            td_warn("model: config eos_token_id is null and the tokenizer has no %s: no "
+                    "end-of-sequence token", MODEL_EOS_TOKEN);
+            return TD_ERR_NOT_FOUND;
+        }
+        if ((int64_t)id >= cfg->vocab_size) {
+            td_error("model: tokenizer %s is id %u, outside the vocabulary (%lld ids)",
+                     MODEL_EOS_TOKEN, id, (long long)cfg->vocab_size);
+            return TD_ERR_INVALID;
+        }
+        st = td_sample_stop_add(&s, (int32_t)id);
+        if (st != TD_OK) {
+            td_error("model: %s: more than %d stop tokens", MODEL_EOS_TOKEN,
+                     TD_SAMPLE_MAX_STOP);
+            return st;
+        }
+    }
+    *sp = s;
+    return TD_OK;
+}

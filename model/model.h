@@ -1,0 +1,161 @@
+/* model/model.h — a loaded DeepSeek-V4.1 text backbone (f32 weights, rope
+ * tables, engram hash state; model.c) and its forward pass over per-request
+ * caches (forward.c): prefill chunks, batched decode. docs/forward.md. */
+#ifndef TD_MODEL_H
+#define TD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "sample.h"
+#include "kernels.h"
+#include "modelcfg.h"
+#include "status.h"
+#include "tokenizer.h"
+
+/* One backbone layer's weights: the linears as prepared matrices
+ * (td_kernels_mat_t, owned by the model, NULL where the layer has none),
+ * everything else as pointers into the model's f32 arena (NULL where the
+ * layer has no such tensor). H = hidden_size, hc = hc_mult, E =
+ * n_routed_experts, I = moe_intermediate_size. */
+typedef struct {
+    /* attention */
+    const float *attn_norm;     /* [H] */
+    td_kernels_mat_t *wq_a;     /* [q_lora_rank, H] */
+    const float *q_norm;        /* [q_lora_rank] */
+    td_kernels_mat_t *wq_b;     /* [heads * head_dim, q_lora_rank] */
+    td_kernels_mat_t *wkv;      /* [head_dim, H] */
+    const float *kv_norm;       /* [head_dim] */
+    td_kernels_mat_t *wo_a;     /* o_groups x [o_lora_rank, heads * head_dim / o_groups] */
+    td_kernels_mat_t *wo_b;     /* [H, o_groups * o_lora_rank] */
+    const float *attn_sink;     /* [heads] */
+    /* compressor (kv sources) */
+    td_kernels_mat_t *cmp_wkv;  /* [head_dim, H] */
+    td_kernels_mat_t *cmp_wgate;/* [head_dim, H], ratio > 1 only */
+    const float *cmp_norm;      /* [head_dim] */
+    /* indexer (index sources) */
+    td_kernels_mat_t *idx_wq_b; /* [index_n_heads * index_head_dim, q_lora_rank] */
+    td_kernels_mat_t *idx_wproj;/* [index_n_heads, H] */
+    td_kernels_mat_t *idx_wk;   /* [index_head_dim, head_dim], index source that is a kv source */
+    const float *idx_k_norm;    /* [index_head_dim] */
+    /* MoE */
+    const float *ffn_norm;      /* [H] */
+    td_kernels_mat_t *gate;     /* [E, H] */
+    const float *gate_bias;     /* [E] */
+    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H] */
+    td_kernels_mat_t **w2;      /* [E] -> [H, I] */
+    td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
+    td_kernels_mat_t *sw2;      /* [H, I] */
+    /* engram (engram layers) */
+    const float *eg_table;      /* [eg_rows, engram_head_dim] */
+    uint64_t eg_rows;
+    td_kernels_mat_t *eg_wkv;   /* [H * (hc + 1), (max_ngram - 1) * engram_n_heads * engram_head_dim] */
+    float *eg_qk;               /* [hc, H] q_weight * k_weight (computed at load) */
+    /* hyper-connections */
+    td_kernels_mat_t *hc_attn_fn;   /* [(2 + hc) * hc, hc * H] */
+    const float *hc_attn_base;  /* [(2 + hc) * hc] */
+    const float *hc_attn_scale; /* [3] */
+    td_kernels_mat_t *hc_ffn_fn;
+    const float *hc_ffn_base, *hc_ffn_scale;
+} td_model_layer_t;
+
+/* The engram hash state of the reference's DeepseekV41NgramHashState. */
+typedef struct {
+    uint32_t *token_map;        /* [map_size] token id -> compressed class */
+    uint32_t map_size;          /* the tokenizer's vocabulary */
+    int64_t pad_class;          /* token_map[engram_pad_id] */
+    int64_t *mult;              /* [layers, max_ngram] odd hash multipliers */
+    uint64_t *primes;           /* [layers, (max_ngram - 1) * heads] bucket sizes */
+    uint64_t *offsets;          /* [layers, (max_ngram - 1) * heads] bucket starts */
+} td_model_engram_t;
+
+/* A loaded model. Owns everything it points to; immutable after load, so
+ * several threads may run forward passes on it at once (each on its own
+ * caches). */
+typedef struct {
+    td_modelcfg_t *cfg;
+    const td_kernels_ops_t *ops;
+    td_tokenizer_t *tok;        /* NULL when the directory has no tokenizer.json */
+    const td_cache_plan_t *plan;/* the per-request cache layout (owned) */
+
+    const float *embed;         /* [vocab_size, H] */
+    const float *norm;          /* [H] */
+    td_kernels_mat_t *head;     /* [vocab_size, H] (made from embed when tied) */
+    td_model_layer_t *layers;   /* [num_hidden_layers] */
+
+    /* rope: inverse frequencies of qk_rope_head_dim / 2 pairs and the cos/sin
+     * factor (YaRN's attention factor), for window-only layers (main) and
+     * layers with a compressed branch (compress) */
+    float *inv_freq_main, *inv_freq_compress;
+    float rope_scale_main, rope_scale_compress;
+
+    td_model_engram_t engram;   /* zero when the config has no engram layers */
+
+    float *arena;               /* every f32 weight but the linears' */
+    size_t arena_floats;
+    td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
+    size_t nmats;
+    size_t mat_bytes;           /* their bytes */
+} td_model_t;
+
+/* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
+ * the config must pass td_modelcfg_check, the checkpoint td_weights_bind;
+ * every tensor is dequantized into f32, the linears then prepared by the
+ * ops' mat_create (kept as bf16 where every value is one: exact). The
+ * tokenizer is required when the config has engram layers (its compressed
+ * token map must have engram_compressed_vocab_size classes, as the reference
+ * requires). Errors are logged with the object they concern. */
+td_status_t td_model_load(const char *dir, td_model_t **out);
+void td_model_destroy(td_model_t *m);
+
+/* The reference's compute_hash_multipliers for one engram layer: numpy's
+ * default_rng(10007 * layer_id).integers(0, bound, max_ngram) with bound =
+ * max(1, (INT64_MAX // vocab) // 2), each value v as 2v + 1 (PCG64 seeded
+ * through SeedSequence, Lemire's bounded integers, as numpy 2 draws them).
+ * out: [max_ngram]. */
+td_status_t td_model_hash_multipliers(uint64_t layer_id, uint32_t max_ngram,
+                                      uint64_t vocab, int64_t *out);
+
+/* ---- the forward pass (model/forward.c) ------------------------------------ */
+
+/* One request's part of a forward call: n tokens appended at the cache's
+ * position. logits: NULL (none), or [n, vocab_size] with all_logits, else
+ * [1, vocab_size] (the last position). */
+typedef struct {
+    td_cache_t *cache;
+    const int32_t *tokens;      /* [n] */
+    size_t n;                   /* >= 1 */
+    float *logits;
+    int all_logits;
+} td_forward_seq_t;
+
+/* Run the tokens of every sequence through the backbone in one pass (rows of
+ * all sequences share the linears; attention, compressor and indexer run per
+ * request). Each cache must belong to m's plan, appear once, and have room
+ * for n more tokens (TD_ERR_RANGE otherwise, nothing changed); a token id
+ * outside the vocabulary is TD_ERR_RANGE. On any error the caches are left
+ * unchanged only for argument errors; a failure inside the pass (allocation)
+ * leaves them unusable (reset them). */
+td_status_t td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs);
+
+/* Prefill a chunk of one request (any n >= 1, continuing from its cache). */
+td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens,
+                               size_t n, int all_logits, float *logits);
+
+/* One decode step of n requests (each at its own position): token[i] is
+ * appended to caches[i]; logits [n, vocab_size]. */
+td_status_t td_forward_decode(const td_model_t *m, td_cache_t *const *caches,
+                              const int32_t *tokens, size_t n, float *logits);
+
+/* Add the end-of-sequence ids to sp's stop tokens (those already there are
+ * not repeated): config.json's eos_token_id (an int or a list), or, when it
+ * is null, the tokenizer's "<｜end▁of▁sentence｜>" (tok may be NULL). An id
+ * outside [0, vocab_size): TD_ERR_INVALID; more stops than
+ * TD_SAMPLE_MAX_STOP: TD_ERR_RANGE; neither source names one:
+ * TD_ERR_NOT_FOUND (a warning: the caller may go on without). Logged; sp
+ * unchanged on error. */
+td_status_t td_model_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok,
+                              td_sample_params_t *sp);
+
+#endif
