@@ -1,31 +1,9 @@
-/* tandemctl/cmd.c — the command table (one file per command: cmd-*.c), its
- * lookup, the GET-and-print shape of status, requests and config, and the POST {"key": VALUE} shape that drain, undrain, remove and
- * cancel share. */
+/* tandemctl/cmd.c — what the commands (cmd-*.c) share: the GET-and-print
+ * shape of status, requests and config, and the POST {"key": VALUE} shape
+ * that drain, undrain, remove and cancel share. */
 #include "tandemctl.h"
 
-#include <string.h>
-
 #include "log.h"
-
-const tdctl_cmd_entry_t *const tdctl_cmd_table[] = {
-    &tdctl_cmd_status_entry,
-    &tdctl_cmd_drain_entry,
-    &tdctl_cmd_undrain_entry,
-    &tdctl_cmd_remove_entry,
-    &tdctl_cmd_requests_entry,
-    &tdctl_cmd_cancel_entry,
-    &tdctl_cmd_config_entry,
-    NULL,
-};
-
-const tdctl_cmd_entry_t *
-tdctl_cmd_find(const char *name)
-{
-    for (size_t i = 0; tdctl_cmd_table[i] != NULL; i++)
-        if (strcmp(tdctl_cmd_table[i]->name, name) == 0)
-            return tdctl_cmd_table[i];
-    return NULL;
-}
 
 td_status_t
 tdctl_cmd_post(tdctl_t *ctl, const char *verb, const char *path, const char *key,

@@ -168,8 +168,8 @@ static void
 main_usage(FILE *out)
 {
     fprintf(out, "usage: tandemctl [options] COMMAND [ARGS]\n\ncommands:\n");
-    for (size_t i = 0; tdctl_cmd_table[i] != NULL; i++) {
-        const tdctl_cmd_entry_t *c = tdctl_cmd_table[i];
+    for (size_t i = 0; tdctl_cmds_table[i] != NULL; i++) {
+        const tdctl_cmd_entry_t *c = tdctl_cmds_table[i];
         fprintf(out, "  %-8s %-5s  %s\n", c->name, c->args, c->help);
     }
     fprintf(out, "\n");
@@ -207,7 +207,7 @@ main(int argc, char **argv)
         main_usage(stderr);
         goto out_free_opts;
     }
-    const tdctl_cmd_entry_t *cmd = tdctl_cmd_find(argv[1]);
+    const tdctl_cmd_entry_t *cmd = tdctl_cmds_find(argv[1]);
     if (cmd == NULL) {
         td_error("unknown command \"%s\" (tandemctl --help lists them)", argv[1]);
         goto out_free_opts;

@@ -46,17 +46,18 @@ extern const tdctl_cmd_entry_t tdctl_cmd_requests_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_cancel_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_config_entry;
 
-/* cmd.c: the table (NULL-terminated), lookup, and the one shape four
- * commands share: POST {key: value} to path, then print "OBJ VALUE: STATUS"
- * (the answer's "status", else done; or the JSON answer with --json); verb
- * names the action in error messages. */
-/* ... and the shape of the read-only ones: GET path, then print the JSON
- * answer (--json) or hand it to render for a table. */
+/* cmds.c: the table (NULL-terminated) and lookup by name. */
+extern const tdctl_cmd_entry_t *const tdctl_cmds_table[];
+const tdctl_cmd_entry_t *tdctl_cmds_find(const char *name);
+
+/* cmd.c: the shape of the read-only commands: GET path, then print the JSON
+ * answer (--json) or hand it to render for a table ... */
 typedef td_status_t (*tdctl_render_fn)(tdctl_t *ctl, const json_t *ans);
-extern const tdctl_cmd_entry_t *const tdctl_cmd_table[];
-const tdctl_cmd_entry_t *tdctl_cmd_find(const char *name);
 td_status_t tdctl_cmd_get(tdctl_t *ctl, const char *path, const char *what,
                           tdctl_render_fn render);
+/* ... and the one four commands share: POST {key: value} to path, then print
+ * "OBJ VALUE: STATUS" (the answer's "status", else done; or the JSON answer
+ * with --json); verb names the action in error messages. */
 td_status_t tdctl_cmd_post(tdctl_t *ctl, const char *verb, const char *path, const char *key,
                            const char *obj, const char *value, const char *done);
 
