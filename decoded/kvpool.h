@@ -2,7 +2,7 @@
  * paged segment of the layout a pool of blocks, per fixed segment one slot per
  * batch row; all-or-nothing reservations for a request's whole life
  * (prompt + max_tokens), the block states and the counters Load reports.
- * Pure bookkeeping: the memory itself is registered by decoded/rank.c.
+ * Pure bookkeeping: the memory itself is registered by decoded/drank.c.
  * Ownership: the pool borrows the layout (it must outlive the pool) and owns
  * its reservations; a reservation is freed by td_kvpool_release. */
 #ifndef TD_KVPOOL_H

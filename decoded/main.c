@@ -1,6 +1,6 @@
 /* decoded/main.c — the decode daemon: options, one engine shared by M rank
  * threads, each with its own event loop, UCX worker, KV pools and router
- * links (decoded/rank.h); systemd readiness; SIGTERM stops taking work, ends
+ * links (decoded/drank.h); systemd readiness; SIGTERM stops taking work, ends
  * the live requests with an error event and exits. docs/decoded.md. */
 #include <event2/event.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
-#include "rank.h"
+#include "drank.h"
 #include "ranks.h"
 #include "worker.h"
 
@@ -52,7 +52,7 @@ typedef struct {
     decoded_t *m;
     uint32_t id;
     struct event_base *base;     /* the rank's loop, owned by m->w.rs */
-    td_rank_t *rk;
+    td_drank_t *rk;
     td_link_t *link;
     bool draining;               /* what Register last said */
 } decoded_rank_t;
@@ -82,7 +82,7 @@ static void
 decoded_register(decoded_rank_t *r, Tandem__Register *reg)
 {
     tandem__register__init(reg);
-    td_rank_register_fill(r->rk, reg);
+    td_drank_register_fill(r->rk, reg);
 }
 
 static void
@@ -112,7 +112,7 @@ decoded_on_message(td_link_t *l, td_link_router_t *router, const Tandem__Envelop
                    void *arg)
 {
     decoded_rank_t *r = arg;
-    td_rank_on_message(r->rk, router, env);
+    td_drank_on_message(r->rk, router, env);
 }
 
 static void
@@ -121,7 +121,7 @@ decoded_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *a
     decoded_rank_t *r = arg;
     td_warn("decode rank %u: router %s down (%s): canceling its requests", r->id,
             td_link_router_name(router), td_status_str(why));
-    td_rank_on_router_down(r->rk, router);
+    td_drank_on_router_down(r->rk, router);
 }
 
 static void
@@ -129,7 +129,7 @@ decoded_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
     decoded_rank_t *r = decoded_rank(arg, id);
     struct timeval flush = { 0, 100000 };   /* let the last Tokens frames go out */
-    td_rank_stop(r->rk);
+    td_drank_stop(r->rk);
     event_base_loopexit(r->base, &flush);
 }
 
@@ -139,7 +139,7 @@ decoded_rank_teardown(void *arg, uint32_t id)
     decoded_rank_t *r = decoded_rank(arg, id);
     td_link_destroy(r->link);
     r->link = NULL;
-    td_rank_destroy(r->rk);
+    td_drank_destroy(r->rk);
     r->rk = NULL;
 }
 
@@ -153,7 +153,7 @@ decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
     r->m = m;
     r->id = id;
     r->base = base;
-    td_rank_config_t rc = {
+    td_drank_config_t rc = {
         .node_id = td_daemon_node_id(m->w.d),
         .rank_id = r->id,
         .incarnation = td_daemon_incarnation(m->w.d),
@@ -162,8 +162,8 @@ decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
         .max_batch = (uint32_t)c->max_batch,
         .xfer_deadline_ms = (uint32_t)c->xfer_deadline_ms,
     };
-    td_rank_io_t io = { decoded_on_send, decoded_on_load, r };
-    if ((st = td_rank_create(r->base, m->w.engine, &rc, &io, &r->rk)) != TD_OK)
+    td_drank_io_t io = { decoded_on_send, decoded_on_load, r };
+    if ((st = td_drank_create(r->base, m->w.engine, &rc, &io, &r->rk)) != TD_OK)
         goto err;
     td_link_config_t lc;
     td_worker_link_config(&m->w, TANDEM__ROLE__ROLE_DECODE, r->id, c->routers, &lc);
@@ -172,7 +172,7 @@ decoded_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_link_handlers_t lh = { decoded_on_up, decoded_on_message, decoded_on_down, r };
     if ((st = td_link_create(r->base, &lc, &reg, &lh, &r->link)) != TD_OK)
         goto err;
-    td_rank_load(r->rk);
+    td_drank_load(r->rk);
     return TD_OK;
 
 err:

@@ -1,6 +1,6 @@
 /* prefilld/main.c — the prefill daemon: options, one engine shared by N rank
  * threads, each with its own event loop, UCX worker, router links and task
- * queue (prefilld/rank.h); systemd readiness; SIGTERM ends every task with its
+ * queue (prefilld/prank.h); systemd readiness; SIGTERM ends every task with its
  * terminal notification before the process exits. docs/prefilld.md. */
 #include <event2/event.h>
 #include <inttypes.h>
@@ -9,7 +9,7 @@
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
-#include "rank.h"
+#include "prank.h"
 #include "ranks.h"
 #include "worker.h"
 #include "xfer.h"
@@ -57,7 +57,7 @@ typedef struct {
     uint32_t id;
     struct event_base *base;     /* the rank's loop, owned by m->w.rs */
     td_xfer_t *x;
-    td_rank_t *rk;
+    td_prank_t *rk;
     td_link_t *link;
 } prefilld_rank_t;
 
@@ -88,7 +88,7 @@ prefilld_register(prefilld_rank_t *r, int draining, Tandem__Register *reg)
 }
 
 static void
-prefilld_on_done(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
+prefilld_on_done(td_prank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
 {
     prefilld_rank_t *r = arg;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
@@ -101,14 +101,14 @@ prefilld_on_done(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, vo
 }
 
 static void
-prefilld_on_load(td_rank_t *rk, const Tandem__Load *load, void *arg)
+prefilld_on_load(td_prank_t *rk, const Tandem__Load *load, void *arg)
 {
     prefilld_rank_t *r = arg;
     td_link_load(r->link, load);
 }
 
 static void
-prefilld_on_idle(td_rank_t *rk, void *arg)
+prefilld_on_idle(td_prank_t *rk, void *arg)
 {
     prefilld_rank_t *r = arg;
     struct timeval flush = { 0, 100000 };   /* let the last PrefillDone frames go out */
@@ -123,18 +123,18 @@ prefilld_on_message(td_link_t *l, td_link_router_t *router, const Tandem__Envelo
     prefilld_rank_t *r = arg;
     switch (env->payload_case) {
     case TANDEM__ENVELOPE__PAYLOAD_PREFILL:
-        td_rank_prefill(r->rk, router, env->prefill);
+        td_prank_prefill(r->rk, router, env->prefill);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
-        td_rank_cancel(r->rk, router, env->cancel);
+        td_prank_cancel(r->rk, router, env->cancel);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
-        td_rank_decode_peer(r->rk, env->decode_peer);
+        td_prank_decode_peer(r->rk, env->decode_peer);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN: {
         Tandem__Register reg;
         prefilld_register(r, env->drain->draining, &reg);
-        td_rank_drain(r->rk, env->drain->draining);
+        td_prank_drain(r->rk, env->drain->draining);
         (void)td_link_set_register(l, &reg);
         td_info("prefill rank %u: %s by router %s", r->id,
                 env->drain->draining ? "draining" : "undrained", td_link_router_name(router));
@@ -151,7 +151,7 @@ static void
 prefilld_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *arg)
 {
     prefilld_rank_t *r = arg;
-    td_rank_router_down(r->rk, router);
+    td_prank_router_down(r->rk, router);
 }
 
 /* DRAIN: finish the tasks; NOW: exit now. */
@@ -167,7 +167,7 @@ prefilld_on_stop(void *arg, uint32_t id, td_ranks_stop_t how)
     uint64_t ms = 2 * r->m->cfg.xfer_deadline_ms + 2000;
     struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
     event_base_loopexit(r->base, &tv);
-    td_rank_stop(r->rk);
+    td_prank_stop(r->rk);
 }
 
 static void
@@ -175,7 +175,7 @@ prefilld_rank_teardown(void *arg, uint32_t id)
 {
     prefilld_rank_t *r = prefilld_rank(arg, id);
     td_link_destroy(r->link);
-    td_rank_destroy(r->rk);
+    td_prank_destroy(r->rk);
     td_xfer_destroy(r->x);
     r->link = NULL;
     r->rk = NULL;
@@ -198,15 +198,15 @@ prefilld_rank_setup(void *arg, uint32_t id, struct event_base *base)
     };
     if ((st = td_xfer_create(r->base, &xc, &r->x)) != TD_OK)
         goto err;
-    td_rank_config_t rc = {
+    td_prank_config_t rc = {
         .rank_id = r->id,
         .chunk_tokens = c->chunk_tokens,
         .max_queued_tokens = c->max_queued_tokens,
         .max_running = (uint32_t)c->max_running,
         .deadline_ms = (uint32_t)c->xfer_deadline_ms,
     };
-    td_rank_handlers_t rh = { prefilld_on_done, prefilld_on_load, prefilld_on_idle, r };
-    if ((st = td_rank_create(r->base, r->x, m->w.engine, &rc, &rh, &r->rk)) != TD_OK)
+    td_prank_handlers_t rh = { prefilld_on_done, prefilld_on_load, prefilld_on_idle, r };
+    if ((st = td_prank_create(r->base, r->x, m->w.engine, &rc, &rh, &r->rk)) != TD_OK)
         goto err;
     td_link_config_t lc;
     td_worker_link_config(&m->w, TANDEM__ROLE__ROLE_PREFILL, r->id, c->routers, &lc);

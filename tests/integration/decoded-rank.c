@@ -1,11 +1,11 @@
-/* tests/integration/decoded-rank.c — a decode rank (decoded/rank.c) driven by
+/* tests/integration/decoded-rank.c — a decode rank (decoded/drank.c) driven by
  * a fake router (its io callbacks) and a fake prefill rank that pushes real
  * KV over UCX: in this process for the request paths, in a forked process
  * that is SIGKILLed mid-transfer for the grace-period path. Checks tokens
  * against the synthetic engine's own expectation, admission rejects, KV
  * verification, cancel mid-prefill and mid-decode, a stale incarnation, and
  * that blocks are freed only as the invariant allows (docs/decoded.md). */
-#include "rank.h"
+#include "drank.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -32,7 +32,7 @@
 typedef struct {
     struct event_base *base;
     td_engine_t *e;
-    td_rank_t *rk;
+    td_drank_t *rk;
     fk_router_t *rt;
     Tandem__Register reg;
 } env_t;
@@ -43,7 +43,7 @@ admit(env_t *t, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_token
 {
     fk_admit_t adm;
     fk_admit_init(&adm, id, prompt, n, max_tokens);
-    td_rank_on_message(t->rk, t->rt, &adm.env);
+    td_drank_on_message(t->rk, t->rt, &adm.env);
     if (want_code != 0) {
         const Tandem__Envelope *rej =
             fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, id);
@@ -72,7 +72,7 @@ cancel_from(env_t *t, fk_router_t *rt, uint64_t id, int prefill_not_sent)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
     env.cancel = &c;
-    td_rank_on_message(t->rk, rt, &env);
+    td_drank_on_message(t->rk, rt, &env);
 }
 
 static void
@@ -85,7 +85,7 @@ static uint64_t
 blocks_used(env_t *t)
 {
     td_kvpool_counts_t c;
-    td_rank_kv_counts(t->rk, &c);
+    td_drank_kv_counts(t->rk, &c);
     CHECK_EQ_INT(c.blocks_used + c.blocks_free, c.blocks_total);
     return c.blocks_used;
 }
@@ -126,8 +126,8 @@ test_stream(env_t *t)
     nw = fk_expect(t->e, pb, 9, 20, want);
     CHECK(n == 20 && n == nw && memcmp(got, want, n * sizeof(*got)) == 0);
     CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
-    td_rank_stats_t st;
-    td_rank_stats(t->rk, &st);
+    td_drank_stats_t st;
+    td_drank_stats(t->rk, &st);
     CHECK(st.verified_bytes > 0);
     CHECK_EQ_INT(st.finished, 2);
     CHECK_EQ_INT(st.notes_unknown, 0);   /* no note came after its request's end */
@@ -166,13 +166,13 @@ test_rejects(env_t *t)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
     env.drain = &dr;
-    td_rank_on_message(t->rk, t->rt, &env);
+    td_drank_on_message(t->rk, t->rt, &env);
     CHECK(t->rt->load.draining);
     fk_run_until(t->base, fk_never, NULL, GRACE_MS + 200);
     CHECK_EQ_INT(blocks_used(t), 0);
     admit(t, 230, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING);
     dr.draining = 0;
-    td_rank_on_message(t->rk, t->rt, &env);
+    td_drank_on_message(t->rk, t->rt, &env);
     CHECK(!t->rt->load.draining);
     fk_router_clear(t->rt);
 }
@@ -238,7 +238,7 @@ test_cancel(env_t *t)
         td_xfer_stats_t xs;
         fk_p_push(&stale, t->e, d, 402, p, 30, 1500, 1, 0);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_xfer_stats(td_rank_xfer(t->rk), &xs);
+        td_xfer_stats(td_drank_xfer(t->rk), &xs);
         CHECK(xs.notes_stale > 0);
         CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 402) == NULL);
 
@@ -341,7 +341,7 @@ test_router_down(env_t *t)
     const Tandem__KvDest *d = admit(t, 601, p, 12, 5, 0);
     if (d != NULL) {
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
-        td_rank_on_router_down(t->rk, t->rt);
+        td_drank_on_router_down(t->rk, t->rt);
         size_t before = t->rt->n;
         CHECK(blocks_used(t) > 0);
         fk_p_push(&fp, t->e, dest, 601, p, 12, 5, 1, 1);
@@ -371,7 +371,7 @@ test_router_match(env_t *t)
     CHECK_EQ_INT(blocks_used(t), used);
     fk_admit_t adm;                 /* the same id from rt2: a request of its own */
     fk_admit_init(&adm, 701, p, 12, 5);
-    td_rank_on_message(t->rk, &rt2, &adm.env);
+    td_drank_on_message(t->rk, &rt2, &adm.env);
     CHECK(fk_router_find(&rt2, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, 701) != NULL);
     CHECK(blocks_used(t) > used);
     cancel_from(t, t->rt, 701, 1);  /* no Prefill was sent: freed at once */
@@ -384,8 +384,8 @@ test_router_match(env_t *t)
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
         fk_p_push(&fp, t->e, dest, 701, p, 12, 5, 1, 1);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_rank_stats_t st;
-        td_rank_stats(t->rk, &st);
+        td_drank_stats_t st;
+        td_drank_stats(t->rk, &st);
         CHECK(st.notes_unknown >= 1);
     }
     CHECK(fk_wait_msg(t->base, &rt2, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 701, GRACE_MS + 2000));
@@ -416,20 +416,20 @@ main(void)
     struct event *tk = event_new(t.base, -1, EV_PERSIST, fk_tick, NULL);
     struct timeval tv = { 0, 10000 };
     event_add(tk, &tv);
-    td_rank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .incarnation = D_INC,
+    td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .incarnation = D_INC,
                             .transports = TLS, .kv_tokens = KV_TOKENS,
                             .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
                             .grace_margin_ms = GRACE_MARGIN_MS };
-    td_rank_io_t io = { fk_router_send, fk_router_load, &rt };
+    td_drank_io_t io = { fk_router_send, fk_router_load, &rt };
     CHECK(t.e != NULL);
     if (t.e != NULL)
-        CHECK_STATUS(td_rank_create(t.base, t.e, &rc, &io, &t.rk), TD_OK);
+        CHECK_STATUS(td_drank_create(t.base, t.e, &rc, &io, &t.rk), TD_OK);
     if (t.rk != NULL) {
         tandem__register__init(&t.reg);
-        td_rank_register_fill(t.rk, &t.reg);
+        td_drank_register_fill(t.rk, &t.reg);
         CHECK_EQ_INT(t.reg.n_pools, t.e->layout->nsegs);
         CHECK_EQ_INT(t.reg.kv_tokens_total, KV_TOKENS);
-        td_rank_load(t.rk);
+        td_drank_load(t.rk);
         CHECK(rt.loads == 1 && rt.load.kv_blocks_used == 0 && rt.load.kv_tokens_free > 0);
         test_stream(&t);
         test_rejects(&t);
@@ -438,7 +438,7 @@ main(void)
         test_prefill_killed(&t, child, sv[0]);
         test_router_down(&t);
         test_router_match(&t);
-        td_rank_destroy(t.rk);
+        td_drank_destroy(t.rk);
     } else {
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
