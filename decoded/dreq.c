@@ -8,7 +8,7 @@
 
 #include <event2/event.h>
 
-#include "log.h"
+#include "fsm.h"
 
 static const char *const dreq_state_names[TD_DREQ_NSTATES] = {
     [TD_DREQ_ADMITTED] = "admitted",
@@ -19,9 +19,9 @@ static const char *const dreq_state_names[TD_DREQ_NSTATES] = {
     [TD_DREQ_RELEASED] = "released",
 };
 
-#define S(x) (1u << TD_DREQ_##x)
+#define S(x) TD_FSM_BIT(TD_DREQ_##x)
 /* allowed[from] = the states it may go to. */
-static const unsigned dreq_allowed[TD_DREQ_NSTATES] = {
+static const uint32_t dreq_allowed[TD_DREQ_NSTATES] = {
     [TD_DREQ_ADMITTED] = S(RUNNING) | S(FINISHED) | S(CANCELED) | S(FAILED),
     [TD_DREQ_RUNNING] = S(FINISHED) | S(CANCELED) | S(FAILED),
     [TD_DREQ_FINISHED] = S(RELEASED),
@@ -31,10 +31,17 @@ static const unsigned dreq_allowed[TD_DREQ_NSTATES] = {
 };
 #undef S
 
+static const td_fsm_t dreq_fsm = {
+    .what = "decode request",
+    .names = dreq_state_names,
+    .allowed = dreq_allowed,
+    .nstates = TD_DREQ_NSTATES,
+};
+
 const char *
 td_dreq_state_str(td_dreq_state_t st)
 {
-    return (unsigned)st < TD_DREQ_NSTATES ? dreq_state_names[st] : "?";
+    return td_fsm_name(&dreq_fsm, st);
 }
 
 td_status_t
@@ -73,17 +80,7 @@ td_dreq_destroy(td_dreq_t *req)
 void
 td_dreq_set_state(td_dreq_t *req, td_dreq_state_t to, const char *why)
 {
-    assert((unsigned)to < TD_DREQ_NSTATES);
-    if (!(dreq_allowed[req->state] & (1u << to))) {
-        td_error("decode request %016llx: illegal transition %s -> %s",
-                 (unsigned long long)req->id, td_dreq_state_str(req->state),
-                 td_dreq_state_str(to));
-        assert(!"illegal decode request state transition");
-    }
-    td_debug("decode request %016llx: %s -> %s%s%s", (unsigned long long)req->id,
-             td_dreq_state_str(req->state), td_dreq_state_str(to), why ? ": " : "",
-             why ? why : "");
-    req->state = to;
+    req->state = td_fsm_step(&dreq_fsm, req->id, req->state, to, why);
 }
 
 bool

@@ -57,8 +57,9 @@ td_status_t td_dreq_create(uint64_t id, const int32_t *prompt, size_t nprompt,
  * been released (asserted). */
 void td_dreq_destroy(td_dreq_t *req);
 
-/* Check the transition (an illegal one is a bug: asserted) and log it with
- * why (may be NULL). */
+/* The one door of every state change (common/fsm.h): logs it with why (may
+ * be NULL); an illegal transition is a bug, logged and aborted in every
+ * build. Callers check the state before acting on a peer's message. */
 void td_dreq_set_state(td_dreq_t *req, td_dreq_state_t to, const char *why);
 
 /* FINISHED, CANCELED or FAILED: the request has left (or never joined) the

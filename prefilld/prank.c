@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fsm.h"
 #include "kvmap.h"
 #include "log.h"
 
@@ -45,12 +46,20 @@ static const char *const task_state_names[TASK_NSTATES] = {
     "queued", "running", "flushing", "pushing", "done", "failed", "canceled",
 };
 
-#define BIT(s) (1u << (s))
-static const unsigned task_next[TASK_NSTATES] = {
-    [TASK_QUEUED] = BIT(TASK_RUNNING) | BIT(TASK_FLUSHING),
-    [TASK_RUNNING] = BIT(TASK_FLUSHING),
-    [TASK_FLUSHING] = BIT(TASK_PUSHING) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
-    [TASK_PUSHING] = BIT(TASK_DONE) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
+#define T(s) TD_FSM_BIT(TASK_##s)
+static const uint32_t task_allowed[TASK_NSTATES] = {
+    [TASK_QUEUED] = T(RUNNING) | T(FLUSHING),
+    [TASK_RUNNING] = T(FLUSHING),
+    [TASK_FLUSHING] = T(PUSHING) | T(FAILED) | T(CANCELED),
+    [TASK_PUSHING] = T(DONE) | T(FAILED) | T(CANCELED),
+};
+#undef T
+
+static const td_fsm_t task_fsm = {
+    .what = "prefill task",
+    .names = task_state_names,
+    .allowed = task_allowed,
+    .nstates = TASK_NSTATES,
 };
 
 /* A decode rank we may push to, as the router described it. */
@@ -129,17 +138,13 @@ prank_now_ms(void)
 
 /* ---- Task state --------------------------------------------------------------- */
 
+/* The one door of every task state change (common/fsm.h: logged; an illegal
+ * transition aborts). Callers test the state before acting on a message, so
+ * nothing a peer sends reaches here unchecked. */
 static void
 task_set_state(task_t *t, task_state_t to)
 {
-    if (!(task_next[t->state] & BIT(to))) {
-        td_error("prefill rank %u: req %016" PRIx64 ": bad transition %s -> %s",
-                 t->rk->cfg.rank_id, t->req_id, task_state_names[t->state],
-                 task_state_names[to]);
-        abort();
-    }
-    td_debug("prefill rank %u: req %016" PRIx64 ": %s -> %s", t->rk->cfg.rank_id, t->req_id,
-             task_state_names[t->state], task_state_names[to]);
+    td_fsm_step(&task_fsm, t->req_id, t->state, to, NULL);
     if (t->state == TASK_RUNNING)
         t->rk->running--;
     if (to == TASK_RUNNING)
@@ -269,7 +274,7 @@ task_end(task_t *t)
         else
             rk->stats.canceled++;
         td_warn("prefill rank %u: req %016" PRIx64 ": %s (%s)", rk->cfg.rank_id, t->req_id,
-                task_state_names[end], t->reason);
+                td_fsm_name(&task_fsm, end), t->reason);
     }
     if (t->router && !rk->closing && rk->h.done) {
         Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
