@@ -21,7 +21,6 @@ struct td_drank_s {
     const td_layout_t *layout;
     td_drank_config_t cfg;
     char *node_id;
-    char *transports;
     td_drank_io_t io;
     td_xfer_t *xfer;
     td_kvpool_t *kp;
@@ -108,7 +107,7 @@ drank_send(td_drank_t *r, td_dreq_t *req, const Tandem__Envelope *env)
 
 static td_status_t
 drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
-                 Tandem__Finish finish, const char *error)
+                  Tandem__Finish finish, const char *error)
 {
     if (req->router == NULL)
         return TD_OK;
@@ -129,7 +128,7 @@ drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n
  * blocks are freed at once only when no peer may still write into them. */
 static void
 drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish finish,
-         const char *error, bool tell_router)
+          const char *error, bool tell_router)
 {
     td_dreq_set_state(req, to, error);
     if (to == TD_DREQ_FINISHED)
@@ -173,7 +172,7 @@ drank_release(td_drank_t *r, td_dreq_t *req)
 
 static void
 drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode code,
-            const char *reason)
+             const char *reason)
 {
     r->stats.rejected++;
     td_info("decode rank %u: admit %016llx rejected: %s", r->cfg.rank_id, (unsigned long long)id,
@@ -277,7 +276,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
         td_dreq_destroy(req);
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                    why);
+                     why);
         return;
     }
     req->res = res;
@@ -299,7 +298,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         free(segp);
         req->kv_done = true;   /* nothing was announced: no peer can write */
         drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
-                 false);
+                  false);
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                     "out of memory");
         return;
@@ -315,7 +314,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
     dest.node_id = r->node_id;
     dest.rank_id = r->cfg.rank_id;
-    dest.incarnation = r->cfg.incarnation;
+    dest.incarnation = td_xfer_incarnation(r->xfer);
     dest.xfer_id = req->xfer_id;
     dest.n_segs = nsegs;
     dest.segs = segp;
@@ -338,7 +337,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                 (unsigned long long)req->id, td_status_str(st));
         req->kv_done = true;
         drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "admit not sent",
-                 false);
+                  false);
         return;
     }
     drank_publish_load(r);
@@ -600,7 +599,7 @@ drank_cancel(td_drank_t *r, void *router, const Tandem__Cancel *c)
         req->kv_done = true;
     if (!td_dreq_ended(req))
         drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "canceled",
-                 true);
+                  true);
     /* drank_end freed it if P's note had come; else P, told at the same
      * time, stops at its next layer boundary and sends its note, or is gone
      * (or its endpoint to us failed): the grace period bounds the wait. */
@@ -635,7 +634,7 @@ td_drank_on_router_down(td_drank_t *r, void *router)
  * request's blocks (the pool is the request's KV, as on a GPU). */
 static td_status_t
 drank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piece_t *pieces,
-                     size_t npieces, void *arg)
+                      size_t npieces, void *arg)
 {
     td_drank_t *r = arg;
     td_dreq_t *req = ereq->user;
@@ -773,21 +772,21 @@ td_drank_stop(td_drank_t *r)
 }
 
 td_status_t
-td_drank_create(struct event_base *base, td_engine_t *engine, const td_drank_config_t *cfg,
-               const td_drank_io_t *io, td_drank_t **out)
+td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+                const td_drank_config_t *cfg, const td_drank_io_t *io, td_drank_t **out)
 {
     td_status_t st = TD_ERR_NOMEM;
     td_drank_t *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return TD_ERR_NOMEM;
     r->base = base;
+    r->xfer = xfer;
     r->engine = engine;
     r->layout = engine->layout;
     r->cfg = *cfg;
     r->io = *io;
     uint32_t nsegs = r->layout->nsegs;
     r->node_id = strdup(cfg->node_id);
-    r->transports = cfg->transports ? strdup(cfg->transports) : NULL;
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
@@ -795,16 +794,11 @@ td_drank_create(struct event_base *base, td_engine_t *engine, const td_drank_con
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
     r->step_ev = evtimer_new(base, drank_on_step, r);
-    if (r->node_id == NULL || (cfg->transports && r->transports == NULL) || !r->pools ||
-        !r->pool_base || !r->exports || !r->slots || !r->rows || !r->row_req || !r->step_ev)
+    if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
+        !r->rows || !r->row_req || !r->step_ev)
         goto err_destroy;
     r->cfg.node_id = r->node_id;
-    r->cfg.transports = r->transports;
     st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
-    if (st != TD_OK)
-        goto err_destroy;
-    td_xfer_config_t xc = { .incarnation = cfg->incarnation, .transports = r->transports };
-    st = td_xfer_create(base, &xc, &r->xfer);
     if (st != TD_OK)
         goto err_destroy;
     td_xfer_set_note_handler(r->xfer, drank_on_note, r);
@@ -842,24 +836,25 @@ td_drank_destroy(td_drank_t *r)
 {
     if (r == NULL)
         return;
-    if (r->xfer != NULL)   /* no note may look up a freed request below */
-        td_xfer_set_note_handler(r->xfer, NULL, NULL);
+    td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
     for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL)
             continue;
         r->slots[i] = NULL;
-        /* Exiting: the pools go away with the worker below, so a late write
-         * from a peer fails on its side instead of landing in reused memory. */
+        /* Exiting: the pools go away below, so a late write from a peer
+         * fails on its side instead of landing in reused memory. */
         td_kvpool_release(r->kp, req->res);
         req->res = NULL;
         td_dreq_destroy(req);
     }
-    if (r->exports != NULL)
-        for (uint32_t s = 0; s < r->layout->nsegs; s++)
+    for (uint32_t s = 0; s < r->layout->nsegs; s++) {
+        if (r->exports != NULL)
             free(r->exports[s].data);
+        if (r->pools != NULL)
+            td_xfer_pool_destroy(r->pools[s]);
+    }
     free(r->address.data);
-    td_xfer_destroy(r->xfer);   /* destroys the pools */
     td_kvpool_destroy(r->kp);
     if (r->step_ev != NULL)
         event_free(r->step_ev);
@@ -869,19 +864,13 @@ td_drank_destroy(td_drank_t *r)
     free(r->exports);
     free(r->pool_base);
     free(r->pools);
-    free(r->transports);
     free(r->node_id);
     free(r);
 }
 
 void
-td_drank_register_fill(td_drank_t *r, Tandem__Register *reg)
+td_drank_register_fill(const td_drank_t *r, Tandem__Register *reg)
 {
-    reg->engine_name = (char *)r->engine->name;
-    reg->engine_kind = (char *)r->engine->kind;
-    reg->vocab_size = r->engine->vocab;
-    reg->max_context = r->engine->max_context;
-    reg->draining = r->draining;
     reg->xfer_address = r->address;
     reg->n_pools = r->layout->nsegs;
     reg->pools = r->exports;
@@ -914,10 +903,4 @@ void
 td_drank_kv_counts(const td_drank_t *r, td_kvpool_counts_t *out)
 {
     td_kvpool_counts(r->kp, out);
-}
-
-td_xfer_t *
-td_drank_xfer(td_drank_t *r)
-{
-    return r->xfer;
 }

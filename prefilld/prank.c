@@ -105,7 +105,7 @@ struct td_prank_s {
     td_xfer_t *x;
     td_engine_t *e;
     td_prank_config_t cfg;
-    td_prank_handlers_t h;
+    td_prank_io_t io;
     TAILQ_HEAD(, task) tasks;
     TAILQ_HEAD(, task) runq;
     TAILQ_HEAD(, prank_peer) peers;
@@ -163,8 +163,8 @@ prank_publish_load(td_prank_t *rk)
         l.running == rk->last_load.running && l.draining == rk->last_load.draining)
         return;
     rk->last_load = l;
-    if (rk->h.load)
-        rk->h.load(rk, &l, rk->h.arg);
+    if (rk->io.load)
+        rk->io.load(&l, rk->io.arg);
 }
 
 /* Keep the wake-up eventfd readable exactly while there is a chunk to run;
@@ -239,8 +239,11 @@ task_cancel(task_t *t, const char *why)
 static void
 prank_check_idle(td_prank_t *rk)
 {
-    if (rk->stopping && !rk->closing && TAILQ_EMPTY(&rk->tasks) && rk->h.idle)
-        rk->h.idle(rk, rk->h.arg);
+    if (!rk->stopping || rk->closing || !TAILQ_EMPTY(&rk->tasks))
+        return;
+    td_info("prefill rank %u: every task ended", rk->cfg.rank_id);
+    if (rk->io.idle)
+        rk->io.idle(rk->io.arg);
 }
 
 static void
@@ -251,6 +254,25 @@ task_free(task_t *t)
     td_kvmap_destroy(t->map);
     free(t->tokens);
     free(t);
+}
+
+/* PrefillDone to the router; a failure to send is logged here. */
+static void
+prank_send_done(td_prank_t *rk, void *router, uint64_t req_id, td_status_t st,
+                const char *reason, int32_t first_token)
+{
+    Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
+    msg.req_id = req_id;
+    msg.status = st;
+    msg.reason = (char *)reason;
+    msg.first_token = first_token;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
+    env.prefill_done = &msg;
+    td_status_t sst = rk->io.send ? rk->io.send(router, &env, rk->io.arg) : TD_OK;
+    if (sst != TD_OK)
+        td_warn("prefill rank %u: req %016" PRIx64 ": prefill done not sent: %s",
+                rk->cfg.rank_id, req_id, td_status_str(sst));
 }
 
 /* The terminal notification ended (or none could be sent): report, free. */
@@ -276,14 +298,9 @@ task_end(task_t *t)
         td_warn("prefill rank %u: req %016" PRIx64 ": %s (%s)", rk->cfg.rank_id, t->req_id,
                 td_fsm_name(&task_fsm, end), t->reason);
     }
-    if (t->router && !rk->closing && rk->h.done) {
-        Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
-        msg.req_id = t->req_id;
-        msg.status = st;
-        msg.reason = end == TASK_DONE ? "" : t->reason;
-        msg.first_token = end == TASK_DONE ? t->first_token : 0;
-        rk->h.done(rk, t->router, &msg, rk->h.arg);
-    }
+    if (t->router && !rk->closing)
+        prank_send_done(rk, t->router, t->req_id, st, end == TASK_DONE ? "" : t->reason,
+                        end == TASK_DONE ? t->first_token : 0);
     TAILQ_REMOVE(&rk->tasks, t, all);
     task_free(t);
     rk->stats.live--;
@@ -390,12 +407,14 @@ prank_peer_add(td_prank_t *rk, const Tandem__DecodePeer *msg)
     return TD_OK;
 
 err_free:
+    td_error("prefill rank %u: decode rank %s/%u: out of memory", rk->cfg.rank_id,
+             msg->node_id ? msg->node_id : "", msg->rank_id);
     prank_peer_free(p);
     return TD_ERR_NOMEM;
 }
 
-void
-td_prank_decode_peer(td_prank_t *rk, const Tandem__DecodePeer *msg)
+static void
+prank_decode_peer(td_prank_t *rk, const Tandem__DecodePeer *msg)
 {
     const char *node = msg->node_id ? msg->node_id : "";
     prank_peer_t *p = prank_peer_find(rk, node, msg->rank_id);
@@ -704,8 +723,8 @@ task_check(task_t *t, const Tandem__Prefill *msg)
     return TD_OK;
 }
 
-void
-td_prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
+static void
+prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
     if (prank_task_find(rk, router, msg->req_id)) {
         td_warn("prefill rank %u: req %016" PRIx64 ": duplicate prefill ignored",
@@ -758,8 +777,8 @@ td_prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     prank_publish_load(rk);
 }
 
-void
-td_prank_cancel(td_prank_t *rk, void *router, const Tandem__Cancel *msg)
+static void
+prank_cancel(td_prank_t *rk, void *router, const Tandem__Cancel *msg)
 {
     task_t *t = prank_task_find(rk, router, msg->req_id);
     if (!t) {
@@ -772,7 +791,7 @@ td_prank_cancel(td_prank_t *rk, void *router, const Tandem__Cancel *msg)
 }
 
 void
-td_prank_router_down(td_prank_t *rk, void *router)
+td_prank_on_router_down(td_prank_t *rk, void *router)
 {
     task_t *t, *tn;
     TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn) {
@@ -784,11 +803,36 @@ td_prank_router_down(td_prank_t *rk, void *router)
     prank_publish_load(rk);
 }
 
-void
-td_prank_drain(td_prank_t *rk, int draining)
+static void
+prank_drain(td_prank_t *rk, int draining)
 {
+    if (rk->stopping || rk->draining == draining)
+        return;
     rk->draining = draining;
+    td_info("prefill rank %u: %s", rk->cfg.rank_id, draining ? "draining" : "drain ended");
     prank_publish_load(rk);
+}
+
+void
+td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
+{
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL:
+        prank_prefill(rk, router, env->prefill);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
+        prank_cancel(rk, router, env->cancel);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
+        prank_decode_peer(rk, env->decode_peer);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
+        prank_drain(rk, env->drain->draining);
+        break;
+    default:
+        td_debug("prefill rank %u: message %d ignored", rk->cfg.rank_id, (int)env->payload_case);
+        break;
+    }
 }
 
 void
@@ -798,6 +842,7 @@ td_prank_stop(td_prank_t *rk)
     task_t *t, *tn;
     TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn)
         task_cancel(t, "prefill rank stopping");
+    prank_publish_load(rk);
     prank_check_idle(rk);
 }
 
@@ -819,17 +864,20 @@ td_prank_stats(const td_prank_t *rk, td_prank_stats_t *out)
     *out = rk->stats;
 }
 
+void
+td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg)
+{
+    reg->xfer_deadline_ms = rk->cfg.deadline_ms;
+}
+
 /* ---- Lifetime ----------------------------------------------------------------------- */
 
 td_status_t
 td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
-               const td_prank_config_t *cfg, const td_prank_handlers_t *h, td_prank_t **out)
+                const td_prank_config_t *cfg, const td_prank_io_t *io, td_prank_t **out)
 {
-    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0) {
-        td_error("prefill rank %u: chunk tokens, max running and the transfer deadline (ms) "
-                 "must be >= 1", cfg->rank_id);
+    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0)
         return TD_ERR_INVALID;
-    }
     td_prank_t *rk = calloc(1, sizeof(*rk));
     if (!rk)
         return TD_ERR_NOMEM;
@@ -837,20 +885,17 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     rk->x = xfer;
     rk->e = engine;
     rk->cfg = *cfg;
-    rk->h = *h;
+    rk->io = *io;
     TAILQ_INIT(&rk->tasks);
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
     tandem__load__init(&rk->last_load);
     td_status_t st = TD_ERR_IO;
     rk->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (rk->efd < 0) {
-        td_error("prefill rank %u: eventfd failed", cfg->rank_id);
+    if (rk->efd < 0)
         goto err_free;
-    }
     rk->work_ev = event_new(base, rk->efd, EV_READ | EV_PERSIST, prank_on_work, rk);
     if (!rk->work_ev || event_add(rk->work_ev, NULL) != 0) {
-        td_error("prefill rank %u: cannot add the work event", cfg->rank_id);
         st = TD_ERR_NOMEM;
         goto err_close_efd;
     }

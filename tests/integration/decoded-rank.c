@@ -32,6 +32,7 @@
 typedef struct {
     struct event_base *base;
     td_engine_t *e;
+    td_xfer_t *x;            /* the rank's UCX worker */
     td_drank_t *rk;
     fk_router_t *rt;
     Tandem__Register reg;
@@ -238,7 +239,7 @@ test_cancel(env_t *t)
         td_xfer_stats_t xs;
         fk_p_push(&stale, t->e, d, 402, p, 30, 1500, 1, 0);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_xfer_stats(td_drank_xfer(t->rk), &xs);
+        td_xfer_stats(t->x, &xs);
         CHECK(xs.notes_stale > 0);
         CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 402) == NULL);
 
@@ -416,14 +417,16 @@ main(void)
     struct event *tk = event_new(t.base, -1, EV_PERSIST, fk_tick, NULL);
     struct timeval tv = { 0, 10000 };
     event_add(tk, &tv);
-    td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .incarnation = D_INC,
-                            .transports = TLS, .kv_tokens = KV_TOKENS,
-                            .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
-                            .grace_margin_ms = GRACE_MARGIN_MS };
+    td_xfer_config_t xc = { .incarnation = D_INC, .transports = TLS };
+    td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .kv_tokens = KV_TOKENS,
+                             .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
+                             .grace_margin_ms = GRACE_MARGIN_MS };
     td_drank_io_t io = { fk_router_send, fk_router_load, &rt };
     CHECK(t.e != NULL);
     if (t.e != NULL)
-        CHECK_STATUS(td_drank_create(t.base, t.e, &rc, &io, &t.rk), TD_OK);
+        CHECK_STATUS(td_xfer_create(t.base, &xc, &t.x), TD_OK);
+    if (t.x != NULL)
+        CHECK_STATUS(td_drank_create(t.base, t.x, t.e, &rc, &io, &t.rk), TD_OK);
     if (t.rk != NULL) {
         tandem__register__init(&t.reg);
         td_drank_register_fill(t.rk, &t.reg);
@@ -443,6 +446,7 @@ main(void)
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
     }
+    td_xfer_destroy(t.x);
     close(sv[0]);
     event_free(tk);
     td_engine_destroy(t.e);

@@ -147,23 +147,29 @@ on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
     tandem__kv_note__free_unpacked(kn, NULL);
 }
 
-static void
-on_done(td_prank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
+/* The rank's only message to a router: PrefillDone. */
+static td_status_t
+on_send(void *router, const Tandem__Envelope *env, void *arg)
 {
     env_t *e = arg;
+    CHECK_EQ_INT(env->payload_case, TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE);
+    if (env->payload_case != TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE)
+        return TD_OK;
+    const Tandem__PrefillDone *msg = env->prefill_done;
     CHECK(msg->req_id < MAX_REQS);
     if (msg->req_id >= MAX_REQS)
-        return;
+        return TD_OK;
     req_t *r = &e->reqs[msg->req_id];
     r->done++;
     r->done_status = msg->status;
     r->done_token = msg->first_token;
     r->done_order = ++e->ndone;
     CHECK(router == r->router);
+    return TD_OK;
 }
 
 static void
-on_idle(td_prank_t *rk, void *arg)
+on_idle(void *arg)
 {
     ((env_t *)arg)->idle++;
 }
@@ -211,7 +217,10 @@ decode_peer(env_t *e, int gone)
     m.n_pools = n;
     m.pools = pools;
     m.gone = gone;
-    td_prank_decode_peer(e->rk, &m);
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
+    env.decode_peer = &m;
+    td_prank_on_message(e->rk, NULL, &env);
     free(addr);
     for (uint32_t s = 0; s < n; s++)
         free(pools[s].data);
@@ -246,8 +255,8 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
     }
     td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
                             .max_queued_tokens = max_queued, .deadline_ms = deadline_ms };
-    td_prank_handlers_t h = { on_done, NULL, on_idle, e };
-    if (td_prank_create(e->base, e->snd, e->engine, &rc, &h, &e->rk) != TD_OK)
+    td_prank_io_t io = { on_send, NULL, on_idle, e };
+    if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
     return 0;
@@ -277,6 +286,15 @@ env_destroy(env_t *e)
     if (e->rcv_base && e->rcv_base != e->base)
         event_base_free(e->rcv_base);
     event_base_free(e->base);
+}
+
+static void
+send_prefill(env_t *e, void *router, const Tandem__Prefill *m)
+{
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
+    env.prefill = (Tandem__Prefill *)m;
+    td_prank_on_message(e->rk, router, &env);
 }
 
 /* Send Prefill for request i with n tokens; blocks allocated as the decode
@@ -321,7 +339,7 @@ prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
     m.n_tokens = n;
     m.tokens = e->prompts[i];
     m.dest = &d;
-    td_prank_prefill(e->rk, router, &m);
+    send_prefill(e, router, &m);
 }
 
 static void
@@ -330,7 +348,10 @@ cancel(env_t *e, int i, void *router)
     Tandem__Cancel c = TANDEM__CANCEL__INIT;
     c.req_id = (uint64_t)i;
     c.reason = "test";
-    td_prank_cancel(e->rk, router, &c);
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
+    env.cancel = &c;
+    td_prank_on_message(e->rk, router, &env);
 }
 
 static int
@@ -541,7 +562,7 @@ test_bad_dest(void)
     m.tokens = &tok;
     m.dest = &d;
     e.reqs[2].router = ROUTER_A;
-    td_prank_prefill(e.rk, ROUTER_A, &m);
+    send_prefill(&e, ROUTER_A, &m);
     CHECK_EQ_INT(e.reqs[2].done, 1);
     CHECK_STATUS(e.reqs[2].done_status, TD_ERR_NOT_FOUND);
     CHECK_EQ_INT(e.reqs[2].terminal, 0);
@@ -595,7 +616,7 @@ test_router_down_and_stop(void)
     run_until(&e, &e.reqs[2].done, 1, 2000);
     CHECK_STATUS(e.reqs[2].done_status, TD_ERR_BUSY);
     CHECK_EQ_INT(notes_of(&e, 2), 1);
-    td_prank_router_down(e.rk, ROUTER_A);
+    td_prank_on_router_down(e.rk, ROUTER_A);
     run_until(&e, &e.reqs[0].terminal, 1, 2000);
     run_for(&e, 20);
     CHECK_EQ_INT(e.reqs[0].done, 0);
