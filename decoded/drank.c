@@ -6,6 +6,7 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +126,9 @@ drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n
 
 /* The request leaves the batch (or never joins it): FINISHED, CANCELED or
  * FAILED, with the final Tokens when the router should hear of it; its
- * blocks are freed at once only when no peer may still write into them. */
+ * blocks are freed at once only when no peer may still write into them
+ * (then req is gone on return). Logs nothing but the transition (debug):
+ * a failure is logged by drank_fail, a cancel where it is received. */
 static void
 drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish finish,
           const char *error, bool tell_router)
@@ -143,6 +146,46 @@ drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish fini
         drank_release(r, req);
     else
         drank_publish_load(r);
+}
+
+/* The one way a request fails: the reason is logged once, at `level`, and
+ * is the error of its final Tokens (when tell_router). req may be gone on
+ * return (drank_end). */
+static void __attribute__((format(printf, 5, 6)))
+drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router,
+           const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    td_log(level, "decode rank %u: request %016llx: failed: %s", r->cfg.rank_id,
+           (unsigned long long)req->id, why);
+    drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
+}
+
+/* One generated token to the router; the request ends when the sampler says
+ * so (FINISHED) or the token could not be sent (FAILED). Returns whether it
+ * is still RUNNING (if not, req may be gone). */
+static bool
+drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin)
+{
+    Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                       : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+                                                        : TANDEM__FINISH__FINISH_NONE;
+    req->last = token;
+    req->generated++;
+    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL);
+    if (st != TD_OK) {
+        drank_fail(r, req, TD_LOG_WARN, false, "tokens not sent: %s", td_status_str(st));
+        return false;
+    }
+    if (f != TANDEM__FINISH__FINISH_NONE) {
+        drank_end(r, req, TD_DREQ_FINISHED, f, td_sample_finish_str(fin), false);
+        return false;
+    }
+    return true;
 }
 
 /* The invariant's only door: blocks are freed here, after P's terminal
@@ -327,19 +370,16 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     td_status_t st = r->io.send(router, &env, r->io.arg);
     free(segs);
     free(segp);
+    if (st != TD_OK) {
+        /* The router never learnt the destination: no peer can write. */
+        req->kv_done = true;
+        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+        return;
+    }
     td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
             "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
             req->nprompt, sp.max_tokens, res->slot, req->prefill,
             (unsigned long long)req->xfer_id);
-    if (st != TD_OK) {
-        /* The router never learnt the destination: no peer can write. */
-        td_warn("decode rank %u: request %016llx: AdmitOk not sent: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, td_status_str(st));
-        req->kv_done = true;
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "admit not sent",
-                  false);
-        return;
-    }
     drank_publish_load(r);
 }
 
@@ -353,10 +393,10 @@ drank_block(const td_drank_t *r, uint32_t seg, uint64_t block)
 
 /* Adopt the prompt with the received fixed segments and the blocks holding
  * the received paged entries (the engine checks or loads them), then verify
- * every received paged entry (synthetic engine: every byte). A mismatch is
- * a reason in err. */
+ * every received paged entry (synthetic engine: every byte). On a mismatch
+ * (or no memory) the request fails here and is gone on return. */
 static td_status_t
-drank_verify_adopt(td_drank_t *r, td_dreq_t *req, char *err, size_t errlen)
+drank_verify_adopt(td_drank_t *r, td_dreq_t *req)
 {
     const td_layout_t *l = r->layout;
     const void **fixed = calloc(l->nsegs, sizeof(*fixed));
@@ -368,10 +408,8 @@ drank_verify_adopt(td_drank_t *r, td_dreq_t *req, char *err, size_t errlen)
         if (l->segs[s].kind == TD_LAYOUT_PAGED)
             nblocks += req->res->nblocks[s];
     pblocks = calloc(nblocks ? nblocks : 1, sizeof(*pblocks));
-    if (fixed == NULL || paged == NULL || pblocks == NULL) {
-        snprintf(err, errlen, "out of memory");
+    if (fixed == NULL || paged == NULL || pblocks == NULL)
         goto cleanup;
-    }
     at = 0;
     for (uint32_t s = 0; s < l->nsegs; s++) {
         if (l->segs[s].kind != TD_LAYOUT_FIXED) {
@@ -388,11 +426,10 @@ cleanup:
     free(pblocks);
     free(paged);
     free(fixed);
-    if (at == UINT64_MAX)
-        return st;
     if (st != TD_OK) {
-        snprintf(err, errlen, "received kv refused by the engine: %s",
-                 td_status_str(st));
+        drank_fail(r, req, TD_LOG_ERROR, true, "received kv from prefill %s %s: %s",
+                   req->prefill, at == UINT64_MAX ? "not adopted" : "refused by the engine",
+                   td_status_str(st));
         return st;
     }
     uint64_t verified = fixed_bytes;
@@ -410,11 +447,11 @@ cleanup:
                 st = td_engine_kv_verify(req->ereq, s, first, count, drank_block(r, s, block),
                                          &bad);
                 if (st != TD_OK) {
-                    snprintf(err, errlen,
-                             "received kv does not verify: segment %s entries %llu+%llu, "
-                             "byte %llu: %s", seg->name, (unsigned long long)first,
-                             (unsigned long long)count, (unsigned long long)bad,
-                             td_status_str(st));
+                    drank_fail(r, req, TD_LOG_ERROR, true,
+                               "received kv does not verify: segment %s entries %llu+%llu, "
+                               "byte %llu: %s (prefill %s)", seg->name,
+                               (unsigned long long)first, (unsigned long long)count,
+                               (unsigned long long)bad, td_status_str(st), req->prefill);
                     return st;
                 }
                 verified += count * seg->entry_bytes;
@@ -434,13 +471,8 @@ static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 static void
 drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
 {
-    char err[320];
-    if (drank_verify_adopt(r, req, err, sizeof(err)) != TD_OK) {
-        td_error("decode rank %u: request %016llx from prefill %s: %s", r->cfg.rank_id,
-                 (unsigned long long)req->id, req->prefill, err);
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+    if (drank_verify_adopt(r, req) != TD_OK)
         return;
-    }
     /* An engine with a distribution right after adopt (synthetic) must agree
      * with P's first token; one without (TD_ERR_STATE: a real model, whose
      * logits come from the pass P ran) takes P's token. */
@@ -452,26 +484,12 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
         st = td_engine_take(req->ereq, first, &fin);
     }
     if (st != TD_OK || first != kn->first_token) {
-        snprintf(err, sizeof(err), "first token %d from prefill %s, expected %d (%s)",
-                 kn->first_token, req->prefill, first, td_status_str(st));
-        td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                 (unsigned long long)req->id, err);
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        drank_fail(r, req, TD_LOG_ERROR, true, "first token %d from prefill %s, expected %d (%s)",
+                   kn->first_token, req->prefill, first, td_status_str(st));
         return;
     }
     td_dreq_set_state(req, TD_DREQ_RUNNING, "kv verified and adopted");
-    req->last = first;
-    req->generated = 1;
-    Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                       : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
-                                                        : TANDEM__FINISH__FINISH_NONE;
-    st = drank_send_tokens(r, req, &first, 1, f, NULL);
-    if (st != TD_OK)
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR,
-                 "tokens could not be sent", false);
-    else if (f != TANDEM__FINISH__FINISH_NONE)
-        drank_end(r, req, TD_DREQ_FINISHED, f, td_sample_finish_str(fin), false);
-    else {
+    if (drank_emit(r, req, first, fin)) {
         drank_publish_load(r);
         drank_step_schedule(r);
     }
@@ -504,40 +522,40 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
          * with its terminal note when its endpoint still works; if not, the
          * endpoint was closed by force and nothing more can land: either way
          * the grace period bounds the wait. */
-        char err[160];
-        snprintf(err, sizeof(err), "kv transfer from prefill %s failed: %s", req->prefill,
-                 td_status_str(note->status));
-        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, err);
         if (!td_dreq_ended(req))
-            drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
-        drank_grace_start(r, req);
+            drank_fail(r, req, TD_LOG_WARN, true, "kv transfer from prefill %s failed: %s",
+                       req->prefill, td_status_str(note->status));
+        else
+            td_info("decode rank %u: request %016llx: kv transfer from prefill %s failed "
+                    "after its end: %s", r->cfg.rank_id, (unsigned long long)req->id,
+                    req->prefill, td_status_str(note->status));
+        drank_grace_start(r, req);   /* not released: kv_done is false */
         return;
     }
     req->kv_done = true;   /* from here on no peer writes into its blocks */
     if (req->grace != NULL)
         event_del(req->grace);
 
-    char err[320];
-    err[0] = '\0';
+    /* The note's meaning depends on the request's state: an ended request
+     * only waited for it; otherwise the request is ADMITTED (RUNNING comes
+     * only after this note, and a second one was dropped above). */
     Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, note->payload_len, note->payload);
-    if (kn == NULL)
-        snprintf(err, sizeof(err), "malformed kv note from prefill %s", req->prefill);
-    else if (kn->req_id != req->id)
-        snprintf(err, sizeof(err), "kv note names request %016llx", (unsigned long long)kn->req_id);
-    else if (!kn->canceled && kn->reason != NULL && kn->reason[0] != '\0')
-        snprintf(err, sizeof(err), "prefill %s failed: %.160s", req->prefill, kn->reason);
     if (td_dreq_ended(req)) {
         td_info("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
                 r->cfg.rank_id, (unsigned long long)req->id);
         drank_release(r, req);
-    } else if (err[0] != '\0') {
-        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, err);
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+    } else if (kn == NULL) {
+        drank_fail(r, req, TD_LOG_WARN, true, "malformed kv note from prefill %s",
+                   req->prefill);
+    } else if (kn->req_id != req->id) {
+        drank_fail(r, req, TD_LOG_WARN, true, "kv note from prefill %s names request %016llx",
+                   req->prefill, (unsigned long long)kn->req_id);
     } else if (kn->canceled) {
         drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
-                 "prefill canceled", true);
+                  "prefill canceled", true);
+    } else if (kn->reason != NULL && kn->reason[0] != '\0') {
+        drank_fail(r, req, TD_LOG_WARN, true, "prefill %s failed: %.160s", req->prefill,
+                   kn->reason);
     } else {
         drank_kv_arrived(r, req, kn);
     }
@@ -673,27 +691,17 @@ drank_step(td_drank_t *r)
         return;
     r->stats.steps++;
     td_status_t st = td_engine_decode_step(r->engine, r->rows, n, drank_on_decode_layer, r);
-    for (size_t i = 0; i < n; i++) {
-        td_dreq_t *req = r->row_req[i];
-        if (st != TD_OK) {
-            char err[96];
-            snprintf(err, sizeof(err), "decode step failed: %s", td_status_str(st));
-            td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                     (unsigned long long)req->id, err);
-            drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
-            continue;
-        }
-        td_sample_finish_t fin = r->rows[i].finish;
-        Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                           : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
-                                                            : TANDEM__FINISH__FINISH_NONE;
-        req->last = r->rows[i].next;
-        req->generated++;
-        if (drank_send_tokens(r, req, &req->last, 1, f, NULL) != TD_OK)
-            drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR,
-                     "tokens could not be sent", false);
-        else if (f != TANDEM__FINISH__FINISH_NONE)
-            drank_end(r, req, TD_DREQ_FINISHED, f, td_sample_finish_str(fin), false);
+    if (st != TD_OK) {
+        /* One failure of the step, logged once; every row fails with it. */
+        char why[96];
+        snprintf(why, sizeof(why), "decode step failed: %s", td_status_str(st));
+        td_error("decode rank %u: %s (%zu requests)", r->cfg.rank_id, why, n);
+        for (size_t i = 0; i < n; i++)
+            drank_end(r, r->row_req[i], TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why,
+                      true);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            drank_emit(r, r->row_req[i], r->rows[i].next, r->rows[i].finish);
     }
     drank_publish_load(r);
 }

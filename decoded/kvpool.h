@@ -37,7 +37,8 @@ typedef struct {
 } td_kvpool_counts_t;
 
 /* Size the pools: every paged segment gets the blocks kv_tokens tokens need,
- * every fixed segment `slots` slots. TD_ERR_INVALID (logged) for zero sizes. */
+ * every fixed segment `slots` slots. TD_ERR_INVALID (not logged: the caller
+ * does) for zero sizes. */
 td_status_t td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
                              td_kvpool_t **out);
 /* Every reservation must have been released (asserted). */
