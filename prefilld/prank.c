@@ -723,12 +723,18 @@ task_check(task_t *t, const Tandem__Prefill *msg)
     return TD_OK;
 }
 
+/* A Prefill that does not fit (its request is already here) is answered
+ * with PrefillDone{invalid} and touches nothing: the task already running
+ * keeps its state and its decode rank's blocks. No terminal note goes out for
+ * it either: its KvDest may be that task's, and a note would end it there. */
 static void
 prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
     if (prank_task_find(rk, router, msg->req_id)) {
-        td_warn("prefill rank %u: req %016" PRIx64 ": duplicate prefill ignored",
+        td_warn("prefill rank %u: req %016" PRIx64 ": prefill refused: already here",
                 rk->cfg.rank_id, msg->req_id);
+        prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
+                        "duplicate prefill: the request is already on this rank", 0);
         return;
     }
     task_t *t = calloc(1, sizeof(*t));

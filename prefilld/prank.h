@@ -66,7 +66,8 @@ void td_prank_destroy(td_prank_t *rk);
 void td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg);
 
 /* One message from a router: Prefill, Cancel, DecodePeer, Drain (others are
- * ignored). Copied as needed. */
+ * ignored). Copied as needed. A Prefill for a request this rank already holds
+ * for that router is answered PrefillDone{invalid} and changes nothing. */
 void td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env);
 /* The router's connection ended: its tasks are canceled (each still ends with
  * its terminal notification to the decode rank) and never reported to it. */

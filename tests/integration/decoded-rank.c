@@ -26,6 +26,7 @@
 #define D_INC       0xd0d0d0d0ull
 #define MAX_BATCH   4
 #define KV_TOKENS   2048
+#define LONG_TOKENS 2000            /* a stream that outlasts a few loop passes */
 
 /* ---- Helpers on the rank ------------------------------------------------------ */
 
@@ -261,6 +262,161 @@ test_cancel(env_t *t)
     fk_router_clear(t->rt);
 }
 
+/* ---- Peer input that does not fit the request's state --------------------------- */
+
+static void
+raw_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
+{
+    (*(int *)arg)--;
+}
+
+/* A transfer the xfer engine refuses (a block outside the pool): the rank
+ * gets a failure note for xfer_id. */
+static void
+post_refused(fk_p_t *fp, uint64_t xfer_id)
+{
+    uint8_t byte = 0;
+    td_xfer_desc_t d = { .src = &byte, .pool_id = 0, .block = UINT32_MAX, .len = 1 };
+    CHECK(td_xfer_post(fp->peer, xfer_id, &d, 1, NULL, 0, DEADLINE_MS, raw_done, NULL) !=
+          TD_OK);
+}
+
+/* A terminal note whose payload is not a KvNote. */
+static void
+post_garbage(env_t *t, fk_p_t *fp, uint64_t xfer_id)
+{
+    static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f };
+    int inflight = 1;
+    CHECK_STATUS(td_xfer_post(fp->peer, xfer_id, NULL, 0, junk, sizeof(junk), DEADLINE_MS,
+                              raw_done, &inflight), TD_OK);
+    uint64_t end = td_testutil_now_ms() + 2000;
+    while (inflight > 0 && td_testutil_now_ms() < end)
+        event_base_loop(t->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+}
+
+static const char *
+end_error(env_t *t, uint64_t id, int *fin)
+{
+    static int32_t got[KV_TOKENS];
+    const char *err = NULL;
+    fk_router_tokens(t->rt, id, got, KV_TOKENS, fin, &err);
+    return err != NULL ? err : "";
+}
+
+/* Notes the rank's UCX worker received and the transfers fp posted (each
+ * ends in one note, a refused one too). */
+static uint64_t
+notes_in(env_t *t)
+{
+    td_xfer_stats_t xs;
+    td_xfer_stats(t->x, &xs);
+    return xs.notes_received;
+}
+
+static uint64_t
+notes_out(fk_p_t *fp)
+{
+    td_xfer_stats_t xs;
+    td_xfer_stats(fp->x, &xs);
+    return xs.posted + xs.rejected;
+}
+
+/* Run the loop until the rank has received every note fp sent since
+ * (in0, out0). */
+static void
+wait_notes(env_t *t, fk_p_t *fp, uint64_t in0, uint64_t out0)
+{
+    uint64_t end = td_testutil_now_ms() + 5000;
+    while (notes_in(t) - in0 < notes_out(fp) - out0 && td_testutil_now_ms() < end)
+        event_base_loop(t->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    CHECK_EQ_INT(notes_in(t) - in0, notes_out(fp) - out0);
+}
+
+/* Every note and message a peer can send, in a state where it does not fit:
+ * each is dropped or ends the request through a legal transition (an illegal
+ * one aborts the process, so reaching the end is the check), and the blocks
+ * come back. */
+static void
+test_unfit_input(env_t *t)
+{
+    int32_t p[16];
+    fk_prompt(p, 16, 11);
+    fk_p_t fp;
+    int fin = 0;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    td_drank_stats_t st0, st;
+    td_drank_stats(t->rk, &st0);
+
+    /* RUNNING: a second terminal note and a failure note are dropped (its KV
+     * is in), the stream goes on; Cancel ends it; a second Cancel and a
+     * note after the release find nothing. */
+    const Tandem__KvDest *d = admit(t, 801, p, 16, LONG_TOKENS, 0);
+    if (d != NULL) {
+        Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 801, 5000));
+        uint64_t in0 = notes_in(t), out0 = notes_out(&fp);
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 0);
+        post_refused(&fp, dest->xfer_id);
+        wait_notes(t, &fp, in0, out0);
+        td_drank_stats(t->rk, &st);
+        CHECK_EQ_INT(st.running, 1);
+        CHECK_EQ_INT(st.failed, st0.failed);
+        admit(t, 801, p, 16, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
+        cancel(t, 801);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 801) != NULL);
+        end_error(t, 801, &fin);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_CANCELED);
+        cancel(t, 801);
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 1);
+        fk_run_until(t->base, fk_never, NULL, 50);
+        CHECK_EQ_INT(blocks_used(t), 0);
+    }
+
+    /* ADMITTED: a note naming another request, a malformed note: FAILED. */
+    d = admit(t, 802, p, 16, 10, 0);
+    if (d != NULL) {
+        fk_p_push(&fp, t->e, d, 999, p, 16, 10, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 802, 5000));
+        CHECK(strstr(end_error(t, 802, &fin), "names request") != NULL);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+    }
+    d = admit(t, 803, p, 16, 10, 0);
+    if (d != NULL) {
+        post_garbage(t, &fp, d->xfer_id);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 803, 5000));
+        CHECK(strstr(end_error(t, 803, &fin), "malformed") != NULL);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+    }
+
+    /* ADMITTED, then FAILED by a failed transfer: a second failure note and
+     * a Cancel change nothing; P's canceled note frees the blocks; one more
+     * terminal note is for no live request. */
+    d = admit(t, 804, p, 16, 10, 0);
+    if (d != NULL) {
+        Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        post_refused(&fp, dest->xfer_id);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 804, 5000));
+        CHECK(strstr(end_error(t, 804, &fin), "transfer") != NULL);
+        post_refused(&fp, dest->xfer_id);
+        cancel(t, 804);
+        fk_run_until(t->base, fk_never, NULL, 50);
+        CHECK(blocks_used(t) > 0);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804) == NULL);
+        fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 1);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804, 5000));
+        td_drank_stats(t->rk, &st0);
+        fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 0);
+        fk_run_until(t->base, fk_never, NULL, 100);
+        td_drank_stats(t->rk, &st);
+        CHECK(st.notes_unknown > st0.notes_unknown);
+    }
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_run_until(t->base, fk_never, NULL, 20);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
 /* ---- The forked prefill: SIGKILLed mid-transfer --------------------------------- */
 
 
@@ -438,6 +594,7 @@ main(void)
         test_rejects(&t);
         test_corrupt(&t);
         test_cancel(&t);
+        test_unfit_input(&t);
         test_prefill_killed(&t, child, sv[0]);
         test_router_down(&t);
         test_router_match(&t);

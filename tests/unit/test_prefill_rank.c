@@ -635,6 +635,88 @@ test_router_down_and_stop(void)
     env_destroy(&e);
 }
 
+/* A Prefill for request i again (same router): only its id matters. */
+static void
+prefill_again(env_t *e, int i, void *router)
+{
+    int32_t tok = 1;
+    Tandem__Prefill m = TANDEM__PREFILL__INIT;
+    m.req_id = (uint64_t)i;
+    m.n_tokens = 1;
+    m.tokens = &tok;
+    send_prefill(e, router, &m);
+}
+
+static void
+drain(env_t *e, int on)
+{
+    Tandem__Drain d = TANDEM__DRAIN__INIT;
+    d.draining = on;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &d;
+    td_prank_on_message(e->rk, ROUTER_A, &env);
+}
+
+/* Router messages that do not fit a task's state: a second Prefill for a
+ * running task, and for one that is ending after a Cancel (a router's retry
+ * on the same rank), is answered PrefillDone{invalid} and leaves the task as
+ * it was; Cancels of unknown, ending and ended tasks and a DecodePeer{gone}
+ * for an unknown incarnation change nothing. An illegal transition aborts,
+ * so reaching the checks is part of the test. */
+static void
+test_unfit_input(void)
+{
+    env_t e;
+    if (env_create(&e, 4, 8, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 200, ROUTER_A, 0, 0);
+    prefill(&e, 1, 200, ROUTER_A, 0, 0);
+    run_for(&e, 5);
+    prefill_again(&e, 0, ROUTER_A);
+    CHECK_EQ_INT(e.reqs[0].done, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_INVALID);
+    cancel(&e, 1, ROUTER_A);
+    prefill_again(&e, 1, ROUTER_A);   /* its task still ends */
+    cancel(&e, 1, ROUTER_A);
+    cancel(&e, 5, ROUTER_A);          /* unknown */
+    Tandem__Load load;
+    drain(&e, 1);
+    drain(&e, 1);
+    td_prank_load(e.rk, &load);
+    CHECK(load.draining);
+    drain(&e, 0);
+    {
+        Tandem__DecodePeer m = TANDEM__DECODE_PEER__INIT;
+        m.node_id = "dec";
+        m.incarnation = 0x7777;       /* not the one the tasks push to */
+        m.gone = 1;
+        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
+        env.decode_peer = &m;
+        td_prank_on_message(e.rk, ROUTER_A, &env);
+    }
+    run_until(&e, &e.reqs[0].done, 2, 10000);
+    run_until(&e, &e.reqs[1].done, 2, 10000);
+    CHECK_EQ_INT(e.reqs[0].done, 2);   /* the refusal, then its own end */
+    CHECK_STATUS(e.reqs[0].done_status, TD_OK);
+    CHECK(notes_of(&e, 0) == 1 && e.reqs[0].verified);
+    CHECK_EQ_INT(e.reqs[1].done, 2);   /* the refusal, then canceled */
+    CHECK_STATUS(e.reqs[1].done_status, TD_ERR_CANCELED);
+    CHECK_EQ_INT(notes_of(&e, 1), 1);
+    CHECK(e.reqs[1].canceled);
+    cancel(&e, 0, ROUTER_A);          /* ended */
+    run_for(&e, 20);
+    CHECK_EQ_INT(e.reqs[0].done, 2);
+    td_prank_stats_t st;
+    td_prank_stats(e.rk, &st);
+    CHECK_EQ_INT(st.tasks, 2);
+    CHECK_EQ_INT(st.live, 0);
+    env_destroy(&e);
+}
+
 static void
 filler_done(td_xfer_t *x, uint64_t id, td_status_t st, void *arg)
 {
@@ -714,6 +796,7 @@ main(void)
     test_bad_dest();
     test_peer_gone();
     test_router_down_and_stop();
+    test_unfit_input();
     test_fail_between_chunks();
     return td_check_exit("test_prefill_rank");
 }
