@@ -13,8 +13,8 @@
 
 #include <event2/event.h>
 
-#include "log.h"
 #include "dreq.h"
+#include "log.h"
 
 struct td_drank_s {
     struct event_base *base;
@@ -29,9 +29,9 @@ struct td_drank_s {
     uint8_t **pool_base;             /* [nsegs] */
     ProtobufCBinaryData *exports;    /* [nsegs] */
     ProtobufCBinaryData address;
-    td_dreq_t **slots;            /* [max_batch]: live requests by slot */
+    td_dreq_t **slots;               /* [max_batch]: live requests by slot */
     td_engine_row_t *rows;           /* [max_batch] */
-    td_dreq_t **row_req;          /* [max_batch] */
+    td_dreq_t **row_req;             /* [max_batch] */
     uint64_t next_xfer;
     struct event *step_ev;
     bool step_scheduled;          /* step_ev is active or pending */

@@ -91,7 +91,7 @@ typedef struct task {
     td_sample_params_t sampling;
     td_engine_req_t *req;        /* while RUNNING */
     td_kvmap_t *map;
-    prank_peer_t *peer;           /* NULL: no decode rank to notify */
+    prank_peer_t *peer;          /* NULL: no decode rank to notify */
     uint64_t peer_gen;           /* endpoint generation the data went through; 0 = none yet */
     uint32_t inflight;           /* data transfers posted, not yet done */
     td_status_t status;          /* first failure, or TD_OK */
@@ -377,7 +377,7 @@ prank_peer_add(td_prank_t *rk, const Tandem__DecodePeer *msg)
 {
     prank_peer_t *p = calloc(1, sizeof(*p));
     if (!p)
-        return TD_ERR_NOMEM;
+        goto err_nomem;
     p->rank = msg->rank_id;
     p->incarnation = msg->incarnation;
     p->node = strdup(msg->node_id ? msg->node_id : "");
@@ -407,9 +407,10 @@ prank_peer_add(td_prank_t *rk, const Tandem__DecodePeer *msg)
     return TD_OK;
 
 err_free:
+    prank_peer_free(p);
+err_nomem:
     td_error("prefill rank %u: decode rank %s/%u: out of memory", rk->cfg.rank_id,
              msg->node_id ? msg->node_id : "", msg->rank_id);
-    prank_peer_free(p);
     return TD_ERR_NOMEM;
 }
 

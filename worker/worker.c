@@ -176,7 +176,7 @@ err:
 
 /* ---- Main thread -------------------------------------------------------------------- */
 
-/* What the SIGTERM handler needs. */
+/* SIGTERM: every rank drains (a second signal leaves the loops at once). */
 static void
 worker_on_signal(td_daemon_t *d, void *arg)
 {
