@@ -48,11 +48,8 @@ td_status_t
 td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
                  td_kvpool_t **out)
 {
-    if (kv_tokens == 0 || slots == 0) {
-        td_error("kv pool: kv tokens (%llu) and slots (%u) must be positive",
-                 (unsigned long long)kv_tokens, slots);
+    if (kv_tokens == 0 || slots == 0)
         return TD_ERR_INVALID;
-    }
     td_kvpool_t *kp = calloc(1, sizeof(*kp));
     if (kp == NULL)
         return TD_ERR_NOMEM;

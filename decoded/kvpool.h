@@ -2,7 +2,7 @@
  * paged segment of the layout a pool of blocks, per fixed segment one slot per
  * batch row; all-or-nothing reservations for a request's whole life
  * (prompt + max_tokens), the block states and the counters Load reports.
- * Pure bookkeeping: the memory itself is registered by decoded/rank.c.
+ * Pure bookkeeping: the memory itself is registered by decoded/drank.c.
  * Ownership: the pool borrows the layout (it must outlive the pool) and owns
  * its reservations; a reservation is freed by td_kvpool_release. */
 #ifndef TD_KVPOOL_H
@@ -37,7 +37,8 @@ typedef struct {
 } td_kvpool_counts_t;
 
 /* Size the pools: every paged segment gets the blocks kv_tokens tokens need,
- * every fixed segment `slots` slots. TD_ERR_INVALID (logged) for zero sizes. */
+ * every fixed segment `slots` slots. TD_ERR_INVALID (not logged: the caller
+ * does) for zero sizes. */
 td_status_t td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
                              td_kvpool_t **out);
 /* Every reservation must have been released (asserted). */

@@ -1,5 +1,6 @@
 /* worker/worker.c — the main() that prefilld and decoded share: loop, daemon,
- * engine, rank threads, ready line, drain on SIGTERM, teardown in reverse. */
+ * engine, rank threads with their UCX workers and router links, ready line,
+ * drain on SIGTERM, teardown in reverse. */
 #include "worker.h"
 
 #include <event2/event.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "log.h"
 #include "v41engine.h"
 
 const td_engine_kind_t *const td_worker_engines[] = {
@@ -16,59 +18,226 @@ const td_engine_kind_t *const td_worker_engines[] = {
     NULL,
 };
 
-/* What the SIGTERM handler needs; lives on td_worker_main's stack. */
-typedef struct {
-    td_worker_t *w;
-    const td_worker_spec_t *spec;
-} td_worker_ctx_t;
+/* The frames a rank queued just before leaving its loop get this long to go
+ * out (PrefillDone, the last Tokens). */
+#define TD_WORKER_FLUSH_US 100000
+
+/* ---- Rank thread: the routers ------------------------------------------------------ */
+
+/* Register: the engine, draining, and what the daemon adds. */
+static void
+worker_register(td_worker_rank_t *wr, Tandem__Register *reg)
+{
+    const td_engine_t *e = wr->w->engine;
+    tandem__register__init(reg);
+    reg->engine_name = (char *)e->name;
+    reg->engine_kind = (char *)e->kind;
+    reg->vocab_size = e->vocab;
+    reg->max_context = e->max_context;
+    reg->draining = wr->draining;
+    wr->w->spec->rank_register(wr->rank, reg);
+}
+
+td_status_t
+td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    return td_link_send(wr->link, router, env);
+}
+
+void
+td_worker_rank_load(const Tandem__Load *load, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    if (wr->link == NULL)   /* before the link exists, or after it is gone */
+        return;
+    if (load->draining != wr->draining) {
+        Tandem__Register reg;
+        wr->draining = load->draining;
+        worker_register(wr, &reg);
+        (void)td_link_set_register(wr->link, &reg);
+    }
+    td_link_load(wr->link, load);
+}
+
+void
+td_worker_rank_idle(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    struct timeval flush = { 0, TD_WORKER_FLUSH_US };
+    event_base_loopexit(wr->base, &flush);
+}
 
 static void
-td_worker_on_signal(td_daemon_t *d, void *arg)
+worker_on_message(td_link_t *l, td_link_router_t *router, const Tandem__Envelope *env,
+                  void *arg)
 {
-    td_worker_ctx_t *ctx = arg;
-    if (ctx->spec->stopping)
-        td_info("%s", ctx->spec->stopping);
+    td_worker_rank_t *wr = arg;
+    (void)l;
+    wr->w->spec->rank_message(wr->rank, router, env);
+}
+
+static void
+worker_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    (void)l;
+    (void)why;
+    wr->w->spec->rank_router_down(wr->rank, router);
+}
+
+/* ---- Rank thread: life cycle -------------------------------------------------------- */
+
+/* DRAIN: the daemon ends its work and calls td_worker_rank_idle, bounded by
+ * its stop_ms; NOW: leave the loop now. */
+static void
+worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how)
+{
+    td_worker_t *w = arg;
+    td_worker_rank_t *wr = &w->ranks[id];
+    if (how == TD_RANKS_STOP_NOW) {
+        event_base_loopexit(wr->base, NULL);
+        return;
+    }
+    uint64_t ms = w->spec->stop_ms(w->spec->cfg);
+    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
+    event_base_loopexit(wr->base, &tv);
+    w->spec->rank_stop(wr->rank);
+}
+
+static void
+worker_rank_teardown(void *arg, uint32_t id)
+{
+    td_worker_t *w = arg;
+    td_worker_rank_t *wr = &w->ranks[id];
+    td_link_destroy(wr->link);
+    wr->link = NULL;
+    if (wr->rank != NULL)
+        w->spec->rank_destroy(wr->rank);
+    wr->rank = NULL;
+    td_xfer_destroy(wr->xfer);
+    wr->xfer = NULL;
+}
+
+/* The link configuration of rank wr: this process's Hello identity (node,
+ * incarnation, model fingerprint, KV layout hash), the cluster secret and the
+ * routers. Points into w: valid while it is (td_link_create copies). */
+static void
+worker_link_config(const td_worker_rank_t *wr, td_link_config_t *out)
+{
+    const td_worker_t *w = wr->w;
+    *out = (td_link_config_t){ .routers = w->spec->wcfg->routers };
+    out->ctl.ident = (td_hello_ident_t){
+        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
+        .role = w->spec->role,
+        .node_id = td_daemon_node_id(w->d),
+        .rank_id = wr->id,
+        .incarnation = td_daemon_incarnation(w->d),
+        .model_fingerprint = w->fingerprint,
+        .kv_layout_hash = w->engine->layout->hash,
+    };
+    out->ctl.secret = td_daemon_secret(w->d, &out->ctl.secret_len);
+}
+
+/* A failure is logged here once, with the rank it stopped. */
+static td_status_t
+worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
+{
+    td_worker_t *w = arg;
+    const td_worker_spec_t *spec = w->spec;
+    td_worker_rank_t *wr = &w->ranks[id];
+    td_status_t st;
+    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base };
+    const char *tls = spec->wcfg->transports;
+    td_xfer_config_t xc = {
+        .incarnation = td_daemon_incarnation(w->d),
+        .transports = tls[0] ? tls : NULL,
+    };
+    if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
+        goto err;
+    if ((st = spec->rank_create(wr, &wr->rank)) != TD_OK)
+        goto err;
+    td_link_config_t lc;
+    worker_link_config(wr, &lc);
+    Tandem__Register reg;
+    worker_register(wr, &reg);
+    td_link_handlers_t lh = { NULL, worker_on_message, worker_on_down, wr };
+    if ((st = td_link_create(base, &lc, &reg, &lh, &wr->link)) != TD_OK)
+        goto err;
+    if (spec->rank_started)
+        spec->rank_started(wr->rank);
+    return TD_OK;
+
+err:
+    td_error("%s %u: cannot start: %s", spec->rank_name, id, td_status_str(st));
+    worker_rank_teardown(w, id);
+    return st;
+}
+
+/* ---- Main thread -------------------------------------------------------------------- */
+
+/* SIGTERM: every rank drains (a second signal leaves the loops at once). */
+static void
+worker_on_signal(td_daemon_t *d, void *arg)
+{
+    td_worker_t *w = arg;
+    td_info("%s: stopping: draining every rank", w->spec->ident);
     td_daemon_stopping(d);
-    td_ranks_stop(ctx->w->rs, TD_RANKS_STOP_DRAIN);
+    td_ranks_stop(w->rs, TD_RANKS_STOP_DRAIN);
+}
+
+/* The ready line after "<ident> ready: ", also systemd's STATUS=. */
+static char *
+worker_status(const td_worker_t *w)
+{
+    td_buf_t b = { 0 };
+    td_buf_printf(&b, "node %s, %u ranks, incarnation %016" PRIx64 ", routers %s",
+                  td_daemon_node_id(w->d), w->nranks, td_daemon_incarnation(w->d),
+                  w->spec->wcfg->routers);
+    if (w->spec->status)
+        w->spec->status(w->spec->cfg, &b);
+    return td_buf_take(&b, NULL);
 }
 
 int
-td_worker_main(td_worker_t *w, const td_worker_spec_t *spec, int argc, char **argv)
+td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
 {
-    td_worker_ctx_t ctx = { w, spec };
+    static td_worker_t worker;   /* the rank threads use it until they are joined */
+    td_worker_t *w = &worker;
     int rc = 1;
+    w->spec = spec;
     evthread_use_pthreads();
     if (!(w->base = event_base_new())) {
         fprintf(stderr, "%s: cannot create the event loop\n", spec->ident);
         return 1;
     }
-    td_status_t st = td_daemon_create(spec->ident, spec->opts, spec->cfg, spec->daemon_cfg,
-                                      argc, argv, w->base, td_worker_on_signal, &ctx, &w->d);
+    td_status_t st = td_daemon_create(spec->ident, spec->opts, spec->cfg, &spec->wcfg->d,
+                                      argc, argv, w->base, worker_on_signal, w, &w->d);
     if (st != TD_OK) {
         event_base_free(w->base);
         return td_daemon_exit_code(st);
     }
-    if (!(*spec->routers)[0]) {
+    if (!spec->wcfg->routers[0]) {
         td_error("%s: --routers is required", spec->ident);
         rc = 2;
         goto err_free_daemon;
     }
-    if ((st = td_engine_create(td_worker_engines, spec->engine_cfg, &w->engine)) != TD_OK)
+    if ((st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine)) != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
-    w->nranks = (uint32_t)*spec->ranks;
-    w->ranks = calloc(w->nranks, spec->rank_size);
+    w->nranks = (uint32_t)spec->wcfg->ranks;
+    w->ranks = calloc(w->nranks, sizeof(*w->ranks));
     if (!w->ranks) {
         td_error("%s: out of memory", spec->ident);
         goto err_free_engine;
     }
-    st = td_ranks_create(w->base, spec->rank_name, w->nranks, &spec->rank, &w->rs);
-    if (st == TD_OK) {
-        char status[256];
-        spec->status(spec->rank.arg, status, sizeof(status));
-        fprintf(stderr, "%s ready: %s\n", spec->ident, status);
+    td_ranks_handlers_t rh = { worker_rank_setup, worker_rank_stop, worker_rank_teardown, w };
+    if (td_ranks_create(w->base, spec->rank_name, w->nranks, &rh, &w->rs) == TD_OK) {
+        char *status = worker_status(w);
+        fprintf(stderr, "%s ready: %s\n", spec->ident, status ? status : "");
         fflush(stderr);
-        td_daemon_ready(w->d, status);
+        td_daemon_ready(w->d, status ? status : "");
+        free(status);
         event_base_dispatch(w->base);
         rc = 0;
     }
@@ -85,21 +254,4 @@ err_free_daemon:
     event_base_free(w->base);
     libevent_global_shutdown();
     return rc;
-}
-
-void
-td_worker_link_config(const td_worker_t *w, Tandem__Role role, uint32_t rank_id,
-                      const char *routers, td_link_config_t *out)
-{
-    *out = (td_link_config_t){ .routers = routers };
-    out->ctl.ident = (td_hello_ident_t){
-        .protocol_version = TD_HELLO_PROTOCOL_VERSION,
-        .role = role,
-        .node_id = td_daemon_node_id(w->d),
-        .rank_id = rank_id,
-        .incarnation = td_daemon_incarnation(w->d),
-        .model_fingerprint = w->fingerprint,
-        .kv_layout_hash = w->engine->layout->hash,
-    };
-    out->ctl.secret = td_daemon_secret(w->d, &out->ctl.secret_len);
 }

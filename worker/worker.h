@@ -1,66 +1,126 @@
-/* worker/worker.h — what a worker daemon's main (prefilld, decoded) shares:
- * the main loop, the daemon, the engine, the rank threads and their array,
- * the ready line, SIGTERM as a drain, and the teardown in reverse. */
+/* worker/worker.h — what the worker daemons (prefilld, decoded) share: the
+ * options every worker has, main() (loop, daemon, engine, rank threads, ready
+ * line, SIGTERM as a drain, teardown in reverse) and each rank thread's
+ * plumbing (its UCX worker, its router links, Register and Load, the stop).
+ * A daemon says what differs in a td_worker_spec_t: its own options and the
+ * operations of its rank (prefilld/prank.h, decoded/drank.h). */
 #ifndef TD_WORKER_H
 #define TD_WORKER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "config.h"
 #include "daemon.h"
 #include "engine.h"
-#include "registry.h"
 #include "link.h"
 #include "ranks.h"
+#include "registry.h"
+#include "xfer.h"
 
 /* The engines a worker daemon runs: synthetic and deepseek-v41. */
 extern const td_engine_kind_t *const td_worker_engines[];
 
-/* The main thread's state, for the rank handlers and the status callback.
- * td_worker_main fills it before the ranks start (the caller zeroes it) and
- * owns everything in it; it stays valid until the last rank's fini ran. */
+#define TD_WORKER_RANKS_MAX 64
+
+/* The options of every worker daemon; a member of the daemon's config struct,
+ * listed in its table with TD_WORKER_CONFIG_OPTS. */
 typedef struct {
+    td_daemon_opts_t d;
+    td_engine_config_t engine;
+    char *routers;               /* required */
+    uint64_t ranks;
+    char *transports;            /* "": UCX's choice */
+    uint64_t xfer_deadline_ms;
+} td_worker_opts_t;
+
+#define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
+    TD_DAEMON_CONFIG_OPTS(st, m.d),                                                     \
+    TD_ENGINE_CONFIG_OPTS(st, m.engine),                                                \
+    TD_CONFIG_OPT_STRING("routers", st, m.routers, "",                                  \
+                         "routers to register with, host:port[,host:port...] (required)"), \
+    TD_CONFIG_OPT_UINT64("ranks", st, m.ranks, "1", 1, TD_WORKER_RANKS_MAX, ranks_help),  \
+    TD_CONFIG_OPT_STRING("transports", st, m.transports, "",                            \
+                         "ucx transport list like UCX_TLS (default: ucx's choice)"),    \
+    TD_CONFIG_OPT_UINT64("xfer-deadline-ms", st, m.xfer_deadline_ms, "10000", 1, 3600000, \
+                         deadline_help)
+
+typedef struct td_worker_s td_worker_t;
+
+/* One rank thread's share of the worker: created and destroyed on that
+ * thread, used only there. The worker owns xfer and link; `rank` is the
+ * daemon's (spec->rank_create / rank_destroy). */
+typedef struct {
+    td_worker_t *w;
+    uint32_t id;
+    struct event_base *base;     /* the rank's loop, owned by w->rs */
+    td_xfer_t *xfer;             /* the rank's UCX worker */
+    td_link_t *link;             /* its routers */
+    void *rank;                  /* td_prank_t, td_drank_t */
+    bool draining;               /* what Register last said */
+} td_worker_rank_t;
+
+/* What differs between the worker daemons. Every rank operation runs on the
+ * rank's thread and gets the rank that rank_create made. */
+typedef struct {
+    const char *ident;           /* "decoded": log prefix and ready line */
+    const char *rank_name;       /* "decode rank": rank threads in logs */
+    Tandem__Role role;           /* in Hello */
+    const td_config_opt_t *opts; /* the daemon's option table ... */
+    void *cfg;                   /* ... and the struct it fills (freed on return) */
+    td_worker_opts_t *wcfg;      /* the TD_WORKER_CONFIG_OPTS member of *cfg */
+    /* Build the daemon's rank on wr (its xfer and loop are ready; its link is
+     * not yet); its handlers reach the routers through td_worker_rank_send,
+     * td_worker_rank_load and td_worker_rank_idle with wr as their arg. */
+    td_status_t (*rank_create)(td_worker_rank_t *wr, void **out);
+    void (*rank_destroy)(void *rank);
+    /* Add the daemon's fields to Register (engine and draining are filled). */
+    void (*rank_register)(void *rank, Tandem__Register *reg);
+    /* After the link is created (NULL: nothing to do). */
+    void (*rank_started)(void *rank);
+    /* A router's message (Admit, Prefill, Cancel, Drain, DecodePeer, ...). */
+    void (*rank_message)(void *rank, void *router, const Tandem__Envelope *env);
+    /* That router's connection ended (the link logged why). */
+    void (*rank_router_down)(void *rank, void *router);
+    /* SIGTERM: take no more work and end what is in hand; the loop exits
+     * once the rank calls td_worker_rank_idle, or after stop_ms. */
+    void (*rank_stop)(void *rank);
+    uint64_t (*stop_ms)(const void *cfg);
+    /* Appended to the ready line (NULL: nothing), e.g. ", kv-tokens 4096". */
+    void (*status)(const void *cfg, td_buf_t *b);
+} td_worker_spec_t;
+
+/* The main thread's state, for the rank operations. td_worker_main owns it
+ * and everything in it; it is valid until the last rank's teardown ran. */
+struct td_worker_s {
+    const td_worker_spec_t *spec;
     td_daemon_t *d;
     struct event_base *base;     /* the main thread's loop */
     td_engine_t *engine;
     char fingerprint[17];        /* engine->fingerprint in hex, for Hello */
-    void *ranks;                 /* nranks zeroed elements of rank_size bytes */
+    td_worker_rank_t *ranks;     /* [nranks] */
     uint32_t nranks;
     td_ranks_t *rs;              /* the rank threads */
-} td_worker_t;
-
-/* What differs between the worker daemons. The config pointers point into
- * *cfg and are read after the options were parsed into it. */
-typedef struct {
-    const char *ident;           /* "decoded": log prefix and ready line */
-    const char *rank_name;       /* "decode rank": rank threads in logs */
-    const td_config_opt_t *opts; /* the daemon's option table ... */
-    void *cfg;                   /* ... and the struct it fills (freed on return) */
-    td_daemon_opts_t *daemon_cfg;
-    td_engine_config_t *engine_cfg;
-    char *const *routers;        /* --routers, required */
-    const uint64_t *ranks;       /* --ranks */
-    size_t rank_size;            /* bytes of one element of ranks */
-    td_ranks_handlers_t rank;    /* rank threads; rank.arg goes to status too */
-    const char *stopping;        /* logged on SIGTERM before the drain; NULL: none */
-    /* The ready line after "<ident> ready: ", also systemd's STATUS=. */
-    void (*status)(void *arg, char *buf, size_t len);
-} td_worker_spec_t;
+};
 
 /* The whole of main(): parse argv, require --routers, create the engine and
- * nranks rank threads, print "<ident> ready: <status>" on stderr and tell
- * systemd, run the loop until every rank left its own (SIGTERM asks them to
- * drain: TD_RANKS_STOP_DRAIN), then undo it all. Returns the exit code: 0
- * after the loop ran (or for --help), 2 for bad options or no --routers, 1
- * for any other failure (logged where it was decided). */
-int td_worker_main(td_worker_t *w, const td_worker_spec_t *spec, int argc, char **argv);
+ * the rank threads (each: its UCX worker, the daemon's rank, its router
+ * links), print "<ident> ready: node N, R ranks, incarnation I, routers X"
+ * (+ spec->status) on stderr and tell systemd, run the loop until every rank
+ * left its own (SIGTERM asks them to drain), then undo it all. Returns the
+ * exit code: 0 after the loop ran (or for --help), 2 for bad options or no
+ * --routers, 1 for any other failure (logged where it was decided). */
+int td_worker_main(const td_worker_spec_t *spec, int argc, char **argv);
 
-/* The link configuration of rank `rank_id` playing `role`: this process's
- * Hello identity (node, incarnation, model fingerprint, KV layout hash), the
- * cluster secret and the routers. Points into w and routers: valid while
- * they are (td_link_create copies what it keeps). */
-void td_worker_link_config(const td_worker_t *w, Tandem__Role role, uint32_t rank_id,
-                           const char *routers, td_link_config_t *out);
+/* The rank's handlers to the routers (arg: the td_worker_rank_t).
+ * send: one message to the router a request came from (td_link_send's
+ * status). load: publish the load; a change of load->draining re-sends
+ * Register. idle: after rank_stop, the last piece of work has ended: leave
+ * the loop once the last frames are out. */
+td_status_t td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg);
+void td_worker_rank_load(const Tandem__Load *load, void *arg);
+void td_worker_rank_idle(void *arg);
 
 #endif

@@ -42,7 +42,7 @@ typedef struct {
     int fail_sends;
 } fk_router_t;
 
-/* td_rank_io_t callbacks (router must be the fk_router_t itself). */
+/* td_drank_io_t callbacks (router must be the fk_router_t itself). */
 td_status_t fk_router_send(void *router, const Tandem__Envelope *env, void *arg);
 void fk_router_load(const Tandem__Load *load, void *arg);
 /* Record a copy of env (also for a fake router on a control connection). */

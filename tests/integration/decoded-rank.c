@@ -1,11 +1,11 @@
-/* tests/integration/decoded-rank.c — a decode rank (decoded/rank.c) driven by
+/* tests/integration/decoded-rank.c — a decode rank (decoded/drank.c) driven by
  * a fake router (its io callbacks) and a fake prefill rank that pushes real
  * KV over UCX: in this process for the request paths, in a forked process
  * that is SIGKILLed mid-transfer for the grace-period path. Checks tokens
  * against the synthetic engine's own expectation, admission rejects, KV
  * verification, cancel mid-prefill and mid-decode, a stale incarnation, and
  * that blocks are freed only as the invariant allows (docs/decoded.md). */
-#include "rank.h"
+#include "drank.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -26,13 +26,15 @@
 #define D_INC       0xd0d0d0d0ull
 #define MAX_BATCH   4
 #define KV_TOKENS   2048
+#define LONG_TOKENS 2000            /* a stream that outlasts a few loop passes */
 
 /* ---- Helpers on the rank ------------------------------------------------------ */
 
 typedef struct {
     struct event_base *base;
     td_engine_t *e;
-    td_rank_t *rk;
+    td_xfer_t *x;            /* the rank's UCX worker */
+    td_drank_t *rk;
     fk_router_t *rt;
     Tandem__Register reg;
 } env_t;
@@ -43,7 +45,7 @@ admit(env_t *t, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_token
 {
     fk_admit_t adm;
     fk_admit_init(&adm, id, prompt, n, max_tokens);
-    td_rank_on_message(t->rk, t->rt, &adm.env);
+    td_drank_on_message(t->rk, t->rt, &adm.env);
     if (want_code != 0) {
         const Tandem__Envelope *rej =
             fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, id);
@@ -72,7 +74,7 @@ cancel_from(env_t *t, fk_router_t *rt, uint64_t id, int prefill_not_sent)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
     env.cancel = &c;
-    td_rank_on_message(t->rk, rt, &env);
+    td_drank_on_message(t->rk, rt, &env);
 }
 
 static void
@@ -85,7 +87,7 @@ static uint64_t
 blocks_used(env_t *t)
 {
     td_kvpool_counts_t c;
-    td_rank_kv_counts(t->rk, &c);
+    td_drank_kv_counts(t->rk, &c);
     CHECK_EQ_INT(c.blocks_used + c.blocks_free, c.blocks_total);
     return c.blocks_used;
 }
@@ -126,8 +128,8 @@ test_stream(env_t *t)
     nw = fk_expect(t->e, pb, 9, 20, want);
     CHECK(n == 20 && n == nw && memcmp(got, want, n * sizeof(*got)) == 0);
     CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
-    td_rank_stats_t st;
-    td_rank_stats(t->rk, &st);
+    td_drank_stats_t st;
+    td_drank_stats(t->rk, &st);
     CHECK(st.verified_bytes > 0);
     CHECK_EQ_INT(st.finished, 2);
     CHECK_EQ_INT(st.notes_unknown, 0);   /* no note came after its request's end */
@@ -166,13 +168,13 @@ test_rejects(env_t *t)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
     env.drain = &dr;
-    td_rank_on_message(t->rk, t->rt, &env);
+    td_drank_on_message(t->rk, t->rt, &env);
     CHECK(t->rt->load.draining);
     fk_run_until(t->base, fk_never, NULL, GRACE_MS + 200);
     CHECK_EQ_INT(blocks_used(t), 0);
     admit(t, 230, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING);
     dr.draining = 0;
-    td_rank_on_message(t->rk, t->rt, &env);
+    td_drank_on_message(t->rk, t->rt, &env);
     CHECK(!t->rt->load.draining);
     fk_router_clear(t->rt);
 }
@@ -238,7 +240,7 @@ test_cancel(env_t *t)
         td_xfer_stats_t xs;
         fk_p_push(&stale, t->e, d, 402, p, 30, 1500, 1, 0);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_xfer_stats(td_rank_xfer(t->rk), &xs);
+        td_xfer_stats(t->x, &xs);
         CHECK(xs.notes_stale > 0);
         CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 402) == NULL);
 
@@ -256,6 +258,161 @@ test_cancel(env_t *t)
     }
     fk_run_until(t->base, fk_never, NULL, 20);
     fk_p_destroy(&stale);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+/* ---- Peer input that does not fit the request's state --------------------------- */
+
+static void
+raw_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
+{
+    (*(int *)arg)--;
+}
+
+/* A transfer the xfer engine refuses (a block outside the pool): the rank
+ * gets a failure note for xfer_id. */
+static void
+post_refused(fk_p_t *fp, uint64_t xfer_id)
+{
+    uint8_t byte = 0;
+    td_xfer_desc_t d = { .src = &byte, .pool_id = 0, .block = UINT32_MAX, .len = 1 };
+    CHECK(td_xfer_post(fp->peer, xfer_id, &d, 1, NULL, 0, DEADLINE_MS, raw_done, NULL) !=
+          TD_OK);
+}
+
+/* A terminal note whose payload is not a KvNote. */
+static void
+post_garbage(env_t *t, fk_p_t *fp, uint64_t xfer_id)
+{
+    static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f };
+    int inflight = 1;
+    CHECK_STATUS(td_xfer_post(fp->peer, xfer_id, NULL, 0, junk, sizeof(junk), DEADLINE_MS,
+                              raw_done, &inflight), TD_OK);
+    uint64_t end = td_testutil_now_ms() + 2000;
+    while (inflight > 0 && td_testutil_now_ms() < end)
+        event_base_loop(t->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+}
+
+static const char *
+end_error(env_t *t, uint64_t id, int *fin)
+{
+    static int32_t got[KV_TOKENS];
+    const char *err = NULL;
+    fk_router_tokens(t->rt, id, got, KV_TOKENS, fin, &err);
+    return err != NULL ? err : "";
+}
+
+/* Notes the rank's UCX worker received and the transfers fp posted (each
+ * ends in one note, a refused one too). */
+static uint64_t
+notes_in(env_t *t)
+{
+    td_xfer_stats_t xs;
+    td_xfer_stats(t->x, &xs);
+    return xs.notes_received;
+}
+
+static uint64_t
+notes_out(fk_p_t *fp)
+{
+    td_xfer_stats_t xs;
+    td_xfer_stats(fp->x, &xs);
+    return xs.posted + xs.rejected;
+}
+
+/* Run the loop until the rank has received every note fp sent since
+ * (in0, out0). */
+static void
+wait_notes(env_t *t, fk_p_t *fp, uint64_t in0, uint64_t out0)
+{
+    uint64_t end = td_testutil_now_ms() + 5000;
+    while (notes_in(t) - in0 < notes_out(fp) - out0 && td_testutil_now_ms() < end)
+        event_base_loop(t->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    CHECK_EQ_INT(notes_in(t) - in0, notes_out(fp) - out0);
+}
+
+/* Every note and message a peer can send, in a state where it does not fit:
+ * each is dropped or ends the request through a legal transition (an illegal
+ * one aborts the process, so reaching the end is the check), and the blocks
+ * come back. */
+static void
+test_unfit_input(env_t *t)
+{
+    int32_t p[16];
+    fk_prompt(p, 16, 11);
+    fk_p_t fp;
+    int fin = 0;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    td_drank_stats_t st0, st;
+    td_drank_stats(t->rk, &st0);
+
+    /* RUNNING: a second terminal note and a failure note are dropped (its KV
+     * is in), the stream goes on; Cancel ends it; a second Cancel and a
+     * note after the release find nothing. */
+    const Tandem__KvDest *d = admit(t, 801, p, 16, LONG_TOKENS, 0);
+    if (d != NULL) {
+        Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 801, 5000));
+        uint64_t in0 = notes_in(t), out0 = notes_out(&fp);
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 0);
+        post_refused(&fp, dest->xfer_id);
+        wait_notes(t, &fp, in0, out0);
+        td_drank_stats(t->rk, &st);
+        CHECK_EQ_INT(st.running, 1);
+        CHECK_EQ_INT(st.failed, st0.failed);
+        admit(t, 801, p, 16, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
+        cancel(t, 801);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 801) != NULL);
+        end_error(t, 801, &fin);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_CANCELED);
+        cancel(t, 801);
+        fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 1);
+        fk_run_until(t->base, fk_never, NULL, 50);
+        CHECK_EQ_INT(blocks_used(t), 0);
+    }
+
+    /* ADMITTED: a note naming another request, a malformed note: FAILED. */
+    d = admit(t, 802, p, 16, 10, 0);
+    if (d != NULL) {
+        fk_p_push(&fp, t->e, d, 999, p, 16, 10, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 802, 5000));
+        CHECK(strstr(end_error(t, 802, &fin), "names request") != NULL);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+    }
+    d = admit(t, 803, p, 16, 10, 0);
+    if (d != NULL) {
+        post_garbage(t, &fp, d->xfer_id);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 803, 5000));
+        CHECK(strstr(end_error(t, 803, &fin), "malformed") != NULL);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+    }
+
+    /* ADMITTED, then FAILED by a failed transfer: a second failure note and
+     * a Cancel change nothing; P's canceled note frees the blocks; one more
+     * terminal note is for no live request. */
+    d = admit(t, 804, p, 16, 10, 0);
+    if (d != NULL) {
+        Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        post_refused(&fp, dest->xfer_id);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 804, 5000));
+        CHECK(strstr(end_error(t, 804, &fin), "transfer") != NULL);
+        post_refused(&fp, dest->xfer_id);
+        cancel(t, 804);
+        fk_run_until(t->base, fk_never, NULL, 50);
+        CHECK(blocks_used(t) > 0);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804) == NULL);
+        fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 1);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804, 5000));
+        td_drank_stats(t->rk, &st0);
+        fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 0);
+        fk_run_until(t->base, fk_never, NULL, 100);
+        td_drank_stats(t->rk, &st);
+        CHECK(st.notes_unknown > st0.notes_unknown);
+    }
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_run_until(t->base, fk_never, NULL, 20);
     fk_p_destroy(&fp);
     fk_router_clear(t->rt);
 }
@@ -341,7 +498,7 @@ test_router_down(env_t *t)
     const Tandem__KvDest *d = admit(t, 601, p, 12, 5, 0);
     if (d != NULL) {
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
-        td_rank_on_router_down(t->rk, t->rt);
+        td_drank_on_router_down(t->rk, t->rt);
         size_t before = t->rt->n;
         CHECK(blocks_used(t) > 0);
         fk_p_push(&fp, t->e, dest, 601, p, 12, 5, 1, 1);
@@ -371,7 +528,7 @@ test_router_match(env_t *t)
     CHECK_EQ_INT(blocks_used(t), used);
     fk_admit_t adm;                 /* the same id from rt2: a request of its own */
     fk_admit_init(&adm, 701, p, 12, 5);
-    td_rank_on_message(t->rk, &rt2, &adm.env);
+    td_drank_on_message(t->rk, &rt2, &adm.env);
     CHECK(fk_router_find(&rt2, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, 701) != NULL);
     CHECK(blocks_used(t) > used);
     cancel_from(t, t->rt, 701, 1);  /* no Prefill was sent: freed at once */
@@ -384,8 +541,8 @@ test_router_match(env_t *t)
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
         fk_p_push(&fp, t->e, dest, 701, p, 12, 5, 1, 1);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_rank_stats_t st;
-        td_rank_stats(t->rk, &st);
+        td_drank_stats_t st;
+        td_drank_stats(t->rk, &st);
         CHECK(st.notes_unknown >= 1);
     }
     CHECK(fk_wait_msg(t->base, &rt2, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 701, GRACE_MS + 2000));
@@ -416,33 +573,37 @@ main(void)
     struct event *tk = event_new(t.base, -1, EV_PERSIST, fk_tick, NULL);
     struct timeval tv = { 0, 10000 };
     event_add(tk, &tv);
-    td_rank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .incarnation = D_INC,
-                            .transports = TLS, .kv_tokens = KV_TOKENS,
-                            .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
-                            .grace_margin_ms = GRACE_MARGIN_MS };
-    td_rank_io_t io = { fk_router_send, fk_router_load, &rt };
+    td_xfer_config_t xc = { .incarnation = D_INC, .transports = TLS };
+    td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .kv_tokens = KV_TOKENS,
+                             .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
+                             .grace_margin_ms = GRACE_MARGIN_MS };
+    td_drank_io_t io = { fk_router_send, fk_router_load, &rt };
     CHECK(t.e != NULL);
     if (t.e != NULL)
-        CHECK_STATUS(td_rank_create(t.base, t.e, &rc, &io, &t.rk), TD_OK);
+        CHECK_STATUS(td_xfer_create(t.base, &xc, &t.x), TD_OK);
+    if (t.x != NULL)
+        CHECK_STATUS(td_drank_create(t.base, t.x, t.e, &rc, &io, &t.rk), TD_OK);
     if (t.rk != NULL) {
         tandem__register__init(&t.reg);
-        td_rank_register_fill(t.rk, &t.reg);
+        td_drank_register_fill(t.rk, &t.reg);
         CHECK_EQ_INT(t.reg.n_pools, t.e->layout->nsegs);
         CHECK_EQ_INT(t.reg.kv_tokens_total, KV_TOKENS);
-        td_rank_load(t.rk);
+        td_drank_load(t.rk);
         CHECK(rt.loads == 1 && rt.load.kv_blocks_used == 0 && rt.load.kv_tokens_free > 0);
         test_stream(&t);
         test_rejects(&t);
         test_corrupt(&t);
         test_cancel(&t);
+        test_unfit_input(&t);
         test_prefill_killed(&t, child, sv[0]);
         test_router_down(&t);
         test_router_match(&t);
-        td_rank_destroy(t.rk);
+        td_drank_destroy(t.rk);
     } else {
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
     }
+    td_xfer_destroy(t.x);
     close(sv[0]);
     event_free(tk);
     td_engine_destroy(t.e);

@@ -1,4 +1,4 @@
-/* tests/unit/test_prefill_rank.c — one prefill rank (prefilld/rank.c) against a
+/* tests/unit/test_prefill_rank.c — one prefill rank (prefilld/prank.c) against a
  * fake decode rank in the same process: a td_xfer receiver with one pool per
  * KV segment whose every received byte is checked with td_synth_kv_verify;
  * interleaved requests, cancel (queued, running), a bad KvDest, a decode rank
@@ -13,7 +13,7 @@
 #include "engine.h"
 #include "registry.h"
 #include "kvmap.h"
-#include "rank.h"
+#include "prank.h"
 #include "synthetic.h"
 #include "xfer.h"
 
@@ -47,7 +47,7 @@ typedef struct {
     td_xfer_t *snd, *rcv;
     td_xfer_pool_t **pools;   /* [nsegs] */
     uint64_t *next_block;     /* [nsegs] */
-    td_rank_t *rk;
+    td_prank_t *rk;
     req_t reqs[MAX_REQS];
     int32_t *prompts[MAX_REQS];
     size_t lens[MAX_REQS];
@@ -147,23 +147,29 @@ on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
     tandem__kv_note__free_unpacked(kn, NULL);
 }
 
-static void
-on_done(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg)
+/* The rank's only message to a router: PrefillDone. */
+static td_status_t
+on_send(void *router, const Tandem__Envelope *env, void *arg)
 {
     env_t *e = arg;
+    CHECK_EQ_INT(env->payload_case, TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE);
+    if (env->payload_case != TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE)
+        return TD_OK;
+    const Tandem__PrefillDone *msg = env->prefill_done;
     CHECK(msg->req_id < MAX_REQS);
     if (msg->req_id >= MAX_REQS)
-        return;
+        return TD_OK;
     req_t *r = &e->reqs[msg->req_id];
     r->done++;
     r->done_status = msg->status;
     r->done_token = msg->first_token;
     r->done_order = ++e->ndone;
     CHECK(router == r->router);
+    return TD_OK;
 }
 
 static void
-on_idle(td_rank_t *rk, void *arg)
+on_idle(void *arg)
 {
     ((env_t *)arg)->idle++;
 }
@@ -211,7 +217,10 @@ decode_peer(env_t *e, int gone)
     m.n_pools = n;
     m.pools = pools;
     m.gone = gone;
-    td_rank_decode_peer(e->rk, &m);
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
+    env.decode_peer = &m;
+    td_prank_on_message(e->rk, NULL, &env);
     free(addr);
     for (uint32_t s = 0; s < n; s++)
         free(pools[s].data);
@@ -244,10 +253,10 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
                                 &e->pools[s]) != TD_OK)
             return -1;
     }
-    td_rank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
+    td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
                             .max_queued_tokens = max_queued, .deadline_ms = deadline_ms };
-    td_rank_handlers_t h = { on_done, NULL, on_idle, e };
-    if (td_rank_create(e->base, e->snd, e->engine, &rc, &h, &e->rk) != TD_OK)
+    td_prank_io_t io = { on_send, NULL, on_idle, e };
+    if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
     return 0;
@@ -262,7 +271,7 @@ env_create(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queued)
 static void
 env_destroy(env_t *e)
 {
-    td_rank_destroy(e->rk);
+    td_prank_destroy(e->rk);
     for (int i = 0; i < MAX_REQS; i++)
         free(e->prompts[i]);
     if (e->pools)
@@ -277,6 +286,15 @@ env_destroy(env_t *e)
     if (e->rcv_base && e->rcv_base != e->base)
         event_base_free(e->rcv_base);
     event_base_free(e->base);
+}
+
+static void
+send_prefill(env_t *e, void *router, const Tandem__Prefill *m)
+{
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
+    env.prefill = (Tandem__Prefill *)m;
+    td_prank_on_message(e->rk, router, &env);
 }
 
 /* Send Prefill for request i with n tokens; blocks allocated as the decode
@@ -321,7 +339,7 @@ prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
     m.n_tokens = n;
     m.tokens = e->prompts[i];
     m.dest = &d;
-    td_rank_prefill(e->rk, router, &m);
+    send_prefill(e, router, &m);
 }
 
 static void
@@ -330,7 +348,10 @@ cancel(env_t *e, int i, void *router)
     Tandem__Cancel c = TANDEM__CANCEL__INIT;
     c.req_id = (uint64_t)i;
     c.reason = "test";
-    td_rank_cancel(e->rk, router, &c);
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
+    env.cancel = &c;
+    td_prank_on_message(e->rk, router, &env);
 }
 
 static int
@@ -455,13 +476,13 @@ test_interleaved(void)
         CHECK_EQ_INT(r->done_token, r->first_token);
     }
     CHECK(e.reqs[1].done_order < e.reqs[0].done_order);   /* 5 tokens beat 120 */
-    td_rank_stats_t st;
-    td_rank_stats(e.rk, &st);
+    td_prank_stats_t st;
+    td_prank_stats(e.rk, &st);
     CHECK_EQ_INT(st.chunks, 15 + 1 + 5 + 8);
     CHECK_EQ_INT(st.done, 4);
     CHECK_EQ_INT(st.live, 0);
     Tandem__Load load;
-    td_rank_load(e.rk, &load);
+    td_prank_load(e.rk, &load);
     CHECK_EQ_INT(load.queued + load.running + load.queued_tokens, 0);
     env_destroy(&e);
 }
@@ -479,16 +500,16 @@ test_cancel(void)
     prefill(&e, 1, 20, ROUTER_A, 0, 0);
     prefill(&e, 2, 20, ROUTER_A, 0, 0);
     Tandem__Load load;
-    td_rank_load(e.rk, &load);
+    td_prank_load(e.rk, &load);
     CHECK_EQ_INT(load.queued, 3);
     CHECK_EQ_INT(load.queued_tokens, 440);
     cancel(&e, 1, ROUTER_A);   /* queued: dropped */
     cancel(&e, 2, ROUTER_B);   /* not that router's: ignored */
     uint64_t until = td_testutil_now_ms() + 5000;
-    td_rank_stats_t st = { 0 };
+    td_prank_stats_t st = { 0 };
     while (st.chunks < 5 && td_testutil_now_ms() < until) {
         event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-        td_rank_stats(e.rk, &st);
+        td_prank_stats(e.rk, &st);
     }
     CHECK(!e.reqs[0].done);
     cancel(&e, 0, ROUTER_A);   /* running: stops at the next layer boundary */
@@ -499,7 +520,7 @@ test_cancel(void)
         CHECK_EQ_INT(notes_of(&e, i), 1);
         CHECK(e.reqs[i].canceled);
     }
-    td_rank_stats(e.rk, &st);
+    td_prank_stats(e.rk, &st);
     CHECK(st.chunks < 100);   /* request 0 never ran to its end */
     CHECK_STATUS(e.reqs[2].done_status, TD_OK);
     CHECK(notes_of(&e, 2) == 1 && e.reqs[2].verified);
@@ -541,7 +562,7 @@ test_bad_dest(void)
     m.tokens = &tok;
     m.dest = &d;
     e.reqs[2].router = ROUTER_A;
-    td_rank_prefill(e.rk, ROUTER_A, &m);
+    send_prefill(&e, ROUTER_A, &m);
     CHECK_EQ_INT(e.reqs[2].done, 1);
     CHECK_STATUS(e.reqs[2].done_status, TD_ERR_NOT_FOUND);
     CHECK_EQ_INT(e.reqs[2].terminal, 0);
@@ -560,10 +581,10 @@ test_peer_gone(void)
     }
     prefill(&e, 0, 400, ROUTER_A, 0, 0);
     uint64_t until = td_testutil_now_ms() + 5000;
-    td_rank_stats_t st = { 0 };
+    td_prank_stats_t st = { 0 };
     while (st.xfers < 8 && td_testutil_now_ms() < until) {
         event_base_loop(e.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-        td_rank_stats(e.rk, &st);
+        td_prank_stats(e.rk, &st);
     }
     decode_peer(&e, 1);
     wait_done(&e, 1);
@@ -595,14 +616,14 @@ test_router_down_and_stop(void)
     run_until(&e, &e.reqs[2].done, 1, 2000);
     CHECK_STATUS(e.reqs[2].done_status, TD_ERR_BUSY);
     CHECK_EQ_INT(notes_of(&e, 2), 1);
-    td_rank_router_down(e.rk, ROUTER_A);
+    td_prank_on_router_down(e.rk, ROUTER_A);
     run_until(&e, &e.reqs[0].terminal, 1, 2000);
     run_for(&e, 20);
     CHECK_EQ_INT(e.reqs[0].done, 0);
     CHECK_EQ_INT(notes_of(&e, 0), 1);
     CHECK(e.reqs[0].canceled);
     prefill(&e, 3, 40, ROUTER_B, 0, 0);
-    td_rank_stop(e.rk);
+    td_prank_stop(e.rk);
     prefill(&e, 4, 10, ROUTER_B, 0, 0);    /* refused while stopping */
     run_until(&e, &e.idle, 1, 5000);
     CHECK_EQ_INT(e.idle, 1);
@@ -611,6 +632,88 @@ test_router_down_and_stop(void)
     CHECK_STATUS(e.reqs[4].done_status, TD_ERR_CANCELED);
     for (int i = 1; i <= 4; i++)
         CHECK_EQ_INT(notes_of(&e, i), 1);
+    env_destroy(&e);
+}
+
+/* A Prefill for request i again (same router): only its id matters. */
+static void
+prefill_again(env_t *e, int i, void *router)
+{
+    int32_t tok = 1;
+    Tandem__Prefill m = TANDEM__PREFILL__INIT;
+    m.req_id = (uint64_t)i;
+    m.n_tokens = 1;
+    m.tokens = &tok;
+    send_prefill(e, router, &m);
+}
+
+static void
+drain(env_t *e, int on)
+{
+    Tandem__Drain d = TANDEM__DRAIN__INIT;
+    d.draining = on;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &d;
+    td_prank_on_message(e->rk, ROUTER_A, &env);
+}
+
+/* Router messages that do not fit a task's state: a second Prefill for a
+ * running task, and for one that is ending after a Cancel (a router's retry
+ * on the same rank), is answered PrefillDone{invalid} and leaves the task as
+ * it was; Cancels of unknown, ending and ended tasks and a DecodePeer{gone}
+ * for an unknown incarnation change nothing. An illegal transition aborts,
+ * so reaching the checks is part of the test. */
+static void
+test_unfit_input(void)
+{
+    env_t e;
+    if (env_create(&e, 4, 8, 0) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 200, ROUTER_A, 0, 0);
+    prefill(&e, 1, 200, ROUTER_A, 0, 0);
+    run_for(&e, 5);
+    prefill_again(&e, 0, ROUTER_A);
+    CHECK_EQ_INT(e.reqs[0].done, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_INVALID);
+    cancel(&e, 1, ROUTER_A);
+    prefill_again(&e, 1, ROUTER_A);   /* its task still ends */
+    cancel(&e, 1, ROUTER_A);
+    cancel(&e, 5, ROUTER_A);          /* unknown */
+    Tandem__Load load;
+    drain(&e, 1);
+    drain(&e, 1);
+    td_prank_load(e.rk, &load);
+    CHECK(load.draining);
+    drain(&e, 0);
+    {
+        Tandem__DecodePeer m = TANDEM__DECODE_PEER__INIT;
+        m.node_id = "dec";
+        m.incarnation = 0x7777;       /* not the one the tasks push to */
+        m.gone = 1;
+        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
+        env.decode_peer = &m;
+        td_prank_on_message(e.rk, ROUTER_A, &env);
+    }
+    run_until(&e, &e.reqs[0].done, 2, 10000);
+    run_until(&e, &e.reqs[1].done, 2, 10000);
+    CHECK_EQ_INT(e.reqs[0].done, 2);   /* the refusal, then its own end */
+    CHECK_STATUS(e.reqs[0].done_status, TD_OK);
+    CHECK(notes_of(&e, 0) == 1 && e.reqs[0].verified);
+    CHECK_EQ_INT(e.reqs[1].done, 2);   /* the refusal, then canceled */
+    CHECK_STATUS(e.reqs[1].done_status, TD_ERR_CANCELED);
+    CHECK_EQ_INT(notes_of(&e, 1), 1);
+    CHECK(e.reqs[1].canceled);
+    cancel(&e, 0, ROUTER_A);          /* ended */
+    run_for(&e, 20);
+    CHECK_EQ_INT(e.reqs[0].done, 2);
+    td_prank_stats_t st;
+    td_prank_stats(e.rk, &st);
+    CHECK_EQ_INT(st.tasks, 2);
+    CHECK_EQ_INT(st.live, 0);
     env_destroy(&e);
 }
 
@@ -667,8 +770,8 @@ test_fail_between_chunks(void)
     wait_done(&e, 1);
     CHECK_EQ_INT(e.reqs[0].done, 1);
     CHECK(e.reqs[0].done_status == TD_ERR_TIMEOUT || e.reqs[0].done_status == TD_ERR_PEER);
-    td_rank_stats_t st;
-    td_rank_stats(e.rk, &st);
+    td_prank_stats_t st;
+    td_prank_stats(e.rk, &st);
     CHECK_EQ_INT(st.failed, 1);
     CHECK_EQ_INT(st.live, 0);
     CHECK(st.chunks < 24);   /* it failed between chunks, not at the end */
@@ -693,6 +796,7 @@ main(void)
     test_bad_dest();
     test_peer_gone();
     test_router_down_and_stop();
+    test_unfit_input();
     test_fail_between_chunks();
     return td_check_exit("test_prefill_rank");
 }

@@ -1,13 +1,13 @@
-/* decoded/request.h — a request on a decode rank and its state machine:
+/* decoded/dreq.h — a request on a decode rank and its state machine:
  * ADMITTED (blocks reserved, waiting for KV) -> RUNNING (KV verified and
  * adopted, in the batch) -> FINISHED / CANCELED / FAILED -> RELEASED (blocks
- * freed, Released sent). Every change goes through td_request_set_state,
+ * freed, Released sent). Every change goes through td_dreq_set_state,
  * which checks the transition and logs it.
  * Ownership: the rank owns its requests; a request owns its prompt copy, its
  * engine request and its grace timer, and holds (does not own) its block
  * reservation, which the rank releases. */
-#ifndef TD_REQUEST_H
-#define TD_REQUEST_H
+#ifndef TD_DREQ_H
+#define TD_DREQ_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,19 +20,19 @@
 struct event;
 
 typedef enum {
-    TD_REQUEST_ADMITTED = 0,  /* blocks reserved; the prefill writes into them */
-    TD_REQUEST_RUNNING,       /* KV verified and adopted; decoding in the batch */
-    TD_REQUEST_FINISHED,      /* stop token or length; blocks held until P's note */
-    TD_REQUEST_CANCELED,      /* by the router (or its loss) */
-    TD_REQUEST_FAILED,        /* bad KV, failed transfer, engine error */
-    TD_REQUEST_RELEASED,      /* blocks freed; about to be destroyed */
-    TD_REQUEST_NSTATES
-} td_request_state_t;
+    TD_DREQ_ADMITTED = 0,  /* blocks reserved; the prefill writes into them */
+    TD_DREQ_RUNNING,       /* KV verified and adopted; decoding in the batch */
+    TD_DREQ_FINISHED,      /* stop token or length; blocks held until P's note */
+    TD_DREQ_CANCELED,      /* by the router (or its loss) */
+    TD_DREQ_FAILED,        /* bad KV, failed transfer, engine error */
+    TD_DREQ_RELEASED,      /* blocks freed; about to be destroyed */
+    TD_DREQ_NSTATES
+} td_dreq_state_t;
 
 typedef struct {
     uint64_t id;                 /* the router's request id */
     uint64_t xfer_id;            /* the id the prefill's transfers carry (rank-unique) */
-    td_request_state_t state;
+    td_dreq_state_t state;
     void *router;                /* the router that admitted it; NULL once it is gone */
     td_kvpool_res_t *res;        /* the reserved blocks; NULL once released */
     int32_t *prompt;             /* [nprompt] */
@@ -44,25 +44,26 @@ typedef struct {
                                     grace period passed): no peer writes any more */
     struct event *grace;         /* grace timer once P is reported gone */
     void *rank;                  /* the rank it lives on (for timers) */
-    uint32_t grace_ms;           /* its grace period (decoded/rank.c) */
+    uint32_t grace_ms;           /* its grace period (decoded/drank.c) */
     char prefill[96];            /* "node/rank#incarnation", for the logs */
-} td_request_t;
+} td_dreq_t;
 
-const char *td_request_state_str(td_request_state_t st);
+const char *td_dreq_state_str(td_dreq_state_t st);
 
 /* A fresh ADMITTED request (prompt copied, no blocks yet). */
-td_status_t td_request_create(uint64_t id, const int32_t *prompt, size_t nprompt,
-                              td_request_t **out);
+td_status_t td_dreq_create(uint64_t id, const int32_t *prompt, size_t nprompt,
+                              td_dreq_t **out);
 /* Frees the prompt, the engine request and the grace timer; res must have
  * been released (asserted). */
-void td_request_destroy(td_request_t *req);
+void td_dreq_destroy(td_dreq_t *req);
 
-/* Check the transition (an illegal one is a bug: asserted) and log it with
- * why (may be NULL). */
-void td_request_set_state(td_request_t *req, td_request_state_t to, const char *why);
+/* The one door of every state change (common/fsm.h): logs it with why (may
+ * be NULL); an illegal transition is a bug, logged and aborted in every
+ * build. Callers check the state before acting on a peer's message. */
+void td_dreq_set_state(td_dreq_t *req, td_dreq_state_t to, const char *why);
 
 /* FINISHED, CANCELED or FAILED: the request has left (or never joined) the
  * batch and waits only for its blocks to be freed. */
-bool td_request_ended(const td_request_t *req);
+bool td_dreq_ended(const td_dreq_t *req);
 
 #endif

@@ -1,55 +1,55 @@
-/* decoded/rank.c — one decode rank: pools registered with UCX, admission by
+/* decoded/drank.c — one decode rank: pools registered with UCX, admission by
  * block reservation, the request state machines, KV verification when the
  * prefill's terminal note arrives, the continuous batch, and the block-reuse
  * invariant (docs/decoded.md): blocks are freed only once no peer may write. */
-#include "rank.h"
+#include "drank.h"
 
 #include <assert.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <event2/event.h>
 
+#include "dreq.h"
 #include "log.h"
-#include "request.h"
 
-struct td_rank_s {
+struct td_drank_s {
     struct event_base *base;
     td_engine_t *engine;
     const td_layout_t *layout;
-    td_rank_config_t cfg;
+    td_drank_config_t cfg;
     char *node_id;
-    char *transports;
-    td_rank_io_t io;
+    td_drank_io_t io;
     td_xfer_t *xfer;
     td_kvpool_t *kp;
     td_xfer_pool_t **pools;          /* [nsegs], pool id = segment index */
     uint8_t **pool_base;             /* [nsegs] */
     ProtobufCBinaryData *exports;    /* [nsegs] */
     ProtobufCBinaryData address;
-    td_request_t **slots;            /* [max_batch]: live requests by slot */
+    td_dreq_t **slots;               /* [max_batch]: live requests by slot */
     td_engine_row_t *rows;           /* [max_batch] */
-    td_request_t **row_req;          /* [max_batch] */
+    td_dreq_t **row_req;             /* [max_batch] */
     uint64_t next_xfer;
     struct event *step_ev;
     bool step_scheduled;          /* step_ev is active or pending */
     bool draining;
     bool stopping;
-    td_rank_stats_t stats;
+    td_drank_stats_t stats;
     Tandem__Load last_load;
     bool load_sent;
 };
 
-static void rank_release(td_rank_t *r, td_request_t *req);
+static void drank_release(td_drank_t *r, td_dreq_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
 /* A request by the router that sent it and its id (ids are unique per
  * router only). */
-static td_request_t *
-rank_find(const td_rank_t *r, const void *router, uint64_t id)
+static td_dreq_t *
+drank_find(const td_drank_t *r, const void *router, uint64_t id)
 {
     for (uint32_t i = 0; i < r->cfg.max_batch; i++)
         if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router)
@@ -57,8 +57,8 @@ rank_find(const td_rank_t *r, const void *router, uint64_t id)
     return NULL;
 }
 
-static td_request_t *
-rank_find_xfer(const td_rank_t *r, uint64_t xfer_id)
+static td_dreq_t *
+drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
 {
     for (uint32_t i = 0; i < r->cfg.max_batch; i++)
         if (r->slots[i] != NULL && r->slots[i]->xfer_id == xfer_id)
@@ -67,7 +67,7 @@ rank_find_xfer(const td_rank_t *r, uint64_t xfer_id)
 }
 
 static void
-rank_publish_load(td_rank_t *r)
+drank_publish_load(td_drank_t *r)
 {
     td_kvpool_counts_t c;
     td_kvpool_counts(r->kp, &c);
@@ -80,8 +80,8 @@ rank_publish_load(td_rank_t *r)
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
         if (r->slots[i] == NULL)
             continue;
-        running += r->slots[i]->state == TD_REQUEST_RUNNING;
-        waiting += r->slots[i]->state == TD_REQUEST_ADMITTED;
+        running += r->slots[i]->state == TD_DREQ_RUNNING;
+        waiting += r->slots[i]->state == TD_DREQ_ADMITTED;
     }
     load.running = running;
     load.queued = waiting;
@@ -95,7 +95,7 @@ rank_publish_load(td_rank_t *r)
 }
 
 static void
-rank_send(td_rank_t *r, td_request_t *req, const Tandem__Envelope *env)
+drank_send(td_drank_t *r, td_dreq_t *req, const Tandem__Envelope *env)
 {
     if (req->router == NULL)
         return;
@@ -107,8 +107,8 @@ rank_send(td_rank_t *r, td_request_t *req, const Tandem__Envelope *env)
 }
 
 static td_status_t
-rank_send_tokens(td_rank_t *r, td_request_t *req, const int32_t *tokens, size_t n,
-                 Tandem__Finish finish, const char *error)
+drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
+                  Tandem__Finish finish, const char *error)
 {
     if (req->router == NULL)
         return TD_OK;
@@ -126,33 +126,75 @@ rank_send_tokens(td_rank_t *r, td_request_t *req, const int32_t *tokens, size_t 
 
 /* The request leaves the batch (or never joins it): FINISHED, CANCELED or
  * FAILED, with the final Tokens when the router should hear of it; its
- * blocks are freed at once only when no peer may still write into them. */
+ * blocks are freed at once only when no peer may still write into them
+ * (then req is gone on return). Logs nothing but the transition (debug):
+ * a failure is logged by drank_fail, a cancel where it is received. */
 static void
-rank_end(td_rank_t *r, td_request_t *req, td_request_state_t to, Tandem__Finish finish,
-         const char *error, bool tell_router)
+drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish finish,
+          const char *error, bool tell_router)
 {
-    td_request_set_state(req, to, error);
-    if (to == TD_REQUEST_FINISHED)
+    td_dreq_set_state(req, to, error);
+    if (to == TD_DREQ_FINISHED)
         r->stats.finished++;
-    else if (to == TD_REQUEST_CANCELED)
+    else if (to == TD_DREQ_CANCELED)
         r->stats.canceled++;
     else
         r->stats.failed++;
     if (tell_router)
-        (void)rank_send_tokens(r, req, NULL, 0, finish, error);
+        (void)drank_send_tokens(r, req, NULL, 0, finish, error);
     if (req->kv_done)
-        rank_release(r, req);
+        drank_release(r, req);
     else
-        rank_publish_load(r);
+        drank_publish_load(r);
+}
+
+/* The one way a request fails: the reason is logged once, at `level`, and
+ * is the error of its final Tokens (when tell_router). req may be gone on
+ * return (drank_end). */
+static void __attribute__((format(printf, 5, 6)))
+drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router,
+           const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    td_log(level, "decode rank %u: request %016llx: failed: %s", r->cfg.rank_id,
+           (unsigned long long)req->id, why);
+    drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
+}
+
+/* One generated token to the router; the request ends when the sampler says
+ * so (FINISHED) or the token could not be sent (FAILED). Returns whether it
+ * is still RUNNING (if not, req may be gone). */
+static bool
+drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin)
+{
+    Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
+                       : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
+                                                        : TANDEM__FINISH__FINISH_NONE;
+    req->last = token;
+    req->generated++;
+    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL);
+    if (st != TD_OK) {
+        drank_fail(r, req, TD_LOG_WARN, false, "tokens not sent: %s", td_status_str(st));
+        return false;
+    }
+    if (f != TANDEM__FINISH__FINISH_NONE) {
+        drank_end(r, req, TD_DREQ_FINISHED, f, td_sample_finish_str(fin), false);
+        return false;
+    }
+    return true;
 }
 
 /* The invariant's only door: blocks are freed here, after P's terminal
  * note (kv_done) — or P known gone and the grace period passed. */
 static void
-rank_release(td_rank_t *r, td_request_t *req)
+drank_release(td_drank_t *r, td_dreq_t *req)
 {
-    assert(req->kv_done && td_request_ended(req));
-    td_request_set_state(req, TD_REQUEST_RELEASED, NULL);
+    assert(req->kv_done && td_dreq_ended(req));
+    td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
     td_kvpool_release(r->kp, req->res);
@@ -164,16 +206,16 @@ rank_release(td_rank_t *r, td_request_t *req)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
     env.released = &rel;
-    rank_send(r, req, &env);
-    td_request_destroy(req);
-    rank_publish_load(r);
+    drank_send(r, req, &env);
+    td_dreq_destroy(req);
+    drank_publish_load(r);
 }
 
 /* ---- Admission ------------------------------------------------------------ */
 
 static void
-rank_reject(td_rank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode code,
-            const char *reason)
+drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode code,
+             const char *reason)
 {
     r->stats.rejected++;
     td_info("decode rank %u: admit %016llx rejected: %s", r->cfg.rank_id, (unsigned long long)id,
@@ -193,7 +235,7 @@ rank_reject(td_rank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode cod
 
 /* Sampling from the wire, checked (a peer's bytes: a reason, never an abort). */
 static const char *
-rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_sample_params_t *out)
+drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params_t *out)
 {
     if (in == NULL)
         return "no sampling parameters";
@@ -219,7 +261,7 @@ rank_sampling(const td_rank_t *r, const Tandem__Sampling *in, td_sample_params_t
  * margin for the prefill chunk in progress when the Cancel came (default:
  * one deadline). */
 static uint32_t
-rank_grace_ms(const td_rank_t *r, uint32_t prefill_deadline_ms)
+drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
 {
     uint64_t d = r->cfg.xfer_deadline_ms > prefill_deadline_ms ? r->cfg.xfer_deadline_ms
                                                                : prefill_deadline_ms;
@@ -228,46 +270,46 @@ rank_grace_ms(const td_rank_t *r, uint32_t prefill_deadline_ms)
 }
 
 static void
-rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
+drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
 {
     td_sample_params_t sp;
     const char *bad = NULL;
     if (a->n_tokens == 0)
         bad = "empty prompt";
-    else if (rank_find(r, router, a->req_id) != NULL)
+    else if (drank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
     else
-        bad = rank_sampling(r, a->sampling, &sp);
+        bad = drank_sampling(r, a->sampling, &sp);
     for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
         if (a->tokens[i] < 0 || (uint64_t)a->tokens[i] >= r->engine->vocab)
             bad = "prompt token outside the vocabulary";
     if (bad != NULL) {
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID, bad);
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID, bad);
         return;
     }
     if (r->draining) {
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING,
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING,
                     "decode rank is draining");
         return;
     }
     uint64_t ntokens = (uint64_t)a->n_tokens + sp.max_tokens;
     if (ntokens > r->engine->max_context) {
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG,
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG,
                     "prompt + max_tokens over the model's max context");
         return;
     }
-    td_request_t *req = NULL;
+    td_dreq_t *req = NULL;
     td_engine_req_t *ereq = NULL;
     td_kvpool_res_t *res = NULL;
     const char *why = NULL;
     if (td_engine_req_create(r->engine, &sp, &ereq) != TD_OK) {
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
                     "bad sampling parameters");
         return;
     }
-    if (td_request_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
+    if (td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
         td_engine_req_destroy(ereq);
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                     "out of memory");
         return;
     }
@@ -275,15 +317,15 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
     req->rank = r;
     ereq->user = req;
     if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
-        td_request_destroy(req);
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                    why);
+        td_dreq_destroy(req);
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     why);
         return;
     }
     req->res = res;
     req->router = router;
     req->xfer_id = ++r->next_xfer;
-    req->grace_ms = rank_grace_ms(r, a->prefill_deadline_ms);
+    req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
@@ -298,9 +340,9 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
         free(segs);
         free(segp);
         req->kv_done = true;   /* nothing was announced: no peer can write */
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
-                 false);
-        rank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
+                  false);
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                     "out of memory");
         return;
     }
@@ -315,7 +357,7 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
     Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
     dest.node_id = r->node_id;
     dest.rank_id = r->cfg.rank_id;
-    dest.incarnation = r->cfg.incarnation;
+    dest.incarnation = td_xfer_incarnation(r->xfer);
     dest.xfer_id = req->xfer_id;
     dest.n_segs = nsegs;
     dest.segs = segp;
@@ -328,36 +370,33 @@ rank_admit(td_rank_t *r, void *router, const Tandem__Admit *a)
     td_status_t st = r->io.send(router, &env, r->io.arg);
     free(segs);
     free(segp);
+    if (st != TD_OK) {
+        /* The router never learnt the destination: no peer can write. */
+        req->kv_done = true;
+        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+        return;
+    }
     td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
             "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
             req->nprompt, sp.max_tokens, res->slot, req->prefill,
             (unsigned long long)req->xfer_id);
-    if (st != TD_OK) {
-        /* The router never learnt the destination: no peer can write. */
-        td_warn("decode rank %u: request %016llx: AdmitOk not sent: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, td_status_str(st));
-        req->kv_done = true;
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, "admit not sent",
-                 false);
-        return;
-    }
-    rank_publish_load(r);
+    drank_publish_load(r);
 }
 
 /* ---- KV arrival ------------------------------------------------------------- */
 
 static uint8_t *
-rank_block(const td_rank_t *r, uint32_t seg, uint64_t block)
+drank_block(const td_drank_t *r, uint32_t seg, uint64_t block)
 {
     return r->pool_base[seg] + block * td_kvpool_seg_block_bytes(r->kp, seg);
 }
 
 /* Adopt the prompt with the received fixed segments and the blocks holding
  * the received paged entries (the engine checks or loads them), then verify
- * every received paged entry (synthetic engine: every byte). A mismatch is
- * a reason in err. */
+ * every received paged entry (synthetic engine: every byte). On a mismatch
+ * (or no memory) the request fails here and is gone on return. */
 static td_status_t
-rank_verify_adopt(td_rank_t *r, td_request_t *req, char *err, size_t errlen)
+drank_verify_adopt(td_drank_t *r, td_dreq_t *req)
 {
     const td_layout_t *l = r->layout;
     const void **fixed = calloc(l->nsegs, sizeof(*fixed));
@@ -369,19 +408,17 @@ rank_verify_adopt(td_rank_t *r, td_request_t *req, char *err, size_t errlen)
         if (l->segs[s].kind == TD_LAYOUT_PAGED)
             nblocks += req->res->nblocks[s];
     pblocks = calloc(nblocks ? nblocks : 1, sizeof(*pblocks));
-    if (fixed == NULL || paged == NULL || pblocks == NULL) {
-        snprintf(err, errlen, "out of memory");
+    if (fixed == NULL || paged == NULL || pblocks == NULL)
         goto cleanup;
-    }
     at = 0;
     for (uint32_t s = 0; s < l->nsegs; s++) {
         if (l->segs[s].kind != TD_LAYOUT_FIXED) {
             paged[s] = &pblocks[at];
             for (uint64_t b = 0; b < req->res->nblocks[s]; b++)
-                pblocks[at++] = rank_block(r, s, req->res->blocks[s][b]);
+                pblocks[at++] = drank_block(r, s, req->res->blocks[s][b]);
             continue;
         }
-        fixed[s] = rank_block(r, s, req->res->slot);
+        fixed[s] = drank_block(r, s, req->res->slot);
         fixed_bytes += td_layout_seg_bytes(&l->segs[s], 0);
     }
     st = td_engine_adopt_kv(req->ereq, req->prompt, req->nprompt, fixed, paged);
@@ -389,11 +426,10 @@ cleanup:
     free(pblocks);
     free(paged);
     free(fixed);
-    if (at == UINT64_MAX)
-        return st;
     if (st != TD_OK) {
-        snprintf(err, errlen, "received kv refused by the engine: %s",
-                 td_status_str(st));
+        drank_fail(r, req, TD_LOG_ERROR, true, "received kv from prefill %s %s: %s",
+                   req->prefill, at == UINT64_MAX ? "not adopted" : "refused by the engine",
+                   td_status_str(st));
         return st;
     }
     uint64_t verified = fixed_bytes;
@@ -408,14 +444,14 @@ cleanup:
                                                                     : l->block_entries;
                 uint64_t block = req->res->blocks[s][first / l->block_entries];
                 uint64_t bad = 0;
-                st = td_engine_kv_verify(req->ereq, s, first, count, rank_block(r, s, block),
+                st = td_engine_kv_verify(req->ereq, s, first, count, drank_block(r, s, block),
                                          &bad);
                 if (st != TD_OK) {
-                    snprintf(err, errlen,
-                             "received kv does not verify: segment %s entries %llu+%llu, "
-                             "byte %llu: %s", seg->name, (unsigned long long)first,
-                             (unsigned long long)count, (unsigned long long)bad,
-                             td_status_str(st));
+                    drank_fail(r, req, TD_LOG_ERROR, true,
+                               "received kv does not verify: segment %s entries %llu+%llu, "
+                               "byte %llu: %s (prefill %s)", seg->name,
+                               (unsigned long long)first, (unsigned long long)count,
+                               (unsigned long long)bad, td_status_str(st), req->prefill);
                     return st;
                 }
                 verified += count * seg->entry_bytes;
@@ -428,20 +464,15 @@ cleanup:
     return TD_OK;
 }
 
-static void rank_step_schedule(td_rank_t *r);
-static void rank_grace_start(td_rank_t *r, td_request_t *req);
+static void drank_step_schedule(td_drank_t *r);
+static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 
 /* P's terminal note for an ADMITTED request: verify, adopt, first Tokens. */
 static void
-rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
+drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
 {
-    char err[320];
-    if (rank_verify_adopt(r, req, err, sizeof(err)) != TD_OK) {
-        td_error("decode rank %u: request %016llx from prefill %s: %s", r->cfg.rank_id,
-                 (unsigned long long)req->id, req->prefill, err);
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+    if (drank_verify_adopt(r, req) != TD_OK)
         return;
-    }
     /* An engine with a distribution right after adopt (synthetic) must agree
      * with P's first token; one without (TD_ERR_STATE: a real model, whose
      * logits come from the pass P ran) takes P's token. */
@@ -453,38 +484,24 @@ rank_kv_arrived(td_rank_t *r, td_request_t *req, const Tandem__KvNote *kn)
         st = td_engine_take(req->ereq, first, &fin);
     }
     if (st != TD_OK || first != kn->first_token) {
-        snprintf(err, sizeof(err), "first token %d from prefill %s, expected %d (%s)",
-                 kn->first_token, req->prefill, first, td_status_str(st));
-        td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                 (unsigned long long)req->id, err);
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        drank_fail(r, req, TD_LOG_ERROR, true, "first token %d from prefill %s, expected %d (%s)",
+                   kn->first_token, req->prefill, first, td_status_str(st));
         return;
     }
-    td_request_set_state(req, TD_REQUEST_RUNNING, "kv verified and adopted");
-    req->last = first;
-    req->generated = 1;
-    Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                       : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
-                                                        : TANDEM__FINISH__FINISH_NONE;
-    st = rank_send_tokens(r, req, &first, 1, f, NULL);
-    if (st != TD_OK)
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
-                 "tokens could not be sent", false);
-    else if (f != TANDEM__FINISH__FINISH_NONE)
-        rank_end(r, req, TD_REQUEST_FINISHED, f, td_sample_finish_str(fin), false);
-    else {
-        rank_publish_load(r);
-        rank_step_schedule(r);
+    td_dreq_set_state(req, TD_DREQ_RUNNING, "kv verified and adopted");
+    if (drank_emit(r, req, first, fin)) {
+        drank_publish_load(r);
+        drank_step_schedule(r);
     }
 }
 
 /* Every transfer of a request ends in a note; the terminal one carries a
  * KvNote payload (or a failure status). Only then may the blocks be freed. */
 static void
-rank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
+drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
 {
-    td_rank_t *r = arg;
-    td_request_t *req = rank_find_xfer(r, note->xfer_id);
+    td_drank_t *r = arg;
+    td_dreq_t *req = drank_find_xfer(r, note->xfer_id);
     (void)x;
     if (req == NULL) {
         r->stats.notes_unknown++;
@@ -505,42 +522,42 @@ rank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
          * with its terminal note when its endpoint still works; if not, the
          * endpoint was closed by force and nothing more can land: either way
          * the grace period bounds the wait. */
-        char err[160];
-        snprintf(err, sizeof(err), "kv transfer from prefill %s failed: %s", req->prefill,
-                 td_status_str(note->status));
-        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, err);
-        if (!td_request_ended(req))
-            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
-        rank_grace_start(r, req);
+        if (!td_dreq_ended(req))
+            drank_fail(r, req, TD_LOG_WARN, true, "kv transfer from prefill %s failed: %s",
+                       req->prefill, td_status_str(note->status));
+        else
+            td_info("decode rank %u: request %016llx: kv transfer from prefill %s failed "
+                    "after its end: %s", r->cfg.rank_id, (unsigned long long)req->id,
+                    req->prefill, td_status_str(note->status));
+        drank_grace_start(r, req);   /* not released: kv_done is false */
         return;
     }
     req->kv_done = true;   /* from here on no peer writes into its blocks */
     if (req->grace != NULL)
         event_del(req->grace);
 
-    char err[320];
-    err[0] = '\0';
+    /* The note's meaning depends on the request's state: an ended request
+     * only waited for it; otherwise the request is ADMITTED (RUNNING comes
+     * only after this note, and a second one was dropped above). */
     Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, note->payload_len, note->payload);
-    if (kn == NULL)
-        snprintf(err, sizeof(err), "malformed kv note from prefill %s", req->prefill);
-    else if (kn->req_id != req->id)
-        snprintf(err, sizeof(err), "kv note names request %016llx", (unsigned long long)kn->req_id);
-    else if (!kn->canceled && kn->reason != NULL && kn->reason[0] != '\0')
-        snprintf(err, sizeof(err), "prefill %s failed: %.160s", req->prefill, kn->reason);
-    if (td_request_ended(req)) {
+    if (td_dreq_ended(req)) {
         td_info("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
                 r->cfg.rank_id, (unsigned long long)req->id);
-        rank_release(r, req);
-    } else if (err[0] != '\0') {
-        td_warn("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                (unsigned long long)req->id, err);
-        rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
+        drank_release(r, req);
+    } else if (kn == NULL) {
+        drank_fail(r, req, TD_LOG_WARN, true, "malformed kv note from prefill %s",
+                   req->prefill);
+    } else if (kn->req_id != req->id) {
+        drank_fail(r, req, TD_LOG_WARN, true, "kv note from prefill %s names request %016llx",
+                   req->prefill, (unsigned long long)kn->req_id);
     } else if (kn->canceled) {
-        rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
-                 "prefill canceled", true);
+        drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                  "prefill canceled", true);
+    } else if (kn->reason != NULL && kn->reason[0] != '\0') {
+        drank_fail(r, req, TD_LOG_WARN, true, "prefill %s failed: %.160s", req->prefill,
+                   kn->reason);
     } else {
-        rank_kv_arrived(r, req, kn);
+        drank_kv_arrived(r, req, kn);
     }
     if (kn != NULL)
         tandem__kv_note__free_unpacked(kn, NULL);
@@ -549,29 +566,29 @@ rank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
 /* ---- Cancel and the grace period --------------------------------------------- */
 
 static void
-rank_on_grace(evutil_socket_t fd, short what, void *arg)
+drank_on_grace(evutil_socket_t fd, short what, void *arg)
 {
-    td_request_t *req = arg;
-    td_rank_t *r = req->rank;
+    td_dreq_t *req = arg;
+    td_drank_t *r = req->rank;
     (void)fd;
     (void)what;
-    assert(!req->kv_done && td_request_ended(req));
+    assert(!req->kv_done && td_dreq_ended(req));
     td_warn("decode rank %u: request %016llx: no terminal note from prefill %s within the "
             "%u ms grace period: freeing its blocks", r->cfg.rank_id,
             (unsigned long long)req->id, req->prefill, req->grace_ms);
     req->kv_done = true;
-    rank_release(r, req);
+    drank_release(r, req);
 }
 
 /* P may still write: free only after the grace period (req->grace_ms),
  * unless its terminal note comes first. */
 static void
-rank_grace_start(td_rank_t *r, td_request_t *req)
+drank_grace_start(td_drank_t *r, td_dreq_t *req)
 {
     if (req->kv_done || (req->grace != NULL && evtimer_pending(req->grace, NULL)))
         return;
     if (req->grace == NULL) {
-        req->grace = evtimer_new(r->base, rank_on_grace, req);
+        req->grace = evtimer_new(r->base, drank_on_grace, req);
         if (req->grace == NULL) {
             td_error("decode rank %u: request %016llx: no grace timer: blocks stay reserved",
                      r->cfg.rank_id, (unsigned long long)req->id);
@@ -584,48 +601,48 @@ rank_grace_start(td_rank_t *r, td_request_t *req)
 }
 
 static void
-rank_cancel(td_rank_t *r, void *router, const Tandem__Cancel *c)
+drank_cancel(td_drank_t *r, void *router, const Tandem__Cancel *c)
 {
-    td_request_t *req = rank_find(r, router, c->req_id);
+    td_dreq_t *req = drank_find(r, router, c->req_id);
     if (req == NULL) {
         td_debug("decode rank %u: cancel for unknown request %016llx ignored", r->cfg.rank_id,
                  (unsigned long long)c->req_id);
         return;
     }
     td_info("decode rank %u: request %016llx canceled (%s): %.120s", r->cfg.rank_id,
-            (unsigned long long)req->id, td_request_state_str(req->state),
+            (unsigned long long)req->id, td_dreq_state_str(req->state),
             c->reason ? c->reason : "");
     /* The router never sent the Prefill: no prefill rank knows the blocks. */
-    if (c->prefill_not_sent && req->state == TD_REQUEST_ADMITTED)
+    if (c->prefill_not_sent && req->state == TD_DREQ_ADMITTED)
         req->kv_done = true;
-    if (!td_request_ended(req))
-        rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "canceled",
-                 true);
-    /* rank_end freed it if P's note had come; else P, told at the same
+    if (!td_dreq_ended(req))
+        drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "canceled",
+                  true);
+    /* drank_end freed it if P's note had come; else P, told at the same
      * time, stops at its next layer boundary and sends its note, or is gone
      * (or its endpoint to us failed): the grace period bounds the wait. */
-    if ((req = rank_find(r, router, c->req_id)) != NULL)
-        rank_grace_start(r, req);
+    if ((req = drank_find(r, router, c->req_id)) != NULL)
+        drank_grace_start(r, req);
 }
 
 void
-td_rank_on_router_down(td_rank_t *r, void *router)
+td_drank_on_router_down(td_drank_t *r, void *router)
 {
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
-        td_request_t *req = r->slots[i];
+        td_dreq_t *req = r->slots[i];
         if (req == NULL || req->router != router)
             continue;
         uint64_t id = req->id;
         req->router = NULL;
         td_info("decode rank %u: request %016llx: its router is gone", r->cfg.rank_id,
                 (unsigned long long)id);
-        if (!td_request_ended(req))
-            rank_end(r, req, TD_REQUEST_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+        if (!td_dreq_ended(req))
+            drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
                      "router gone", false);
         /* Nobody will report P's fate now; P lost this router too and stops
          * at its next layer boundary: the grace period bounds the wait. */
         if (r->slots[i] != NULL && r->slots[i]->id == id)
-            rank_grace_start(r, r->slots[i]);
+            drank_grace_start(r, r->slots[i]);
     }
 }
 
@@ -634,11 +651,11 @@ td_rank_on_router_down(td_rank_t *r, void *router)
 /* Decode output: write the paged entries a step completed into the
  * request's blocks (the pool is the request's KV, as on a GPU). */
 static td_status_t
-rank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piece_t *pieces,
-                     size_t npieces, void *arg)
+drank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piece_t *pieces,
+                      size_t npieces, void *arg)
 {
-    td_rank_t *r = arg;
-    td_request_t *req = ereq->user;
+    td_drank_t *r = arg;
+    td_dreq_t *req = ereq->user;
     const td_layout_t *l = r->layout;
     (void)layer;
     for (size_t i = 0; i < npieces; i++) {
@@ -651,7 +668,7 @@ rank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piec
             uint64_t bi = e / l->block_entries;
             /* The reservation covers prompt + max_tokens tokens. */
             assert(bi < req->res->nblocks[p->seg]);
-            memcpy(rank_block(r, p->seg, req->res->blocks[p->seg][bi]) +
+            memcpy(drank_block(r, p->seg, req->res->blocks[p->seg][bi]) +
                        (e % l->block_entries) * seg->entry_bytes,
                    (const uint8_t *)p->data + k * seg->entry_bytes, seg->entry_bytes);
         }
@@ -660,12 +677,12 @@ rank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piec
 }
 
 static void
-rank_step(td_rank_t *r)
+drank_step(td_drank_t *r)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
-        td_request_t *req = r->slots[i];
-        if (req == NULL || req->state != TD_REQUEST_RUNNING)
+        td_dreq_t *req = r->slots[i];
+        if (req == NULL || req->state != TD_DREQ_RUNNING)
             continue;
         r->rows[n] = (td_engine_row_t){ .req = req->ereq, .token = req->last };
         r->row_req[n++] = req;
@@ -673,41 +690,31 @@ rank_step(td_rank_t *r)
     if (n == 0)
         return;
     r->stats.steps++;
-    td_status_t st = td_engine_decode_step(r->engine, r->rows, n, rank_on_decode_layer, r);
-    for (size_t i = 0; i < n; i++) {
-        td_request_t *req = r->row_req[i];
-        if (st != TD_OK) {
-            char err[96];
-            snprintf(err, sizeof(err), "decode step failed: %s", td_status_str(st));
-            td_error("decode rank %u: request %016llx: %s", r->cfg.rank_id,
-                     (unsigned long long)req->id, err);
-            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR, err, true);
-            continue;
-        }
-        td_sample_finish_t fin = r->rows[i].finish;
-        Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
-                           : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
-                                                            : TANDEM__FINISH__FINISH_NONE;
-        req->last = r->rows[i].next;
-        req->generated++;
-        if (rank_send_tokens(r, req, &req->last, 1, f, NULL) != TD_OK)
-            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
-                     "tokens could not be sent", false);
-        else if (f != TANDEM__FINISH__FINISH_NONE)
-            rank_end(r, req, TD_REQUEST_FINISHED, f, td_sample_finish_str(fin), false);
+    td_status_t st = td_engine_decode_step(r->engine, r->rows, n, drank_on_decode_layer, r);
+    if (st != TD_OK) {
+        /* One failure of the step, logged once; every row fails with it. */
+        char why[96];
+        snprintf(why, sizeof(why), "decode step failed: %s", td_status_str(st));
+        td_error("decode rank %u: %s (%zu requests)", r->cfg.rank_id, why, n);
+        for (size_t i = 0; i < n; i++)
+            drank_end(r, r->row_req[i], TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why,
+                      true);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            drank_emit(r, r->row_req[i], r->rows[i].next, r->rows[i].finish);
     }
-    rank_publish_load(r);
+    drank_publish_load(r);
 }
 
 static void
-rank_on_step(evutil_socket_t fd, short what, void *arg)
+drank_on_step(evutil_socket_t fd, short what, void *arg)
 {
-    td_rank_t *r = arg;
+    td_drank_t *r = arg;
     (void)fd;
     (void)what;
     r->step_scheduled = false;
-    rank_step(r);
-    rank_step_schedule(r);
+    drank_step(r);
+    drank_step_schedule(r);
 }
 
 /* Steps run back to back while requests run, each through a timer of
@@ -718,12 +725,12 @@ rank_on_step(evutil_socket_t fd, short what, void *arg)
  * join and leave between steps; a zero timeout makes epoll_wait not sleep at
  * all (a non-zero one is rounded up to whole milliseconds). */
 static void
-rank_step_schedule(td_rank_t *r)
+drank_step_schedule(td_drank_t *r)
 {
     if (r->step_scheduled)
         return;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
-        if (r->slots[i] != NULL && r->slots[i]->state == TD_REQUEST_RUNNING) {
+        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING) {
             struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
             r->step_scheduled = true;
             evtimer_add(r->step_ev, &tv);
@@ -735,21 +742,21 @@ rank_step_schedule(td_rank_t *r)
 /* ---- Messages, life cycle ---------------------------------------------------------- */
 
 void
-td_rank_on_message(td_rank_t *r, void *router, const Tandem__Envelope *env)
+td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
 {
     switch (env->payload_case) {
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT:
-        rank_admit(r, router, env->admit);
+        drank_admit(r, router, env->admit);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
-        rank_cancel(r, router, env->cancel);
+        drank_cancel(r, router, env->cancel);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         if (!r->stopping && r->draining != env->drain->draining) {
             r->draining = env->drain->draining;
             td_info("decode rank %u: %s", r->cfg.rank_id,
                     r->draining ? "draining: no new requests" : "drain ended");
-            rank_publish_load(r);
+            drank_publish_load(r);
         }
         break;
     default:
@@ -759,55 +766,50 @@ td_rank_on_message(td_rank_t *r, void *router, const Tandem__Envelope *env)
 }
 
 void
-td_rank_stop(td_rank_t *r)
+td_drank_stop(td_drank_t *r)
 {
     r->stopping = true;
     r->draining = true;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
-        td_request_t *req = r->slots[i];
-        if (req != NULL && !td_request_ended(req))
-            rank_end(r, req, TD_REQUEST_FAILED, TANDEM__FINISH__FINISH_ERROR,
+        td_dreq_t *req = r->slots[i];
+        if (req != NULL && !td_dreq_ended(req))
+            drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR,
                      "decode rank shutting down", true);
     }
-    rank_publish_load(r);
+    drank_publish_load(r);
 }
 
 td_status_t
-td_rank_create(struct event_base *base, td_engine_t *engine, const td_rank_config_t *cfg,
-               const td_rank_io_t *io, td_rank_t **out)
+td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+                const td_drank_config_t *cfg, const td_drank_io_t *io, td_drank_t **out)
 {
     td_status_t st = TD_ERR_NOMEM;
-    td_rank_t *r = calloc(1, sizeof(*r));
+    td_drank_t *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return TD_ERR_NOMEM;
     r->base = base;
+    r->xfer = xfer;
     r->engine = engine;
     r->layout = engine->layout;
     r->cfg = *cfg;
     r->io = *io;
     uint32_t nsegs = r->layout->nsegs;
     r->node_id = strdup(cfg->node_id);
-    r->transports = cfg->transports ? strdup(cfg->transports) : NULL;
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
     r->slots = calloc(cfg->max_batch, sizeof(*r->slots));
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
-    r->step_ev = evtimer_new(base, rank_on_step, r);
-    if (r->node_id == NULL || (cfg->transports && r->transports == NULL) || !r->pools ||
-        !r->pool_base || !r->exports || !r->slots || !r->rows || !r->row_req || !r->step_ev)
+    r->step_ev = evtimer_new(base, drank_on_step, r);
+    if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
+        !r->rows || !r->row_req || !r->step_ev)
         goto err_destroy;
     r->cfg.node_id = r->node_id;
-    r->cfg.transports = r->transports;
     st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
     if (st != TD_OK)
         goto err_destroy;
-    td_xfer_config_t xc = { .incarnation = cfg->incarnation, .transports = r->transports };
-    st = td_xfer_create(base, &xc, &r->xfer);
-    if (st != TD_OK)
-        goto err_destroy;
-    td_xfer_set_note_handler(r->xfer, rank_on_note, r);
+    td_xfer_set_note_handler(r->xfer, drank_on_note, r);
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < nsegs; s++) {
         uint64_t bb = td_kvpool_seg_block_bytes(r->kp, s), nb = td_kvpool_seg_nblocks(r->kp, s);
@@ -833,33 +835,34 @@ td_rank_create(struct event_base *base, td_engine_t *engine, const td_rank_confi
     return TD_OK;
 
 err_destroy:
-    td_rank_destroy(r);
+    td_drank_destroy(r);
     return st;
 }
 
 void
-td_rank_destroy(td_rank_t *r)
+td_drank_destroy(td_drank_t *r)
 {
     if (r == NULL)
         return;
-    if (r->xfer != NULL)   /* no note may look up a freed request below */
-        td_xfer_set_note_handler(r->xfer, NULL, NULL);
+    td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
     for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
-        td_request_t *req = r->slots[i];
+        td_dreq_t *req = r->slots[i];
         if (req == NULL)
             continue;
         r->slots[i] = NULL;
-        /* Exiting: the pools go away with the worker below, so a late write
-         * from a peer fails on its side instead of landing in reused memory. */
+        /* Exiting: the pools go away below, so a late write from a peer
+         * fails on its side instead of landing in reused memory. */
         td_kvpool_release(r->kp, req->res);
         req->res = NULL;
-        td_request_destroy(req);
+        td_dreq_destroy(req);
     }
-    if (r->exports != NULL)
-        for (uint32_t s = 0; s < r->layout->nsegs; s++)
+    for (uint32_t s = 0; s < r->layout->nsegs; s++) {
+        if (r->exports != NULL)
             free(r->exports[s].data);
+        if (r->pools != NULL)
+            td_xfer_pool_destroy(r->pools[s]);
+    }
     free(r->address.data);
-    td_xfer_destroy(r->xfer);   /* destroys the pools */
     td_kvpool_destroy(r->kp);
     if (r->step_ev != NULL)
         event_free(r->step_ev);
@@ -869,19 +872,13 @@ td_rank_destroy(td_rank_t *r)
     free(r->exports);
     free(r->pool_base);
     free(r->pools);
-    free(r->transports);
     free(r->node_id);
     free(r);
 }
 
 void
-td_rank_register_fill(td_rank_t *r, Tandem__Register *reg)
+td_drank_register_fill(const td_drank_t *r, Tandem__Register *reg)
 {
-    reg->engine_name = (char *)r->engine->name;
-    reg->engine_kind = (char *)r->engine->kind;
-    reg->vocab_size = r->engine->vocab;
-    reg->max_context = r->engine->max_context;
-    reg->draining = r->draining;
     reg->xfer_address = r->address;
     reg->n_pools = r->layout->nsegs;
     reg->pools = r->exports;
@@ -890,14 +887,14 @@ td_rank_register_fill(td_rank_t *r, Tandem__Register *reg)
 }
 
 void
-td_rank_load(td_rank_t *r)
+td_drank_load(td_drank_t *r)
 {
     r->load_sent = false;
-    rank_publish_load(r);
+    drank_publish_load(r);
 }
 
 void
-td_rank_stats(const td_rank_t *r, td_rank_stats_t *out)
+td_drank_stats(const td_drank_t *r, td_drank_stats_t *out)
 {
     *out = r->stats;
     out->live = out->running = out->waiting = 0;
@@ -905,19 +902,13 @@ td_rank_stats(const td_rank_t *r, td_rank_stats_t *out)
         if (r->slots[i] == NULL)
             continue;
         out->live++;
-        out->running += r->slots[i]->state == TD_REQUEST_RUNNING;
-        out->waiting += r->slots[i]->state == TD_REQUEST_ADMITTED;
+        out->running += r->slots[i]->state == TD_DREQ_RUNNING;
+        out->waiting += r->slots[i]->state == TD_DREQ_ADMITTED;
     }
 }
 
 void
-td_rank_kv_counts(const td_rank_t *r, td_kvpool_counts_t *out)
+td_drank_kv_counts(const td_drank_t *r, td_kvpool_counts_t *out)
 {
     td_kvpool_counts(r->kp, out);
-}
-
-td_xfer_t *
-td_rank_xfer(td_rank_t *r)
-{
-    return r->xfer;
 }

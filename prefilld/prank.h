@@ -1,13 +1,13 @@
-/* prefilld/rank.h — one prefill rank: its decode peers, its task queue, the
+/* prefilld/prank.h — one prefill rank: its decode peers, its task queue, the
  * chunk scheduler that runs the engine on the rank's loop thread, the KV push
  * per (chunk, layer) and the terminal notification of every task.
  * Everything runs on the loop thread of `base`; the router connections are
  * opaque handles (`router`) owned by the caller, who reports their end with
- * td_rank_router_down. Ownership: the rank owns its tasks, its decode peers
+ * td_prank_on_router_down. Ownership: the rank owns its tasks, its decode peers
  * (td_xfer_peer_t) and its wake-up eventfd; it borrows base, xfer and engine,
  * which must outlive it. */
-#ifndef TD_RANK_H
-#define TD_RANK_H
+#ifndef TD_PRANK_H
+#define TD_PRANK_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -19,7 +19,7 @@
 
 struct event_base;
 
-typedef struct td_rank_s td_rank_t;
+typedef struct td_prank_s td_prank_t;
 
 typedef struct {
     uint32_t rank_id;
@@ -28,17 +28,18 @@ typedef struct {
     uint32_t max_running;        /* tasks prefilled round-robin at once (>= 1) */
     uint32_t deadline_ms;        /* per transfer (>= 1: the decode ranks' grace period
                                     relies on it) */
-} td_rank_config_t;
+} td_prank_config_t;
 
 typedef struct {
-    /* PrefillDone for a task that `router` sent; msg is valid during the call. */
-    void (*done)(td_rank_t *rk, void *router, const Tandem__PrefillDone *msg, void *arg);
+    /* Send one message (PrefillDone) to a router: the handle a Prefill came
+     * with. A failure is the rank's to log. */
+    td_status_t (*send)(void *router, const Tandem__Envelope *env, void *arg);
     /* The load changed (queued, queued_tokens, running, draining). */
-    void (*load)(td_rank_t *rk, const Tandem__Load *load, void *arg);
-    /* After td_rank_stop: the last task has ended (called from the loop). */
-    void (*idle)(td_rank_t *rk, void *arg);
+    void (*load)(const Tandem__Load *load, void *arg);
+    /* After td_prank_stop: the last task has ended (called from the loop). */
+    void (*idle)(void *arg);
     void *arg;
-} td_rank_handlers_t;
+} td_prank_io_t;
 
 /* Counters for tests and logs; all since create. */
 typedef struct {
@@ -50,29 +51,33 @@ typedef struct {
     uint64_t xfers;           /* data transfers posted */
     uint64_t notes;           /* terminal notifications posted */
     uint32_t live;            /* tasks not yet ended */
-} td_rank_stats_t;
+} td_prank_stats_t;
 
-td_status_t td_rank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
-                           const td_rank_config_t *cfg, const td_rank_handlers_t *h,
-                           td_rank_t **out);
+/* TD_ERR_INVALID for a zero chunk size, run limit or deadline; failures are
+ * returned, not logged (the caller names the rank that did not start). */
+td_status_t td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+                            const td_prank_config_t *cfg, const td_prank_io_t *io,
+                            td_prank_t **out);
 /* Ends every task without messages (their transfers are canceled and drained
  * first, so no staging buffer is freed under UCX) and closes the peers. */
-void td_rank_destroy(td_rank_t *rk);
+void td_prank_destroy(td_prank_t *rk);
 
-/* Router -> rank messages. The messages are copied as needed. */
-void td_rank_prefill(td_rank_t *rk, void *router, const Tandem__Prefill *msg);
-void td_rank_cancel(td_rank_t *rk, void *router, const Tandem__Cancel *msg);
-void td_rank_decode_peer(td_rank_t *rk, const Tandem__DecodePeer *msg);
-void td_rank_drain(td_rank_t *rk, int draining);
+/* What this rank adds to its Register: its transfer deadline. */
+void td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg);
+
+/* One message from a router: Prefill, Cancel, DecodePeer, Drain (others are
+ * ignored). Copied as needed. A Prefill for a request this rank already holds
+ * for that router is answered PrefillDone{invalid} and changes nothing. */
+void td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env);
 /* The router's connection ended: its tasks are canceled (each still ends with
  * its terminal notification to the decode rank) and never reported to it. */
-void td_rank_router_down(td_rank_t *rk, void *router);
+void td_prank_on_router_down(td_prank_t *rk, void *router);
 
 /* Stop taking work (new Prefill: failed at once, with the terminal note) and
- * cancel every task; handlers.idle runs once none is left. */
-void td_rank_stop(td_rank_t *rk);
+ * cancel every task; io.idle runs once none is left. */
+void td_prank_stop(td_prank_t *rk);
 
-void td_rank_load(const td_rank_t *rk, Tandem__Load *out);
-void td_rank_stats(const td_rank_t *rk, td_rank_stats_t *out);
+void td_prank_load(const td_prank_t *rk, Tandem__Load *out);
+void td_prank_stats(const td_prank_t *rk, td_prank_stats_t *out);
 
 #endif

@@ -1,13 +1,14 @@
-/* decoded/rank.h — one decode rank: its UCX worker and KV pools, admission,
+/* decoded/drank.h — one decode rank: its UCX worker and KV pools, admission,
  * the request state machines, KV verification on arrival, the continuous
  * batch stepped on the rank's loop, and the messages to the routers. It does
- * not know how routers are reached: td_rank_io_t sends to an opaque router
- * handle (decoded/main.c wires it to common/link.c; tests to a fake).
- * Ownership: the rank owns its td_xfer_t, pools and requests; it borrows the
- * engine (shared by every rank) and the event_base. Everything runs on the
- * loop thread of `base`. */
-#ifndef TD_RANK_H
-#define TD_RANK_H
+ * not know how routers are reached: td_drank_io_t sends to an opaque router
+ * handle (decoded/main.c wires it to the worker's links, worker/worker.h;
+ * tests to a fake). Ownership: the rank owns its pools and requests; it
+ * borrows the UCX worker (td_xfer_t: its note handler is the rank's while the
+ * rank lives), the engine (shared by every rank) and the event_base, which
+ * must outlive it. Everything runs on the loop thread of `base`. */
+#ifndef TD_DRANK_H
+#define TD_DRANK_H
 
 #include <stdint.h>
 
@@ -19,21 +20,19 @@
 
 struct event_base;
 
-typedef struct td_rank_s td_rank_t;
+typedef struct td_drank_s td_drank_t;
 
 typedef struct {
-    /* Send one message to a router (the handle passed to td_rank_on_message). */
+    /* Send one message to a router (the handle passed to td_drank_on_message). */
     td_status_t (*send)(void *router, const Tandem__Envelope *env, void *arg);
     /* The load changed (called on every change; the callee coalesces). */
     void (*load)(const Tandem__Load *load, void *arg);
     void *arg;
-} td_rank_io_t;
+} td_drank_io_t;
 
 typedef struct {
     const char *node_id;          /* copied */
     uint32_t rank_id;
-    uint64_t incarnation;         /* this rank's (non-zero) */
-    const char *transports;       /* UCX transport list, NULL = UCX default (copied) */
     uint64_t kv_tokens;           /* KV capacity in tokens */
     uint32_t max_batch;           /* batch rows = fixed slots */
     uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline, at least (Admit may
@@ -41,7 +40,7 @@ typedef struct {
     uint32_t grace_margin_ms;     /* added to 2 × the deadline for a prefill chunk in
                                      progress when the Cancel came; 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none (I/O is still read between steps) */
-} td_rank_config_t;
+} td_drank_config_t;
 
 typedef struct {
     uint64_t admitted, rejected, finished, canceled, failed, released;
@@ -51,35 +50,34 @@ typedef struct {
     uint32_t live;                /* requests holding blocks */
     uint32_t running;             /* in the batch */
     uint32_t waiting;             /* admitted, waiting for KV */
-} td_rank_stats_t;
+} td_drank_stats_t;
 
-/* Create the UCX worker (transports, incarnation), register one pool per
- * layout segment (UCX-allocated memory), size the accounting. */
-td_status_t td_rank_create(struct event_base *base, td_engine_t *engine,
-                           const td_rank_config_t *cfg, const td_rank_io_t *io,
-                           td_rank_t **out);
+/* Register one pool per layout segment on xfer (UCX-allocated memory), size
+ * the accounting, take xfer's notes. Failures are returned, not logged (the
+ * caller names the rank that did not start; xfer logs its own). */
+td_status_t td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+                            const td_drank_config_t *cfg, const td_drank_io_t *io,
+                            td_drank_t **out);
 /* Frees every request (its blocks too, whatever the peers: the pools go
- * away with the worker). */
-void td_rank_destroy(td_rank_t *r);
+ * away with it, so a late write fails at its sender). */
+void td_drank_destroy(td_drank_t *r);
 
-/* Fill reg with what this rank registers (pointers into the rank: valid
- * while it lives; reg->pools is rank-owned too). */
-void td_rank_register_fill(td_rank_t *r, Tandem__Register *reg);
+/* What this rank adds to its Register: its UCX address, pools, capacity
+ * (pointers into the rank: valid while it lives). */
+void td_drank_register_fill(const td_drank_t *r, Tandem__Register *reg);
 
 /* One message from a router (Admit, Cancel, Drain; others are ignored). */
-void td_rank_on_message(td_rank_t *r, void *router, const Tandem__Envelope *env);
+void td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env);
 /* That router is gone: its requests are canceled (no more sends to it). */
-void td_rank_on_router_down(td_rank_t *r, void *router);
+void td_drank_on_router_down(td_drank_t *r, void *router);
 
 /* Shutdown: take no more work, fail the live requests (Tokens ERROR). */
-void td_rank_stop(td_rank_t *r);
+void td_drank_stop(td_drank_t *r);
 
 /* Publish the current load through io.load (also when unchanged). */
-void td_rank_load(td_rank_t *r);
+void td_drank_load(td_drank_t *r);
 
-void td_rank_stats(const td_rank_t *r, td_rank_stats_t *out);
-void td_rank_kv_counts(const td_rank_t *r, td_kvpool_counts_t *out);
-/* The UCX worker, for tests. */
-td_xfer_t *td_rank_xfer(td_rank_t *r);
+void td_drank_stats(const td_drank_t *r, td_drank_stats_t *out);
+void td_drank_kv_counts(const td_drank_t *r, td_kvpool_counts_t *out);
 
 #endif

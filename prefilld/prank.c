@@ -1,7 +1,7 @@
-/* prefilld/rank.c — one prefill rank (prefilld/rank.h): decode peers, the task
+/* prefilld/prank.c — one prefill rank (prefilld/prank.h): decode peers, the task
  * state machine, the round-robin chunk scheduler on the loop thread, the KV
  * push per (chunk, layer) and exactly one terminal notification per task. */
-#include "rank.h"
+#include "prank.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fsm.h"
 #include "kvmap.h"
 #include "log.h"
 
@@ -45,17 +46,25 @@ static const char *const task_state_names[TASK_NSTATES] = {
     "queued", "running", "flushing", "pushing", "done", "failed", "canceled",
 };
 
-#define BIT(s) (1u << (s))
-static const unsigned task_next[TASK_NSTATES] = {
-    [TASK_QUEUED] = BIT(TASK_RUNNING) | BIT(TASK_FLUSHING),
-    [TASK_RUNNING] = BIT(TASK_FLUSHING),
-    [TASK_FLUSHING] = BIT(TASK_PUSHING) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
-    [TASK_PUSHING] = BIT(TASK_DONE) | BIT(TASK_FAILED) | BIT(TASK_CANCELED),
+#define T(s) TD_FSM_BIT(TASK_##s)
+static const uint32_t task_allowed[TASK_NSTATES] = {
+    [TASK_QUEUED] = T(RUNNING) | T(FLUSHING),
+    [TASK_RUNNING] = T(FLUSHING),
+    [TASK_FLUSHING] = T(PUSHING) | T(FAILED) | T(CANCELED),
+    [TASK_PUSHING] = T(DONE) | T(FAILED) | T(CANCELED),
+};
+#undef T
+
+static const td_fsm_t task_fsm = {
+    .what = "prefill task",
+    .names = task_state_names,
+    .allowed = task_allowed,
+    .nstates = TASK_NSTATES,
 };
 
 /* A decode rank we may push to, as the router described it. */
-typedef struct rank_peer {
-    TAILQ_ENTRY(rank_peer) link;
+typedef struct prank_peer {
+    TAILQ_ENTRY(prank_peer) link;
     char *node;
     uint32_t rank;
     uint64_t incarnation;
@@ -65,12 +74,12 @@ typedef struct rank_peer {
     size_t npools;
     td_xfer_peer_t *xp;          /* NULL after a failure, until the next use */
     uint64_t gen;                /* bumped each time xp is (re)created */
-} rank_peer_t;
+} prank_peer_t;
 
 typedef struct task {
     TAILQ_ENTRY(task) all;
     TAILQ_ENTRY(task) run;       /* in rk->runq while QUEUED or RUNNING */
-    td_rank_t *rk;
+    td_prank_t *rk;
     void *router;                /* NULL once that router is gone */
     uint64_t req_id;
     uint64_t xfer_id;
@@ -82,7 +91,7 @@ typedef struct task {
     td_sample_params_t sampling;
     td_engine_req_t *req;        /* while RUNNING */
     td_kvmap_t *map;
-    rank_peer_t *peer;           /* NULL: no decode rank to notify */
+    prank_peer_t *peer;          /* NULL: no decode rank to notify */
     uint64_t peer_gen;           /* endpoint generation the data went through; 0 = none yet */
     uint32_t inflight;           /* data transfers posted, not yet done */
     td_status_t status;          /* first failure, or TD_OK */
@@ -91,23 +100,23 @@ typedef struct task {
     char reason[TD_KVMAP_REASON_MAX];
 } task_t;
 
-struct td_rank_s {
+struct td_prank_s {
     struct event_base *base;
     td_xfer_t *x;
     td_engine_t *e;
-    td_rank_config_t cfg;
-    td_rank_handlers_t h;
+    td_prank_config_t cfg;
+    td_prank_io_t io;
     TAILQ_HEAD(, task) tasks;
     TAILQ_HEAD(, task) runq;
-    TAILQ_HEAD(, rank_peer) peers;
+    TAILQ_HEAD(, prank_peer) peers;
     int efd;                     /* readable while runq is non-empty */
     int efd_set;
     struct event *work_ev;
     task_t *current;             /* inside td_engine_prefill for this task */
     uint32_t running;            /* tasks in RUNNING */
     int stopping, draining, closing;
-    uint64_t last_work_ms;       /* end of the last rank_on_work pass */
-    td_rank_stats_t stats;
+    uint64_t last_work_ms;       /* end of the last prank_on_work pass */
+    td_prank_stats_t stats;
     Tandem__Load last_load;
 };
 
@@ -116,10 +125,10 @@ static void task_try_terminal(task_t *t);
 /* A gap this long between two work passes (the process was stopped, or the
  * loop was held up): the next pass runs no chunk, so that what arrived
  * meanwhile (a Cancel, a router's end) is read first. */
-#define TD_RANK_RESUME_GAP_MS 100
+#define TD_PRANK_RESUME_GAP_MS 100
 
 static uint64_t
-rank_now_ms(void)
+prank_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -129,17 +138,13 @@ rank_now_ms(void)
 
 /* ---- Task state --------------------------------------------------------------- */
 
+/* The one door of every task state change (common/fsm.h: logged; an illegal
+ * transition aborts). Callers test the state before acting on a message, so
+ * nothing a peer sends reaches here unchecked. */
 static void
 task_set_state(task_t *t, task_state_t to)
 {
-    if (!(task_next[t->state] & BIT(to))) {
-        td_error("prefill rank %u: req %016" PRIx64 ": bad transition %s -> %s",
-                 t->rk->cfg.rank_id, t->req_id, task_state_names[t->state],
-                 task_state_names[to]);
-        abort();
-    }
-    td_debug("prefill rank %u: req %016" PRIx64 ": %s -> %s", t->rk->cfg.rank_id, t->req_id,
-             task_state_names[t->state], task_state_names[to]);
+    td_fsm_step(&task_fsm, t->req_id, t->state, to, NULL);
     if (t->state == TASK_RUNNING)
         t->rk->running--;
     if (to == TASK_RUNNING)
@@ -148,25 +153,25 @@ task_set_state(task_t *t, task_state_t to)
 }
 
 static void
-rank_publish_load(td_rank_t *rk)
+prank_publish_load(td_prank_t *rk)
 {
     if (rk->closing)
         return;
     Tandem__Load l;
-    td_rank_load(rk, &l);
+    td_prank_load(rk, &l);
     if (l.queued == rk->last_load.queued && l.queued_tokens == rk->last_load.queued_tokens &&
         l.running == rk->last_load.running && l.draining == rk->last_load.draining)
         return;
     rk->last_load = l;
-    if (rk->h.load)
-        rk->h.load(rk, &l, rk->h.arg);
+    if (rk->io.load)
+        rk->io.load(&l, rk->io.arg);
 }
 
 /* Keep the wake-up eventfd readable exactly while there is a chunk to run;
  * libevent's level-triggered read event then runs one chunk per loop pass,
  * after the I/O that is ready (Cancel, heartbeats, transfer completions). */
 static void
-rank_work_update(td_rank_t *rk)
+prank_work_update(td_prank_t *rk)
 {
     int want = !TAILQ_EMPTY(&rk->runq) && !rk->closing;
     if (want == rk->efd_set)
@@ -199,7 +204,7 @@ task_fail(task_t *t, td_status_t st, const char *fmt, ...)
 static void
 task_finish_engine(task_t *t)
 {
-    td_rank_t *rk = t->rk;
+    td_prank_t *rk = t->rk;
     if (t->state != TASK_QUEUED && t->state != TASK_RUNNING)
         return;
     TAILQ_REMOVE(&rk->runq, t, run);
@@ -208,7 +213,7 @@ task_finish_engine(task_t *t)
         t->req = NULL;
     }
     task_set_state(t, TASK_FLUSHING);
-    rank_work_update(rk);
+    prank_work_update(rk);
     task_try_terminal(t);
 }
 
@@ -232,10 +237,13 @@ task_cancel(task_t *t, const char *why)
 }
 
 static void
-rank_check_idle(td_rank_t *rk)
+prank_check_idle(td_prank_t *rk)
 {
-    if (rk->stopping && !rk->closing && TAILQ_EMPTY(&rk->tasks) && rk->h.idle)
-        rk->h.idle(rk, rk->h.arg);
+    if (!rk->stopping || rk->closing || !TAILQ_EMPTY(&rk->tasks))
+        return;
+    td_info("prefill rank %u: every task ended", rk->cfg.rank_id);
+    if (rk->io.idle)
+        rk->io.idle(rk->io.arg);
 }
 
 static void
@@ -248,11 +256,30 @@ task_free(task_t *t)
     free(t);
 }
 
+/* PrefillDone to the router; a failure to send is logged here. */
+static void
+prank_send_done(td_prank_t *rk, void *router, uint64_t req_id, td_status_t st,
+                const char *reason, int32_t first_token)
+{
+    Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
+    msg.req_id = req_id;
+    msg.status = st;
+    msg.reason = (char *)reason;
+    msg.first_token = first_token;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
+    env.prefill_done = &msg;
+    td_status_t sst = rk->io.send ? rk->io.send(router, &env, rk->io.arg) : TD_OK;
+    if (sst != TD_OK)
+        td_warn("prefill rank %u: req %016" PRIx64 ": prefill done not sent: %s",
+                rk->cfg.rank_id, req_id, td_status_str(sst));
+}
+
 /* The terminal notification ended (or none could be sent): report, free. */
 static void
 task_end(task_t *t)
 {
-    td_rank_t *rk = t->rk;
+    td_prank_t *rk = t->rk;
     task_state_t end = t->status != TD_OK ? TASK_FAILED
                        : t->canceled      ? TASK_CANCELED
                                           : TASK_DONE;
@@ -269,29 +296,24 @@ task_end(task_t *t)
         else
             rk->stats.canceled++;
         td_warn("prefill rank %u: req %016" PRIx64 ": %s (%s)", rk->cfg.rank_id, t->req_id,
-                task_state_names[end], t->reason);
+                td_fsm_name(&task_fsm, end), t->reason);
     }
-    if (t->router && !rk->closing && rk->h.done) {
-        Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
-        msg.req_id = t->req_id;
-        msg.status = st;
-        msg.reason = end == TASK_DONE ? "" : t->reason;
-        msg.first_token = end == TASK_DONE ? t->first_token : 0;
-        rk->h.done(rk, t->router, &msg, rk->h.arg);
-    }
+    if (t->router && !rk->closing)
+        prank_send_done(rk, t->router, t->req_id, st, end == TASK_DONE ? "" : t->reason,
+                        end == TASK_DONE ? t->first_token : 0);
     TAILQ_REMOVE(&rk->tasks, t, all);
     task_free(t);
     rk->stats.live--;
-    rank_publish_load(rk);
-    rank_check_idle(rk);
+    prank_publish_load(rk);
+    prank_check_idle(rk);
 }
 
 /* ---- Decode peers -------------------------------------------------------------- */
 
-static rank_peer_t *
-rank_peer_find(td_rank_t *rk, const char *node, uint32_t rank)
+static prank_peer_t *
+prank_peer_find(td_prank_t *rk, const char *node, uint32_t rank)
 {
-    rank_peer_t *p;
+    prank_peer_t *p;
     TAILQ_FOREACH(p, &rk->peers, link)
         if (p->rank == rank && strcmp(p->node, node) == 0)
             return p;
@@ -300,7 +322,7 @@ rank_peer_find(td_rank_t *rk, const char *node, uint32_t rank)
 
 /* (Re)create the endpoint from the stored address and pools. */
 static td_status_t
-rank_peer_connect(td_rank_t *rk, rank_peer_t *p)
+prank_peer_connect(td_prank_t *rk, prank_peer_t *p)
 {
     td_xfer_peer_t *xp;
     td_status_t st = td_xfer_peer_create(rk->x, p->addr, p->addr_len, p->incarnation, &xp);
@@ -319,7 +341,7 @@ rank_peer_connect(td_rank_t *rk, rank_peer_t *p)
 }
 
 static void
-rank_peer_free(rank_peer_t *p)
+prank_peer_free(prank_peer_t *p)
 {
     for (size_t i = 0; i < p->npools; i++)
         free(p->pools[i].data);
@@ -332,7 +354,7 @@ rank_peer_free(rank_peer_t *p)
 /* Forget a peer: close its endpoint (its transfers fail) and fail the tasks
  * that target it; they end without a terminal notification. */
 static void
-rank_peer_remove(td_rank_t *rk, rank_peer_t *p, const char *why)
+prank_peer_remove(td_prank_t *rk, prank_peer_t *p, const char *why)
 {
     td_info("prefill rank %u: decode rank %s/%u incarnation %016" PRIx64 ": %s",
             rk->cfg.rank_id, p->node, p->rank, p->incarnation, why);
@@ -347,15 +369,15 @@ rank_peer_remove(td_rank_t *rk, rank_peer_t *p, const char *why)
     }
     if (p->xp)
         td_xfer_peer_destroy(p->xp);
-    rank_peer_free(p);
+    prank_peer_free(p);
 }
 
 static td_status_t
-rank_peer_add(td_rank_t *rk, const Tandem__DecodePeer *msg)
+prank_peer_add(td_prank_t *rk, const Tandem__DecodePeer *msg)
 {
-    rank_peer_t *p = calloc(1, sizeof(*p));
+    prank_peer_t *p = calloc(1, sizeof(*p));
     if (!p)
-        return TD_ERR_NOMEM;
+        goto err_nomem;
     p->rank = msg->rank_id;
     p->incarnation = msg->incarnation;
     p->node = strdup(msg->node_id ? msg->node_id : "");
@@ -372,11 +394,11 @@ rank_peer_add(td_rank_t *rk, const Tandem__DecodePeer *msg)
             goto err_free;
         memcpy(d->data, msg->pools[p->npools].data, d->len);
     }
-    td_status_t st = rank_peer_connect(rk, p);
+    td_status_t st = prank_peer_connect(rk, p);
     if (st != TD_OK) {
         td_warn("prefill rank %u: decode rank %s/%u: cannot connect: %s", rk->cfg.rank_id,
                 p->node, p->rank, td_status_str(st));
-        rank_peer_free(p);
+        prank_peer_free(p);
         return st;
     }
     TAILQ_INSERT_TAIL(&rk->peers, p, link);
@@ -385,33 +407,36 @@ rank_peer_add(td_rank_t *rk, const Tandem__DecodePeer *msg)
     return TD_OK;
 
 err_free:
-    rank_peer_free(p);
+    prank_peer_free(p);
+err_nomem:
+    td_error("prefill rank %u: decode rank %s/%u: out of memory", rk->cfg.rank_id,
+             msg->node_id ? msg->node_id : "", msg->rank_id);
     return TD_ERR_NOMEM;
 }
 
-void
-td_rank_decode_peer(td_rank_t *rk, const Tandem__DecodePeer *msg)
+static void
+prank_decode_peer(td_prank_t *rk, const Tandem__DecodePeer *msg)
 {
     const char *node = msg->node_id ? msg->node_id : "";
-    rank_peer_t *p = rank_peer_find(rk, node, msg->rank_id);
+    prank_peer_t *p = prank_peer_find(rk, node, msg->rank_id);
     if (msg->gone) {
         if (p && p->incarnation == msg->incarnation)
-            rank_peer_remove(rk, p, "gone");
+            prank_peer_remove(rk, p, "gone");
         return;
     }
     if (p && p->incarnation == msg->incarnation)
         return;   /* the same news from another router */
     if (p)
-        rank_peer_remove(rk, p, "replaced by a new incarnation");
+        prank_peer_remove(rk, p, "replaced by a new incarnation");
     if (!rk->closing)
-        (void)rank_peer_add(rk, msg);
+        (void)prank_peer_add(rk, msg);
 }
 
 static void
-rank_on_peer_fail(td_xfer_t *x, td_xfer_peer_t *xp, td_status_t status, void *arg)
+prank_on_peer_fail(td_xfer_t *x, td_xfer_peer_t *xp, td_status_t status, void *arg)
 {
-    td_rank_t *rk = arg;
-    rank_peer_t *p;
+    td_prank_t *rk = arg;
+    prank_peer_t *p;
     TAILQ_FOREACH(p, &rk->peers, link) {
         if (p->xp != xp)
             continue;
@@ -429,7 +454,7 @@ rank_on_peer_fail(td_xfer_t *x, td_xfer_peer_t *xp, td_status_t status, void *ar
 static td_status_t
 task_endpoint(task_t *t, td_xfer_peer_t **out)
 {
-    rank_peer_t *p = t->peer;
+    prank_peer_t *p = t->peer;
     if (!p) {
         task_fail(t, TD_ERR_PEER, "no decode rank to push to");
         return TD_ERR_PEER;
@@ -439,7 +464,7 @@ task_endpoint(task_t *t, td_xfer_peer_t **out)
         return TD_ERR_PEER;
     }
     if (!p->xp) {
-        td_status_t st = rank_peer_connect(t->rk, p);
+        td_status_t st = prank_peer_connect(t->rk, p);
         if (st != TD_OK) {
             task_fail(t, st, "decode rank %s/%u: cannot reconnect: %s", p->node, p->rank,
                       td_status_str(st));
@@ -491,7 +516,7 @@ task_on_note_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
 static void
 task_try_terminal(task_t *t)
 {
-    td_rank_t *rk = t->rk;
+    td_prank_t *rk = t->rk;
     if (t->state != TASK_FLUSHING || t->inflight > 0 || rk->closing)
         return;
     td_xfer_peer_t *xp;
@@ -565,7 +590,7 @@ task_on_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pie
  * or queued while a run slot is free. Finished chunks go to the back, so the
  * running tasks take turns chunk by chunk. */
 static task_t *
-rank_pick(td_rank_t *rk)
+prank_pick(td_prank_t *rk)
 {
     task_t *t;
     TAILQ_FOREACH(t, &rk->runq, run)
@@ -577,7 +602,7 @@ rank_pick(td_rank_t *rk)
 static void
 task_run_chunk(task_t *t)
 {
-    td_rank_t *rk = t->rk;
+    td_prank_t *rk = t->rk;
     if (t->canceled || t->status != TD_OK) {   /* not normally in the run queue then */
         task_finish_engine(t);
         return;
@@ -619,23 +644,23 @@ task_run_chunk(task_t *t)
 }
 
 static void
-rank_on_work(evutil_socket_t fd, short what, void *arg)
+prank_on_work(evutil_socket_t fd, short what, void *arg)
 {
-    td_rank_t *rk = arg;
-    uint64_t now = rank_now_ms();
-    int resumed = rk->last_work_ms && now - rk->last_work_ms > TD_RANK_RESUME_GAP_MS;
-    task_t *t = resumed ? NULL : rank_pick(rk);
+    td_prank_t *rk = arg;
+    uint64_t now = prank_now_ms();
+    int resumed = rk->last_work_ms && now - rk->last_work_ms > TD_PRANK_RESUME_GAP_MS;
+    task_t *t = resumed ? NULL : prank_pick(rk);
     if (t)
         task_run_chunk(t);
-    rk->last_work_ms = rank_now_ms();
-    rank_work_update(rk);
-    rank_publish_load(rk);
+    rk->last_work_ms = prank_now_ms();
+    prank_work_update(rk);
+    prank_publish_load(rk);
 }
 
 /* ---- Messages --------------------------------------------------------------------- */
 
 static task_t *
-rank_task_find(td_rank_t *rk, void *router, uint64_t req_id)
+prank_task_find(td_prank_t *rk, void *router, uint64_t req_id)
 {
     task_t *t;
     TAILQ_FOREACH(t, &rk->tasks, all)
@@ -645,7 +670,7 @@ rank_task_find(td_rank_t *rk, void *router, uint64_t req_id)
 }
 
 static uint64_t
-rank_queued_tokens(const td_rank_t *rk)
+prank_queued_tokens(const td_prank_t *rk)
 {
     uint64_t n = 0;
     const task_t *t;
@@ -674,7 +699,7 @@ task_sampling(task_t *t, const Tandem__Sampling *s)
 static td_status_t
 task_check(task_t *t, const Tandem__Prefill *msg)
 {
-    td_rank_t *rk = t->rk;
+    td_prank_t *rk = t->rk;
     char why[TD_KVMAP_REASON_MAX];
     if (rk->stopping) {
         task_fail(t, TD_ERR_CANCELED, "prefill rank %u is stopping", rk->cfg.rank_id);
@@ -690,7 +715,7 @@ task_check(task_t *t, const Tandem__Prefill *msg)
         task_fail(t, st, "%s", why);
         return st;
     }
-    uint64_t queued = rank_queued_tokens(rk) - t->ntokens;   /* t is in the queue */
+    uint64_t queued = prank_queued_tokens(rk) - t->ntokens;   /* t is in the queue */
     if (rk->cfg.max_queued_tokens && queued + t->ntokens > rk->cfg.max_queued_tokens) {
         task_fail(t, TD_ERR_BUSY, "prefill rank %u: queue full (%" PRIu64 " tokens queued)",
                   rk->cfg.rank_id, queued);
@@ -699,12 +724,18 @@ task_check(task_t *t, const Tandem__Prefill *msg)
     return TD_OK;
 }
 
-void
-td_rank_prefill(td_rank_t *rk, void *router, const Tandem__Prefill *msg)
+/* A Prefill that does not fit (its request is already here) is answered
+ * with PrefillDone{invalid} and touches nothing: the task already running
+ * keeps its state and its decode rank's blocks. No terminal note goes out for
+ * it either: its KvDest may be that task's, and a note would end it there. */
+static void
+prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
-    if (rank_task_find(rk, router, msg->req_id)) {
-        td_warn("prefill rank %u: req %016" PRIx64 ": duplicate prefill ignored",
+    if (prank_task_find(rk, router, msg->req_id)) {
+        td_warn("prefill rank %u: req %016" PRIx64 ": prefill refused: already here",
                 rk->cfg.rank_id, msg->req_id);
+        prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
+                        "duplicate prefill: the request is already on this rank", 0);
         return;
     }
     task_t *t = calloc(1, sizeof(*t));
@@ -730,7 +761,7 @@ td_rank_prefill(td_rank_t *rk, void *router, const Tandem__Prefill *msg)
     const Tandem__KvDest *d = msg->dest;
     if (d) {
         t->xfer_id = d->xfer_id;
-        t->peer = rank_peer_find(rk, d->node_id ? d->node_id : "", d->rank_id);
+        t->peer = prank_peer_find(rk, d->node_id ? d->node_id : "", d->rank_id);
         if (t->peer && t->peer->incarnation != d->incarnation) {
             task_fail(t, TD_ERR_STALE, "decode rank %s/%u: incarnation %016" PRIx64
                       " unknown (have %016" PRIx64 ")", t->peer->node, t->peer->rank,
@@ -749,25 +780,25 @@ td_rank_prefill(td_rank_t *rk, void *router, const Tandem__Prefill *msg)
         task_finish_engine(t);
         return;
     }
-    rank_work_update(rk);
-    rank_publish_load(rk);
+    prank_work_update(rk);
+    prank_publish_load(rk);
 }
 
-void
-td_rank_cancel(td_rank_t *rk, void *router, const Tandem__Cancel *msg)
+static void
+prank_cancel(td_prank_t *rk, void *router, const Tandem__Cancel *msg)
 {
-    task_t *t = rank_task_find(rk, router, msg->req_id);
+    task_t *t = prank_task_find(rk, router, msg->req_id);
     if (!t) {
         td_debug("prefill rank %u: cancel of unknown req %016" PRIx64, rk->cfg.rank_id,
                  msg->req_id);
         return;
     }
     task_cancel(t, msg->reason && msg->reason[0] ? msg->reason : "by the router");
-    rank_publish_load(rk);
+    prank_publish_load(rk);
 }
 
 void
-td_rank_router_down(td_rank_t *rk, void *router)
+td_prank_on_router_down(td_prank_t *rk, void *router)
 {
     task_t *t, *tn;
     TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn) {
@@ -776,80 +807,106 @@ td_rank_router_down(td_rank_t *rk, void *router)
         t->router = NULL;
         task_cancel(t, "router gone");
     }
-    rank_publish_load(rk);
+    prank_publish_load(rk);
 }
 
-void
-td_rank_drain(td_rank_t *rk, int draining)
+static void
+prank_drain(td_prank_t *rk, int draining)
 {
+    if (rk->stopping || rk->draining == draining)
+        return;
     rk->draining = draining;
-    rank_publish_load(rk);
+    td_info("prefill rank %u: %s", rk->cfg.rank_id, draining ? "draining" : "drain ended");
+    prank_publish_load(rk);
 }
 
 void
-td_rank_stop(td_rank_t *rk)
+td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
+{
+    switch (env->payload_case) {
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL:
+        prank_prefill(rk, router, env->prefill);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
+        prank_cancel(rk, router, env->cancel);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
+        prank_decode_peer(rk, env->decode_peer);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
+        prank_drain(rk, env->drain->draining);
+        break;
+    default:
+        td_debug("prefill rank %u: message %d ignored", rk->cfg.rank_id, (int)env->payload_case);
+        break;
+    }
+}
+
+void
+td_prank_stop(td_prank_t *rk)
 {
     rk->stopping = 1;
     task_t *t, *tn;
     TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn)
         task_cancel(t, "prefill rank stopping");
-    rank_check_idle(rk);
+    prank_publish_load(rk);
+    prank_check_idle(rk);
 }
 
 void
-td_rank_load(const td_rank_t *rk, Tandem__Load *out)
+td_prank_load(const td_prank_t *rk, Tandem__Load *out)
 {
     tandem__load__init(out);
     const task_t *t;
     TAILQ_FOREACH(t, &rk->runq, run)
         out->queued += t->state == TASK_QUEUED;
-    out->queued_tokens = rank_queued_tokens(rk);
+    out->queued_tokens = prank_queued_tokens(rk);
     out->running = rk->stats.live - out->queued;
     out->draining = rk->draining || rk->stopping;
 }
 
 void
-td_rank_stats(const td_rank_t *rk, td_rank_stats_t *out)
+td_prank_stats(const td_prank_t *rk, td_prank_stats_t *out)
 {
     *out = rk->stats;
+}
+
+void
+td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg)
+{
+    reg->xfer_deadline_ms = rk->cfg.deadline_ms;
 }
 
 /* ---- Lifetime ----------------------------------------------------------------------- */
 
 td_status_t
-td_rank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
-               const td_rank_config_t *cfg, const td_rank_handlers_t *h, td_rank_t **out)
+td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
+                const td_prank_config_t *cfg, const td_prank_io_t *io, td_prank_t **out)
 {
-    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0) {
-        td_error("prefill rank %u: chunk tokens, max running and the transfer deadline (ms) "
-                 "must be >= 1", cfg->rank_id);
+    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0)
         return TD_ERR_INVALID;
-    }
-    td_rank_t *rk = calloc(1, sizeof(*rk));
+    td_prank_t *rk = calloc(1, sizeof(*rk));
     if (!rk)
         return TD_ERR_NOMEM;
     rk->base = base;
     rk->x = xfer;
     rk->e = engine;
     rk->cfg = *cfg;
-    rk->h = *h;
+    rk->io = *io;
     TAILQ_INIT(&rk->tasks);
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
     tandem__load__init(&rk->last_load);
     td_status_t st = TD_ERR_IO;
     rk->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (rk->efd < 0) {
-        td_error("prefill rank %u: eventfd failed", cfg->rank_id);
+    if (rk->efd < 0)
         goto err_free;
-    }
-    rk->work_ev = event_new(base, rk->efd, EV_READ | EV_PERSIST, rank_on_work, rk);
+    rk->work_ev = event_new(base, rk->efd, EV_READ | EV_PERSIST, prank_on_work, rk);
     if (!rk->work_ev || event_add(rk->work_ev, NULL) != 0) {
-        td_error("prefill rank %u: cannot add the work event", cfg->rank_id);
         st = TD_ERR_NOMEM;
         goto err_close_efd;
     }
-    td_xfer_set_peer_fail_handler(xfer, rank_on_peer_fail, rk);
+    td_xfer_set_peer_fail_handler(xfer, prank_on_peer_fail, rk);
     *out = rk;
     return TD_OK;
 
@@ -863,7 +920,7 @@ err_free:
 }
 
 static int
-rank_inflight(const td_rank_t *rk)
+prank_inflight(const td_prank_t *rk)
 {
     const task_t *t;
     TAILQ_FOREACH(t, &rk->tasks, all)
@@ -873,7 +930,7 @@ rank_inflight(const td_rank_t *rk)
 }
 
 void
-td_rank_destroy(td_rank_t *rk)
+td_prank_destroy(td_prank_t *rk)
 {
     if (!rk)
         return;
@@ -881,17 +938,17 @@ td_rank_destroy(td_rank_t *rk)
     task_t *t, *tn;
     TAILQ_FOREACH(t, &rk->tasks, all)
         t->peer = NULL;
-    rank_peer_t *p, *pn;
+    prank_peer_t *p, *pn;
     TAILQ_FOREACH_SAFE(p, &rk->peers, link, pn) {
         TAILQ_REMOVE(&rk->peers, p, link);
         if (p->xp)
             td_xfer_peer_destroy(p->xp);
-        rank_peer_free(p);
+        prank_peer_free(p);
     }
     /* Closing the endpoints ends their transfers; their done callbacks free
      * the staging buffers, so wait for them (bounded) before freeing tasks. */
-    uint64_t until = rank_now_ms() + 2000;
-    while (rank_inflight(rk) && rank_now_ms() < until) {
+    uint64_t until = prank_now_ms() + 2000;
+    while (prank_inflight(rk) && prank_now_ms() < until) {
         td_xfer_progress(rk->x);
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
