@@ -1,7 +1,7 @@
 /* routerd/apikeys.c — the API key set of apikeys.h: a file parsed into
  * SHA-256 digests, compared in constant time. */
 #include "apikeys.h"
-#include "strbuf.h"
+#include "buf.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
@@ -45,7 +45,7 @@ is_blank(char c)
 
 /* Read the whole file into text (NUL-terminated). */
 static td_status_t
-apikeys_read_file(const char *path, td_strbuf_t *text, char *err, size_t errlen)
+apikeys_read_file(const char *path, td_buf_t *text, char *err, size_t errlen)
 {
     td_status_t rc = TD_OK;
     FILE *f = fopen(path, "rb");
@@ -57,14 +57,14 @@ apikeys_read_file(const char *path, td_strbuf_t *text, char *err, size_t errlen)
     char chunk[4096];
     size_t got;
     while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if ((rc = td_strbuf_append(text, chunk, got)) != TD_OK) {
+        if ((rc = td_buf_append(text, chunk, got)) != TD_OK) {
             apikeys_err(err, errlen, "%s: out of memory", path);
             goto out_close;
         }
     if (ferror(f)) {
         rc = TD_ERR_IO;
         apikeys_err(err, errlen, "%s: read failed", path);
-    } else if ((rc = td_strbuf_append(text, "", 0)) != TD_OK) {
+    } else if ((rc = td_buf_append(text, "", 0)) != TD_OK) {
         apikeys_err(err, errlen, "%s: out of memory", path);
     }
 out_close:
@@ -83,7 +83,7 @@ static td_status_t
 apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *err,
               size_t errlen)
 {
-    td_strbuf_t text = {0};
+    td_buf_t text = {0};
     td_apikeys_digest_t *v = NULL;
     size_t nv = 0, cap = 0;
     td_status_t rc = apikeys_read_file(path, &text, err, errlen);
@@ -143,13 +143,13 @@ apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *
     }
     *digests = v;
     *n = nv;
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     return TD_OK;
 
 out_free_digests:
     free(v);
 out_free_text:
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     return rc;
 }
 

@@ -62,7 +62,7 @@ td_http_reply(struct evhttp_request *req, int code, const char *ctype, const cha
 void
 td_http_reply_err(struct evhttp_request *req, const td_openai_err_t *e)
 {
-    td_strbuf_t body = {0};
+    td_buf_t body = {0};
 
     if (e->retry_after) {
         char s[24];
@@ -73,7 +73,7 @@ td_http_reply_err(struct evhttp_request *req, const td_openai_err_t *e)
         td_http_reply(req, e->http, "application/json", body.data, body.len);
     else
         td_http_reply(req, 500, "text/plain", "out of memory\n", 14);
-    td_strbuf_free(&body);
+    td_buf_free(&body);
 }
 
 void

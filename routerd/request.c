@@ -48,9 +48,9 @@ struct td_request_s {
     td_stop_t *stop;
     td_chat_parser_t *chat;         /* V4.1 chat: reads the reply (stop strings too) */
     td_openai_stream_t stream;
-    td_strbuf_t text;               /* non-streaming: the answer so far */
-    td_strbuf_t piece;              /* scratch: decoded text of one message */
-    td_strbuf_t rel;                /* scratch: text released by the stop matcher */
+    td_buf_t text;               /* non-streaming: the answer so far */
+    td_buf_t piece;              /* scratch: decoded text of one message */
+    td_buf_t rel;                /* scratch: text released by the stop matcher */
     uint32_t ntokens;               /* completion tokens */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
@@ -61,7 +61,7 @@ typedef struct td_reqtab_s {
     td_request_t *head;
     size_t n;
     struct evbuffer *chunk;         /* reused for every SSE chunk */
-    td_strbuf_t sse;                /* reused: one message's SSE events */
+    td_buf_t sse;                /* reused: one message's SSE events */
 } td_reqtab_t;
 
 static const char *const state_names[TD_REQ_NSTATES] = {
@@ -237,18 +237,19 @@ http_detach(td_request_t *q)
     q->http = NULL;
 }
 
-/* Send the SSE events in the table's sse buffer as one chunk. */
+/* Send the SSE events in the table's sse buffer as one chunk; the buffer is
+ * empty (and any failure forgotten) afterwards. */
 static void
 stream_flush(td_request_t *q)
 {
     td_reqtab_t *t = q->r->reqs;
 
-    if (t->sse.len == 0 || !q->http)
-        return;
-    evbuffer_add(t->chunk, t->sse.data, t->sse.len);
-    evhttp_send_reply_chunk(q->http, t->chunk);
-    evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
-    td_strbuf_reset(&t->sse);
+    if (t->sse.len > 0 && q->http && td_buf_status(&t->sse) == TD_OK) {
+        evbuffer_add(t->chunk, t->sse.data, t->sse.len);
+        evhttp_send_reply_chunk(q->http, t->chunk);
+        evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
+    }
+    td_buf_reset(&t->sse);
 }
 
 static void
@@ -284,9 +285,9 @@ request_free(td_request_t *q)
     release_ranks(q, NULL);
     td_stop_destroy(q->stop);
     td_chat_parser_destroy(q->chat);
-    td_strbuf_free(&q->text);
-    td_strbuf_free(&q->piece);
-    td_strbuf_free(&q->rel);
+    td_buf_free(&q->text);
+    td_buf_free(&q->piece);
+    td_buf_free(&q->rel);
     free(q->prompt);
     td_openai_req_destroy(q->oreq);
     free(q);
@@ -314,6 +315,7 @@ request_fail(td_request_t *q, td_errreason_t why, const td_openai_err_t *e)
     if (q->http) {
         struct evhttp_request *h = q->http;
         if (q->streaming) {
+            td_buf_reset(&r->reqs->sse);   /* events of what failed are not sent */
             if (td_openai_stream_error(e, &r->reqs->sse) == TD_OK)
                 stream_flush(q);
             http_detach(q);
@@ -351,6 +353,7 @@ request_cancel(td_request_t *q, const char *why)
         td_openai_err_set(&e, 500, "server_error", NULL, "canceled",
                           "The request was canceled: %s.", why);
         if (q->streaming) {
+            td_buf_reset(&q->r->reqs->sse);
             if (td_openai_stream_error(&e, &q->r->reqs->sse) == TD_OK)
                 stream_flush(q);
             http_detach(q);
@@ -368,7 +371,7 @@ request_cancel(td_request_t *q, const char *why)
 static td_status_t
 chat_emit(td_request_t *q, const td_chat_delta_t *d, size_t n)
 {
-    td_strbuf_t *sse = &q->r->reqs->sse;
+    td_buf_t *sse = &q->r->reqs->sse;
     td_status_t st = TD_OK;
 
     for (size_t i = 0; i < n && st == TD_OK && q->streaming; i++) {
@@ -407,7 +410,7 @@ emit_text(td_request_t *q, const char *text, size_t len)
     }
     if (q->streaming)
         return td_openai_stream_text(&q->stream, text, len, &q->r->reqs->sse);
-    return td_strbuf_append(&q->text, text, len);
+    return td_buf_append(&q->text, text, len);
 }
 
 static td_openai_finish_t
@@ -426,7 +429,7 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
     td_openai_usage_t usage = { (uint32_t)q->nprompt, q->ntokens };
     td_status_t st;
 
-    td_strbuf_reset(&q->rel);
+    td_buf_reset(&q->rel);
     st = td_tok_decode_flush(&q->dec, &q->piece);
     if (st == TD_OK && !by_us) {
         bool matched = false;
@@ -435,7 +438,7 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
         if (st == TD_OK && !matched)
             st = td_stop_flush(q->stop, &q->rel);
     }
-    td_strbuf_reset(&q->piece);
+    td_buf_reset(&q->piece);
     if (st == TD_OK && q->rel.len)
         st = emit_text(q, q->rel.data, q->rel.len);
     if (st == TD_OK && q->chat) {
@@ -470,7 +473,7 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
             evhttp_send_reply_end(h);
         } else {
             td_openai_meta_t meta = q->stream.meta;
-            td_strbuf_t body = {0};
+            td_buf_t body = {0};
             if (q->chat) {
                 json_t *msg = NULL;
                 st = td_chat_reply_json(td_chat_parser_reply(q->chat), &msg);
@@ -489,7 +492,7 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
                 td_openai_err_internal(&e, "could not format the response");
                 td_http_reply_err(h, &e);
             }
-            td_strbuf_free(&body);
+            td_buf_free(&body);
         }
     }
     td_debug("request %016" PRIx64 ": done, %u prompt + %u completion tokens", q->id,
@@ -708,15 +711,15 @@ on_tokens(td_request_t *q, td_rank_t *rk, const Tandem__Tokens *tk)
         n = q->oreq->max_tokens - q->ntokens;
     q->ntokens += (uint32_t)n;
     r->metrics.completion_tokens += n;
-    td_strbuf_reset(&q->piece);
-    td_strbuf_reset(&q->rel);
+    td_buf_reset(&q->piece);
+    td_buf_reset(&q->rel);
     tokens_text(q, tk->tokens, n, &st);
     if (st == TD_OK && q->piece.len)
         st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
-    td_strbuf_reset(&q->piece);
+    td_buf_reset(&q->piece);
     if (st == TD_OK && q->rel.len) {
         st = emit_text(q, q->rel.data, q->rel.len);
-        td_strbuf_reset(&q->rel);
+        td_buf_reset(&q->rel);
     }
     if (st == TD_OK && q->chat && td_chat_parser_stopped(q->chat))
         matched = true;
@@ -842,24 +845,24 @@ on_timeout(evutil_socket_t fd, short what, void *arg)
 /* The prompt text of the stand-in (no V4.1 tokenizer): chat messages joined
  * as "<role>: <content>\n" followed by "assistant: ". */
 static td_status_t
-prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
+prompt_text(const td_openai_req_t *o, td_buf_t *out)
 {
     td_status_t st = TD_OK;
 
     if (o->kind == TD_OPENAI_COMPLETION)
-        return td_strbuf_append(out, o->prompt, strlen(o->prompt));
+        return td_buf_append(out, o->prompt, strlen(o->prompt));
     for (size_t i = 0; st == TD_OK && i < o->nmsgs; i++) {
         const char *role = td_openai_role_str(o->msgs[i].role);
-        st = td_strbuf_append(out, role, strlen(role));
+        st = td_buf_append(out, role, strlen(role));
         if (st == TD_OK)
-            st = td_strbuf_append(out, ": ", 2);
+            st = td_buf_append(out, ": ", 2);
         if (st == TD_OK)
-            st = td_strbuf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
+            st = td_buf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
         if (st == TD_OK)
-            st = td_strbuf_append(out, "\n", 1);
+            st = td_buf_append(out, "\n", 1);
     }
     if (st == TD_OK)
-        st = td_strbuf_append(out, "assistant: ", 11);
+        st = td_buf_append(out, "assistant: ", 11);
     return st;
 }
 
@@ -900,7 +903,7 @@ chat_prompt_tokens(td_request_t *q, td_openai_err_t *e)
 static td_status_t
 prompt_tokens(td_request_t *q, td_openai_err_t *e)
 {
-    td_strbuf_t text = {0};
+    td_buf_t text = {0};
     uint32_t *ids = NULL;
     size_t n = 0;
     td_status_t st;
@@ -910,7 +913,7 @@ prompt_tokens(td_request_t *q, td_openai_err_t *e)
     st = prompt_text(q->oreq, &text);
     if (st == TD_OK)
         st = td_tok_encode(q->r->tok, text.data ? text.data : "", text.len, &ids, &n);
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     if (st != TD_OK) {
         td_openai_err_internal(e, "could not tokenize the prompt");
         return st;
@@ -1086,7 +1089,7 @@ td_request_fini(td_router_t *r)
         request_free(q);
     }
     evbuffer_free(t->chunk);
-    td_strbuf_free(&t->sse);
+    td_buf_free(&t->sse);
     free(t);
     r->reqs = NULL;
 }

@@ -20,7 +20,7 @@ label_escape(char *dst, size_t len, const char *src)
 }
 
 static td_status_t
-rank_gauges(td_router_t *r, td_strbuf_t *out)
+rank_gauges(td_router_t *r, td_buf_t *out)
 {
     static const struct { const char *name, *help; } g[] = {
         { "tandem_router_rank_kv_blocks", "kv blocks of a decode rank (used, free)" },
@@ -45,26 +45,26 @@ rank_gauges(td_router_t *r, td_strbuf_t *out)
             case 0:
             case 1:
                 if (dec)
-                    st = td_metrics_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
-                                           g[i].name, lbl,
-                                           (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
-                                           g[i].name, lbl,
-                                           (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
+                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
                 break;
             case 2:
-                st = td_metrics_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
-                                       g[i].name, lbl, l->queued, g[i].name, lbl,
-                                       (unsigned long long)l->queued_tokens);
+                st = td_buf_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
+                                   g[i].name, lbl, l->queued, g[i].name, lbl,
+                                   (unsigned long long)l->queued_tokens);
                 break;
             case 3:
-                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, l->running);
+                st = td_buf_printf(out, "%s{%s} %u\n", g[i].name, lbl, l->running);
                 break;
             case 4:
-                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
+                st = td_buf_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
                 break;
             default:
-                st = td_metrics_printf(out, "%s{%s} %d\n", g[i].name, lbl,
-                                       td_cluster_rank_state(rk) == TD_RANK_UP);
+                st = td_buf_printf(out, "%s{%s} %d\n", g[i].name, lbl,
+                                   td_cluster_rank_state(rk) == TD_RANK_UP);
                 break;
             }
         }
@@ -75,7 +75,7 @@ rank_gauges(td_router_t *r, td_strbuf_t *out)
 void
 td_route_metrics(td_router_t *r, struct evhttp_request *req)
 {
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     uint64_t states[TD_REQ_NSTATES];
     td_status_t st = td_metrics_render(&r->metrics, &out);
 
@@ -86,9 +86,9 @@ td_route_metrics(td_router_t *r, struct evhttp_request *req)
                                "this router's requests in flight by state (its queue)");
     td_request_count_states(r, states);
     for (int s = TD_REQ_NEW; st == TD_OK && s < TD_REQ_DONE; s++)
-        st = td_metrics_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
-                               td_request_state_str((td_req_state_t)s),
-                               (unsigned long long)states[s]);
+        st = td_buf_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
+                           td_request_state_str((td_req_state_t)s),
+                           (unsigned long long)states[s]);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {
@@ -96,5 +96,5 @@ td_route_metrics(td_router_t *r, struct evhttp_request *req)
         td_openai_err_internal(&e, "could not render the metrics");
         td_http_reply_err(req, &e);
     }
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }

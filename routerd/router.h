@@ -17,8 +17,8 @@
 #include "registry.h"
 #include "metrics.h"
 #include "openai.h"
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 #include "tok.h"
 
 struct event_base;
