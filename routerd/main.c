@@ -133,17 +133,6 @@ router_identity(td_router_t *r)
     return st;
 }
 
-static td_status_t
-router_keys(const char *path, const char *what, td_apikeys_t **out)
-{
-    char err[TD_APIKEYS_ERRLEN];
-    td_status_t st = td_apikeys_load(path, out, err, sizeof err);
-
-    if (st != TD_OK)
-        td_error("%s: %s", what, err);
-    return st;
-}
-
 static void
 router_fini(td_router_t *r)
 {
@@ -200,14 +189,14 @@ router_init(td_router_t *r)
     if (st == TD_OK)
         st = router_identity(r);
     if (st == TD_OK && cfg->api_keys_file[0])
-        st = router_keys(cfg->api_keys_file, "api-keys-file", &r->keys);
+        st = td_apikeys_load(cfg->api_keys_file, &r->keys);   /* logs why not */
     if (st == TD_OK && cfg->admin_listen[0]) {
         if (!cfg->admin_key_file[0]) {
             td_error("admin-listen %s needs admin-key-file (or admin-listen \"\" to turn the "
                      "admin api off)", cfg->admin_listen);
             st = TD_ERR_INVALID;
         } else {
-            st = router_keys(cfg->admin_key_file, "admin-key-file", &r->admin_keys);
+            st = td_apikeys_load(cfg->admin_key_file, &r->admin_keys);
         }
     }
     if (st != TD_OK)

@@ -1,10 +1,11 @@
 /* tests/unit/test_openai.c — routerd's API layer: request validation (exact
  * status, error type, param, code and message for each bad body), response and
  * stream JSON parsed back, SSE framing, stop strings, the byte-level tokenizer
- * and API key files. */
+ * and API key files (each failure logged once). */
 #include "apikeys.h"
 #include "buf.h"
 #include "check.h"
+#include "log.h"
 #include "openai.h"
 #include "sse.h"
 #include "stop.h"
@@ -874,13 +875,42 @@ rewrite(const char *path, const char *content)
     }
 }
 
+/* apikeys.c reports each failure once, in the log: the error lines since
+ * the last check, the last one kept. */
+static char last_error[1024];
+static int nerrors;
+
+static void
+err_sink(td_log_level_t level, const char *line, void *arg)
+{
+    if (level == TD_LOG_ERROR) {
+        snprintf(last_error, sizeof last_error, "%s", line);
+        nerrors++;
+    }
+}
+
+/* Exactly one error line since the last call, and it says what (and, when
+ * given, which file). */
+static void
+check_one_error(const char *path, const char *what)
+{
+    CHECK_EQ_INT(nerrors, 1);
+    CHECK(path == NULL || strstr(last_error, path) != NULL);
+    CHECK(strstr(last_error, what) != NULL);
+    if (nerrors != 1 || strstr(last_error, what) == NULL)
+        fprintf(stderr, "  wanted \"%s\", got %d error line(s), last \"%s\"\n", what, nerrors,
+                last_error);
+    nerrors = 0;
+    last_error[0] = '\0';
+}
+
 static void
 test_apikeys(void)
 {
-    char err[TD_APIKEYS_ERRLEN];
+    td_log_set_sink(err_sink, NULL);
     char *path = write_tmp("# client keys\n\n  sk-one  \r\nsk-two\r\n   # indented comment\n\t\nsk-three");
     td_apikeys_t *k = NULL;
-    CHECK_STATUS(td_apikeys_load(path, &k, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_load(path, &k), TD_OK);
     if (k == NULL)
         return;
     CHECK_EQ_INT(td_apikeys_count(k), 3);
@@ -910,43 +940,45 @@ test_apikeys(void)
 
     /* reload picks up the new file; a broken file keeps the old keys */
     rewrite(path, "sk-new\n");
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_reload(k), TD_OK);
     CHECK_EQ_INT(td_apikeys_count(k), 1);
     CHECK(td_apikeys_match(k, "sk-new", 6));
     CHECK(!td_apikeys_match(k, "sk-one", 6));
     rewrite(path, "sk-a\nsk b\n");
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, path) != NULL && strstr(err, ":2: key contains whitespace") != NULL);
+    CHECK_STATUS(td_apikeys_reload(k), TD_ERR_INVALID);
+    check_one_error(path, ":2: key contains whitespace");
     CHECK(td_apikeys_match(k, "sk-new", 6));
     CHECK(!td_apikeys_match(k, "sk-a", 4));
     unlink(path);
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK_STATUS(td_apikeys_reload(k), TD_ERR_NOT_FOUND);
+    check_one_error(path, "No such file");
     CHECK(td_apikeys_match(k, "sk-new", 6));
     td_apikeys_destroy(k);
 
     /* load failures say which file and why */
     td_apikeys_t *none = NULL;
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_NOT_FOUND);
     CHECK(none == NULL);
-    CHECK(strstr(err, path) != NULL && strstr(err, "No such file") != NULL);
+    check_one_error(path, "No such file");
     rewrite(path, "# only comments\n\n");
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, "no keys") != NULL);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_INVALID);
+    check_one_error(path, "no keys");
     char longkey[TD_APIKEYS_MAX_LEN + 3];
     memset(longkey, 'k', sizeof longkey - 2);
     longkey[sizeof longkey - 2] = '\n';
     longkey[sizeof longkey - 1] = '\0';
     rewrite(path, longkey);
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, ":1: key longer than 512 bytes") != NULL);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_INVALID);
+    check_one_error(path, ":1: key longer than 512 bytes");
     longkey[sizeof longkey - 3] = '\n';
     longkey[sizeof longkey - 2] = '\0';
     rewrite(path, longkey);
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_OK);
     CHECK(none != NULL && td_apikeys_count(none) == 1);
     td_apikeys_destroy(none);
     unlink(path);
     free(path);
+    td_log_set_sink(NULL, NULL);
 }
 
 int
