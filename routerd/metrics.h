@@ -1,7 +1,7 @@
 /* routerd/metrics.h — the router's counters and latency histograms, and their
  * Prometheus text rendering (route-metrics.c adds the per-rank gauges). */
-#ifndef TD_METRICS_H
-#define TD_METRICS_H
+#ifndef TD_ROUTERD_METRICS_H
+#define TD_ROUTERD_METRICS_H
 
 #include <stdint.h>
 

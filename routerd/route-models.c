@@ -1,10 +1,12 @@
 /* routerd/route-models.c — GET /v1/models: the one model served, naming the
  * engine (the synthetic stand-in says so) and the tokenizer. */
 #include "router.h"
+#include "routes.h"
 
 void
-td_route_models(td_router_t *r, struct evhttp_request *req)
+td_route_models(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     td_openai_model_t m = { .id = r->model, .created = 0, .engine = r->engine_kind,
                             .tokenizer = r->tok->name };
     td_buf_t body = {0};
