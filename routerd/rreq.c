@@ -47,6 +47,7 @@ struct td_rreq_s {
     size_t ntried;
     unsigned attempts;
     bool too_long;                  /* a decode rank said TOO_LONG */
+    bool prefill_sent;              /* this attempt's Prefill went out */
     bool streaming;                 /* 200 and the first chunk went out */
     td_tok_dec_t dec;
     td_stop_t *stop;
@@ -203,9 +204,9 @@ send_cancel(td_rreq_t *q, td_rrank_t *rk, const char *reason)
         return;
     c.req_id = q->id;
     c.reason = (char *)reason;
-    /* ADMITTING: the attempt's Prefill was never sent (on_admit_ok sends it
-     * and moves on), so the decode rank may free the blocks at once */
-    c.prefill_not_sent = q->state == TD_RREQ_ADMITTING && rk == q->decode;
+    /* no Prefill went out for this attempt: no prefill rank knows the
+     * decode rank's blocks, which it may free at once */
+    c.prefill_not_sent = !q->prefill_sent && rk == q->decode;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
     env.cancel = &c;
     (void)td_rrank_send(rk, &env);
@@ -559,6 +560,7 @@ admit_next(td_rreq_t *q)
             t->cfg.metrics->retries++;
         }
         q->attempts++;
+        q->prefill_sent = false;
         bind_rank(q, &q->decode, d);
         bind_rank(q, &q->prefill, p);
 
@@ -638,6 +640,7 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         retry_or_fail(q, TD_ERRREASON_RANK_LOST, "prefill rank unreachable");
         return;
     }
+    q->prefill_sent = true;
     q->prefill->pend_tokens += q->nprompt;
     q->prefill->pend_reqs++;
     set_state(q, TD_RREQ_PREFILLING, "prefill sent");
