@@ -1,6 +1,6 @@
 /* routerd/http.c — the HTTP side of routerd on libevent's evhttp: listeners
- * for the API and the admin API, dispatch through the route table with the
- * bearer-key check, and replies (plain, JSON, OpenAI errors). */
+ * for the API and the admin API, dispatch through the route table each was
+ * given, with the bearer-key check, and replies (plain, JSON, OpenAI errors). */
 #include "http.h"
 
 #include <jansson.h>
@@ -202,10 +202,9 @@ td_http_listen(td_http_site_t *site, const char *hostport, struct evhttp **out,
     uint16_t port;
     int fd;
     struct evhttp *http;
-    /* both log what failed (the address, the bind) */
     td_status_t st = td_net_addr_parse(hostport, host, sizeof host, &port);
 
-    if (st == TD_OK)
+    if (st == TD_OK)   /* each logs what failed (the address, the bind) */
         st = td_net_listen(host, port, 512, &fd, &port);
     if (st != TD_OK)
         return st;

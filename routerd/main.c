@@ -245,11 +245,11 @@ router_init(td_router_t *r)
         return st;
 
     cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
-                                    .role = TANDEM__ROLE__ROLE_ROUTER,
-                                    .node_id = td_daemon_node_id(r->daemon),
-                                    .incarnation = td_daemon_incarnation(r->daemon),
-                                    .model_fingerprint = r->fingerprint,
-                                    .kv_layout_hash = r->kv_layout_hash };
+                                       .role = TANDEM__ROLE__ROLE_ROUTER,
+                                       .node_id = td_daemon_node_id(r->daemon),
+                                       .incarnation = td_daemon_incarnation(r->daemon),
+                                       .model_fingerprint = r->fingerprint,
+                                       .kv_layout_hash = r->kv_layout_hash };
     cc.ctl.secret = td_daemon_secret(r->daemon, &secret_len);
     cc.ctl.secret_len = secret_len;
     cc.ctl.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;

@@ -326,7 +326,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
         td_buf_reset(&q->t->sse);
         if (td_openai_stream_error(e, &q->t->sse) == TD_OK)
             stream_flush(q);
-        td_buf_reset(&q->t->sse);
+        td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
         evhttp_send_reply_end(h);
     } else {
