@@ -16,7 +16,7 @@ typedef enum {
     OP_PRINTF,      /* td_buf_printf("%s:%zu", s, n) */
     OP_TRUNCATE,    /* td_buf_truncate(n) */
     OP_RESET,       /* td_buf_reset() */
-    OP_HUGE,        /* td_buf_append of SIZE_MAX / 2 bytes: cannot grow */
+    OP_HUGE,        /* td_buf_append of SIZE_MAX / 2 + 1 bytes: refused before any allocation */
     OP_END
 } op_kind_t;
 
@@ -117,7 +117,7 @@ test_cases(void)
             case OP_PRINTF:   st = td_buf_printf(&b, "%s:%zu", o->s, o->n); break;
             case OP_TRUNCATE: td_buf_truncate(&b, o->n); break;
             case OP_RESET:    td_buf_reset(&b); break;
-            case OP_HUGE:     st = td_buf_append(&b, "", SIZE_MAX / 2); break;
+            case OP_HUGE:     st = td_buf_append(&b, "", SIZE_MAX / 2 + 1); break;
             case OP_END:      break;
             }
             CHECK_STATUS(st, o->want);
@@ -181,7 +181,7 @@ test_growth(void)
     CHECK(b.data == NULL && b.len == 0 && b.cap == 0);
 
     /* free forgets a failure too */
-    CHECK_STATUS(td_buf_append(&b, "", SIZE_MAX / 2), TD_ERR_NOMEM);
+    CHECK_STATUS(td_buf_append(&b, "", SIZE_MAX / 2 + 1), TD_ERR_NOMEM);
     td_buf_free(&b);
     CHECK_STATUS(td_buf_puts(&b, "ok"), TD_OK);
     CHECK_STR(b.data, "ok");
