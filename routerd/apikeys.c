@@ -1,12 +1,13 @@
 /* routerd/apikeys.c — the API key set of apikeys.h: a file parsed into
  * SHA-256 digests, compared in constant time. */
 #include "apikeys.h"
-#include "strbuf.h"
+
+#include "buf.h"
+#include "log.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,20 +24,6 @@ struct td_apikeys {
     size_t               n;
 };
 
-static void apikeys_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void
-apikeys_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static bool
 is_blank(char c)
 {
@@ -45,27 +32,27 @@ is_blank(char c)
 
 /* Read the whole file into text (NUL-terminated). */
 static td_status_t
-apikeys_read_file(const char *path, td_strbuf_t *text, char *err, size_t errlen)
+apikeys_read_file(const char *path, td_buf_t *text)
 {
     td_status_t rc = TD_OK;
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         int e = errno;
-        apikeys_err(err, errlen, "%s: %s", path, strerror(e));
+        td_error("api keys %s: %s", path, strerror(e));
         return e == ENOENT ? TD_ERR_NOT_FOUND : td_status_from_errno(e);
     }
     char chunk[4096];
     size_t got;
     while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
-        if ((rc = td_strbuf_append(text, chunk, got)) != TD_OK) {
-            apikeys_err(err, errlen, "%s: out of memory", path);
+        if ((rc = td_buf_append(text, chunk, got)) != TD_OK) {
+            td_error("api keys %s: out of memory", path);
             goto out_close;
         }
     if (ferror(f)) {
         rc = TD_ERR_IO;
-        apikeys_err(err, errlen, "%s: read failed", path);
-    } else if ((rc = td_strbuf_append(text, "", 0)) != TD_OK) {
-        apikeys_err(err, errlen, "%s: out of memory", path);
+        td_error("api keys %s: read failed", path);
+    } else if ((rc = td_buf_append(text, "", 0)) != TD_OK) {
+        td_error("api keys %s: out of memory", path);
     }
 out_close:
     fclose(f);
@@ -80,18 +67,17 @@ apikeys_digest(const char *key, size_t len, td_apikeys_digest_t *out)
 
 /* Parse the key file into a digest array; outputs set only on success. */
 static td_status_t
-apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *err,
-              size_t errlen)
+apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n)
 {
-    td_strbuf_t text = {0};
+    td_buf_t text = {0};
     td_apikeys_digest_t *v = NULL;
     size_t nv = 0, cap = 0;
-    td_status_t rc = apikeys_read_file(path, &text, err, errlen);
+    td_status_t rc = apikeys_read_file(path, &text);
     if (rc != TD_OK)
         goto out_free_text;
     if (memchr(text.data, '\0', text.len) != NULL) {
         rc = TD_ERR_INVALID;
-        apikeys_err(err, errlen, "%s: contains a NUL byte", path);
+        td_error("api keys %s: contains a NUL byte", path);
         goto out_free_text;
     }
     unsigned lineno = 0;
@@ -112,14 +98,14 @@ apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *
         for (size_t i = 0; i < len; i++)
             if (is_blank(line[i]) || (unsigned char)line[i] < 0x20) {
                 rc = TD_ERR_INVALID;
-                apikeys_err(err, errlen, "%s:%u: key contains whitespace or a control character",
-                            path, lineno);
+                td_error("api keys %s:%u: key contains whitespace or a control character",
+                         path, lineno);
                 goto out_free_digests;
             }
         if (len > TD_APIKEYS_MAX_LEN) {
             rc = TD_ERR_INVALID;
-            apikeys_err(err, errlen, "%s:%u: key longer than %d bytes", path, lineno,
-                        TD_APIKEYS_MAX_LEN);
+            td_error("api keys %s:%u: key longer than %d bytes", path, lineno,
+                     TD_APIKEYS_MAX_LEN);
             goto out_free_digests;
         }
         if (nv == cap) {
@@ -127,7 +113,7 @@ apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *
             td_apikeys_digest_t *p = realloc(v, ncap * sizeof *p);
             if (p == NULL) {
                 rc = TD_ERR_NOMEM;
-                apikeys_err(err, errlen, "%s: out of memory", path);
+                td_error("api keys %s: out of memory", path);
                 goto out_free_digests;
             }
             v = p;
@@ -138,31 +124,31 @@ apikeys_parse(const char *path, td_apikeys_digest_t **digests, size_t *n, char *
     }
     if (nv == 0) {
         rc = TD_ERR_INVALID;
-        apikeys_err(err, errlen, "%s: no keys (one key per line, '#' starts a comment)", path);
+        td_error("api keys %s: no keys (one key per line, '#' starts a comment)", path);
         goto out_free_digests;
     }
     *digests = v;
     *n = nv;
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     return TD_OK;
 
 out_free_digests:
     free(v);
 out_free_text:
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     return rc;
 }
 
 td_status_t
-td_apikeys_load(const char *path, td_apikeys_t **out, char *err, size_t errlen)
+td_apikeys_load(const char *path, td_apikeys_t **out)
 {
     td_apikeys_t *k = calloc(1, sizeof *k);
     if (k == NULL || (k->path = strdup(path)) == NULL) {
         free(k);
-        apikeys_err(err, errlen, "%s: out of memory", path);
+        td_error("api keys %s: out of memory", path);
         return TD_ERR_NOMEM;
     }
-    td_status_t rc = apikeys_parse(path, &k->digests, &k->n, err, errlen);
+    td_status_t rc = apikeys_parse(path, &k->digests, &k->n);
     if (rc != TD_OK) {
         td_apikeys_destroy(k);
         return rc;
@@ -172,11 +158,11 @@ td_apikeys_load(const char *path, td_apikeys_t **out, char *err, size_t errlen)
 }
 
 td_status_t
-td_apikeys_reload(td_apikeys_t *keys, char *err, size_t errlen)
+td_apikeys_reload(td_apikeys_t *keys)
 {
     td_apikeys_digest_t *digests;
     size_t n;
-    td_status_t rc = apikeys_parse(keys->path, &digests, &n, err, errlen);
+    td_status_t rc = apikeys_parse(keys->path, &digests, &n);
     if (rc != TD_OK)
         return rc;
     free(keys->digests);

@@ -1,8 +1,8 @@
 /* routerd/apikeys.h — API keys: a key file (one key per line, '#' comments),
  * constant-time lookup, reload, and the `Authorization: Bearer` header.
  * The client API and the admin API each load their own file. */
-#ifndef TD_APIKEYS_H
-#define TD_APIKEYS_H
+#ifndef TD_ROUTERD_APIKEYS_H
+#define TD_ROUTERD_APIKEYS_H
 
 #include "status.h"
 
@@ -11,22 +11,20 @@
 
 /* Longest key accepted, in bytes. */
 #define TD_APIKEYS_MAX_LEN 512
-/* Room for any message these functions write into err. */
-#define TD_APIKEYS_ERRLEN 512
 
 typedef struct td_apikeys td_apikeys_t;
 
 /* Read path: keys are trimmed lines; blank lines and lines whose first
  * non-blank character is '#' are skipped; CRLF is accepted. A key with inner
  * whitespace, one longer than TD_APIKEYS_MAX_LEN or a file without keys:
- * TD_ERR_INVALID ("path:line: ..."); a missing file: TD_ERR_NOT_FOUND;
- * another read error: TD_ERR_IO. Nothing logs: err (errlen bytes, may be
- * NULL) gets one message for the caller to report. The path is kept for
- * reload. */
-td_status_t td_apikeys_load(const char *path, td_apikeys_t **out, char *err, size_t errlen);
+ * TD_ERR_INVALID; a missing file: TD_ERR_NOT_FOUND; another read error:
+ * TD_ERR_IO. Each failure is logged here, once, naming the file (and the
+ * line: "api keys path:line: ..."); callers pass the status on. The path is
+ * kept for reload. */
+td_status_t td_apikeys_load(const char *path, td_apikeys_t **out);
 
-/* Read the file again; on failure the keys in use stay unchanged. */
-td_status_t td_apikeys_reload(td_apikeys_t *keys, char *err, size_t errlen);
+/* Read the file again; on failure (logged) the keys in use stay unchanged. */
+td_status_t td_apikeys_reload(td_apikeys_t *keys);
 
 void td_apikeys_destroy(td_apikeys_t *keys);
 

@@ -1,65 +1,32 @@
 /* routerd/cluster.c — membership: the control listener worker ranks connect
  * to, the table of nodes and ranks (registration, load, draining, death),
- * DecodePeer news to prefill ranks, and admin drain / undrain / remove. */
-#include "router.h"
+ * DecodePeer news to prefill ranks, and admin drain / undrain / remove.
+ * Messages about requests and lost ranks go to the handlers (cluster.h). */
+#include "cluster.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const rank_state_names[] = {
-    [TD_RANK_UP] = "up", [TD_RANK_JOINING] = "joining",
-    [TD_RANK_DRAINING] = "draining", [TD_RANK_DEAD] = "dead",
-};
-
-const char *
-td_cluster_rank_state_str(td_rank_state_t st)
-{
-    return (unsigned)st <= TD_RANK_DEAD ? rank_state_names[st] : "?";
-}
-
-td_rank_state_t
-td_cluster_rank_state(const td_rank_t *rk)
-{
-    if (!rk->conn)
-        return TD_RANK_DEAD;
-    if (!rk->reg)
-        return TD_RANK_JOINING;
-    if (rk->node->draining || rk->load.draining || rk->reg->draining)
-        return TD_RANK_DRAINING;
-    return TD_RANK_UP;
-}
-
-td_status_t
-td_cluster_send(td_rank_t *rk, const Tandem__Envelope *env)
-{
-    if (!rk->conn) {
-        td_debug("%s rank %s/%u: not connected", td_hello_role_str(rk->role), rk->node->name,
-                 rk->rank_id);
-        return TD_ERR_CLOSED;
-    }
-    td_status_t st = td_ctl_conn_send(rk->conn, env);
-    if (st != TD_OK)
-        td_warn("%s: send failed: %s", td_ctl_conn_name(rk->conn), td_status_str(st));
-    return st;
-}
+#include "log.h"
 
 /* ======================================================================= */
 /* Nodes and ranks                                                          */
 /* ======================================================================= */
 
-td_node_t *
-td_cluster_node_find(td_cluster_t *c, const char *name)
+static td_rrank_node_t *
+node_find(td_cluster_t *c, const char *name)
 {
-    for (td_node_t *n = c->nodes; n; n = n->next)
+    for (td_rrank_node_t *n = c->nodes; n; n = n->next)
         if (strcmp(n->name, name) == 0)
             return n;
     return NULL;
 }
 
-static td_node_t *
+static td_rrank_node_t *
 node_get(td_cluster_t *c, const char *name)
 {
-    td_node_t *n = td_cluster_node_find(c, name);
+    td_rrank_node_t *n = node_find(c, name);
 
     if (n)
         return n;
@@ -73,26 +40,26 @@ node_get(td_cluster_t *c, const char *name)
 }
 
 static void
-rank_free(td_rank_t *rk)
+rank_free(td_rrank_t *rk)
 {
     if (rk->reg)
         tandem__register__free_unpacked(rk->reg, NULL);
     free(rk);
 }
 
-static td_rank_t *
+static td_rrank_t *
 rank_by_conn(td_cluster_t *c, const td_ctl_conn_t *conn)
 {
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->conn == conn)
             return rk;
     return NULL;
 }
 
-static td_rank_t *
+static td_rrank_t *
 rank_find(td_cluster_t *c, const char *node, uint32_t rank_id, Tandem__Role role)
 {
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->rank_id == rank_id && rk->role == role && strcmp(rk->node->name, node) == 0)
             return rk;
     return NULL;
@@ -101,16 +68,16 @@ rank_find(td_cluster_t *c, const char *node, uint32_t rank_id, Tandem__Role role
 /* Forget a node that is being removed once none of its ranks holds a request:
  * close their connections and free the entries. */
 static void
-node_forget_if_idle(td_cluster_t *c, td_node_t *n)
+node_forget_if_idle(td_cluster_t *c, td_rrank_node_t *n)
 {
     if (!n->removing || c->hold)
         return;
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->node == n && rk->inflight > 0)
             return;
     td_info("node %s: removed", n->name);
-    for (td_rank_t **p = &c->ranks; *p;) {
-        td_rank_t *rk = *p;
+    for (td_rrank_t **p = &c->ranks; *p;) {
+        td_rrank_t *rk = *p;
         if (rk->node != n) {
             p = &rk->next;
             continue;
@@ -124,7 +91,7 @@ node_forget_if_idle(td_cluster_t *c, td_node_t *n)
         *p = rk->next;
         rank_free(rk);
     }
-    for (td_node_t **p = &c->nodes; *p; p = &(*p)->next)
+    for (td_rrank_node_t **p = &c->nodes; *p; p = &(*p)->next)
         if (*p == n) {
             *p = n->next;
             free(n);
@@ -133,7 +100,13 @@ node_forget_if_idle(td_cluster_t *c, td_node_t *n)
 }
 
 void
-td_cluster_rank_release(td_cluster_t *c, td_rank_t *rk)
+td_cluster_rank_bind(td_cluster_t *c, td_rrank_t *rk)
+{
+    rk->inflight++;
+}
+
+void
+td_cluster_rank_release(td_cluster_t *c, td_rrank_t *rk)
 {
     if (rk->inflight > 0)
         rk->inflight--;
@@ -146,7 +119,7 @@ td_cluster_rank_release(td_cluster_t *c, td_rank_t *rk)
 /* ======================================================================= */
 
 static void
-decode_peer_send(td_rank_t *to, const td_rank_t *d, bool gone)
+decode_peer_send(td_rrank_t *to, const td_rrank_t *d, bool gone)
 {
     Tandem__DecodePeer dp = TANDEM__DECODE_PEER__INIT;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
@@ -162,20 +135,20 @@ decode_peer_send(td_rank_t *to, const td_rank_t *d, bool gone)
     }
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER;
     env.decode_peer = &dp;
-    (void)td_cluster_send(to, &env);
+    (void)td_rrank_send(to, &env);
 }
 
 /* News of decode rank d to every registered prefill rank. */
 static void
-decode_peer_broadcast(td_cluster_t *c, const td_rank_t *d, bool gone)
+decode_peer_broadcast(td_cluster_t *c, const td_rrank_t *d, bool gone)
 {
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->role == TANDEM__ROLE__ROLE_PREFILL && rk->conn && rk->reg)
             decode_peer_send(rk, d, gone);
 }
 
 static void
-drain_send(td_rank_t *rk, bool draining)
+drain_send(td_rrank_t *rk, bool draining)
 {
     Tandem__Drain dr = TANDEM__DRAIN__INIT;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
@@ -183,13 +156,13 @@ drain_send(td_rank_t *rk, bool draining)
     dr.draining = draining;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
     env.drain = &dr;
-    (void)td_cluster_send(rk, &env);
+    (void)td_rrank_send(rk, &env);
 }
 
 td_status_t
 td_cluster_node_drain(td_cluster_t *c, const char *name, bool draining)
 {
-    td_node_t *n = td_cluster_node_find(c, name);
+    td_rrank_node_t *n = node_find(c, name);
 
     if (!n)
         return TD_ERR_NOT_FOUND;
@@ -197,7 +170,7 @@ td_cluster_node_drain(td_cluster_t *c, const char *name, bool draining)
     if (!draining)
         n->removing = false;
     td_info("node %s: %s by the operator", n->name, draining ? "draining" : "undrained");
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->node == n && rk->conn && rk->reg)
             drain_send(rk, draining);
     return TD_OK;
@@ -207,11 +180,11 @@ td_status_t
 td_cluster_node_remove(td_cluster_t *c, const char *name)
 {
     td_status_t st = td_cluster_node_drain(c, name, true);
-    td_node_t *n;
+    td_rrank_node_t *n;
 
     if (st != TD_OK)
         return st;
-    n = td_cluster_node_find(c, name);
+    n = node_find(c, name);
     n->removing = true;
     node_forget_if_idle(c, n);
     return TD_OK;
@@ -221,18 +194,20 @@ td_cluster_node_remove(td_cluster_t *c, const char *name)
 /* Control connections                                                       */
 /* ======================================================================= */
 
-/* rk's connection ended: its requests are retried or failed; forget: a
- * removed node may be freed now (not while the caller still uses rk). */
+/* rk's connection ended (the connection logged why): the handler lets its
+ * requests go; forget: a removed node may be freed now (not while the caller
+ * still uses rk). */
 static void
-rank_lost(td_cluster_t *c, td_rank_t *rk, const char *reason, bool forget)
+rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
 {
     bool was_registered = rk->reg != NULL;
 
-    td_warn("%s rank %s/%u: lost: %s", td_hello_role_str(rk->role), rk->node->name,
-            rk->rank_id, reason);
+    td_info("%s rank %s/%u: dead (%s), %u requests bound", td_hello_role_str(rk->role),
+            rk->node->name, rk->rank_id, how, rk->inflight);
     rk->conn = NULL;
     c->hold++;   /* rk stays while its requests let go of it */
-    td_request_on_rank_lost(c->router, rk);
+    if (c->h.on_rank_lost)
+        c->h.on_rank_lost(c, rk, c->h.arg);
     c->hold--;
     if (was_registered && rk->role == TANDEM__ROLE__ROLE_DECODE)
         decode_peer_broadcast(c, rk, true);
@@ -244,12 +219,11 @@ static void
 cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg)
 {
     td_cluster_t *c = arg;
-    td_node_t *n;
-    td_rank_t *rk;
+    td_rrank_node_t *n;
+    td_rrank_t *rk;
 
+    /* a refusal is logged once, by the connection, with the reason given */
     if (peer->role != TANDEM__ROLE__ROLE_PREFILL && peer->role != TANDEM__ROLE__ROLE_DECODE) {
-        td_warn("%s: refused: a %s cannot join the cluster", td_ctl_conn_name(conn),
-                td_hello_role_str(peer->role));
         td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_IDENTITY,
                           "only prefill and decode ranks connect to a router's control port");
         return;
@@ -288,8 +262,8 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     return;
 
 err_nomem:
-    td_error("%s: out of memory for the rank table", td_ctl_conn_name(conn));
-    td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED, "router out of memory");
+    td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED,
+                      "router out of memory for the rank table");
 }
 
 /* Our own copy of a Register (env is freed after the callback). */
@@ -312,7 +286,7 @@ register_copy(const Tandem__Register *src, Tandem__Register **out)
 }
 
 static void
-on_register(td_cluster_t *c, td_rank_t *rk, const Tandem__Register *reg)
+on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
 {
     Tandem__Registered ok = TANDEM__REGISTERED__INIT;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
@@ -325,9 +299,8 @@ on_register(td_cluster_t *c, td_rank_t *rk, const Tandem__Register *reg)
         return;
     }
     if (register_copy(reg, &cp) != TD_OK) {
-        td_error("%s: out of memory for its registration", td_ctl_conn_name(rk->conn));
         td_ctl_conn_close(rk->conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED,
-                          "router out of memory");
+                          "router out of memory for the registration");
         return;
     }
     if (rk->reg)
@@ -341,24 +314,24 @@ on_register(td_cluster_t *c, td_rank_t *rk, const Tandem__Register *reg)
             td_ctl_conn_name(rk->conn), cp->engine_name, (unsigned long long)cp->max_context,
             (unsigned long long)cp->kv_tokens_total, cp->max_batch,
             cp->draining ? ", draining" : "");
-    ok.router_id = c->router->router_id;
+    ok.router_id = c->router_id;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REGISTERED;
     env.registered = &ok;
-    if (td_cluster_send(rk, &env) != TD_OK)
+    if (td_rrank_send(rk, &env) != TD_OK)
         return;
     if (rk->node->draining)
         drain_send(rk, true);
     if (rk->role == TANDEM__ROLE__ROLE_DECODE) {
         decode_peer_broadcast(c, rk, false);
     } else {
-        for (td_rank_t *d = c->ranks; d; d = d->next)
+        for (td_rrank_t *d = c->ranks; d; d = d->next)
             if (d->role == TANDEM__ROLE__ROLE_DECODE && d->conn && d->reg)
                 decode_peer_send(rk, d, false);
     }
 }
 
 static void
-on_load(td_rank_t *rk, const Tandem__Load *ld)
+on_load(td_rrank_t *rk, const Tandem__Load *ld)
 {
     rk->load = *ld;
     rk->load.base.unknown_fields = NULL;
@@ -374,7 +347,7 @@ static void
 cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
 {
     td_cluster_t *c = arg;
-    td_rank_t *rk = rank_by_conn(c, conn);
+    td_rrank_t *rk = rank_by_conn(c, conn);
 
     if (!rk)
         return;   /* being replaced or removed */
@@ -396,14 +369,16 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE:
     case TANDEM__ENVELOPE__PAYLOAD_TOKENS:
     case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
-        td_request_on_message(c->router, rk, env);
+        if (c->h.on_message)
+            c->h.on_message(c, rk, env, c->h.arg);
         break;
-    default:
-        td_warn("%s: unexpected message (payload %d)", td_ctl_conn_name(conn),
-                (int)env->payload_case);
-        td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_PROTO,
-                          "unexpected message for a router");
+    default: {
+        char why[64];
+        snprintf(why, sizeof why, "unexpected message for a router (payload %d)",
+                 (int)env->payload_case);
+        td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_PROTO, why);
         break;
+    }
     }
 }
 
@@ -411,10 +386,10 @@ static void
 cluster_on_closed(td_ctl_conn_t *conn, td_status_t why, const char *reason, void *arg)
 {
     td_cluster_t *c = arg;
-    td_rank_t *rk = rank_by_conn(c, conn);
+    td_rrank_t *rk = rank_by_conn(c, conn);
 
     if (rk)
-        rank_lost(c, rk, reason && *reason ? reason : td_status_str(why), true);
+        rank_lost(c, rk, "connection ended", true);
 }
 
 /* ======================================================================= */
@@ -422,20 +397,20 @@ cluster_on_closed(td_ctl_conn_t *conn, td_status_t why, const char *reason, void
 /* ======================================================================= */
 
 td_status_t
-td_cluster_init(td_cluster_t *c, td_router_t *r, const td_ctl_config_t *ctl,
-                const char *host, uint16_t port)
+td_cluster_init(td_cluster_t *c, struct event_base *base, const td_cluster_config_t *cfg,
+                const td_cluster_handlers_t *h)
 {
-    static const td_ctl_handlers_t handlers = {
+    td_ctl_handlers_t ch = {
         .on_established = cluster_on_established,
         .on_message = cluster_on_message,
         .on_closed = cluster_on_closed,
+        .arg = c,
     };
-    td_ctl_handlers_t h = handlers;
 
     memset(c, 0, sizeof *c);
-    c->router = r;
-    h.arg = c;
-    return td_ctl_listener_create(r->base, ctl, &h, host, port, &c->lst);
+    c->h = *h;
+    snprintf(c->router_id, sizeof c->router_id, "%s", cfg->router_id);
+    return td_ctl_listener_create(base, &cfg->ctl, &ch, cfg->host, cfg->port, &c->lst);
 }
 
 void
@@ -445,12 +420,12 @@ td_cluster_fini(td_cluster_t *c)
         td_ctl_listener_destroy(c->lst);
     c->lst = NULL;
     while (c->ranks) {
-        td_rank_t *rk = c->ranks;
+        td_rrank_t *rk = c->ranks;
         c->ranks = rk->next;
         rank_free(rk);
     }
     while (c->nodes) {
-        td_node_t *n = c->nodes;
+        td_rrank_node_t *n = c->nodes;
         c->nodes = n->next;
         free(n);
     }

@@ -1,7 +1,7 @@
 /* routerd/http.c — the HTTP side of routerd on libevent's evhttp: listeners
- * for the API and the admin API, dispatch through the route table with the
- * bearer-key check, and replies (plain, JSON, OpenAI errors). */
-#include "router.h"
+ * for the API and the admin API, dispatch through the route table each was
+ * given, with the bearer-key check, and replies (plain, JSON, OpenAI errors). */
+#include "http.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -12,6 +12,8 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "buf.h"
+#include "log.h"
 #include "net.h"
 
 static const char *
@@ -62,7 +64,7 @@ td_http_reply(struct evhttp_request *req, int code, const char *ctype, const cha
 void
 td_http_reply_err(struct evhttp_request *req, const td_openai_err_t *e)
 {
-    td_strbuf_t body = {0};
+    td_buf_t body = {0};
 
     if (e->retry_after) {
         char s[24];
@@ -73,11 +75,11 @@ td_http_reply_err(struct evhttp_request *req, const td_openai_err_t *e)
         td_http_reply(req, e->http, "application/json", body.data, body.len);
     else
         td_http_reply(req, 500, "text/plain", "out of memory\n", 14);
-    td_strbuf_free(&body);
+    td_buf_free(&body);
 }
 
 void
-td_http_refuse(td_router_t *r, struct evhttp_request *req, const td_openai_err_t *e)
+td_http_refuse(td_metrics_t *m, struct evhttp_request *req, const td_openai_err_t *e)
 {
     td_errreason_t why;
 
@@ -89,17 +91,18 @@ td_http_refuse(td_router_t *r, struct evhttp_request *req, const td_openai_err_t
     case 503: why = TD_ERRREASON_NO_CAPACITY; break;
     default:  why = TD_ERRREASON_INTERNAL; break;
     }
-    r->metrics.errors[why]++;
-    r->metrics.requests[TD_OUTCOME_REJECTED]++;
-    td_debug("http %s %s: %d: %s", method_str(evhttp_request_get_command(req)),
-             evhttp_request_get_uri(req), e->http, e->message);
+    m->errors[why]++;
+    m->requests[TD_OUTCOME_REJECTED]++;
+    /* the client's mistakes are the client's to see; ours are logged */
+    td_log(e->http >= 500 ? TD_LOG_WARN : TD_LOG_DEBUG, "http %s %s: %d: %s",
+           method_str(evhttp_request_get_command(req)), evhttp_request_get_uri(req), e->http,
+           e->message);
     td_http_reply_err(req, e);
 }
 
 void
-td_http_reply_json(struct evhttp_request *req, int code, void *json)
+td_http_reply_json(struct evhttp_request *req, int code, json_t *j)
 {
-    json_t *j = json;
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
 
     if (s) {
@@ -164,7 +167,6 @@ static void
 http_dispatch(struct evhttp_request *req, void *arg)
 {
     td_http_site_t *site = arg;
-    td_router_t *r = site->r;
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
@@ -172,64 +174,55 @@ http_dispatch(struct evhttp_request *req, void *arg)
 
     if (!path || !*path)
         path = "/";
-    for (const td_route_t *rt = td_routes; rt->path; rt++) {
+    for (const td_http_route_t *rt = site->routes; rt->path; rt++) {
         if (rt->admin != site->admin || strcmp(rt->path, path) != 0 || !(rt->methods & (int)m))
             continue;
-        if (rt->auth) {
-            const td_apikeys_t *keys = site->admin ? r->admin_keys : r->keys;
+        if (rt->auth && site->keys) {
             const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req),
                                                   "Authorization");
-            td_status_t st = keys ? td_apikeys_check_header(keys, auth) : TD_OK;
+            td_status_t st = td_apikeys_check_header(site->keys, auth);
             if (st != TD_OK) {
                 td_openai_err_auth(&e, st == TD_ERR_AUTH);
-                td_http_refuse(r, req, &e);
+                td_http_refuse(site->metrics, req, &e);
                 return;
             }
         }
-        rt->fn(r, req);
+        rt->fn(req, site->arg);
         return;
     }
     td_openai_err_no_route(&e, method_str(m), path);
-    td_http_refuse(r, req, &e);
+    td_http_refuse(site->metrics, req, &e);
 }
 
 td_status_t
 td_http_listen(td_http_site_t *site, const char *hostport, struct evhttp **out,
                uint16_t *port_out)
 {
-    const td_router_cfg_t *cfg = site->r->cfg;
     char host[TD_NET_HOST_MAX];
     uint16_t port;
     int fd;
     struct evhttp *http;
     td_status_t st = td_net_addr_parse(hostport, host, sizeof host, &port);
 
-    if (st != TD_OK) {
-        td_error("%s listen address '%s': not host:port", site->admin ? "admin" : "http",
-                 hostport);
+    if (st == TD_OK)   /* each logs what failed (the address, the bind) */
+        st = td_net_listen(host, port, 512, &fd, &port);
+    if (st != TD_OK)
         return st;
-    }
-    st = td_net_listen(host, port, 512, &fd, &port);
-    if (st != TD_OK) {
-        td_error("%s listen %s: %s", site->admin ? "admin" : "http", hostport,
-                 td_status_str(st));
-        return st;
-    }
     /* Accepted sockets inherit TCP_NODELAY: an SSE chunk must not wait for
      * the client's delayed ACK of the previous one (Nagle, 40 ms). */
     (void)td_net_set_nodelay(fd);
-    http = evhttp_new(site->r->base);
+    http = evhttp_new(site->base);
     if (!http)
         goto err_close;
     /* Bodies up to max_body get our 413 JSON; far larger ones are cut off by
      * evhttp (its own 413) before they are buffered. */
-    evhttp_set_max_body_size(http, (ev_ssize_t)(site->admin ? 65536 : 4 * cfg->max_body + 4096));
+    evhttp_set_max_body_size(http, (ev_ssize_t)(site->admin ? 65536 : 4 * site->max_body + 4096));
     evhttp_set_max_headers_size(http, 65536);
     evhttp_set_allowed_methods(http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                          EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                          EVHTTP_REQ_PATCH | EVHTTP_REQ_OPTIONS);
     /* Long generations keep a connection quiet for a while. */
-    evhttp_set_timeout(http, (int)(cfg->request_timeout_ms / 1000 + 600));
+    evhttp_set_timeout(http, (int)(site->request_timeout_ms / 1000 + 600));
     evhttp_set_gencb(http, http_dispatch, site);
     if (!evhttp_accept_socket_with_handle(http, fd)) {
         evhttp_free(http);

@@ -3,6 +3,8 @@
  * control listeners on one event loop, and the ready line. */
 #include "router.h"
 #include "chat.h"
+#include "routes.h"
+#include "rsched.h"
 #include "tok_bpe.h"
 #include "tok_bytes.h"
 #include "v41id.h"
@@ -15,6 +17,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "log.h"
 #include "net.h"
 
 #define ST td_router_cfg_t
@@ -51,7 +54,7 @@ static const td_config_opt_t router_opts[] = {
                        "largest control frame accepted from a worker rank"),
     TD_CONFIG_OPT_UINT64("retry-after", ST, retry_after_s, "1", 1, 3600,
                          "seconds in the retry-after header of a 503"),
-    TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_SCHED_MAX_TRIED,
+    TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_RSCHED_MAX_TRIED,
                          "admissions tried per request (decode rejects, lost ranks)"),
     TD_CONFIG_OPT_END
 };
@@ -69,11 +72,9 @@ router_tokenizer(td_router_t *r)
 
     if (!path)
         return td_tok_bytes_create(&r->tok);
-    st = td_tok_bpe_create(path, &r->tok);
-    if (st != TD_OK) {
-        td_error("tokenizer %s: %s", path, td_status_str(st));
+    st = td_tok_bpe_create(path, &r->tok);   /* logs why it could not */
+    if (st != TD_OK)
         return st;
-    }
     r->v41 = td_tok_bpe_tokenizer(r->tok);
     /* a tokenizer without the format's tokens (the V4 one lacks <｜System｜>)
      * could not encode a single chat prompt: refuse it now */
@@ -133,21 +134,10 @@ router_identity(td_router_t *r)
     return st;
 }
 
-static td_status_t
-router_keys(const char *path, const char *what, td_apikeys_t **out)
-{
-    char err[TD_APIKEYS_ERRLEN];
-    td_status_t st = td_apikeys_load(path, out, err, sizeof err);
-
-    if (st != TD_OK)
-        td_error("%s: %s", what, err);
-    return st;
-}
-
 static void
 router_fini(td_router_t *r)
 {
-    td_request_fini(r);
+    td_rreq_tab_destroy(r->reqs);
     if (r->http)
         evhttp_free(r->http);
     if (r->admin)
@@ -181,13 +171,33 @@ router_ready(td_router_t *r, uint16_t http_port, uint16_t admin_port)
     td_daemon_ready(r->daemon, line);
 }
 
+/* The cluster's messages about requests go to the request table. */
+static void
+router_on_message(td_cluster_t *c, td_rrank_t *rk, const Tandem__Envelope *env, void *arg)
+{
+    td_router_t *r = arg;
+
+    td_rreq_on_message(r->reqs, rk, env);
+}
+
+static void
+router_on_rank_lost(td_cluster_t *c, td_rrank_t *rk, void *arg)
+{
+    td_router_t *r = arg;
+
+    td_rreq_on_rank_lost(r->reqs, rk);
+}
+
 static td_status_t
 router_init(td_router_t *r)
 {
     const td_router_cfg_t *cfg = r->cfg;
-    td_ctl_config_t ctl = {0};
+    const td_cluster_handlers_t ch = { .on_message = router_on_message,
+                                       .on_rank_lost = router_on_rank_lost, .arg = r };
+    td_cluster_config_t cc = {0};
+    td_rreq_config_t rq;
     size_t secret_len;
-    uint16_t http_port = 0, admin_port = 0, ctl_port;
+    uint16_t http_port = 0, admin_port = 0;
     char ctl_host[TD_NET_HOST_MAX];
     td_status_t st;
 
@@ -200,14 +210,14 @@ router_init(td_router_t *r)
     if (st == TD_OK)
         st = router_identity(r);
     if (st == TD_OK && cfg->api_keys_file[0])
-        st = router_keys(cfg->api_keys_file, "api-keys-file", &r->keys);
+        st = td_apikeys_load(cfg->api_keys_file, &r->keys);
     if (st == TD_OK && cfg->admin_listen[0]) {
         if (!cfg->admin_key_file[0]) {
             td_error("admin-listen %s needs admin-key-file (or admin-listen \"\" to turn the "
                      "admin api off)", cfg->admin_listen);
             st = TD_ERR_INVALID;
         } else {
-            st = router_keys(cfg->admin_key_file, "admin-key-file", &r->admin_keys);
+            st = td_apikeys_load(cfg->admin_key_file, &r->admin_keys);
         }
     }
     if (st != TD_OK)
@@ -222,31 +232,44 @@ router_init(td_router_t *r)
     r->api = (td_openai_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
                                 .max_tokens_default = (uint32_t)cfg->max_tokens_default };
-    st = td_request_init(r);
+    rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
+                             .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
+                             .fingerprint = r->fingerprint, .id_prefix = r->id_prefix,
+                             .request_timeout_ms = cfg->request_timeout_ms,
+                             .retry_after_s = (unsigned)cfg->retry_after_s,
+                             .max_attempts = (unsigned)cfg->max_attempts,
+                             .kv_bytes_per_token = r->kv_bytes_per_token,
+                             .kv_fixed_bytes = r->kv_fixed_bytes };
+    st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;
 
-    ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
-                                    .role = TANDEM__ROLE__ROLE_ROUTER,
-                                    .node_id = td_daemon_node_id(r->daemon),
-                                    .incarnation = td_daemon_incarnation(r->daemon),
-                                    .model_fingerprint = r->fingerprint,
-                                    .kv_layout_hash = r->kv_layout_hash };
-    ctl.secret = td_daemon_secret(r->daemon, &secret_len);
-    ctl.secret_len = secret_len;
-    ctl.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
-    ctl.max_frame = (uint32_t)cfg->max_frame;
-    st = td_net_addr_parse(cfg->ctl_listen, ctl_host, sizeof ctl_host, &ctl_port);
-    if (st != TD_OK) {
-        td_error("ctl-listen '%s': not host:port", cfg->ctl_listen);
+    cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
+                                       .role = TANDEM__ROLE__ROLE_ROUTER,
+                                       .node_id = td_daemon_node_id(r->daemon),
+                                       .incarnation = td_daemon_incarnation(r->daemon),
+                                       .model_fingerprint = r->fingerprint,
+                                       .kv_layout_hash = r->kv_layout_hash };
+    cc.ctl.secret = td_daemon_secret(r->daemon, &secret_len);
+    cc.ctl.secret_len = secret_len;
+    cc.ctl.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
+    cc.ctl.max_frame = (uint32_t)cfg->max_frame;
+    cc.router_id = r->router_id;
+    st = td_net_addr_parse(cfg->ctl_listen, ctl_host, sizeof ctl_host, &cc.port);   /* logs */
+    if (st != TD_OK)
         return st;
-    }
-    st = td_cluster_init(&r->cluster, r, &ctl, ctl_host, ctl_port);
+    cc.host = ctl_host;
+    st = td_cluster_init(&r->cluster, r->base, &cc, &ch);
     if (st != TD_OK)
         return st;
 
-    r->http_site = (td_http_site_t){ r, false };
-    r->admin_site = (td_http_site_t){ r, true };
+    r->http_site = (td_http_site_t){ .base = r->base, .routes = td_routes, .admin = false,
+                                     .keys = r->keys, .metrics = &r->metrics,
+                                     .max_body = cfg->max_body,
+                                     .request_timeout_ms = cfg->request_timeout_ms, .arg = r };
+    r->admin_site = r->http_site;
+    r->admin_site.admin = true;
+    r->admin_site.keys = r->admin_keys;
     st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, &http_port);
     if (st == TD_OK && cfg->admin_listen[0])
         st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, &admin_port);

@@ -2,9 +2,6 @@
  * Prometheus text exposition format (version 0.0.4). */
 #include "metrics.h"
 
-#include <stdarg.h>
-#include <stdio.h>
-
 static const char *const outcome_names[TD_OUTCOME_N] = {
     "done", "failed", "canceled", "rejected",
 };
@@ -46,58 +43,44 @@ td_metrics_observe(td_metrics_hist_t *h, double seconds)
 }
 
 td_status_t
-td_metrics_printf(td_strbuf_t *out, const char *fmt, ...)
+td_metrics_header(td_buf_t *out, const char *name, const char *type, const char *help)
 {
-    char line[512];
-    va_list ap;
-
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof line)
-        return TD_ERR_RANGE;
-    return td_strbuf_append(out, line, (size_t)n);
-}
-
-td_status_t
-td_metrics_header(td_strbuf_t *out, const char *name, const char *type, const char *help)
-{
-    return td_metrics_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    return td_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static td_status_t
-hist_render(td_strbuf_t *out, const char *name, const char *help, const td_metrics_hist_t *h)
+hist_render(td_buf_t *out, const char *name, const char *help, const td_metrics_hist_t *h)
 {
     td_status_t st = td_metrics_header(out, name, "histogram", help);
     uint64_t cum = 0;
 
     for (size_t i = 0; st == TD_OK && i < TD_METRICS_NBUCKETS; i++) {
         cum += h->counts[i];
-        st = td_metrics_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, buckets[i],
-                               (unsigned long long)cum);
+        st = td_buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, buckets[i],
+                           (unsigned long long)cum);
     }
     if (st == TD_OK)
-        st = td_metrics_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n",
-                               name, (unsigned long long)h->n, name, h->sum, name,
-                               (unsigned long long)h->n);
+        st = td_buf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n",
+                           name, (unsigned long long)h->n, name, h->sum, name,
+                           (unsigned long long)h->n);
     return st;
 }
 
 td_status_t
-td_metrics_render(const td_metrics_t *m, td_strbuf_t *out)
+td_metrics_render(const td_metrics_t *m, td_buf_t *out)
 {
     td_status_t st = td_metrics_header(out, "tandem_router_requests_total", "counter",
                                        "requests by outcome");
 
     for (int o = 0; st == TD_OK && o < TD_OUTCOME_N; o++)
-        st = td_metrics_printf(out, "tandem_router_requests_total{outcome=\"%s\"} %llu\n",
-                               outcome_names[o], (unsigned long long)m->requests[o]);
+        st = td_buf_printf(out, "tandem_router_requests_total{outcome=\"%s\"} %llu\n",
+                           outcome_names[o], (unsigned long long)m->requests[o]);
     if (st == TD_OK)
         st = td_metrics_header(out, "tandem_router_errors_total", "counter",
                                "error responses and error events by reason");
     for (int r = 0; st == TD_OK && r < TD_ERRREASON_N; r++)
-        st = td_metrics_printf(out, "tandem_router_errors_total{reason=\"%s\"} %llu\n",
-                               errreason_names[r], (unsigned long long)m->errors[r]);
+        st = td_buf_printf(out, "tandem_router_errors_total{reason=\"%s\"} %llu\n",
+                           errreason_names[r], (unsigned long long)m->errors[r]);
     if (st == TD_OK)
         st = hist_render(out, "tandem_router_ttft_seconds",
                          "time from request received to first token sent", &m->ttft);
@@ -118,8 +101,8 @@ td_metrics_render(const td_metrics_t *m, td_strbuf_t *out)
     for (size_t i = 0; st == TD_OK && i < sizeof counters / sizeof counters[0]; i++) {
         st = td_metrics_header(out, counters[i].name, "counter", counters[i].help);
         if (st == TD_OK)
-            st = td_metrics_printf(out, "%s %llu\n", counters[i].name,
-                                   (unsigned long long)counters[i].v);
+            st = td_buf_printf(out, "%s %llu\n", counters[i].name,
+                               (unsigned long long)counters[i].v);
     }
     return st;
 }

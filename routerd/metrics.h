@@ -1,12 +1,12 @@
 /* routerd/metrics.h — the router's counters and latency histograms, and their
  * Prometheus text rendering (route-metrics.c adds the per-rank gauges). */
-#ifndef TD_METRICS_H
-#define TD_METRICS_H
+#ifndef TD_ROUTERD_METRICS_H
+#define TD_ROUTERD_METRICS_H
 
 #include <stdint.h>
 
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 
 /* How a request ended. */
 typedef enum {
@@ -58,12 +58,9 @@ const char *td_metrics_errreason_str(td_errreason_t r);
 void td_metrics_observe(td_metrics_hist_t *h, double seconds);
 
 /* Append "# HELP", "# TYPE" and the series of the counters and histograms. */
-td_status_t td_metrics_render(const td_metrics_t *m, td_strbuf_t *out);
+td_status_t td_metrics_render(const td_metrics_t *m, td_buf_t *out);
 /* Append "# HELP name help\n# TYPE name type\n". */
-td_status_t td_metrics_header(td_strbuf_t *out, const char *name, const char *type,
+td_status_t td_metrics_header(td_buf_t *out, const char *name, const char *type,
                               const char *help);
-/* Append printf-formatted text. */
-td_status_t td_metrics_printf(td_strbuf_t *out, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -107,7 +107,7 @@ err_obj(const td_openai_err_t *e)
 
 /* Append j as compact JSON (as an SSE event when sse) and drop the reference. */
 static td_status_t
-json_emit(json_t *j, bool sse, td_strbuf_t *out)
+json_emit(json_t *j, bool sse, td_buf_t *out)
 {
     if (j == NULL)
         return TD_ERR_INVALID;
@@ -115,13 +115,13 @@ json_emit(json_t *j, bool sse, td_strbuf_t *out)
     json_decref(j);
     if (s == NULL)
         return TD_ERR_NOMEM;
-    td_status_t rc = sse ? td_sse_event(out, s, strlen(s)) : td_strbuf_append(out, s, strlen(s));
+    td_status_t rc = sse ? td_sse_event(out, s, strlen(s)) : td_buf_append(out, s, strlen(s));
     free(s);
     return rc;
 }
 
 td_status_t
-td_openai_err_json(const td_openai_err_t *e, td_strbuf_t *out)
+td_openai_err_json(const td_openai_err_t *e, td_buf_t *out)
 {
     return json_emit(err_obj(e), false, out);
 }
@@ -301,7 +301,7 @@ static td_status_t
 parse_content_parts(parse_t *p, const char *param, const json_t *parts, char **out)
 {
     td_openai_param_t pp;
-    td_strbuf_t text = {0};
+    td_buf_t text = {0};
     td_status_t rc = TD_OK;
     if (json_array_size(parts) == 0)
         return empty_array(p, param);
@@ -340,17 +340,18 @@ parse_content_parts(parse_t *p, const char *param, const json_t *parts, char **o
             rc = bad_type(p, pp, "a string", t);
             goto err_free_text;
         }
-        if ((j > 0 && td_strbuf_append(&text, "\n", 1) != TD_OK) ||
-            td_strbuf_append(&text, json_string_value(t), json_string_length(t)) != TD_OK) {
+        if ((j > 0 && td_buf_append(&text, "\n", 1) != TD_OK) ||
+            td_buf_append(&text, json_string_value(t), json_string_length(t)) != TD_OK) {
             rc = nomem(p);
             goto err_free_text;
         }
     }
-    *out = text.data;
+    if ((*out = td_buf_take(&text, NULL)) == NULL)
+        return nomem(p);
     return TD_OK;
 
 err_free_text:
-    td_strbuf_free(&text);
+    td_buf_free(&text);
     return rc;
 }
 
@@ -1003,7 +1004,7 @@ response_obj(const td_openai_meta_t *m, bool chunk, json_t *choice, int usage_mo
 td_status_t
 td_openai_response_json(const td_openai_meta_t *m, const char *text, size_t len,
                         td_openai_finish_t finish, const td_openai_usage_t *usage,
-                        td_strbuf_t *out)
+                        td_buf_t *out)
 {
     json_t *c = choice_obj(m->kind, false, true, text, len, finish);
     if (c == NULL)
@@ -1012,7 +1013,7 @@ td_openai_response_json(const td_openai_meta_t *m, const char *text, size_t len,
 }
 
 td_status_t
-td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len, td_strbuf_t *out)
+td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len, td_buf_t *out)
 {
     bool with_role = s->meta.kind == TD_OPENAI_CHAT && !s->role_sent;
     json_t *c = choice_obj(s->meta.kind, true, with_role, text ? text : "", len,
@@ -1040,7 +1041,7 @@ choice_with(json_t *obj, bool chunk, td_openai_finish_t finish)
 }
 
 td_status_t
-td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_strbuf_t *out)
+td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_buf_t *out)
 {
     bool with_role = !s->role_sent;
     if (delta && with_role && json_object_set_new(delta, "role", json_string("assistant"))) {
@@ -1060,7 +1061,7 @@ td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_strbuf_t *out)
 td_status_t
 td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
                                 td_openai_finish_t finish, const td_openai_usage_t *usage,
-                                td_strbuf_t *out)
+                                td_buf_t *out)
 {
     json_t *c = choice_with(message, false, finish);
     if (c == NULL)
@@ -1070,7 +1071,7 @@ td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
 
 td_status_t
 td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,
-                        const td_openai_usage_t *usage, td_strbuf_t *out)
+                        const td_openai_usage_t *usage, td_buf_t *out)
 {
     size_t start = out->len;
     bool with_role = s->meta.kind == TD_OPENAI_CHAT && !s->role_sent;
@@ -1092,17 +1093,17 @@ td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,
     return TD_OK;
 
 err_truncate:
-    td_strbuf_truncate(out, start);
+    td_buf_truncate(out, start);
     return rc;
 }
 
 td_status_t
-td_openai_stream_error(const td_openai_err_t *e, td_strbuf_t *out)
+td_openai_stream_error(const td_openai_err_t *e, td_buf_t *out)
 {
     size_t start = out->len;
     td_status_t rc = json_emit(err_obj(e), true, out);
     if (rc == TD_OK && (rc = td_sse_done(out)) != TD_OK)
-        td_strbuf_truncate(out, start);
+        td_buf_truncate(out, start);
     return rc;
 }
 
@@ -1111,7 +1112,7 @@ td_openai_stream_error(const td_openai_err_t *e, td_strbuf_t *out)
 /* ===================================================================== */
 
 td_status_t
-td_openai_models_json(const td_openai_model_t *models, size_t n, td_strbuf_t *out)
+td_openai_models_json(const td_openai_model_t *models, size_t n, td_buf_t *out)
 {
     json_t *data = json_array();
     json_t *list = json_pack("{s:s, s:o}", "object", "list", "data", data);

@@ -4,8 +4,8 @@
 #ifndef TD_OPENAI_H
 #define TD_OPENAI_H
 
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 
 #include <jansson.h>
 
@@ -110,7 +110,7 @@ void td_openai_err_overloaded(td_openai_err_t *e, unsigned retry_after);
 void td_openai_err_internal(td_openai_err_t *e, const char *what);
 
 /* The error body, appended to out. */
-td_status_t td_openai_err_json(const td_openai_err_t *e, td_strbuf_t *out);
+td_status_t td_openai_err_json(const td_openai_err_t *e, td_buf_t *out);
 
 /* ---- Parsing ---------------------------------------------------------- */
 
@@ -153,7 +153,7 @@ td_status_t td_openai_id_new(td_openai_kind_t kind, char buf[TD_OPENAI_ID_LEN]);
  * (len bytes of valid UTF-8; otherwise TD_ERR_INVALID), appended to out. */
 td_status_t td_openai_response_json(const td_openai_meta_t *m, const char *text, size_t len,
                                     td_openai_finish_t finish, const td_openai_usage_t *usage,
-                                    td_strbuf_t *out);
+                                    td_buf_t *out);
 
 /* One streamed response. Fill meta and include_usage, zero the rest. */
 typedef struct {
@@ -165,25 +165,25 @@ typedef struct {
 /* Append the SSE event of a text chunk. The first chunk of a chat stream also
  * carries delta.role "assistant"; call with len 0 to send it before any text. */
 td_status_t td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len,
-                                  td_strbuf_t *out);
+                                  td_buf_t *out);
 /* Append the SSE event of a chat chunk whose delta is the given object
  * (reasoning_content, tool_calls, content: the chat reader's deltas); the
  * first chunk also gets delta.role. delta is consumed (its reference stolen). */
-td_status_t td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_strbuf_t *out);
+td_status_t td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_buf_t *out);
 
 /* The non-streaming chat.completion whose choice carries the given message
  * object ({"role":"assistant","content",...}); message is consumed. */
 td_status_t td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
                                             td_openai_finish_t finish,
-                                            const td_openai_usage_t *usage, td_strbuf_t *out);
+                                            const td_openai_usage_t *usage, td_buf_t *out);
 
 /* Append the end of the stream: the chunk with finish_reason, a usage chunk
  * (choices: []) when include_usage, then `data: [DONE]`. */
 td_status_t td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,
-                                    const td_openai_usage_t *usage, td_strbuf_t *out);
+                                    const td_openai_usage_t *usage, td_buf_t *out);
 /* Append an error in the middle of a stream: `data: {"error":{...}}` then
  * `data: [DONE]` (the OpenAI SDKs raise an APIError on such an event). */
-td_status_t td_openai_stream_error(const td_openai_err_t *e, td_strbuf_t *out);
+td_status_t td_openai_stream_error(const td_openai_err_t *e, td_buf_t *out);
 
 /* ---- Models ---------------------------------------------------------- */
 
@@ -197,6 +197,6 @@ typedef struct {
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created",
  * "owned_by":"tandem","engine","tokenizer"}]}, appended to out. */
 td_status_t td_openai_models_json(const td_openai_model_t *models, size_t n,
-                                  td_strbuf_t *out);
+                                  td_buf_t *out);
 
 #endif

@@ -1,14 +1,16 @@
 /* routerd/route-admin-cancel.c — POST /admin/cancel {"id": "<16 hex digits>"}:
  * cancel a request in flight at its ranks and answer its client with an error. */
 #include "router.h"
+#include "routes.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 
 void
-td_route_admin_cancel(td_router_t *r, struct evhttp_request *req)
+td_route_admin_cancel(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     char idstr[24], *end;
     td_openai_err_t e;
     uint64_t id;
@@ -25,7 +27,7 @@ td_route_admin_cancel(td_router_t *r, struct evhttp_request *req)
         td_http_reply_err(req, &e);
         return;
     }
-    if (td_request_cancel_id(r, id) != TD_OK) {
+    if (td_rreq_cancel_id(r->reqs, id) != TD_OK) {
         td_openai_err_set(&e, 404, "invalid_request_error", "id", "request_not_found",
                           "No request %s is in flight.", idstr);
         td_http_reply_err(req, &e);

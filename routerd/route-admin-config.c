@@ -2,6 +2,7 @@
  * configuration through the option table, as the config file writes it;
  * paths to secrets and keys are redacted. */
 #include "router.h"
+#include "routes.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -18,8 +19,9 @@ is_secret(const char *name)
 }
 
 void
-td_route_admin_config(td_router_t *r, struct evhttp_request *req)
+td_route_admin_config(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     json_t *obj = json_object();
 
     for (const td_config_opt_t *o = r->table; obj && o->name; o++) {

@@ -1,6 +1,7 @@
 /* routerd/route-admin-node.c — POST /admin/drain, /admin/undrain and
  * /admin/remove with {"node": NAME}: one handler, three routes. */
 #include "router.h"
+#include "routes.h"
 
 #include <jansson.h>
 
@@ -30,19 +31,19 @@ node_op(td_router_t *r, struct evhttp_request *req, node_op_t op)
 }
 
 void
-td_route_admin_drain(td_router_t *r, struct evhttp_request *req)
+td_route_admin_drain(struct evhttp_request *req, void *router)
 {
-    node_op(r, req, NODE_DRAIN);
+    node_op(router, req, NODE_DRAIN);
 }
 
 void
-td_route_admin_undrain(td_router_t *r, struct evhttp_request *req)
+td_route_admin_undrain(struct evhttp_request *req, void *router)
 {
-    node_op(r, req, NODE_UNDRAIN);
+    node_op(router, req, NODE_UNDRAIN);
 }
 
 void
-td_route_admin_remove(td_router_t *r, struct evhttp_request *req)
+td_route_admin_remove(struct evhttp_request *req, void *router)
 {
-    node_op(r, req, NODE_REMOVE);
+    node_op(router, req, NODE_REMOVE);
 }

@@ -1,12 +1,13 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
  * ranks (role, state, incarnation, load, KV used/free, in flight). */
 #include "router.h"
+#include "routes.h"
 
 #include <inttypes.h>
 #include <jansson.h>
 
 static json_t *
-rank_json(const td_rank_t *rk)
+rank_json(const td_rrank_t *rk)
 {
     const Tandem__Load *l = &rk->load;
     char inc[17];
@@ -15,7 +16,7 @@ rank_json(const td_rank_t *rk)
     return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:{s:I, s:I, s:I}, "
                      "s:{s:I, s:I, s:I, s:I}}",
                      "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),
-                     "state", td_cluster_rank_state_str(td_cluster_rank_state(rk)),
+                     "state", td_rrank_state_str(td_rrank_state(rk)),
                      "incarnation", inc, "engine", rk->reg ? rk->reg->engine_name : "",
                      "max_context", (json_int_t)(rk->reg ? rk->reg->max_context : 0),
                      "max_batch", (json_int_t)(rk->reg ? rk->reg->max_batch : 0),
@@ -29,22 +30,23 @@ rank_json(const td_rank_t *rk)
 }
 
 void
-td_route_admin_status(td_router_t *r, struct evhttp_request *req)
+td_route_admin_status(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     json_t *nodes = json_array();
-    uint64_t states[TD_REQ_NSTATES], inflight = 0;
+    uint64_t states[TD_RREQ_NSTATES], inflight = 0;
 
-    for (const td_node_t *n = r->cluster.nodes; nodes && n; n = n->next) {
+    for (const td_rrank_node_t *n = r->cluster.nodes; nodes && n; n = n->next) {
         json_t *ranks = json_array();
-        for (const td_rank_t *rk = r->cluster.ranks; ranks && rk; rk = rk->next)
+        for (const td_rrank_t *rk = r->cluster.ranks; ranks && rk; rk = rk->next)
             if (rk->node == n)
                 json_array_append_new(ranks, rank_json(rk));
         json_array_append_new(nodes, json_pack("{s:s, s:b, s:b, s:o}", "node", n->name,
                                                "draining", n->draining, "removing", n->removing,
                                                "ranks", ranks ? ranks : json_null()));
     }
-    td_request_count_states(r, states);
-    for (int s = 0; s < TD_REQ_DONE; s++)
+    td_rreq_count_states(r->reqs, states);
+    for (int s = 0; s < TD_RREQ_DONE; s++)
         inflight += states[s];
     td_http_reply_json(req, 200, json_pack("{s:s, s:s, s:s, s:I, s:o}", "router_id", r->router_id,
                                            "model", r->model, "engine", r->engine_kind,

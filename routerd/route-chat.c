@@ -1,8 +1,11 @@
 /* routerd/route-chat.c — POST /v1/chat/completions. */
 #include "router.h"
+#include "routes.h"
 
 void
-td_route_chat(td_router_t *r, struct evhttp_request *req)
+td_route_chat(struct evhttp_request *req, void *router)
 {
-    td_request_serve(r, req, TD_OPENAI_CHAT);
+    td_router_t *r = router;
+
+    td_rreq_serve(r->reqs, req, TD_OPENAI_CHAT);
 }

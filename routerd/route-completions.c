@@ -1,8 +1,11 @@
 /* routerd/route-completions.c — POST /v1/completions. */
 #include "router.h"
+#include "routes.h"
 
 void
-td_route_completions(td_router_t *r, struct evhttp_request *req)
+td_route_completions(struct evhttp_request *req, void *router)
 {
-    td_request_serve(r, req, TD_OPENAI_COMPLETION);
+    td_router_t *r = router;
+
+    td_rreq_serve(r->reqs, req, TD_OPENAI_COMPLETION);
 }

@@ -1,16 +1,18 @@
 /* routerd/route-health.c — GET /health: liveness (always 200 while the loop
  * runs) and whether any prefill and decode rank takes requests. */
 #include "router.h"
+#include "routes.h"
 
 #include <jansson.h>
 
 void
-td_route_health(td_router_t *r, struct evhttp_request *req)
+td_route_health(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     json_int_t up[2] = {0, 0};
 
-    for (const td_rank_t *rk = r->cluster.ranks; rk; rk = rk->next)
-        if (td_cluster_rank_state(rk) == TD_RANK_UP)
+    for (const td_rrank_t *rk = r->cluster.ranks; rk; rk = rk->next)
+        if (td_rrank_state(rk) == TD_RRANK_UP)
             up[rk->role == TANDEM__ROLE__ROLE_DECODE]++;
     td_http_reply_json(req, 200, json_pack("{s:s, s:b, s:I, s:I}", "status", "ok",
                                            "ready", up[0] > 0 && up[1] > 0,

@@ -2,6 +2,7 @@
  * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
  * depth, running, in flight) and requests in flight by state. */
 #include "router.h"
+#include "routes.h"
 
 #include <string.h>
 
@@ -20,7 +21,7 @@ label_escape(char *dst, size_t len, const char *src)
 }
 
 static td_status_t
-rank_gauges(td_router_t *r, td_strbuf_t *out)
+rank_gauges(td_router_t *r, td_buf_t *out)
 {
     static const struct { const char *name, *help; } g[] = {
         { "tandem_router_rank_kv_blocks", "kv blocks of a decode rank (used, free)" },
@@ -34,7 +35,7 @@ rank_gauges(td_router_t *r, td_strbuf_t *out)
 
     for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
         st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
-        for (const td_rank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+        for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
             char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
             const Tandem__Load *l = &rk->load;
             bool dec = rk->role == TANDEM__ROLE__ROLE_DECODE;
@@ -45,26 +46,26 @@ rank_gauges(td_router_t *r, td_strbuf_t *out)
             case 0:
             case 1:
                 if (dec)
-                    st = td_metrics_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
-                                           g[i].name, lbl,
-                                           (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
-                                           g[i].name, lbl,
-                                           (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
+                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
                 break;
             case 2:
-                st = td_metrics_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
-                                       g[i].name, lbl, l->queued, g[i].name, lbl,
-                                       (unsigned long long)l->queued_tokens);
+                st = td_buf_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
+                                   g[i].name, lbl, l->queued, g[i].name, lbl,
+                                   (unsigned long long)l->queued_tokens);
                 break;
             case 3:
-                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, l->running);
+                st = td_buf_printf(out, "%s{%s} %u\n", g[i].name, lbl, l->running);
                 break;
             case 4:
-                st = td_metrics_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
+                st = td_buf_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
                 break;
             default:
-                st = td_metrics_printf(out, "%s{%s} %d\n", g[i].name, lbl,
-                                       td_cluster_rank_state(rk) == TD_RANK_UP);
+                st = td_buf_printf(out, "%s{%s} %d\n", g[i].name, lbl,
+                                   td_rrank_state(rk) == TD_RRANK_UP);
                 break;
             }
         }
@@ -73,10 +74,11 @@ rank_gauges(td_router_t *r, td_strbuf_t *out)
 }
 
 void
-td_route_metrics(td_router_t *r, struct evhttp_request *req)
+td_route_metrics(struct evhttp_request *req, void *router)
 {
-    td_strbuf_t out = {0};
-    uint64_t states[TD_REQ_NSTATES];
+    td_router_t *r = router;
+    td_buf_t out = {0};
+    uint64_t states[TD_RREQ_NSTATES];
     td_status_t st = td_metrics_render(&r->metrics, &out);
 
     if (st == TD_OK)
@@ -84,11 +86,11 @@ td_route_metrics(td_router_t *r, struct evhttp_request *req)
     if (st == TD_OK)
         st = td_metrics_header(&out, "tandem_router_requests_in_flight", "gauge",
                                "this router's requests in flight by state (its queue)");
-    td_request_count_states(r, states);
-    for (int s = TD_REQ_NEW; st == TD_OK && s < TD_REQ_DONE; s++)
-        st = td_metrics_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
-                               td_request_state_str((td_req_state_t)s),
-                               (unsigned long long)states[s]);
+    td_rreq_count_states(r->reqs, states);
+    for (int s = TD_RREQ_NEW; st == TD_OK && s < TD_RREQ_DONE; s++)
+        st = td_buf_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
+                           td_rreq_state_str((td_rreq_state_t)s),
+                           (unsigned long long)states[s]);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {
@@ -96,5 +98,5 @@ td_route_metrics(td_router_t *r, struct evhttp_request *req)
         td_openai_err_internal(&e, "could not render the metrics");
         td_http_reply_err(req, &e);
     }
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }

@@ -1,13 +1,15 @@
 /* routerd/route-models.c — GET /v1/models: the one model served, naming the
  * engine (the synthetic stand-in says so) and the tokenizer. */
 #include "router.h"
+#include "routes.h"
 
 void
-td_route_models(td_router_t *r, struct evhttp_request *req)
+td_route_models(struct evhttp_request *req, void *router)
 {
+    td_router_t *r = router;
     td_openai_model_t m = { .id = r->model, .created = 0, .engine = r->engine_kind,
                             .tokenizer = r->tok->name };
-    td_strbuf_t body = {0};
+    td_buf_t body = {0};
 
     if (td_openai_models_json(&m, 1, &body) == TD_OK) {
         td_http_reply(req, 200, "application/json", body.data, body.len);
@@ -16,5 +18,5 @@ td_route_models(td_router_t *r, struct evhttp_request *req)
         td_openai_err_internal(&e, "out of memory");
         td_http_reply_err(req, &e);
     }
-    td_strbuf_free(&body);
+    td_buf_free(&body);
 }

@@ -1,10 +1,10 @@
 /* routerd/routes.c — the route table: path, methods, which listener (API or
  * admin) and whether a key is needed; each handler lives in its route-*.c. */
-#include "router.h"
+#include "routes.h"
 
 #include <event2/http.h>
 
-const td_route_t td_routes[] = {
+const td_http_route_t td_routes[] = {
     { "/v1/chat/completions", EVHTTP_REQ_POST, false, true, td_route_chat },
     { "/v1/completions", EVHTTP_REQ_POST, false, true, td_route_completions },
     { "/v1/models", EVHTTP_REQ_GET, false, true, td_route_models },

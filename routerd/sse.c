@@ -4,7 +4,7 @@
 #include <string.h>
 
 td_status_t
-td_sse_event(td_strbuf_t *out, const char *data, size_t len)
+td_sse_event(td_buf_t *out, const char *data, size_t len)
 {
     size_t start = out->len;
     td_status_t rc = TD_OK;
@@ -12,9 +12,9 @@ td_sse_event(td_strbuf_t *out, const char *data, size_t len)
         size_t j = i;
         while (j < len && data[j] != '\n' && data[j] != '\r')
             j++;
-        if ((rc = td_strbuf_append(out, "data: ", 6)) != TD_OK ||
-            (rc = td_strbuf_append(out, data + i, j - i)) != TD_OK ||
-            (rc = td_strbuf_append(out, "\n", 1)) != TD_OK)
+        if ((rc = td_buf_append(out, "data: ", 6)) != TD_OK ||
+            (rc = td_buf_append(out, data + i, j - i)) != TD_OK ||
+            (rc = td_buf_append(out, "\n", 1)) != TD_OK)
             goto err_truncate;
         if (j == len)
             break;
@@ -22,31 +22,31 @@ td_sse_event(td_strbuf_t *out, const char *data, size_t len)
             j++;
         i = j + 1;
     }
-    if ((rc = td_strbuf_append(out, "\n", 1)) != TD_OK)
+    if ((rc = td_buf_append(out, "\n", 1)) != TD_OK)
         goto err_truncate;
     return TD_OK;
 
 err_truncate:
-    td_strbuf_truncate(out, start);
+    td_buf_truncate(out, start);
     return rc;
 }
 
 td_status_t
-td_sse_done(td_strbuf_t *out)
+td_sse_done(td_buf_t *out)
 {
-    return td_strbuf_append(out, TD_SSE_DONE, strlen(TD_SSE_DONE));
+    return td_buf_append(out, TD_SSE_DONE, strlen(TD_SSE_DONE));
 }
 
 td_status_t
-td_sse_comment(td_strbuf_t *out, const char *text)
+td_sse_comment(td_buf_t *out, const char *text)
 {
     if (strpbrk(text, "\r\n") != NULL)
         return TD_ERR_INVALID;
     size_t start = out->len;
     td_status_t rc;
-    if ((rc = td_strbuf_append(out, ": ", 2)) != TD_OK ||
-        (rc = td_strbuf_append(out, text, strlen(text))) != TD_OK ||
-        (rc = td_strbuf_append(out, "\n\n", 2)) != TD_OK)
-        td_strbuf_truncate(out, start);
+    if ((rc = td_buf_append(out, ": ", 2)) != TD_OK ||
+        (rc = td_buf_append(out, text, strlen(text))) != TD_OK ||
+        (rc = td_buf_append(out, "\n\n", 2)) != TD_OK)
+        td_buf_truncate(out, start);
     return rc;
 }

@@ -3,8 +3,8 @@
 #ifndef TD_SSE_H
 #define TD_SSE_H
 
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 
 #include <stddef.h>
 
@@ -12,13 +12,13 @@
 
 /* Append one event carrying data (len bytes); a payload with line breaks
  * becomes one `data:` line per line, as the SSE spec reassembles it. */
-td_status_t td_sse_event(td_strbuf_t *out, const char *data, size_t len);
+td_status_t td_sse_event(td_buf_t *out, const char *data, size_t len);
 
 /* Append `data: [DONE]\n\n`, the end of an OpenAI stream. */
-td_status_t td_sse_done(td_strbuf_t *out);
+td_status_t td_sse_done(td_buf_t *out);
 
 /* Append a comment line (`: text\n\n`), ignored by clients: a keep-alive.
  * text must not contain a line break (TD_ERR_INVALID). */
-td_status_t td_sse_comment(td_strbuf_t *out, const char *text);
+td_status_t td_sse_comment(td_buf_t *out, const char *text);
 
 #endif

@@ -10,7 +10,7 @@ struct td_stop {
     char      **stops;
     size_t     *lens;
     size_t      n;
-    td_strbuf_t hold;     /* text fed but not released */
+    td_buf_t hold;     /* text fed but not released */
     bool        matched;  /* a stop string completed; nothing more is released */
 };
 
@@ -49,7 +49,7 @@ td_stop_destroy(td_stop_t *m)
         free(m->stops[i]);
     free(m->stops);
     free(m->lens);
-    td_strbuf_free(&m->hold);
+    td_buf_free(&m->hold);
     free(m);
 }
 
@@ -85,9 +85,9 @@ stop_partial_start(const td_stop_t *m, const char *h, size_t len)
 
 /* Release hold[0..cut) to out and keep hold[cut..). */
 static td_status_t
-stop_release(td_stop_t *m, size_t cut, td_strbuf_t *out)
+stop_release(td_stop_t *m, size_t cut, td_buf_t *out)
 {
-    td_status_t rc = td_strbuf_append(out, m->hold.data, cut);
+    td_status_t rc = td_buf_append(out, m->hold.data, cut);
     if (rc != TD_OK)
         return rc;
     memmove(m->hold.data, m->hold.data + cut, m->hold.len - cut + 1);
@@ -96,21 +96,21 @@ stop_release(td_stop_t *m, size_t cut, td_strbuf_t *out)
 }
 
 td_status_t
-td_stop_feed(td_stop_t *m, const char *text, size_t len, td_strbuf_t *out, bool *matched)
+td_stop_feed(td_stop_t *m, const char *text, size_t len, td_buf_t *out, bool *matched)
 {
     td_status_t rc;
     if (m->matched || len == 0) {
         *matched = m->matched;
         return TD_OK;
     }
-    if ((rc = td_strbuf_append(&m->hold, text, len)) != TD_OK)
+    if ((rc = td_buf_append(&m->hold, text, len)) != TD_OK)
         return rc;
     long at = stop_first_match(m, m->hold.data, m->hold.len);
     if (at >= 0) {
-        if ((rc = td_strbuf_append(out, m->hold.data, (size_t)at)) != TD_OK)
+        if ((rc = td_buf_append(out, m->hold.data, (size_t)at)) != TD_OK)
             return rc;
         m->matched = true;
-        td_strbuf_free(&m->hold);
+        td_buf_free(&m->hold);
     } else {
         size_t cut = stop_partial_start(m, m->hold.data, m->hold.len);
         if ((rc = stop_release(m, cut, out)) != TD_OK)
@@ -121,7 +121,7 @@ td_stop_feed(td_stop_t *m, const char *text, size_t len, td_strbuf_t *out, bool 
 }
 
 td_status_t
-td_stop_flush(td_stop_t *m, td_strbuf_t *out)
+td_stop_flush(td_stop_t *m, td_buf_t *out)
 {
     if (m->matched || m->hold.len == 0)
         return TD_OK;

@@ -4,8 +4,8 @@
 #ifndef TD_STOP_H
 #define TD_STOP_H
 
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,10 +23,10 @@ void td_stop_destroy(td_stop_t *m);
  * does not depend on how the text is cut into pieces. On a match, out gets the
  * text before it, *matched is set, and later feeds append nothing.
  * *matched is written on success only. */
-td_status_t td_stop_feed(td_stop_t *m, const char *text, size_t len, td_strbuf_t *out,
+td_status_t td_stop_feed(td_stop_t *m, const char *text, size_t len, td_buf_t *out,
                          bool *matched);
 
 /* Generation ended without a match: release the held-back text. */
-td_status_t td_stop_flush(td_stop_t *m, td_strbuf_t *out);
+td_status_t td_stop_flush(td_stop_t *m, td_buf_t *out);
 
 #endif

@@ -5,7 +5,7 @@
 
 td_status_t
 td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids, size_t nids,
-              td_strbuf_t *out)
+              td_buf_t *out)
 {
     for (size_t i = 0; i < nids; i++) {
         const char *bytes;
@@ -18,7 +18,7 @@ td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids, size_t
         for (size_t j = 0; j < len; j += 64) {
             size_t k = len - j < 64 ? len - j : 64;
             size_t n = td_detok_bytes(st, bytes + j, k, buf);
-            if ((rc = td_strbuf_append(out, buf, n)) != TD_OK)
+            if ((rc = td_buf_append(out, buf, n)) != TD_OK)
                 return rc;
         }
     }
@@ -26,9 +26,9 @@ td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids, size_t
 }
 
 td_status_t
-td_tok_decode_flush(td_tok_dec_t *st, td_strbuf_t *out)
+td_tok_decode_flush(td_tok_dec_t *st, td_buf_t *out)
 {
     char buf[3];
     size_t n = td_detok_flush(st, buf);
-    return n ? td_strbuf_append(out, buf, n) : TD_OK;
+    return n ? td_buf_append(out, buf, n) : TD_OK;
 }

@@ -5,8 +5,8 @@
 #ifndef TD_TOK_H
 #define TD_TOK_H
 
+#include "buf.h"
 #include "status.h"
-#include "strbuf.h"
 #include "tokenizer.h"
 
 #include <stddef.h>
@@ -58,9 +58,9 @@ td_tok_destroy(td_tok_t *tok)
  * becomes U+FFFD. An id outside the vocabulary: TD_ERR_RANGE, after the ids
  * before it were decoded. */
 td_status_t td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids,
-                          size_t nids, td_strbuf_t *out);
+                          size_t nids, td_buf_t *out);
 
 /* End of the stream: an unfinished character held in st becomes U+FFFD. */
-td_status_t td_tok_decode_flush(td_tok_dec_t *st, td_strbuf_t *out);
+td_status_t td_tok_decode_flush(td_tok_dec_t *st, td_buf_t *out);
 
 #endif

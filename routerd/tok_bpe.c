@@ -6,6 +6,8 @@
  * are not special tokens and reach the reply reader. */
 #include "tok_bpe.h"
 
+#include "log.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -51,8 +53,10 @@ td_status_t
 td_tok_bpe_create(const char *path, td_tok_t **out)
 {
     td_tok_bpe_t *t = calloc(1, sizeof *t);
-    if (!t)
+    if (!t) {
+        td_error("tokenizer %s: out of memory", path);
         return TD_ERR_NOMEM;
+    }
     td_status_t st = td_tokenizer_load(path, &t->tok);
     if (st != TD_OK) {
         free(t);

@@ -276,6 +276,21 @@ def test_ctl(c):
     check(re.search(r"(?i)proof|secret|auth", rlog), "router log lacks the reason")
     check(w.poll() is None, "good worker died")
 
+    # A message that does not fit the request's state: a PrefillDone from the
+    # prefill rank while the request is still admitting (no Prefill was sent).
+    # It is ignored (and logged), the request is served as if it had not come.
+    early = c.start_worker("early", "--prefill-done-early", "--admit-delay-ms", "300")
+    c.wait_up(4)
+    st, _, _ = request(c.admin, "POST", "/admin/drain", {"node": "good"}, key=ADMIN_KEY)
+    check(st == 200, "drain good")
+    st, _, data = chat(c.http, max_tokens=4)
+    check(st == 200 and json.loads(data)["choices"][0]["message"]["content"] == "the ",
+          "request after an early PrefillDone: %d %r" % (st, data))
+    check("prefill_done_early" in open(early.out).read(), "no early PrefillDone sent")
+    check(re.search(r"PrefillDone for request [0-9a-f]+, which is admitting: does not fit",
+                    open(c.rlog).read()), "router log lacks the ignored PrefillDone")
+    check(early.poll() is None and c.procs[0].poll() is None, "a process died")
+
 
 def test_flow(c):
     c.start_router()
@@ -379,6 +394,27 @@ def test_cancel(c):
         ev.append(s.event())
     check("error" in json.loads(ev[-2]), "no error event: %r" % ev[-2:])
     s.close()
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "blocks back to 0")
+
+    # The client disconnects while its request is admitting (AdmitOk not yet
+    # back): no Prefill went out, so the Cancel says prefill_not_sent and the
+    # decode rank may free the blocks at once.
+    w.send_signal(signal.SIGTERM)
+    w.wait(timeout=10)
+    slow = c.start_worker("slow", "--admit-delay-ms", "2000")
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks() if r["node"] == "slow") == 2,
+           "slow worker up")
+    sock = socket.create_connection(("127.0.0.1", c.http))
+    body = json.dumps({"model": "tandem-synthetic", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "x"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.wait(lambda: "admit " in open(slow.out).read(), "Admit at the slow rank")
+    sock.close()
+    c.wait(lambda: "cancel " in open(slow.out).read(), "Cancel while admitting")
+    out = open(slow.out).read()
+    check(re.search(r"cancel [0-9a-f]+ held prefill_not_sent=1", out),
+          "Cancel while admitting without prefill_not_sent: %r" % out)
     c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "blocks back to 0")
 
 

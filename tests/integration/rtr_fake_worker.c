@@ -2,10 +2,13 @@
  * rank (one process, two links via common/link.c) for routerd's black-box
  * tests: it speaks the control protocol of docs/cluster.md but moves no KV.
  * Decode tokens are the bytes of TEXT, cycling, one per message every
- * --tok-ms; Load reports one KV block per admitted request.
+ * --tok-ms; Load reports one KV block per admitted request. Misbehaviours on
+ * request: --admit-delay-ms answers Admit late; --prefill-done-early sends a
+ * PrefillDone (failed) from the prefill rank as soon as the decode rank gets
+ * the Admit, before any Prefill could have been sent.
  * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
- *        [--max-context N] */
+ *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -30,8 +33,9 @@ static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 typedef struct {
     uint64_t id;            /* 0: free slot */
     uint32_t max_tokens, sent;
+    bool admitting;         /* AdmitOk not sent yet (--admit-delay-ms) */
     bool prefilled;
-    struct event *tick;
+    struct event *tick;     /* AdmitOk when admitting, else the next token */
 } fake_req_t;
 
 typedef struct {
@@ -40,8 +44,10 @@ typedef struct {
     td_link_router_t *drouter, *prouter;
     fake_req_t reqs[MAXREQ];
     uint32_t tok_ms;
+    uint32_t admit_delay_ms;
     bool reject;
     bool prefill_hang;      /* never answer Prefill (a rank stuck mid-prefill) */
+    bool prefill_done_early;
     char node[65];
 } fake_t;
 
@@ -95,6 +101,41 @@ req_release(fake_req_t *q)
 }
 
 static void
+admit_ok(fake_req_t *q)
+{
+    Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
+    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
+    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
+
+    q->admitting = false;
+    dest.node_id = F.node;
+    ok.req_id = q->id;
+    ok.dest = &dest;
+    out.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
+    out.admit_ok = &ok;
+    dsend(&out);
+}
+
+/* What a buggy prefill rank might send: a PrefillDone for a request it was
+ * never asked to prefill. */
+static void
+prefill_done_early(uint64_t id)
+{
+    Tandem__PrefillDone pd = TANDEM__PREFILL_DONE__INIT;
+    Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
+
+    pd.req_id = id;
+    pd.status = TD_ERR_IO;
+    pd.reason = "fake worker: done before any Prefill";
+    out.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
+    out.prefill_done = &pd;
+    if (F.prouter)
+        (void)td_link_send(F.plink, F.prouter, &out);
+    printf("prefill_done_early %016" PRIx64 "\n", id);
+    fflush(stdout);
+}
+
+static void
 on_tick(evutil_socket_t fd, short what, void *arg)
 {
     fake_req_t *q = arg;
@@ -103,6 +144,10 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     int32_t tok = (unsigned char)TEXT[q->sent % (sizeof TEXT - 1)];
     struct timeval tv = td_ctl_timeval_ms(F.tok_ms);
 
+    if (q->admitting) {
+        admit_ok(q);
+        return;
+    }
     tk.req_id = q->id;
     tk.n_tokens = 1;
     tk.tokens = &tok;
@@ -144,18 +189,20 @@ on_decode_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, vo
         printf("admit %016" PRIx64 " tokens=%zu max_tokens=%u\n", q->id, a->n_tokens,
                q->max_tokens);
         fflush(stdout);
-        Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
-        Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
-        dest.node_id = F.node;
-        ok.req_id = q->id;
-        ok.dest = &dest;
-        out.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
-        out.admit_ok = &ok;
-        dsend(&out);
+        if (F.prefill_done_early)
+            prefill_done_early(q->id);
+        if (F.admit_delay_ms) {
+            struct timeval tv = td_ctl_timeval_ms(F.admit_delay_ms);
+            q->admitting = true;
+            evtimer_add(q->tick, &tv);
+        } else {
+            admit_ok(q);
+        }
         send_load();
     } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_CANCEL) {
         fake_req_t *q = req_find(env->cancel->req_id);
-        printf("cancel %016" PRIx64 " %s\n", env->cancel->req_id, q ? "held" : "unknown");
+        printf("cancel %016" PRIx64 " %s prefill_not_sent=%d\n", env->cancel->req_id,
+               q ? "held" : "unknown", env->cancel->prefill_not_sent);
         fflush(stdout);
         if (q)
             req_release(q);
@@ -229,7 +276,8 @@ main(int argc, char **argv)
     static const struct option lo[] = {
         { "router", 1, 0, 'r' }, { "secret-file", 1, 0, 's' }, { "node", 1, 0, 'n' },
         { "role", 1, 0, 'o' }, { "reject", 0, 0, 'j' }, { "tok-ms", 1, 0, 't' },
-        { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' }, { 0, 0, 0, 0 },
+        { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' },
+        { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' }, { 0, 0, 0, 0 },
     };
     const char *router = NULL, *secret_file = NULL, *role = "both";
     uint64_t max_context = 1u << 20;
@@ -252,6 +300,8 @@ main(int argc, char **argv)
         case 'h': F.prefill_hang = true; break;
         case 't': F.tok_ms = (uint32_t)atoi(optarg); break;
         case 'c': max_context = strtoull(optarg, NULL, 10); break;
+        case 'a': F.admit_delay_ms = (uint32_t)atoi(optarg); break;
+        case 'e': F.prefill_done_early = true; break;
         default: return 2;
         }
     }

@@ -1,9 +1,11 @@
 /* tests/unit/test_openai.c — routerd's API layer: request validation (exact
  * status, error type, param, code and message for each bad body), response and
  * stream JSON parsed back, SSE framing, stop strings, the byte-level tokenizer
- * and API key files. */
+ * and API key files (each failure logged once). */
 #include "apikeys.h"
+#include "buf.h"
 #include "check.h"
+#include "log.h"
 #include "openai.h"
 #include "sse.h"
 #include "stop.h"
@@ -45,7 +47,7 @@ static void
 check_err(const char *what, const td_openai_err_t *e, int http, const char *type,
           const char *param, const char *code, const char *substr)
 {
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     CHECK_STATUS(td_openai_err_json(e, &out), TD_OK);
     json_error_t jerr;
     json_t *root = out.data ? json_loads(out.data, 0, &jerr) : NULL;
@@ -69,7 +71,7 @@ check_err(const char *what, const td_openai_err_t *e, int http, const char *type
     if (td_check_failures != before)
         fprintf(stderr, "  in case: %s\n  got: %s\n", what, out.data ? out.data : "(none)");
     json_decref(root);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }
 
 /* ===================================================================== */
@@ -362,7 +364,7 @@ test_responses(void)
 {
     td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem" };
     td_openai_usage_t u = { 12, 5 };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK(o != NULL);
@@ -374,7 +376,7 @@ test_responses(void)
     check_usage(json_object_get(o, "usage"), 12, 5);
     json_decref(o);
 
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
     m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem" };
     CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
@@ -386,7 +388,7 @@ test_responses(void)
     json_decref(o);
 
     /* invalid UTF-8 text is refused, not emitted as broken JSON */
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
     CHECK_STATUS(td_openai_response_json(&m, "\xff", 1, TD_OPENAI_FINISH_STOP, &u, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
 
@@ -396,7 +398,7 @@ test_responses(void)
     o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK(json_is_null(json_object_get(o, "system_fingerprint")));
     json_decref(o);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }
 
 /* Split an SSE stream into the payloads of its `data:` events. */
@@ -428,7 +430,7 @@ test_chat_stream(bool include_usage)
 {
     td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem" }, include_usage, false };
     td_openai_usage_t u = { 4, 2 };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_text(&s, "Hel", 3, &out), TD_OK);
     CHECK_STATUS(td_openai_stream_text(&s, "lo", 2, &out), TD_OK);
     CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
@@ -469,7 +471,7 @@ test_chat_stream(bool include_usage)
         CHECK_STR(p[n - 1], "[DONE]");
     }
     free_payloads(p, n);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }
 
 static void
@@ -480,7 +482,7 @@ test_streams(void)
 
     /* a chat stream that ends at once still names the role; usage required */
     td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL }, true, false };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
     td_openai_usage_t u = { 1, 0 };
@@ -496,7 +498,7 @@ test_streams(void)
         CHECK_STR(p[2], "[DONE]");
     }
     free_payloads(p, n);
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
 
     /* completions: text chunks, no role, a final chunk with text "" */
     td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem" }, false, false };
@@ -516,7 +518,7 @@ test_streams(void)
         CHECK_STR(p[2], "[DONE]");
     }
     free_payloads(p, n);
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
 
     /* an error in the middle of a stream */
     td_openai_err_t e;
@@ -533,7 +535,7 @@ test_streams(void)
         CHECK_STR(p[1], "[DONE]");
     }
     free_payloads(p, n);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }
 
 static void
@@ -542,7 +544,7 @@ test_models_and_errors(void)
     td_openai_model_t ms[] = {
         { MODEL, 1700000000, "synthetic (deterministic stand-in, not the model)", TD_TOK_BYTES_NAME },
     };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     CHECK_STATUS(td_openai_models_json(ms, 1, &out), TD_OK);
     json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK_STR(json_string_value(json_object_get(o, "object")), "list");
@@ -557,10 +559,10 @@ test_models_and_errors(void)
     CHECK_STR(json_string_value(json_object_get(m, "tokenizer")),
               "byte-level (stand-in until the V4.1 tokenizer lands)");
     json_decref(o);
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
     CHECK_STATUS(td_openai_models_json(NULL, 0, &out), TD_OK);
     CHECK_STR(out.data, "{\"object\":\"list\",\"data\":[]}");
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 
     td_openai_err_t e;
     td_openai_err_auth(&e, true);
@@ -602,18 +604,18 @@ test_sse(void)
         { "a\nb", "data: a\ndata: b\n\n" },
         { "a\r\nb\rc\n", "data: a\ndata: b\ndata: c\ndata: \n\n" },
     };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        td_strbuf_reset(&out);
+        td_buf_reset(&out);
         CHECK_STATUS(td_sse_event(&out, cases[i].data, strlen(cases[i].data)), TD_OK);
         CHECK_STR(out.data, cases[i].want);
     }
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
     CHECK_STATUS(td_sse_comment(&out, "keep-alive"), TD_OK);
     CHECK_STATUS(td_sse_comment(&out, "two\nlines"), TD_ERR_INVALID);
     CHECK_STATUS(td_sse_done(&out), TD_OK);
     CHECK_STR(out.data, ": keep-alive\n\ndata: [DONE]\n\n");
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 }
 
 /* ===================================================================== */
@@ -627,7 +629,7 @@ stop_run(const char *const *stops, size_t nstops, const char *text, const size_t
          bool *matched)
 {
     td_stop_t *m = NULL;
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     *matched = false;
     CHECK_STATUS(td_stop_create(stops, nstops, &m), TD_OK);
     if (m == NULL)
@@ -648,7 +650,7 @@ stop_run(const char *const *stops, size_t nstops, const char *text, const size_t
     CHECK_STATUS(td_stop_flush(m, &out), TD_OK);
     td_stop_destroy(m);
     char *s = strdup(out.data ? out.data : "");
-    td_strbuf_free(&out);
+    td_buf_free(&out);
     return s;
 }
 
@@ -705,7 +707,7 @@ test_stop(void)
     /* held text is released as soon as it cannot start a stop string */
     td_stop_t *m;
     const char *stops[] = { "STOP" };
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     bool mt;
     CHECK_STATUS(td_stop_create(stops, 1, &m), TD_OK);
     CHECK_STATUS(td_stop_feed(m, "abST", 4, &out, &mt), TD_OK);
@@ -722,7 +724,7 @@ test_stop(void)
     CHECK(mt);
     CHECK_STR(out.data, "abSTx");
     td_stop_destroy(m);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
 
     const char *empty[] = { "ok", "" };
     m = NULL;
@@ -744,7 +746,7 @@ valid_utf8(const char *s, size_t len)
 
 /* Decode ids in pieces of random sizes; flush at the end. */
 static void
-decode_pieces(const td_tok_t *tok, const uint32_t *ids, size_t n, td_strbuf_t *out)
+decode_pieces(const td_tok_t *tok, const uint32_t *ids, size_t n, td_buf_t *out)
 {
     td_tok_dec_t st = {0};
     for (size_t i = 0; i < n;) {
@@ -776,16 +778,16 @@ test_tok_bytes(void)
     CHECK_EQ_INT(ids[1], 0xc3);
     srand(7);
     for (int round = 0; round < 50; round++) {
-        td_strbuf_t out = {0};
+        td_buf_t out = {0};
         decode_pieces(tok, ids, n, &out);
         CHECK_STR(out.data, text);
-        td_strbuf_free(&out);
+        td_buf_free(&out);
     }
     free(ids);
 
     /* a character split across calls appears only once complete */
     td_tok_dec_t st = {0};
-    td_strbuf_t out = {0};
+    td_buf_t out = {0};
     const uint32_t emoji[] = { 0xf0, 0x9f, 0x98, 0x80 };
     for (size_t i = 0; i < 3; i++) {
         CHECK_STATUS(td_tok_decode(tok, &st, &emoji[i], 1, &out), TD_OK);
@@ -805,7 +807,7 @@ test_tok_bytes(void)
         { { 0xe2, 0x82, 0xe2, 0x82, 0xac }, 5, "\xef\xbf\xbd\xe2\x82\xac" },
     };
     for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
-        td_strbuf_reset(&out);
+        td_buf_reset(&out);
         td_tok_dec_t s2 = {0};
         CHECK_STATUS(td_tok_decode(tok, &s2, invalid[i].ids, invalid[i].n, &out), TD_OK);
         CHECK_STATUS(td_tok_decode_flush(&s2, &out), TD_OK);
@@ -819,7 +821,7 @@ test_tok_bytes(void)
         for (size_t i = 0; i < len; i++)
             raw[i] = (char)(round % 2 ? rand() : 0xc0 + rand() % 0x40 - (rand() % 2) * 0x40);
         CHECK_STATUS(td_tok_encode(tok, raw, len, &ids, &n), TD_OK);
-        td_strbuf_t whole = {0}, cut = {0};
+        td_buf_t whole = {0}, cut = {0};
         td_tok_dec_t s3 = {0};
         CHECK_STATUS(td_tok_decode(tok, &s3, ids, n, &whole), TD_OK);
         CHECK_STATUS(td_tok_decode_flush(&s3, &whole), TD_OK);
@@ -828,13 +830,13 @@ test_tok_bytes(void)
         CHECK(whole.len == 0 || valid_utf8(whole.data, whole.len));
         if (valid_utf8(raw, len))
             CHECK(whole.len == len && (len == 0 || memcmp(whole.data, raw, len) == 0));
-        td_strbuf_free(&whole);
-        td_strbuf_free(&cut);
+        td_buf_free(&whole);
+        td_buf_free(&cut);
         free(ids);
     }
 
     /* an id outside the vocabulary is an error, not a crash */
-    td_strbuf_reset(&out);
+    td_buf_reset(&out);
     td_tok_dec_t s4 = {0};
     const uint32_t oob[] = { 'a', 300, 'b' };
     CHECK_STATUS(td_tok_decode(tok, &s4, oob, 3, &out), TD_ERR_RANGE);
@@ -842,7 +844,7 @@ test_tok_bytes(void)
     CHECK_STATUS(td_tok_encode(tok, "", 0, &ids, &n), TD_OK);
     CHECK_EQ_INT(n, 0);
     free(ids);
-    td_strbuf_free(&out);
+    td_buf_free(&out);
     td_tok_destroy(tok);
 }
 
@@ -873,13 +875,42 @@ rewrite(const char *path, const char *content)
     }
 }
 
+/* apikeys.c reports each failure once, in the log: the error lines since
+ * the last check, the last one kept. */
+static char last_error[1024];
+static int nerrors;
+
+static void
+err_sink(td_log_level_t level, const char *line, void *arg)
+{
+    if (level == TD_LOG_ERROR) {
+        snprintf(last_error, sizeof last_error, "%s", line);
+        nerrors++;
+    }
+}
+
+/* Exactly one error line since the last call, and it says what (and, when
+ * given, which file). */
+static void
+check_one_error(const char *path, const char *what)
+{
+    CHECK_EQ_INT(nerrors, 1);
+    CHECK(path == NULL || strstr(last_error, path) != NULL);
+    CHECK(strstr(last_error, what) != NULL);
+    if (nerrors != 1 || strstr(last_error, what) == NULL)
+        fprintf(stderr, "  wanted \"%s\", got %d error line(s), last \"%s\"\n", what, nerrors,
+                last_error);
+    nerrors = 0;
+    last_error[0] = '\0';
+}
+
 static void
 test_apikeys(void)
 {
-    char err[TD_APIKEYS_ERRLEN];
+    td_log_set_sink(err_sink, NULL);
     char *path = write_tmp("# client keys\n\n  sk-one  \r\nsk-two\r\n   # indented comment\n\t\nsk-three");
     td_apikeys_t *k = NULL;
-    CHECK_STATUS(td_apikeys_load(path, &k, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_load(path, &k), TD_OK);
     if (k == NULL)
         return;
     CHECK_EQ_INT(td_apikeys_count(k), 3);
@@ -909,43 +940,45 @@ test_apikeys(void)
 
     /* reload picks up the new file; a broken file keeps the old keys */
     rewrite(path, "sk-new\n");
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_reload(k), TD_OK);
     CHECK_EQ_INT(td_apikeys_count(k), 1);
     CHECK(td_apikeys_match(k, "sk-new", 6));
     CHECK(!td_apikeys_match(k, "sk-one", 6));
     rewrite(path, "sk-a\nsk b\n");
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, path) != NULL && strstr(err, ":2: key contains whitespace") != NULL);
+    CHECK_STATUS(td_apikeys_reload(k), TD_ERR_INVALID);
+    check_one_error(path, ":2: key contains whitespace");
     CHECK(td_apikeys_match(k, "sk-new", 6));
     CHECK(!td_apikeys_match(k, "sk-a", 4));
     unlink(path);
-    CHECK_STATUS(td_apikeys_reload(k, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK_STATUS(td_apikeys_reload(k), TD_ERR_NOT_FOUND);
+    check_one_error(path, "No such file");
     CHECK(td_apikeys_match(k, "sk-new", 6));
     td_apikeys_destroy(k);
 
     /* load failures say which file and why */
     td_apikeys_t *none = NULL;
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_NOT_FOUND);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_NOT_FOUND);
     CHECK(none == NULL);
-    CHECK(strstr(err, path) != NULL && strstr(err, "No such file") != NULL);
+    check_one_error(path, "No such file");
     rewrite(path, "# only comments\n\n");
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, "no keys") != NULL);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_INVALID);
+    check_one_error(path, "no keys");
     char longkey[TD_APIKEYS_MAX_LEN + 3];
     memset(longkey, 'k', sizeof longkey - 2);
     longkey[sizeof longkey - 2] = '\n';
     longkey[sizeof longkey - 1] = '\0';
     rewrite(path, longkey);
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_ERR_INVALID);
-    CHECK(strstr(err, ":1: key longer than 512 bytes") != NULL);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_ERR_INVALID);
+    check_one_error(path, ":1: key longer than 512 bytes");
     longkey[sizeof longkey - 3] = '\n';
     longkey[sizeof longkey - 2] = '\0';
     rewrite(path, longkey);
-    CHECK_STATUS(td_apikeys_load(path, &none, err, sizeof err), TD_OK);
+    CHECK_STATUS(td_apikeys_load(path, &none), TD_OK);
     CHECK(none != NULL && td_apikeys_count(none) == 1);
     td_apikeys_destroy(none);
     unlink(path);
     free(path);
+    td_log_set_sink(NULL, NULL);
 }
 
 int

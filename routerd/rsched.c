@@ -1,22 +1,22 @@
-/* routerd/sched.c — choosing ranks for a request: a decode rank with free KV
+/* routerd/rsched.c — choosing ranks for a request: a decode rank with free KV
  * and the least load, a prefill rank with the fewest queued tokens; draining,
  * joining and dead ranks are skipped. Load is the rank's latest Load plus what
  * this router sent it since (pend_*), so a burst does not pile onto one rank. */
-#include "router.h"
+#include "rsched.h"
 
 static bool
-takes_requests(const td_rank_t *rk, Tandem__Role role)
+takes_requests(const td_rrank_t *rk, Tandem__Role role)
 {
-    return rk->role == role && td_cluster_rank_state(rk) == TD_RANK_UP;
+    return rk->role == role && td_rrank_state(rk) == TD_RRANK_UP;
 }
 
-td_rank_t *
-td_sched_pick_prefill(td_cluster_t *c)
+td_rrank_t *
+td_rsched_pick_prefill(td_rrank_t *ranks)
 {
-    td_rank_t *best = NULL;
+    td_rrank_t *best = NULL;
     uint64_t best_q = 0;
 
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next) {
+    for (td_rrank_t *rk = ranks; rk; rk = rk->next) {
         if (!takes_requests(rk, TANDEM__ROLE__ROLE_PREFILL))
             continue;
         uint64_t q = rk->load.queued_tokens + rk->pend_tokens;
@@ -29,7 +29,7 @@ td_sched_pick_prefill(td_cluster_t *c)
 }
 
 static bool
-was_tried(const td_rank_t *rk, const uint64_t *tried, size_t ntried)
+was_tried(const td_rrank_t *rk, const uint64_t *tried, size_t ntried)
 {
     for (size_t i = 0; i < ntried; i++)
         if (tried[i] == rk->incarnation)
@@ -37,15 +37,15 @@ was_tried(const td_rank_t *rk, const uint64_t *tried, size_t ntried)
     return false;
 }
 
-td_rank_t *
-td_sched_pick_decode(td_cluster_t *c, uint64_t need, const uint64_t *tried, size_t ntried,
+td_rrank_t *
+td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried, size_t ntried,
                      bool *too_long)
 {
-    td_rank_t *best = NULL;
+    td_rrank_t *best = NULL;
     uint64_t best_load = 0, best_free = 0;
     bool any = false;
 
-    for (td_rank_t *rk = c->ranks; rk; rk = rk->next) {
+    for (td_rrank_t *rk = ranks; rk; rk = rk->next) {
         if (!takes_requests(rk, TANDEM__ROLE__ROLE_DECODE))
             continue;
         any = true;
@@ -64,7 +64,7 @@ td_sched_pick_decode(td_cluster_t *c, uint64_t need, const uint64_t *tried, size
     }
     if (!best) {
         bool fits = false;
-        for (td_rank_t *rk = c->ranks; rk; rk = rk->next)
+        for (td_rrank_t *rk = ranks; rk; rk = rk->next)
             if (takes_requests(rk, TANDEM__ROLE__ROLE_DECODE) && need <= rk->reg->max_context)
                 fits = true;
         *too_long = any && !fits;

@@ -1,18 +1,12 @@
-/* routerd/request.c — the request state machine: tokenize, choose ranks,
+/* routerd/rreq.c — the request state machine: tokenize, choose ranks,
  * Admit / Prefill, turn Tokens into streamed text (incremental detokenizing,
  * stop strings, the V4.1 reply reader's reasoning / content / tool-call
  * deltas, SSE) or one response, and end every request exactly once:
  * done, failed or canceled, with Cancel to its ranks where they may hold it. */
-#include "chat.h"
-#include "rng.h"
-#include "router.h"
-#include "sse.h"
-#include "stop.h"
+#include "rreq.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -23,14 +17,24 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "buf.h"
+#include "chat.h"
+#include "daemon.h"
+#include "fsm.h"
+#include "http.h"
+#include "log.h"
+#include "rng.h"
+#include "rsched.h"
+#include "stop.h"
+
 #define REQTAB_BUCKETS 4096u   /* power of two; chains stay short at thousands in flight */
 
-struct td_request_s {
-    td_request_t *hnext;            /* hash chain */
-    td_request_t *prev, *next;      /* every request in flight */
-    td_router_t *r;
+struct td_rreq_s {
+    td_rreq_t *hnext;               /* hash chain */
+    td_rreq_t *prev, *next;         /* every request in flight */
+    td_rreq_tab_t *t;
     uint64_t id;                    /* wire id of the current attempt */
-    td_req_state_t state;
+    td_rreq_state_t state;          /* changed by set_state() only */
     td_openai_req_t *oreq;
     struct evhttp_request *http;    /* NULL once answered or the client is gone */
     struct evhttp_connection *evcon;
@@ -38,51 +42,79 @@ struct td_request_s {
     char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
     int32_t *prompt;
     size_t nprompt;
-    td_rank_t *decode, *prefill;    /* bound ranks (each counted in rank->inflight) */
-    uint64_t tried[TD_SCHED_MAX_TRIED];   /* decode incarnations that refused */
+    td_rrank_t *decode, *prefill;   /* bound ranks (td_cluster_rank_bind) */
+    uint64_t tried[TD_RSCHED_MAX_TRIED];   /* decode incarnations that refused */
     size_t ntried;
     unsigned attempts;
     bool too_long;                  /* a decode rank said TOO_LONG */
+    bool prefill_sent;              /* this attempt's Prefill went out */
     bool streaming;                 /* 200 and the first chunk went out */
     td_tok_dec_t dec;
     td_stop_t *stop;
     td_chat_parser_t *chat;         /* V4.1 chat: reads the reply (stop strings too) */
     td_openai_stream_t stream;
-    td_strbuf_t text;               /* non-streaming: the answer so far */
-    td_strbuf_t piece;              /* scratch: decoded text of one message */
-    td_strbuf_t rel;                /* scratch: text released by the stop matcher */
+    td_buf_t text;                  /* non-streaming: the answer so far */
+    td_buf_t piece;                 /* scratch: decoded text of one message */
+    td_buf_t rel;                   /* scratch: text released by the stop matcher */
     uint32_t ntokens;               /* completion tokens */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
 };
 
-typedef struct td_reqtab_s {
-    td_request_t *buckets[REQTAB_BUCKETS];
-    td_request_t *head;
+struct td_rreq_tab_s {
+    td_rreq_config_t cfg;
+    td_rreq_t *buckets[REQTAB_BUCKETS];
+    td_rreq_t *head;
     size_t n;
+    uint64_t id_seq;
     struct evbuffer *chunk;         /* reused for every SSE chunk */
-    td_strbuf_t sse;                /* reused: one message's SSE events */
-} td_reqtab_t;
+    td_buf_t sse;                   /* reused: one message's SSE events */
+};
 
-static const char *const state_names[TD_REQ_NSTATES] = {
+/* ======================================================================= */
+/* The state machine                                                         */
+/* ======================================================================= */
+
+#define S(x) TD_FSM_BIT(TD_RREQ_##x)
+/* Allowed transitions: a retry goes back to admitting; terminal states stay. */
+static const uint32_t rreq_allowed[TD_RREQ_NSTATES] = {
+    [TD_RREQ_NEW] = S(ADMITTING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_ADMITTING] = S(ADMITTING) | S(PREFILLING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_PREFILLING] = S(ADMITTING) | S(DECODING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_DECODING] = S(DONE) | S(FAILED) | S(CANCELED),
+};
+#undef S
+
+static const char *const rreq_state_names[TD_RREQ_NSTATES] = {
     "new", "admitting", "prefilling", "decoding", "done", "failed", "canceled",
 };
 
-#define BIT(s) (1u << (s))
-/* Allowed transitions: a retry goes back to admitting; terminal states stay. */
-static const unsigned transitions[TD_REQ_NSTATES] = {
-    [TD_REQ_NEW] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_FAILED) | BIT(TD_REQ_CANCELED),
-    [TD_REQ_ADMITTING] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_PREFILLING) | BIT(TD_REQ_FAILED) |
-                         BIT(TD_REQ_CANCELED),
-    [TD_REQ_PREFILLING] = BIT(TD_REQ_ADMITTING) | BIT(TD_REQ_DECODING) | BIT(TD_REQ_FAILED) |
-                          BIT(TD_REQ_CANCELED),
-    [TD_REQ_DECODING] = BIT(TD_REQ_DONE) | BIT(TD_REQ_FAILED) | BIT(TD_REQ_CANCELED),
+static const td_fsm_t rreq_fsm = {
+    .what = "request",
+    .names = rreq_state_names,
+    .allowed = rreq_allowed,
+    .nstates = TD_RREQ_NSTATES,
 };
 
 const char *
-td_request_state_str(td_req_state_t st)
+td_rreq_state_str(td_rreq_state_t st)
 {
-    return (unsigned)st < TD_REQ_NSTATES ? state_names[st] : "?";
+    return td_fsm_name(&rreq_fsm, st);
+}
+
+/* The one place a request changes state: an illegal transition is a bug
+ * and aborts (common/fsm.h); what peers and clients send is checked
+ * against the state before it gets here. */
+static void
+set_state(td_rreq_t *q, td_rreq_state_t st, const char *why)
+{
+    q->state = (td_rreq_state_t)td_fsm_step(&rreq_fsm, q->id, q->state, st, why);
+}
+
+static bool
+is_terminal(td_rreq_state_t st)
+{
+    return st >= TD_RREQ_DONE;
 }
 
 static uint64_t
@@ -92,25 +124,6 @@ now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* The one place a request changes state. */
-static void
-set_state(td_request_t *q, td_req_state_t st)
-{
-    if (!(transitions[q->state] & BIT(st))) {
-        td_error("request %016" PRIx64 ": illegal transition %s -> %s", q->id,
-                 state_names[q->state], state_names[st]);
-        assert(!"illegal request state transition");
-    }
-    td_debug("request %016" PRIx64 ": %s -> %s", q->id, state_names[q->state], state_names[st]);
-    q->state = st;
-}
-
-static bool
-is_terminal(td_req_state_t st)
-{
-    return st >= TD_REQ_DONE;
 }
 
 /* ======================================================================= */
@@ -123,19 +136,19 @@ bucket_of(uint64_t id)
     return (size_t)(td_rng_mix64(id) & (REQTAB_BUCKETS - 1));
 }
 
-static td_request_t *
-req_find(td_reqtab_t *t, uint64_t id)
+static td_rreq_t *
+req_find(td_rreq_tab_t *t, uint64_t id)
 {
-    for (td_request_t *q = t->buckets[bucket_of(id)]; q; q = q->hnext)
+    for (td_rreq_t *q = t->buckets[bucket_of(id)]; q; q = q->hnext)
         if (q->id == id)
             return q;
     return NULL;
 }
 
 static void
-hash_del(td_reqtab_t *t, td_request_t *q)
+hash_del(td_rreq_tab_t *t, td_rreq_t *q)
 {
-    for (td_request_t **p = &t->buckets[bucket_of(q->id)]; *p; p = &(*p)->hnext)
+    for (td_rreq_t **p = &t->buckets[bucket_of(q->id)]; *p; p = &(*p)->hnext)
         if (*p == q) {
             *p = q->hnext;
             return;
@@ -143,7 +156,7 @@ hash_del(td_reqtab_t *t, td_request_t *q)
 }
 
 static void
-hash_add(td_reqtab_t *t, td_request_t *q)
+hash_add(td_rreq_tab_t *t, td_rreq_t *q)
 {
     size_t b = bucket_of(q->id);
 
@@ -153,36 +166,36 @@ hash_add(td_reqtab_t *t, td_request_t *q)
 
 /* A fresh router-unique id: router id in the top 16 bits. */
 static uint64_t
-id_next(td_router_t *r)
+id_next(td_rreq_tab_t *t)
 {
-    r->id_seq = (r->id_seq + 1) & 0xffffffffffffull;
-    return r->id_prefix | r->id_seq;
+    t->id_seq = (t->id_seq + 1) & 0xffffffffffffull;
+    return t->cfg.id_prefix | t->id_seq;
 }
 
 /* ======================================================================= */
-/* Ranks and messages                                                        */
+/* Ranks                                                                     */
 /* ======================================================================= */
 
 static void
-bind_rank(td_request_t *q, td_rank_t **slot, td_rank_t *rk)
+bind_rank(td_rreq_t *q, td_rrank_t **slot, td_rrank_t *rk)
 {
     *slot = rk;
-    rk->inflight++;
+    td_cluster_rank_bind(q->t->cfg.cluster, rk);
 }
 
 static void
-unbind_rank(td_request_t *q, td_rank_t **slot)
+unbind_rank(td_rreq_t *q, td_rrank_t **slot)
 {
-    td_rank_t *rk = *slot;
+    td_rrank_t *rk = *slot;
 
     if (!rk)
         return;
     *slot = NULL;
-    td_cluster_rank_release(&q->r->cluster, rk);
+    td_cluster_rank_release(q->t->cfg.cluster, rk);
 }
 
 static void
-send_cancel(td_request_t *q, td_rank_t *rk, const char *reason)
+send_cancel(td_rreq_t *q, td_rrank_t *rk, const char *reason)
 {
     Tandem__Cancel c = TANDEM__CANCEL__INIT;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
@@ -191,17 +204,17 @@ send_cancel(td_request_t *q, td_rank_t *rk, const char *reason)
         return;
     c.req_id = q->id;
     c.reason = (char *)reason;
-    /* ADMITTING: the attempt's Prefill was never sent (on_admit_ok sends it
-     * and moves on), so the decode rank may free the blocks at once */
-    c.prefill_not_sent = q->state == TD_REQ_ADMITTING && rk == q->decode;
+    /* no Prefill went out for this attempt: no prefill rank knows the
+     * decode rank's blocks, which it may free at once */
+    c.prefill_not_sent = !q->prefill_sent && rk == q->decode;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
     env.cancel = &c;
-    (void)td_cluster_send(rk, &env);
+    (void)td_rrank_send(rk, &env);
 }
 
 /* Cancel the current attempt at its ranks and let go of them. */
 static void
-release_ranks(td_request_t *q, const char *cancel_reason)
+release_ranks(td_rreq_t *q, const char *cancel_reason)
 {
     if (cancel_reason) {
         send_cancel(q, q->decode, cancel_reason);
@@ -212,7 +225,7 @@ release_ranks(td_request_t *q, const char *cancel_reason)
 }
 
 static void
-sampling_fill(Tandem__Sampling *s, const td_request_t *q)
+sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 {
     tandem__sampling__init(s);
     s->temperature = q->oreq->temperature;
@@ -226,7 +239,7 @@ sampling_fill(Tandem__Sampling *s, const td_request_t *q)
 /* ======================================================================= */
 
 static void
-http_detach(td_request_t *q)
+http_detach(td_rreq_t *q)
 {
     if (q->watch)
         event_free(q->watch);
@@ -237,22 +250,23 @@ http_detach(td_request_t *q)
     q->http = NULL;
 }
 
-/* Send the SSE events in the table's sse buffer as one chunk. */
+/* Send the SSE events in the table's sse buffer as one chunk; the buffer is
+ * empty (and any failure forgotten) afterwards. */
 static void
-stream_flush(td_request_t *q)
+stream_flush(td_rreq_t *q)
 {
-    td_reqtab_t *t = q->r->reqs;
+    td_rreq_tab_t *t = q->t;
 
-    if (t->sse.len == 0 || !q->http)
-        return;
-    evbuffer_add(t->chunk, t->sse.data, t->sse.len);
-    evhttp_send_reply_chunk(q->http, t->chunk);
-    evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
-    td_strbuf_reset(&t->sse);
+    if (t->sse.len > 0 && q->http && td_buf_status(&t->sse) == TD_OK) {
+        evbuffer_add(t->chunk, t->sse.data, t->sse.len);
+        evhttp_send_reply_chunk(q->http, t->chunk);
+        evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
+    }
+    td_buf_reset(&t->sse);
 }
 
 static void
-stream_start(td_request_t *q)
+stream_start(td_rreq_t *q)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(q->http);
 
@@ -261,14 +275,14 @@ stream_start(td_request_t *q)
     evhttp_add_header(h, "X-Request-Id", q->oid);
     evhttp_send_reply_start(q->http, 200, "OK");
     q->streaming = true;
-    if (td_openai_stream_text(&q->stream, "", 0, &q->r->reqs->sse) == TD_OK)
+    if (td_openai_stream_text(&q->stream, "", 0, &q->t->sse) == TD_OK)
         stream_flush(q);
 }
 
 static void
-request_free(td_request_t *q)
+request_free(td_rreq_t *q)
 {
-    td_reqtab_t *t = q->r->reqs;
+    td_rreq_tab_t *t = q->t;
 
     hash_del(t, q);
     if (q->prev)
@@ -284,50 +298,60 @@ request_free(td_request_t *q)
     release_ranks(q, NULL);
     td_stop_destroy(q->stop);
     td_chat_parser_destroy(q->chat);
-    td_strbuf_free(&q->text);
-    td_strbuf_free(&q->piece);
-    td_strbuf_free(&q->rel);
+    td_buf_free(&q->text);
+    td_buf_free(&q->piece);
+    td_buf_free(&q->rel);
     free(q->prompt);
     td_openai_req_destroy(q->oreq);
     free(q);
 }
 
 static void
-count_outcome(td_request_t *q, td_outcome_t o)
+count_outcome(td_rreq_t *q, td_outcome_t o)
 {
-    q->r->metrics.requests[o]++;
+    q->t->cfg.metrics->requests[o]++;
 }
 
-/* End q with an error: Cancel to its ranks, the error to the client (a
- * response, or an error event when the stream has started). */
+/* Answer the client (if still there) with e: a response, or an error event
+ * when the stream has started. Events of this message not yet sent are
+ * dropped: they would stop short of what failed. */
 static void
-request_fail(td_request_t *q, td_errreason_t why, const td_openai_err_t *e)
+answer_error(td_rreq_t *q, const td_openai_err_t *e)
 {
-    td_router_t *r = q->r;
+    struct evhttp_request *h = q->http;
 
+    if (!h)
+        return;
+    if (q->streaming) {
+        td_buf_reset(&q->t->sse);
+        if (td_openai_stream_error(e, &q->t->sse) == TD_OK)
+            stream_flush(q);
+        td_buf_reset(&q->t->sse);   /* when it failed */
+        http_detach(q);
+        evhttp_send_reply_end(h);
+    } else {
+        http_detach(q);
+        td_http_reply_err(h, e);
+    }
+}
+
+/* End q with an error: Cancel to its ranks, the error to the client. The
+ * one log line of the failure is this one. */
+static void
+request_fail(td_rreq_t *q, td_errreason_t why, const td_openai_err_t *e)
+{
     td_info("request %016" PRIx64 ": failed (%s): %s", q->id, td_metrics_errreason_str(why),
             e->message);
-    r->metrics.errors[why]++;
-    count_outcome(q, q->state == TD_REQ_NEW ? TD_OUTCOME_REJECTED : TD_OUTCOME_FAILED);
-    set_state(q, TD_REQ_FAILED);
+    q->t->cfg.metrics->errors[why]++;
+    count_outcome(q, q->state == TD_RREQ_NEW ? TD_OUTCOME_REJECTED : TD_OUTCOME_FAILED);
+    set_state(q, TD_RREQ_FAILED, td_metrics_errreason_str(why));
     release_ranks(q, "request failed");
-    if (q->http) {
-        struct evhttp_request *h = q->http;
-        if (q->streaming) {
-            if (td_openai_stream_error(e, &r->reqs->sse) == TD_OK)
-                stream_flush(q);
-            http_detach(q);
-            evhttp_send_reply_end(h);
-        } else {
-            http_detach(q);
-            td_http_reply_err(h, e);
-        }
-    }
+    answer_error(q, e);
     request_free(q);
 }
 
 static void
-request_fail_simple(td_request_t *q, td_errreason_t why, const char *what)
+request_fail_simple(td_rreq_t *q, td_errreason_t why, const char *what)
 {
     td_openai_err_t e;
 
@@ -339,36 +363,26 @@ request_fail_simple(td_request_t *q, td_errreason_t why, const char *what)
 /* Canceled: by the operator (the client still gets an error) or because the
  * client went away. */
 static void
-request_cancel(td_request_t *q, const char *why)
+request_cancel(td_rreq_t *q, const char *why)
 {
+    td_openai_err_t e;
+
     td_info("request %016" PRIx64 ": canceled: %s", q->id, why);
     count_outcome(q, TD_OUTCOME_CANCELED);
-    set_state(q, TD_REQ_CANCELED);
+    set_state(q, TD_RREQ_CANCELED, why);
     release_ranks(q, why);
-    if (q->http) {
-        struct evhttp_request *h = q->http;
-        td_openai_err_t e;
-        td_openai_err_set(&e, 500, "server_error", NULL, "canceled",
-                          "The request was canceled: %s.", why);
-        if (q->streaming) {
-            if (td_openai_stream_error(&e, &q->r->reqs->sse) == TD_OK)
-                stream_flush(q);
-            http_detach(q);
-            evhttp_send_reply_end(h);
-        } else {
-            http_detach(q);
-            td_http_reply_err(h, &e);
-        }
-    }
+    td_openai_err_set(&e, 500, "server_error", NULL, "canceled",
+                      "The request was canceled: %s.", why);
+    answer_error(q, &e);
     request_free(q);
 }
 
 /* Stream the V4.1 reply reader's deltas (non-streaming requests take the
  * whole reply from the reader at the end). */
 static td_status_t
-chat_emit(td_request_t *q, const td_chat_delta_t *d, size_t n)
+chat_emit(td_rreq_t *q, const td_chat_delta_t *d, size_t n)
 {
-    td_strbuf_t *sse = &q->r->reqs->sse;
+    td_buf_t *sse = &q->t->sse;
     td_status_t st = TD_OK;
 
     for (size_t i = 0; i < n && st == TD_OK && q->streaming; i++) {
@@ -397,7 +411,7 @@ chat_emit(td_request_t *q, const td_chat_delta_t *d, size_t n)
 
 /* Text released for the client: through the V4.1 reply reader, or as is. */
 static td_status_t
-emit_text(td_request_t *q, const char *text, size_t len)
+emit_text(td_rreq_t *q, const char *text, size_t len)
 {
     if (q->chat) {
         const td_chat_delta_t *d;
@@ -406,8 +420,8 @@ emit_text(td_request_t *q, const char *text, size_t len)
         return st == TD_OK ? chat_emit(q, d, n) : st;
     }
     if (q->streaming)
-        return td_openai_stream_text(&q->stream, text, len, &q->r->reqs->sse);
-    return td_strbuf_append(&q->text, text, len);
+        return td_openai_stream_text(&q->stream, text, len, &q->t->sse);
+    return td_buf_append(&q->text, text, len);
 }
 
 static td_openai_finish_t
@@ -417,16 +431,18 @@ finish_of(Tandem__Finish f)
 }
 
 /* Generation ended (stop, length, or a stop string: then by_us, and the
- * ranks get a Cancel because they may still be generating). */
+ * ranks get a Cancel because they may still be generating). The answer is
+ * formatted first: a reply that cannot be finished fails the request. */
 static void
-request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
+request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
 {
-    td_router_t *r = q->r;
-    td_reqtab_t *t = r->reqs;
+    td_rreq_tab_t *t = q->t;
     td_openai_usage_t usage = { (uint32_t)q->nprompt, q->ntokens };
+    td_buf_t body = {0};
+    struct evhttp_request *h;
     td_status_t st;
 
-    td_strbuf_reset(&q->rel);
+    td_buf_reset(&q->rel);
     st = td_tok_decode_flush(&q->dec, &q->piece);
     if (st == TD_OK && !by_us) {
         bool matched = false;
@@ -435,7 +451,7 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
         if (st == TD_OK && !matched)
             st = td_stop_flush(q->stop, &q->rel);
     }
-    td_strbuf_reset(&q->piece);
+    td_buf_reset(&q->piece);
     if (st == TD_OK && q->rel.len)
         st = emit_text(q, q->rel.data, q->rel.len);
     if (st == TD_OK && q->chat) {
@@ -454,44 +470,36 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
                                                     : TD_OPENAI_FINISH_STOP;
         }
     }
+    if (st == TD_OK && q->http && q->streaming) {
+        st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
+    } else if (st == TD_OK && q->http && q->chat) {
+        json_t *msg = NULL;
+        st = td_chat_reply_json(td_chat_parser_reply(q->chat), &msg);
+        if (st == TD_OK)
+            st = td_openai_response_message_json(&q->stream.meta, msg, finish, &usage, &body);
+    } else if (st == TD_OK && q->http) {
+        st = td_openai_response_json(&q->stream.meta, q->text.data ? q->text.data : "",
+                                     q->text.len, finish, &usage, &body);
+    }
     if (st != TD_OK) {
+        td_buf_free(&body);
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not finish the reply");
         return;
     }
-    set_state(q, TD_REQ_DONE);
+    set_state(q, TD_RREQ_DONE, by_us ? "finished by the router" : "finished by the rank");
     count_outcome(q, TD_OUTCOME_DONE);
     release_ranks(q, by_us ? "finished by the router" : NULL);
-    if (q->http) {
-        struct evhttp_request *h = q->http;
-        if (q->streaming) {
-            st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
-            stream_flush(q);
-            http_detach(q);
-            evhttp_send_reply_end(h);
-        } else {
-            td_openai_meta_t meta = q->stream.meta;
-            td_strbuf_t body = {0};
-            if (q->chat) {
-                json_t *msg = NULL;
-                st = td_chat_reply_json(td_chat_parser_reply(q->chat), &msg);
-                if (st == TD_OK)
-                    st = td_openai_response_message_json(&meta, msg, finish, &usage, &body);
-            } else {
-                st = td_openai_response_json(&meta, q->text.data ? q->text.data : "",
-                                             q->text.len, finish, &usage, &body);
-            }
-            http_detach(q);
-            if (st == TD_OK) {
-                evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
-                td_http_reply(h, 200, "application/json", body.data, body.len);
-            } else {
-                td_openai_err_t e;
-                td_openai_err_internal(&e, "could not format the response");
-                td_http_reply_err(h, &e);
-            }
-            td_strbuf_free(&body);
-        }
+    h = q->http;
+    if (h && q->streaming) {
+        stream_flush(q);
+        http_detach(q);
+        evhttp_send_reply_end(h);
+    } else if (h) {
+        http_detach(q);
+        evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
+        td_http_reply(h, 200, "application/json", body.data, body.len);
     }
+    td_buf_free(&body);
     td_debug("request %016" PRIx64 ": done, %u prompt + %u completion tokens", q->id,
              usage.prompt_tokens, usage.completion_tokens);
     request_free(q);
@@ -504,23 +512,26 @@ request_done(td_request_t *q, td_openai_finish_t finish, bool by_us)
 /* Choose a prefill and a decode rank and send Admit; on no capacity the
  * request ends (503, or 400 when no rank has a context that long). */
 static void
-admit_next(td_request_t *q)
+admit_next(td_rreq_t *q)
 {
-    td_router_t *r = q->r;
+    td_rreq_tab_t *t = q->t;
+    unsigned retry_after = t->cfg.retry_after_s;
     uint64_t need = q->nprompt + q->oreq->max_tokens;
 
     for (;;) {
-        td_rank_t *p, *d;
+        td_rrank_t *p, *d;
         bool too_long = false;
 
-        if (q->attempts >= r->cfg->max_attempts || q->ntried >= TD_SCHED_MAX_TRIED) {
+        if (q->attempts >= t->cfg.max_attempts || q->ntried >= TD_RSCHED_MAX_TRIED) {
             td_openai_err_t e;
-            td_openai_err_overloaded(&e, (unsigned)r->cfg->retry_after_s);
+            td_openai_err_overloaded(&e, retry_after);
             request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
             return;
         }
-        p = td_sched_pick_prefill(&r->cluster);
-        d = p ? td_sched_pick_decode(&r->cluster, need, q->tried, q->ntried, &too_long) : NULL;
+        p = td_rsched_pick_prefill(t->cfg.cluster->ranks);
+        d = p ? td_rsched_pick_decode(t->cfg.cluster->ranks, need, q->tried, q->ntried,
+                                     &too_long)
+              : NULL;
         if (!d) {
             td_openai_err_t e;
             if (too_long || (q->too_long && p)) {
@@ -531,24 +542,25 @@ admit_next(td_request_t *q)
                                   q->nprompt, q->oreq->max_tokens);
                 request_fail(q, TD_ERRREASON_TOO_LONG, &e);
             } else {
-                td_openai_err_overloaded(&e, (unsigned)r->cfg->retry_after_s);
+                td_openai_err_overloaded(&e, retry_after);
                 if (!p) {   /* the cause is no prefill rank, not decode capacity */
                     td_openai_err_set(&e, 503, "server_error", NULL, NULL,
                                       "The server is overloaded (no prefill rank up); retry "
-                                      "after %u s.", (unsigned)r->cfg->retry_after_s);
-                    e.retry_after = (unsigned)r->cfg->retry_after_s;
+                                      "after %u s.", retry_after);
+                    e.retry_after = retry_after;
                 }
                 request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
             }
             return;
         }
         if (q->attempts > 0) {   /* a new wire id: the old one may live on at a rank */
-            hash_del(r->reqs, q);
-            q->id = id_next(r);
-            hash_add(r->reqs, q);
-            r->metrics.retries++;
+            hash_del(t, q);
+            q->id = id_next(t);
+            hash_add(t, q);
+            t->cfg.metrics->retries++;
         }
         q->attempts++;
+        q->prefill_sent = false;
         bind_rank(q, &q->decode, d);
         bind_rank(q, &q->prefill, p);
 
@@ -566,67 +578,81 @@ admit_next(td_request_t *q)
         a.prefill_deadline_ms = p->reg ? p->reg->xfer_deadline_ms : 0;
         env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
         env.admit = &a;
-        if (td_cluster_send(d, &env) == TD_OK) {
+        if (td_rrank_send(d, &env) == TD_OK) {
             d->pend_tokens += need;
             d->pend_reqs++;
-            set_state(q, TD_REQ_ADMITTING);
+            set_state(q, TD_RREQ_ADMITTING, "admit sent");
             return;
         }
-        q->tried[q->ntried++] = d->incarnation;
+        q->tried[q->ntried++] = d->incarnation;   /* td_rrank_send logged why */
         release_ranks(q, NULL);
     }
 }
 
 /* The current attempt is lost before any token reached the client: try
- * again on other ranks (new Admit, new id), or fail. */
+ * again on other ranks (new Admit, new id), or fail. A decoding request has
+ * streamed (or may have) and is never retried. what is the one log line of
+ * the loss. */
 static void
-retry_or_fail(td_request_t *q, td_errreason_t why, const char *what)
+retry_or_fail(td_rreq_t *q, td_errreason_t why, const char *what)
 {
-    if (q->ntokens == 0 && q->attempts < q->r->cfg->max_attempts) {
+    if (q->state != TD_RREQ_DECODING && q->ntokens == 0 &&
+        q->attempts < q->t->cfg.max_attempts) {
         td_info("request %016" PRIx64 ": %s; retrying", q->id, what);
         release_ranks(q, what);
-        if (q->state != TD_REQ_ADMITTING)
-            set_state(q, TD_REQ_ADMITTING);
+        if (q->state != TD_RREQ_ADMITTING)
+            set_state(q, TD_RREQ_ADMITTING, "retry");
         admit_next(q);
         return;
     }
     request_fail_simple(q, why, what);
 }
 
+/* ======================================================================= */
+/* Messages from the ranks                                                   */
+/* ======================================================================= */
+
+/* The handlers below run only for a message that fits the request's state
+ * and comes from the rank the request is bound to for it (rreq_msgs[]). */
+
 static void
-on_admit_ok(td_request_t *q, td_rank_t *rk, const Tandem__AdmitOk *ok)
+on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
+    const Tandem__AdmitOk *ok = env->admit_ok;
     Tandem__Prefill pf = TANDEM__PREFILL__INIT;
     Tandem__Sampling s;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
 
-    if (q->state != TD_REQ_ADMITTING || rk != q->decode)
+    if (!ok->dest) {
+        retry_or_fail(q, TD_ERRREASON_RANK_LOST, "admit without a kv destination");
         return;
+    }
     sampling_fill(&s, q);
     pf.req_id = q->id;
     pf.n_tokens = q->nprompt;
     pf.tokens = q->prompt;
     pf.dest = ok->dest;
     pf.sampling = &s;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
-    env.prefill = &pf;
-    if (!ok->dest || td_cluster_send(q->prefill, &env) != TD_OK) {
-        retry_or_fail(q, TD_ERRREASON_RANK_LOST, ok->dest ? "prefill rank unreachable"
-                                                          : "admit without a kv destination");
+    out.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL;
+    out.prefill = &pf;
+    /* bound since admit_next; let go of only when the attempt ends */
+    if (td_rrank_send(q->prefill, &out) != TD_OK) {
+        retry_or_fail(q, TD_ERRREASON_RANK_LOST, "prefill rank unreachable");
         return;
     }
+    q->prefill_sent = true;
     q->prefill->pend_tokens += q->nprompt;
     q->prefill->pend_reqs++;
-    set_state(q, TD_REQ_PREFILLING);
+    set_state(q, TD_RREQ_PREFILLING, "prefill sent");
     if (q->oreq->stream && q->http && !q->streaming)
         stream_start(q);
 }
 
 static void
-on_admit_reject(td_request_t *q, td_rank_t *rk, const Tandem__AdmitReject *rej)
+on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
-    if (q->state != TD_REQ_ADMITTING || rk != q->decode)
-        return;
+    const Tandem__AdmitReject *rej = env->admit_reject;
+
     td_info("request %016" PRIx64 ": %s rank %s/%u: admit rejected (%d): %s", q->id,
             td_hello_role_str(rk->role), rk->node->name, rk->rank_id, (int)rej->code,
             rej->reason);
@@ -638,32 +664,34 @@ on_admit_reject(td_request_t *q, td_rank_t *rk, const Tandem__AdmitReject *rej)
 }
 
 static void
-on_prefill_done(td_request_t *q, td_rank_t *rk, const Tandem__PrefillDone *pd)
+on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
-    td_router_t *r = q->r;
+    const Tandem__PrefillDone *pd = env->prefill_done;
+    td_rreq_tab_t *t = q->t;
+    char what[300];
 
-    if (rk != q->prefill)
-        return;
     if (pd->status == TD_OK) {
-        r->metrics.kv_bytes_moved += (uint64_t)(r->kv_bytes_per_token * (double)q->nprompt) +
-                                     r->kv_fixed_bytes;
+        t->cfg.metrics->kv_bytes_moved +=
+            (uint64_t)(t->cfg.kv_bytes_per_token * (double)q->nprompt) + t->cfg.kv_fixed_bytes;
         unbind_rank(q, &q->prefill);   /* P holds nothing of it any more */
         return;
     }
-    td_warn("request %016" PRIx64 ": prefill failed at %s/%u: %s (%s)", q->id, rk->node->name,
-            rk->rank_id, pd->reason, td_status_str((td_status_t)pd->status));
-    if (q->state == TD_REQ_PREFILLING)
-        retry_or_fail(q, TD_ERRREASON_PREFILL_FAILED, "prefill failed");
-    else
+    snprintf(what, sizeof what, "prefill failed at %s/%u: %s (%s)", rk->node->name, rk->rank_id,
+             pd->reason, td_status_str((td_status_t)pd->status));
+    if (q->state == TD_RREQ_PREFILLING) {
+        retry_or_fail(q, TD_ERRREASON_PREFILL_FAILED, what);
+    } else {   /* decoding already: D has the KV; the failure came late */
+        td_info("request %016" PRIx64 ": %s; decoding goes on", q->id, what);
         unbind_rank(q, &q->prefill);
+    }
 }
 
 /* Token ids outside the tokenizer's vocabulary (the synthetic engine's
  * vocabulary is larger than the byte-level stand-in's) are shown modulo it. */
 static void
-tokens_text(td_request_t *q, const int32_t *ids, size_t n, td_status_t *st)
+tokens_text(td_rreq_t *q, const int32_t *ids, size_t n, td_status_t *st)
 {
-    const td_tok_t *tok = q->r->tok;
+    const td_tok_t *tok = q->t->cfg.tok;
     uint32_t buf[64];
 
     for (size_t i = 0; i < n && *st == TD_OK;) {
@@ -675,48 +703,47 @@ tokens_text(td_request_t *q, const int32_t *ids, size_t n, td_status_t *st)
 }
 
 static void
-on_tokens(td_request_t *q, td_rank_t *rk, const Tandem__Tokens *tk)
+on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
-    td_router_t *r = q->r;
+    const Tandem__Tokens *tk = env->tokens;
+    td_metrics_t *m = q->t->cfg.metrics;
     td_status_t st = TD_OK;
     bool matched = false;
     size_t n = tk->n_tokens;
     uint64_t now = now_ns();
 
-    if (rk != q->decode || (q->state != TD_REQ_PREFILLING && q->state != TD_REQ_DECODING))
-        return;
     if (tk->finish == TANDEM__FINISH__FINISH_ERROR ||
         tk->finish == TANDEM__FINISH__FINISH_CANCELED) {
         char what[300];
         snprintf(what, sizeof what, "decode rank %s/%u: %s", rk->node->name, rk->rank_id,
                  tk->error[0] ? tk->error : "canceled by the rank");
         unbind_rank(q, &q->decode);   /* D ended it: no Cancel needed there */
-        if (q->state == TD_REQ_PREFILLING)
+        if (q->state == TD_RREQ_PREFILLING)
             retry_or_fail(q, TD_ERRREASON_DECODE_FAILED, what);
         else
             request_fail_simple(q, TD_ERRREASON_DECODE_FAILED, what);
         return;
     }
-    if (q->state == TD_REQ_PREFILLING) {
-        set_state(q, TD_REQ_DECODING);
-        td_metrics_observe(&r->metrics.ttft, (double)(now - q->t_start) / 1e9);
+    if (q->state == TD_RREQ_PREFILLING) {
+        set_state(q, TD_RREQ_DECODING, "first tokens");
+        td_metrics_observe(&m->ttft, (double)(now - q->t_start) / 1e9);
     } else {
-        td_metrics_observe(&r->metrics.itl, (double)(now - q->t_last) / 1e9);
+        td_metrics_observe(&m->itl, (double)(now - q->t_last) / 1e9);
     }
     q->t_last = now;
     if (q->ntokens + n > q->oreq->max_tokens)   /* never more than asked for */
         n = q->oreq->max_tokens - q->ntokens;
     q->ntokens += (uint32_t)n;
-    r->metrics.completion_tokens += n;
-    td_strbuf_reset(&q->piece);
-    td_strbuf_reset(&q->rel);
+    m->completion_tokens += n;
+    td_buf_reset(&q->piece);
+    td_buf_reset(&q->rel);
     tokens_text(q, tk->tokens, n, &st);
     if (st == TD_OK && q->piece.len)
         st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
-    td_strbuf_reset(&q->piece);
+    td_buf_reset(&q->piece);
     if (st == TD_OK && q->rel.len) {
         st = emit_text(q, q->rel.data, q->rel.len);
-        td_strbuf_reset(&q->rel);
+        td_buf_reset(&q->rel);
     }
     if (st == TD_OK && q->chat && td_chat_parser_stopped(q->chat))
         matched = true;
@@ -734,58 +761,96 @@ on_tokens(td_request_t *q, td_rank_t *rk, const Tandem__Tokens *tk)
         request_done(q, TD_OPENAI_FINISH_LENGTH, true);
 }
 
-void
-td_request_on_message(td_router_t *r, td_rank_t *rk, const Tandem__Envelope *env)
-{
-    uint64_t id;
-    td_request_t *q;
+#define FITS(x) TD_FSM_BIT(TD_RREQ_##x)
+/* Which message fits which states, and which of the request's ranks sends
+ * it: anything else is a peer's mistake (or a late message of an attempt
+ * that has moved on) and is ignored, never applied. */
+static const struct {
+    Tandem__Envelope__PayloadCase payload;
+    const char *name;
+    uint32_t states;    /* TD_FSM_BIT of each state it fits */
+    bool from_decode;   /* sent by the request's decode rank, else its prefill rank */
+    void (*fn)(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env);
+} rreq_msgs[] = {
+    { TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, "AdmitOk", FITS(ADMITTING), true, on_admit_ok },
+    { TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, "AdmitReject", FITS(ADMITTING), true,
+      on_admit_reject },
+    { TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE, "PrefillDone", FITS(PREFILLING) | FITS(DECODING),
+      false, on_prefill_done },
+    { TANDEM__ENVELOPE__PAYLOAD_TOKENS, "Tokens", FITS(PREFILLING) | FITS(DECODING), true,
+      on_tokens },
+};
+#undef FITS
 
+static uint64_t
+message_req_id(const Tandem__Envelope *env)
+{
     switch (env->payload_case) {
-    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:     id = env->admit_ok->req_id; break;
-    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT: id = env->admit_reject->req_id; break;
-    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE: id = env->prefill_done->req_id; break;
-    case TANDEM__ENVELOPE__PAYLOAD_TOKENS:       id = env->tokens->req_id; break;
-    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
-        td_debug("%s: request %016" PRIx64 ": blocks released", td_ctl_conn_name(rk->conn),
-                 env->released->req_id);
-        return;
-    default:
-        return;
-    }
-    q = req_find(r->reqs, id);
-    if (!q) {   /* ended already (canceled, failed, retried under a new id) */
-        td_debug("%s: request %016" PRIx64 ": not in flight; message ignored",
-                 td_ctl_conn_name(rk->conn), id);
-        return;
-    }
-    switch (env->payload_case) {
-    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:     on_admit_ok(q, rk, env->admit_ok); break;
-    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT: on_admit_reject(q, rk, env->admit_reject); break;
-    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE: on_prefill_done(q, rk, env->prefill_done); break;
-    default:                                     on_tokens(q, rk, env->tokens); break;
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:     return env->admit_ok->req_id;
+    case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT: return env->admit_reject->req_id;
+    case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE: return env->prefill_done->req_id;
+    case TANDEM__ENVELOPE__PAYLOAD_TOKENS:       return env->tokens->req_id;
+    default:                                     return 0;
     }
 }
 
 void
-td_request_on_rank_lost(td_router_t *r, td_rank_t *rk)
+td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env)
 {
-    td_request_t *q = r->reqs->head;
+    uint64_t id = message_req_id(env);
+    td_rreq_t *q;
+
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_RELEASED) {
+        td_debug("%s: request %016" PRIx64 ": blocks released", td_ctl_conn_name(rk->conn),
+                 env->released->req_id);
+        return;
+    }
+    for (size_t i = 0; i < sizeof rreq_msgs / sizeof rreq_msgs[0]; i++) {
+        if (rreq_msgs[i].payload != env->payload_case)
+            continue;
+        q = req_find(t, id);
+        if (!q) {   /* ended already (canceled, failed, retried under a new id) */
+            td_debug("%s: %s for request %016" PRIx64 ", not in flight: ignored",
+                     td_ctl_conn_name(rk->conn), rreq_msgs[i].name, id);
+            return;
+        }
+        if (!(rreq_msgs[i].states & TD_FSM_BIT(q->state))) {
+            td_warn("%s: %s for request %016" PRIx64 ", which is %s: does not fit; ignored",
+                    td_ctl_conn_name(rk->conn), rreq_msgs[i].name, id,
+                    td_rreq_state_str(q->state));
+            return;
+        }
+        if (rk != (rreq_msgs[i].from_decode ? q->decode : q->prefill)) {
+            td_warn("%s: %s for request %016" PRIx64 ": not its %s rank; ignored",
+                    td_ctl_conn_name(rk->conn), rreq_msgs[i].name, id,
+                    rreq_msgs[i].from_decode ? "decode" : "prefill");
+            return;
+        }
+        rreq_msgs[i].fn(q, rk, env);
+        return;
+    }
+}
+
+void
+td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
+{
+    td_rreq_t *q = t->head;
 
     while (q) {
-        td_request_t *next = q->next;   /* q may end here; later ones stay */
+        td_rreq_t *next = q->next;   /* q may end here; later ones stay */
         char what[200];
 
         if (q->decode == rk) {
             snprintf(what, sizeof what, "decode rank %s/%u lost", rk->node->name, rk->rank_id);
             unbind_rank(q, &q->decode);
-            if (q->state == TD_REQ_DECODING)
+            if (q->state == TD_RREQ_DECODING)
                 request_fail_simple(q, TD_ERRREASON_RANK_LOST, what);
             else
                 retry_or_fail(q, TD_ERRREASON_RANK_LOST, what);
         } else if (q->prefill == rk) {
             snprintf(what, sizeof what, "prefill rank %s/%u lost", rk->node->name, rk->rank_id);
             unbind_rank(q, &q->prefill);
-            if (q->state == TD_REQ_ADMITTING || q->state == TD_REQ_PREFILLING)
+            if (q->state == TD_RREQ_ADMITTING || q->state == TD_RREQ_PREFILLING)
                 retry_or_fail(q, TD_ERRREASON_RANK_LOST, what);
         }
         q = next;
@@ -799,7 +864,7 @@ td_request_on_rank_lost(td_router_t *r, td_rank_t *rk)
 static void
 on_client_closed(struct evhttp_connection *evcon, void *arg)
 {
-    td_request_t *q = arg;
+    td_rreq_t *q = arg;
     struct evhttp_request *h = q->http;
 
     q->evcon = NULL;
@@ -817,7 +882,7 @@ on_client_closed(struct evhttp_connection *evcon, void *arg)
 static void
 on_client_readable(evutil_socket_t fd, short what, void *arg)
 {
-    td_request_t *q = arg;
+    td_rreq_t *q = arg;
     struct evhttp_connection *evcon = q->evcon;
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -842,24 +907,24 @@ on_timeout(evutil_socket_t fd, short what, void *arg)
 /* The prompt text of the stand-in (no V4.1 tokenizer): chat messages joined
  * as "<role>: <content>\n" followed by "assistant: ". */
 static td_status_t
-prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
+prompt_text(const td_openai_req_t *o, td_buf_t *out)
 {
     td_status_t st = TD_OK;
 
     if (o->kind == TD_OPENAI_COMPLETION)
-        return td_strbuf_append(out, o->prompt, strlen(o->prompt));
+        return td_buf_append(out, o->prompt, strlen(o->prompt));
     for (size_t i = 0; st == TD_OK && i < o->nmsgs; i++) {
         const char *role = td_openai_role_str(o->msgs[i].role);
-        st = td_strbuf_append(out, role, strlen(role));
+        st = td_buf_append(out, role, strlen(role));
         if (st == TD_OK)
-            st = td_strbuf_append(out, ": ", 2);
+            st = td_buf_append(out, ": ", 2);
         if (st == TD_OK)
-            st = td_strbuf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
+            st = td_buf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
         if (st == TD_OK)
-            st = td_strbuf_append(out, "\n", 1);
+            st = td_buf_append(out, "\n", 1);
     }
     if (st == TD_OK)
-        st = td_strbuf_append(out, "assistant: ", 11);
+        st = td_buf_append(out, "assistant: ", 11);
     return st;
 }
 
@@ -867,7 +932,7 @@ prompt_text(const td_openai_req_t *o, td_strbuf_t *out)
  * format and its reply read back by td_chat_parser; a request the format
  * cannot express gets e (400). */
 static td_status_t
-chat_prompt_tokens(td_request_t *q, td_openai_err_t *e)
+chat_prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
 {
     td_chat_prompt_t *p = NULL;
     td_chat_err_t ce;
@@ -883,7 +948,7 @@ chat_prompt_tokens(td_request_t *q, td_openai_err_t *e)
         return st;
     }
     if (st == TD_OK)
-        st = td_chat_prompt_ids(p, q->r->v41, &ids, &n);
+        st = td_chat_prompt_ids(p, q->t->cfg.v41, &ids, &n);
     if (st == TD_OK)
         st = td_chat_parser_create(&p->parse, &q->chat);
     td_chat_prompt_destroy(p);
@@ -898,19 +963,19 @@ chat_prompt_tokens(td_request_t *q, td_openai_err_t *e)
 }
 
 static td_status_t
-prompt_tokens(td_request_t *q, td_openai_err_t *e)
+prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
 {
-    td_strbuf_t text = {0};
+    td_buf_t text = {0};
     uint32_t *ids = NULL;
     size_t n = 0;
     td_status_t st;
 
-    if (q->r->v41 && q->oreq->kind == TD_OPENAI_CHAT)
+    if (q->t->cfg.v41 && q->oreq->kind == TD_OPENAI_CHAT)
         return chat_prompt_tokens(q, e);
     st = prompt_text(q->oreq, &text);
     if (st == TD_OK)
-        st = td_tok_encode(q->r->tok, text.data ? text.data : "", text.len, &ids, &n);
-    td_strbuf_free(&text);
+        st = td_tok_encode(q->t->cfg.tok, text.data ? text.data : "", text.len, &ids, &n);
+    td_buf_free(&text);
     if (st != TD_OK) {
         td_openai_err_internal(e, "could not tokenize the prompt");
         return st;
@@ -921,30 +986,29 @@ prompt_tokens(td_request_t *q, td_openai_err_t *e)
 }
 
 void
-td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t kind)
+td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind)
 {
-    td_reqtab_t *t = r->reqs;
     td_openai_err_t e;
     td_openai_req_t *oreq;
     size_t len;
     const char *body = td_http_body(hreq, &len);
-    td_request_t *q;
+    td_rreq_t *q;
 
-    if (td_openai_req_parse(&r->api, kind, body, len, &oreq, &e) != TD_OK) {
-        td_http_refuse(r, hreq, &e);
+    if (td_openai_req_parse(t->cfg.api, kind, body, len, &oreq, &e) != TD_OK) {
+        td_http_refuse(t->cfg.metrics, hreq, &e);
         return;
     }
     q = calloc(1, sizeof *q);
     if (!q) {
         td_openai_req_destroy(oreq);
         td_openai_err_internal(&e, "out of memory");
-        td_http_refuse(r, hreq, &e);
+        td_http_refuse(t->cfg.metrics, hreq, &e);
         return;
     }
-    q->r = r;
+    q->t = t;
     q->oreq = oreq;
     q->http = hreq;
-    q->id = id_next(r);
+    q->id = id_next(t);
     q->t_start = now_ns();
     q->t_last = q->t_start;
     if (!oreq->has_seed)
@@ -977,13 +1041,13 @@ td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t k
         return;
     }
     q->stream.meta = (td_openai_meta_t){ .kind = oreq->kind, .id = q->oid,
-                                         .created = (int64_t)time(NULL), .model = r->model,
-                                         .fingerprint = r->fingerprint };
+                                         .created = (int64_t)time(NULL), .model = t->cfg.model,
+                                         .fingerprint = t->cfg.fingerprint };
     q->stream.include_usage = oreq->include_usage;
-    r->metrics.prompt_tokens += q->nprompt;
-    if (r->cfg->request_timeout_ms) {
-        struct timeval tv = td_ctl_timeval_ms((uint32_t)r->cfg->request_timeout_ms);
-        q->timer = evtimer_new(r->base, on_timeout, q);
+    t->cfg.metrics->prompt_tokens += q->nprompt;
+    if (t->cfg.request_timeout_ms) {
+        struct timeval tv = td_ctl_timeval_ms((uint32_t)t->cfg.request_timeout_ms);
+        q->timer = evtimer_new(t->cfg.base, on_timeout, q);
         if (!q->timer) {
             request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
             return;
@@ -992,7 +1056,7 @@ td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t k
     }
     q->evcon = evhttp_request_get_connection(hreq);
     evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
-    q->watch = event_new(r->base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
+    q->watch = event_new(t->cfg.base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
                          EV_READ | EV_PERSIST, on_client_readable, q);
     if (!q->watch || event_add(q->watch, NULL) != 0) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
@@ -1009,9 +1073,9 @@ td_request_serve(td_router_t *r, struct evhttp_request *hreq, td_openai_kind_t k
 /* ======================================================================= */
 
 td_status_t
-td_request_cancel_id(td_router_t *r, uint64_t id)
+td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id)
 {
-    td_request_t *q = req_find(r->reqs, id);
+    td_rreq_t *q = req_find(t, id);
 
     if (!q || is_terminal(q->state))
         return TD_ERR_NOT_FOUND;
@@ -1020,24 +1084,24 @@ td_request_cancel_id(td_router_t *r, uint64_t id)
 }
 
 static json_t *
-rank_ref(const td_rank_t *rk)
+rank_ref(const td_rrank_t *rk)
 {
     return rk ? json_pack("{s:s, s:i}", "node", rk->node->name, "rank", (json_int_t)rk->rank_id)
               : json_null();
 }
 
-void *
-td_request_list_json(td_router_t *r)
+json_t *
+td_rreq_list_json(td_rreq_tab_t *t)
 {
     json_t *arr = json_array();
     uint64_t now = now_ns();
 
-    for (td_request_t *q = r->reqs->head; arr && q; q = q->next) {
+    for (td_rreq_t *q = t->head; arr && q; q = q->next) {
         char id[20];
         snprintf(id, sizeof id, "%016" PRIx64, q->id);
         json_array_append_new(arr, json_pack(
             "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I}",
-            "id", id, "openai_id", q->oid, "state", state_names[q->state],
+            "id", id, "openai_id", q->oid, "state", td_rreq_state_str(q->state),
             "kind", q->oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion",
             "stream", q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
             "completion_tokens", (json_int_t)q->ntokens,
@@ -1050,43 +1114,45 @@ td_request_list_json(td_router_t *r)
 }
 
 void
-td_request_count_states(td_router_t *r, uint64_t counts[TD_REQ_NSTATES])
+td_rreq_count_states(td_rreq_tab_t *t, uint64_t counts[TD_RREQ_NSTATES])
 {
-    memset(counts, 0, sizeof(uint64_t) * TD_REQ_NSTATES);
-    for (td_request_t *q = r->reqs->head; q; q = q->next)
+    memset(counts, 0, sizeof(uint64_t) * TD_RREQ_NSTATES);
+    for (td_rreq_t *q = t->head; q; q = q->next)
         counts[q->state]++;
 }
 
 td_status_t
-td_request_init(td_router_t *r)
+td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
 {
-    td_reqtab_t *t = calloc(1, sizeof *t);
+    td_rreq_tab_t *t = calloc(1, sizeof *t);
 
     if (!t)
-        return TD_ERR_NOMEM;
+        goto err_nomem;
+    t->cfg = *cfg;
     t->chunk = evbuffer_new();
-    if (!t->chunk) {
-        free(t);
-        return TD_ERR_NOMEM;
-    }
-    r->reqs = t;
+    if (!t->chunk)
+        goto err_free_tab;
+    *out = t;
     return TD_OK;
+
+err_free_tab:
+    free(t);
+err_nomem:
+    td_error("requests: out of memory for the request table");
+    return TD_ERR_NOMEM;
 }
 
 void
-td_request_fini(td_router_t *r)
+td_rreq_tab_destroy(td_rreq_tab_t *t)
 {
-    td_reqtab_t *t = r->reqs;
-
     if (!t)
         return;
     while (t->head) {
-        td_request_t *q = t->head;
+        td_rreq_t *q = t->head;
         http_detach(q);   /* evhttp_free answers and frees the HTTP side */
         request_free(q);
     }
     evbuffer_free(t->chunk);
-    td_strbuf_free(&t->sse);
+    td_buf_free(&t->sse);
     free(t);
-    r->reqs = NULL;
 }

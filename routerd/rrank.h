@@ -1,0 +1,54 @@
+/* routerd/rrank.h — routerd's view of one worker rank and of its node: what
+ * the rank registered, its latest Load, what this router sent it since, how
+ * many requests are bound to it; its state, and sending it one message.
+ * cluster.c keeps the table of them, rsched.c chooses among them, rreq.c binds
+ * requests to them. Ownership: cluster.c allocates and frees both. */
+#ifndef TD_ROUTERD_RRANK_H
+#define TD_ROUTERD_RRANK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ctl.h"
+#include "hello.h"
+#include "status.h"
+#include "tandem.pb-c.h"
+
+typedef enum {
+    TD_RRANK_UP = 0,     /* connected and registered, takes requests */
+    TD_RRANK_JOINING,    /* connected, Register not yet received */
+    TD_RRANK_DRAINING,   /* connected; the operator or the rank itself drains it */
+    TD_RRANK_DEAD,       /* connection ended; kept for the admin view */
+} td_rrank_state_t;
+
+/* A node (one worker process's node id) as the operator sees it. */
+typedef struct td_rrank_node_s {
+    struct td_rrank_node_s *next;
+    char name[TD_HELLO_NODE_ID_MAX + 1];
+    bool draining;      /* admin drain */
+    bool removing;      /* admin remove: forgotten once nothing is in flight */
+} td_rrank_node_t;
+
+typedef struct td_rrank_s {
+    struct td_rrank_s *next;
+    td_rrank_node_t *node;
+    uint32_t rank_id;
+    Tandem__Role role;
+    uint64_t incarnation;
+    td_ctl_conn_t *conn;        /* NULL once the connection ended */
+    Tandem__Register *reg;      /* own unpacked copy; NULL until registered */
+    Tandem__Load load;          /* latest Load (scalars only) */
+    uint64_t pend_tokens;       /* KV tokens / prompt tokens we sent since that Load */
+    uint32_t pend_reqs;         /* requests we sent since that Load */
+    uint32_t inflight;          /* our requests bound to this rank */
+} td_rrank_t;
+
+td_rrank_state_t td_rrank_state(const td_rrank_t *rk);
+const char *td_rrank_state_str(td_rrank_state_t st);
+
+/* Queue one message to rk: TD_ERR_CLOSED when its connection has ended, else
+ * what td_ctl_conn_send says. A failure is logged here (once); callers only
+ * decide what to do about it. */
+td_status_t td_rrank_send(td_rrank_t *rk, const Tandem__Envelope *env);
+
+#endif

@@ -1,0 +1,80 @@
+/* routerd/rreq.h — the requests in flight and their state machine: tokenize,
+ * choose ranks (rsched.h), Admit / Prefill, stream Tokens back as SSE or one
+ * response, and end every request exactly once. Messages from the ranks come
+ * in through td_rreq_on_message / td_rreq_on_rank_lost (the caller wires
+ * them to the cluster's handlers); the HTTP side is http.h's.
+ * Ownership: the table owns every request in flight and frees them (without
+ * answering) when destroyed; what the config points to outlives the table. */
+#ifndef TD_ROUTERD_RREQ_H
+#define TD_ROUTERD_RREQ_H
+
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "cluster.h"
+#include "metrics.h"
+#include "openai.h"
+#include "rrank.h"
+#include "status.h"
+#include "tandem.pb-c.h"
+#include "tok.h"
+#include "tokenizer.h"
+
+struct event_base;
+struct evhttp_request;
+
+typedef enum {
+    TD_RREQ_NEW = 0,     /* parsed and tokenized */
+    TD_RREQ_ADMITTING,   /* Admit sent to a decode rank */
+    TD_RREQ_PREFILLING,  /* AdmitOk; Prefill sent to a prefill rank */
+    TD_RREQ_DECODING,    /* first tokens arrived */
+    TD_RREQ_DONE,        /* finished (stop / length) and answered */
+    TD_RREQ_FAILED,      /* answered with an error */
+    TD_RREQ_CANCELED,    /* client gone or canceled by the operator */
+    TD_RREQ_NSTATES
+} td_rreq_state_t;
+
+typedef struct td_rreq_s td_rreq_t;
+typedef struct td_rreq_tab_s td_rreq_tab_t;
+
+/* What the requests need from the daemon (pointers kept, not copied). */
+typedef struct {
+    struct event_base *base;
+    td_cluster_t *cluster;          /* ranks are chosen from it and bound in it */
+    td_metrics_t *metrics;          /* counted into */
+    const td_openai_cfg_t *api;     /* request validation */
+    const td_tok_t *tok;
+    const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok, or NULL */
+    const char *model;              /* id in responses */
+    const char *fingerprint;        /* system_fingerprint */
+    uint64_t id_prefix;             /* top 16 bits of every request id */
+    uint64_t request_timeout_ms;    /* 0 = none */
+    unsigned retry_after_s;         /* Retry-After of a 503 */
+    unsigned max_attempts;          /* admissions per request, <= TD_RSCHED_MAX_TRIED */
+    double kv_bytes_per_token;      /* paged KV bytes per token, for kv_bytes_moved */
+    uint64_t kv_fixed_bytes;        /* fixed KV bytes per request */
+} td_rreq_config_t;
+
+/* TD_ERR_NOMEM (logged) when out of memory. */
+td_status_t td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out);
+void td_rreq_tab_destroy(td_rreq_tab_t *t);
+
+const char *td_rreq_state_str(td_rreq_state_t st);
+
+/* Parse hreq's body as a request of kind and serve it (answers errors). */
+void td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind);
+/* A message about a request from worker rank rk (AdmitOk, AdmitReject,
+ * PrefillDone, Tokens, Released). One that does not fit the request's state
+ * or comes from a rank the request is not bound to is ignored (logged). */
+void td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env);
+/* rk's connection ended: retry or fail every request bound to it. */
+void td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk);
+/* Admin cancel: TD_ERR_NOT_FOUND when no such request is in flight. */
+td_status_t td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id);
+/* Admin view: a JSON array of the requests in flight (NULL: out of memory). */
+json_t *td_rreq_list_json(td_rreq_tab_t *t);
+/* Requests in flight per state, for /metrics and the admin status. */
+void td_rreq_count_states(td_rreq_tab_t *t, uint64_t counts[TD_RREQ_NSTATES]);
+
+#endif
