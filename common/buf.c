@@ -14,10 +14,11 @@ td_buf_reserve(td_buf_t *b, size_t len)
 
     if (b->failed)
         return TD_ERR_NOMEM;
+    /* the guard first: len + 1 bytes more must not overflow, nor the doubling */
+    if (len >= SIZE_MAX / 4 - b->len)
+        goto err_fail;
     if (b->data != NULL && b->len + len + 1 <= b->cap)
         return TD_OK;
-    if (len > SIZE_MAX / 2 - b->len)
-        goto err_fail;
     cap = b->cap ? b->cap : 64;
     while (cap < b->len + len + 1)
         cap *= 2;

@@ -1,7 +1,7 @@
 /* routerd/route-admin-cancel.c — POST /admin/cancel {"id": "<16 hex digits>"}:
  * cancel a request in flight at its ranks and answer its client with an error. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -2,7 +2,7 @@
  * configuration through the option table, as the config file writes it;
  * paths to secrets and keys are redacted. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <jansson.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* routerd/route-admin-node.c — POST /admin/drain, /admin/undrain and
  * /admin/remove with {"node": NAME}: one handler, three routes. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <jansson.h>
 

@@ -1,7 +1,7 @@
 /* routerd/route-admin-requests.c — GET /admin/requests: the requests in
  * flight (id, state, ranks, token counts, age). */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <jansson.h>
 

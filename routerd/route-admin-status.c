@@ -1,7 +1,7 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
  * ranks (role, state, incarnation, load, KV used/free, in flight). */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <inttypes.h>
 #include <jansson.h>

@@ -1,6 +1,6 @@
 /* routerd/route-chat.c — POST /v1/chat/completions. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 void
 td_route_chat(struct evhttp_request *req, void *router)

@@ -1,6 +1,6 @@
 /* routerd/route-completions.c — POST /v1/completions. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 void
 td_route_completions(struct evhttp_request *req, void *router)

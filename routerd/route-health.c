@@ -1,7 +1,7 @@
 /* routerd/route-health.c — GET /health: liveness (always 200 while the loop
  * runs) and whether any prefill and decode rank takes requests. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <jansson.h>
 

@@ -2,7 +2,7 @@
  * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
  * depth, running, in flight) and requests in flight by state. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* routerd/route-models.c — GET /v1/models: the one model served, naming the
  * engine (the synthetic stand-in says so) and the tokenizer. */
 #include "router.h"
-#include "routes.h"
+#include "route.h"
 
 void
 td_route_models(struct evhttp_request *req, void *router)

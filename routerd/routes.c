@@ -2,6 +2,8 @@
  * admin) and whether a key is needed; each handler lives in its route-*.c. */
 #include "routes.h"
 
+#include "route.h"
+
 #include <event2/http.h>
 
 const td_http_route_t td_routes[] = {

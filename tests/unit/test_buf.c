@@ -180,6 +180,21 @@ test_growth(void)
     td_buf_free(&b);
     CHECK(b.data == NULL && b.len == 0 && b.cap == 0);
 
+    /* sizes whose len + 1 or doubling would overflow are refused before the
+     * room check and before any allocation, on an empty and a non-empty
+     * buffer alike */
+    const size_t huge[] = { SIZE_MAX, SIZE_MAX - 1, SIZE_MAX / 2, SIZE_MAX / 4 };
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        td_buf_t e = { 0 };
+        CHECK_STATUS(td_buf_append(&e, "", huge[i]), TD_ERR_NOMEM);
+        CHECK(e.failed && e.data == NULL);
+        td_buf_free(&e);
+        CHECK_STATUS(td_buf_puts(&e, "abc"), TD_OK);
+        CHECK_STATUS(td_buf_append(&e, "", huge[i]), TD_ERR_NOMEM);
+        CHECK(e.failed && e.len == 3);
+        td_buf_free(&e);
+    }
+
     /* free forgets a failure too */
     CHECK_STATUS(td_buf_append(&b, "", SIZE_MAX / 2 + 1), TD_ERR_NOMEM);
     td_buf_free(&b);
