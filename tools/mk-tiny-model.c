@@ -977,13 +977,8 @@ static int
 mk_add(td_st_writer_t *w, const char *name, td_dtype_t dt, int ndim, const int64_t *shape,
        const void *data, size_t nbytes)
 {
-    td_status_t st = td_st_writer_add(w, name, dt, ndim, shape, data, nbytes);
-
-    if (st != TD_OK) {
-        fprintf(stderr, "mk-tiny-model: tensor %s: %s\n", name, td_st_last_error());
-        return -1;
-    }
-    return 0;
+    /* a failure is logged by the writer, naming the tensor */
+    return td_st_writer_add(w, name, dt, ndim, shape, data, nbytes) == TD_OK ? 0 : -1;
 }
 
 /* Generate, quantize and add one schema tensor (with its scale). */
@@ -1046,9 +1041,7 @@ mk_tensor(const mk_opts_t *o, td_st_writer_t *w, const td_weights_entry_t *e)
         break;
     }
     }
-    if (st != TD_OK)
-        fprintf(stderr, "mk-tiny-model: tensor %s: %s\n", e->name, td_quant_last_error());
-    goto out;
+    goto out;   /* a quantizer that failed logged why */
 nomem:
     fprintf(stderr, "mk-tiny-model: tensor %s: out of memory\n", e->name);
 out:
@@ -1191,24 +1184,24 @@ main(int argc, char **argv)
     /* tensors */
     if (o.shard_mb > 0) {
         if (td_st_writer_create_sharded(o.outdir, (size_t)o.shard_mb << 20, &w) != TD_OK)
-            goto st_err;
+            goto out;   /* logged by the writer */
     } else {
         snprintf(path, sizeof(path), "%s/model.safetensors", o.outdir);
         if (td_st_writer_create(path, &w) != TD_OK)
-            goto st_err;
+            goto out;   /* logged by the writer */
     }
     for (size_t i = 0; i < schema->n; i++)
         if (mk_tensor(&o, w, &schema->entries[i]) != 0)
             goto out;
     if (td_st_writer_finish(w, "{\"format\": \"pt\"}") != TD_OK) {
         w = NULL;
-        goto st_err;
+        goto out;   /* logged by the writer */
     }
     w = NULL;
 
     /* what was written binds to the schema */
     if (td_st_open(o.outdir, &st) != TD_OK)
-        goto st_err;
+        goto out;   /* logged by the reader */
     if (td_weights_bind(schema, st, NULL, NULL, &bound) != TD_OK)
         goto out;
     printf("mk-tiny-model: %s: preset %s, vocab %u, %zu tensors, %zu schema entries, %" PRIu64
@@ -1216,8 +1209,6 @@ main(int argc, char **argv)
     rc = 0;
     goto out;
 
-st_err:
-    fprintf(stderr, "mk-tiny-model: %s\n", td_st_last_error());
 out:
     td_weights_destroy(bound);
     td_st_close(st);

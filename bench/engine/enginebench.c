@@ -447,10 +447,8 @@ main(int argc, char **argv)
     if (rc != 0)
         return rc;
     td_log_set_level(TD_LOG_WARN);
-    if (o.threads > 0 && td_kernels_cpu_set_threads(o.threads) != TD_OK) {
-        fprintf(stderr, "enginebench: --threads %u: %s\n", o.threads, td_kernels_error());
-        return 2;
-    }
+    if (o.threads > 0 && td_kernels_cpu_set_threads(o.threads) != TD_OK)
+        return 2;   /* logged: "threads: N outside 1 .. M" */
     double t0 = bench_now();
     if (td_model_load(o.model, &m) != TD_OK) {
         fprintf(stderr, "enginebench: cannot load %s\n", o.model);

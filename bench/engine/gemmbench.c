@@ -126,7 +126,8 @@ main(int argc, char **argv)
         for (size_t i = 0; i < 512 * g * kk; i++)
             x[i] = gb_rand();
         if (k->mat_create(w, g, n, kk, &mat) != TD_OK) {
-            fprintf(stderr, "gemmbench: %s: %s\n", sh->what, td_kernels_error());
+            fprintf(stderr, "gemmbench: %s: no weights (the reason is logged above)\n",
+                    sh->what);
             return 1;
         }
         for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++) {

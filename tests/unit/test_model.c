@@ -7,7 +7,7 @@
 #include "log.h"
 #include "model.h"
 #include "modelcfg.h"
-#include "quant.h"
+#include "numfmt.h"
 #include "sample.h"
 #include "status.h"
 #include "testutil.h"
@@ -271,7 +271,7 @@ test_quant(void)
         quant_inputs(x, N * D, amp);
         if (rep == 3)        /* a block of zeros: amax clamps */
             memset(x, 0, 32 * sizeof(float));
-        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with ckpt/quant's e4m3 */
+        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with kernels/numfmt's e4m3 */
         for (size_t b = 0; b < N * D / 32; b++) {
             float amax = 0;
             for (size_t i = 0; i < 32; i++)
@@ -279,7 +279,7 @@ test_quant(void)
             float s = ref_pow2_ceil(fmaxf(amax, 1e-4f) * (float)(1.0 / 448.0));
             for (size_t i = 0; i < 32; i++) {
                 float q = fminf(fmaxf(x[b * 32 + i] / s, -448.0f), 448.0f);
-                ref[b * 32 + i] = td_quant_e4m3_to_f32(td_quant_f32_to_e4m3(q)) * s;
+                ref[b * 32 + i] = td_numfmt_e4m3_to_f32(td_numfmt_f32_to_e4m3(q)) * s;
             }
         }
         CHECK_STATUS(K->quant_fp8(x, N, D, 32, codes, scales), TD_OK);
@@ -293,12 +293,12 @@ test_quant(void)
                 for (size_t i = 0; i < bs; i++)
                     amax = fmaxf(amax, fabsf(x[b * bs + i]));
                 if (e4)
-                    s = td_quant_e4m3_to_f32(td_quant_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
+                    s = td_numfmt_e4m3_to_f32(td_numfmt_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
                 else
                     s = ref_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (float)(1.0 / 6.0));
                 for (size_t i = 0; i < bs; i++) {
                     float q = fminf(fmaxf(x[b * bs + i] / s, -6.0f), 6.0f);
-                    ref[b * bs + i] = td_quant_e2m1_to_f32(td_quant_f32_to_e2m1(q)) * s;
+                    ref[b * bs + i] = td_numfmt_e2m1_to_f32(td_numfmt_f32_to_e2m1(q)) * s;
                 }
             }
             CHECK_STATUS(K->quant_fp4(x, N, D, bs, e4, codes, scales), TD_OK);
