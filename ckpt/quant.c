@@ -314,22 +314,6 @@ td_quant_fp8_block(const float *x, int64_t rows, int64_t cols, int block_rows,
     return TD_OK;
 }
 
-/* The ue8m0 scale of one group of n values: 2^ceil(log2(max(amax, floor) /
- * vmax)), the power of two that brings the group within +-vmax. Its code is
- * returned, its value in *s. */
-static uint8_t
-q_group_scale(const float *v, int64_t n, float floor, float vmax, float *s)
-{
-    float amax = 0.0f;
-
-    for (int64_t j = 0; j < n; j++)
-        amax = fmaxf(amax, fabsf(v[j]));
-    amax = fmaxf(amax, floor);
-    uint8_t code = td_numfmt_e8m0_ceil(amax * (1.0f / vmax));
-    *s = td_numfmt_e8m0_to_f32(code);
-    return code;
-}
-
 td_status_t
 td_quant_fp4_group(const float *x, int64_t rows, int64_t cols, uint8_t *packed, uint8_t *scale)
 {
@@ -342,19 +326,8 @@ td_quant_fp4_group(const float *x, int64_t rows, int64_t cols, uint8_t *packed, 
     rc = q_check_input("fp4 quantizer", x, rows, cols);
     if (rc != TD_OK)
         return rc;
-    for (int64_t i = 0; i < rows; i++) {
-        for (int64_t j0 = 0; j0 < cols; j0 += g) {
-            const float *v = x + i * cols + j0;
-            float s;
-
-            scale[i * (cols / g) + j0 / g] = q_group_scale(v, g, 6.0f * 0x1p-126f, 6.0f, &s);
-            for (int64_t j = 0; j < g; j += 2) {
-                uint8_t lo = td_numfmt_f32_to_e2m1(clampf(v[j] / s, 6.0f));
-                uint8_t hi = td_numfmt_f32_to_e2m1(clampf(v[j + 1] / s, 6.0f));
-                packed[(i * cols + j0 + j) / 2] = (uint8_t)(lo | (hi << 4));
-            }
-        }
-    }
+    /* rows of whole groups: the groups follow the flat order */
+    td_numfmt_quant_fp4(x, (size_t)(rows * cols), (size_t)g, 0, packed, scale);
     return TD_OK;
 }
 
@@ -370,15 +343,6 @@ td_quant_fp8_rows(const float *x, int64_t rows, int64_t cols, int group, uint8_t
     rc = q_check_input("fp8 row quantizer", x, rows, cols);
     if (rc != TD_OK)
         return rc;
-    for (int64_t i = 0; i < rows; i++) {
-        for (int64_t j0 = 0; j0 < cols; j0 += group) {
-            const float *v = x + i * cols + j0;
-            float s;
-
-            scale[i * (cols / group) + j0 / group] = q_group_scale(v, group, 1e-4f, 448.0f, &s);
-            for (int64_t j = 0; j < group; j++)
-                q[i * cols + j0 + j] = td_numfmt_f32_to_e4m3(clampf(v[j] / s, 448.0f));
-        }
-    }
+    td_numfmt_quant_fp8(x, (size_t)(rows * cols), (size_t)group, q, scale);
     return TD_OK;
 }

@@ -4,6 +4,7 @@
 #include "numfmt.h"
 
 #include <math.h>
+#include <pthread.h>
 
 static inline uint32_t
 f2u(float f)
@@ -39,6 +40,28 @@ rne_shift(uint32_t m, unsigned shift)
     return q;
 }
 
+/* The magnitude a (f32 bits, finite, below the format's overflow) rounded to
+ * nearest even on the grid of a binary float with `mbits` mantissa bits and
+ * exponent bias `bias`, as that format's code: exponent field << mbits |
+ * mantissa. Below the smallest normal (2^(1 - bias)) the grid is the
+ * subnormal one, 2^(1 - bias - mbits); f32 subnormals are far below it. */
+static inline uint32_t
+round_to_grid(uint32_t a, unsigned mbits, unsigned bias)
+{
+    const uint32_t min_normal = (128u - bias) << 23;   /* 2^(1 - bias) as f32 bits */
+    const unsigned drop = 23 - mbits;
+
+    if (a < min_normal) {
+        if (a < 0x00800000u)
+            return 0;
+        /* value / grid = (m | 2^23) * 2^(E - 127 - 23 - (1 - bias - mbits)) */
+        return rne_shift((a & 0x7fffff) | 0x800000u, drop + (min_normal >> 23) - (a >> 23));
+    }
+    /* rebias the exponent, then drop the low bits with a carry into it */
+    a += ((bias - 127u) << 23) + (1u << (drop - 1)) - 1 + ((a >> drop) & 1);
+    return a >> drop;
+}
+
 /* ---- 16-bit floats ---------------------------------------------------------- */
 
 uint16_t
@@ -72,27 +95,12 @@ td_numfmt_f32_to_f16(float f)
     uint32_t u = f2u(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & 0x7fffffffu;
-    int e;
-    uint32_t m;
 
     if (a > 0x7f800000u)
         return sign | 0x7e00;
     if (a >= 0x477ff000u)          /* >= 65520: rounds to inf */
         return sign | 0x7c00;
-    e = (int)(a >> 23) - 127;
-    m = a & 0x7fffff;
-    if (e >= -14) {
-        /* normal: drop 13 mantissa bits; a carry walks into the exponent */
-        uint32_t h = ((uint32_t)(e + 15) << 10) | (m >> 13);
-        uint32_t rem = m & 0x1fff;
-        if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
-            h++;
-        return sign | (uint16_t)h;
-    }
-    if (a < 0x00800000u)           /* f32 subnormal: far below 2^-25 */
-        return sign;
-    /* f16 subnormal: value / 2^-24 = (m | 2^23) * 2^(e + 1) */
-    return sign | (uint16_t)rne_shift(m | 0x800000u, (unsigned)(-e - 1));
+    return sign | (uint16_t)round_to_grid(a, 10, 15);
 }
 
 /* ---- fp8 -------------------------------------------------------------------- */
@@ -118,21 +126,10 @@ td_numfmt_f32_to_e4m3(float f)
     uint32_t u = f2u(f);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80);
     uint32_t a = u & 0x7fffffffu;
-    uint8_t r;
 
-    if (a >= 0x43f00000u) {                  /* 480, inf, NaN */
-        r = 0x7f;
-    } else if (a < (121u << 23)) {           /* below 2^-6: subnormal grid 2^-9 */
-        if (a < 0x00800000u)
-            r = 0;
-        else   /* value / 2^-9 = (m | 2^23) * 2^(E - 141), E the exponent field */
-            r = (uint8_t)rne_shift((a & 0x7fffff) | 0x800000u, 141u - (a >> 23));
-    } else {
-        uint32_t odd = (a >> 20) & 1;
-        a += ((uint32_t)(7 - 127) << 23) + 0x7ffffu + odd;
-        r = (uint8_t)(a >> 20);
-    }
-    return r | sign;
+    if (a >= 0x43f00000u)                    /* 480 (past the tie at 464), inf, NaN */
+        return sign | 0x7f;
+    return sign | (uint8_t)round_to_grid(a, 3, 7);
 }
 
 float
@@ -147,21 +144,10 @@ td_numfmt_f32_to_e5m2(float f)
     uint32_t u = f2u(f);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80);
     uint32_t a = u & 0x7fffffffu;
-    uint8_t r;
 
-    if (a >= (143u << 23)) {                 /* 65536, inf, NaN */
-        r = a > 0x7f800000u ? 0x7f : 0x7c;
-    } else if (a < (113u << 23)) {           /* below 2^-14: subnormal grid 2^-16 */
-        if (a < 0x00800000u)
-            r = 0;
-        else   /* value / 2^-16 = (m | 2^23) * 2^(E - 134) */
-            r = (uint8_t)rne_shift((a & 0x7fffff) | 0x800000u, 134u - (a >> 23));
-    } else {
-        uint32_t odd = (a >> 21) & 1;
-        a += ((uint32_t)(15 - 127) << 23) + 0xfffffu + odd;
-        r = (uint8_t)(a >> 21);
-    }
-    return r | sign;
+    if (a >= (143u << 23))                   /* 65536, inf, NaN */
+        return sign | (a > 0x7f800000u ? 0x7f : 0x7c);
+    return sign | (uint8_t)round_to_grid(a, 2, 15);
 }
 
 /* ---- ue8m0 ------------------------------------------------------------------ */
@@ -238,4 +224,120 @@ td_numfmt_f32_to_e2m1(float f)
     code += a >= 3.5f;
     code += a > 5.0f;
     return (uint8_t)(code | (signbit(f) ? 8 : 0));
+}
+
+/* ---- groups ------------------------------------------------------------------ */
+
+#define FP8_MAX 448.0f
+#define FP4_MAX 6.0f
+
+/* td_numfmt_e4m3_to_f32 of every code: the dequantizers multiply by these. */
+static float group_e4m3[256];
+static pthread_once_t group_once = PTHREAD_ONCE_INIT;
+
+static void
+group_init(void)
+{
+    for (int c = 0; c < 256; c++)
+        group_e4m3[c] = td_numfmt_e4m3_to_f32((uint8_t)c);
+}
+
+/* max |x| of a group; NaN if any value is NaN. */
+static float
+group_amax(const float *x, size_t b)
+{
+    float amax = 0.0f;
+
+    for (size_t i = 0; i < b; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax || isnan(a))
+            amax = a;
+    }
+    return amax;
+}
+
+static inline float
+clamp(float q, float lim)
+{
+    return q < -lim ? -lim : q > lim ? lim : q;
+}
+
+void
+td_numfmt_quant_fp8(const float *x, size_t n, size_t group, uint8_t *codes, uint8_t *scales)
+{
+    const float inv_max = (float)(1.0 / 448.0);
+
+    for (size_t blk = 0; blk < n / group; blk++) {
+        const float *xb = x + blk * group;
+        float amax = group_amax(xb, group);
+        if (amax < 1e-4f)
+            amax = 1e-4f;
+        int k = td_numfmt_pow2_ceil_exp(amax * inv_max);
+        scales[blk] = (uint8_t)(k + 127);
+        for (size_t i = 0; i < group; i++)
+            codes[blk * group + i] = td_numfmt_f32_to_e4m3(clamp(ldexpf(xb[i], -k), FP8_MAX));
+    }
+}
+
+void
+td_numfmt_dequant_fp8(const uint8_t *codes, const uint8_t *scales, size_t n, size_t group,
+                      float *y)
+{
+    pthread_once(&group_once, group_init);
+    for (size_t blk = 0; blk < n / group; blk++) {
+        int k = (int)scales[blk] - 127;
+        if (k < -126 || k > 127) {            /* 2^k not a normal float: ldexpf rounds once */
+            for (size_t i = 0; i < group; i++)
+                y[blk * group + i] = ldexpf(group_e4m3[codes[blk * group + i]], k);
+            continue;
+        }
+        float p = td_numfmt_e8m0_to_f32(scales[blk]);
+        for (size_t i = 0; i < group; i++)
+            y[blk * group + i] = group_e4m3[codes[blk * group + i]] * p;
+    }
+}
+
+void
+td_numfmt_quant_fp4(const float *x, size_t n, size_t group, int e4m3_scales, uint8_t *packed,
+                    uint8_t *scales)
+{
+    const float inv_max = (float)(1.0 / 6.0);
+
+    for (size_t blk = 0; blk < n / group; blk++) {
+        const float *xb = x + blk * group;
+        float amax = group_amax(xb, group), scale;
+        if (e4m3_scales) {
+            const float lo = 6.0f * 0x1p-9f;
+            uint8_t c = td_numfmt_f32_to_e4m3((amax < lo ? lo : amax) / FP4_MAX);
+            scales[blk] = c;
+            scale = td_numfmt_e4m3_to_f32(c);
+        } else {
+            const float lo = 6.0f * 0x1p-126f;
+            int k = td_numfmt_pow2_ceil_exp((amax < lo ? lo : amax) * inv_max);
+            scales[blk] = (uint8_t)(k + 127);
+            scale = ldexpf(1.0f, k);
+        }
+        uint8_t *pb = packed + blk * group / 2;
+        for (size_t i = 0; i < group; i += 2) {
+            uint8_t lo = td_numfmt_f32_to_e2m1(clamp(xb[i] / scale, FP4_MAX));
+            uint8_t hi = td_numfmt_f32_to_e2m1(clamp(xb[i + 1] / scale, FP4_MAX));
+            pb[i / 2] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+
+void
+td_numfmt_dequant_fp4(const uint8_t *packed, const uint8_t *scales, size_t n, size_t group,
+                      int e4m3_scales, float *y)
+{
+    pthread_once(&group_once, group_init);
+    for (size_t blk = 0; blk < n / group; blk++) {
+        float scale = e4m3_scales ? group_e4m3[scales[blk]]
+                                  : ldexpf(1.0f, (int)scales[blk] - 127);
+        const uint8_t *pb = packed + blk * group / 2;
+        for (size_t i = 0; i < group; i += 2) {
+            y[blk * group + i] = e2m1_values[pb[i / 2] & 0xF] * scale;
+            y[blk * group + i + 1] = e2m1_values[pb[i / 2] >> 4] * scale;
+        }
+    }
 }

@@ -6,6 +6,7 @@
 #ifndef TD_NUMFMT_H
 #define TD_NUMFMT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -52,5 +53,31 @@ int td_numfmt_pow2_ceil_exp(float t);
 /* The ue8m0 code of 2^ceil(log2 t) for finite t >= 2^-126; smaller t and NaN
  * count as 2^-126 (code 1), 2^128 and above as 0xFE. */
 uint8_t td_numfmt_e8m0_ceil(float t);
+
+/* ---- groups ------------------------------------------------------------------
+ * n values quantized in consecutive groups of `group` (n a multiple of group,
+ * group even for fp4), one scale per group, as the V4.1 reference's
+ * _fake_quant_fp8_block and _fake_quant_fp4_block do (docs/weights.md): the
+ * KV cache of the forward pass, the engram tables and the fp4 experts of a
+ * checkpoint. A NaN in a group makes its amax NaN (scale code 0x00 for ue8m0,
+ * NaN codes for the group); the checkpoint quantizers refuse such input. */
+
+/* fp8 e4m3 codes [n] and ue8m0 scales [n / group]: amax floored at 1e-4,
+ * s = 2^ceil(log2(amax / 448)), code = e4m3(clamp(x / s, -448, 448)). */
+void td_numfmt_quant_fp8(const float *x, size_t n, size_t group, uint8_t *codes,
+                         uint8_t *scales);
+/* y = e4m3(code) * 2^(scale - 127), exact. */
+void td_numfmt_dequant_fp8(const uint8_t *codes, const uint8_t *scales, size_t n,
+                           size_t group, float *y);
+
+/* fp4 e2m1 codes packed two a byte [n / 2] (element 2k in the low nibble) and
+ * scales [n / group]: ue8m0 s = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)), or
+ * with e4m3_scales the e4m3 code of max(amax, 6 * 2^-9) / 6 (s its value);
+ * code = e2m1(clamp(x / s, -6, 6)). */
+void td_numfmt_quant_fp4(const float *x, size_t n, size_t group, int e4m3_scales,
+                         uint8_t *packed, uint8_t *scales);
+/* y = e2m1(code) * s. */
+void td_numfmt_dequant_fp4(const uint8_t *packed, const uint8_t *scales, size_t n,
+                           size_t group, int e4m3_scales, float *y);
 
 #endif

@@ -2,7 +2,7 @@
  * codes of every format, the encoders' edges (ties, overflow, subnormals,
  * NaN), every code's round trip, and each encoder against a nearest-even
  * search over its decoded code table (every midpoint, its neighbours, and
- * random floats). */
+ * random floats); the group quantizers on known groups. */
 #include "check.h"
 #include "numfmt.h"
 #include "rng.h"
@@ -387,6 +387,73 @@ test_against_search(void)
     }
 }
 
+/* ---- group quantizers ----------------------------------------------------------- */
+
+static void
+test_groups(void)
+{
+    static const struct {
+        const char *what;
+        int fp4, e4m3_scales;
+        float x[4];
+        uint8_t scale;
+        uint8_t codes[4];       /* fp8: the codes; fp4: the two packed bytes */
+        float back[4];          /* dequantized */
+    } cases[] = {
+        { "fp8: amax 896 gives 2^1", 0, 0, { 896, -3, 0.25f, 0 }, 128,
+          { 0x7e, 0xbc, 0x20, 0x00 }, { 896, -3, 0.25f, 0 } },
+        { "fp8: a zero group floors amax at 1e-4", 0, 0, { 0, -0.0f, 0, 0 }, 105,
+          { 0x00, 0x80, 0x00, 0x00 }, { 0, -0.0f, 0, 0 } },
+        { "fp8: 2^-1 scale, ties to even codes", 0, 0, { 200, 100, -224, 0.5f }, 126,
+          { 0x7c, 0x74, 0xfe, 0x38 }, { 192, 96, -224, 0.5f } },
+        { "fp8: NaN makes the scale and its code NaN", 0, 0, { NAN, 1, 2, 3 }, 0,
+          { 0x7f, 0x00, 0x00, 0x00 }, { NAN, 0, 0, 0 } },
+        { "fp4 ue8m0: amax 6 gives 2^0", 1, 0, { 6, -3, 0.75f, 0.25f }, 127,
+          { 0xd7, 0x02 }, { 6, -3, 1, 0 } },
+        { "fp4 ue8m0: ties to even codes", 1, 0, { 12, 2.5f, 5, -7 }, 128,
+          { 0x27, 0xe4 }, { 12, 2, 4, -8 } },
+        { "fp4 e4m3: the scale is amax / 6 in e4m3", 1, 1, { 12, 1, -2, 0 }, 0x40,
+          { 0x17, 0x0a }, { 12, 1, -2, 0 } },
+        { "fp4 e4m3: a zero group floors amax at 6 * 2^-9", 1, 1, { 0, 0, 0, 0 }, 0x01,
+          { 0x00, 0x00 }, { 0, 0, 0, 0 } },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint8_t codes[4] = { 0 }, scale = 0xaa;
+        float back[4];
+        int nbytes = cases[i].fp4 ? 2 : 4;
+
+        if (cases[i].fp4) {
+            td_numfmt_quant_fp4(cases[i].x, 4, 4, cases[i].e4m3_scales, codes, &scale);
+            td_numfmt_dequant_fp4(codes, &scale, 4, 4, cases[i].e4m3_scales, back);
+        } else {
+            td_numfmt_quant_fp8(cases[i].x, 4, 4, codes, &scale);
+            td_numfmt_dequant_fp8(codes, &scale, 4, 4, back);
+        }
+        int ok = scale == cases[i].scale && memcmp(codes, cases[i].codes, (size_t)nbytes) == 0;
+        for (int k = 0; k < 4; k++)
+            ok &= same(back[k], cases[i].back[k]);
+        if (!ok) {
+            fprintf(stderr, "%s: scale 0x%02x codes %02x %02x %02x %02x back %g %g %g %g\n",
+                    cases[i].what, scale, codes[0], codes[1], codes[2], codes[3], back[0],
+                    back[1], back[2], back[3]);
+            td_check_failures++;
+        }
+    }
+
+    /* groups follow each other: 3 groups of 32, each scaled on its own */
+    float x[96], y[96];
+    uint8_t q[96], s[3];
+    for (int i = 0; i < 96; i++)
+        x[i] = (float)(i % 32 - 16) * (float)(1 << (i / 32 * 4));
+    td_numfmt_quant_fp8(x, 96, 32, q, s);
+    td_numfmt_dequant_fp8(q, s, 96, 32, y);
+    CHECK(s[0] == 127 - 4 && s[1] == 127 && s[2] == 127 + 4);   /* amax 16, 256, 4096 */
+    CHECK(memcmp(x, y, sizeof(x)) == 0);                         /* small integers: exact */
+    td_numfmt_quant_fp4(x, 96, 32, 0, q, s);
+    CHECK(s[0] == 127 + 2 && s[1] == 127 + 6 && s[2] == 127 + 10);
+}
+
 int
 main(void)
 {
@@ -394,5 +461,6 @@ main(void)
     test_encode_edges();
     test_roundtrips();
     test_against_search();
+    test_groups();
     return td_check_exit("test_numfmt");
 }
