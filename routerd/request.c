@@ -4,6 +4,7 @@
  * deltas, SSE) or one response, and end every request exactly once:
  * done, failed or canceled, with Cancel to its ranks where they may hold it. */
 #include "chat.h"
+#include "clock.h"
 #include "rng.h"
 #include "router.h"
 #include "sse.h"
@@ -88,10 +89,7 @@ td_request_state_str(td_req_state_t st)
 static uint64_t
 now_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return td_clock_ns();
 }
 
 /* The one place a request changes state. */
