@@ -4,27 +4,19 @@
 #include "check.h"
 #include "kernels.h"
 #include "logcap.h"
+#include "rng.h"
 #include "status.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint64_t
-rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static td_rng_t rng = { .state = 0x9e3779b97f4a7c15ull };
 
 static void
 fill(unsigned char *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = (unsigned char)rng();
+        p[i] = (unsigned char)td_rng_next(&rng);
 }
 
 /* ntable distinct random ids out of nblocks (a shuffled prefix). */
@@ -35,7 +27,7 @@ random_table(uint32_t nblocks, size_t ntable)
     for (uint32_t i = 0; i < nblocks; i++)
         ids[i] = i;
     for (uint32_t i = 0; i < nblocks && i < ntable; i++) {
-        uint32_t k = i + (uint32_t)(rng() % (nblocks - i));
+        uint32_t k = i + (uint32_t)(td_rng_next(&rng) % (nblocks - i));
         uint32_t t = ids[i];
         ids[i] = ids[k];
         ids[k] = t;

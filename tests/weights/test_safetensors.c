@@ -15,7 +15,9 @@
 #include "../unit/check.h"
 #include "../unit/logcap.h"
 #include "quant.h"
+#include "rng.h"
 #include "safetensors.h"
+#include "tensor2d.h"
 
 static char tmpdir[256];
 
@@ -415,7 +417,7 @@ test_fuzz(void)
     size_t n, opened = 0;
     td_st_writer_t *w = NULL;
     td_st_t *st;
-    uint32_t seed = 12345;
+    td_rng_t rng = td_rng_seed(12345);
 
     CHECK_STATUS(td_st_writer_create(P("fz.safetensors"), &w), TD_OK);
     CHECK_STATUS(td_st_writer_add(w, "w", TD_DT_F8_E4M3, 2, sw, codes, 64), TD_OK);
@@ -437,13 +439,11 @@ test_fuzz(void)
     for (int round = 0; round < 4000; round++) {
         memcpy(buf, good, n);
         for (int k = 0; k < 1 + round % 3; k++) {
-            seed = seed * 1103515245u + 12345u;
-            size_t pos = (seed >> 8) % n;
-            seed = seed * 1103515245u + 12345u;
+            size_t pos = td_rng_next(&rng) % n;
             /* half the flips go to the 8-byte length and the header */
             if (round % 2 == 0)
                 pos = pos % (n < 200 ? n : 200);
-            buf[pos] = (unsigned char)(seed >> 16);
+            buf[pos] = (unsigned char)td_rng_next(&rng);
         }
         put_bytes(P("flip.safetensors"), buf, n);
         st = NULL;
@@ -476,8 +476,8 @@ test_fuzz(void)
 
         memcpy(b2, good, n);
         if (len >= n) {     /* flips after the truncations */
-            seed = seed * 1103515245u + 12345u;
-            b2[(seed >> 8) % n] = (unsigned char)(seed >> 20);
+            size_t pos = td_rng_next(&rng) % n;
+            b2[pos] = (unsigned char)td_rng_next(&rng);
         }
         put_bytes(P("fzs/model.safetensors.index.json"), b2, len < n ? len : n);
         st = NULL;
@@ -490,22 +490,6 @@ test_fuzz(void)
 }
 
 /* ---- quant ----------------------------------------------------------------- */
-
-static td_st_tensor_t
-mk(const char *name, td_dtype_t dt, int64_t r, int64_t c, const void *data)
-{
-    td_st_tensor_t t;
-
-    memset(&t, 0, sizeof(t));
-    t.name = name;
-    t.dtype = dt;
-    t.ndim = 2;
-    t.shape[0] = r;
-    t.shape[1] = c;
-    t.data = data;
-    t.nbytes = (size_t)(r * c * (int64_t)td_dtype_bits(dt) / 8);
-    return t;
-}
 
 static void
 test_quant_layouts(void)
@@ -521,8 +505,8 @@ test_quant_layouts(void)
 
     /* fp8 32x32 with partial edge blocks: quantize, dequantize, bound the error */
     CHECK_STATUS(td_quant_fp8_block(x, R, C, 32, 32, q, s), TD_OK);
-    w = mk("w", TD_DT_F8_E4M3, R, C, q);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    w = tensor2d("w", TD_DT_F8_E4M3, R, C, q);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_OK);
     for (int i = 0; i < R * C; i++)
         maxerr = fmaxf(maxerr, fabsf(x[i] - y[i]));
@@ -531,44 +515,44 @@ test_quant_layouts(void)
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "tensor 'w': scale 'w.scale' shape [2,3] does not divide "
                  "weight shape [40,70]; give the block size") != NULL);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 2, s);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 2, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "scale 'w.scale' has shape [2,2], which does not tile "
                  "weight [40,70] in 32x32 blocks (expected [2,3])") != NULL);
-    sc = mk("w.scale", TD_DT_I32, 2, 3, s);
+    sc = tensor2d("w.scale", TD_DT_I32, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "has dtype I32; a block scale is") != NULL);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     sc.ndim = 1;
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "must be 2-D") != NULL);
-    w = mk("b", TD_DT_BF16, R, C, q);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    w = tensor2d("b", TD_DT_BF16, R, C, q);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "tensor 'b': dtype BF16 does not take a block scale") != NULL);
 
     /* fp4 experts [R, K] */
     CHECK_STATUS(td_quant_fp4_group(x, R, K, q, s), TD_OK);
-    w = mk("e", TD_DT_I8, R, K / 2, q);
-    sc = mk("e.scale", TD_DT_E8M0, R, K / 32, s);
+    w = tensor2d("e", TD_DT_I8, R, K / 2, q);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, K / 32, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_OK);
     maxerr = 0;
     for (int i = 0; i < R; i++)
         for (int j = 0; j < K; j++)
             maxerr = fmaxf(maxerr, fabsf(x[i * K + j] - y[i * K + j]));
     CHECK(maxerr <= 0.07f * 0.25f);
-    sc = mk("e.scale", TD_DT_E8M0, R, 3, s);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "packed fp4 weight [40,32] (40 x 64 values) needs [40, K/group]") != NULL);
-    sc = mk("e.scale", TD_DT_E8M0, R, 2, s);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, 2, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "gives groups of 1x32, not 32x32") != NULL);
     CHECK_STATUS(td_quant_fp4_group(x, R, 48, q, s), TD_ERR_INVALID);
 
     /* engram rows */
     CHECK_STATUS(td_quant_fp8_rows(x, R, K, 32, q, s), TD_OK);
-    w = mk("t", TD_DT_F8_E4M3, R, K, q);
-    sc = mk("t.scale", TD_DT_E8M0, R, K / 32, s);
+    w = tensor2d("t", TD_DT_F8_E4M3, R, K, q);
+    sc = tensor2d("t.scale", TD_DT_E8M0, R, K / 32, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_OK);
 
     /* non-finite input is refused */
