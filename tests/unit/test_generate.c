@@ -545,7 +545,7 @@ make_checkpoint(const char *name, const char *args, char *dir, size_t len)
     return 0;
 }
 
-static td_rng_t rng = { .state = 0x9e3779b97f4a7c15ull };
+static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
 /* Report the first differing logit of two rows. */
 static int

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-static td_rng_t rng = { .state = 0x9e3779b97f4a7c15ull };
+static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
 static void
 fill(unsigned char *p, size_t n)
