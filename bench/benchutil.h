@@ -1,57 +1,59 @@
-/* bench/benchutil.h — what xferbench and memcpybench share: size parsing,
- * the keyed byte pattern every block is filled with and checked against,
- * a monotonic clock, and medians. Header-only (static inline functions). */
+/* bench/benchutil.h — what xferbench and memcpybench share: the flags that
+ * make them measure alike, the keyed byte pattern every block is filled with
+ * and checked against, and medians. Header-only (static inline functions).
+ * Numbers on the command lines are read by td_config_parse_size/uint
+ * (common/config.h); the clock is td_clock_s (common/clock.h). */
 #ifndef TD_BENCHUTIL_H
 #define TD_BENCHUTIL_H
 
-#include <errno.h>
+#include <getopt.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <time.h>
 
-/* "4096", "4K", "4KiB", "64k", "1M", "1GiB" -> bytes (K/M/G are powers of
- * two). Returns 0 and sets *out, or -1 on a malformed or zero value. */
-static inline int bench_parse_size(const char *s, uint64_t *out)
+#include "config.h"
+#include "rng.h"
+
+/* The shared flags, for a getopt_long table: --size, --ws and --total are
+ * byte sizes (64K, 1M, 1GiB, ...), --rounds a count. */
+#define BENCH_SHARED_OPTIONS                    \
+    {"size", required_argument, NULL, 's'},     \
+    {"ws", required_argument, NULL, 'S'},       \
+    {"total", required_argument, NULL, 'B'},    \
+    {"rounds", required_argument, NULL, 'r'}
+
+/* Sizes up to 1 TiB. */
+#define BENCH_SIZE_MAX (1ull << 40)
+
+/* getopt's option c with value arg, if it is one of BENCH_SHARED_OPTIONS,
+ * into the field it sets (block size, working set, bytes per round, timed
+ * rounds; all at least 1). TD_ERR_NOT_FOUND for any other c; a bad value
+ * gives its status and err ("size: invalid value ..."). */
+static inline td_status_t bench_shared_option(int c, const char *arg, uint64_t *size,
+                                              uint64_t *ws_bytes, uint64_t *total,
+                                              uint32_t *rounds, char *err, size_t errlen)
 {
-    static const struct { const char *suffix; uint64_t mult; } units[] = {
-        {"", 1}, {"b", 1},
-        {"k", 1ull << 10}, {"kib", 1ull << 10}, {"kb", 1ull << 10},
-        {"m", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1ull << 20},
-        {"g", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1ull << 30},
-    };
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s || s[0] == '-' || v == 0)
-        return -1;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcasecmp(end, units[i].suffix) == 0) {
-            if (v > UINT64_MAX / units[i].mult)
-                return -1;
-            *out = v * units[i].mult;
-            return 0;
-        }
+    uint64_t v = 0;
+    td_status_t st;
+
+    switch (c) {
+    case 's': return td_config_parse_size("size", arg, 1, BENCH_SIZE_MAX, size, err, errlen);
+    case 'S': return td_config_parse_size("ws", arg, 1, BENCH_SIZE_MAX, ws_bytes, err, errlen);
+    case 'B': return td_config_parse_size("total", arg, 1, BENCH_SIZE_MAX, total, err, errlen);
+    case 'r':
+        st = td_config_parse_uint("rounds", arg, 1, UINT32_MAX, &v, err, errlen);
+        if (st == TD_OK)
+            *rounds = (uint32_t)v;
+        return st;
+    default:
+        return TD_ERR_NOT_FOUND;
     }
-    return -1;
 }
 
-static inline double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* splitmix64: the word at index i of block `block` under key `key`. */
+/* The word at index i of block `block` under key `key`: td_rng_mix64. */
 static inline uint64_t bench_pattern_word(uint64_t key, uint64_t block, uint64_t i)
 {
-    uint64_t z = key ^ (block * 0x9e3779b97f4a7c15ull) ^ (i * 0xd1b54a32d192ed03ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return td_rng_mix64(key ^ (block * TD_RNG_GAMMA) ^ (i * 0xd1b54a32d192ed03ull));
 }
 
 /* Fill len bytes with block `block`'s pattern. */

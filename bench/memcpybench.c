@@ -1,7 +1,6 @@
 /* bench/memcpybench.c — the same-host copy limit xferbench is compared with:
  * one thread memcpy()s a working set of distinct source blocks to distinct
  * destination blocks inside one process and prints GB/s (1 GB = 1e9 bytes). */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 #include <sys/mman.h>
 
 #include "benchutil.h"
+#include "clock.h"
 
 typedef struct {
     uint64_t size;      /* block size = bytes per memcpy */
@@ -36,32 +36,26 @@ static void memcpybench_usage(FILE *f)
 static int memcpybench_opts_parse(int argc, char **argv, memcpybench_opts_t *o)
 {
     static const struct option longopts[] = {
-        {"size", required_argument, NULL, 's'},
-        {"ws", required_argument, NULL, 'S'},
-        {"total", required_argument, NULL, 'B'},
-        {"rounds", required_argument, NULL, 'r'},
+        BENCH_SHARED_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     *o = (memcpybench_opts_t){.size = 64 << 10, .ws_bytes = 1ull << 30, .rounds = 5};
-    uint64_t v;
+    char err[TD_CONFIG_ERRLEN];
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 's': if (bench_parse_size(optarg, &o->size)) goto bad; break;
-        case 'S': if (bench_parse_size(optarg, &o->ws_bytes)) goto bad; break;
-        case 'B': if (bench_parse_size(optarg, &o->total)) goto bad; break;
-        case 'r':
-            if (bench_parse_size(optarg, &v) || v > UINT32_MAX) goto bad;
-            o->rounds = (uint32_t)v;
-            break;
-        case 'h': memcpybench_usage(stdout); exit(0);
-        default: goto usage;
+        if (c == 'h') {
+            memcpybench_usage(stdout);
+            exit(0);
         }
-        continue;
-bad:
-        fprintf(stderr, "memcpybench: bad value '%s'\n", optarg);
-        goto usage;
+        td_status_t st = bench_shared_option(c, optarg, &o->size, &o->ws_bytes, &o->total,
+                                             &o->rounds, err, sizeof(err));
+        if (st == TD_ERR_NOT_FOUND)
+            goto usage;
+        if (st != TD_OK) {
+            fprintf(stderr, "memcpybench: --%s\n", err);
+            goto usage;
+        }
     }
     if (optind != argc)
         goto usage;
@@ -97,7 +91,7 @@ int main(int argc, char **argv)
     size_t len = nblocks * o.size;
     uint64_t copies = o.total / o.size ? o.total / o.size : 1;
     uint64_t bytes = copies * o.size;
-    uint64_t key = (uint64_t)(bench_now() * 1e9);
+    uint64_t key = (uint64_t)(td_clock_s() * 1e9);
     int rc = 1;
 
     char *src = memcpybench_map(len);
@@ -114,12 +108,12 @@ int main(int argc, char **argv)
            " %" PRIu64 " bytes per round\n", o.size, len, bytes);
 
     for (uint32_t r = 0; r < o.rounds; r++) {
-        double t0 = bench_now();
+        double t0 = td_clock_s();
         for (uint64_t k = 0; k < copies; k++) {
             uint64_t off = (k % nblocks) * o.size;
             memcpy(dst + off, src + off, o.size);
         }
-        double secs = bench_now() - t0;
+        double secs = td_clock_s() - t0;
         gbps[r] = (double)bytes / secs / 1e9;
         printf("memcpybench round=%u size=%" PRIu64 " bytes=%" PRIu64 " seconds=%.6f gbps=%.3f\n",
                r + 1, o.size, bytes, secs, gbps[r]);

@@ -10,14 +10,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "clock.h"
 #include "log.h"
+#include "rng.h"
 
 /* ---------------------------------------------------------------- options */
 
@@ -105,13 +106,6 @@ typedef struct bench {
     size_t prompt_pool_len;
 } bench_t;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void vec_push(vec_t *v, double x)
 {
     if (v->n == v->cap) {
@@ -129,19 +123,11 @@ static void vec_push(vec_t *v, double x)
 
 /* -------------------------------------------------------------------- rng */
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void) /* splitmix64 */
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static td_rng_t rng;   /* seeded with --seed */
 
 static double rng_unit(void) /* (0, 1) */
 {
-    return ((double)(rng_next() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return ((double)(td_rng_next(&rng) >> 11) + 0.5) * 0x1p-53;
 }
 
 static uint32_t dist_sample(const dist_t *d)
@@ -325,7 +311,7 @@ static void req_finish(req_t *r, rstate_t st, double t)
 static void req_on_chunk(struct evhttp_request *req, void *arg)
 {
     req_t *r = arg;
-    double t = now_s();
+    double t = td_clock_s();
     if (r->b->o.endpoint == EP_HEALTH || !r->b->o.stream) {
         if (r->first == 0)
             r->first = t;
@@ -341,7 +327,7 @@ static void req_on_done(struct evhttp_request *req, void *arg)
 {
     req_t *r = arg;
     bench_t *b = r->b;
-    double t = now_s();
+    double t = td_clock_s();
     if (!r->req)
         return; /* timed out and cancelled */
     conn_put(b, r->conn);
@@ -393,7 +379,7 @@ static void req_on_timeout(evutil_socket_t fd, short what, void *arg)
     r->req = NULL;
     r->conn = NULL;
     evhttp_cancel_request(req);
-    req_finish(r, R_TIMEOUT, now_s());
+    req_finish(r, R_TIMEOUT, td_clock_s());
 }
 
 /* The synthetic engine's greedy first token after `prompt` (docs/engine.md:
@@ -401,20 +387,12 @@ static void req_on_timeout(evutil_socket_t fd, short what, void *arg)
  * byte routerd shows (id mod 256). A lead byte of a UTF-8 sequence (>= 0xC0)
  * is held back by routerd's incremental decoder until the next token, which
  * would add a decode step to the measured TTFT. */
-static uint64_t synth_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static bool synth_first_visible(const opts_t *o, const char *prompt, size_t n)
 {
-    const uint64_t gamma = 0x9e3779b97f4a7c15ull;
-    uint64_t h = synth_mix(o->synth_key ^ 0x7464707265666978ull);
+    uint64_t h = td_rng_mix64(o->synth_key ^ 0x7464707265666978ull);
     for (size_t i = 0; i < n; i++)
-        h = synth_mix(h ^ synth_mix((uint64_t)(unsigned char)prompt[i] + gamma));
-    return synth_mix(h + gamma) % o->synth_vocab % 256 < 0xC0;
+        h = td_rng_mix64(h ^ td_rng_mix64((uint64_t)(unsigned char)prompt[i] + TD_RNG_GAMMA));
+    return td_rng_mix64(h + TD_RNG_GAMMA) % o->synth_vocab % 256 < 0xC0;
 }
 
 static void json_escape_into(struct evbuffer *out, const char *s, size_t n)
@@ -459,10 +437,10 @@ static void req_send(bench_t *b, req_t *r)
         struct evbuffer *body = evhttp_request_get_output_buffer(r->req);
         /* A prompt of prompt_len bytes = prompt_len tokens (byte-level
          * tokenizer), a slice of the random ASCII pool. */
-        size_t off = (size_t)(rng_next() % (b->prompt_pool_len - r->prompt_len + 1));
+        size_t off = (size_t)(td_rng_next(&rng) % (b->prompt_pool_len - r->prompt_len + 1));
         for (int tries = 0; o->visible_first && tries < 64 &&
                             !synth_first_visible(o, b->prompt_pool + off, r->prompt_len); tries++)
-            off = (size_t)(rng_next() % (b->prompt_pool_len - r->prompt_len + 1));
+            off = (size_t)(td_rng_next(&rng) % (b->prompt_pool_len - r->prompt_len + 1));
         evbuffer_add_printf(body, "{\"model\":\"%s\",", o->model);
         if (o->endpoint == EP_CHAT)
             evbuffer_add_printf(body, "\"messages\":[{\"role\":\"user\",\"content\":\"");
@@ -479,7 +457,7 @@ static void req_send(bench_t *b, req_t *r)
                           (suseconds_t)((o->timeout - floor(o->timeout)) * 1e6) };
     evtimer_add(r->timer, &tv);
     r->state = R_INFLIGHT;
-    r->sent = now_s();
+    r->sent = td_clock_s();
     vec_push(&b->lag, r->sent - b->t0 - r->sched);
     b->inflight++;
     if (b->inflight > b->inflight_peak)
@@ -489,7 +467,7 @@ static void req_send(bench_t *b, req_t *r)
         r->req = NULL;
         conn_put(b, r->conn);
         r->conn = NULL;
-        req_finish(r, R_CONN_ERROR, now_s());
+        req_finish(r, R_CONN_ERROR, td_clock_s());
     }
 }
 
@@ -499,7 +477,7 @@ static void req_send(bench_t *b, req_t *r)
  * then arm the timer for the next arrival on the absolute schedule. */
 static void bench_send_due(bench_t *b)
 {
-    double t = now_s();
+    double t = td_clock_s();
     while (b->next < b->nreqs && b->t0 + b->reqs[b->next].sched <= t) {
         if (b->o.max_inflight && b->inflight >= b->o.max_inflight) {
             b->cap_waits++;
@@ -507,7 +485,7 @@ static void bench_send_due(bench_t *b)
         }
         req_send(b, &b->reqs[b->next]);
         b->next++;
-        t = now_s();
+        t = td_clock_s();
     }
     if (b->next < b->nreqs && !evtimer_pending(b->arrive, NULL)) {
         double dt = b->t0 + b->reqs[b->next].sched - t;
@@ -912,7 +890,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     td_log_set_ident("serve");
-    rng_state = b.o.seed;
+    rng = td_rng_seed(b.o.seed);
 
     /* The schedule: exponential gaps (Poisson process), lengths sampled
      * up front, so a seed gives the same load whatever the server does. */
@@ -946,7 +924,7 @@ int main(int argc, char **argv)
         goto free_reqs;
     }
     for (size_t i = 0; i < b.prompt_pool_len; i++) {
-        uint64_t x = rng_next() % 32;
+        uint64_t x = td_rng_next(&rng) % 32;
         b.prompt_pool[i] = x < 26 ? (char)('a' + x) : ' ';
     }
 
@@ -962,10 +940,10 @@ int main(int argc, char **argv)
         rc = 1;
         goto free_base;
     }
-    b.t0 = now_s() + 0.05;
+    b.t0 = td_clock_s() + 0.05;
     bench_send_due(&b);
     event_base_dispatch(b.base);
-    double t_end = now_s();
+    double t_end = td_clock_s();
     rc = bench_report(&b, t_end);
 
 free_base:

@@ -16,6 +16,7 @@
 #include <event2/event.h>
 
 #include "benchutil.h"
+#include "clock.h"
 #include "log.h"
 #include "xfer.h"
 
@@ -95,17 +96,14 @@ static void xferbench_usage(FILE *f)
 static int xferbench_opts_parse(int argc, char **argv, xferbench_opts_t *o)
 {
     static const struct option longopts[] = {
-        {"size", required_argument, NULL, 's'},
+        BENCH_SHARED_OPTIONS,
         {"transport", required_argument, NULL, 't'},
         {"tls", required_argument, NULL, 'T'},
         {"working-set", required_argument, NULL, 'W'},
-        {"ws", required_argument, NULL, 'S'},
-        {"total", required_argument, NULL, 'B'},
         {"iters", required_argument, NULL, 'n'},
         {"warmup", required_argument, NULL, 'w'},
         {"batch", required_argument, NULL, 'b'},
         {"window", required_argument, NULL, 'o'},
-        {"rounds", required_argument, NULL, 'r'},
         {"no-verify", no_argument, NULL, 'V'},
         {"rx-poll", no_argument, NULL, 'P'},
         {"timeout", required_argument, NULL, 'x'},
@@ -117,25 +115,27 @@ static int xferbench_opts_parse(int argc, char **argv, xferbench_opts_t *o)
         .warmup = UINT64_MAX, .window = 8, .rounds = 5,
         .verify = 1, .timeout_s = 300,
     };
-    int c;
-    uint64_t v;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    char err[TD_CONFIG_ERRLEN];
+    int c, idx = 0;
+    uint64_t v = 0;
+    while ((c = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        const char *flag = c == 'h' || c == '?' ? "" : longopts[idx].name;
+        td_status_t st = TD_OK;
         switch (c) {
-        case 's': if (bench_parse_size(optarg, &o->size)) goto bad; break;
-        case 'S': if (bench_parse_size(optarg, &o->ws_bytes)) goto bad; break;
-        case 'B': if (bench_parse_size(optarg, &o->total)) goto bad; break;
-        case 'n': if (bench_parse_size(optarg, &o->iters)) goto bad; break;
-        case 'w':
-            if (strcmp(optarg, "0") == 0)
-                o->warmup = 0;
-            else if (bench_parse_size(optarg, &o->warmup))
-                goto bad;
+        case 's': case 'S': case 'B': case 'r':
+            st = bench_shared_option(c, optarg, &o->size, &o->ws_bytes, &o->total, &o->rounds,
+                                     err, sizeof(err));
             break;
-        case 'b': case 'o': case 'r': case 'x':
-            if (bench_parse_size(optarg, &v) || v > UINT32_MAX) goto bad;
+        case 'n':
+            st = td_config_parse_uint(flag, optarg, 1, 1ull << 40, &o->iters, err, sizeof(err));
+            break;
+        case 'w':
+            st = td_config_parse_uint(flag, optarg, 0, 0, &o->warmup, err, sizeof(err));
+            break;
+        case 'b': case 'o': case 'x':
+            st = td_config_parse_uint(flag, optarg, 1, UINT32_MAX, &v, err, sizeof(err));
             if (c == 'b') o->batch = (uint32_t)v;
             else if (c == 'o') o->window = (uint32_t)v;
-            else if (c == 'r') o->rounds = (uint32_t)v;
             else o->timeout_s = (unsigned)v;
             break;
         case 't': o->transport = optarg; break;
@@ -143,17 +143,20 @@ static int xferbench_opts_parse(int argc, char **argv, xferbench_opts_t *o)
         case 'W':
             if (strcmp(optarg, "reuse") == 0) o->distinct = 0;
             else if (strcmp(optarg, "distinct") == 0) o->distinct = 1;
-            else goto bad;
+            else {
+                snprintf(err, sizeof(err), "%s: \"%s\": reuse or distinct", flag, optarg);
+                st = TD_ERR_INVALID;
+            }
             break;
         case 'V': o->verify = 0; break;
         case 'P': o->rx_poll = 1; break;
         case 'h': xferbench_usage(stdout); exit(0);
         default: goto usage;
         }
-        continue;
-bad:
-        fprintf(stderr, "xferbench: bad value '%s'\n", optarg);
-        goto usage;
+        if (st != TD_OK) {
+            fprintf(stderr, "xferbench: --%s\n", err);
+            goto usage;
+        }
     }
     if (optind != argc)
         goto usage;
@@ -529,7 +532,7 @@ static int xferbench_tx_phase(xferbench_tx_t *tx, uint64_t puts, double *seconds
         xferbench_tx_wait(tx, XFERBENCH_MSG_READY, &m))
         return -1;
     tx->failed = 0;
-    double t0 = bench_now();
+    double t0 = td_clock_s();
     while (next < nxfers || tx->nfree < o->window) {
         while (tx->nfree > 0 && next < nxfers) {
             if (xferbench_tx_post(tx, next++, puts) != TD_OK)
@@ -537,7 +540,7 @@ static int xferbench_tx_phase(xferbench_tx_t *tx, uint64_t puts, double *seconds
         }
         xferbench_tx_progress(tx, &spins);
     }
-    double t1 = bench_now();
+    double t1 = td_clock_s();
     if (tx->failed) {
         td_error("sender: %" PRIu64 " transfers failed, first: %s", tx->failed,
                  td_status_str(tx->first_failure));
@@ -659,7 +662,7 @@ int main(int argc, char **argv)
 
     if (xferbench_opts_parse(argc, argv, &o))
         return 2;
-    uint64_t key = ((uint64_t)getpid() << 32) ^ (uint64_t)(bench_now() * 1e9);
+    uint64_t key = ((uint64_t)getpid() << 32) ^ (uint64_t)(td_clock_s() * 1e9);
     printf("# xferbench: %s (UCX_TLS %s), %s working set, %" PRIu64 "-byte blocks,"
            " %" PRIu64 " puts per round, %" PRIu64 " warmup puts, batch %u, window %u\n",
            o.transport, o.tls, o.distinct ? "distinct" : "reuse", o.size, o.iters,

@@ -1,8 +1,10 @@
-/* ckpt/quant.h — the number formats of the DeepSeek-V4.1 checkpoint: exact
- * scalar conversions (bf16, f16, fp8 e4m3/e5m2, ue8m0, fp4 e2m1) with torch's
- * rounding, dequantization of block-scaled weights into f32, and the
- * quantizers that write each release layout. Formats and the reference
- * quantizers they follow: docs/weights.md. */
+/* ckpt/quant.h — the quantized tensors of the DeepSeek-V4.1 checkpoint:
+ * dequantization of block-scaled weights into f32, and the quantizers that
+ * write each release layout. The scalar conversions (bf16, f16, fp8
+ * e4m3/e5m2, ue8m0, fp4 e2m1) are kernels/numfmt's td_numfmt_*. Formats and
+ * the reference quantizers they follow: docs/weights.md.
+ * Every function that fails logs why once, at error level, naming the
+ * tensors, and returns the status. */
 #ifndef TD_QUANT_H
 #define TD_QUANT_H
 
@@ -11,29 +13,6 @@
 
 #include "safetensors.h"
 #include "status.h"
-
-/* ---- scalars ---------------------------------------------------------------
- * Decoders are exact. Encoders round to nearest, ties to even, like torch's
- * `.to(dtype)`: bf16 NaN -> 0x7FC0; f16 overflow -> inf, NaN -> sign|0x7E00;
- * e4m3fn never saturates (> 464, inf, NaN -> 0x7F|sign); e5m2 >= 61440 -> inf;
- * e8m0 drops the sign and rounds the exponent up at mantissa >= 0.5. */
-float td_quant_bf16_to_f32(uint16_t v);
-uint16_t td_quant_f32_to_bf16(float f);
-float td_quant_f16_to_f32(uint16_t v);
-uint16_t td_quant_f32_to_f16(float f);
-float td_quant_e4m3_to_f32(uint8_t v);
-uint8_t td_quant_f32_to_e4m3(float f);
-float td_quant_e5m2_to_f32(uint8_t v);
-uint8_t td_quant_f32_to_e5m2(float f);
-float td_quant_e8m0_to_f32(uint8_t v);         /* 2^(v-127); 0xFF -> NaN */
-uint8_t td_quant_f32_to_e8m0(float f);
-/* ue8m0 code of 2^ceil(log2 t) for finite t >= 2^-126 (smaller t counts as
- * 2^-126, 2^128 and above as 0xFE): the power-of-two scale rounding. */
-uint8_t td_quant_e8m0_ceil(float t);
-float td_quant_e2m1_to_f32(uint8_t code);      /* low 4 bits; bit 3 = sign */
-/* Nearest e2m1 code, ties to the even code, |f| > 6 -> +-6, sign from the
- * sign bit (so -0 -> 8); NaN -> 0 with its sign. */
-uint8_t td_quant_f32_to_e2m1(float f);
 
 /* ---- tensors --------------------------------------------------------------- */
 
@@ -83,8 +62,5 @@ td_status_t td_quant_fp4_group(const float *x, int64_t rows, int64_t cols,
  * engram tables: group 32). q: [rows, cols]; scale: [rows, cols/group]. */
 td_status_t td_quant_fp8_rows(const float *x, int64_t rows, int64_t cols, int group,
                               uint8_t *q, uint8_t *scale);
-
-/* The message of the calling thread's last failed td_quant_* call ("" if none). */
-const char *td_quant_last_error(void);
 
 #endif

@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,8 +105,8 @@ st_nbytes(td_dtype_t dt, int ndim, const int64_t *shape, uint64_t *out)
     return 1;
 }
 
-static void
-st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+void
+td_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 {
     size_t off = 0;
 
@@ -122,26 +121,9 @@ st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 /* errors                                                                */
 /* ==================================================================== */
 
-static _Thread_local char st_err[768];
-
-const char *
-td_st_last_error(void)
-{
-    return st_err;
-}
-
-__attribute__((format(printf, 2, 3)))
-static td_status_t
-st_fail(td_status_t st, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(st_err, sizeof(st_err), fmt, ap);
-    va_end(ap);
-    td_error("%s", st_err);
-    return st;
-}
+/* Every failure is logged here, once, where it is decided; callers get the
+ * status and log nothing more. */
+#define st_fail(st, ...) (td_log_write(TD_LOG_ERROR, __VA_ARGS__), (st))
 
 /* ==================================================================== */
 /* reader                                                                */
@@ -295,7 +277,7 @@ st_parse_entry(const char *fname, const char *key, const json_t *v,
         !st_json_u64(json_array_get(joff, 0), &b) || !st_json_u64(json_array_get(joff, 1), &e))
         return st_fail(TD_ERR_INVALID, "%s: tensor '%s': \"data_offsets\" is not a pair of "
                        "non-negative integers", fname, key);
-    st_shape_str(shp, sizeof(shp), t->ndim, t->shape);
+    td_st_shape_str(shp, sizeof(shp), t->ndim, t->shape);
     if (e < b)
         return st_fail(TD_ERR_INVALID, "%s: tensor '%s': data_offsets [%" PRId64 ",%" PRId64
                        "] end before they begin", fname, key, b, e);
@@ -707,7 +689,6 @@ td_st_open(const char *path, td_st_t **out)
     td_st_t *st;
     td_status_t rc;
 
-    st_err[0] = '\0';
     if (stat(path, &sb) != 0) {
         int e = errno;
         return st_fail(e == ENOENT ? TD_ERR_NOT_FOUND : td_status_from_errno(e),
@@ -814,7 +795,6 @@ st_writer_new(const char *path, int sharded, size_t max_shard, td_st_writer_t **
 {
     td_st_writer_t *w;
 
-    st_err[0] = '\0';
     w = calloc(1, sizeof(*w));
     if (w == NULL || (w->path = strdup(path)) == NULL || (w->names = json_object()) == NULL) {
         if (w != NULL) {
@@ -866,7 +846,6 @@ td_st_writer_add(td_st_writer_t *w, const char *name, td_dtype_t dt, int ndim,
     uint64_t need;
     char shp[256] = "[]";
 
-    st_err[0] = '\0';
     if (name == NULL || name[0] == '\0' || strcmp(name, "__metadata__") == 0)
         return st_fail(TD_ERR_INVALID, "%s: bad tensor name '%s'", w->path, name ? name : "");
     if (json_object_get(w->names, name) != NULL)
@@ -880,7 +859,7 @@ td_st_writer_add(td_st_writer_t *w, const char *name, td_dtype_t dt, int ndim,
         if (shape[i] < 0)
             return st_fail(TD_ERR_INVALID, "%s: tensor '%s': negative dimension", w->path, name);
     }
-    st_shape_str(shp, sizeof(shp), ndim, shape);
+    td_st_shape_str(shp, sizeof(shp), ndim, shape);
     if (!st_nbytes(dt, ndim, shape, &need) || need != nbytes)
         return st_fail(TD_ERR_INVALID, "%s: tensor '%s': %zu bytes given, %s %s needs a whole "
                        "number of bytes equal to it", w->path, name, nbytes, td_dtype_name(dt), shp);
@@ -1096,7 +1075,6 @@ td_st_writer_finish(td_st_writer_t *w, const char *metadata_json)
     td_status_t rc = TD_OK;
     unsigned nshards = 1;
 
-    st_err[0] = '\0';
     if (metadata_json != NULL) {
         json_error_t jerr;
         const char *k;

@@ -38,6 +38,8 @@ const char *td_dtype_name(td_dtype_t dt);
 td_status_t td_dtype_parse(const char *name, td_dtype_t *out);
 /* Bits per element: 4 for F4, else 8 * bytes. */
 unsigned td_dtype_bits(td_dtype_t dt);
+/* A shape as messages print it, "[2,3]" ("[]" for a scalar), cut to len. */
+void td_st_shape_str(char *buf, size_t len, int ndim, const int64_t *shape);
 
 #define TD_ST_MAX_DIMS 8
 
@@ -59,15 +61,12 @@ typedef struct td_st td_st_t;
 
 /* Open `path`: a .safetensors file, a model.safetensors.index.json, or a
  * directory holding model.safetensors.index.json (sharded) or model.safetensors. Every header is
- * validated before *out is set. On failure the message is logged and kept for
- * td_st_last_error(). */
+ * validated before *out is set. Like every td_st_* call that fails, it logs
+ * why once, at error level, naming the file, e.g.
+ * "model-00002-of-00003.safetensors: truncated: header says 1234 bytes, file
+ * has 1000", and returns the status; the caller logs nothing more. */
 td_status_t td_st_open(const char *path, td_st_t **out);
 void td_st_close(td_st_t *st);
-
-/* The message of the calling thread's last failed td_st_* call ("" if none),
- * e.g. "model-00002-of-00003.safetensors: truncated: header says 1234 bytes,
- * file has 1000". Valid until the thread's next td_st_* call. */
-const char *td_st_last_error(void);
 
 /* Lookup by name (binary search); NULL if absent. */
 const td_st_tensor_t *td_st_find(const td_st_t *st, const char *name);

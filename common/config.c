@@ -486,6 +486,40 @@ td_config_set(const td_config_opt_t *table, void *cfg, const char *name, const c
     return config_opt_set(opt, cfg, value, err, errlen);
 }
 
+/* One value parsed and stored as an option of a table of one would be. */
+static td_status_t
+config_parse_one(const char *name, td_config_type_t type, td_config_bound_t min,
+                 td_config_bound_t max, const char *s, void *out, char *err, size_t errlen)
+{
+    const td_config_opt_t opt = { .name = name, .type = type, .min = min, .max = max };
+
+    return config_opt_set(&opt, out, s, err, errlen);
+}
+
+td_status_t
+td_config_parse_uint(const char *name, const char *s, uint64_t min, uint64_t max,
+                     uint64_t *out, char *err, size_t errlen)
+{
+    return config_parse_one(name, TD_CONFIG_UINT64, (td_config_bound_t){ .u = min },
+                            (td_config_bound_t){ .u = max }, s, out, err, errlen);
+}
+
+td_status_t
+td_config_parse_size(const char *name, const char *s, uint64_t min, uint64_t max,
+                     uint64_t *out, char *err, size_t errlen)
+{
+    return config_parse_one(name, TD_CONFIG_SIZE, (td_config_bound_t){ .u = min },
+                            (td_config_bound_t){ .u = max }, s, out, err, errlen);
+}
+
+td_status_t
+td_config_parse_double(const char *name, const char *s, double min, double max,
+                       double *out, char *err, size_t errlen)
+{
+    return config_parse_one(name, TD_CONFIG_DOUBLE, (td_config_bound_t){ .d = min },
+                            (td_config_bound_t){ .d = max }, s, out, err, errlen);
+}
+
 void
 td_config_free(const td_config_opt_t *table, void *cfg)
 {

@@ -125,6 +125,23 @@ const td_config_opt_t *td_config_find(const td_config_opt_t *table, const char *
 td_status_t td_config_set(const td_config_opt_t *table, void *cfg, const char *name,
                           const char *value, char *err, size_t errlen);
 
+/* ---- One value, without a table -----------------------------------------
+ * The syntax of the table's number types for a value read on its own: the
+ * tools' and benchmarks' command-line flags (getopt), or anything else that
+ * takes one number. uint: decimal; size: bytes with an optional suffix
+ * k/KiB m/MiB g/GiB t/TiB (x1024, case-insensitive); double: finite decimal.
+ * The value must lie in [min, max] (min == max == 0: unbounded, as in a
+ * table). Bad syntax: TD_ERR_INVALID; out of bounds, a '-' on an unsigned
+ * value or overflow: TD_ERR_RANGE; *out is set only on TD_OK. Nothing is
+ * logged: on failure err (may be NULL) gets the table's message, led by name,
+ * e.g. "--size: invalid value \"4X\": expected a size (...) in [1, 4GiB]". */
+td_status_t td_config_parse_uint(const char *name, const char *s, uint64_t min, uint64_t max,
+                                 uint64_t *out, char *err, size_t errlen);
+td_status_t td_config_parse_size(const char *name, const char *s, uint64_t min, uint64_t max,
+                                 uint64_t *out, char *err, size_t errlen);
+td_status_t td_config_parse_double(const char *name, const char *s, double min, double max,
+                                   double *out, char *err, size_t errlen);
+
 /* Format opt's current value in cfg as the file syntax reads it back
  * (strings quoted and escaped, sizes and durations in their largest exact
  * unit). snprintf-like: returns the length needed, writes at most len bytes. */

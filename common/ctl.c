@@ -20,6 +20,7 @@
 #include <openssl/crypto.h>
 
 #include "frame.h"
+#include "clock.h"
 #include "log.h"
 #include "net.h"
 
@@ -424,7 +425,7 @@ ctl_conn_on_auth(td_ctl_conn_t *c, const Tandem__HelloAuth *auth)
         return;
     }
     ctl_set_state(c, TD_CTL_ESTABLISHED);
-    c->last_rx_ns = ctl_now_ns(CLOCK_MONOTONIC);
+    c->last_rx_ns = td_clock_ns();
     evtimer_del(c->timer);
     ctl_timer_arm(c, c->cfg.cfg.heartbeat_ms);
     td_info("ctl %s: established (incarnation %016" PRIx64 ")", c->name, peer->incarnation);
@@ -515,7 +516,7 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
         } else if (st != TD_OK) {
             ctl_conn_fail(c, st, 0, "cannot decode frame: %s", td_status_str(st));
         } else {
-            c->last_rx_ns = ctl_now_ns(CLOCK_MONOTONIC);
+            c->last_rx_ns = td_clock_ns();
             if (!ctl_conn_dispatch(c, env))
                 tandem__envelope__free_unpacked(env, NULL);
         }
@@ -587,7 +588,7 @@ ctl_conn_timer_cb(evutil_socket_t fd, short what, void *arg)
         ctl_conn_fail(c, TD_ERR_TIMEOUT, TANDEM__REJECT_CODE__REJECT_TIMEOUT,
                       "handshake not finished within %" PRIu32 " ms", cfg->handshake_ms);
     } else {
-        uint64_t idle_ms = (ctl_now_ns(CLOCK_MONOTONIC) - c->last_rx_ns) / 1000000u;
+        uint64_t idle_ms = (td_clock_ns() - c->last_rx_ns) / 1000000u;
 
         if (idle_ms >= (uint64_t)cfg->dead_after * cfg->heartbeat_ms) {
             ctl_conn_fail(c, TD_ERR_TIMEOUT, TANDEM__REJECT_CODE__REJECT_TIMEOUT,

@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "daemon.h"
 #include "log.h"
 
@@ -76,10 +77,7 @@ static void link_free(td_link_t *l);
 static uint64_t
 link_now_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return td_clock_ns() / 1000000u;
 }
 
 /* Guard around anything that may call a handler (which may destroy the

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 #include <ucp/api/ucp.h>
 
+#include "clock.h"
 #include "log.h"
 
 /* ======================================================================== */
@@ -224,9 +225,7 @@ td_xfer_status_from_ucs(ucs_status_t s)
 static uint64_t
 td_xfer_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return td_clock_ns();
 }
 
 /* ======================================================================== */

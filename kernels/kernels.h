@@ -65,7 +65,8 @@ td_kernels_span_bytes(size_t block_bytes, uint64_t bytes)
  * kernel and never waits for the stream. A launch error after the first of
  * several launches leaves the earlier ones enqueued (the span's content is
  * then unspecified, as after an error from sync). cpu ops are done when they
- * return. On failure td_kernels_error() says why. */
+ * return. On failure the op has logged why (td_kernels_fail) and returns the
+ * status; the caller passes it up and logs nothing more. */
 typedef struct td_kernels {
     const char *name;  /* "cpu", "cuda" */
 
@@ -97,7 +98,7 @@ td_status_t td_kernels_cuda(const td_kernels_t **out);
  * compute ops one by one). Every pointer is backend memory (host for cpu);
  * tensors are row-major f32 unless said otherwise, shapes in brackets. An op
  * with a NULL pointer (where one is required) or a zero or inconsistent size
- * returns TD_ERR_INVALID with the reason in td_kernels_error() and writes
+ * returns TD_ERR_INVALID, the reason logged once, and writes
  * nothing. cpu ops are synchronous; `out` may alias an input only where an
  * op says so. Numerics follow the PyTorch reference of DeepSeek-V4.1 (fp32
  * throughout; docs/forward.md); the quantizers are bit-exact. */
@@ -252,13 +253,11 @@ unsigned td_kernels_cpu_threads(void);
 typedef void (*td_kernels_task_fn)(void *arg, size_t i);
 void td_kernels_cpu_parallel(size_t n, td_kernels_task_fn fn, void *arg);
 
-/* Why the last failed call on this thread failed, e.g.
- * "kv_pack: table[3] = 17 >= nblocks 16"; "" when none has failed. */
-const char *td_kernels_error(void);
-
 /* ---- for backends ---------------------------------------------------- */
 
-/* Record the message td_kernels_error() returns; returns st. */
+/* The one way a kernel reports a failure: logs "kernels: " and the message
+ * (e.g. "kv_pack: table[3] = 17 >= nblocks 16") once, at error level, where
+ * the failure is decided, and returns st. */
 td_status_t td_kernels_fail(td_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

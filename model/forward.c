@@ -59,23 +59,20 @@ typedef struct {
 
 /* ---- helpers ------------------------------------------------------------------- */
 
+/* A kernel op that fails has logged why (td_kernels_fail): pass the status up. */
 #define FW_CHECK(expr)                                                         \
     do {                                                                       \
         td_status_t st_ = (expr);                                              \
-        if (st_ != TD_OK) {                                                    \
-            td_error("forward: %s: %s", #expr, td_kernels_error());            \
+        if (st_ != TD_OK)                                                      \
             return st_;                                                        \
-        }                                                                      \
     } while (0)
 
 /* The same inside functions that unwind with goto out (st declared there). */
 #define FW_TRY(expr)                                                           \
     do {                                                                       \
         st = (expr);                                                           \
-        if (st != TD_OK) {                                                     \
-            td_error("forward: %s: %s", #expr, td_kernels_error());            \
+        if (st != TD_OK)                                                       \
             goto out;                                                          \
-        }                                                                      \
     } while (0)
 
 static void *
@@ -1016,10 +1013,8 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
                 ids[r] = seqs[s].tokens[i];
         st = m->ops->embed(m->embed, (size_t)m->cfg->vocab_size, f.H, ids, f.N, f.x);
         free(ids);
-        if (st != TD_OK) {
-            td_error("forward: embed: %s", td_kernels_error());
-            goto out;
-        }
+        if (st != TD_OK)
+            goto out;   /* the op logged why */
     }
     for (size_t r = 0; r < f.N; r++) {
         for (size_t j = 0; j < f.hc; j++)

@@ -401,10 +401,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         }
         float *dst = groups ? scratch : m->arena + at;
         st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, dst);
-        if (st != TD_OK) {
-            td_error("model: tensor '%s': %s", e->name, td_quant_last_error());
-            break;
-        }
+        if (st != TD_OK)
+            break;   /* logged, naming the tensor */
         if (groups == 0) {
             ptr[i] = dst;
             at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
@@ -418,10 +416,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         }
         st = m->ops->mat_create(dst, groups, (size_t)e->shape[0] / groups, (size_t)e->shape[1],
                                 &mat[i]);
-        if (st != TD_OK) {
-            td_error("model: tensor '%s': %s", e->name, td_kernels_error());
-            break;
-        }
+        if (st != TD_OK)
+            break;   /* the op logged why */
         st = model_keep_mat(m, mat[i]);
     }
     free(scratch);
@@ -625,10 +621,11 @@ td_model_load(const char *dir, td_model_t **out)
     } else if (m->embed != NULL) {
         st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
                                 &m->head);
-        if (st == TD_OK)
-            st = model_keep_mat(m, m->head);
+        if (st != TD_OK)
+            goto out;   /* the op logged why */
+        st = model_keep_mat(m, m->head);
         if (st != TD_OK) {
-            td_error("model %s: the head from the embedding: %s", dir, td_kernels_error());
+            td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
             goto out;
         }
     }

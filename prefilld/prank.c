@@ -16,6 +16,7 @@
 
 #include "fsm.h"
 #include "kvmap.h"
+#include "clock.h"
 #include "log.h"
 
 #ifndef TAILQ_FOREACH_SAFE   /* glibc's sys/queue.h lacks it */
@@ -130,9 +131,7 @@ static void task_try_terminal(task_t *t);
 static uint64_t
 prank_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return td_clock_ns() / 1000000;
 }
 
 

@@ -19,6 +19,7 @@
 
 #include "buf.h"
 #include "chat.h"
+#include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
 #include "http.h"
@@ -120,10 +121,7 @@ is_terminal(td_rreq_state_t st)
 static uint64_t
 now_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return td_clock_ns();
 }
 
 /* ======================================================================= */

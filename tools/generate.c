@@ -7,6 +7,8 @@
 #include "tokenizer.h"
 
 #include "cli.h"
+#include "clock.h"
+#include "config.h"
 #include "log.h"
 #include "rng.h"
 
@@ -77,39 +79,6 @@ typedef struct {
     uint64_t chunk;
 } gen_opts_t;
 
-static int
-parse_u64(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (s[0] == '\0' || s[0] == '-' || *end != '\0' || errno != 0 || v < lo || v > hi) {
-        fprintf(stderr, "generate: %s: \"%s\" is not an integer in [%llu, %llu]\n", opt, s,
-                (unsigned long long)lo, (unsigned long long)hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int
-parse_real(const char *opt, const char *s, double *out)
-{
-    char *end;
-    double v;
-
-    errno = 0;
-    v = strtod(s, &end);
-    if (s[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(v)) {
-        fprintf(stderr, "generate: %s: \"%s\" is not a number\n", opt, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 /* 0, or 2 after a message (usage error); 1 for --help printed. */
 static int
 parse_opts(int argc, char **argv, gen_opts_t *o)
@@ -139,7 +108,8 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    uint64_t v;
+    char err[TD_CONFIG_ERRLEN];
+    uint64_t v = 0;
     int c;
 
     *o = (gen_opts_t){
@@ -148,37 +118,36 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
     };
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        td_status_t st = TD_OK;
         switch (c) {
         case OPT_MODEL: o->model = optarg; break;
         case OPT_MESSAGES: o->messages = optarg; break;
         case OPT_PROMPT: o->prompt = optarg; break;
         case OPT_MAX:
-            if (parse_u64("--max-tokens", optarg, 1, UINT32_MAX, &o->max_tokens) != 0)
-                return 2;
+            st = td_config_parse_uint("--max-tokens", optarg, 1, UINT32_MAX, &o->max_tokens, err,
+                                      sizeof(err));
             break;
         case OPT_TEMP:
-            if (parse_real("--temperature", optarg, &o->temperature) != 0)
-                return 2;
-            if (o->temperature < 0) {
-                fprintf(stderr, "generate: --temperature: %s is negative\n", optarg);
-                return 2;
+            st = td_config_parse_double("--temperature", optarg, 0, 0, &o->temperature, err,
+                                        sizeof(err));
+            if (st == TD_OK && o->temperature < 0) {
+                snprintf(err, sizeof(err), "--temperature: %s is negative", optarg);
+                st = TD_ERR_RANGE;
             }
             break;
         case OPT_TOPP:
-            if (parse_real("--top-p", optarg, &o->top_p) != 0)
-                return 2;
-            if (!(o->top_p > 0 && o->top_p <= 1)) {
-                fprintf(stderr, "generate: --top-p: %s is not in (0, 1]\n", optarg);
-                return 2;
+            st = td_config_parse_double("--top-p", optarg, 0, 1, &o->top_p, err, sizeof(err));
+            if (st == TD_OK && o->top_p == 0) {
+                snprintf(err, sizeof(err), "--top-p: %s is not in (0, 1]", optarg);
+                st = TD_ERR_RANGE;
             }
             break;
         case OPT_TOPK:
-            if (parse_u64("--top-k", optarg, 0, UINT32_MAX, &o->top_k) != 0)
-                return 2;
+            st = td_config_parse_uint("--top-k", optarg, 0, UINT32_MAX, &o->top_k, err,
+                                      sizeof(err));
             break;
         case OPT_SEED:
-            if (parse_u64("--seed", optarg, 0, UINT64_MAX, &o->seed) != 0)
-                return 2;
+            st = td_config_parse_uint("--seed", optarg, 0, 0, &o->seed, err, sizeof(err));
             o->seed_set = true;
             break;
         case OPT_NOSTREAM: o->stream = false; break;
@@ -186,21 +155,25 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         case OPT_NOTHINK: o->chat.thinking = 0; o->chat_set = true; break;
         case OPT_EFFORT: o->chat.effort = optarg; o->chat_set = true; break;
         case OPT_LOGPROBS:
-            if (parse_u64("--logprobs", optarg, 0, TD_SAMPLE_MAX_TOP, &v) != 0)
-                return 2;
+            st = td_config_parse_uint("--logprobs", optarg, 0, TD_SAMPLE_MAX_TOP, &v, err,
+                                      sizeof(err));
             o->logprobs = (int64_t)v;
             break;
         case OPT_JSON: o->json = true; break;
         case OPT_CONTEXT:
-            if (parse_u64("--context", optarg, 2, UINT32_MAX, &o->context) != 0)
-                return 2;
+            st = td_config_parse_uint("--context", optarg, 2, UINT32_MAX, &o->context, err,
+                                      sizeof(err));
             break;
         case OPT_CHUNK:
-            if (parse_u64("--chunk", optarg, 1, 1u << 20, &o->chunk) != 0)
-                return 2;
+            st = td_config_parse_uint("--chunk", optarg, 1, 1u << 20, &o->chunk, err,
+                                      sizeof(err));
             break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
+        }
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: %s\n", err);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -382,14 +355,6 @@ typedef struct {
     const char *finish;
     double load_s, prefill_s, decode_s;
 } gen_t;
-
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int
 text_append(gen_t *g, const char *s, size_t n)
@@ -641,7 +606,7 @@ gen_run(gen_t *g)
     for (size_t i = 0; i < g->nprompt; i++)
         in[i] = (int32_t)g->prompt[i];
 
-    double t0 = now_s();
+    double t0 = td_clock_s();
     for (size_t at = 0; at < g->nprompt; at += g->o->chunk) {
         size_t n = g->nprompt - at < g->o->chunk ? g->nprompt - at : g->o->chunk;
         st = td_forward_prefill(m, c, in + at, n, 0, logits);
@@ -651,7 +616,7 @@ gen_run(gen_t *g)
             goto cleanup;
         }
     }
-    double t1 = now_s();
+    double t1 = td_clock_s();
     g->prefill_s = t1 - t0;
 
     uint64_t pos = g->nprompt;
@@ -679,7 +644,7 @@ gen_run(gen_t *g)
         }
         pos++;
     }
-    g->decode_s = now_s() - t1;
+    g->decode_s = td_clock_s() - t1;
     if (gen_finish(g, fin) != 0)
         goto cleanup;
     rc = 0;
@@ -838,14 +803,14 @@ main(int argc, char **argv)
     if (o.messages != NULL && gen_read_request(o.messages, &o.chat, &g.chat) != 0)
         goto cleanup;
 
-    double t0 = now_s();
+    double t0 = td_clock_s();
     td_status_t st = td_model_load(o.model, &g.m);
     if (st != TD_OK) {
         fprintf(stderr, "generate: cannot load the model in %s: %s\n", o.model,
                 td_status_str(st));
         goto cleanup;
     }
-    g.load_s = now_s() - t0;
+    g.load_s = td_clock_s() - t0;
     if (gen_prepare(&g) != 0 || gen_run(&g) != 0)
         goto cleanup;
 

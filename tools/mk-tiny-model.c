@@ -15,9 +15,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "log.h"
 #include "modelcfg.h"
 #include "quant.h"
+#include "rng.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "tokmap.h"
@@ -104,22 +106,6 @@ mk_usage(FILE *f)
                 i == 0 ? " (default)" : "");
 }
 
-static bool
-mk_parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-
-    if (s[0] == '\0' || s[0] == '-')
-        return false;
-    errno = 0;
-    v = strtoull(s, &end, 0);
-    if (errno != 0 || *end != '\0')
-        return false;
-    *out = v;
-    return true;
-}
-
 static int
 mk_parse_args(int argc, char **argv, mk_opts_t *o)
 {
@@ -152,7 +138,7 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
             }
             break;
         case 's':
-            if (!mk_parse_u64(optarg, &o->seed)) {
+            if (td_config_parse_uint("--seed", optarg, 0, 0, &o->seed, NULL, 0) != TD_OK) {
                 fprintf(stderr, "mk-tiny-model: --seed %s: not a non-negative integer\n", optarg);
                 return 2;
             }
@@ -193,8 +179,8 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
             o->tokenizer = optarg;
             break;
         case 'm':
-            if (!mk_parse_u64(optarg, &o->shard_mb) || o->shard_mb == 0 ||
-                o->shard_mb > (1u << 20)) {
+            if (td_config_parse_uint("--shard-mb", optarg, 1, 1u << 20, &o->shard_mb, NULL,
+                                     0) != TD_OK) {
                 fprintf(stderr, "mk-tiny-model: --shard-mb %s: 1 .. 1048576\n", optarg);
                 return 2;
             }
@@ -217,38 +203,29 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
 
 /* ---- Deterministic random numbers ------------------------------------------------ */
 
-/* splitmix64: one stream per tensor, seeded from the seed and the tensor's name,
+/* One td_rng stream per tensor, seeded from the seed and the tensor's name,
  * so a tensor's values do not depend on which other tensors exist. */
-static uint64_t
-mk_splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t
+static td_rng_t
 mk_stream(uint64_t seed, const char *name)
 {
     uint64_t h = 0xCBF29CE484222325ull;   /* FNV-1a of the name */
 
     for (const unsigned char *p = (const unsigned char *)name; *p; p++)
         h = (h ^ *p) * 0x100000001B3ull;
-    h ^= seed * 0x9E3779B97F4A7C15ull;
-    mk_splitmix(&h);
-    return h;
+    td_rng_t r = td_rng_seed(h ^ seed * TD_RNG_GAMMA);
+    td_rng_next(&r);   /* the first number is skipped */
+    return r;
 }
 
 /* Standard normal, approximately: the Irwin-Hall sum of 12 uniforms minus 6
  * (mean 0, variance 1, within +-6). Integer-exact, so the same on every host. */
 static double
-mk_normal(uint64_t *s)
+mk_normal(td_rng_t *s)
 {
     int64_t acc = 0;
 
     for (int i = 0; i < 6; i++) {
-        uint64_t r = mk_splitmix(s);
+        uint64_t r = td_rng_next(s);
         acc += (int64_t)(r >> 32) + (int64_t)(r & 0xFFFFFFFFu);
     }
     return (double)acc / 4294967296.0 - 6.0;
@@ -959,7 +936,7 @@ mk_init_of(const char *name)
 static void
 mk_fill(const mk_opts_t *o, const char *name, float *x, size_t n)
 {
-    uint64_t s = mk_stream(o->seed, name);
+    td_rng_t s = mk_stream(o->seed, name);
     mk_init_t init = mk_init_of(name);
     double std = 0.02;
 
@@ -977,13 +954,8 @@ static int
 mk_add(td_st_writer_t *w, const char *name, td_dtype_t dt, int ndim, const int64_t *shape,
        const void *data, size_t nbytes)
 {
-    td_status_t st = td_st_writer_add(w, name, dt, ndim, shape, data, nbytes);
-
-    if (st != TD_OK) {
-        fprintf(stderr, "mk-tiny-model: tensor %s: %s\n", name, td_st_last_error());
-        return -1;
-    }
-    return 0;
+    /* a failure is logged by the writer, naming the tensor */
+    return td_st_writer_add(w, name, dt, ndim, shape, data, nbytes) == TD_OK ? 0 : -1;
 }
 
 /* Generate, quantize and add one schema tensor (with its scale). */
@@ -1046,9 +1018,7 @@ mk_tensor(const mk_opts_t *o, td_st_writer_t *w, const td_weights_entry_t *e)
         break;
     }
     }
-    if (st != TD_OK)
-        fprintf(stderr, "mk-tiny-model: tensor %s: %s\n", e->name, td_quant_last_error());
-    goto out;
+    goto out;   /* a quantizer that failed logged why */
 nomem:
     fprintf(stderr, "mk-tiny-model: tensor %s: out of memory\n", e->name);
 out:
@@ -1191,24 +1161,24 @@ main(int argc, char **argv)
     /* tensors */
     if (o.shard_mb > 0) {
         if (td_st_writer_create_sharded(o.outdir, (size_t)o.shard_mb << 20, &w) != TD_OK)
-            goto st_err;
+            goto out;   /* logged by the writer */
     } else {
         snprintf(path, sizeof(path), "%s/model.safetensors", o.outdir);
         if (td_st_writer_create(path, &w) != TD_OK)
-            goto st_err;
+            goto out;   /* logged by the writer */
     }
     for (size_t i = 0; i < schema->n; i++)
         if (mk_tensor(&o, w, &schema->entries[i]) != 0)
             goto out;
     if (td_st_writer_finish(w, "{\"format\": \"pt\"}") != TD_OK) {
         w = NULL;
-        goto st_err;
+        goto out;   /* logged by the writer */
     }
     w = NULL;
 
     /* what was written binds to the schema */
     if (td_st_open(o.outdir, &st) != TD_OK)
-        goto st_err;
+        goto out;   /* logged by the reader */
     if (td_weights_bind(schema, st, NULL, NULL, &bound) != TD_OK)
         goto out;
     printf("mk-tiny-model: %s: preset %s, vocab %u, %zu tensors, %zu schema entries, %" PRIu64
@@ -1216,8 +1186,6 @@ main(int argc, char **argv)
     rc = 0;
     goto out;
 
-st_err:
-    fprintf(stderr, "mk-tiny-model: %s\n", td_st_last_error());
 out:
     td_weights_destroy(bound);
     td_st_close(st);

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "benchutil.h"
+#include "clock.h"
+#include "config.h"
 #include "log.h"
 
 #define EB_MAX_BATCHES 8
@@ -59,18 +61,6 @@ eb_usage(FILE *f)
 }
 
 static int
-eb_parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || s[0] == '-')
-        return -1;
-    *out = (size_t)v;
-    return 0;
-}
-
-static int
 eb_parse(int argc, char **argv, eb_opts_t *o)
 {
     static const struct option opts[] = {
@@ -89,8 +79,9 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    int c;
-    size_t v;
+    char err[TD_CONFIG_ERRLEN];
+    int c, idx = 0;
+    uint64_t v = 0;
 
     memset(o, 0, sizeof(*o));
     o->prompt = 512;
@@ -102,14 +93,15 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
     o->warmup = 1;
     o->repeats = 3;
     o->prefill = o->decode = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': o->prompts = optarg; break;
         case 'l': o->logits_out = optarg; break;
         case 'n': case 'c': case 'x': case 's': case 'w': case 'r': case 't':
-            if (eb_parse_size(optarg, &v) != 0) {
-                fprintf(stderr, "enginebench: '%s': not a non-negative integer\n", optarg);
+            if (td_config_parse_uint(opts[idx].name, optarg, 0, c == 't' ? 65536 : 0, &v, err,
+                                     sizeof(err)) != TD_OK) {
+                fprintf(stderr, "enginebench: --%s\n", err);
                 return 2;
             }
             if (c == 'n') o->prompt = v;
@@ -124,7 +116,8 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
             char *save = NULL, *copy = strdup(optarg);
             o->nbatches = 0;
             for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (o->nbatches == EB_MAX_BATCHES || eb_parse_size(t, &v) != 0 || v == 0) {
+                if (o->nbatches == EB_MAX_BATCHES ||
+                    td_config_parse_uint("batch", t, 1, 1u << 20, &v, NULL, 0) != TD_OK) {
                     fprintf(stderr, "enginebench: --batch %s: up to %d sizes >= 1\n", optarg,
                             EB_MAX_BATCHES);
                     free(copy);
@@ -326,12 +319,12 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
         goto out;
     for (size_t r = 0; r < o->warmup + o->repeats; r++) {
         td_cache_reset(c);
-        double t0 = bench_now();
+        double t0 = td_clock_s();
         if (eb_prefill(m, c, p->ids[0], o->prompt, o->chunk, logits) != TD_OK) {
             fprintf(stderr, "enginebench: prefill failed\n");
             goto out;
         }
-        double dt = bench_now() - t0;
+        double dt = td_clock_s() - t0;
         if (r >= o->warmup)
             secs[r - o->warmup] = dt;
         if (r == o->warmup)
@@ -401,7 +394,7 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
         double t0 = 0.0;
         for (size_t s = 0; s < o->warmup + o->steps; s++) {
             if (s == o->warmup)
-                t0 = bench_now();
+                t0 = td_clock_s();
             if (td_forward_decode(m, c, tok, B, logits) != TD_OK) {
                 fprintf(stderr, "enginebench: decode step failed\n");
                 goto out;
@@ -411,7 +404,7 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
             if (r == 0)
                 hash = eb_hash(hash, logits, B * V);
         }
-        secs[r] = bench_now() - t0;
+        secs[r] = td_clock_s() - t0;
     }
     memcpy(sorted, secs, o->repeats * sizeof(double));
     double med = bench_median(sorted, o->repeats);
@@ -447,16 +440,14 @@ main(int argc, char **argv)
     if (rc != 0)
         return rc;
     td_log_set_level(TD_LOG_WARN);
-    if (o.threads > 0 && td_kernels_cpu_set_threads(o.threads) != TD_OK) {
-        fprintf(stderr, "enginebench: --threads %u: %s\n", o.threads, td_kernels_error());
-        return 2;
-    }
-    double t0 = bench_now();
+    if (o.threads > 0 && td_kernels_cpu_set_threads(o.threads) != TD_OK)
+        return 2;   /* logged: "threads: N outside 1 .. M" */
+    double t0 = td_clock_s();
     if (td_model_load(o.model, &m) != TD_OK) {
         fprintf(stderr, "enginebench: cannot load %s\n", o.model);
         return 1;
     }
-    double load_s = bench_now() - t0;
+    double load_s = td_clock_s() - t0;
     size_t V = (size_t)m->cfg->vocab_size, maxb = 1;
     for (size_t i = 0; i < o.nbatches; i++)
         maxb = o.batches[i] > maxb ? o.batches[i] : maxb;

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "benchutil.h"
+#include "clock.h"
+#include "config.h"
+#include "rng.h"
 
 #ifdef TD_HAVE_OPENBLAS
 #include <cblas.h>
@@ -32,16 +34,7 @@ static const gb_shape_t gb_shapes[] = {
     { "idx_wproj", 1, 4, 1024 },  { "idx_wk", 1, 64, 128 },
 };
 
-static uint64_t gb_state = 0x9e3779b97f4a7c15ull;
-
-static float
-gb_rand(void)
-{
-    gb_state ^= gb_state << 13;
-    gb_state ^= gb_state >> 7;
-    gb_state ^= gb_state << 17;
-    return (float)((gb_state >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
-}
+static td_rng_t gb_rng = { .state = TD_RNG_GAMMA };
 
 #ifdef TD_HAVE_OPENBLAS
 /* y [m, g, n] by OpenBLAS as the linears were computed before: every group
@@ -79,12 +72,19 @@ main(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
+    char err[TD_CONFIG_ERRLEN];
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': check = 1; break;
         case 'f': bf16 = 0; break;
-        case 's': seconds = atof(optarg); break;
+        case 's':
+            if (td_config_parse_double("--seconds", optarg, 0, 3600, &seconds, err,
+                                       sizeof(err)) != TD_OK) {
+                fprintf(stderr, "gemmbench: %s\n", err);
+                return 2;
+            }
+            break;
         case 'h':
         default:
             fprintf(c == 'h' ? stdout : stderr,
@@ -117,25 +117,26 @@ main(int argc, char **argv)
             return 1;
         }
         for (size_t i = 0; i < wn; i++) {
-            float v = gb_rand();
+            float v = td_rng_range(&gb_rng, -0.5f, 0.5f);
             uint32_t u;
             memcpy(&u, &v, sizeof(u));
             u = bf16 ? u & 0xFFFF0000u : u | 1u;   /* bf16 values, or surely not */
             memcpy(&w[i], &u, sizeof(u));
         }
         for (size_t i = 0; i < 512 * g * kk; i++)
-            x[i] = gb_rand();
+            x[i] = td_rng_range(&gb_rng, -0.5f, 0.5f);
         if (k->mat_create(w, g, n, kk, &mat) != TD_OK) {
-            fprintf(stderr, "gemmbench: %s: %s\n", sh->what, td_kernels_error());
+            fprintf(stderr, "gemmbench: %s: no weights (the reason is logged above)\n",
+                    sh->what);
             return 1;
         }
         for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++) {
             size_t m = rows[ri], reps = 0;
-            double t0 = bench_now(), dt;
+            double t0 = td_clock_s(), dt;
             do {
                 k->linear_mat(x, mat, y, m);
                 reps++;
-                dt = bench_now() - t0;
+                dt = td_clock_s() - t0;
             } while (dt < seconds);
             dt /= (double)reps;
             long bad = -1;

@@ -1,6 +1,8 @@
 /* bench/tokenizer/tokbench.c — single-thread encode throughput of the V4.1
  * tokenizer over a corpus file (documents separated by 0x1E, as mkcorpus
  * writes), one document at a time; prints one JSON line per run. */
+#include "clock.h"
+#include "config.h"
 #include "tokenizer.h"
 
 #include <getopt.h>
@@ -8,15 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void
 usage(FILE *f)
@@ -33,7 +26,8 @@ int
 main(int argc, char **argv)
 {
     const char *path = getenv("TANDEM_TOKENIZER");
-    long passes = 1;
+    uint64_t passes = 1;
+    char err[TD_CONFIG_ERRLEN];
     static const struct option opts[] = {
         { "tokenizer", required_argument, NULL, 't' },
         { "passes", required_argument, NULL, 'p' },
@@ -44,12 +38,18 @@ main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "t:p:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': path = optarg; break;
-        case 'p': passes = strtol(optarg, NULL, 10); break;
+        case 'p':
+            if (td_config_parse_uint("--passes", optarg, 1, 1000000, &passes, err,
+                                     sizeof(err)) != TD_OK) {
+                fprintf(stderr, "tokbench: %s\n", err);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (optind + 1 != argc || passes < 1 || !path) {
+    if (optind + 1 != argc || !path) {
         if (!path)
             fprintf(stderr, "tokbench: no tokenizer: pass --tokenizer PATH or set "
                             "TANDEM_TOKENIZER\n");
@@ -76,10 +76,10 @@ main(int argc, char **argv)
         fprintf(stderr, "tokbench: cannot load the tokenizer %s\n", path);
         return 1;
     }
-    for (long p = 0; p < passes; p++) {
+    for (uint64_t p = 0; p < passes; p++) {
         size_t docs = 0, tokens = 0, bytes = 0;
         uint64_t sum = 0;
-        double t0 = now_s();
+        double t0 = td_clock_s();
         const char *s = text, *end = text + size;
         while (s <= end) {
             const char *e = memchr(s, 0x1E, (size_t)(end - s));
@@ -100,7 +100,7 @@ main(int argc, char **argv)
             docs++;
             s = e + 1;
         }
-        double dt = now_s() - t0;
+        double dt = td_clock_s() - t0;
         printf("{\"impl\": \"tandem\", \"bytes\": %zu, \"docs\": %zu, \"tokens\": %zu, "
                "\"seconds\": %.6f, \"mb_s\": %.3f, \"tok_s\": %.0f, \"checksum\": \"%016llx\"}\n",
                bytes, docs, tokens, dt, (double)bytes / dt / 1e6, (double)tokens / dt,

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "numfmt.h"
+
 /* ---- the order ------------------------------------------------------------------
  * It is the order of the OpenBLAS 0.3.21 sgemm calls (on 32 rows, AVX-512
  * kernels) the linears were computed with before, so results are those of
@@ -52,15 +54,6 @@ gemm_block(size_t left)
     if (left > GEMM_Q)
         return (left / 2 + 15) / 16 * 16;
     return left;
-}
-
-static inline float
-gemm_from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
 }
 
 /* ---- preparing weights ------------------------------------------------------------ */
@@ -154,7 +147,7 @@ gemm_at(const td_kernels_mat_t *w, size_t g, size_t c, size_t i)
 static inline float
 gemm_w(const td_kernels_mat_t *w, size_t at)
 {
-    return w->bf16 ? gemm_from_bf16(((const uint16_t *)w->data)[at])
+    return w->bf16 ? td_numfmt_bf16_to_f32(((const uint16_t *)w->data)[at])
                    : ((const float *)w->data)[at];
 }
 

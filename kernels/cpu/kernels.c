@@ -1,26 +1,22 @@
-/* kernels/cpu/kernels.c — what every backend shares: the per-thread error
- * message and the host-side argument checks of the KV ops. */
+/* kernels/cpu/kernels.c — what every backend shares: the one way a kernel
+ * reports a failure, and the host-side argument checks of the KV ops. */
 #include "kernels.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 
-static _Thread_local char td_kernels_msg[256];
-
-const char *
-td_kernels_error(void)
-{
-    return td_kernels_msg;
-}
+#include "log.h"
 
 td_status_t
 td_kernels_fail(td_status_t st, const char *fmt, ...)
 {
+    char msg[256];
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(td_kernels_msg, sizeof(td_kernels_msg), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    td_error("kernels: %s", msg);
     return st;
 }
 

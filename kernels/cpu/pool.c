@@ -8,14 +8,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 #define POOL_MAX 256
 /* How long an idle worker spins before it sleeps (a decode step issues a
  * few hundred short loops back to back; a sleeping worker takes tens of
  * microseconds to wake). */
-#define POOL_SPIN_NS 200000L
+#define POOL_SPIN_NS 200000u
 
 static struct {
     pthread_mutex_t run;          /* held by the caller of the running loop */
@@ -51,14 +52,6 @@ pool_pause(void)
 #endif
 }
 
-static long
-pool_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 static void
 pool_work(void)
 {
@@ -75,11 +68,11 @@ pool_worker(void *p)
 
     pool_inside = 1;
     for (;;) {
-        long t0 = pool_ns();
+        uint64_t t0 = td_clock_ns();
         for (unsigned spin = 0; atomic_load_explicit(&pool.gen, memory_order_acquire) == seen;
              spin++) {
             pool_pause();
-            if ((spin & 63) == 63 && pool_ns() - t0 > POOL_SPIN_NS) {
+            if ((spin & 63) == 63 && td_clock_ns() - t0 > POOL_SPIN_NS) {
                 pthread_mutex_lock(&pool.sleep);
                 while (atomic_load_explicit(&pool.gen, memory_order_acquire) == seen)
                     pthread_cond_wait(&pool.wake, &pool.sleep);

@@ -7,8 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
-/* TD_OK for cudaSuccess; otherwise records "cuda: <what>: <error>" for
- * td_kernels_error() and returns TD_ERR_NOMEM, TD_ERR_UNSUPPORTED (no device,
+/* TD_OK for cudaSuccess; otherwise logs "cuda: <what>: <error>" once
+ * (td_kernels_fail) and returns TD_ERR_NOMEM, TD_ERR_UNSUPPORTED (no device,
  * driver or kernel image) or TD_ERR_CUDA. */
 td_status_t td_kernels_cuda_status(cudaError_t err, const char *what);
 

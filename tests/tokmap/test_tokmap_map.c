@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "check.h"
+#include "clock.h"
 #include "tokenizer.h"
 #include "tokmap.h"
 #include "tokref.h"
@@ -17,14 +17,6 @@
 
 #define SHOW_MAX 20
 #define BUILDS   3
-
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The fixture: *ids classes (malloc'd) and the class count. */
 static uint32_t *
@@ -134,9 +126,9 @@ main(int argc, char **argv)
     CHECK_EQ_INT(td_tokenizer_vocab_size(tok), want_ids);
 
     for (int b = 0; b < BUILDS; b++) {
-        double t0 = now_s();
+        double t0 = td_clock_s();
         CHECK_STATUS(td_tokmap_build(tok, &got[b], &got_classes[b]), TD_OK);
-        double dt = now_s() - t0;
+        double dt = td_clock_s() - t0;
         total += dt;
         if (dt < best)
             best = dt;

@@ -1,6 +1,7 @@
 /* tests/unit/test_config.c — the option table: every type's good and bad
  * values, config files (errors at the right line), flags and their precedence,
- * usage, and dump -> load round trips. */
+ * usage, dump -> load round trips, and one value parsed without a table (the
+ * tools' and benchmarks' flags). */
 #include "check.h"
 #include "config.h"
 
@@ -608,6 +609,110 @@ test_round_trip(void)
     td_config_free(opts, &b);
 }
 
+/* One value without a table: what the tools' and benchmarks' flags take. */
+static void
+test_parse_one(void)
+{
+    enum { UINT, SIZE, DOUBLE };
+    static const struct {
+        int kind;
+        const char *s;
+        double min, max;        /* as the call takes them (0, 0: unbounded) */
+        td_status_t want;
+        double value;           /* on TD_OK */
+        const char *msg;        /* in the message otherwise */
+    } cases[] = {
+        { UINT, "0", 0, 0, TD_OK, 0, NULL },
+        { UINT, "4096", 1, 65536, TD_OK, 4096, NULL },
+        { UINT, "18446744073709551615", 0, 0, TD_OK, 18446744073709551615.0, NULL },
+        { UINT, "18446744073709551616", 0, 0, TD_ERR_RANGE, 0, "value out of range" },
+        { UINT, "0", 1, 10, TD_ERR_RANGE, 0, "--n: value out of range \"0\": expected a "
+                                              "non-negative integer in [1, 10]" },
+        { UINT, "11", 1, 10, TD_ERR_RANGE, 0, "in [1, 10]" },
+        { UINT, "-1", 0, 0, TD_ERR_RANGE, 0, "value out of range \"-1\"" },
+        { UINT, "4K", 0, 0, TD_ERR_INVALID, 0, "invalid value \"4K\"" },
+        { UINT, "", 0, 0, TD_ERR_INVALID, 0, "invalid value \"\"" },
+        { UINT, " 1", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { UINT, "1 ", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { UINT, "0x10", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { UINT, "+1", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { UINT, "1.5", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { SIZE, "4096", 1, 0x1p62, TD_OK, 4096, NULL },
+        { SIZE, "4K", 1, 0x1p62, TD_OK, 4096, NULL },
+        { SIZE, "4k", 1, 0x1p62, TD_OK, 4096, NULL },
+        { SIZE, "4KiB", 1, 0x1p62, TD_OK, 4096, NULL },
+        { SIZE, "64kib", 1, 0x1p62, TD_OK, 65536, NULL },
+        { SIZE, "1M", 1, 0x1p62, TD_OK, 1048576, NULL },
+        { SIZE, "1MiB", 1, 0x1p62, TD_OK, 1048576, NULL },
+        { SIZE, "2G", 1, 0x1p62, TD_OK, 2147483648.0, NULL },
+        { SIZE, "1T", 1, 0x1p62, TD_OK, 1099511627776.0, NULL },
+        { SIZE, "0", 1, 0x1p62, TD_ERR_RANGE, 0, "value out of range \"0\": expected a size" },
+        { SIZE, "16777216T", 0, 0, TD_ERR_RANGE, 0, "value out of range" },   /* 2^64 */
+        { SIZE, "4KB", 0, 0, TD_ERR_INVALID, 0, "invalid value \"4KB\": expected a size" },
+        { SIZE, "4 K", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { SIZE, "K", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { SIZE, "1.5M", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { SIZE, "-4K", 0, 0, TD_ERR_RANGE, 0, "value out of range" },
+        { DOUBLE, "0.5", 0, 1, TD_OK, 0.5, NULL },
+        { DOUBLE, ".5", 0, 0, TD_OK, 0.5, NULL },
+        { DOUBLE, "-2.5", 0, 0, TD_OK, -2.5, NULL },
+        { DOUBLE, "1e-3", 0, 0, TD_OK, 1e-3, NULL },
+        { DOUBLE, "1.5", 0, 1, TD_ERR_RANGE, 0, "--n: value out of range \"1.5\": expected a "
+                                                "finite number in [0, 1]" },
+        { DOUBLE, "1e999", 0, 0, TD_ERR_RANGE, 0, "value out of range" },
+        { DOUBLE, "inf", 0, 0, TD_ERR_INVALID, 0, "invalid value \"inf\"" },
+        { DOUBLE, "nan", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { DOUBLE, "", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+        { DOUBLE, "1x", 0, 0, TD_ERR_INVALID, 0, "invalid value" },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char err[TD_CONFIG_ERRLEN] = "";
+        uint64_t u = 12345;
+        double d = 12345;
+        td_status_t st;
+
+        switch (cases[i].kind) {
+        case UINT:
+            st = td_config_parse_uint("--n", cases[i].s, (uint64_t)cases[i].min,
+                                      (uint64_t)cases[i].max, &u, err, sizeof(err));
+            break;
+        case SIZE:
+            st = td_config_parse_size("--n", cases[i].s, (uint64_t)cases[i].min,
+                                      (uint64_t)cases[i].max, &u, err, sizeof(err));
+            break;
+        default:
+            st = td_config_parse_double("--n", cases[i].s, cases[i].min, cases[i].max, &d,
+                                        err, sizeof(err));
+            break;
+        }
+        if (st != cases[i].want) {
+            fprintf(stderr, "case %zu \"%s\": %s, want %s (%s)\n", i, cases[i].s,
+                    td_status_str(st), td_status_str(cases[i].want), err);
+            td_check_failures++;
+            continue;
+        }
+        if (st == TD_OK) {
+            CHECK(cases[i].kind == DOUBLE ? d == cases[i].value : (double)u == cases[i].value);
+            CHECK_STR(err, "");
+        } else {
+            /* nothing stored; the message names the flag and says what is wanted */
+            CHECK(u == 12345 && d == 12345);
+            CHECK(strncmp(err, "--n: ", 5) == 0);
+            if (strstr(err, cases[i].msg) == NULL) {
+                fprintf(stderr, "case %zu \"%s\": message \"%s\" lacks \"%s\"\n", i,
+                        cases[i].s, err, cases[i].msg);
+                td_check_failures++;
+            }
+        }
+    }
+    /* the message is optional */
+    uint64_t v = 0;
+    CHECK_STATUS(td_config_parse_uint("--n", "x", 0, 0, &v, NULL, 0), TD_ERR_INVALID);
+    CHECK_STATUS(td_config_parse_size("--n", "2M", 0, 0, &v, NULL, 0), TD_OK);
+    CHECK_EQ_INT(v, 2 << 20);
+}
+
 static void
 remove_tmpdir(void)
 {
@@ -637,6 +742,7 @@ main(void)
     test_args();
     test_usage();
     test_round_trip();
+    test_parse_one();
     remove_tmpdir();
     return td_check_exit("test_config");
 }

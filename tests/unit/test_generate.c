@@ -8,6 +8,7 @@
 #include "log.h"
 #include "model.h"
 #include "modelcfg.h"
+#include "rng.h"
 #include "sample.h"
 #include "status.h"
 #include "testutil.h"
@@ -544,16 +545,7 @@ make_checkpoint(const char *name, const char *args, char *dir, size_t len)
     return 0;
 }
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t
-rng_below(uint32_t n)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state % n);
-}
+static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
 /* Report the first differing logit of two rows. */
 static int
@@ -607,7 +599,7 @@ test_batch_invariance(const char *name, const char *args)
     la = malloc(V * sizeof(float));
     for (int r = 0; r < R; r++) {
         for (size_t i = 0; i < lens[r]; i++)
-            prompt[r][i] = (int32_t)rng_below((uint32_t)V);
+            prompt[r][i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
         CHECK_STATUS(td_cache_create(m->plan, 128, &batch[r]), TD_OK);
         CHECK_STATUS(td_cache_create(m->plan, 128, &alone[r]), TD_OK);
         if (batch[r] == NULL || alone[r] == NULL)
@@ -678,7 +670,7 @@ test_cache_handoff(const char *name, const char *args)
     la = malloc(V * sizeof(float));
     ref = malloc((size_t)K * V * sizeof(float));
     for (int i = 0; i < P; i++)
-        prompt[i] = (int32_t)rng_below((uint32_t)V);
+        prompt[i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
     CHECK_STATUS(td_cache_create(a->plan, 96, &c), TD_OK);
     if (c == NULL)
         goto out;

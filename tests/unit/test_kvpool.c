@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "rng.h"
 
 /* Block = 4 entries. seg 0: paged ratio 1, 8 B; seg 1: paged ratio 2, 4 B;
  * seg 2: fixed ring of 3 slots × 16 B. */
@@ -126,9 +127,9 @@ test_churn(const td_layout_t *l)
         return;
     td_kvpool_res_t *live[SLOTS] = { 0 };
     uint64_t blocks = 0, tokens = 0;
-    srand(42);
+    td_rng_t rng = td_rng_seed(42);
     for (int r = 0; r < ROUNDS; r++) {
-        int i = rand() % SLOTS;
+        int i = (int)(td_rng_next(&rng) % SLOTS);
         if (live[i] != NULL) {
             for (uint32_t s = 0; s < 3; s++)
                 for (uint64_t k = 0; k < live[i]->nblocks[s]; k++)
@@ -141,7 +142,7 @@ test_churn(const td_layout_t *l)
             live[i] = NULL;
         } else {
             const char *why;
-            uint64_t n = 1 + (uint64_t)(rand() % 90);
+            uint64_t n = 1 + td_rng_next(&rng) % 90;
             if (td_kvpool_reserve(kp, (uint64_t)i + 100, n, &live[i], &why) == TD_OK) {
                 for (uint32_t s = 0; s < 3; s++)
                     blocks += live[i]->nblocks[s];

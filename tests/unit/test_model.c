@@ -7,7 +7,8 @@
 #include "log.h"
 #include "model.h"
 #include "modelcfg.h"
-#include "quant.h"
+#include "numfmt.h"
+#include "rng.h"
 #include "sample.h"
 #include "status.h"
 #include "testutil.h"
@@ -22,22 +23,13 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t
-rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static td_rng_t rng = { .state = 0x2545f4914f6cdd1dull };
 
 /* Uniform in [-a, a). */
 static float
 urand(float a)
 {
-    return (float)((double)(rng() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a;
+    return (float)(td_rng_uniform(&rng) * 2.0 - 1.0) * a;
 }
 
 static float *
@@ -249,12 +241,12 @@ static void
 quant_inputs(float *x, size_t n, float amp)
 {
     for (size_t i = 0; i < n; i++) {
-        switch (rng() % 6) {
+        switch (td_rng_next(&rng) % 6) {
         case 0: x[i] = urand(amp); break;
-        case 1: x[i] = (float)((int)(rng() % 29) - 14) * 0.25f * amp / 4; break;
-        case 2: x[i] = (rng() & 1) ? -0.0f : 0.0f; break;
+        case 1: x[i] = (float)((int)(td_rng_next(&rng) % 29) - 14) * 0.25f * amp / 4; break;
+        case 2: x[i] = (td_rng_next(&rng) & 1) ? -0.0f : 0.0f; break;
         case 3: x[i] = urand(1e-6f); break;
-        default: x[i] = urand(amp) * (float)(1 + rng() % 3); break;
+        default: x[i] = urand(amp) * (float)(1 + td_rng_next(&rng) % 3); break;
         }
     }
 }
@@ -271,7 +263,7 @@ test_quant(void)
         quant_inputs(x, N * D, amp);
         if (rep == 3)        /* a block of zeros: amax clamps */
             memset(x, 0, 32 * sizeof(float));
-        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with ckpt/quant's e4m3 */
+        /* fp8 block 32, ue8m0 — _fake_quant_fp8_block with kernels/numfmt's e4m3 */
         for (size_t b = 0; b < N * D / 32; b++) {
             float amax = 0;
             for (size_t i = 0; i < 32; i++)
@@ -279,7 +271,7 @@ test_quant(void)
             float s = ref_pow2_ceil(fmaxf(amax, 1e-4f) * (float)(1.0 / 448.0));
             for (size_t i = 0; i < 32; i++) {
                 float q = fminf(fmaxf(x[b * 32 + i] / s, -448.0f), 448.0f);
-                ref[b * 32 + i] = td_quant_e4m3_to_f32(td_quant_f32_to_e4m3(q)) * s;
+                ref[b * 32 + i] = td_numfmt_e4m3_to_f32(td_numfmt_f32_to_e4m3(q)) * s;
             }
         }
         CHECK_STATUS(K->quant_fp8(x, N, D, 32, codes, scales), TD_OK);
@@ -293,12 +285,12 @@ test_quant(void)
                 for (size_t i = 0; i < bs; i++)
                     amax = fmaxf(amax, fabsf(x[b * bs + i]));
                 if (e4)
-                    s = td_quant_e4m3_to_f32(td_quant_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
+                    s = td_numfmt_e4m3_to_f32(td_numfmt_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f));
                 else
                     s = ref_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (float)(1.0 / 6.0));
                 for (size_t i = 0; i < bs; i++) {
                     float q = fminf(fmaxf(x[b * bs + i] / s, -6.0f), 6.0f);
-                    ref[b * bs + i] = td_quant_e2m1_to_f32(td_quant_f32_to_e2m1(q)) * s;
+                    ref[b * bs + i] = td_numfmt_e2m1_to_f32(td_numfmt_f32_to_e2m1(q)) * s;
                 }
             }
             CHECK_STATUS(K->quant_fp4(x, N, D, bs, e4, codes, scales), TD_OK);
@@ -367,10 +359,10 @@ test_topk(void)
     int64_t idx[300], want[300];
 
     for (int rep = 0; rep < 400; rep++) {
-        size_t m = 1 + rng() % 300, k = 1 + rng() % (rep % 2 ? m : (m < 8 ? m : 8));
-        int levels = 1 + (int)(rng() % 5);
+        size_t m = 1 + td_rng_next(&rng) % 300, k = 1 + td_rng_next(&rng) % (rep % 2 ? m : (m < 8 ? m : 8));
+        int levels = 1 + (int)(td_rng_next(&rng) % 5);
         for (size_t i = 0; i < m; i++)
-            x[i] = rng() % 4 == 0 ? -INFINITY : rng() % 9 == 0 ? -0.0f : (float)(rng() % (unsigned)levels);
+            x[i] = td_rng_next(&rng) % 4 == 0 ? -INFINITY : td_rng_next(&rng) % 9 == 0 ? -0.0f : (float)(td_rng_next(&rng) % (unsigned)levels);
         unsigned char taken[300] = { 0 };
         for (size_t j = 0; j < k; j++) {
             size_t best = m;
@@ -747,7 +739,7 @@ static void
 rand_tokens(int32_t *t, size_t n, uint32_t vocab)
 {
     for (size_t i = 0; i < n; i++)
-        t[i] = (int32_t)(rng() % vocab);
+        t[i] = (int32_t)(td_rng_next(&rng) % vocab);
 }
 
 /* The worst per-position relative error max|a - b| / max|b| over rows. */
@@ -883,7 +875,7 @@ test_batch_decode(const char *name, const char *args)
     }
     for (int s = 0; s < STEPS; s++) {
         for (int r = 0; r < R; r++)
-            next[s][r] = (int32_t)(rng() % V);
+            next[s][r] = (int32_t)(td_rng_next(&rng) % V);
         CHECK_STATUS(td_forward_decode(m, batch, next[s], R, lb), TD_OK);
         for (int r = 0; r < R; r++) {
             td_cache_t *one[1] = { alone[r] };

@@ -7,6 +7,7 @@
 #include "check.h"
 #include "log.h"
 #include "openai.h"
+#include "rng.h"
 #include "sse.h"
 #include "stop.h"
 #include "tok_bytes.h"
@@ -744,13 +745,15 @@ valid_utf8(const char *s, size_t len)
     return j != NULL;
 }
 
+static td_rng_t rng = { .state = 7 };
+
 /* Decode ids in pieces of random sizes; flush at the end. */
 static void
 decode_pieces(const td_tok_t *tok, const uint32_t *ids, size_t n, td_buf_t *out)
 {
     td_tok_dec_t st = {0};
     for (size_t i = 0; i < n;) {
-        size_t k = 1 + (size_t)rand() % 5;
+        size_t k = 1 + (size_t)(td_rng_next(&rng) % 5);
         if (k > n - i)
             k = n - i;
         CHECK_STATUS(td_tok_decode(tok, &st, ids + i, k, out), TD_OK);
@@ -776,7 +779,6 @@ test_tok_bytes(void)
     CHECK_STATUS(td_tok_encode(tok, text, strlen(text), &ids, &n), TD_OK);
     CHECK_EQ_INT(n, strlen(text));
     CHECK_EQ_INT(ids[1], 0xc3);
-    srand(7);
     for (int round = 0; round < 50; round++) {
         td_buf_t out = {0};
         decode_pieces(tok, ids, n, &out);
@@ -817,9 +819,11 @@ test_tok_bytes(void)
     /* random bytes: any cut decodes to the same valid UTF-8; valid input is unchanged */
     for (int round = 0; round < 200; round++) {
         char raw[64];
-        size_t len = (size_t)rand() % sizeof raw;
-        for (size_t i = 0; i < len; i++)
-            raw[i] = (char)(round % 2 ? rand() : 0xc0 + rand() % 0x40 - (rand() % 2) * 0x40);
+        size_t len = (size_t)(td_rng_next(&rng) % sizeof raw);
+        for (size_t i = 0; i < len; i++) {
+            uint64_t r = td_rng_next(&rng);
+            raw[i] = (char)(round % 2 ? r : 0xc0 + r % 0x40 - ((r >> 32) % 2) * 0x40);
+        }
         CHECK_STATUS(td_tok_encode(tok, raw, len, &ids, &n), TD_OK);
         td_buf_t whole = {0}, cut = {0};
         td_tok_dec_t s3 = {0};

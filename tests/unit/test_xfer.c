@@ -14,6 +14,7 @@
 #include "check.h"
 #include "testutil.h"
 #include "log.h"
+#include "rng.h"
 
 #define MAX_XFERS 160
 
@@ -39,27 +40,18 @@ typedef struct {
     } expect[MAX_XFERS];
 } env_t;
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint64_t
-rng(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
 static void
 fill_random(uint8_t *p, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        uint64_t v = rng();
+        uint64_t v = td_rng_next(&rng);
         memcpy(p + i, &v, 8);
     }
     for (; i < n; i++)
-        p[i] = (uint8_t)rng();
+        p[i] = (uint8_t)td_rng_next(&rng);
 }
 
 static void
@@ -194,7 +186,7 @@ test_integrity(const char *tls)
         uint64_t blk = next_block[p]++;
         size_t bs = geo[p].bs;
         /* one block in up to three pieces at random split points */
-        size_t cut1 = (size_t)(rng() % bs), cut2 = (size_t)(rng() % bs);
+        size_t cut1 = (size_t)(td_rng_next(&rng) % bs), cut2 = (size_t)(td_rng_next(&rng) % bs);
         if (cut1 > cut2) {
             size_t t = cut1;
             cut1 = cut2;
@@ -208,7 +200,7 @@ test_integrity(const char *tls)
         e->expect[nx].src = src + src_off;
         e->expect[nx].dst = (uint8_t *)td_xfer_pool_base(pools[p]) + blk * bs;
         e->expect[nx].len = bs;
-        e->expect[nx].payload = (uint32_t)rng();
+        e->expect[nx].payload = (uint32_t)td_rng_next(&rng);
         src_off += bs;
         CHECK_STATUS(td_xfer_post(e->peer, (uint64_t)nx, d, 3, &e->expect[nx].payload,
                                   sizeof(uint32_t), 10000, on_done, e), TD_OK);

@@ -1,5 +1,5 @@
 /* tests/unit/testutil.h — small helpers the C tests share (next to check.h):
- * monotonic clocks, whole-buffer socket I/O that gives up after 10 s, and
+ * the clock in us and ms, whole-buffer socket I/O that gives up after 10 s, and
  * finding a tool of the build the test belongs to. */
 #ifndef TD_TESTUTIL_H
 #define TD_TESTUTIL_H
@@ -12,23 +12,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
+
+/* common/clock.h's monotonic clock in microseconds and milliseconds. */
 static inline uint64_t
 td_testutil_now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+    return td_clock_ns() / 1000;
 }
 
 static inline uint64_t
 td_testutil_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return td_clock_ns() / 1000000;
 }
 
 /* Write (writing != 0) or read all len bytes of buf on fd; -1 on error, EOF or

@@ -6,36 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "quant.h"
 #include "safetensors.h"
-
-static double
-now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static td_st_tensor_t
-mk(const char *name, td_dtype_t dt, int64_t r, int64_t c, const void *data)
-{
-    td_st_tensor_t t;
-
-    memset(&t, 0, sizeof(t));
-    t.name = name;
-    t.dtype = dt;
-    t.ndim = 2;
-    t.shape[0] = r;
-    t.shape[1] = c;
-    t.data = data;
-    t.nbytes = (size_t)(r * c * (int64_t)td_dtype_bits(dt) / 8);
-    return t;
-}
+#include "tensor2d.h"
 
 int
 main(int argc, char **argv)
@@ -73,18 +49,18 @@ main(int argc, char **argv)
     }
     if (td_st_writer_finish(w, NULL) != TD_OK)
         return 1;
-    t0 = now();
+    t0 = td_clock_s();
     if (td_st_open(path, &st) != TD_OK)
         return 1;
-    t1 = now();
+    t1 = td_clock_s();
     printf("open: %zu tensors in sharded checkpoint: %.1f ms\n", td_st_count(st), (t1 - t0) * 1e3);
-    t0 = now();
+    t0 = td_clock_s();
     for (int i = 0; i < 100000; i++) {
         snprintf(name, sizeof(name), "layers.%d.ffn.experts.%d.w2.scale", i % LAYERS, i % EXPERTS);
         if (td_st_find(st, name) == NULL)
             return 1;
     }
-    t1 = now();
+    t1 = td_clock_s();
     printf("find: %.0f ns per lookup\n", (t1 - t0) * 1e9 / 100000);
     td_st_close(st);
 
@@ -95,26 +71,28 @@ main(int argc, char **argv)
     for (int64_t i = 0; i < (int64_t)R * C; i++)
         x[i] = (float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f;
 
-    t0 = now();
+    t0 = td_clock_s();
     td_quant_fp8_block(x, R, C, 32, 32, q, s);
-    t1 = now();
+    t1 = td_clock_s();
     printf("quantize fp8 32x32 [%d,%d]: %.0f M elements/s\n", R, C, (double)R * C / (t1 - t0) / 1e6);
     {
-        td_st_tensor_t tw = mk("w", TD_DT_F8_E4M3, R, C, q), ts = mk("s", TD_DT_E8M0, R / 32, C / 32, s);
-        t0 = now();
+        td_st_tensor_t tw = tensor2d("w", TD_DT_F8_E4M3, R, C, q);
+        td_st_tensor_t ts = tensor2d("s", TD_DT_E8M0, R / 32, C / 32, s);
+        t0 = td_clock_s();
         td_quant_dequant(&tw, &ts, 0, 0, y);
-        t1 = now();
+        t1 = td_clock_s();
         printf("dequant fp8 32x32 [%d,%d]: %.0f M elements/s\n", R, C, (double)R * C / (t1 - t0) / 1e6);
     }
-    t0 = now();
+    t0 = td_clock_s();
     td_quant_fp4_group(x, R, C, q, s);
-    t1 = now();
+    t1 = td_clock_s();
     printf("quantize fp4 1x32 [%d,%d]: %.0f M elements/s\n", R, C, (double)R * C / (t1 - t0) / 1e6);
     {
-        td_st_tensor_t tw = mk("e", TD_DT_I8, R, C / 2, q), ts = mk("s", TD_DT_E8M0, R, C / 32, s);
-        t0 = now();
+        td_st_tensor_t tw = tensor2d("e", TD_DT_I8, R, C / 2, q);
+        td_st_tensor_t ts = tensor2d("s", TD_DT_E8M0, R, C / 32, s);
+        t0 = td_clock_s();
         td_quant_dequant(&tw, &ts, 0, 0, y);
-        t1 = now();
+        t1 = td_clock_s();
         printf("dequant fp4 1x32 [%d,%d]: %.0f M elements/s\n", R, C, (double)R * C / (t1 - t0) / 1e6);
     }
     free(x);

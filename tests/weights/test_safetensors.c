@@ -1,7 +1,8 @@
 /* tests/weights/test_safetensors.c — the reader's named error for each class of
  * bad checkpoint, writer round trips (one file, shards), a fuzz pass over
- * truncations and byte flips, and the quant module's exhaustive scalar round
- * trips and shape errors. Needs nothing but the library. */
+ * truncations and byte flips, and the quant module's layouts and shape errors
+ * (its scalar codec, kernels/numfmt, is tests/unit/test_numfmt.c). Needs
+ * nothing but the library. */
 #include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
@@ -12,21 +13,13 @@
 #include <unistd.h>
 
 #include "../unit/check.h"
-#include "log.h"
+#include "../unit/logcap.h"
 #include "quant.h"
+#include "rng.h"
 #include "safetensors.h"
+#include "tensor2d.h"
 
 static char tmpdir[256];
-static int error_lines;
-
-static void
-count_sink(td_log_level_t level, const char *line, void *arg)
-{
-    (void)line;
-    (void)arg;
-    if (level == TD_LOG_ERROR)
-        error_lines++;
-}
 
 static char *
 P(const char *name)
@@ -107,12 +100,12 @@ static void
 expect_fail(const char *path, td_status_t want, const char *text, int line)
 {
     td_st_t *st = NULL;
-    int before = error_lines;
+    int before = td_logcap.errors;
     td_status_t rc = td_st_open(path, &st);
 
-    if (rc != want || strstr(td_st_last_error(), text) == NULL || error_lines != before + 1) {
+    if (rc != want || strstr(td_logcap.last, text) == NULL || td_logcap.errors != before + 1) {
         fprintf(stderr, "line %d: %s: got %s \"%s\" (%d error lines), want %s \"%s\"\n", line,
-                path, td_status_str(rc), td_st_last_error(), error_lines - before,
+                path, td_status_str(rc), td_logcap.last, td_logcap.errors - before,
                 td_status_str(want), text);
         td_check_failures++;
     }
@@ -286,9 +279,9 @@ test_writer(void)
     CHECK_STATUS(td_st_writer_add(w, "packed", TD_DT_F4, 1, s10, b, 5), TD_OK);
     /* the writer's own refusals */
     CHECK_STATUS(td_st_writer_add(w, "a.b", TD_DT_U8, 1, s5, b, sizeof(b)), TD_ERR_INVALID);
-    CHECK(strstr(td_st_last_error(), "duplicate tensor 'a.b'") != NULL);
+    CHECK(strstr(td_logcap.last, "duplicate tensor 'a.b'") != NULL);
     CHECK_STATUS(td_st_writer_add(w, "x", TD_DT_F32, 1, s5, b, sizeof(b)), TD_ERR_INVALID);
-    CHECK(strstr(td_st_last_error(), "tensor 'x': 5 bytes given, F32 [5] needs") != NULL);
+    CHECK(strstr(td_logcap.last, "tensor 'x': 5 bytes given, F32 [5] needs") != NULL);
     CHECK_STATUS(td_st_writer_add(w, "__metadata__", TD_DT_U8, 1, s5, b, 5), TD_ERR_INVALID);
     CHECK_STATUS(td_st_writer_finish(w, "{\"format\":\"pt\",\"k\":\"v\"}"), TD_OK);
 
@@ -327,7 +320,7 @@ test_writer(void)
     /* metadata must be an object of strings */
     CHECK_STATUS(td_st_writer_create(P("m.safetensors"), &w), TD_OK);
     CHECK_STATUS(td_st_writer_finish(w, "{\"n\": 1}"), TD_ERR_INVALID);
-    CHECK(strstr(td_st_last_error(), "metadata value 'n' is not a string") != NULL);
+    CHECK(strstr(td_logcap.last, "metadata value 'n' is not a string") != NULL);
     CHECK(access(P("m.safetensors"), F_OK) != 0);
 
     /* sharded: 4 KiB tensors into 10 KiB shards -> 3 shards + index */
@@ -424,7 +417,7 @@ test_fuzz(void)
     size_t n, opened = 0;
     td_st_writer_t *w = NULL;
     td_st_t *st;
-    uint32_t seed = 12345;
+    td_rng_t rng = td_rng_seed(12345);
 
     CHECK_STATUS(td_st_writer_create(P("fz.safetensors"), &w), TD_OK);
     CHECK_STATUS(td_st_writer_add(w, "w", TD_DT_F8_E4M3, 2, sw, codes, 64), TD_OK);
@@ -446,13 +439,11 @@ test_fuzz(void)
     for (int round = 0; round < 4000; round++) {
         memcpy(buf, good, n);
         for (int k = 0; k < 1 + round % 3; k++) {
-            seed = seed * 1103515245u + 12345u;
-            size_t pos = (seed >> 8) % n;
-            seed = seed * 1103515245u + 12345u;
+            size_t pos = td_rng_next(&rng) % n;
             /* half the flips go to the 8-byte length and the header */
             if (round % 2 == 0)
                 pos = pos % (n < 200 ? n : 200);
-            buf[pos] = (unsigned char)(seed >> 16);
+            buf[pos] = (unsigned char)td_rng_next(&rng);
         }
         put_bytes(P("flip.safetensors"), buf, n);
         st = NULL;
@@ -485,8 +476,8 @@ test_fuzz(void)
 
         memcpy(b2, good, n);
         if (len >= n) {     /* flips after the truncations */
-            seed = seed * 1103515245u + 12345u;
-            b2[(seed >> 8) % n] = (unsigned char)(seed >> 20);
+            size_t pos = td_rng_next(&rng) % n;
+            b2[pos] = (unsigned char)td_rng_next(&rng);
         }
         put_bytes(P("fzs/model.safetensors.index.json"), b2, len < n ? len : n);
         st = NULL;
@@ -499,76 +490,6 @@ test_fuzz(void)
 }
 
 /* ---- quant ----------------------------------------------------------------- */
-
-static uint32_t
-bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static void
-test_scalar_roundtrips(void)
-{
-    int bad = 0;
-
-    for (int c = 0; c < 256; c++) {
-        if ((c & 0x7f) != 0x7f && td_quant_f32_to_e4m3(td_quant_e4m3_to_f32((uint8_t)c)) != c)
-            bad++;
-        if ((c & 0x7f) <= 0x7c && td_quant_f32_to_e5m2(td_quant_e5m2_to_f32((uint8_t)c)) != c)
-            bad++;
-        if (c < 255 && td_quant_f32_to_e8m0(td_quant_e8m0_to_f32((uint8_t)c)) != c)
-            bad++;
-    }
-    for (int c = 0; c < 16; c++)
-        bad += td_quant_f32_to_e2m1(td_quant_e2m1_to_f32((uint8_t)c)) != c;
-    for (uint32_t c = 0; c < 65536; c++) {
-        float b = td_quant_bf16_to_f32((uint16_t)c), h = td_quant_f16_to_f32((uint16_t)c);
-
-        if (!isnan(b) && td_quant_f32_to_bf16(b) != c)
-            bad++;
-        if (!isnan(h) && td_quant_f32_to_f16(h) != c)
-            bad++;
-        if (isnan(b) && td_quant_f32_to_bf16(b) != 0x7fc0)
-            bad++;
-    }
-    CHECK_EQ_INT(bad, 0);
-    /* the edges the encoders are defined by */
-    CHECK_EQ_INT(td_quant_f32_to_e4m3(464.0f), 0x7e);
-    CHECK_EQ_INT(td_quant_f32_to_e4m3(464.5f), 0x7f);
-    CHECK_EQ_INT(td_quant_f32_to_e4m3(-INFINITY), 0xff);
-    CHECK_EQ_INT(td_quant_f32_to_e4m3(0x1p-10f), 0x00);
-    CHECK_EQ_INT(td_quant_f32_to_e4m3(0x1.8p-10f), 0x01);
-    CHECK_EQ_INT(td_quant_f32_to_e5m2(61440.0f), 0x7c);
-    CHECK_EQ_INT(td_quant_f32_to_f16(65520.0f), 0x7c00);
-    CHECK_EQ_INT(td_quant_f32_to_f16(-NAN), 0xfe00);
-    CHECK_EQ_INT(td_quant_f32_to_e8m0(-1.5f), 128);
-    CHECK_EQ_INT(td_quant_f32_to_e8m0(0.0f), 0);
-    CHECK_EQ_INT(td_quant_e8m0_ceil(1.0f), 127);
-    CHECK_EQ_INT(td_quant_e8m0_ceil(1.0000001f), 128);
-    CHECK_EQ_INT(td_quant_e8m0_ceil(0.0f), 1);
-    CHECK_EQ_INT(td_quant_f32_to_e2m1(-0.0f), 8);
-    CHECK_EQ_INT(td_quant_f32_to_e2m1(100.0f), 7);
-    CHECK_EQ_INT(bits(td_quant_e8m0_to_f32(0)), 0x00400000u);
-    CHECK(isnan(td_quant_e8m0_to_f32(255)) && isnan(td_quant_e4m3_to_f32(0xff)));
-}
-
-static td_st_tensor_t
-mk(const char *name, td_dtype_t dt, int64_t r, int64_t c, const void *data)
-{
-    td_st_tensor_t t;
-
-    memset(&t, 0, sizeof(t));
-    t.name = name;
-    t.dtype = dt;
-    t.ndim = 2;
-    t.shape[0] = r;
-    t.shape[1] = c;
-    t.data = data;
-    t.nbytes = (size_t)(r * c * (int64_t)td_dtype_bits(dt) / 8);
-    return t;
-}
 
 static void
 test_quant_layouts(void)
@@ -584,60 +505,60 @@ test_quant_layouts(void)
 
     /* fp8 32x32 with partial edge blocks: quantize, dequantize, bound the error */
     CHECK_STATUS(td_quant_fp8_block(x, R, C, 32, 32, q, s), TD_OK);
-    w = mk("w", TD_DT_F8_E4M3, R, C, q);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    w = tensor2d("w", TD_DT_F8_E4M3, R, C, q);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_OK);
     for (int i = 0; i < R * C; i++)
         maxerr = fmaxf(maxerr, fabsf(x[i] - y[i]));
     CHECK(maxerr < 0.07f * 0.0625f);
     /* 40 x 72 does not divide into 2 x 3: the block size is needed */
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "tensor 'w': scale 'w.scale' shape [2,3] does not divide "
+    CHECK(strstr(td_logcap.last, "tensor 'w': scale 'w.scale' shape [2,3] does not divide "
                  "weight shape [40,70]; give the block size") != NULL);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 2, s);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 2, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "scale 'w.scale' has shape [2,2], which does not tile "
+    CHECK(strstr(td_logcap.last, "scale 'w.scale' has shape [2,2], which does not tile "
                  "weight [40,70] in 32x32 blocks (expected [2,3])") != NULL);
-    sc = mk("w.scale", TD_DT_I32, 2, 3, s);
+    sc = tensor2d("w.scale", TD_DT_I32, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "has dtype I32; a block scale is") != NULL);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    CHECK(strstr(td_logcap.last, "has dtype I32; a block scale is") != NULL);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     sc.ndim = 1;
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "must be 2-D") != NULL);
-    w = mk("b", TD_DT_BF16, R, C, q);
-    sc = mk("w.scale", TD_DT_E8M0, 2, 3, s);
+    CHECK(strstr(td_logcap.last, "must be 2-D") != NULL);
+    w = tensor2d("b", TD_DT_BF16, R, C, q);
+    sc = tensor2d("w.scale", TD_DT_E8M0, 2, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "tensor 'b': dtype BF16 does not take a block scale") != NULL);
+    CHECK(strstr(td_logcap.last, "tensor 'b': dtype BF16 does not take a block scale") != NULL);
 
     /* fp4 experts [R, K] */
     CHECK_STATUS(td_quant_fp4_group(x, R, K, q, s), TD_OK);
-    w = mk("e", TD_DT_I8, R, K / 2, q);
-    sc = mk("e.scale", TD_DT_E8M0, R, K / 32, s);
+    w = tensor2d("e", TD_DT_I8, R, K / 2, q);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, K / 32, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_OK);
     maxerr = 0;
     for (int i = 0; i < R; i++)
         for (int j = 0; j < K; j++)
             maxerr = fmaxf(maxerr, fabsf(x[i * K + j] - y[i * K + j]));
     CHECK(maxerr <= 0.07f * 0.25f);
-    sc = mk("e.scale", TD_DT_E8M0, R, 3, s);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, 3, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "packed fp4 weight [40,32] (40 x 64 values) needs [40, K/group]") != NULL);
-    sc = mk("e.scale", TD_DT_E8M0, R, 2, s);
+    CHECK(strstr(td_logcap.last, "packed fp4 weight [40,32] (40 x 64 values) needs [40, K/group]") != NULL);
+    sc = tensor2d("e.scale", TD_DT_E8M0, R, 2, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 32, 32, y), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "gives groups of 1x32, not 32x32") != NULL);
+    CHECK(strstr(td_logcap.last, "gives groups of 1x32, not 32x32") != NULL);
     CHECK_STATUS(td_quant_fp4_group(x, R, 48, q, s), TD_ERR_INVALID);
 
     /* engram rows */
     CHECK_STATUS(td_quant_fp8_rows(x, R, K, 32, q, s), TD_OK);
-    w = mk("t", TD_DT_F8_E4M3, R, K, q);
-    sc = mk("t.scale", TD_DT_E8M0, R, K / 32, s);
+    w = tensor2d("t", TD_DT_F8_E4M3, R, K, q);
+    sc = tensor2d("t.scale", TD_DT_E8M0, R, K / 32, s);
     CHECK_STATUS(td_quant_dequant(&w, &sc, 0, 0, y), TD_OK);
 
     /* non-finite input is refused */
     x[5] = NAN;
     CHECK_STATUS(td_quant_fp8_block(x, R, C, 32, 32, q, s), TD_ERR_INVALID);
-    CHECK(strstr(td_quant_last_error(), "element 5 (row 0, column 5) is not finite") != NULL);
+    CHECK(strstr(td_logcap.last, "element 5 (row 0, column 5) is not finite") != NULL);
     x[5] = 0;
     CHECK_STATUS(td_quant_from_f32(x, 4, TD_DT_I32, q), TD_ERR_UNSUPPORTED);
 }
@@ -651,13 +572,12 @@ main(void)
         perror(tmpdir);
         return 1;
     }
-    td_log_set_sink(count_sink, NULL);
+    td_logcap_start();
     test_error_classes();
     test_writer();
     test_fuzz();
-    test_scalar_roundtrips();
     test_quant_layouts();
-    td_log_set_sink(NULL, NULL);
+    td_logcap_stop();
     rm_tree(tmpdir);
     return td_check_exit("test_safetensors");
 }
