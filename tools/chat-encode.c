@@ -1,7 +1,8 @@
 /* tools/chat-encode — the V4.1 chat format from the command line: an OpenAI
  * chat request (or a messages array) in, the prompt out; with --parse, model
- * output text in, the parsed reply as JSON out (text/chat.c). */
-#include "chat.h"
+ * output text in, the parsed reply as JSON out (text/chat_prompt.c,
+ * text/chat_reply.c). */
+#include "chat_prompt.h"
 #include "tokenizer.h"
 
 #include "log.h"
@@ -67,13 +68,13 @@ read_input(const char *path, char **out, size_t *len)
 
 /* Read and encode a request file; prints why on failure. */
 static int
-encode_file(const char *path, const td_chat_opts_t *opts, bool json_errors,
+encode_file(const char *path, const td_chat_prompt_opts_t *opts, bool json_errors,
             td_chat_prompt_t **out)
 {
     char *text = NULL;
     size_t len;
     json_error_t jerr;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
 
     if (read_input(path, &text, &len) != 0)
         return -1;
@@ -84,13 +85,13 @@ encode_file(const char *path, const td_chat_opts_t *opts, bool json_errors,
                 jerr.text);
         return -1;
     }
-    td_status_t st = td_chat_encode(req, opts, out, &err);
+    td_status_t st = td_chat_prompt_encode(req, opts, out, &err);
     json_decref(req);
     if (st == TD_OK)
         return 0;
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
         char *body = NULL;
-        if (json_errors && td_chat_err_json(&err, &body) == TD_OK) {
+        if (json_errors && td_chat_prompt_err_json(&err, &body) == TD_OK) {
             printf("%s\n", body);
             free(body);
         }
@@ -115,13 +116,13 @@ print_prompt(const td_chat_prompt_t *p, bool json)
     for (size_t i = 0; spans && i < p->nspecials; i++)
         json_array_append_new(spans, json_pack("[I,I]", (json_int_t)p->specials[i].start,
                                                (json_int_t)p->specials[i].end));
-    for (size_t i = 0; stop && i < p->parse.nstop; i++)
-        json_array_append_new(stop, json_string(p->parse.stop[i]));
+    for (size_t i = 0; stop && i < p->reply.nstop; i++)
+        json_array_append_new(stop, json_string(p->reply.stop[i]));
     json_t *o = json_pack("{s:s%, s:o, s:b, s:i, s:{s:s, s:b, s:b, s:o}}", "prompt", p->text,
                           p->len, "specials", spans, "thinking", p->thinking, "effort",
-                          (int)p->effort, "parse", "start", starts[p->parse.start],
-                          "tool_calls", p->parse.tool_calls, "in_tool_calls",
-                          p->parse.in_tool_calls, "stop", stop);
+                          (int)p->effort, "parse", "start", starts[p->reply.start],
+                          "tool_calls", p->reply.tool_calls, "in_tool_calls",
+                          p->reply.in_tool_calls, "stop", stop);
     if (o == NULL)
         return -1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && fputc('\n', stdout) != EOF ? 0 : -1;
@@ -175,7 +176,7 @@ main(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    td_chat_opts_t opts = { .thinking = -1, .effort = NULL };
+    td_chat_prompt_opts_t opts = { .thinking = -1, .effort = NULL };
     const char *request = NULL;
     const char *stops[64];
     size_t nstop = 0;
@@ -238,14 +239,14 @@ main(int argc, char **argv)
 
     /* --parse */
     td_chat_prompt_t *req = NULL;
-    td_chat_parse_opts_t po = {
-        .start = opts.thinking == 0 ? TD_CHAT_START_PLAIN : TD_CHAT_START_REASONING,
+    td_chat_reply_opts_t po = {
+        .start = opts.thinking == 0 ? TD_CHAT_REPLY_START_PLAIN : TD_CHAT_REPLY_START_REASONING,
         .tool_calls = !no_tools,
     };
     if (request) {
         if (encode_file(request, &opts, false, &req) != 0)
             return 1;
-        po = req->parse;
+        po = req->reply;
         if (no_tools)
             po.tool_calls = false;
     }
@@ -260,8 +261,9 @@ main(int argc, char **argv)
     int rc = 1;
     if (read_input(path, &text, &len) != 0)
         goto cleanup;
-    td_status_t st = td_chat_parse(&po, text, len,
-                                   length ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP, &reply);
+    td_status_t st = td_chat_reply_parse(&po, text, len,
+                                         length ? TD_CHAT_REPLY_FINISH_LENGTH
+                                                : TD_CHAT_REPLY_FINISH_STOP, &reply);
     if (st == TD_OK)
         st = td_chat_reply_json(reply, &msg);
     if (st != TD_OK) {
@@ -269,7 +271,7 @@ main(int argc, char **argv)
         goto cleanup;
     }
     o = json_pack("{s:O, s:s}", "message", msg, "finish_reason",
-                  td_chat_finish_str(reply->finish));
+                  td_chat_reply_finish_str(reply->finish));
     if (o == NULL || json_dumpf(o, stdout, JSON_INDENT(2)) != 0 || fputc('\n', stdout) == EOF ||
         fflush(stdout) != 0) {
         fprintf(stderr, "chat-encode: writing the reply failed\n");

@@ -1,7 +1,7 @@
 /* tools/generate — text generation on one checkpoint in one process: an
  * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
  * (model/model, engine/sample, text/chat), a summary on stderr. */
-#include "chat.h"
+#include "chat_prompt.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -70,7 +70,7 @@ typedef struct {
     uint64_t seed;
     bool seed_set;
     bool stream, json;
-    td_chat_opts_t chat;
+    td_chat_prompt_opts_t chat;
     bool chat_set;                /* --thinking, --no-thinking or --effort given */
     int64_t logprobs;             /* -1: not asked */
     uint64_t context;             /* 0: the config's */
@@ -328,7 +328,7 @@ out_json(gen_out_t *g, json_t *o)
 }
 
 static void
-out_delta(gen_out_t *g, const td_chat_delta_t *d)
+out_delta(gen_out_t *g, const td_chat_reply_delta_t *d)
 {
     static const char *const kinds[] = { "reasoning", "content", "tool_call", "tool_args" };
 
@@ -336,7 +336,7 @@ out_delta(gen_out_t *g, const td_chat_delta_t *d)
         json_t *o = json_pack("{s:s, s:I}", "type", kinds[d->kind], "index", (json_int_t)d->index);
         if (o == NULL)
             return out_json(g, NULL);
-        if (d->kind == TD_CHAT_DELTA_TOOL_CALL) {
+        if (d->kind == TD_CHAT_REPLY_DELTA_TOOL_CALL) {
             json_object_set_new(o, "id", json_string(d->id));
             json_object_set_new(o, "name", json_string(d->name));
         } else {
@@ -344,16 +344,16 @@ out_delta(gen_out_t *g, const td_chat_delta_t *d)
             if (t == NULL)
                 g->failed = true;
             json_object_set_new(o, "text", t ? t : json_string(""));
-            if (d->kind != TD_CHAT_DELTA_TOOL_ARGS)
+            if (d->kind != TD_CHAT_REPLY_DELTA_TOOL_ARGS)
                 json_object_del(o, "index");
         }
         return out_json(g, o);
     }
     switch (d->kind) {
-    case TD_CHAT_DELTA_REASONING: out_text(g, SEC_REASONING, d->text, d->len); break;
-    case TD_CHAT_DELTA_CONTENT: out_text(g, SEC_CONTENT, d->text, d->len); break;
-    case TD_CHAT_DELTA_TOOL_CALL: out_tool_call(g, d->index, d->name); break;
-    case TD_CHAT_DELTA_TOOL_ARGS: out_text(g, SEC_TOOL, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_REASONING: out_text(g, SEC_REASONING, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_CONTENT: out_text(g, SEC_CONTENT, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_TOOL_CALL: out_tool_call(g, d->index, d->name); break;
+    case TD_CHAT_REPLY_DELTA_TOOL_ARGS: out_text(g, SEC_TOOL, d->text, d->len); break;
     }
 }
 
@@ -363,7 +363,7 @@ typedef struct {
     const gen_opts_t *o;
     td_model_t *m;
     td_chat_prompt_t *chat;       /* NULL with --prompt */
-    td_chat_parser_t *parser;     /* NULL with --prompt */
+    td_chat_reply_reader_t *parser;     /* NULL with --prompt */
     uint32_t *prompt;             /* [nprompt] */
     size_t nprompt;
     td_sample_params_t sp;
@@ -458,9 +458,9 @@ static int
 gen_text(gen_t *g, const char *text, size_t len)
 {
     if (g->parser != NULL) {
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t nd;
-        td_status_t st = td_chat_parser_feed(g->parser, text, len, &d, &nd);
+        td_status_t st = td_chat_reply_reader_feed(g->parser, text, len, &d, &nd);
         if (st != TD_OK) {
             fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
             return -1;
@@ -536,10 +536,11 @@ gen_finish(gen_t *g, td_sample_finish_t fin)
         return -1;
     g->finish = td_sample_finish_str(fin);
     if (g->parser != NULL) {
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t nd;
-        td_status_t st = td_chat_parser_finish(
-            g->parser, fin == TD_SAMPLE_FINISH_LENGTH ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
+        td_status_t st = td_chat_reply_reader_finish(
+            g->parser,
+            fin == TD_SAMPLE_FINISH_LENGTH ? TD_CHAT_REPLY_FINISH_LENGTH : TD_CHAT_REPLY_FINISH_STOP,
             &d, &nd);
         if (st != TD_OK) {
             fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
@@ -547,7 +548,7 @@ gen_finish(gen_t *g, td_sample_finish_t fin)
         }
         for (size_t i = 0; g->out.stream && i < nd; i++)
             out_delta(&g->out, &d[i]);
-        g->finish = td_chat_finish_str(td_chat_parser_reply(g->parser)->finish);
+        g->finish = td_chat_reply_finish_str(td_chat_reply_reader_reply(g->parser)->finish);
     }
     return 0;
 }
@@ -560,7 +561,7 @@ gen_print_reply(gen_t *g)
         out_text(&g->out, SEC_CONTENT, g->text, g->text_len);
         return;
     }
-    const td_chat_reply_t *r = td_chat_parser_reply(g->parser);
+    const td_chat_reply_t *r = td_chat_reply_reader_reply(g->parser);
     if (r->reasoning != NULL)
         out_text(&g->out, SEC_REASONING, r->reasoning, r->reasoning_len);
     out_text(&g->out, SEC_CONTENT, r->content, r->content_len);
@@ -597,7 +598,7 @@ gen_print_done(gen_t *g)
     if (o == NULL)
         return out_json(&g->out, NULL);
     if (g->parser != NULL) {
-        if (td_chat_reply_json(td_chat_parser_reply(g->parser), &msg) != TD_OK)
+        if (td_chat_reply_json(td_chat_reply_reader_reply(g->parser), &msg) != TD_OK)
             g->out.failed = true;
         json_object_set_new(o, "message", msg);
     } else {
@@ -666,7 +667,7 @@ gen_run(gen_t *g)
         if (gen_emit(g, &pk, fin) != 0)
             goto cleanup;
         if (fin == TD_SAMPLE_FINISH_NONE && g->parser != NULL &&
-            td_chat_parser_stopped(g->parser))
+            td_chat_reply_reader_stopped(g->parser))
             fin = TD_SAMPLE_FINISH_STOP;
         if (fin != TD_SAMPLE_FINISH_NONE || g->out.failed)
             break;
@@ -694,13 +695,13 @@ cleanup:
 
 /* Read and render the chat request; prints why on failure. */
 static int
-gen_read_request(const char *path, const td_chat_opts_t *opts, td_chat_prompt_t **out)
+gen_read_request(const char *path, const td_chat_prompt_opts_t *opts, td_chat_prompt_t **out)
 {
     FILE *f = stdin;
     char *text = NULL;
     size_t len;
     json_error_t jerr;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
     const char *name = strcmp(path, "-") == 0 ? "<stdin>" : path;
 
     if (f == stdin && strcmp(path, "-") != 0 && (f = fopen(path, "rb")) == NULL) {
@@ -722,7 +723,7 @@ gen_read_request(const char *path, const td_chat_opts_t *opts, td_chat_prompt_t 
                 jerr.column, jerr.text);
         return -1;
     }
-    td_status_t st = td_chat_encode(req, opts, out, &err);
+    td_status_t st = td_chat_prompt_encode(req, opts, out, &err);
     json_decref(req);
     if (st == TD_OK)
         return 0;
@@ -800,9 +801,9 @@ gen_prepare(gen_t *g)
         return -1;
     }
     if (g->chat != NULL) {
-        td_chat_parse_opts_t po = g->chat->parse;
+        td_chat_reply_opts_t po = g->chat->reply;
         po.id_seed = td_rng_mix64(g->sp.seed + TD_RNG_GAMMA) | 1;   /* reproducible ids */
-        st = td_chat_parser_create(&po, &g->parser);
+        st = td_chat_reply_reader_create(&po, &g->parser);
         if (st != TD_OK) {
             fprintf(stderr, "generate: reply reader: %s\n", td_status_str(st));
             return -1;
@@ -876,7 +877,7 @@ cleanup:
     free(g.text);
     free(g.piece);
     free(g.prompt);
-    td_chat_parser_destroy(g.parser);
+    td_chat_reply_reader_destroy(g.parser);
     td_chat_prompt_destroy(g.chat);
     td_model_destroy(g.m);
     return rc;
