@@ -269,51 +269,39 @@ typedef struct {
     td_status_t st;
 } model_bind_t;
 
-/* The schema entry named by fmt; NULL (and b->st set) if there is none. */
-__attribute__((format(printf, 2, 0))) static const td_weights_entry_t *
-model_entry(model_bind_t *b, const char *fmt, va_list ap)
+typedef enum { MODEL_F32, MODEL_MAT } model_form_t;
+
+/* The tensor named by fmt in the form asked: its f32 copy (MODEL_F32, a
+ * float *) or its prepared matrix (MODEL_MAT, a td_kernels_mat_t *, see
+ * model_linear_groups). NULL, and b->st set, when the schema has no such
+ * tensor or it was not prepared that way. model_get and model_mat say which. */
+__attribute__((format(printf, 3, 4))) static void *
+model_tensor(model_bind_t *b, model_form_t form, const char *fmt, ...)
 {
     char name[TD_WEIGHTS_NAME_MAX];
+    va_list ap;
 
+    va_start(ap, fmt);
     vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
     const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
     if (e == NULL) {
         td_error("model: tensor '%s' is not in the weight schema", name);
         b->st = TD_ERR_INTERNAL;
-    }
-    return e;
-}
-
-/* The f32 copy of the tensor named by fmt; NULL (and b->st set) if the schema
- * has no such tensor. */
-__attribute__((format(printf, 2, 3))) static float *
-model_get(model_bind_t *b, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    const td_weights_entry_t *e = model_entry(b, fmt, ap);
-    va_end(ap);
-    return e ? b->ptr[e - b->schema->entries] : NULL;
-}
-
-/* The prepared matrix of the linear named by fmt (model_linear_groups). */
-__attribute__((format(printf, 2, 3))) static td_kernels_mat_t *
-model_mat(model_bind_t *b, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    const td_weights_entry_t *e = model_entry(b, fmt, ap);
-    va_end(ap);
-    if (e == NULL)
         return NULL;
-    if (b->mat[e - b->schema->entries] == NULL) {   /* model_linear_groups misses it */
-        td_error("model: tensor '%s' was not prepared as a linear", e->name);
+    }
+    size_t i = (size_t)(e - b->schema->entries);
+    if (form == MODEL_F32)
+        return b->ptr[i];
+    if (b->mat[i] == NULL) {   /* model_linear_groups misses it */
+        td_error("model: tensor '%s' was not prepared as a linear", name);
         b->st = TD_ERR_INTERNAL;
     }
-    return b->mat[e - b->schema->entries];
+    return b->mat[i];
 }
+
+#define model_get(b, ...) ((float *)model_tensor((b), MODEL_F32, __VA_ARGS__))
+#define model_mat(b, ...) ((td_kernels_mat_t *)model_tensor((b), MODEL_MAT, __VA_ARGS__))
 
 /* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
  * linears: 1), or 0 for a tensor that is not a linear's weight (kept f32). */

@@ -42,20 +42,22 @@ v41_destroy(td_engine_t *e)
 static td_status_t
 v41_create(const td_engine_config_t *cfg, td_engine_t **out)
 {
-    v41_t *v;
-    td_status_t st;
+    const char *dir;
+    td_model_t *m = NULL;
+    v41_t *v = NULL;
+    td_status_t st = td_v41_model_dir(cfg, &dir);
 
-    if (cfg->model == NULL || cfg->model[0] == '\0') {
-        td_error("engine deepseek-v41: no model directory (set model = DIR)");
-        return TD_ERR_INVALID;
-    }
-    v = calloc(1, sizeof(*v));
-    if (v == NULL)
-        return TD_ERR_NOMEM;
-    st = td_model_load(cfg->model, &v->m);
+    /* The model, then the engine around it. */
     if (st == TD_OK)
-        st = td_v41_identify(cfg->model, v->m->cfg, v->m->plan, &v->base, v->kind,
-                             sizeof(v->kind));
+        st = td_model_load(dir, &m);
+    if (st == TD_OK && (v = calloc(1, sizeof(*v))) == NULL)
+        st = TD_ERR_NOMEM;
+    if (st != TD_OK) {
+        td_model_destroy(m);
+        return st;
+    }
+    v->m = m;
+    st = td_v41_identify(dir, m->cfg, m->plan, &v->base, v->kind, sizeof(v->kind));
     if (st != TD_OK) {
         v41_destroy(&v->base);
         return st;
