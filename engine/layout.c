@@ -78,10 +78,8 @@ td_layout_create_from(uint32_t layers, uint32_t block_entries, const td_layout_s
         }
     }
     l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        return TD_ERR_NOMEM;
-    l->segs = calloc(nsegs ? nsegs : 1, sizeof(*l->segs));
-    if (l->segs == NULL) {
+    if (l == NULL || (l->segs = calloc(nsegs ? nsegs : 1, sizeof(*l->segs))) == NULL) {
+        td_error("kv layout: %u segments: out of memory", nsegs);
         free(l);
         return TD_ERR_NOMEM;
     }
@@ -171,6 +169,7 @@ td_layout_create(const td_layout_config_t *cfg, td_layout_t **out)
     ratio = calloc(layers, sizeof(*ratio));
     segs = calloc(4 * (size_t)layers + 2, sizeof(*segs));
     if (ratio == NULL || segs == NULL) {
+        td_error("kv layout: %u layers: out of memory", layers);
         st = TD_ERR_NOMEM;
         goto out_free;
     }

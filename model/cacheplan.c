@@ -49,13 +49,12 @@ td_cache_plan_create(const td_modelcfg_t *cfg, td_cache_plan_t **out)
         return TD_ERR_UNSUPPORTED;
     }
     td_cache_plan_t *p = calloc(1, sizeof(*p));
-    if (p == NULL)
-        return TD_ERR_NOMEM;
-    p->nlayers = nl;
-    p->layers = calloc(nl, sizeof(*p->layers));
-    segs = calloc(4 * (size_t)nl + 2, sizeof(*segs));
-    if (p->layers == NULL || segs == NULL)
+    if (p == NULL || (p->layers = calloc(nl, sizeof(*p->layers))) == NULL ||
+        (segs = calloc(4 * (size_t)nl + 2, sizeof(*segs))) == NULL) {
+        td_error("kv cache: plan of %u layers: out of memory", nl);
         goto err;
+    }
+    p->nlayers = nl;
 
     p->head_dim = (uint32_t)cfg->head_dim;
     p->index_head_dim = (uint32_t)cfg->index_head_dim;
@@ -104,7 +103,7 @@ td_cache_plan_create(const td_modelcfg_t *cfg, td_cache_plan_t **out)
                       sizeof(uint64_t));
     p->counters = (int32_t)n++;
 
-    st = td_layout_create_from(nl, CACHE_BLOCK_ENTRIES, segs, n, &p->layout);
+    st = td_layout_create_from(nl, CACHE_BLOCK_ENTRIES, segs, n, &p->layout);   /* logs */
     if (st != TD_OK)
         goto err;
     free(segs);

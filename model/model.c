@@ -332,6 +332,14 @@ model_linear_groups(const td_modelcfg_t *c, const td_weights_entry_t *e)
     return 0;
 }
 
+/* Out of memory while loading: logged here, once, with what was being built. */
+static td_status_t
+model_nomem(const char *what)
+{
+    td_error("model: out of memory (%s)", what);
+    return TD_ERR_NOMEM;
+}
+
 /* Keep a prepared matrix in the model (which destroys it). */
 static td_status_t
 model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
@@ -339,7 +347,7 @@ model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
     td_kernels_mat_t **n = realloc(m->mats, (m->nmats + 1) * sizeof(*n));
     if (n == NULL) {
         m->ops->mat_destroy(mat);
-        return TD_ERR_NOMEM;
+        return model_nomem("the prepared linears");
     }
     m->mats = n;
     m->mats[m->nmats++] = mat;
@@ -455,7 +463,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     L->w2 = calloc(E, sizeof(*L->w2));
     L->w3 = calloc(E, sizeof(*L->w3));
     if (L->w1 == NULL || L->w2 == NULL || L->w3 == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem("the expert tables");
     for (size_t e = 0; e < E; e++) {
         L->w1[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
         L->w2[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
@@ -473,7 +481,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
         const float *k = model_get(b, "%s%lld.engram.k_weight", p, (long long)i);
         L->eg_qk = malloc(hc * H * sizeof(float));
         if (L->eg_qk == NULL)
-            return TD_ERR_NOMEM;
+            return model_nomem("the engram keys");
         if (q != NULL && k != NULL)
             for (size_t j = 0; j < hc * H; j++)
                 L->eg_qk[j] = q[j] * k[j];
@@ -524,7 +532,7 @@ model_engram_init(td_model_t *m, const char *dir)
     g->primes = calloc((size_t)nl * cols, sizeof(*g->primes));
     g->offsets = calloc((size_t)nl * cols, sizeof(*g->offsets));
     if (g->mult == NULL || g->primes == NULL || g->offsets == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem("the engram hash state");
     for (uint32_t k = 0; k < nl; k++) {
         uint64_t total = 0;
         st = td_modelcfg_engram_primes(c, k, g->primes + (size_t)k * cols, &total);
@@ -558,7 +566,7 @@ td_model_load(const char *dir, td_model_t **out)
 
     m = calloc(1, sizeof(*m));
     if (m == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem(dir);
     m->ops = td_kernels_cpu_ops();
     st = td_modelcfg_load(dir, &m->cfg);
     if (st != TD_OK)
@@ -590,17 +598,15 @@ td_model_load(const char *dir, td_model_t **out)
     st = td_st_open(dir, &st_file);
     if (st != TD_OK)
         goto out;
-    st = td_weights_bind(schema, st_file, NULL, NULL, &w);
-    if (st != TD_OK) {
-        td_error("model %s: the checkpoint does not match the config", dir);
+    st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
+    if (st != TD_OK)
         goto out;
-    }
     b.schema = schema;
     b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
     b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
     if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
-        st = TD_ERR_NOMEM;
+        st = model_nomem("the tensor tables");
         goto out;
     }
     st = model_dequant_all(m, w, b.ptr, b.mat);
@@ -631,7 +637,7 @@ td_model_load(const char *dir, td_model_t **out)
     m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
     m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
     if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
-        st = TD_ERR_NOMEM;
+        st = model_nomem("the rope tables");
         goto out;
     }
     st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
