@@ -97,10 +97,8 @@ encode_file(const char *path, const td_chat_prompt_opts_t *opts, bool json_error
         }
         fprintf(stderr, "chat-encode: %s: refused (%s)%s%s: %s\n", path, td_status_str(st),
                 err.param[0] ? " at " : "", err.param, err.message);
-    } else {
-        fprintf(stderr, "chat-encode: %s: %s\n", path, td_status_str(st));
     }
-    return -1;
+    return -1;   /* a refusal is ours to print; anything else the encoder logged */
 }
 
 static int
@@ -130,7 +128,8 @@ print_prompt(const td_chat_prompt_t *p, bool json)
     return rc;
 }
 
-/* --ids: the prompt's ids on one line; 0, or 1 after a message. */
+/* --ids: the prompt's ids on one line; 0, or 1 (a failure logged where it
+ * happened). */
 static int
 print_ids(const td_chat_prompt_t *p, const char *path)
 {
@@ -139,21 +138,20 @@ print_ids(const td_chat_prompt_t *p, const char *path)
     size_t n = 0;
     td_status_t st = td_tokenizer_load(path, &tok);
 
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: tokenizer %s: %s\n", path, td_status_str(st));
-        return 1;
-    }
+    if (st != TD_OK)
+        return 1;   /* the tokenizer logged why */
     st = td_chat_prompt_ids(p, tok, &ids, &n);
     td_tokenizer_destroy(tok);
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: tokenizer %s cannot encode the prompt: %s\n", path,
-                td_status_str(st));
-        return 1;
-    }
+    if (st != TD_OK)
+        return 1;   /* logged where it failed */
     for (size_t i = 0; i < n; i++)
         printf(i ? " %u" : "%u", ids[i]);
     putchar('\n');
     free(ids);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "chat-encode: writing the ids: %s\n", strerror(errno));
+        return 1;
+    }
     return 0;
 }
 
@@ -228,7 +226,12 @@ main(int argc, char **argv)
         }
         if (encode_file(path, &opts, json, &p) != 0)
             return 1;
-        int rc = ids ? print_ids(p, tokenizer) : print_prompt(p, json);
+        if (ids) {
+            int rc = print_ids(p, tokenizer);
+            td_chat_prompt_destroy(p);
+            return rc;
+        }
+        int rc = print_prompt(p, json);
         td_chat_prompt_destroy(p);
         if (rc != 0 || fflush(stdout) != 0) {
             fprintf(stderr, "chat-encode: writing the prompt: %s\n", strerror(errno));
@@ -266,10 +269,8 @@ main(int argc, char **argv)
                                                 : TD_CHAT_REPLY_FINISH_STOP, &reply);
     if (st == TD_OK)
         st = td_chat_reply_json(reply, &msg);
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: %s: parse failed: %s\n", path, td_status_str(st));
-        goto cleanup;
-    }
+    if (st != TD_OK)
+        goto cleanup;   /* the reader logged why */
     o = json_pack("{s:O, s:s}", "message", msg, "finish_reason",
                   td_chat_reply_finish_str(reply->finish));
     if (o == NULL || json_dumpf(o, stdout, JSON_INDENT(2)) != 0 || fputc('\n', stdout) == EOF ||
