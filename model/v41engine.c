@@ -50,8 +50,10 @@ v41_create(const td_engine_config_t *cfg, td_engine_t **out)
     /* The model, then the engine around it. */
     if (st == TD_OK)
         st = td_model_load(dir, &m);
-    if (st == TD_OK && (v = calloc(1, sizeof(*v))) == NULL)
+    if (st == TD_OK && (v = calloc(1, sizeof(*v))) == NULL) {
+        td_error("engine deepseek-v41: out of memory");
         st = TD_ERR_NOMEM;
+    }
     if (st != TD_OK) {
         td_model_destroy(m);
         return st;

@@ -98,8 +98,10 @@ td_v41_identity(const td_engine_config_t *cfg, td_engine_t **out)
     if (st != TD_OK)
         return st;
     v = calloc(1, sizeof(*v));
-    if (v == NULL)
+    if (v == NULL) {
+        td_error("engine deepseek-v41: out of memory");
         return TD_ERR_NOMEM;
+    }
     v->base.ops = &v41id_ops;
     st = td_modelcfg_load(dir, &v->cfg);
     if (st == TD_OK)
