@@ -229,11 +229,9 @@ td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine
                      e->name, i);
             return TD_ERR_INVALID;
         }
-        st = engine_check_append(req, &rows[i].token, 1);
-        if (st != TD_OK) {
-            td_debug("engine %s: decode step refused at row %zu", e->name, i);
+        st = engine_check_append(req, &rows[i].token, 1);   /* logged there */
+        if (st != TD_OK)
             return st;
-        }
     }
     st = e->ops->decode(e, rows, n, fn, arg);
     if (st != TD_OK) {

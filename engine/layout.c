@@ -78,10 +78,8 @@ td_layout_create_from(uint32_t layers, uint32_t block_entries, const td_layout_s
         }
     }
     l = calloc(1, sizeof(*l));
-    if (l == NULL)
-        return TD_ERR_NOMEM;
-    l->segs = calloc(nsegs ? nsegs : 1, sizeof(*l->segs));
-    if (l->segs == NULL) {
+    if (l == NULL || (l->segs = calloc(nsegs ? nsegs : 1, sizeof(*l->segs))) == NULL) {
+        td_error("kv layout: %u segments: out of memory", nsegs);
         free(l);
         return TD_ERR_NOMEM;
     }
@@ -132,17 +130,19 @@ err_syntax:
     return TD_ERR_INVALID;
 }
 
-static void
-layout_seg_set(td_layout_seg_t *s, const char *name, uint32_t layer, td_layout_kind_t kind,
-               td_layout_dtype_t dtype, uint32_t ratio, uint32_t entries, uint64_t bytes)
+void
+td_layout_seg_set(td_layout_seg_t *s, const char *name, td_layout_kind_t kind,
+                  td_layout_dtype_t dtype, uint32_t layer, uint32_t ratio, uint32_t entries,
+                  uint64_t entry_bytes)
 {
+    memset(s, 0, sizeof(*s));
     snprintf(s->name, sizeof(s->name), "%s", name);
     s->kind = kind;
     s->dtype = dtype;
     s->layer = layer;
     s->ratio = ratio;
     s->entries = entries;
-    s->entry_bytes = (uint32_t)bytes;
+    s->entry_bytes = (uint32_t)entry_bytes;
 }
 
 td_status_t
@@ -169,6 +169,7 @@ td_layout_create(const td_layout_config_t *cfg, td_layout_t **out)
     ratio = calloc(layers, sizeof(*ratio));
     segs = calloc(4 * (size_t)layers + 2, sizeof(*segs));
     if (ratio == NULL || segs == NULL) {
+        td_error("kv layout: %u layers: out of memory", layers);
         st = TD_ERR_NOMEM;
         goto out_free;
     }
@@ -181,27 +182,27 @@ td_layout_create(const td_layout_config_t *cfg, td_layout_t **out)
 
         if (ratio[i] != 0) {
             snprintf(name, sizeof(name), "L%u.kv", i);
-            layout_seg_set(&segs[n++], name, i, TD_LAYOUT_PAGED, TD_LAYOUT_U8, ratio[i], 0,
-                           cfg->kv_entry_bytes);
+            td_layout_seg_set(&segs[n++], name, TD_LAYOUT_PAGED, TD_LAYOUT_U8, i, ratio[i], 0,
+                              cfg->kv_entry_bytes);
             snprintf(name, sizeof(name), "L%u.index", i);
-            layout_seg_set(&segs[n++], name, i, TD_LAYOUT_PAGED, TD_LAYOUT_U8, ratio[i], 0,
-                           cfg->index_entry_bytes);
+            td_layout_seg_set(&segs[n++], name, TD_LAYOUT_PAGED, TD_LAYOUT_U8, i, ratio[i], 0,
+                              cfg->index_entry_bytes);
             if (ratio[i] > 1) {
                 snprintf(name, sizeof(name), "L%u.partial", i);
-                layout_seg_set(&segs[n++], name, i, TD_LAYOUT_FIXED, TD_LAYOUT_FP32, 1,
-                               ratio[i], cfg->partial_entry_bytes);
+                td_layout_seg_set(&segs[n++], name, TD_LAYOUT_FIXED, TD_LAYOUT_FP32, i, 1,
+                                  ratio[i], cfg->partial_entry_bytes);
             }
         }
         snprintf(name, sizeof(name), "L%u.window", i);
-        layout_seg_set(&segs[n++], name, i, TD_LAYOUT_FIXED, TD_LAYOUT_BF16, 1,
-                       (uint32_t)cfg->window, cfg->window_entry_bytes);
+        td_layout_seg_set(&segs[n++], name, TD_LAYOUT_FIXED, TD_LAYOUT_BF16, i, 1,
+                          (uint32_t)cfg->window, cfg->window_entry_bytes);
     }
     if (cfg->engram_tokens > 0)
-        layout_seg_set(&segs[n++], "engram", layers - 1, TD_LAYOUT_FIXED, TD_LAYOUT_I32, 1,
-                       (uint32_t)cfg->engram_tokens, cfg->engram_entry_bytes);
+        td_layout_seg_set(&segs[n++], "engram", TD_LAYOUT_FIXED, TD_LAYOUT_I32, layers - 1, 1,
+                          (uint32_t)cfg->engram_tokens, cfg->engram_entry_bytes);
     if (cfg->counter_bytes > 0)
-        layout_seg_set(&segs[n++], "counters", layers - 1, TD_LAYOUT_FIXED, TD_LAYOUT_I64, 1,
-                       1, cfg->counter_bytes);
+        td_layout_seg_set(&segs[n++], "counters", TD_LAYOUT_FIXED, TD_LAYOUT_I64, layers - 1, 1,
+                          1, cfg->counter_bytes);
     st = td_layout_create_from(layers, (uint32_t)cfg->block_entries, segs, n, out);
 
 out_free:

@@ -97,6 +97,12 @@ typedef struct {
     uint64_t hash;            /* td_layout_hash of the above */
 } td_layout_t;
 
+/* Fill *s: every field given (name cut to TD_LAYOUT_NAME_MAX - 1 bytes;
+ * entry_bytes below 2^32), nothing else set. */
+void td_layout_seg_set(td_layout_seg_t *s, const char *name, td_layout_kind_t kind,
+                       td_layout_dtype_t dtype, uint32_t layer, uint32_t ratio, uint32_t entries,
+                       uint64_t entry_bytes);
+
 /* Build the V4.1-shaped layout from cfg: per layer, for a KV source of ratio r
  * the paged segments "L<i>.kv" and "L<i>.index" and, when r > 1, a fixed
  * "L<i>.partial" ring of r slots; every layer a fixed "L<i>.window" ring; then

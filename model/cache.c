@@ -37,8 +37,10 @@ static td_status_t
 cache_alloc(const td_cache_plan_t *p, uint64_t capacity, td_cache_t **out)
 {
     td_cache_t *c = calloc(1, sizeof(*c));
-    if (c == NULL)
+    if (c == NULL) {
+        td_error("kv cache: out of memory");
         return TD_ERR_NOMEM;
+    }
     c->plan = p;
     c->capacity = capacity;
     c->seg_off = calloc(p->layout->nsegs, sizeof(*c->seg_off));

@@ -34,21 +34,6 @@ cache_fmt_dtype(td_cache_fmt_t f)
     return f == TD_CACHE_F32 ? TD_LAYOUT_FP32 : TD_LAYOUT_U8;
 }
 
-static void
-cache_seg_set(td_layout_seg_t *s, const char *name, td_layout_kind_t kind,
-              td_layout_dtype_t dt, uint32_t layer, uint32_t ratio, uint32_t entries,
-              size_t entry_bytes)
-{
-    memset(s, 0, sizeof(*s));
-    snprintf(s->name, sizeof(s->name), "%s", name);
-    s->kind = kind;
-    s->dtype = dt;
-    s->layer = layer;
-    s->ratio = ratio;
-    s->entries = entries;
-    s->entry_bytes = (uint32_t)entry_bytes;
-}
-
 td_status_t
 td_cache_plan_create(const td_modelcfg_t *cfg, td_cache_plan_t **out)
 {
@@ -64,13 +49,12 @@ td_cache_plan_create(const td_modelcfg_t *cfg, td_cache_plan_t **out)
         return TD_ERR_UNSUPPORTED;
     }
     td_cache_plan_t *p = calloc(1, sizeof(*p));
-    if (p == NULL)
-        return TD_ERR_NOMEM;
-    p->nlayers = nl;
-    p->layers = calloc(nl, sizeof(*p->layers));
-    segs = calloc(4 * (size_t)nl + 2, sizeof(*segs));
-    if (p->layers == NULL || segs == NULL)
+    if (p == NULL || (p->layers = calloc(nl, sizeof(*p->layers))) == NULL ||
+        (segs = calloc(4 * (size_t)nl + 2, sizeof(*segs))) == NULL) {
+        td_error("kv cache: plan of %u layers: out of memory", nl);
         goto err;
+    }
+    p->nlayers = nl;
 
     p->head_dim = (uint32_t)cfg->head_dim;
     p->index_head_dim = (uint32_t)cfg->index_head_dim;
@@ -87,39 +71,39 @@ td_cache_plan_create(const td_modelcfg_t *cfg, td_cache_plan_t **out)
         cl->kv = cl->index = cl->partial = cl->window = -1;
         if (L->kv_source) {
             snprintf(name, sizeof(name), "L%u.kv", i);
-            cache_seg_set(&segs[n], name, TD_LAYOUT_PAGED, cache_fmt_dtype(p->kv_fmt), i, r, 0,
-                          td_cache_fmt_bytes(p->kv_fmt, p->head_dim));
+            td_layout_seg_set(&segs[n], name, TD_LAYOUT_PAGED, cache_fmt_dtype(p->kv_fmt), i, r, 0,
+                              td_cache_fmt_bytes(p->kv_fmt, p->head_dim));
             cl->kv = (int32_t)n++;
             if (L->owns_index_k) {
                 snprintf(name, sizeof(name), "L%u.index", i);
-                cache_seg_set(&segs[n], name, TD_LAYOUT_PAGED, cache_fmt_dtype(p->index_fmt), i,
-                              r, 0, td_cache_fmt_bytes(p->index_fmt, p->index_head_dim));
+                td_layout_seg_set(&segs[n], name, TD_LAYOUT_PAGED, cache_fmt_dtype(p->index_fmt), i,
+                                  r, 0, td_cache_fmt_bytes(p->index_fmt, p->index_head_dim));
                 cl->index = (int32_t)n++;
             }
             if (r > 1) {
                 snprintf(name, sizeof(name), "L%u.partial", i);
-                cache_seg_set(&segs[n], name, TD_LAYOUT_FIXED, TD_LAYOUT_FP32, i, 1, r,
-                              2 * (size_t)p->head_dim * sizeof(float));
+                td_layout_seg_set(&segs[n], name, TD_LAYOUT_FIXED, TD_LAYOUT_FP32, i, 1, r,
+                                  2 * (size_t)p->head_dim * sizeof(float));
                 cl->partial = (int32_t)n++;
             }
         }
         snprintf(name, sizeof(name), "L%u.window", i);
-        cache_seg_set(&segs[n], name, TD_LAYOUT_FIXED, cache_fmt_dtype(p->window_fmt), i, 1,
-                      p->window_slots, td_cache_fmt_bytes(p->window_fmt, p->head_dim));
+        td_layout_seg_set(&segs[n], name, TD_LAYOUT_FIXED, cache_fmt_dtype(p->window_fmt), i, 1,
+                          p->window_slots, td_cache_fmt_bytes(p->window_fmt, p->head_dim));
         cl->window = (int32_t)n++;
     }
     p->engram = -1;
     if (cfg->engram_layer_ids.n > 0 && cfg->engram_max_ngram_size > 1) {
         p->engram_slots = (uint32_t)cfg->engram_max_ngram_size - 1;
-        cache_seg_set(&segs[n], "engram", TD_LAYOUT_FIXED, TD_LAYOUT_I32, nl - 1, 1,
-                      p->engram_slots, sizeof(int32_t));
+        td_layout_seg_set(&segs[n], "engram", TD_LAYOUT_FIXED, TD_LAYOUT_I32, nl - 1, 1,
+                          p->engram_slots, sizeof(int32_t));
         p->engram = (int32_t)n++;
     }
-    cache_seg_set(&segs[n], "counters", TD_LAYOUT_FIXED, TD_LAYOUT_I64, nl - 1, 1, 1,
-                  sizeof(uint64_t));
+    td_layout_seg_set(&segs[n], "counters", TD_LAYOUT_FIXED, TD_LAYOUT_I64, nl - 1, 1, 1,
+                      sizeof(uint64_t));
     p->counters = (int32_t)n++;
 
-    st = td_layout_create_from(nl, CACHE_BLOCK_ENTRIES, segs, n, &p->layout);
+    st = td_layout_create_from(nl, CACHE_BLOCK_ENTRIES, segs, n, &p->layout);   /* logs */
     if (st != TD_OK)
         goto err;
     free(segs);

@@ -75,6 +75,14 @@ typedef struct {
             goto out;                                                          \
     } while (0)
 
+/* An allocation of the pass failed: logged here, once, with the step. */
+static td_status_t
+fw_nomem(const fw_t *f, const char *step)
+{
+    td_error("forward: %s: out of memory (%zu rows)", step, f->N);
+    return TD_ERR_NOMEM;
+}
+
 static void *
 fw_calloc(size_t n, size_t size)
 {
@@ -143,7 +151,7 @@ fw_fake_quant(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, float *x, size_t 
         return TD_OK;
     unsigned char *tmp = malloc(td_cache_fmt_bytes(fmt, dim) * n);
     if (tmp == NULL)
-        return TD_ERR_NOMEM;
+        return fw_nomem(f, "fake quantization");
     td_status_t st = fw_store(f, fmt, dim, x, n, tmp);
     if (st == TD_OK)
         st = fw_load(f, fmt, dim, tmp, n, x);
@@ -252,15 +260,17 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
     size_t G, b = 0;
     float *lat = NULL, *kvb = NULL, *gb = NULL, *tmp = NULL;
     int64_t *gpos = NULL;
-    td_status_t st = TD_ERR_NOMEM;
+    td_status_t st = TD_OK;
     const float eps = (float)f->c->rms_norm_eps;
 
     if (r == 1) {
         G = n;
         lat = malloc(G * hd * sizeof(float));
         gpos = malloc(G * sizeof(int64_t));
-        if (lat == NULL || gpos == NULL)
+        if (lat == NULL || gpos == NULL) {
+            st = fw_nomem(f, "compressor");
             goto out;
+        }
         memcpy(lat, f->ckv + r0 * hd, G * hd * sizeof(float));
         for (size_t i = 0; i < G; i++)
             gpos[i] = (int64_t)(p0 + i);
@@ -274,8 +284,10 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         gb = malloc(tot * hd * sizeof(float));
         lat = malloc((G ? G : 1) * hd * sizeof(float));
         gpos = malloc((G ? G : 1) * sizeof(int64_t));
-        if (kvb == NULL || gb == NULL || lat == NULL || gpos == NULL)
+        if (kvb == NULL || gb == NULL || lat == NULL || gpos == NULL) {
+            st = fw_nomem(f, "compressor");
             goto out;
+        }
         for (size_t j = 0; j < b; j++) {     /* slots 0 .. b-1 hold the open group */
             memcpy(kvb + j * hd, part + j * 2 * hd * sizeof(float), hd * sizeof(float));
             memcpy(gb + j * hd, part + (j * 2 + 1) * hd * sizeof(float), hd * sizeof(float));
@@ -300,8 +312,10 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         if (cl->owns_index_k) {
             size_t idh = (size_t)f->c->index_head_dim;
             tmp = malloc(G * (idh > hd ? idh : hd) * sizeof(float));
-            if (tmp == NULL)
+            if (tmp == NULL) {
+                st = fw_nomem(f, "compressor");
                 goto out;
+            }
             FW_TRY(f->k->linear_mat(lat, L->idx_wk, tmp, G));
             FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, G, idh, tmp));
             FW_TRY(f->k->rope(tmp, G, 1, idh, f->rd, gpos, f->m->inv_freq_compress,
@@ -385,7 +399,7 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     uint64_t p0 = f->p0[s];
     float *qi = NULL, *w = NULL, *sc = NULL, *bscore = NULL;
     int64_t *idx = NULL, *bidx = NULL;
-    td_status_t st = TD_ERR_NOMEM;
+    td_status_t st = TD_OK;
 
     if (cl->owns_index_k) {
         sh->nidx = (size_t)((p0 + n) / r);
@@ -413,9 +427,10 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     if (nb_bias != NULL)
         sh->bias = nb_bias;
     if (qi == NULL || w == NULL || sc == NULL || idx == NULL || bscore == NULL ||
-        bidx == NULL || nb_bias == NULL)
+        bidx == NULL || nb_bias == NULL) {
+        st = fw_nomem(f, "indexer");
         goto out;
-    st = TD_OK;
+    }
 
     FW_TRY(f->k->linear_mat(f->qr + r0 * ql, L->idx_wq_b, qi, n));
     FW_TRY(f->k->rope(qi, n, ih, idh, f->rd, f->pos + r0, f->m->inv_freq_compress,
@@ -437,7 +452,7 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     if (cl->candidate_source) {
         unsigned char *cand = realloc(sh->cand, n * t);
         if (cand == NULL) {
-            st = TD_ERR_NOMEM;
+            st = fw_nomem(f, "indexer");
             goto out;
         }
         sh->cand = cand;
@@ -503,11 +518,13 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     size_t web = td_cache_fmt_bytes(plan->window_fmt, (uint32_t)hd);
     unsigned char *ring = td_cache_seg(cache, (uint32_t)sg->window);
     float *win = NULL, *keys = NULL, *mask = NULL;
-    td_status_t st = TD_ERR_NOMEM;
+    td_status_t st = TD_OK;
 
     win = malloc((nprev + n) * hd * sizeof(float));
-    if (win == NULL)
+    if (win == NULL) {
+        st = fw_nomem(f, "attention");
         goto out;
+    }
     for (size_t j = 0; j < nprev; j++) {
         st = fw_load(f, plan->window_fmt, (uint32_t)hd, ring + ((kbase + j) % wm) * web, 1,
                      win + j * hd);
@@ -550,7 +567,7 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     keys = malloc((tile + wm + tc) * hd * sizeof(float));
     mask = malloc(tile * (tile + wm + tc) * sizeof(float));
     if (keys == NULL || mask == NULL) {
-        st = TD_ERR_NOMEM;
+        st = fw_nomem(f, "attention");
         goto out;
     }
     const float softmax_scale = (float)(1.0 / sqrt((double)hd));
@@ -660,7 +677,7 @@ fw_moe(fw_t *f, uint32_t l)
     float *ye = NULL, *we = NULL;
     int64_t *idx = NULL;
     size_t *rows = NULL;
-    td_status_t st = TD_ERR_NOMEM;
+    td_status_t st = TD_OK;
     float limit = (float)c->swiglu_limit;
 
     sc = malloc(N * E * sizeof(float));
@@ -674,8 +691,10 @@ fw_moe(fw_t *f, uint32_t l)
     we = malloc(N * sizeof(float));
     rows = malloc(N * sizeof(size_t));
     if (sc == NULL || biased == NULL || wts == NULL || idx == NULL || xe == NULL ||
-        ye == NULL || ge == NULL || ue == NULL || we == NULL || rows == NULL)
+        ye == NULL || ge == NULL || ue == NULL || we == NULL || rows == NULL) {
+        st = fw_nomem(f, "experts");
         goto out;
+    }
 
     /* router: scores from the unbiased logits, selection with the bias */
     FW_TRY(f->k->linear_mat(f->x, L->gate, sc, N));
@@ -989,7 +1008,7 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
     f.rd = (size_t)m->cfg->qk_rope_head_dim;
     st = fw_alloc(&f);
     if (st != TD_OK) {
-        td_error("forward: cannot allocate the buffers of %zu rows", f.N);
+        fw_nomem(&f, "the pass's buffers");
         goto out;
     }
     if (m->plan->engram >= 0) {
@@ -1005,7 +1024,7 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
     {
         int64_t *ids = malloc(f.N * sizeof(int64_t));
         if (ids == NULL) {
-            st = TD_ERR_NOMEM;
+            st = fw_nomem(&f, "embedding");
             goto out;
         }
         for (size_t s = 0, r = 0; s < nseqs; s++)
@@ -1066,8 +1085,10 @@ td_forward_decode(const td_model_t *m, td_cache_t *const *caches, const int32_t 
         return TD_ERR_INVALID;
     }
     td_forward_seq_t *s = calloc(n, sizeof(*s));
-    if (s == NULL)
+    if (s == NULL) {
+        td_error("forward: decode of %zu requests: out of memory", n);
         return TD_ERR_NOMEM;
+    }
     for (size_t i = 0; i < n; i++) {
         s[i].cache = caches[i];
         s[i].tokens = &tokens[i];

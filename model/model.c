@@ -269,51 +269,39 @@ typedef struct {
     td_status_t st;
 } model_bind_t;
 
-/* The schema entry named by fmt; NULL (and b->st set) if there is none. */
-__attribute__((format(printf, 2, 0))) static const td_weights_entry_t *
-model_entry(model_bind_t *b, const char *fmt, va_list ap)
+typedef enum { MODEL_F32, MODEL_MAT } model_form_t;
+
+/* The tensor named by fmt in the form asked: its f32 copy (MODEL_F32, a
+ * float *) or its prepared matrix (MODEL_MAT, a td_kernels_mat_t *, see
+ * model_linear_groups). NULL, and b->st set, when the schema has no such
+ * tensor or it was not prepared that way. model_get and model_mat say which. */
+__attribute__((format(printf, 3, 4))) static void *
+model_tensor(model_bind_t *b, model_form_t form, const char *fmt, ...)
 {
     char name[TD_WEIGHTS_NAME_MAX];
+    va_list ap;
 
+    va_start(ap, fmt);
     vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
     const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
     if (e == NULL) {
         td_error("model: tensor '%s' is not in the weight schema", name);
         b->st = TD_ERR_INTERNAL;
-    }
-    return e;
-}
-
-/* The f32 copy of the tensor named by fmt; NULL (and b->st set) if the schema
- * has no such tensor. */
-__attribute__((format(printf, 2, 3))) static float *
-model_get(model_bind_t *b, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    const td_weights_entry_t *e = model_entry(b, fmt, ap);
-    va_end(ap);
-    return e ? b->ptr[e - b->schema->entries] : NULL;
-}
-
-/* The prepared matrix of the linear named by fmt (model_linear_groups). */
-__attribute__((format(printf, 2, 3))) static td_kernels_mat_t *
-model_mat(model_bind_t *b, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    const td_weights_entry_t *e = model_entry(b, fmt, ap);
-    va_end(ap);
-    if (e == NULL)
         return NULL;
-    if (b->mat[e - b->schema->entries] == NULL) {   /* model_linear_groups misses it */
-        td_error("model: tensor '%s' was not prepared as a linear", e->name);
+    }
+    size_t i = (size_t)(e - b->schema->entries);
+    if (form == MODEL_F32)
+        return b->ptr[i];
+    if (b->mat[i] == NULL) {   /* model_linear_groups misses it */
+        td_error("model: tensor '%s' was not prepared as a linear", name);
         b->st = TD_ERR_INTERNAL;
     }
-    return b->mat[e - b->schema->entries];
+    return b->mat[i];
 }
+
+#define model_get(b, ...) ((float *)model_tensor((b), MODEL_F32, __VA_ARGS__))
+#define model_mat(b, ...) ((td_kernels_mat_t *)model_tensor((b), MODEL_MAT, __VA_ARGS__))
 
 /* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
  * linears: 1), or 0 for a tensor that is not a linear's weight (kept f32). */
@@ -344,6 +332,14 @@ model_linear_groups(const td_modelcfg_t *c, const td_weights_entry_t *e)
     return 0;
 }
 
+/* Out of memory while loading: logged here, once, with what was being built. */
+static td_status_t
+model_nomem(const char *what)
+{
+    td_error("model: out of memory (%s)", what);
+    return TD_ERR_NOMEM;
+}
+
 /* Keep a prepared matrix in the model (which destroys it). */
 static td_status_t
 model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
@@ -351,7 +347,7 @@ model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
     td_kernels_mat_t **n = realloc(m->mats, (m->nmats + 1) * sizeof(*n));
     if (n == NULL) {
         m->ops->mat_destroy(mat);
-        return TD_ERR_NOMEM;
+        return model_nomem("the prepared linears");
     }
     m->mats = n;
     m->mats[m->nmats++] = mat;
@@ -463,7 +459,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     L->w2 = calloc(E, sizeof(*L->w2));
     L->w3 = calloc(E, sizeof(*L->w3));
     if (L->w1 == NULL || L->w2 == NULL || L->w3 == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem("the expert tables");
     for (size_t e = 0; e < E; e++) {
         L->w1[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
         L->w2[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
@@ -481,7 +477,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
         const float *k = model_get(b, "%s%lld.engram.k_weight", p, (long long)i);
         L->eg_qk = malloc(hc * H * sizeof(float));
         if (L->eg_qk == NULL)
-            return TD_ERR_NOMEM;
+            return model_nomem("the engram keys");
         if (q != NULL && k != NULL)
             for (size_t j = 0; j < hc * H; j++)
                 L->eg_qk[j] = q[j] * k[j];
@@ -532,7 +528,7 @@ model_engram_init(td_model_t *m, const char *dir)
     g->primes = calloc((size_t)nl * cols, sizeof(*g->primes));
     g->offsets = calloc((size_t)nl * cols, sizeof(*g->offsets));
     if (g->mult == NULL || g->primes == NULL || g->offsets == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem("the engram hash state");
     for (uint32_t k = 0; k < nl; k++) {
         uint64_t total = 0;
         st = td_modelcfg_engram_primes(c, k, g->primes + (size_t)k * cols, &total);
@@ -566,7 +562,7 @@ td_model_load(const char *dir, td_model_t **out)
 
     m = calloc(1, sizeof(*m));
     if (m == NULL)
-        return TD_ERR_NOMEM;
+        return model_nomem(dir);
     m->ops = td_kernels_cpu_ops();
     st = td_modelcfg_load(dir, &m->cfg);
     if (st != TD_OK)
@@ -598,17 +594,15 @@ td_model_load(const char *dir, td_model_t **out)
     st = td_st_open(dir, &st_file);
     if (st != TD_OK)
         goto out;
-    st = td_weights_bind(schema, st_file, NULL, NULL, &w);
-    if (st != TD_OK) {
-        td_error("model %s: the checkpoint does not match the config", dir);
+    st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
+    if (st != TD_OK)
         goto out;
-    }
     b.schema = schema;
     b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
     b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
     if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
-        st = TD_ERR_NOMEM;
+        st = model_nomem("the tensor tables");
         goto out;
     }
     st = model_dequant_all(m, w, b.ptr, b.mat);
@@ -640,7 +634,7 @@ td_model_load(const char *dir, td_model_t **out)
     m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
     m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
     if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
-        st = TD_ERR_NOMEM;
+        st = model_nomem("the rope tables");
         goto out;
     }
     st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);

@@ -20,7 +20,10 @@
 #define MODELCFG_MAX_FILE (16u << 20)   /* a config.json larger than this is refused */
 #define MODELCFG_MAX_DIM  INT32_MAX     /* td_modelcfg_check's bound on every size */
 
-/* ---- Messages -------------------------------------------------------------- */
+/* ---- Messages --------------------------------------------------------------
+ * parse, check and require put why they refuse a config in the caller's err
+ * buffer and log nothing: the caller knows where the config came from and
+ * logs it once (td_modelcfg_load does, with the file's path). */
 
 typedef struct {
     char *err;
@@ -32,16 +35,13 @@ __attribute__((format(printf, 2, 3)))
 static td_status_t
 cfg_fail(cfg_ctx_t *cx, const char *fmt, ...)
 {
-    char buf[1024];
     va_list ap;
 
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (cx->err != NULL && cx->errlen > 0)
-        snprintf(cx->err, cx->errlen, "%s", buf);
-    else
-        td_error("model config: %s", buf);
+    if (cx->err != NULL && cx->errlen > 0) {
+        va_start(ap, fmt);
+        vsnprintf(cx->err, cx->errlen, fmt, ap);
+        va_end(ap);
+    }
     return TD_ERR_INVALID;
 }
 
@@ -1189,6 +1189,7 @@ cfg_read_file(const char *path, char **buf, size_t *len)
     }
     p = malloc((size_t)sb.st_size + 1);
     if (p == NULL) {
+        td_error("model config %s: out of memory for %lld bytes", path, (long long)sb.st_size);
         close(fd);
         return TD_ERR_NOMEM;
     }
@@ -1335,16 +1336,13 @@ __attribute__((format(printf, 4, 5)))
 static td_status_t
 check_fail(td_status_t st, char *err, size_t errlen, const char *fmt, ...)
 {
-    char buf[1024];
     va_list ap;
 
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "%s", buf);
-    else
-        td_error("model config: %s", buf);
+    if (err != NULL && errlen > 0) {
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
     return st;
 }
 

@@ -180,15 +180,17 @@ typedef struct {
 /* Parse config.json text. Resolution, derivations and errors follow the
  * reference config class (docs/model.md); an error names the field and its
  * value. On error: TD_ERR_INVALID (malformed or contradicting) or
- * TD_ERR_UNSUPPORTED (not a DeepSeek-V4.1 config), the message in err (when
- * err is NULL the message is logged instead). Unknown fields are listed at
- * debug level. *out is set only on success. */
+ * TD_ERR_UNSUPPORTED (not a DeepSeek-V4.1 config) with the message in err
+ * (errlen bytes; err may be NULL), or TD_ERR_NOMEM (err empty). Nothing is
+ * logged: the caller, who knows where the text came from, logs the message
+ * once. Unknown fields are listed at debug level. *out is set only on
+ * success. */
 td_status_t td_modelcfg_parse(const char *json, size_t len, td_modelcfg_t **out,
                               char *err, size_t errlen);
 
 /* Read path (a config.json, or a directory holding one), parse it, log what
- * is present but unsupported (images, DSpark drafting) at info level. Errors
- * are logged with the path. */
+ * is present but unsupported (images, DSpark drafting) at info level. Every
+ * failure is logged here, once, with the path; callers pass the status up. */
 td_status_t td_modelcfg_load(const char *path, td_modelcfg_t **out);
 
 void td_modelcfg_destroy(td_modelcfg_t *cfg);
@@ -202,7 +204,7 @@ char *td_modelcfg_to_json(const td_modelcfg_t *cfg);
  * divide, rope types it implements (main: default; compress: default or
  * yarn), silu experts, noaux_tc routing, one shared expert, engram tables at
  * least as large as their prime buckets. TD_ERR_UNSUPPORTED or
- * TD_ERR_INVALID with the reason in err (logged when err is NULL). */
+ * TD_ERR_INVALID with the reason in err; not logged (the caller logs it). */
 td_status_t td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen);
 
 /* Optional features a caller may ask for. */
@@ -212,7 +214,7 @@ typedef enum {
 } td_modelcfg_feature_t;
 
 /* TD_OK if the feature can be used with this model, else TD_ERR_UNSUPPORTED
- * with the reason in err (logged when err is NULL): images are not supported
+ * with the reason in err, not logged: images are not supported
  * (text only); drafting is not implemented (the backbone runs without the
  * draft layers), or the model has none. */
 td_status_t td_modelcfg_require(const td_modelcfg_t *cfg, td_modelcfg_feature_t feature,

@@ -42,20 +42,24 @@ v41_destroy(td_engine_t *e)
 static td_status_t
 v41_create(const td_engine_config_t *cfg, td_engine_t **out)
 {
-    v41_t *v;
-    td_status_t st;
+    const char *dir;
+    td_model_t *m = NULL;
+    v41_t *v = NULL;
+    td_status_t st = td_v41_model_dir(cfg, &dir);
 
-    if (cfg->model == NULL || cfg->model[0] == '\0') {
-        td_error("engine deepseek-v41: no model directory (set model = DIR)");
-        return TD_ERR_INVALID;
-    }
-    v = calloc(1, sizeof(*v));
-    if (v == NULL)
-        return TD_ERR_NOMEM;
-    st = td_model_load(cfg->model, &v->m);
+    /* The model, then the engine around it. */
     if (st == TD_OK)
-        st = td_v41_identify(cfg->model, v->m->cfg, v->m->plan, &v->base, v->kind,
-                             sizeof(v->kind));
+        st = td_model_load(dir, &m);
+    if (st == TD_OK && (v = calloc(1, sizeof(*v))) == NULL) {
+        td_error("engine deepseek-v41: out of memory");
+        st = TD_ERR_NOMEM;
+    }
+    if (st != TD_OK) {
+        td_model_destroy(m);
+        return st;
+    }
+    v->m = m;
+    st = td_v41_identify(dir, m->cfg, m->plan, &v->base, v->kind, sizeof(v->kind));
     if (st != TD_OK) {
         v41_destroy(&v->base);
         return st;
@@ -74,14 +78,12 @@ v41_req_create(td_engine_t *e, td_engine_req_t **out)
     v41_req_t *r = calloc(1, sizeof(*r));
     td_status_t st;
 
-    if (r == NULL)
-        return TD_ERR_NOMEM;
-    r->logits = malloc((size_t)e->vocab * sizeof(float));
-    if (r->logits == NULL) {
+    if (r == NULL || (r->logits = malloc((size_t)e->vocab * sizeof(float))) == NULL) {
+        td_error("engine deepseek-v41: a request: out of memory");
         st = TD_ERR_NOMEM;
         goto err_free_req;
     }
-    st = td_cache_create(v->m->plan, e->max_context, &r->cache);
+    st = td_cache_create(v->m->plan, e->max_context, &r->cache);   /* logs its failures */
     if (st != TD_OK)
         goto err_free_logits;
     *out = &r->base;
@@ -147,15 +149,14 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     td_status_t st;
 
     pieces = malloc(l->nsegs * sizeof(*pieces));
-    if (pieces == NULL)
+    if (pieces == NULL) {
+        td_error("engine deepseek-v41: prefill: out of memory");
         return TD_ERR_NOMEM;
-    r->have_logits = 0;
-    st = td_forward_prefill(v->m, r->cache, tokens, n, 0, r->logits);
-    if (st != TD_OK) {
-        td_error("engine deepseek-v41: prefill of tokens %llu..%llu failed: %s",
-                 (unsigned long long)n0, (unsigned long long)(n0 + n), td_status_str(st));
-        goto cleanup;
     }
+    r->have_logits = 0;
+    st = td_forward_prefill(v->m, r->cache, tokens, n, 0, r->logits);   /* logs its failures */
+    if (st != TD_OK)
+        goto cleanup;
     req->ntokens += n;
     r->have_logits = 1;
     for (uint32_t L = 0; L < l->layers; L++) {
@@ -229,8 +230,10 @@ v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn f
     td_engine_piece_t *pieces = malloc(e->layout->nsegs * sizeof(*pieces));
     td_status_t st = TD_ERR_NOMEM;
 
-    if (caches == NULL || toks == NULL || logits == NULL || pieces == NULL)
+    if (caches == NULL || toks == NULL || logits == NULL || pieces == NULL) {
+        td_error("engine deepseek-v41: decode step of %zu rows: out of memory", n);
         goto cleanup;
+    }
     for (size_t i = 0; i < n; i++) {
         v41_req_t *r = (v41_req_t *)rows[i].req;
 
@@ -238,12 +241,9 @@ v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn f
         toks[i] = rows[i].token;
         r->have_logits = 0;
     }
-    st = td_forward_decode(v->m, caches, toks, n, logits);
-    if (st != TD_OK) {
-        td_error("engine deepseek-v41: decode step of %zu rows failed: %s", n,
-                 td_status_str(st));
+    st = td_forward_decode(v->m, caches, toks, n, logits);   /* logs its failures */
+    if (st != TD_OK)
         goto cleanup;
-    }
     for (size_t i = 0; i < n; i++) {
         v41_req_t *r = (v41_req_t *)rows[i].req;
 

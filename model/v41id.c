@@ -42,6 +42,17 @@ v41id_config_hash(const char *dir, uint64_t *out)
 }
 
 td_status_t
+td_v41_model_dir(const td_engine_config_t *cfg, const char **dir)
+{
+    if (cfg->model == NULL || cfg->model[0] == '\0') {
+        td_error("engine deepseek-v41: no model directory (set model = DIR)");
+        return TD_ERR_INVALID;
+    }
+    *dir = cfg->model;
+    return TD_OK;
+}
+
+td_status_t
 td_v41_identify(const char *dir, const td_modelcfg_t *cfg, const td_cache_plan_t *plan,
                 td_engine_t *e, char *kind, size_t kindlen)
 {
@@ -80,22 +91,23 @@ static const td_engine_ops_t v41id_ops = {
 td_status_t
 td_v41_identity(const td_engine_config_t *cfg, td_engine_t **out)
 {
+    const char *dir;
     v41id_t *v;
-    td_status_t st;
+    td_status_t st = td_v41_model_dir(cfg, &dir);
 
-    if (cfg->model == NULL || cfg->model[0] == '\0') {
-        td_error("engine deepseek-v41: no model directory (set model = DIR)");
-        return TD_ERR_INVALID;
-    }
+    if (st != TD_OK)
+        return st;
     v = calloc(1, sizeof(*v));
-    if (v == NULL)
+    if (v == NULL) {
+        td_error("engine deepseek-v41: out of memory");
         return TD_ERR_NOMEM;
+    }
     v->base.ops = &v41id_ops;
-    st = td_modelcfg_load(cfg->model, &v->cfg);
+    st = td_modelcfg_load(dir, &v->cfg);
     if (st == TD_OK)
         st = td_cache_plan_create(v->cfg, &v->plan);
     if (st == TD_OK)
-        st = td_v41_identify(cfg->model, v->cfg, v->plan, &v->base, v->kind, sizeof(v->kind));
+        st = td_v41_identify(dir, v->cfg, v->plan, &v->base, v->kind, sizeof(v->kind));
     if (st != TD_OK) {
         v41id_destroy(&v->base);
         return st;

@@ -22,6 +22,10 @@
  * max_position_embeddings). */
 #define TD_V41_MAX_CONTEXT 65536u
 
+/* The model directory of an engine config (cfg->model); none set:
+ * TD_ERR_INVALID, logged. */
+td_status_t td_v41_model_dir(const td_engine_config_t *cfg, const char **dir);
+
 /* Set e's name, kind (written into kind[kindlen]), layout (plan's), vocab,
  * max_context and fingerprint (config.json's bytes and the layout hash) for
  * the model in dir with config cfg. */

@@ -260,8 +260,10 @@ td_weights_schema_create(const td_modelcfg_t *cfg, td_weights_schema_t **out)
         return TD_ERR_INVALID;
     }
     s = calloc(1, sizeof(*s));
-    if (s == NULL)
+    if (s == NULL) {
+        td_error("weight schema: out of memory");
         return TD_ERR_NOMEM;
+    }
     s->block_rows = cfg->quantized ? cfg->quant_block_rows : 0;
     s->block_cols = cfg->quantized ? cfg->quant_block_cols : 0;
     b.cfg = cfg;
@@ -282,6 +284,7 @@ td_weights_schema_create(const td_modelcfg_t *cfg, td_weights_schema_t **out)
     }
     s->by_name = malloc((s->n ? s->n : 1) * sizeof(*s->by_name));
     if (s->by_name == NULL) {
+        td_error("weight schema: out of memory");
         td_weights_schema_destroy(s);
         return TD_ERR_NOMEM;
     }
@@ -529,12 +532,11 @@ td_weights_bind(const td_weights_schema_t *s, const td_st_t *st, td_weights_repo
     char want[96];
 
     w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        return TD_ERR_NOMEM;
-    w->t = calloc(s->n ? s->n : 1, sizeof(*w->t));
-    names = malloc((2 * s->n + 1) * sizeof(*names));
-    if (w->t == NULL || names == NULL)
+    if (w == NULL || (w->t = calloc(s->n ? s->n : 1, sizeof(*w->t))) == NULL ||
+        (names = malloc((2 * s->n + 1) * sizeof(*names))) == NULL) {
+        td_error("weights: binding %zu tensors: out of memory", s->n);
         goto err;
+    }
     w->n = s->n;
     w->schema = s;
 

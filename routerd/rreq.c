@@ -18,7 +18,7 @@
 #include <event2/http.h>
 
 #include "buf.h"
-#include "chat.h"
+#include "chat_prompt.h"
 #include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
@@ -52,7 +52,7 @@ struct td_rreq_s {
     bool streaming;                 /* 200 and the first chunk went out */
     td_tok_dec_t dec;
     td_stop_t *stop;
-    td_chat_parser_t *chat;         /* V4.1 chat: reads the reply (stop strings too) */
+    td_chat_reply_reader_t *chat;   /* V4.1 chat: reads the reply (stop strings too) */
     td_openai_stream_t stream;
     td_buf_t text;                  /* non-streaming: the answer so far */
     td_buf_t piece;                 /* scratch: decoded text of one message */
@@ -295,7 +295,7 @@ request_free(td_rreq_t *q)
         event_free(q->timer);
     release_ranks(q, NULL);
     td_stop_destroy(q->stop);
-    td_chat_parser_destroy(q->chat);
+    td_chat_reply_reader_destroy(q->chat);
     td_buf_free(&q->text);
     td_buf_free(&q->piece);
     td_buf_free(&q->rel);
@@ -378,7 +378,7 @@ request_cancel(td_rreq_t *q, const char *why)
 /* Stream the V4.1 reply reader's deltas (non-streaming requests take the
  * whole reply from the reader at the end). */
 static td_status_t
-chat_emit(td_rreq_t *q, const td_chat_delta_t *d, size_t n)
+chat_emit(td_rreq_t *q, const td_chat_reply_delta_t *d, size_t n)
 {
     td_buf_t *sse = &q->t->sse;
     td_status_t st = TD_OK;
@@ -386,18 +386,18 @@ chat_emit(td_rreq_t *q, const td_chat_delta_t *d, size_t n)
     for (size_t i = 0; i < n && st == TD_OK && q->streaming; i++) {
         json_t *delta = NULL;
         switch (d[i].kind) {
-        case TD_CHAT_DELTA_CONTENT:
+        case TD_CHAT_REPLY_DELTA_CONTENT:
             st = td_openai_stream_text(&q->stream, d[i].text, d[i].len, sse);
             continue;
-        case TD_CHAT_DELTA_REASONING:
+        case TD_CHAT_REPLY_DELTA_REASONING:
             delta = json_pack("{s:s%}", "reasoning_content", d[i].text, d[i].len);
             break;
-        case TD_CHAT_DELTA_TOOL_CALL:
+        case TD_CHAT_REPLY_DELTA_TOOL_CALL:
             delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
                               (int)d[i].index, "id", d[i].id, "type", "function", "function",
                               "name", d[i].name, "arguments", "");
             break;
-        case TD_CHAT_DELTA_TOOL_ARGS:
+        case TD_CHAT_REPLY_DELTA_TOOL_ARGS:
             delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)d[i].index,
                               "function", "arguments", d[i].text, d[i].len);
             break;
@@ -412,9 +412,9 @@ static td_status_t
 emit_text(td_rreq_t *q, const char *text, size_t len)
 {
     if (q->chat) {
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t n;
-        td_status_t st = td_chat_parser_feed(q->chat, text, len, &d, &n);
+        td_status_t st = td_chat_reply_reader_feed(q->chat, text, len, &d, &n);
         return st == TD_OK ? chat_emit(q, d, n) : st;
     }
     if (q->streaming)
@@ -454,25 +454,26 @@ request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
         st = emit_text(q, q->rel.data, q->rel.len);
     if (st == TD_OK && q->chat) {
         /* the reader releases what it held back and decides the finish reason */
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t n;
-        st = td_chat_parser_finish(q->chat, finish == TD_OPENAI_FINISH_LENGTH
-                                                ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
-                                   &d, &n);
+        st = td_chat_reply_reader_finish(q->chat, finish == TD_OPENAI_FINISH_LENGTH
+                                                      ? TD_CHAT_REPLY_FINISH_LENGTH
+                                                      : TD_CHAT_REPLY_FINISH_STOP,
+                                         &d, &n);
         if (st == TD_OK)
             st = chat_emit(q, d, n);
         if (st == TD_OK) {
-            td_chat_finish_t f = td_chat_parser_reply(q->chat)->finish;
-            finish = f == TD_CHAT_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
-                   : f == TD_CHAT_FINISH_LENGTH     ? TD_OPENAI_FINISH_LENGTH
-                                                    : TD_OPENAI_FINISH_STOP;
+            td_chat_reply_finish_t f = td_chat_reply_reader_reply(q->chat)->finish;
+            finish = f == TD_CHAT_REPLY_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
+                   : f == TD_CHAT_REPLY_FINISH_LENGTH     ? TD_OPENAI_FINISH_LENGTH
+                                                          : TD_OPENAI_FINISH_STOP;
         }
     }
     if (st == TD_OK && q->http && q->streaming) {
         st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
     } else if (st == TD_OK && q->http && q->chat) {
         json_t *msg = NULL;
-        st = td_chat_reply_json(td_chat_parser_reply(q->chat), &msg);
+        st = td_chat_reply_json(td_chat_reply_reader_reply(q->chat), &msg);
         if (st == TD_OK)
             st = td_openai_response_message_json(&q->stream.meta, msg, finish, &usage, &body);
     } else if (st == TD_OK && q->http) {
@@ -743,7 +744,7 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         st = emit_text(q, q->rel.data, q->rel.len);
         td_buf_reset(&q->rel);
     }
-    if (st == TD_OK && q->chat && td_chat_parser_stopped(q->chat))
+    if (st == TD_OK && q->chat && td_chat_reply_reader_stopped(q->chat))
         matched = true;
     if (st != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not decode the tokens");
@@ -927,19 +928,19 @@ prompt_text(const td_openai_req_t *o, td_buf_t *out)
 }
 
 /* With the V4.1 tokenizer, a chat request is rendered in the V4.1 chat
- * format and its reply read back by td_chat_parser; a request the format
+ * format and its reply read back by td_chat_reply_reader; a request the format
  * cannot express gets e (400). */
 static td_status_t
 chat_prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
 {
     td_chat_prompt_t *p = NULL;
-    td_chat_err_t ce;
+    td_chat_prompt_err_t ce;
     uint32_t *ids = NULL;
     size_t n = 0;
     td_status_t st;
 
     memset(&ce, 0, sizeof ce);
-    st = td_chat_encode(q->oreq->body, NULL, &p, &ce);
+    st = td_chat_prompt_encode(q->oreq->body, NULL, &p, &ce);
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
         td_openai_err_set(e, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
                           ce.code, "%s", ce.message);
@@ -948,7 +949,7 @@ chat_prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
     if (st == TD_OK)
         st = td_chat_prompt_ids(p, q->t->cfg.v41, &ids, &n);
     if (st == TD_OK)
-        st = td_chat_parser_create(&p->parse, &q->chat);
+        st = td_chat_reply_reader_create(&p->reply, &q->chat);
     td_chat_prompt_destroy(p);
     if (st != TD_OK) {
         free(ids);

@@ -4,6 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
 
+#include "buf.h"
 #include "log.h"
 
 #include <errno.h>
@@ -405,43 +406,9 @@ static const tok_ucd_range_t tok_ucd_new[] = {
 };
 /* END tests/tokenizer/mkucd */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} tok_buf_t;
-
-static void
-tok_buf_put(tok_buf_t *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void
-tok_buf_str(tok_buf_t *b, const char *s)
-{
-    tok_buf_put(b, s, strlen(s));
-}
-
 /* The ranges tok_ucd_new adds to general category `name` (L, Lu, LC, L&). */
 static void
-tok_buf_ucd(tok_buf_t *b, const char *name, size_t len)
+tok_ucd_ranges(td_buf_t *b, const char *name, size_t len)
 {
     for (size_t i = 0; i < sizeof tok_ucd_new / sizeof tok_ucd_new[0]; i++) {
         const tok_ucd_range_t *r = &tok_ucd_new[i];
@@ -459,7 +426,7 @@ tok_buf_ucd(tok_buf_t *b, const char *name, size_t len)
             snprintf(x, sizeof x, "\\x{%X}", r->lo);
         else
             snprintf(x, sizeof x, "\\x{%X}-\\x{%X}", r->lo, r->hi);
-        tok_buf_str(b, x);
+        td_buf_puts(b, x);
     }
 }
 
@@ -481,7 +448,7 @@ tok_is_gc(const char *name, size_t len)
 /* A property, positive or negated, in or out of a class, as PCRE2 text:
  * general categories gain tok_ucd_new's code points. */
 static bool
-tok_buf_prop(tok_buf_t *b, const char *name, size_t len, bool neg, bool in_class)
+tok_regex_prop(td_buf_t *b, const char *name, size_t len, bool neg, bool in_class)
 {
     char head[64];
     if (len + 8 > sizeof head)
@@ -490,29 +457,30 @@ tok_buf_prop(tok_buf_t *b, const char *name, size_t len, bool neg, bool in_class
     if (!tok_is_gc(name, len)) {
         if (neg)
             head[1] = 'P';
-        tok_buf_str(b, head);
+        td_buf_puts(b, head);
         return true;
     }
-    tok_buf_t extra = { 0 };
-    tok_buf_ucd(&extra, name, len);
-    bool more = extra.n > 0;
+    td_buf_t extra = { 0 };
+    tok_ucd_ranges(&extra, name, len);
+    bool more = extra.len > 0;
     if (!more) {
         if (neg)
             head[1] = 'P';
-        tok_buf_str(b, head);
+        td_buf_puts(b, head);
     } else if (in_class && neg) {
-        free(extra.p);
+        td_buf_free(&extra);
         return false;   /* a complement of a union cannot sit inside a class */
     } else {
         if (!in_class)
-            tok_buf_str(b, neg ? "[^" : "[");
-        tok_buf_str(b, head);
-        tok_buf_put(b, extra.p, extra.n);
+            td_buf_puts(b, neg ? "[^" : "[");
+        td_buf_puts(b, head);
+        td_buf_append(b, extra.data, extra.len);
         if (!in_class)
-            tok_buf_str(b, "]");
+            td_buf_puts(b, "]");
     }
-    b->oom |= extra.oom;
-    free(extra.p);
+    if (td_buf_status(&extra) != TD_OK)
+        b->failed = 1;
+    td_buf_free(&extra);
     return true;
 }
 
@@ -527,7 +495,7 @@ static td_status_t tok_fail(tok_load_t *ld, td_status_t status, const char *fmt,
 static td_status_t
 tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **out)
 {
-    tok_buf_t b = { 0 };
+    td_buf_t b = { 0 };
     bool in_class = false;
     size_t n = strlen(pat);
     for (size_t i = 0; i < n; i++) {
@@ -536,36 +504,36 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
             if (in_class && i + 1 < n && pat[i + 1] == ':') {
                 const char *end = strstr(pat + i, ":]");
                 size_t l = end ? (size_t)(end - (pat + i)) + 2 : n - i;
-                tok_buf_put(&b, pat + i, l);
+                td_buf_append(&b, pat + i, l);
                 i += l - 1;
                 continue;
             }
             if (in_class) {
-                free(b.p);
+                td_buf_free(&b);
                 return tok_fail(ld, TD_ERR_UNSUPPORTED, "%s.pattern: a class inside a class "
                                 "(at offset %zu) is not supported", where, i);
             }
             in_class = true;
-            tok_buf_put(&b, "[", 1);
+            td_buf_append(&b, "[", 1);
             /* a ] first in the class is a literal */
             if (i + 1 < n && pat[i + 1] == '^')
-                tok_buf_put(&b, &pat[++i], 1);
+                td_buf_append(&b, &pat[++i], 1);
             if (i + 1 < n && pat[i + 1] == ']')
-                tok_buf_put(&b, &pat[++i], 1);
+                td_buf_append(&b, &pat[++i], 1);
             continue;
         }
         if (c == ']' && in_class) {
             in_class = false;
-            tok_buf_put(&b, "]", 1);
+            td_buf_append(&b, "]", 1);
             continue;
         }
         if (c == '&' && in_class && i + 1 < n && pat[i + 1] == '&') {
-            free(b.p);
+            td_buf_free(&b);
             return tok_fail(ld, TD_ERR_UNSUPPORTED, "%s.pattern: class intersection && (at "
                             "offset %zu) is not supported", where, i);
         }
         if (c != '\\' || i + 1 >= n) {
-            tok_buf_put(&b, &c, 1);
+            td_buf_append(&b, &c, 1);
             continue;
         }
         char e = pat[++i];
@@ -573,11 +541,11 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
         size_t len = 0;
         bool neg = false, ok = true;
         switch (e) {
-        case 's': tok_buf_str(&b, "\\p{White_Space}"); break;
-        case 'S': tok_buf_str(&b, "\\P{White_Space}"); break;
+        case 's': td_buf_puts(&b, "\\p{White_Space}"); break;
+        case 'S': td_buf_puts(&b, "\\P{White_Space}"); break;
         case 'd':
         case 'D':
-            ok = tok_buf_prop(&b, "Nd", 2, e == 'D', in_class);
+            ok = tok_regex_prop(&b, "Nd", 2, e == 'D', in_class);
             break;
         case 'p':
         case 'P':
@@ -600,9 +568,9 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
                 name = pat + ++i;
                 len = 1;
             }
-            ok = name && len && tok_buf_prop(&b, name, len, neg, in_class);
+            ok = name && len && tok_regex_prop(&b, name, len, neg, in_class);
             break;
-        case 'v': tok_buf_str(&b, "\\x{0B}"); break;
+        case 'v': td_buf_puts(&b, "\\x{0B}"); break;
         case 'u': {
             size_t k = 0;
             while (k < 4 && i + 1 + k < n && strchr("0123456789abcdefABCDEF", pat[i + 1 + k]))
@@ -613,38 +581,33 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
             }
             char x[16];
             snprintf(x, sizeof x, "\\x{%.4s}", pat + i + 1);
-            tok_buf_str(&b, x);
+            td_buf_puts(&b, x);
             i += 4;
             break;
         }
         case 't': case 'n': case 'r': case 'f': case 'a': case 'e': case 'x': case 'A':
         case 'z': case 'Z': case 'G': case 'k': case '0': case '1': case '2': case '3':
         case '4': case '5': case '6': case '7': case '8': case '9':
-            tok_buf_put(&b, pat + i - 1, 2);
+            td_buf_append(&b, pat + i - 1, 2);
             break;
         default:
             if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
                 ok = false;
             else
-                tok_buf_put(&b, pat + i - 1, 2);   /* an escaped literal */
+                td_buf_append(&b, pat + i - 1, 2);   /* an escaped literal */
             break;
         }
         if (!ok) {
-            free(b.p);
+            td_buf_free(&b);
             return tok_fail(ld, TD_ERR_UNSUPPORTED, "%s.pattern: the escape \\%c (at offset %zu) "
                             "is not supported (Oniguruma and PCRE2 read it differently, or it "
                             "is malformed)", where, e, i);
         }
     }
-    if (b.oom || !b.p) {
-        free(b.p);
-        if (b.oom)
-            return TD_ERR_NOMEM;
-        b.p = strdup("");
-        if (!b.p)
-            return TD_ERR_NOMEM;
-    }
-    *out = b.p;
+    char *re = td_buf_take(&b, NULL);
+    if (re == NULL)
+        return TD_ERR_NOMEM;
+    *out = re;
     return TD_OK;
 }
 
@@ -824,21 +787,36 @@ tok_json_type(const json_t *j)
     return "?";
 }
 
+/* obj[key] in *out, NULL when absent or null; a value that is not a string
+ * (want JSON_STRING) or not a boolean (want JSON_TRUE) is refused. */
+static td_status_t
+tok_get(tok_load_t *ld, const json_t *obj, const char *where, const char *key, json_type want,
+        const json_t **out)
+{
+    const json_t *v = json_object_get(obj, key);
+    json_type t = v ? json_typeof(v) : JSON_NULL;
+
+    *out = NULL;
+    if (t == JSON_NULL)
+        return TD_OK;
+    if ((t == JSON_FALSE ? JSON_TRUE : t) != want)
+        return tok_fail(ld, TD_ERR_INVALID, "%s.%s: want a %s, found %s", where, key,
+                        want == JSON_STRING ? "string" : "boolean", tok_json_type(v));
+    *out = v;
+    return TD_OK;
+}
+
 /* obj[key] as a boolean; absent or null: dflt. */
 static td_status_t
 tok_get_bool(tok_load_t *ld, const json_t *obj, const char *where, const char *key, bool dflt,
              bool *out)
 {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        *out = dflt;
-        return TD_OK;
-    }
-    if (!json_is_boolean(v))
-        return tok_fail(ld, TD_ERR_INVALID, "%s.%s: want a boolean, found %s", where, key,
-                        tok_json_type(v));
-    *out = json_is_true(v);
-    return TD_OK;
+    const json_t *v;
+    td_status_t rc = tok_get(ld, obj, where, key, JSON_TRUE, &v);
+
+    if (rc == TD_OK)
+        *out = v ? json_is_true(v) : dflt;
+    return rc;
 }
 
 /* obj[key] as a string (NULL when absent or null). */
@@ -846,16 +824,12 @@ static td_status_t
 tok_get_str(tok_load_t *ld, const json_t *obj, const char *where, const char *key,
             const char **out)
 {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        *out = NULL;
-        return TD_OK;
-    }
-    if (!json_is_string(v))
-        return tok_fail(ld, TD_ERR_INVALID, "%s.%s: want a string, found %s", where, key,
-                        tok_json_type(v));
-    *out = json_string_value(v);
-    return TD_OK;
+    const json_t *v;
+    td_status_t rc = tok_get(ld, obj, where, key, JSON_STRING, &v);
+
+    if (rc == TD_OK)
+        *out = v ? json_string_value(v) : NULL;
+    return rc;
 }
 
 /* A field that must be absent, null, or one of the listed harmless values. */
@@ -1379,14 +1353,14 @@ td_tokenizer_load(const char *path, td_tokenizer_t **out)
         td_error("tokenizer %s: %s", path, strerror(err));
         return td_status_from_errno(err);
     }
-    if (S_ISDIR(sb.st_mode)) {
-        if (asprintf(&file, "%s/tokenizer.json", path) < 0)
-            return TD_ERR_NOMEM;
-    } else if (!(file = strdup(path))) {
+    if (S_ISDIR(sb.st_mode) ? asprintf(&file, "%s/tokenizer.json", path) < 0
+                            : !(file = strdup(path))) {
+        td_error("tokenizer %s: out of memory", path);
         return TD_ERR_NOMEM;
     }
     td_tokenizer_t *tok = calloc(1, sizeof *tok);
     if (!tok) {
+        td_error("tokenizer %s: out of memory", path);
         free(file);
         return TD_ERR_NOMEM;
     }
@@ -1411,6 +1385,8 @@ td_tokenizer_load(const char *path, td_tokenizer_t **out)
     return TD_OK;
 
 err_destroy:
+    if (rc == TD_ERR_NOMEM)   /* the one failure not logged where it was found */
+        td_error("tokenizer %s: out of memory", file);
     td_tokenizer_destroy(tok);
     return rc;
 }
@@ -2010,34 +1986,38 @@ td_tokenizer_encode(const td_tokenizer_t *tok, const char *text, size_t len, uns
 {
     td_status_t rc;
     char *clean = NULL;
+    tok_enc_t e = { .tok = tok, .flags = flags };
     if (tok_utf8_check(text, len) != len) {
         size_t clen;
         if ((rc = tok_utf8_sanitize(text, len, &clean, &clen)) != TD_OK)
-            return rc;
+            goto err;
         text = clean;
         len = clen;
     }
-    tok_enc_t e = { .tok = tok, .flags = flags };
     /* the tokenizer is const to callers; its scratch pool is the one part
      * that changes, under pool_lock */
     e.sc = tok_scratch_get((td_tokenizer_t *)tok);
     if (!e.sc) {
-        free(clean);
-        return TD_ERR_NOMEM;
+        rc = TD_ERR_NOMEM;
+        goto err;
     }
     rc = tok_reserve(&e, len / 3 + 16);
     if (rc == TD_OK)
         rc = (flags & TD_TOKENIZER_NO_ADDED) ? tok_pretok(&e, 0, text, len)
                                              : tok_split_added(&e, 0, text, len);
     tok_scratch_put((td_tokenizer_t *)tok, e.sc);
+    if (rc != TD_OK)
+        goto err;
     free(clean);
-    if (rc != TD_OK) {
-        free(e.ids);
-        return rc;
-    }
     *ids = e.ids;
     *nids = e.n;
     return TD_OK;
+err:
+    if (rc == TD_ERR_NOMEM)   /* the one failure not logged where it was found */
+        td_error("tokenizer %s: out of memory encoding %zu bytes", tok->path, len);
+    free(e.ids);
+    free(clean);
+    return rc;
 }
 
 /* ---- Decoding ------------------------------------------------------------ */

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "buf.h"
 #include "log.h"
 
 /* ---- Unicode tables --------------------------------------------------------
@@ -296,11 +297,10 @@ typedef struct {
 } tokmap_cps_t;
 
 /* The scratch of one normalization: code points ping-pong between a and b;
- * the result is the UTF-8 in out (outn bytes, NUL-terminated). */
+ * the result is the UTF-8 in out. */
 typedef struct {
     tokmap_cps_t a, b;
-    char *out;
-    size_t outn, outcap;
+    td_buf_t out;
 } tokmap_work_t;
 
 static td_status_t
@@ -326,7 +326,7 @@ tokmap_work_free(tokmap_work_t *w)
 {
     free(w->a.v);
     free(w->b.v);
-    free(w->out);
+    td_buf_free(&w->out);
 }
 
 static void
@@ -389,29 +389,19 @@ tokmap_decode(tokmap_work_t *w, const uint8_t *s, size_t len, size_t *bad)
     return TD_OK;
 }
 
-/* w->a -> w->out as UTF-8, NUL-terminated. */
+/* w->a -> w->out as UTF-8. */
 static td_status_t
 tokmap_encode(tokmap_work_t *w)
 {
-    size_t need = 4 * w->a.n + 1;
-
-    if (w->outcap < need) {
-        size_t cap = w->outcap ? w->outcap : 256;
-        while (cap < need)
-            cap *= 2;
-        char *o = realloc(w->out, cap);
-        if (!o) {
-            td_error("tokmap: out of memory (%zu bytes)", cap);
-            return TD_ERR_NOMEM;
-        }
-        w->out = o;
-        w->outcap = cap;
+    td_buf_truncate(&w->out, 0);
+    if (td_buf_reserve(&w->out, 4 * w->a.n) != TD_OK) {
+        td_error("tokmap: out of memory (%zu code points)", w->a.n);
+        return TD_ERR_NOMEM;
     }
-    size_t n = 0;
-    for (size_t i = 0; i < w->a.n; i++)
-        n += (size_t)utf8proc_encode_char(w->a.v[i], (uint8_t *)w->out + n);
-    w->out[n] = '\0';
-    w->outn = n;
+    for (size_t i = 0; i < w->a.n; i++) {
+        uint8_t c[4];
+        td_buf_append(&w->out, c, (size_t)utf8proc_encode_char(w->a.v[i], c));   /* room made */
+    }
     return TD_OK;
 }
 
@@ -573,9 +563,7 @@ td_tokmap_normalize(const char *s, size_t len, char **out, size_t *outlen)
         goto err_free_work;
     if ((st = tokmap_norm(&w)) != TD_OK)
         goto err_free_work;
-    *out = w.out;
-    *outlen = w.outn;
-    w.out = NULL;
+    *out = td_buf_take(&w.out, outlen);   /* not NULL: tokmap_encode made room */
     tokmap_work_free(&w);
     return TD_OK;
 
@@ -597,8 +585,7 @@ typedef struct {
 typedef struct {
     tokmap_slot_t *slots;   /* [mask + 1] */
     size_t mask;
-    char *arena;
-    size_t arena_n, arena_cap;
+    td_buf_t arena;         /* the keys, one after another */
     uint32_t nclasses;
 } tokmap_table_t;
 
@@ -625,27 +612,17 @@ tokmap_table_class(tokmap_table_t *t, const char *key, size_t n, uint32_t *cls)
         tokmap_slot_t *s = &t->slots[i];
         if (s->cls == UINT32_MAX)
             break;
-        if (s->hash == h && s->len == n && memcmp(t->arena + s->off, key, n) == 0) {
+        if (s->hash == h && s->len == n && memcmp(t->arena.data + s->off, key, n) == 0) {
             *cls = s->cls;
             return TD_OK;
         }
     }
-    if (t->arena_cap - t->arena_n < n) {
-        size_t cap = t->arena_cap ? t->arena_cap : 1 << 20;
-        while (cap - t->arena_n < n)
-            cap *= 2;
-        char *a = realloc(t->arena, cap);
-        if (!a) {
-            td_error("tokmap: out of memory (%zu bytes of keys)", cap);
-            return TD_ERR_NOMEM;
-        }
-        t->arena = a;
-        t->arena_cap = cap;
+    size_t off = t->arena.len;
+    if (td_buf_append(&t->arena, key, n) != TD_OK) {
+        td_error("tokmap: out of memory (%zu bytes of keys)", off + n);
+        return TD_ERR_NOMEM;
     }
-    memcpy(t->arena + t->arena_n, key, n);
-    t->slots[i] = (tokmap_slot_t){.hash = h, .off = t->arena_n, .len = (uint32_t)n,
-                                  .cls = t->nclasses};
-    t->arena_n += n;
+    t->slots[i] = (tokmap_slot_t){.hash = h, .off = off, .len = (uint32_t)n, .cls = t->nclasses};
     *cls = t->nclasses++;
     return TD_OK;
 }
@@ -687,12 +664,12 @@ tokmap_key(const td_tokenizer_t *tok, uint32_t id, tokmap_work_t *w, const char 
     }
     if (st != TD_OK || (st = tokmap_norm(w)) != TD_OK)
         return st;
-    if (w->outn == 0) {
+    if (w->out.len == 0) {
         *key = b;   /* normalized to nothing: the text itself */
         *n = len;
     } else {
-        *key = w->out;
-        *n = w->outn;
+        *key = w->out.data;
+        *n = w->out.len;
     }
     return TD_OK;
 }
@@ -746,7 +723,7 @@ td_tokmap_build(const td_tokenizer_t *tok, uint32_t **map, uint32_t *nclasses)
 err_free:
     free(m);
     free(t.slots);
-    free(t.arena);
+    td_buf_free(&t.arena);
     tokmap_work_free(&w);
     return st;
 }

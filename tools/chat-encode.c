@@ -1,7 +1,8 @@
 /* tools/chat-encode — the V4.1 chat format from the command line: an OpenAI
  * chat request (or a messages array) in, the prompt out; with --parse, model
- * output text in, the parsed reply as JSON out (text/chat.c). */
-#include "chat.h"
+ * output text in, the parsed reply as JSON out (text/chat_prompt.c,
+ * text/chat_reply.c). */
+#include "chat_prompt.h"
 #include "tokenizer.h"
 
 #include "log.h"
@@ -67,13 +68,13 @@ read_input(const char *path, char **out, size_t *len)
 
 /* Read and encode a request file; prints why on failure. */
 static int
-encode_file(const char *path, const td_chat_opts_t *opts, bool json_errors,
+encode_file(const char *path, const td_chat_prompt_opts_t *opts, bool json_errors,
             td_chat_prompt_t **out)
 {
     char *text = NULL;
     size_t len;
     json_error_t jerr;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
 
     if (read_input(path, &text, &len) != 0)
         return -1;
@@ -84,22 +85,20 @@ encode_file(const char *path, const td_chat_opts_t *opts, bool json_errors,
                 jerr.text);
         return -1;
     }
-    td_status_t st = td_chat_encode(req, opts, out, &err);
+    td_status_t st = td_chat_prompt_encode(req, opts, out, &err);
     json_decref(req);
     if (st == TD_OK)
         return 0;
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
         char *body = NULL;
-        if (json_errors && td_chat_err_json(&err, &body) == TD_OK) {
+        if (json_errors && td_chat_prompt_err_json(&err, &body) == TD_OK) {
             printf("%s\n", body);
             free(body);
         }
         fprintf(stderr, "chat-encode: %s: refused (%s)%s%s: %s\n", path, td_status_str(st),
                 err.param[0] ? " at " : "", err.param, err.message);
-    } else {
-        fprintf(stderr, "chat-encode: %s: %s\n", path, td_status_str(st));
     }
-    return -1;
+    return -1;   /* a refusal is ours to print; anything else the encoder logged */
 }
 
 static int
@@ -115,13 +114,13 @@ print_prompt(const td_chat_prompt_t *p, bool json)
     for (size_t i = 0; spans && i < p->nspecials; i++)
         json_array_append_new(spans, json_pack("[I,I]", (json_int_t)p->specials[i].start,
                                                (json_int_t)p->specials[i].end));
-    for (size_t i = 0; stop && i < p->parse.nstop; i++)
-        json_array_append_new(stop, json_string(p->parse.stop[i]));
+    for (size_t i = 0; stop && i < p->reply.nstop; i++)
+        json_array_append_new(stop, json_string(p->reply.stop[i]));
     json_t *o = json_pack("{s:s%, s:o, s:b, s:i, s:{s:s, s:b, s:b, s:o}}", "prompt", p->text,
                           p->len, "specials", spans, "thinking", p->thinking, "effort",
-                          (int)p->effort, "parse", "start", starts[p->parse.start],
-                          "tool_calls", p->parse.tool_calls, "in_tool_calls",
-                          p->parse.in_tool_calls, "stop", stop);
+                          (int)p->effort, "parse", "start", starts[p->reply.start],
+                          "tool_calls", p->reply.tool_calls, "in_tool_calls",
+                          p->reply.in_tool_calls, "stop", stop);
     if (o == NULL)
         return -1;
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && fputc('\n', stdout) != EOF ? 0 : -1;
@@ -129,7 +128,8 @@ print_prompt(const td_chat_prompt_t *p, bool json)
     return rc;
 }
 
-/* --ids: the prompt's ids on one line; 0, or 1 after a message. */
+/* --ids: the prompt's ids on one line; 0, or 1 (a failure logged where it
+ * happened). */
 static int
 print_ids(const td_chat_prompt_t *p, const char *path)
 {
@@ -138,21 +138,20 @@ print_ids(const td_chat_prompt_t *p, const char *path)
     size_t n = 0;
     td_status_t st = td_tokenizer_load(path, &tok);
 
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: tokenizer %s: %s\n", path, td_status_str(st));
-        return 1;
-    }
+    if (st != TD_OK)
+        return 1;   /* the tokenizer logged why */
     st = td_chat_prompt_ids(p, tok, &ids, &n);
     td_tokenizer_destroy(tok);
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: tokenizer %s cannot encode the prompt: %s\n", path,
-                td_status_str(st));
-        return 1;
-    }
+    if (st != TD_OK)
+        return 1;   /* logged where it failed */
     for (size_t i = 0; i < n; i++)
         printf(i ? " %u" : "%u", ids[i]);
     putchar('\n');
     free(ids);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "chat-encode: writing the ids: %s\n", strerror(errno));
+        return 1;
+    }
     return 0;
 }
 
@@ -175,7 +174,7 @@ main(int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    td_chat_opts_t opts = { .thinking = -1, .effort = NULL };
+    td_chat_prompt_opts_t opts = { .thinking = -1, .effort = NULL };
     const char *request = NULL;
     const char *stops[64];
     size_t nstop = 0;
@@ -227,7 +226,12 @@ main(int argc, char **argv)
         }
         if (encode_file(path, &opts, json, &p) != 0)
             return 1;
-        int rc = ids ? print_ids(p, tokenizer) : print_prompt(p, json);
+        if (ids) {
+            int rc = print_ids(p, tokenizer);
+            td_chat_prompt_destroy(p);
+            return rc;
+        }
+        int rc = print_prompt(p, json);
         td_chat_prompt_destroy(p);
         if (rc != 0 || fflush(stdout) != 0) {
             fprintf(stderr, "chat-encode: writing the prompt: %s\n", strerror(errno));
@@ -238,14 +242,14 @@ main(int argc, char **argv)
 
     /* --parse */
     td_chat_prompt_t *req = NULL;
-    td_chat_parse_opts_t po = {
-        .start = opts.thinking == 0 ? TD_CHAT_START_PLAIN : TD_CHAT_START_REASONING,
+    td_chat_reply_opts_t po = {
+        .start = opts.thinking == 0 ? TD_CHAT_REPLY_START_PLAIN : TD_CHAT_REPLY_START_REASONING,
         .tool_calls = !no_tools,
     };
     if (request) {
         if (encode_file(request, &opts, false, &req) != 0)
             return 1;
-        po = req->parse;
+        po = req->reply;
         if (no_tools)
             po.tool_calls = false;
     }
@@ -260,16 +264,15 @@ main(int argc, char **argv)
     int rc = 1;
     if (read_input(path, &text, &len) != 0)
         goto cleanup;
-    td_status_t st = td_chat_parse(&po, text, len,
-                                   length ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP, &reply);
+    td_status_t st = td_chat_reply_parse(&po, text, len,
+                                         length ? TD_CHAT_REPLY_FINISH_LENGTH
+                                                : TD_CHAT_REPLY_FINISH_STOP, &reply);
     if (st == TD_OK)
         st = td_chat_reply_json(reply, &msg);
-    if (st != TD_OK) {
-        fprintf(stderr, "chat-encode: %s: parse failed: %s\n", path, td_status_str(st));
-        goto cleanup;
-    }
+    if (st != TD_OK)
+        goto cleanup;   /* the reader logged why */
     o = json_pack("{s:O, s:s}", "message", msg, "finish_reason",
-                  td_chat_finish_str(reply->finish));
+                  td_chat_reply_finish_str(reply->finish));
     if (o == NULL || json_dumpf(o, stdout, JSON_INDENT(2)) != 0 || fputc('\n', stdout) == EOF ||
         fflush(stdout) != 0) {
         fprintf(stderr, "chat-encode: writing the reply failed\n");

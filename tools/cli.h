@@ -3,41 +3,32 @@
 #ifndef TD_TOOLS_CLI_H
 #define TD_TOOLS_CLI_H
 
+#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
+
+#include "buf.h"
 
 /* All of f, NUL-terminated (the NUL not counted in *len); 0, or -1 with errno
  * (ENOMEM, or the stream's read error). */
 static inline int
 cli_read_all(FILE *f, char **out, size_t *len)
 {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
+    td_buf_t b = { 0 };
+    char chunk[16384];
+    size_t r;
 
-    if (!buf)
-        return -1;
-    for (;;) {
-        if (cap - n < 4096) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return -1;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0)
-            break;
-    }
+    while ((r = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        td_buf_append(&b, chunk, r);
     if (ferror(f)) {
-        free(buf);
+        td_buf_free(&b);
         return -1;
     }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
+    char *p = td_buf_take(&b, len);
+    if (p == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    *out = p;
     return 0;
 }
 

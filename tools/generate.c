@@ -1,11 +1,12 @@
 /* tools/generate — text generation on one checkpoint in one process: an
  * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
  * (model/model, engine/sample, text/chat), a summary on stderr. */
-#include "chat.h"
+#include "chat_prompt.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
 
+#include "buf.h"
 #include "cli.h"
 #include "clock.h"
 #include "config.h"
@@ -72,7 +73,7 @@ typedef struct {
     uint64_t seed;
     bool seed_set;
     bool stream, json;
-    td_chat_opts_t chat;
+    td_chat_prompt_opts_t chat;
     bool chat_set;                /* --thinking, --no-thinking or --effort given */
     int64_t logprobs;             /* -1: not asked */
     uint64_t context;             /* 0: the config's */
@@ -301,7 +302,7 @@ out_json(gen_out_t *g, json_t *o)
 }
 
 static void
-out_delta(gen_out_t *g, const td_chat_delta_t *d)
+out_delta(gen_out_t *g, const td_chat_reply_delta_t *d)
 {
     static const char *const kinds[] = { "reasoning", "content", "tool_call", "tool_args" };
 
@@ -309,7 +310,7 @@ out_delta(gen_out_t *g, const td_chat_delta_t *d)
         json_t *o = json_pack("{s:s, s:I}", "type", kinds[d->kind], "index", (json_int_t)d->index);
         if (o == NULL)
             return out_json(g, NULL);
-        if (d->kind == TD_CHAT_DELTA_TOOL_CALL) {
+        if (d->kind == TD_CHAT_REPLY_DELTA_TOOL_CALL) {
             json_object_set_new(o, "id", json_string(d->id));
             json_object_set_new(o, "name", json_string(d->name));
         } else {
@@ -317,16 +318,16 @@ out_delta(gen_out_t *g, const td_chat_delta_t *d)
             if (t == NULL)
                 g->failed = true;
             json_object_set_new(o, "text", t ? t : json_string(""));
-            if (d->kind != TD_CHAT_DELTA_TOOL_ARGS)
+            if (d->kind != TD_CHAT_REPLY_DELTA_TOOL_ARGS)
                 json_object_del(o, "index");
         }
         return out_json(g, o);
     }
     switch (d->kind) {
-    case TD_CHAT_DELTA_REASONING: out_text(g, SEC_REASONING, d->text, d->len); break;
-    case TD_CHAT_DELTA_CONTENT: out_text(g, SEC_CONTENT, d->text, d->len); break;
-    case TD_CHAT_DELTA_TOOL_CALL: out_tool_call(g, d->index, d->name); break;
-    case TD_CHAT_DELTA_TOOL_ARGS: out_text(g, SEC_TOOL, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_REASONING: out_text(g, SEC_REASONING, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_CONTENT: out_text(g, SEC_CONTENT, d->text, d->len); break;
+    case TD_CHAT_REPLY_DELTA_TOOL_CALL: out_tool_call(g, d->index, d->name); break;
+    case TD_CHAT_REPLY_DELTA_TOOL_ARGS: out_text(g, SEC_TOOL, d->text, d->len); break;
     }
 }
 
@@ -336,7 +337,7 @@ typedef struct {
     const gen_opts_t *o;
     td_model_t *m;
     td_chat_prompt_t *chat;       /* NULL with --prompt */
-    td_chat_parser_t *parser;     /* NULL with --prompt */
+    td_chat_reply_reader_t *parser;     /* NULL with --prompt */
     uint32_t *prompt;             /* [nprompt] */
     size_t nprompt;
     td_sample_params_t sp;
@@ -346,8 +347,7 @@ typedef struct {
     td_detok_t detok;
     char *piece;                  /* [piece_cap] detok output */
     size_t piece_cap;
-    char *text;                   /* everything decoded (--prompt), for --no-stream and --json */
-    size_t text_len, text_cap;
+    td_buf_t text;                /* everything decoded (--prompt), for --no-stream and --json */
 
     int32_t *ids;                 /* [ngen] generated */
     size_t ngen;
@@ -355,25 +355,6 @@ typedef struct {
     const char *finish;
     double load_s, prefill_s, decode_s;
 } gen_t;
-
-static int
-text_append(gen_t *g, const char *s, size_t n)
-{
-    if (g->text_len + n + 1 > g->text_cap) {
-        size_t cap = g->text_cap ? g->text_cap : 4096;
-        while (cap < g->text_len + n + 1)
-            cap *= 2;
-        char *t = realloc(g->text, cap);
-        if (t == NULL)
-            return -1;
-        g->text = t;
-        g->text_cap = cap;
-    }
-    memcpy(g->text + g->text_len, s, n);
-    g->text_len += n;
-    g->text[g->text_len] = '\0';
-    return 0;
-}
 
 /* The log-probabilities of a step as JSON (OpenAI's token / bytes / logprob). */
 static json_t *
@@ -423,18 +404,15 @@ static int
 gen_text(gen_t *g, const char *text, size_t len)
 {
     if (g->parser != NULL) {
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t nd;
-        td_status_t st = td_chat_parser_feed(g->parser, text, len, &d, &nd);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
-            return -1;
-        }
+        if (td_chat_reply_reader_feed(g->parser, text, len, &d, &nd) != TD_OK)
+            return -1;   /* the reader logged why */
         for (size_t i = 0; g->out.stream && i < nd; i++)
             out_delta(&g->out, &d[i]);
         return 0;
     }
-    if (text_append(g, text, len) != 0) {
+    if (td_buf_append(&g->text, text, len) != TD_OK) {
         fprintf(stderr, "generate: out of memory\n");
         return -1;
     }
@@ -501,18 +479,17 @@ gen_finish(gen_t *g, td_sample_finish_t fin)
         return -1;
     g->finish = td_sample_finish_str(fin);
     if (g->parser != NULL) {
-        const td_chat_delta_t *d;
+        const td_chat_reply_delta_t *d;
         size_t nd;
-        td_status_t st = td_chat_parser_finish(
-            g->parser, fin == TD_SAMPLE_FINISH_LENGTH ? TD_CHAT_FINISH_LENGTH : TD_CHAT_FINISH_STOP,
-            &d, &nd);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: reading the reply: %s\n", td_status_str(st));
-            return -1;
-        }
+        if (td_chat_reply_reader_finish(g->parser,
+                                        fin == TD_SAMPLE_FINISH_LENGTH
+                                            ? TD_CHAT_REPLY_FINISH_LENGTH
+                                            : TD_CHAT_REPLY_FINISH_STOP,
+                                        &d, &nd) != TD_OK)
+            return -1;   /* the reader logged why */
         for (size_t i = 0; g->out.stream && i < nd; i++)
             out_delta(&g->out, &d[i]);
-        g->finish = td_chat_finish_str(td_chat_parser_reply(g->parser)->finish);
+        g->finish = td_chat_reply_finish_str(td_chat_reply_reader_reply(g->parser)->finish);
     }
     return 0;
 }
@@ -522,10 +499,10 @@ static void
 gen_print_reply(gen_t *g)
 {
     if (g->parser == NULL) {
-        out_text(&g->out, SEC_CONTENT, g->text, g->text_len);
+        out_text(&g->out, SEC_CONTENT, g->text.data, g->text.len);
         return;
     }
-    const td_chat_reply_t *r = td_chat_parser_reply(g->parser);
+    const td_chat_reply_t *r = td_chat_reply_reader_reply(g->parser);
     if (r->reasoning != NULL)
         out_text(&g->out, SEC_REASONING, r->reasoning, r->reasoning_len);
     out_text(&g->out, SEC_CONTENT, r->content, r->content_len);
@@ -562,11 +539,11 @@ gen_print_done(gen_t *g)
     if (o == NULL)
         return out_json(&g->out, NULL);
     if (g->parser != NULL) {
-        if (td_chat_reply_json(td_chat_parser_reply(g->parser), &msg) != TD_OK)
+        if (td_chat_reply_json(td_chat_reply_reader_reply(g->parser), &msg) != TD_OK)
             g->out.failed = true;
         json_object_set_new(o, "message", msg);
     } else {
-        json_t *t = json_stringn(g->text ? g->text : "", g->text_len);
+        json_t *t = json_stringn(g->text.data ? g->text.data : "", g->text.len);
         if (t == NULL)
             g->out.failed = true;
         json_object_set_new(o, "text", t);
@@ -589,18 +566,17 @@ gen_run(gen_t *g)
     td_sample_pick_t pk;
     td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
     uint32_t ntop = g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
-    td_status_t st;
     int rc = -1;
 
     if (cap > g->context)
         cap = g->context;
-    st = td_cache_create(m->plan, cap, &c);
+    if (td_cache_create(m->plan, cap, &c) != TD_OK)   /* logs why */
+        goto cleanup;
     logits = malloc(V * sizeof(float));
     in = malloc(g->nprompt * sizeof(int32_t));
     g->ids = malloc((g->sp.max_tokens + 1) * sizeof(int32_t));
-    if (st != TD_OK || logits == NULL || in == NULL || g->ids == NULL) {
-        fprintf(stderr, "generate: a cache for %llu tokens: %s\n", (unsigned long long)cap,
-                td_status_str(st != TD_OK ? st : TD_ERR_NOMEM));
+    if (logits == NULL || in == NULL || g->ids == NULL) {
+        fprintf(stderr, "generate: out of memory\n");
         goto cleanup;
     }
     for (size_t i = 0; i < g->nprompt; i++)
@@ -609,39 +585,27 @@ gen_run(gen_t *g)
     double t0 = td_clock_s();
     for (size_t at = 0; at < g->nprompt; at += g->o->chunk) {
         size_t n = g->nprompt - at < g->o->chunk ? g->nprompt - at : g->o->chunk;
-        st = td_forward_prefill(m, c, in + at, n, 0, logits);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: prefill of prompt tokens %zu..%zu failed: %s\n", at,
-                    at + n, td_status_str(st));
+        if (td_forward_prefill(m, c, in + at, n, 0, logits) != TD_OK)   /* logs why */
             goto cleanup;
-        }
     }
     double t1 = td_clock_s();
     g->prefill_s = t1 - t0;
 
     uint64_t pos = g->nprompt;
     for (;;) {
-        st = td_sample_pick(logits, V, &g->sp, pos, ntop, &pk);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: sampling the token at position %llu failed: %s\n",
-                    (unsigned long long)pos, td_status_str(st));
+        if (td_sample_pick(logits, V, &g->sp, pos, ntop, &pk) != TD_OK)   /* logs why */
             goto cleanup;
-        }
         fin = td_sample_finish(&g->sp, pk.token, g->ngen + 1, pos + 1, cap);
         if (gen_emit(g, &pk, fin) != 0)
             goto cleanup;
         if (fin == TD_SAMPLE_FINISH_NONE && g->parser != NULL &&
-            td_chat_parser_stopped(g->parser))
+            td_chat_reply_reader_stopped(g->parser))
             fin = TD_SAMPLE_FINISH_STOP;
         if (fin != TD_SAMPLE_FINISH_NONE || g->out.failed)
             break;
         td_cache_t *one[1] = { c };
-        st = td_forward_decode(m, one, &pk.token, 1, logits);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: decode step at position %llu failed: %s\n",
-                    (unsigned long long)pos, td_status_str(st));
+        if (td_forward_decode(m, one, &pk.token, 1, logits) != TD_OK)   /* logs why */
             goto cleanup;
-        }
         pos++;
     }
     g->decode_s = td_clock_s() - t1;
@@ -659,13 +623,13 @@ cleanup:
 
 /* Read and render the chat request; prints why on failure. */
 static int
-gen_read_request(const char *path, const td_chat_opts_t *opts, td_chat_prompt_t **out)
+gen_read_request(const char *path, const td_chat_prompt_opts_t *opts, td_chat_prompt_t **out)
 {
     FILE *f = stdin;
     char *text = NULL;
     size_t len;
     json_error_t jerr;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
     const char *name = strcmp(path, "-") == 0 ? "<stdin>" : path;
 
     if (f == stdin && strcmp(path, "-") != 0 && (f = fopen(path, "rb")) == NULL) {
@@ -687,16 +651,14 @@ gen_read_request(const char *path, const td_chat_opts_t *opts, td_chat_prompt_t 
                 jerr.column, jerr.text);
         return -1;
     }
-    td_status_t st = td_chat_encode(req, opts, out, &err);
+    td_status_t st = td_chat_prompt_encode(req, opts, out, &err);
     json_decref(req);
     if (st == TD_OK)
         return 0;
-    if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED)
+    if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED)   /* a refusal: ours to say */
         fprintf(stderr, "generate: --messages %s: request refused (%s)%s%s: %s\n", name,
                 td_status_str(st), err.param[0] ? " at " : "", err.param, err.message);
-    else
-        fprintf(stderr, "generate: --messages %s: %s\n", name, td_status_str(st));
-    return -1;
+    return -1;   /* otherwise the encoder logged why */
 }
 
 /* Prompt ids, sampling and limits; prints why on failure. */
@@ -718,11 +680,8 @@ gen_prepare(gen_t *g)
     else
         st = td_tokenizer_encode(m->tok, o->prompt, strlen(o->prompt), TD_TOKENIZER_SPECIAL,
                                  &g->prompt, &g->nprompt);
-    if (st != TD_OK) {
-        fprintf(stderr, "generate: tokenizing the prompt with %s/tokenizer.json: %s\n", o->model,
-                td_status_str(st));
-        return -1;
-    }
+    if (st != TD_OK)
+        return -1;   /* the tokenizer logged why */
     for (size_t i = 0; i < g->nprompt; i++)
         if ((int64_t)g->prompt[i] >= m->cfg->vocab_size) {
             fprintf(stderr, "generate: prompt token %zu is id %u, outside the model's "
@@ -758,20 +717,14 @@ gen_prepare(gen_t *g)
         fprintf(stderr, "generate: %s\n", why);
         return -1;
     }
-    st = td_model_stop_eos(m->cfg, m->tok, &g->sp);
-    if (st != TD_OK && st != TD_ERR_NOT_FOUND) {
-        fprintf(stderr, "generate: model %s: no usable end-of-sequence token (%s)\n", o->model,
-                td_status_str(st));
+    st = td_model_stop_eos(m->cfg, m->tok, &g->sp);   /* logs why */
+    if (st != TD_OK && st != TD_ERR_NOT_FOUND)
         return -1;
-    }
     if (g->chat != NULL) {
-        td_chat_parse_opts_t po = g->chat->parse;
+        td_chat_reply_opts_t po = g->chat->reply;
         po.id_seed = td_rng_mix64(g->sp.seed + TD_RNG_GAMMA) | 1;   /* reproducible ids */
-        st = td_chat_parser_create(&po, &g->parser);
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: reply reader: %s\n", td_status_str(st));
+        if (td_chat_reply_reader_create(&po, &g->parser) != TD_OK)   /* logs why */
             return -1;
-        }
     }
     g->piece_cap = TD_DETOK_OUT_MAX(td_tokenizer_max_piece(m->tok)) + 8;
     g->piece = malloc(g->piece_cap);
@@ -838,10 +791,10 @@ main(int argc, char **argv)
 cleanup:
     json_decref(g.logprobs);
     free(g.ids);
-    free(g.text);
+    td_buf_free(&g.text);
     free(g.piece);
     free(g.prompt);
-    td_chat_parser_destroy(g.parser);
+    td_chat_reply_reader_destroy(g.parser);
     td_chat_prompt_destroy(g.chat);
     td_model_destroy(g.m);
     return rc;

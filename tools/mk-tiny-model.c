@@ -1037,10 +1037,8 @@ mk_compressed_vocab(const td_tokenizer_t *tok, uint32_t *out)
     uint32_t *map = NULL, n = 0;
     td_status_t st = td_tokmap_build(tok, &map, &n);
 
-    if (st != TD_OK) {
-        fprintf(stderr, "mk-tiny-model: engram token map: %s\n", td_status_str(st));
-        return -1;
-    }
+    if (st != TD_OK)
+        return -1;   /* tokmap logged why */
     free(map);
     *out = n;
     return 0;
@@ -1125,10 +1123,8 @@ main(int argc, char **argv)
         j = NULL;
     }
     snprintf(path, sizeof(path), "%s/tokenizer.json", o.outdir);
-    if (td_tokenizer_load(path, &tok) != TD_OK) {
-        fprintf(stderr, "mk-tiny-model: %s: the tokenizer does not load\n", path);
+    if (td_tokenizer_load(path, &tok) != TD_OK)   /* logs why, with the path */
         goto out;
-    }
     vocab = td_tokenizer_vocab_size(tok);
     if (td_tokenizer_find(tok, mk_added[0].content, strlen(mk_added[0].content), &id) == TD_OK)
         bos = id;
@@ -1141,12 +1137,14 @@ main(int argc, char **argv)
     j = mk_config_json(&o, vocab, bos, eos, compressed, NULL);
     text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     if (text == NULL || td_modelcfg_parse(text, strlen(text), &cfg, err, sizeof(err)) != TD_OK) {
-        fprintf(stderr, "mk-tiny-model: config: %s\n", text ? err : "out of memory");
+        fprintf(stderr, "mk-tiny-model: config: %s\n", text && err[0] ? err : "out of memory");
         goto out;
     }
     for (uint32_t k = 0; k < cfg->engram_layer_ids.n; k++)
-        if (td_modelcfg_engram_primes(cfg, k, NULL, &rows[k]) != TD_OK)
+        if (td_modelcfg_engram_primes(cfg, k, NULL, &rows[k]) != TD_OK) {
+            fprintf(stderr, "mk-tiny-model: config: engram layer %u has no bucket layout\n", k);
             goto out;
+        }
     json_decref(j);
     free(text);
     text = NULL;

@@ -146,8 +146,7 @@ main(int argc, char **argv)
 
     td_tokenizer_t *tok;
     td_status_t rc = td_tokenizer_load(path, &tok);
-    if (rc != TD_OK) {
-        fprintf(stderr, "tokenize: cannot load the tokenizer %s: %s\n", path, td_status_str(rc));
+    if (rc != TD_OK) {   /* the tokenizer logged why, with the path */
         free(input);
         return 1;
     }
@@ -180,10 +179,8 @@ main(int argc, char **argv)
         uint32_t *ids;
         size_t n;
         rc = td_tokenizer_encode(tok, input, len, flags, &ids, &n);
-        if (rc != TD_OK) {
-            fprintf(stderr, "tokenize: encode: %s\n", td_status_str(rc));
-            goto out;
-        }
+        if (rc != TD_OK)
+            goto out;   /* the tokenizer logged why */
         if (json)
             putchar('[');
         for (size_t i = 0; i < n; i++)

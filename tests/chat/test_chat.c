@@ -1,9 +1,9 @@
-/* tests/chat/test_chat.c — text/chat.c unit by unit: every refusal (status,
- * field, message, the OpenAI error body), the settings that override the
- * request, and the output reader's API (misuse, invalid UTF-8, stop strings,
- * tool call ids). */
+/* tests/chat/test_chat.c — the chat format (text/chat*.c) unit by unit: every
+ * refusal (status, field, message, the OpenAI error body), the settings that
+ * override the request, and the output reader's API (misuse, invalid UTF-8,
+ * stop strings, tool call ids). */
 #include "../unit/check.h"
-#include "chat.h"
+#include "chat_prompt.h"
 #include "log.h"
 
 #include <jansson.h>
@@ -177,7 +177,7 @@ test_refusals(void)
         json_error_t jerr;
         json_t *req = json_loads(r->body, JSON_DECODE_ANY, &jerr);
         td_chat_prompt_t *p = NULL;
-        td_chat_err_t err;
+        td_chat_prompt_err_t err;
 
         CHECK(req != NULL);
         if (req == NULL) {
@@ -185,7 +185,7 @@ test_refusals(void)
             continue;
         }
         memset(&err, 0, sizeof(err));
-        td_status_t st = td_chat_encode(req, NULL, &p, &err);
+        td_status_t st = td_chat_prompt_encode(req, NULL, &p, &err);
         if (st != r->st || strcmp(err.param, r->param) != 0 ||
             strstr(err.message, r->needle) == NULL)
             fprintf(stderr, "case %zu %s: got %s param '%s' message '%s'\n", i, r->body,
@@ -201,7 +201,7 @@ test_refusals(void)
 
         /* The error body: OpenAI's shape, the same message. */
         char *body = NULL;
-        CHECK_STATUS(td_chat_err_json(&err, &body), TD_OK);
+        CHECK_STATUS(td_chat_prompt_err_json(&err, &body), TD_OK);
         json_t *e = body ? json_loads(body, 0, &jerr) : NULL;
         json_t *inner = json_object_get(e, "error");
         CHECK_STR(json_string_value(json_object_get(inner, "message")), err.message);
@@ -214,11 +214,11 @@ test_refusals(void)
         free(body);
 
         /* Without an error struct: the same status, nothing else. */
-        CHECK_STATUS(td_chat_encode(req, NULL, &p, NULL), r->st);
+        CHECK_STATUS(td_chat_prompt_encode(req, NULL, &p, NULL), r->st);
         json_decref(req);
     }
     td_chat_prompt_t *p = NULL;
-    CHECK_STATUS(td_chat_encode(NULL, NULL, &p, NULL), TD_ERR_INVALID);
+    CHECK_STATUS(td_chat_prompt_encode(NULL, NULL, &p, NULL), TD_ERR_INVALID);
 }
 
 /* A message that would pass its buffer is cut on a character boundary, and
@@ -233,13 +233,13 @@ test_long_message(void)
     role[2 * n] = '\0';
     json_t *req = json_pack("[{s:s, s:s}]", "role", role, "content", "x");
     td_chat_prompt_t *p = NULL;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
     char *body = NULL;
     json_error_t jerr;
 
-    CHECK_STATUS(td_chat_encode(req, NULL, &p, &err), TD_ERR_INVALID);
+    CHECK_STATUS(td_chat_prompt_encode(req, NULL, &p, &err), TD_ERR_INVALID);
     CHECK(strlen(err.message) < sizeof(err.message));
-    CHECK_STATUS(td_chat_err_json(&err, &body), TD_OK);
+    CHECK_STATUS(td_chat_prompt_err_json(&err, &body), TD_OK);
     json_t *e = body ? json_loads(body, 0, &jerr) : NULL;
     CHECK(e != NULL);
     json_decref(e);
@@ -251,16 +251,16 @@ test_long_message(void)
 /* ---- Settings that override the request ----------------------------------- */
 
 static char *
-encode_text(const char *body, const td_chat_opts_t *opts, td_chat_prompt_t **keep)
+encode_text(const char *body, const td_chat_prompt_opts_t *opts, td_chat_prompt_t **keep)
 {
     json_error_t jerr;
     json_t *req = json_loads(body, 0, &jerr);
     td_chat_prompt_t *p = NULL;
-    td_chat_err_t err;
+    td_chat_prompt_err_t err;
     char *text = NULL;
 
     CHECK(req != NULL);
-    td_status_t st = td_chat_encode(req, opts, &p, &err);
+    td_status_t st = td_chat_prompt_encode(req, opts, &p, &err);
     CHECK_STATUS(st, TD_OK);
     if (st != TD_OK)
         fprintf(stderr, "%s: %s\n", body, err.message);
@@ -280,7 +280,7 @@ test_overrides(void)
 {
     static const struct {
         const char *plain;      /* request without the fields */
-        td_chat_opts_t opts;
+        td_chat_prompt_opts_t opts;
         const char *equal;      /* the same request carrying them */
     } cases[] = {
         { "[" U("x") "]", { 0, NULL },
@@ -308,10 +308,10 @@ test_overrides(void)
         free(b);
     }
     json_t *req = json_loads("[" U("x") "]", 0, NULL);
-    td_chat_opts_t bad = { -1, "extreme" };
+    td_chat_prompt_opts_t bad = { -1, "extreme" };
     td_chat_prompt_t *p = NULL;
-    td_chat_err_t err;
-    CHECK_STATUS(td_chat_encode(req, &bad, &p, &err), TD_ERR_INVALID);
+    td_chat_prompt_err_t err;
+    CHECK_STATUS(td_chat_prompt_encode(req, &bad, &p, &err), TD_ERR_INVALID);
     CHECK_STR(err.param, "reasoning_effort");
     json_decref(req);
 
@@ -319,9 +319,9 @@ test_overrides(void)
     td_chat_prompt_t *kp = NULL;
     char *t = encode_text("{\"messages\":[" U("x") "],\"stop\":\"END\",\"tools\":[" TOOL("f")
                           "],\"reasoning_effort\":\"low\"}", NULL, &kp);
-    CHECK(kp && kp->thinking && kp->effort == 50 && kp->parse.tool_calls &&
-          !kp->parse.in_tool_calls && kp->parse.start == TD_CHAT_START_REASONING &&
-          kp->parse.nstop == 1 && strcmp(kp->parse.stop[0], "END") == 0);
+    CHECK(kp && kp->thinking && kp->effort == 50 && kp->reply.tool_calls &&
+          !kp->reply.in_tool_calls && kp->reply.start == TD_CHAT_REPLY_START_REASONING &&
+          kp->reply.nstop == 1 && strcmp(kp->reply.stop[0], "END") == 0);
     CHECK(kp && kp->nspecials > 0 && kp->specials[0].start == 0 &&
           kp->specials[kp->nspecials - 1].end == kp->len);
     free(t);
@@ -338,7 +338,7 @@ test_nul(void)
     td_chat_prompt_t *p = NULL;
 
     CHECK(req != NULL);
-    CHECK_STATUS(td_chat_encode(req, NULL, &p, NULL), TD_OK);
+    CHECK_STATUS(td_chat_prompt_encode(req, NULL, &p, NULL), TD_OK);
     CHECK(p && memmem(p->text, p->len, "a\0b", 3) != NULL);
     td_chat_prompt_destroy(p);
     json_decref(req);
@@ -358,34 +358,34 @@ capture(td_log_level_t level, const char *line, void *arg)
 static void
 test_parser_api(void)
 {
-    td_chat_parser_t *p = NULL;
-    const td_chat_delta_t *d;
+    td_chat_reply_reader_t *p = NULL;
+    const td_chat_reply_delta_t *d;
     size_t nd;
     const char *empty[] = { "" };
-    td_chat_parse_opts_t bad = { .start = TD_CHAT_START_PLAIN, .stop = empty, .nstop = 1 };
-    td_chat_parse_opts_t wrong = { .start = (td_chat_start_t)9 };
-    td_chat_parse_opts_t plain = { .start = TD_CHAT_START_PLAIN };
+    td_chat_reply_opts_t bad = { .start = TD_CHAT_REPLY_START_PLAIN, .stop = empty, .nstop = 1 };
+    td_chat_reply_opts_t wrong = { .start = (td_chat_reply_start_t)9 };
+    td_chat_reply_opts_t plain = { .start = TD_CHAT_REPLY_START_PLAIN };
 
     /* Misuse is logged once, where it is found. */
     td_log_set_sink(capture, NULL);
-    CHECK_STATUS(td_chat_parser_create(&bad, &p), TD_ERR_INVALID);
-    CHECK_STATUS(td_chat_parser_create(&wrong, &p), TD_ERR_INVALID);
+    CHECK_STATUS(td_chat_reply_reader_create(&bad, &p), TD_ERR_INVALID);
+    CHECK_STATUS(td_chat_reply_reader_create(&wrong, &p), TD_ERR_INVALID);
     CHECK(p == NULL);
-    CHECK_STATUS(td_chat_parser_create(&plain, &p), TD_OK);
-    CHECK_STATUS(td_chat_parser_feed(p, "hi", 2, &d, &nd), TD_OK);
-    CHECK(nd == 1 && d[0].kind == TD_CHAT_DELTA_CONTENT && d[0].len == 2);
-    CHECK_STATUS(td_chat_parser_finish(p, TD_CHAT_FINISH_STOP, &d, &nd), TD_OK);
-    CHECK_STATUS(td_chat_parser_feed(p, "x", 1, &d, &nd), TD_ERR_STATE);
-    CHECK_STATUS(td_chat_parser_finish(p, TD_CHAT_FINISH_STOP, &d, &nd), TD_ERR_STATE);
+    CHECK_STATUS(td_chat_reply_reader_create(&plain, &p), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "hi", 2, &d, &nd), TD_OK);
+    CHECK(nd == 1 && d[0].kind == TD_CHAT_REPLY_DELTA_CONTENT && d[0].len == 2);
+    CHECK_STATUS(td_chat_reply_reader_finish(p, TD_CHAT_REPLY_FINISH_STOP, &d, &nd), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "x", 1, &d, &nd), TD_ERR_STATE);
+    CHECK_STATUS(td_chat_reply_reader_finish(p, TD_CHAT_REPLY_FINISH_STOP, &d, &nd), TD_ERR_STATE);
     td_log_set_sink(NULL, NULL);
     CHECK(strstr(logged, "stop string 0 is empty") != NULL);
     CHECK(strstr(logged, "unknown start stage 9") != NULL);
     CHECK(strstr(logged, "feed after finish") != NULL);
     CHECK(strstr(logged, "finished twice") != NULL);
-    CHECK(td_chat_parser_reply(p)->reasoning == NULL);
-    CHECK_STR(td_chat_parser_reply(p)->content, "hi");
-    td_chat_parser_destroy(p);
-    td_chat_parser_destroy(NULL);
+    CHECK(td_chat_reply_reader_reply(p)->reasoning == NULL);
+    CHECK_STR(td_chat_reply_reader_reply(p)->content, "hi");
+    td_chat_reply_reader_destroy(p);
+    td_chat_reply_reader_destroy(NULL);
     td_chat_reply_destroy(NULL);
 }
 
@@ -407,29 +407,30 @@ test_utf8(void)
         { "\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd" },      /* overlong */
         { "\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80" },      /* 😀 */
     };
-    td_chat_parse_opts_t plain = { .start = TD_CHAT_START_PLAIN };
+    td_chat_reply_opts_t plain = { .start = TD_CHAT_REPLY_START_PLAIN };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
         /* whole, then one byte per feed */
         for (int split = 0; split < 2; split++) {
-            td_chat_parser_t *p = NULL;
-            const td_chat_delta_t *d;
+            td_chat_reply_reader_t *p = NULL;
+            const td_chat_reply_delta_t *d;
             size_t nd;
-            CHECK_STATUS(td_chat_parser_create(&plain, &p), TD_OK);
+            CHECK_STATUS(td_chat_reply_reader_create(&plain, &p), TD_OK);
             if (p == NULL)
                 continue;
             if (split) {
                 for (size_t k = 0; k < cases[i].len; k++)
-                    CHECK_STATUS(td_chat_parser_feed(p, cases[i].in + k, 1, &d, &nd), TD_OK);
+                    CHECK_STATUS(td_chat_reply_reader_feed(p, cases[i].in + k, 1, &d, &nd), TD_OK);
             } else {
-                CHECK_STATUS(td_chat_parser_feed(p, cases[i].in, cases[i].len, &d, &nd), TD_OK);
+                CHECK_STATUS(td_chat_reply_reader_feed(p, cases[i].in, cases[i].len, &d, &nd),
+                             TD_OK);
             }
-            CHECK_STATUS(td_chat_parser_finish(p, TD_CHAT_FINISH_STOP, &d, &nd), TD_OK);
-            const td_chat_reply_t *r = td_chat_parser_reply(p);
+            CHECK_STATUS(td_chat_reply_reader_finish(p, TD_CHAT_REPLY_FINISH_STOP, &d, &nd), TD_OK);
+            const td_chat_reply_t *r = td_chat_reply_reader_reply(p);
             if (strcmp(r->content, cases[i].out) != 0)
                 fprintf(stderr, "utf8 case %zu split %d: wrong content\n", i, split);
             CHECK_STR(r->content, cases[i].out);
-            td_chat_parser_destroy(p);
+            td_chat_reply_reader_destroy(p);
         }
     }
 }
@@ -444,14 +445,14 @@ test_ids(void)
                       "<\xef\xbd\x9c" "DSML\xef\xbd\x9c invoke name=\"b\">\n"
                       "</\xef\xbd\x9c" "DSML\xef\xbd\x9c invoke>\n"
                       "</\xef\xbd\x9c" "DSML\xef\xbd\x9c calls>";
-    td_chat_parse_opts_t o = { .start = TD_CHAT_START_REASONING, .tool_calls = true,
+    td_chat_reply_opts_t o = { .start = TD_CHAT_REPLY_START_REASONING, .tool_calls = true,
                                .id_seed = 42 };
     td_chat_reply_t *a = NULL, *b = NULL, *c = NULL;
 
-    CHECK_STATUS(td_chat_parse(&o, out, strlen(out), TD_CHAT_FINISH_STOP, &a), TD_OK);
-    CHECK_STATUS(td_chat_parse(&o, out, strlen(out), TD_CHAT_FINISH_STOP, &b), TD_OK);
+    CHECK_STATUS(td_chat_reply_parse(&o, out, strlen(out), TD_CHAT_REPLY_FINISH_STOP, &a), TD_OK);
+    CHECK_STATUS(td_chat_reply_parse(&o, out, strlen(out), TD_CHAT_REPLY_FINISH_STOP, &b), TD_OK);
     o.id_seed = 0;
-    CHECK_STATUS(td_chat_parse(&o, out, strlen(out), TD_CHAT_FINISH_STOP, &c), TD_OK);
+    CHECK_STATUS(td_chat_reply_parse(&o, out, strlen(out), TD_CHAT_REPLY_FINISH_STOP, &c), TD_OK);
     if (a && b && c) {
         CHECK(a->ncalls == 2 && b->ncalls == 2 && c->ncalls == 2);
         CHECK_STR(a->calls[0].id, b->calls[0].id);
@@ -461,7 +462,7 @@ test_ids(void)
         CHECK(strncmp(a->calls[1].id, "call_01_", 8) == 0 && strlen(a->calls[1].id) == 32);
         CHECK_STR(a->calls[0].name, "a");
         CHECK_STR(a->calls[0].arguments, "{}");
-        CHECK(a->finish == TD_CHAT_FINISH_TOOL_CALLS);
+        CHECK(a->finish == TD_CHAT_REPLY_FINISH_TOOL_CALLS);
         CHECK_STR(a->reasoning, "r");
     }
     td_chat_reply_destroy(a);
@@ -474,27 +475,27 @@ static void
 test_stop(void)
 {
     const char *stops[] = { "END" };
-    td_chat_parse_opts_t o = { .start = TD_CHAT_START_PLAIN, .stop = stops, .nstop = 1 };
-    td_chat_parser_t *p = NULL;
-    const td_chat_delta_t *d;
+    td_chat_reply_opts_t o = { .start = TD_CHAT_REPLY_START_PLAIN, .stop = stops, .nstop = 1 };
+    td_chat_reply_reader_t *p = NULL;
+    const td_chat_reply_delta_t *d;
     size_t nd;
 
-    CHECK_STATUS(td_chat_parser_create(&o, &p), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_create(&o, &p), TD_OK);
     if (p == NULL)
         return;
-    CHECK_STATUS(td_chat_parser_feed(p, "abcEN", 5, &d, &nd), TD_OK);
-    CHECK(!td_chat_parser_stopped(p));
-    CHECK_STATUS(td_chat_parser_feed(p, "Dxyz", 4, &d, &nd), TD_OK);
-    CHECK(td_chat_parser_stopped(p));
-    CHECK(nd == 1 && d[0].kind == TD_CHAT_DELTA_CONTENT && d[0].len == 3 &&
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "abcEN", 5, &d, &nd), TD_OK);
+    CHECK(!td_chat_reply_reader_stopped(p));
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "Dxyz", 4, &d, &nd), TD_OK);
+    CHECK(td_chat_reply_reader_stopped(p));
+    CHECK(nd == 1 && d[0].kind == TD_CHAT_REPLY_DELTA_CONTENT && d[0].len == 3 &&
           memcmp(d[0].text, "abc", 3) == 0);
-    CHECK_STATUS(td_chat_parser_feed(p, "more", 4, &d, &nd), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "more", 4, &d, &nd), TD_OK);
     CHECK(nd == 0);
-    CHECK_STATUS(td_chat_parser_finish(p, TD_CHAT_FINISH_LENGTH, &d, &nd), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_finish(p, TD_CHAT_REPLY_FINISH_LENGTH, &d, &nd), TD_OK);
     CHECK(nd == 0);
-    CHECK(td_chat_parser_reply(p)->finish == TD_CHAT_FINISH_STOP);
-    CHECK_STR(td_chat_parser_reply(p)->content, "abc");
-    td_chat_parser_destroy(p);
+    CHECK(td_chat_reply_reader_reply(p)->finish == TD_CHAT_REPLY_FINISH_STOP);
+    CHECK_STR(td_chat_reply_reader_reply(p)->content, "abc");
+    td_chat_reply_reader_destroy(p);
 }
 
 int

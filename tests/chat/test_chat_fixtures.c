@@ -1,11 +1,11 @@
-/* tests/chat/test_chat_fixtures.c — text/chat.c against the reference
- * fixtures that tests/chat/regen writes: prompts byte for byte (and their
- * special-token ranges and parse options), refusals, and the output reader
- * one-shot, one token piece at a time (the deltas after every piece) and one
- * byte at a time.
+/* tests/chat/test_chat_fixtures.c — the chat format (text/chat_prompt.c,
+ * text/chat_reply.c) against the reference fixtures that tests/chat/regen
+ * writes: prompts byte for byte (and their special-token ranges and reply
+ * options), refusals, and the output reader one-shot, one token piece at a
+ * time (the deltas after every piece) and one byte at a time.
  * usage: test_chat_fixtures encode.json parse.json */
 #include "../unit/check.h"
-#include "chat.h"
+#include "chat_prompt.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -55,7 +55,7 @@ static const char *const start_names[] = { "plain", "reasoning", "reasoning_cont
                                            "content_cont" };
 
 static void
-check_parse_opts(const char *name, const td_chat_parse_opts_t *po, const json_t *want)
+check_parse_opts(const char *name, const td_chat_reply_opts_t *po, const json_t *want)
 {
     const char *ws = json_string_value(json_object_get(want, "start"));
     bool ok = ws && strcmp(start_names[po->start], ws) == 0 &&
@@ -84,7 +84,7 @@ run_encode(const json_t *cases, int *passed, int *refused)
         const char *body = json_string_value(json_object_get(c, "body"));
         const json_t *want_err = json_object_get(c, "error");
         json_error_t jerr;
-        td_chat_err_t err;
+        td_chat_prompt_err_t err;
         td_chat_prompt_t *p = NULL;
 
         json_t *req = json_loads(body, 0, &jerr);
@@ -93,7 +93,7 @@ run_encode(const json_t *cases, int *passed, int *refused)
             fprintf(stderr, "%s: body: %s\n", name, jerr.text);
             continue;
         }
-        td_status_t st = td_chat_encode(req, NULL, &p, &err);
+        td_status_t st = td_chat_prompt_encode(req, NULL, &p, &err);
         if (want_err) {
             CHECK(st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED);
             if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
@@ -135,7 +135,7 @@ run_encode(const json_t *cases, int *passed, int *refused)
                     fprintf(stderr, "%s: %zu special ranges, want %zu\n", name, p->nspecials,
                             json_array_size(spans));
                 CHECK(spans_ok);
-                check_parse_opts(name, &p->parse, json_object_get(c, "parse"));
+                check_parse_opts(name, &p->reply, json_object_get(c, "parse"));
                 if (same && spans_ok)
                     (*passed)++;
             }
@@ -199,7 +199,7 @@ reply_json(const char *name, const td_chat_reply_t *r)
 
 /* Append deltas as fixture events, merging adjacent texts of one kind. */
 static void
-add_events(json_t *ev, const td_chat_delta_t *d, size_t n)
+add_events(json_t *ev, const td_chat_reply_delta_t *d, size_t n)
 {
     static const char *const kinds[] = { "reasoning", "content", "call", "args" };
 
@@ -207,8 +207,8 @@ add_events(json_t *ev, const td_chat_delta_t *d, size_t n)
         json_t *last = json_array_get(ev, json_array_size(ev) - 1);
         const char *lk = last ? json_string_value(json_array_get(last, 0)) : NULL;
         switch (d[i].kind) {
-        case TD_CHAT_DELTA_REASONING:
-        case TD_CHAT_DELTA_CONTENT:
+        case TD_CHAT_REPLY_DELTA_REASONING:
+        case TD_CHAT_REPLY_DELTA_CONTENT:
             if (lk && strcmp(lk, kinds[d[i].kind]) == 0) {
                 json_t *t = json_array_get(last, 1);
                 char *s = malloc(json_string_length(t) + d[i].len + 1);
@@ -221,11 +221,11 @@ add_events(json_t *ev, const td_chat_delta_t *d, size_t n)
                                                     d[i].len));
             }
             break;
-        case TD_CHAT_DELTA_TOOL_CALL:
+        case TD_CHAT_REPLY_DELTA_TOOL_CALL:
             json_array_append_new(ev, json_pack("[s, i, s]", "call", (int)d[i].index,
                                                 d[i].name));
             break;
-        case TD_CHAT_DELTA_TOOL_ARGS:
+        case TD_CHAT_REPLY_DELTA_TOOL_ARGS:
             if (lk && strcmp(lk, "args") == 0 &&
                 json_integer_value(json_array_get(last, 1)) == d[i].index) {
                 json_t *t = json_array_get(last, 2);
@@ -296,38 +296,39 @@ same_json(const char *name, const char *what, const json_t *got, const json_t *w
 /* Feed pieces (n of them, given as offsets into text) and collect the events
  * of each feed, the finish, and the final message. */
 static json_t *
-stream(const char *name, const td_chat_parse_opts_t *po, const char *text, const size_t *cuts,
-       size_t n, td_chat_finish_t engine, json_t **msg, const char **finish)
+stream(const char *name, const td_chat_reply_opts_t *po, const char *text, const size_t *cuts,
+       size_t n, td_chat_reply_finish_t engine, json_t **msg, const char **finish)
 {
-    td_chat_parser_t *p = NULL;
-    const td_chat_delta_t *d;
+    td_chat_reply_reader_t *p = NULL;
+    const td_chat_reply_delta_t *d;
     size_t nd;
     json_t *pushes = json_array();
 
-    CHECK_STATUS(td_chat_parser_create(po, &p), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_create(po, &p), TD_OK);
     if (p == NULL)
         return pushes;
     for (size_t i = 0; i < n; i++) {
         json_t *ev = json_array();
-        bool was = td_chat_parser_stopped(p);
-        CHECK_STATUS(td_chat_parser_feed(p, text + cuts[i], cuts[i + 1] - cuts[i], &d, &nd),
+        bool was = td_chat_reply_reader_stopped(p);
+        CHECK_STATUS(td_chat_reply_reader_feed(p, text + cuts[i], cuts[i + 1] - cuts[i], &d, &nd),
                      TD_OK);
         add_events(ev, d, nd);
-        if (!was && td_chat_parser_stopped(p))
+        if (!was && td_chat_reply_reader_stopped(p))
             json_array_append_new(ev, json_pack("[s, s]", "finish", "stop"));
         json_array_append_new(pushes, ev);
     }
     json_t *ev = json_array();
-    bool was = td_chat_parser_stopped(p);
-    CHECK_STATUS(td_chat_parser_finish(p, engine, &d, &nd), TD_OK);
+    bool was = td_chat_reply_reader_stopped(p);
+    CHECK_STATUS(td_chat_reply_reader_finish(p, engine, &d, &nd), TD_OK);
     add_events(ev, d, nd);
-    const td_chat_reply_t *r = td_chat_parser_reply(p);
+    const td_chat_reply_t *r = td_chat_reply_reader_reply(p);
     if (!was)
-        json_array_append_new(ev, json_pack("[s, s]", "finish", td_chat_finish_str(r->finish)));
+        json_array_append_new(ev, json_pack("[s, s]", "finish",
+                                            td_chat_reply_finish_str(r->finish)));
     json_array_append_new(pushes, ev);
     *msg = reply_json(name, r);
-    *finish = td_chat_finish_str(r->finish);
-    td_chat_parser_destroy(p);
+    *finish = td_chat_reply_finish_str(r->finish);
+    td_chat_reply_reader_destroy(p);
     return pushes;
 }
 
@@ -344,28 +345,28 @@ run_parse(const json_t *cases, int *passed)
         const json_t *want_pushes = json_object_get(c, "pushes");
         const json_t *want_msg = json_object_get(c, "message");
         const char *want_fin = json_string_value(json_object_get(c, "finish_reason"));
-        td_chat_finish_t engine = strcmp(json_string_value(json_object_get(c, "finish")),
-                                         "length") == 0 ? TD_CHAT_FINISH_LENGTH
-                                                        : TD_CHAT_FINISH_STOP;
+        td_chat_reply_finish_t engine = strcmp(json_string_value(json_object_get(c, "finish")),
+                                               "length") == 0 ? TD_CHAT_REPLY_FINISH_LENGTH
+                                                              : TD_CHAT_REPLY_FINISH_STOP;
         int failures = td_check_failures;
         json_error_t jerr;
         td_chat_prompt_t *prompt = NULL;
 
         json_t *req = json_loads(json_string_value(json_object_get(c, "body")), 0, &jerr);
         CHECK(req != NULL);
-        CHECK_STATUS(td_chat_encode(req, NULL, &prompt, NULL), TD_OK);
+        CHECK_STATUS(td_chat_prompt_encode(req, NULL, &prompt, NULL), TD_OK);
         json_decref(req);
         if (prompt == NULL)
             continue;
-        td_chat_parse_opts_t po = prompt->parse;
+        td_chat_reply_opts_t po = prompt->reply;
 
         /* One shot. */
         td_chat_reply_t *r = NULL;
-        CHECK_STATUS(td_chat_parse(&po, text, len, engine, &r), TD_OK);
+        CHECK_STATUS(td_chat_reply_parse(&po, text, len, engine, &r), TD_OK);
         if (r) {
             json_t *m = reply_json(name, r);
             CHECK(same_json(name, "one-shot message", m, want_msg));
-            CHECK_STR(td_chat_finish_str(r->finish), want_fin);
+            CHECK_STR(td_chat_reply_finish_str(r->finish), want_fin);
             json_decref(m);
             td_chat_reply_destroy(r);
         }

@@ -3,7 +3,7 @@
  * decode step per token, argmax (or td_sample_rows with a seed), stop at the
  * config's eos ids, log-probabilities by a direct double loop. Prints
  * {"prompt_ids", "ids", "logprobs", "finish_reason"}. */
-#include "chat.h"
+#include "chat_prompt.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -25,7 +25,7 @@ int
 main(int argc, char **argv)
 {
     const char *dir = NULL, *prompt = NULL, *messages = NULL;
-    td_chat_opts_t copts = { .thinking = -1 };
+    td_chat_prompt_opts_t copts = { .thinking = -1 };
     td_sample_params_t sp = td_sample_params_greedy();
     unsigned long max_tokens = 16;
 
@@ -66,7 +66,7 @@ main(int argc, char **argv)
         json_error_t je;
         json_t *req = json_load_file(messages, 0, &je);
         td_chat_prompt_t *p = NULL;
-        if (req == NULL || td_chat_encode(req, &copts, &p, NULL) != TD_OK ||
+        if (req == NULL || td_chat_prompt_encode(req, &copts, &p, NULL) != TD_OK ||
             td_chat_prompt_ids(p, m->tok, &ids, &n) != TD_OK)
             return fail("encode the request");
         json_decref(req);

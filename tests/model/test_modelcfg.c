@@ -355,7 +355,7 @@ test_parse_errors(void)
         CHECK_EQ_INT(cfg->quant_block_rows, 128);
         td_modelcfg_destroy(cfg);
     }
-    /* no message buffer: the message is logged instead; still an error */
+    /* no message buffer: the message is dropped (parse never logs); still an error */
     td_modelcfg_t *none = NULL;
     CHECK_STATUS(td_modelcfg_parse("{\"hidden_size\": \"x\"}", 19, &none, NULL, 0), TD_ERR_INVALID);
     CHECK(none == NULL);
