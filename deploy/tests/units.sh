@@ -3,6 +3,8 @@
 # verify on instances of each (binaries replaced by /bin/true, since they are
 # not installed here) must print nothing. Usage: units.sh
 set -u
+command -v systemd-analyze >/dev/null ||
+  { echo "units: systemd-analyze not found (Debian's systemd; tools/install-deps)" >&2; exit 1; }
 src=$(cd "$(dirname "$0")/../systemd" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

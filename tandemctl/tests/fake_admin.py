@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 """tandemctl/tests/fake_admin.py — a stand-in for routerd's admin API, for the
 tandemctl tests: binds 127.0.0.1 port 0, writes the port to PORTFILE, checks the
 bearer key, and answers each "METHOD PATH" from ROUTES (a JSON file re-read on

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 # tests/generate/test_generate_tool.py — tools/generate end to end on tiny
 # checkpoints: greedy ids equal the library's plain loop (generate_ref) for a
 # raw prompt and for chat requests, seeded sampling reproducible and equal to

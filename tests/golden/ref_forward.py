@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 # Loads a DeepSeek-V4.1 checkpoint in the release's format (docs/weights.md) into Hugging Face
 # transformers' DeepseekV41ForCausalLM (fp32, eager) and runs the reference forward on token ids.
 #

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 """tests/integration/routerd_test.py — black-box tests of routerd: a real
 routerd on free loopback ports, fake worker ranks (rtr_fake_worker) on its
 control port, checked over HTTP. usage: routerd_test.py TEST ROUTERD WORKER

