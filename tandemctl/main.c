@@ -18,7 +18,7 @@ static const td_config_opt_t tdctl_opts[] = {
                          "the local cluster's, http://127.0.0.1:8001)"),
     TD_CONFIG_OPT_STRING("admin-key-file", tdctl_opts_t, admin_key_file, "",
                          "file with the admin key (default: $TANDEM_ADMIN_KEY_FILE, the local "
-                         "cluster's, /etc/tandem/admin.key)"),
+                         "cluster's, $TANDEM_ETC_DIR/admin.key (default /etc/tandem))"),
     TD_CONFIG_OPT_BOOL("json", tdctl_opts_t, json, "false",
                        "print the router's json answer instead of a table"),
     TD_CONFIG_OPT_DURATION("timeout", tdctl_opts_t, timeout_ms, "10s", 1, 3600000,
@@ -39,6 +39,15 @@ main_local_dir(void)
 {
     const char *d = getenv("TANDEM_LOCAL_DIR");
     return d != NULL && *d != '\0' ? d : "local-cluster";
+}
+
+/* The installed cluster's configuration directory: $TANDEM_ETC_DIR or
+ * /etc/tandem (the systemd units' key files live there). */
+static const char *
+main_etc_dir(void)
+{
+    const char *d = getenv("TANDEM_ETC_DIR");
+    return d != NULL && *d != '\0' ? d : "/etc/tandem";
 }
 
 /* The first line of path that is neither blank nor a '#' comment, trimmed,
@@ -118,11 +127,12 @@ main_resolve(char **slot, const char *env, const char *const *files, size_t nfil
 static td_status_t
 main_setup(tdctl_t *ctl)
 {
-    char url_file[4096], key_file[4096];
+    char url_file[4096], key_file[4096], etc_key_file[4096];
     snprintf(url_file, sizeof(url_file), "%s/admin.url", main_local_dir());
     snprintf(key_file, sizeof(key_file), "%s/admin.key", main_local_dir());
+    snprintf(etc_key_file, sizeof(etc_key_file), "%s/admin.key", main_etc_dir());
     const char *url_files[] = { url_file };
-    const char *key_files[] = { key_file, "/etc/tandem/admin.key" };
+    const char *key_files[] = { key_file, etc_key_file };
 
     td_status_t st = main_resolve(&ctl->opts.router, "TANDEM_ROUTER", url_files, 1,
                                   "router url", true);

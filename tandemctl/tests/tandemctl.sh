@@ -186,11 +186,15 @@ echo "127.0.0.1:$(cat "$tmp/port")" >"$tmp/lc/admin.url"
 cp "$tmp/admin.key" "$tmp/lc/admin.key"
 TANDEM_LOCAL_DIR=$tmp/lc "$ctl" status >"$tmp/out" 2>"$tmp/err" ||
   fail "status from the local-cluster state: $(cat "$tmp/err")"
-if [ ! -e /etc/tandem/admin.key ]; then
-  "$ctl" status >"$tmp/out" 2>"$tmp/err"
-  [ $? = 1 ] || fail "no admin key given: exit status"
-  has err 'no admin key: give --admin-key-file FILE'
-fi
+# no key anywhere (the system directory pointed at an empty one)
+TANDEM_ETC_DIR=$tmp/no-etc "$ctl" status >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "no admin key given: exit status"
+has err 'no admin key: give --admin-key-file FILE'
+# the system directory's key is the last default
+mkdir -p "$tmp/etc"
+cp "$tmp/admin.key" "$tmp/etc/admin.key"
+TANDEM_ETC_DIR=$tmp/etc TANDEM_ROUTER=$url "$ctl" status >"$tmp/out" 2>"$tmp/err" ||
+  fail "status with the key from \$TANDEM_ETC_DIR: $(cat "$tmp/err")"
 
 if [ $fails -ne 0 ]; then echo "tandemctl tests: $fails failure(s)" >&2; exit 1; fi
 echo "tandemctl tests: all passed"
