@@ -30,10 +30,12 @@ td_engine_describe(const td_engine_t *e, char *buf, size_t len)
 /* ---- Requests ---------------------------------------------------------------- */
 
 td_status_t
-td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, td_engine_req_t **out)
+td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, const td_layout_kv_t *kv,
+                     td_engine_req_t **out)
 {
     td_engine_req_t *req;
     td_status_t st;
+    uint64_t cap;
 
     if (sp->nstop > TD_SAMPLE_MAX_STOP || !(sp->temperature >= 0) ||
         !(sp->top_p > 0 && sp->top_p <= 1)) {
@@ -47,11 +49,19 @@ td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, td_engine_req
                  e->name);
         return TD_ERR_UNSUPPORTED;
     }
-    st = e->ops->req_create(e, &req);
+    if (kv == NULL || kv->layout != e->layout) {
+        td_error("engine %s: a request needs KV memory laid out by the engine's layout",
+                 e->name);
+        return TD_ERR_INVALID;
+    }
+    cap = td_layout_kv_capacity(kv);
+    st = e->ops->req_create(e, kv, &req);
     if (st != TD_OK)
         return st;
     req->engine = e;
     req->sampling = *sp;
+    req->kv = *kv;
+    req->capacity = cap < e->max_context ? cap : e->max_context;
     req->ntokens = 0;
     req->prompt = 0;
     req->failed = TD_OK;
@@ -77,9 +87,11 @@ engine_check_append(const td_engine_req_t *req, const int32_t *tokens, size_t n)
         td_error("engine %s: request failed earlier (%s)", e->name, td_status_str(req->failed));
         return TD_ERR_STATE;
     }
-    if (n > e->max_context - req->ntokens) {
-        td_error("engine %s: %llu + %zu tokens exceed the context of %llu", e->name,
-                 (unsigned long long)req->ntokens, n, (unsigned long long)e->max_context);
+    if (n > req->capacity - req->ntokens) {
+        td_error("engine %s: %llu + %zu tokens exceed the %s of %llu", e->name,
+                 (unsigned long long)req->ntokens, n,
+                 req->capacity < e->max_context ? "request's KV memory" : "context",
+                 (unsigned long long)req->capacity);
         return TD_ERR_RANGE;
     }
     for (size_t i = 0; i < n; i++) {
@@ -127,14 +139,7 @@ td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int las
 }
 
 td_status_t
-td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed)
-{
-    return td_engine_adopt_kv(req, tokens, n, fixed, NULL);
-}
-
-td_status_t
-td_engine_adopt_kv(td_engine_req_t *req, const int32_t *tokens, size_t n,
-                   const void *const *fixed, const void *const *const *paged)
+td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
 {
     td_status_t st;
 
@@ -145,7 +150,7 @@ td_engine_adopt_kv(td_engine_req_t *req, const int32_t *tokens, size_t n,
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n, fixed, paged));
+    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n));
 }
 
 td_status_t
@@ -157,21 +162,6 @@ td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out)
         return TD_ERR_STATE;
     }
     return req->engine->ops->logits(req, out);
-}
-
-int
-td_engine_verifies(const td_engine_t *e)
-{
-    return e->ops->kv_verify != NULL;
-}
-
-td_status_t
-td_engine_kv_verify(td_engine_req_t *req, uint32_t seg, uint64_t first, uint64_t count,
-                    const void *data, uint64_t *bad)
-{
-    if (req->engine->ops->kv_verify == NULL)
-        return TD_ERR_UNSUPPORTED;
-    return req->engine->ops->kv_verify(req, seg, first, count, data, bad);
 }
 
 td_status_t
@@ -190,7 +180,7 @@ td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finis
     if (st != TD_OK)
         return st;
     generated = req->ntokens - req->prompt + 1;
-    *finish = td_sample_finish(sp, tok, generated, req->ntokens + 1, req->engine->max_context);
+    *finish = td_sample_finish(sp, tok, generated, req->ntokens + 1, req->capacity);
     *token = tok;
     return TD_OK;
 }
@@ -211,7 +201,7 @@ td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish_t *finish)
         return TD_ERR_INVALID;
     }
     *finish = td_sample_finish(&req->sampling, token, req->ntokens - req->prompt + 1,
-                               req->ntokens + 1, e->max_context);
+                               req->ntokens + 1, req->capacity);
     return TD_OK;
 }
 

@@ -329,3 +329,23 @@ td_layout_hash(const td_layout_t *l)
     }
     return h;
 }
+
+uint64_t
+td_layout_kv_capacity(const td_layout_kv_t *kv)
+{
+    const td_layout_t *l = kv->layout;
+    uint64_t cap = UINT64_MAX;
+
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        const td_layout_seg_t *seg = &l->segs[s];
+        uint64_t t;
+
+        if (seg->kind != TD_LAYOUT_PAGED)
+            continue;
+        /* floor(n / ratio) entries fit while n < (entries + 1) * ratio */
+        t = (kv->nblocks[s] * l->block_entries + 1) * seg->ratio - 1;
+        if (t < cap)
+            cap = t;
+    }
+    return cap;
+}

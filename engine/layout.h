@@ -136,4 +136,36 @@ uint64_t td_layout_hash(const td_layout_t *l);
 /* The segment called name, or NULL. */
 const td_layout_seg_t *td_layout_find(const td_layout_t *l, const char *name);
 
+/* ---- Where a request's KV lives -----------------------------------------------
+ * A view of memory someone else owns (a rank's pools, a tool's buffer), laid
+ * out by a layout: paged segment s has nblocks[s] blocks of block_entries
+ * entries each, block b (entries [b * block_entries, ...)) at blocks[s][b],
+ * in any order in memory; fixed segment s is one slot of
+ * entries × entry_bytes bytes at fixed[s]. The arrays and the memory must
+ * outlive whoever holds the view. */
+typedef struct {
+    const td_layout_t *layout;
+    const uint64_t *nblocks;        /* [nsegs]: paged: its blocks; fixed: 0 */
+    uint8_t *const *const *blocks;  /* [nsegs] -> [nblocks[s]]: paged; NULL for fixed */
+    uint8_t *const *fixed;          /* [nsegs]: fixed: its slot; NULL for paged */
+} td_layout_kv_t;
+
+/* Entry e of paged segment s (e below its capacity), or slot e of fixed
+ * segment s. */
+static inline uint8_t *
+td_layout_kv_entry(const td_layout_kv_t *kv, uint32_t s, uint64_t e)
+{
+    const td_layout_seg_t *seg = &kv->layout->segs[s];
+    uint64_t be = kv->layout->block_entries;
+
+    if (seg->kind == TD_LAYOUT_FIXED)
+        return kv->fixed[s] + e * seg->entry_bytes;
+    return kv->blocks[s][e / be] + (e % be) * seg->entry_bytes;
+}
+
+/* The most tokens the view holds: the largest n whose floor(n / ratio)
+ * entries fit in nblocks × block_entries, least over the paged segments
+ * (UINT64_MAX with no paged segment). */
+uint64_t td_layout_kv_capacity(const td_layout_kv_t *kv);
+
 #endif

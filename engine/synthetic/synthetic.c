@@ -27,8 +27,6 @@ typedef struct {
     td_engine_req_t base;
     uint64_t *ph;              /* [cap + 1]: ph[i] = hash of tokens [0, i) */
     uint64_t cap;
-    unsigned char *scratch;    /* one layer's output */
-    size_t scratch_cap;
     td_engine_piece_t *pieces; /* [nsegs] */
     int32_t cand_ids[TD_SYNTH_CANDIDATES];
     float cand_logits[TD_SYNTH_CANDIDATES];
@@ -154,6 +152,7 @@ td_synth_create(const td_synth_config_t *cfg, td_engine_t **out)
     s->base.max_context = cfg->max_context;
     s->base.fingerprint = td_rng_mix64(td_rng_mix64(cfg->key ^ 0x73796e7468ull /* "synth" */)
                                           ^ s->layout->hash) ^ cfg->vocab;
+    s->base.checks_kv = 1;
     *out = &s->base;
     return TD_OK;
 
@@ -166,8 +165,18 @@ err_free:
 
 /* ---- Requests ----------------------------------------------------------------- */
 
+/* Write entries [first, first + count) of segment seg into the request's KV
+ * memory, one entry at a time (blocks lie anywhere). */
+static void
+synth_seg_store(const synth_t *s, const synth_req_t *r, uint32_t seg, uint64_t first,
+                uint64_t count)
+{
+    for (uint64_t i = 0; i < count; i++)
+        synth_seg_bytes(s, r, seg, first + i, 1, td_layout_kv_entry(&r->base.kv, seg, first + i));
+}
+
 static td_status_t
-synth_req_create(td_engine_t *e, td_engine_req_t **out)
+synth_req_create(td_engine_t *e, const td_layout_kv_t *kv, td_engine_req_t **out)
 {
     synth_t *s = (synth_t *)e;
     synth_req_t *r = calloc(1, sizeof(*r));
@@ -184,6 +193,9 @@ synth_req_create(td_engine_t *e, td_engine_req_t **out)
         return TD_ERR_NOMEM;
     }
     r->ph[0] = synth_prefix_init(s->key);
+    for (uint32_t i = 0; i < s->layout->nsegs; i++)   /* a fresh request's rings are empty */
+        if (s->layout->segs[i].kind == TD_LAYOUT_FIXED)
+            memset(kv->fixed[i], 0, td_layout_seg_bytes(&s->layout->segs[i], 0));
     *out = &r->base;
     return TD_OK;
 }
@@ -194,7 +206,6 @@ synth_req_destroy(td_engine_req_t *req)
     synth_req_t *r = (synth_req_t *)req;
 
     free(r->ph);
-    free(r->scratch);
     free(r->pieces);
     free(r);
 }
@@ -222,30 +233,16 @@ synth_append(synth_req_t *r, const int32_t *tokens, size_t n)
     return TD_OK;
 }
 
-static td_status_t
-synth_scratch(synth_req_t *r, size_t len)
-{
-    if (len > r->scratch_cap) {
-        unsigned char *p = realloc(r->scratch, len);
-
-        if (p == NULL)
-            return TD_ERR_NOMEM;
-        r->scratch = p;
-        r->scratch_cap = len;
-    }
-    return TD_OK;
-}
-
 /* The pieces layer L owes after the sequence grew from n0 to its current
  * length: paged entries completed since n0, and (with_fixed) every fixed
- * segment whole. Calls fn when there are pieces or `always`. */
+ * segment whole, written into the KV memory. Calls fn (when given) when there
+ * are pieces or `always`. */
 static td_status_t
 synth_emit_layer(synth_t *s, synth_req_t *r, uint32_t L, uint64_t n0, int with_fixed,
                  int always, td_engine_layer_fn fn, void *arg)
 {
     uint64_t n = r->base.ntokens;
-    size_t np = 0, len = 0;
-    td_status_t st;
+    size_t np = 0;
 
     for (uint32_t i = s->layer_first[L]; i < s->layer_first[L + 1]; i++) {
         const td_layout_seg_t *sg = &s->layout->segs[i];
@@ -263,22 +260,11 @@ synth_emit_layer(synth_t *s, synth_req_t *r, uint32_t L, uint64_t n0, int with_f
         if (p->count == 0)
             continue;
         p->seg = i;
-        len += p->count * sg->entry_bytes;
+        synth_seg_store(s, r, i, p->first, p->count);
         np++;
     }
-    if (np == 0 && !always)
+    if (fn == NULL || (np == 0 && !always))
         return TD_OK;
-    st = synth_scratch(r, len);
-    if (st != TD_OK)
-        return st;
-    len = 0;
-    for (size_t k = 0; k < np; k++) {
-        td_engine_piece_t *p = &r->pieces[k];
-
-        synth_seg_bytes(s, r, p->seg, p->first, p->count, r->scratch + len);
-        p->data = r->scratch + len;
-        len += p->count * s->layout->segs[p->seg].entry_bytes;
-    }
     return fn(&r->base, L, r->pieces, np, arg);
 }
 
@@ -303,31 +289,49 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     return TD_OK;
 }
 
+/* The received state must be exactly what this engine computes for the
+ * prompt: every complete paged entry and every fixed segment. */
 static td_status_t
-synth_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed,
-            const void *const *const *paged)
+synth_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
 {
     synth_t *s = (synth_t *)req->engine;
     synth_req_t *r = (synth_req_t *)req;
     td_status_t st = synth_append(r, tokens, n);
+    unsigned char *want = NULL;
+    size_t cap = 0;
 
-    (void)paged; /* paged entries are verified by the caller (td_synth_kv_verify) */
     if (st != TD_OK)
         return st;
-    for (uint32_t i = 0; fixed != NULL && i < s->layout->nsegs; i++) {
+    for (uint32_t i = 0; i < s->layout->nsegs; i++) {
         const td_layout_seg_t *sg = &s->layout->segs[i];
-        uint64_t bad;
+        uint64_t count = td_layout_entries(sg, n);
 
-        if (sg->kind != TD_LAYOUT_FIXED || fixed[i] == NULL)
-            continue;
-        st = td_synth_kv_verify(req, i, 0, sg->entries, fixed[i], &bad);
-        if (st != TD_OK) {
-            td_error("engine synthetic: adopt: fixed segment %s differs at byte %llu",
-                     sg->name, (unsigned long long)bad);
-            req->failed = st;
-            return st;
+        if (sg->entry_bytes > cap) {
+            unsigned char *w = realloc(want, sg->entry_bytes);
+            if (w == NULL) {
+                free(want);
+                return TD_ERR_NOMEM;
+            }
+            want = w;
+            cap = sg->entry_bytes;
+        }
+        for (uint64_t e = 0; e < count; e++) {
+            const unsigned char *got = td_layout_kv_entry(&req->kv, i, e);
+
+            synth_seg_bytes(s, r, i, e, 1, want);
+            if (memcmp(want, got, sg->entry_bytes) != 0) {
+                uint32_t b = 0;
+
+                while (want[b] == got[b])
+                    b++;
+                td_error("engine synthetic: adopt: received kv differs: segment %s entry "
+                         "%llu byte %u", sg->name, (unsigned long long)e, b);
+                free(want);
+                return TD_ERR_MISMATCH;
+            }
         }
     }
+    free(want);
     return TD_OK;
 }
 
@@ -344,7 +348,7 @@ synth_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn
             return st;
     }
     td_clock_wait(&deadline, s->step_us + s->row_us * (double)n);
-    for (uint32_t L = 0; fn != NULL && L < s->layout->layers; L++) {
+    for (uint32_t L = 0; L < s->layout->layers; L++) {
         for (size_t i = 0; i < n; i++) {
             synth_req_t *r = (synth_req_t *)rows[i].req;
 
@@ -436,8 +440,6 @@ td_synth_kv_verify(td_engine_req_t *req, uint32_t seg, uint64_t first, uint64_t 
 
     if (st != TD_OK)
         return st;
-    /* One entry at a time, in a buffer of its own: the request's scratch may
-     * hold the pieces of a callback that is verifying them. */
     eb = s->layout->segs[seg].entry_bytes;
     want = malloc(eb);
     if (want == NULL)
@@ -465,6 +467,5 @@ static const td_engine_ops_t synth_ops = {
     .prefill = synth_prefill,
     .adopt = synth_adopt,
     .decode = synth_decode,
-    .kv_verify = td_synth_kv_verify,
     .logits = synth_logits,
 };
