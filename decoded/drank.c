@@ -1,7 +1,10 @@
-/* decoded/drank.c — one decode rank: pools registered with UCX, admission by
- * block reservation, the request state machines, KV verification when the
- * prefill's terminal note arrives, the continuous batch, and the block-reuse
- * invariant (docs/decoded.md): blocks are freed only once no peer may write. */
+/* decoded/drank.c — one decode rank: pools registered with UCX (the engine's
+ * KV cache: requests decode in the blocks the prefill wrote into), admission
+ * by block reservation, the request state machines, adoption when the
+ * prefill's terminal note arrives, the continuous batch stepped on the rank's
+ * compute thread while the loop thread keeps serving I/O, and the block-reuse
+ * invariant (docs/decoded.md): blocks are freed only once no peer may write
+ * and no job uses them. */
 #include "drank.h"
 
 #include <assert.h>
@@ -14,6 +17,7 @@
 #include <event2/event.h>
 
 #include "dreq.h"
+#include "jobq.h"
 #include "log.h"
 
 struct td_drank_s {
@@ -32,9 +36,14 @@ struct td_drank_s {
     td_dreq_t **slots;               /* [max_batch]: live requests by slot */
     td_engine_row_t *rows;           /* [max_batch] */
     td_dreq_t **row_req;             /* [max_batch] */
+    size_t nrows;                    /* rows of the step on the compute thread */
+    td_status_t step_st;             /* what that step returned */
     uint64_t next_xfer;
+    td_jobq_t *jq;                   /* the compute thread */
     struct event *step_ev;
     bool step_scheduled;          /* step_ev is active or pending */
+    bool stepping;                /* a step is on the compute thread */
+    bool closing;                 /* destroying: jobs' ends only clean up */
     bool draining;
     bool stopping;
     td_drank_stats_t stats;
@@ -43,6 +52,8 @@ struct td_drank_s {
 };
 
 static void drank_release(td_drank_t *r, td_dreq_t *req);
+static void drank_step_schedule(td_drank_t *r);
+static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
@@ -189,11 +200,15 @@ drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin)
 }
 
 /* The invariant's only door: blocks are freed here, after P's terminal
- * note (kv_done) — or P known gone and the grace period passed. */
+ * note (kv_done) — or P known gone and the grace period passed — and once no
+ * job on the compute thread uses them (a busy request is released when its
+ * job comes back). */
 static void
 drank_release(td_drank_t *r, td_dreq_t *req)
 {
     assert(req->kv_done && td_dreq_ended(req));
+    if (req->busy)
+        return;
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
@@ -302,13 +317,22 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     td_engine_req_t *ereq = NULL;
     td_kvpool_res_t *res = NULL;
     const char *why = NULL;
-    if (td_engine_req_create(r->engine, &sp, &ereq) != TD_OK) {
+    if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     why);
+        return;
+    }
+    /* The engine request computes in the reserved blocks: they are its
+     * cache, and what the prefill writes into lands there. */
+    if (td_engine_req_create(r->engine, &sp, &res->kv, &ereq) != TD_OK) {
+        td_kvpool_release(r->kp, res);
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
                     "bad sampling parameters");
         return;
     }
     if (td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
         td_engine_req_destroy(ereq);
+        td_kvpool_release(r->kp, res);
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                     "out of memory");
         return;
@@ -316,12 +340,6 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     req->ereq = ereq;
     req->rank = r;
     ereq->user = req;
-    if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
-        td_dreq_destroy(req);
-        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                     why);
-        return;
-    }
     req->res = res;
     req->router = router;
     req->xfer_id = ++r->next_xfer;
@@ -385,114 +403,107 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
 
 /* ---- KV arrival ------------------------------------------------------------- */
 
-static uint8_t *
-drank_block(const td_drank_t *r, uint32_t seg, uint64_t block)
+/* Bytes of a request's KV for its prompt: every segment's entries. */
+static uint64_t
+drank_prompt_bytes(const td_drank_t *r, const td_dreq_t *req)
 {
-    return r->pool_base[seg] + block * td_kvpool_seg_block_bytes(r->kp, seg);
+    uint64_t b = 0;
+
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)
+        b += td_layout_seg_bytes(&r->layout->segs[s], req->nprompt);
+    return b;
 }
 
-/* Adopt the prompt with the received fixed segments and the blocks holding
- * the received paged entries (the engine checks or loads them), then verify
- * every received paged entry (synthetic engine: every byte). On a mismatch
- * (or no memory) the request fails here and is gone on return. */
-static td_status_t
-drank_verify_adopt(td_drank_t *r, td_dreq_t *req)
-{
-    const td_layout_t *l = r->layout;
-    const void **fixed = calloc(l->nsegs, sizeof(*fixed));
-    const void **pblocks = NULL;
-    const void *const **paged = calloc(l->nsegs, sizeof(*paged));
-    uint64_t nblocks = 0, fixed_bytes = 0, at = UINT64_MAX; /* UINT64_MAX: no adopt yet */
-    td_status_t st = TD_ERR_NOMEM;
-    for (uint32_t s = 0; s < l->nsegs; s++)
-        if (l->segs[s].kind == TD_LAYOUT_PAGED)
-            nblocks += req->res->nblocks[s];
-    pblocks = calloc(nblocks ? nblocks : 1, sizeof(*pblocks));
-    if (fixed == NULL || paged == NULL || pblocks == NULL)
-        goto cleanup;
-    at = 0;
-    for (uint32_t s = 0; s < l->nsegs; s++) {
-        if (l->segs[s].kind != TD_LAYOUT_FIXED) {
-            paged[s] = &pblocks[at];
-            for (uint64_t b = 0; b < req->res->nblocks[s]; b++)
-                pblocks[at++] = drank_block(r, s, req->res->blocks[s][b]);
-            continue;
-        }
-        fixed[s] = drank_block(r, s, req->res->slot);
-        fixed_bytes += td_layout_seg_bytes(&l->segs[s], 0);
-    }
-    st = td_engine_adopt_kv(req->ereq, req->prompt, req->nprompt, fixed, paged);
-cleanup:
-    free(pblocks);
-    free(paged);
-    free(fixed);
-    if (st != TD_OK) {
-        drank_fail(r, req, TD_LOG_ERROR, true, "received kv from prefill %s %s: %s",
-                   req->prefill, at == UINT64_MAX ? "not adopted" : "refused by the engine",
-                   td_status_str(st));
-        return st;
-    }
-    uint64_t verified = fixed_bytes;
-    if (td_engine_verifies(r->engine)) {
-        for (uint32_t s = 0; s < l->nsegs; s++) {
-            const td_layout_seg_t *seg = &l->segs[s];
-            if (seg->kind != TD_LAYOUT_PAGED)
-                continue;
-            uint64_t entries = td_layout_entries(seg, req->nprompt);
-            for (uint64_t first = 0; first < entries; first += l->block_entries) {
-                uint64_t count = entries - first < l->block_entries ? entries - first
-                                                                    : l->block_entries;
-                uint64_t block = req->res->blocks[s][first / l->block_entries];
-                uint64_t bad = 0;
-                st = td_engine_kv_verify(req->ereq, s, first, count, drank_block(r, s, block),
-                                         &bad);
-                if (st != TD_OK) {
-                    drank_fail(r, req, TD_LOG_ERROR, true,
-                               "received kv does not verify: segment %s entries %llu+%llu, "
-                               "byte %llu: %s (prefill %s)", seg->name,
-                               (unsigned long long)first, (unsigned long long)count,
-                               (unsigned long long)bad, td_status_str(st), req->prefill);
-                    return st;
-                }
-                verified += count * seg->entry_bytes;
-            }
-        }
-    }
-    r->stats.verified_bytes += verified;
-    td_debug("decode rank %u: request %016llx: %llu kv bytes verified", r->cfg.rank_id,
-             (unsigned long long)req->id, (unsigned long long)verified);
-    return TD_OK;
-}
+/* The adopt job: what it did on the compute thread. */
+typedef struct {
+    td_dreq_t *req;
+    int32_t note_first;          /* P's first token */
+    int32_t first;               /* ours (or P's, taken) */
+    td_sample_finish_t fin;
+    td_status_t st;
+    const char *what;            /* the step that failed */
+} drank_adopt_t;
 
-static void drank_step_schedule(td_drank_t *r);
-static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
-
-/* P's terminal note for an ADMITTED request: verify, adopt, first Tokens. */
+/* Compute thread: adopt the prompt whose KV is in the request's blocks (the
+ * engine checks what it can: the synthetic engine every byte), then the
+ * first token. An engine with a distribution right after adopt (synthetic)
+ * must agree with P's first token; one without (TD_ERR_STATE: a real model,
+ * whose logits come from the pass P ran) takes P's token. */
 static void
-drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
+drank_adopt_run(void *arg)
 {
-    if (drank_verify_adopt(r, req) != TD_OK)
-        return;
-    /* An engine with a distribution right after adopt (synthetic) must agree
-     * with P's first token; one without (TD_ERR_STATE: a real model, whose
-     * logits come from the pass P ran) takes P's token. */
-    int32_t first = 0;
-    td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
-    td_status_t st = td_engine_sample(req->ereq, &first, &fin);
-    if (st == TD_ERR_STATE && req->ereq->failed == TD_OK) {
-        first = kn->first_token;
-        st = td_engine_take(req->ereq, first, &fin);
-    }
-    if (st != TD_OK || first != kn->first_token) {
-        drank_fail(r, req, TD_LOG_ERROR, true, "first token %d from prefill %s, expected %d (%s)",
-                   kn->first_token, req->prefill, first, td_status_str(st));
+    drank_adopt_t *j = arg;
+    td_engine_req_t *ereq = j->req->ereq;
+
+    j->st = td_engine_adopt(ereq, j->req->prompt, j->req->nprompt);
+    if (j->st != TD_OK) {
+        j->what = j->st == TD_ERR_MISMATCH ? "received kv does not verify"
+                                           : "received kv refused by the engine";
         return;
     }
-    td_dreq_set_state(req, TD_DREQ_RUNNING, "kv verified and adopted");
-    if (drank_emit(r, req, first, fin)) {
+    j->what = "first token";
+    j->st = td_engine_sample(ereq, &j->first, &j->fin);
+    if (j->st == TD_ERR_STATE && ereq->failed == TD_OK) {
+        j->first = j->note_first;
+        j->st = td_engine_take(ereq, j->first, &j->fin);
+    }
+}
+
+/* Loop thread: the adopt job came back. */
+static void
+drank_adopt_done(void *arg)
+{
+    drank_adopt_t *j = arg;
+    td_dreq_t *req = j->req;
+    td_drank_t *r = req->rank;
+
+    req->busy = false;
+    if (r->closing)
+        goto out;
+    if (td_dreq_ended(req)) {          /* canceled meanwhile */
+        if (req->kv_done)
+            drank_release(r, req);
+        goto out;
+    }
+    if (j->st != TD_OK) {
+        drank_fail(r, req, TD_LOG_ERROR, true, "%s (prefill %s): %s", j->what, req->prefill,
+                   td_status_str(j->st));
+        goto out;
+    }
+    if (j->first != j->note_first) {
+        drank_fail(r, req, TD_LOG_ERROR, true, "first token %d from prefill %s, expected %d",
+                   j->note_first, req->prefill, j->first);
+        goto out;
+    }
+    if (r->engine->checks_kv)
+        r->stats.verified_bytes += drank_prompt_bytes(r, req);
+    td_dreq_set_state(req, TD_DREQ_RUNNING, "kv adopted");
+    if (drank_emit(r, req, j->first, j->fin)) {
         drank_publish_load(r);
         drank_step_schedule(r);
     }
+out:
+    free(j);
+}
+
+/* P's terminal note for an ADMITTED request: adopt on the compute thread. */
+static void
+drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
+{
+    drank_adopt_t *j = calloc(1, sizeof(*j));
+
+    if (j == NULL) {
+        drank_fail(r, req, TD_LOG_ERROR, true, "out of memory adopting its kv");
+        return;
+    }
+    j->req = req;
+    j->note_first = kn->first_token;
+    if (td_jobq_post(r->jq, drank_adopt_run, drank_adopt_done, j) != TD_OK) {
+        free(j);
+        drank_fail(r, req, TD_LOG_ERROR, true, "cannot hand its adoption to the compute thread");
+        return;
+    }
+    req->busy = true;
 }
 
 /* Every transfer of a request ends in a note; the terminal one carries a
@@ -648,62 +659,79 @@ td_drank_on_router_down(td_drank_t *r, void *router)
 
 /* ---- The continuous batch ------------------------------------------------------- */
 
-/* Decode output: write the paged entries a step completed into the
- * request's blocks (the pool is the request's KV, as on a GPU). */
-static td_status_t
-drank_on_decode_layer(td_engine_req_t *ereq, uint32_t layer, const td_engine_piece_t *pieces,
-                      size_t npieces, void *arg)
+/* Compute thread: one decode step of the batch the loop put in rows; every
+ * row's new entries land in its own blocks. */
+static void
+drank_step_run(void *arg)
 {
     td_drank_t *r = arg;
-    td_dreq_t *req = ereq->user;
-    const td_layout_t *l = r->layout;
-    (void)layer;
-    for (size_t i = 0; i < npieces; i++) {
-        const td_engine_piece_t *p = &pieces[i];
-        const td_layout_seg_t *seg = &l->segs[p->seg];
-        if (seg->kind != TD_LAYOUT_PAGED)
-            continue;
-        for (uint64_t k = 0; k < p->count; k++) {
-            uint64_t e = p->first + k;
-            uint64_t bi = e / l->block_entries;
-            /* The reservation covers prompt + max_tokens tokens. */
-            assert(bi < req->res->nblocks[p->seg]);
-            memcpy(drank_block(r, p->seg, req->res->blocks[p->seg][bi]) +
-                       (e % l->block_entries) * seg->entry_bytes,
-                   (const uint8_t *)p->data + k * seg->entry_bytes, seg->entry_bytes);
-        }
-    }
-    return TD_OK;
+
+    r->step_st = td_engine_decode_step(r->engine, r->rows, r->nrows, NULL, NULL);
 }
 
+/* Loop thread: the step came back; rows whose request ended meanwhile (a
+ * cancel, a router gone) are dropped and released now if they may be. */
+static void
+drank_step_done(void *arg)
+{
+    td_drank_t *r = arg;
+    size_t n = r->nrows;
+    td_status_t st = r->step_st;
+    char why[96];
+
+    r->stepping = false;
+    r->nrows = 0;
+    for (size_t i = 0; i < n; i++)
+        r->row_req[i]->busy = false;
+    if (r->closing)
+        return;
+    if (st != TD_OK) {
+        /* One failure of the step, logged once; every row fails with it. */
+        snprintf(why, sizeof(why), "decode step failed: %s", td_status_str(st));
+        td_error("decode rank %u: %s (%zu requests)", r->cfg.rank_id, why, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        td_dreq_t *req = r->row_req[i];
+
+        if (td_dreq_ended(req)) {
+            if (req->kv_done)
+                drank_release(r, req);
+        } else if (st != TD_OK) {
+            drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, true);
+        } else {
+            drank_emit(r, req, r->rows[i].next, r->rows[i].finish);
+        }
+    }
+    drank_publish_load(r);
+    drank_step_schedule(r);
+}
+
+/* Hand the running requests' next step to the compute thread. */
 static void
 drank_step(td_drank_t *r)
 {
     size_t n = 0;
+
+    if (r->stepping || r->closing)
+        return;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
         td_dreq_t *req = r->slots[i];
-        if (req == NULL || req->state != TD_DREQ_RUNNING)
+        if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy)
             continue;
         r->rows[n] = (td_engine_row_t){ .req = req->ereq, .token = req->last };
         r->row_req[n++] = req;
     }
     if (n == 0)
         return;
-    r->stats.steps++;
-    td_status_t st = td_engine_decode_step(r->engine, r->rows, n, drank_on_decode_layer, r);
-    if (st != TD_OK) {
-        /* One failure of the step, logged once; every row fails with it. */
-        char why[96];
-        snprintf(why, sizeof(why), "decode step failed: %s", td_status_str(st));
-        td_error("decode rank %u: %s (%zu requests)", r->cfg.rank_id, why, n);
-        for (size_t i = 0; i < n; i++)
-            drank_end(r, r->row_req[i], TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why,
-                      true);
-    } else {
-        for (size_t i = 0; i < n; i++)
-            drank_emit(r, r->row_req[i], r->rows[i].next, r->rows[i].finish);
+    r->nrows = n;
+    if (td_jobq_post(r->jq, drank_step_run, drank_step_done, r) != TD_OK) {
+        r->nrows = 0;
+        return;   /* logged; the next schedule tries again */
     }
-    drank_publish_load(r);
+    for (size_t i = 0; i < n; i++)
+        r->row_req[i]->busy = true;
+    r->stepping = true;
+    r->stats.steps++;
 }
 
 static void
@@ -727,7 +755,7 @@ drank_on_step(evutil_socket_t fd, short what, void *arg)
 static void
 drank_step_schedule(td_drank_t *r)
 {
-    if (r->step_scheduled)
+    if (r->step_scheduled || r->stepping || r->closing)
         return;
     for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
         if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING) {
@@ -779,6 +807,16 @@ td_drank_stop(td_drank_t *r)
     drank_publish_load(r);
 }
 
+/* The compute thread's first act: its own compute pool, if the rank has one. */
+static void
+drank_compute_start(void *arg)
+{
+    td_drank_t *r = arg;
+
+    if (r->cfg.compute_start != NULL)
+        r->cfg.compute_start(r->cfg.compute_arg);
+}
+
 td_status_t
 td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
                 const td_drank_config_t *cfg, const td_drank_io_t *io, td_drank_t **out)
@@ -805,6 +843,11 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
         !r->rows || !r->row_req || !r->step_ev)
         goto err_destroy;
+    char name[16];
+    snprintf(name, sizeof(name), "decode-c%u", cfg->rank_id);
+    st = td_jobq_create(base, name, drank_compute_start, r, &r->jq);
+    if (st != TD_OK)
+        goto err_destroy;
     r->cfg.node_id = r->node_id;
     st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
     if (st != TD_OK)
@@ -823,6 +866,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
             goto err_destroy;
         bytes += bb * nb;
     }
+    td_kvpool_set_memory(r->kp, r->pool_base);
     st = td_xfer_address(r->xfer, (void **)&r->address.data, &r->address.len);
     if (st != TD_OK)
         goto err_destroy;
@@ -844,6 +888,10 @@ td_drank_destroy(td_drank_t *r)
 {
     if (r == NULL)
         return;
+    /* The compute thread first: the job it runs ends, its end only cleans up. */
+    r->closing = true;
+    td_jobq_destroy(r->jq);
+    r->jq = NULL;
     td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
     for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
         td_dreq_t *req = r->slots[i];

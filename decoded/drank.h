@@ -1,12 +1,14 @@
-/* decoded/drank.h — one decode rank: its UCX worker and KV pools, admission,
- * the request state machines, KV verification on arrival, the continuous
- * batch stepped on the rank's loop, and the messages to the routers. It does
- * not know how routers are reached: td_drank_io_t sends to an opaque router
- * handle (decoded/main.c wires it to the worker's links, worker/worker.h;
- * tests to a fake). Ownership: the rank owns its pools and requests; it
- * borrows the UCX worker (td_xfer_t: its note handler is the rank's while the
- * rank lives), the engine (shared by every rank) and the event_base, which
- * must outlive it. Everything runs on the loop thread of `base`. */
+/* decoded/drank.h — one decode rank: its UCX worker and KV pools (the
+ * engine's cache: requests decode in the blocks the prefill wrote into),
+ * admission, the request state machines, adoption on KV arrival, the
+ * continuous batch stepped on the rank's compute thread, and the messages to
+ * the routers. It does not know how routers are reached: td_drank_io_t sends
+ * to an opaque router handle (decoded/main.c wires it to the worker's links,
+ * worker/worker.h; tests to a fake). Ownership: the rank owns its pools, its
+ * requests and its compute thread; it borrows the UCX worker (td_xfer_t: its
+ * note handler is the rank's while the rank lives), the engine (shared by
+ * every rank) and the event_base, which must outlive it. Everything but the
+ * engine's work runs on the loop thread of `base`, which never computes. */
 #ifndef TD_DRANK_H
 #define TD_DRANK_H
 
@@ -39,7 +41,11 @@ typedef struct {
                                      name a longer one: the larger counts) */
     uint32_t grace_margin_ms;     /* added to 2 × the deadline for a prefill chunk in
                                      progress when the Cancel came; 0: one deadline */
-    uint32_t step_gap_us;         /* pause between decode steps; 0 = none (I/O is still read between steps) */
+    uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
+    /* Run first on the compute thread (binding it to its own compute pool);
+     * NULL: nothing. */
+    void (*compute_start)(void *arg);
+    void *compute_arg;
 } td_drank_config_t;
 
 typedef struct {

@@ -37,11 +37,13 @@ typedef struct {
     td_kvpool_res_t *res;        /* the reserved blocks; NULL once released */
     int32_t *prompt;             /* [nprompt] */
     size_t nprompt;
-    td_engine_req_t *ereq;       /* the engine's request (adopted on KV arrival) */
+    td_engine_req_t *ereq;       /* the engine's request over res->kv (adopted on KV arrival) */
     int32_t last;                /* the last sampled token (input of the next step) */
     uint64_t generated;          /* tokens sent, the first included */
     bool kv_done;                /* P's terminal note came (or P is gone and the
                                     grace period passed): no peer writes any more */
+    bool busy;                   /* in a job on the compute thread (adopt or a
+                                    step): its engine request and blocks are in use */
     struct event *grace;         /* grace timer once P is reported gone */
     void *rank;                  /* the rank it lives on (for timers) */
     uint32_t grace_ms;           /* its grace period (decoded/drank.c) */

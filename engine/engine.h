@@ -72,12 +72,14 @@ typedef struct {
 typedef struct {
     void (*destroy)(td_engine_t *e);
     /* A request whose KV lives in kv (copied view; the memory stays the
-     * caller's); its fixed segments are reset here. NULL for an
+     * caller's). Cheap: it touches none of that memory (a decode rank
+     * creates it at admission, before the KV arrives). NULL for an
      * identity-only engine (requests: TD_ERR_UNSUPPORTED). */
     td_status_t (*req_create)(td_engine_t *e, const td_layout_kv_t *kv, td_engine_req_t **out);
     void (*req_destroy)(td_engine_req_t *req);
     /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`:
-     * this is the prompt's final chunk, so fixed segments come out too. */
+     * this is the prompt's final chunk, so fixed segments come out too. The
+     * first chunk resets the fixed segments (empty rings, zero counters). */
     td_status_t (*prefill)(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                            td_engine_layer_fn fn, void *arg);
     /* Take over a request whose prefill ran elsewhere: its KV memory holds

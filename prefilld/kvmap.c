@@ -75,11 +75,12 @@ td_kvmap_destroy(td_kvmap_t *m)
     free(m);
 }
 
-/* One pass over the pieces: checks every destination and counts descriptors
- * and bytes (b == NULL), or fills b's descriptors and staged bytes. */
+/* One pass over the pieces: checks every destination and source and counts
+ * descriptors and bytes (b == NULL), or fills b's descriptors. */
 static td_status_t
-kvmap_walk(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
-           td_kvmap_batch_t *b, size_t *ndescs, uint64_t *bytes, char *reason, size_t reason_len)
+kvmap_walk(const td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_t *pieces,
+           size_t npieces, td_kvmap_batch_t *b, size_t *ndescs, uint64_t *bytes, char *reason,
+           size_t reason_len)
 {
     const td_layout_t *l = m->layout;
     size_t nd = 0;
@@ -94,41 +95,38 @@ kvmap_walk(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
         const td_layout_seg_t *ls = &l->segs[p->seg];
         const td_kvmap_seg_t *s = &m->segs[p->seg];
         uint64_t eb = ls->entry_bytes;
-        const unsigned char *src = p->data;
         if (ls->kind == TD_LAYOUT_FIXED) {
             if (p->first != 0 || p->count != ls->entries) {
                 snprintf(reason, reason_len, "segment %s: fixed piece [%llu, +%llu) not whole",
                          ls->name, (unsigned long long)p->first, (unsigned long long)p->count);
                 return TD_ERR_INTERNAL;
             }
-            if (b) {
-                memcpy(b->data + nb, src, p->count * eb);
-                b->descs[nd] = (td_xfer_desc_t){ .src = b->data + nb, .pool_id = s->pool_id,
+            if (b)
+                b->descs[nd] = (td_xfer_desc_t){ .src = kv->fixed[p->seg], .pool_id = s->pool_id,
                                                  .block = s->blocks[0], .offset = 0,
                                                  .len = p->count * eb };
-            }
             nd++;
             nb += p->count * eb;
             continue;
         }
         uint64_t be = l->block_entries;
         uint64_t last = p->first + p->count - 1;
-        if (last < p->first || last / be >= s->nblocks) {
+        if (last < p->first || last / be >= s->nblocks || last / be >= kv->nblocks[p->seg]) {
             snprintf(reason, reason_len,
-                     "segment %s: entries [%llu, %llu] outside the %llu blocks of the kv dest",
-                     ls->name, (unsigned long long)p->first, (unsigned long long)last,
-                     (unsigned long long)s->nblocks);
+                     "segment %s: entries [%llu, %llu] outside the %llu blocks of the kv dest "
+                     "or the %llu of the request", ls->name, (unsigned long long)p->first,
+                     (unsigned long long)last, (unsigned long long)s->nblocks,
+                     (unsigned long long)kv->nblocks[p->seg]);
             return TD_ERR_RANGE;
         }
         for (uint64_t e = p->first; e <= last;) {
             uint64_t in_block = be - e % be;
             uint64_t n = last - e + 1 < in_block ? last - e + 1 : in_block;
-            if (b) {
-                memcpy(b->data + nb, src + (e - p->first) * eb, n * eb);
-                b->descs[nd] = (td_xfer_desc_t){ .src = b->data + nb, .pool_id = s->pool_id,
+            if (b)
+                b->descs[nd] = (td_xfer_desc_t){ .src = td_layout_kv_entry(kv, p->seg, e),
+                                                 .pool_id = s->pool_id,
                                                  .block = s->blocks[e / be],
                                                  .offset = (e % be) * eb, .len = n * eb };
-            }
             nd++;
             nb += n * eb;
             e += n;
@@ -140,23 +138,23 @@ kvmap_walk(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
 }
 
 td_status_t
-td_kvmap_batch_create(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
-                      td_kvmap_batch_t **out, char *reason, size_t reason_len)
+td_kvmap_batch_create(const td_kvmap_t *m, const td_layout_kv_t *kv,
+                      const td_engine_piece_t *pieces, size_t npieces, td_kvmap_batch_t **out,
+                      char *reason, size_t reason_len)
 {
     size_t nd;
     uint64_t nb;
-    td_status_t st = kvmap_walk(m, pieces, npieces, NULL, &nd, &nb, reason, reason_len);
+    td_status_t st = kvmap_walk(m, kv, pieces, npieces, NULL, &nd, &nb, reason, reason_len);
     if (st != TD_OK)
         return st;
-    td_kvmap_batch_t *b = malloc(sizeof(*b) + nd * sizeof(td_xfer_desc_t) + nb);
+    td_kvmap_batch_t *b = malloc(sizeof(*b) + nd * sizeof(td_xfer_desc_t));
     if (!b) {
-        snprintf(reason, reason_len, "out of memory staging %llu bytes", (unsigned long long)nb);
+        snprintf(reason, reason_len, "out of memory for %zu descriptors", nd);
         return TD_ERR_NOMEM;
     }
     b->descs = (td_xfer_desc_t *)(b + 1);
-    b->data = (unsigned char *)(b->descs + nd);
     b->user = NULL;
-    st = kvmap_walk(m, pieces, npieces, b, &b->ndescs, &b->bytes, reason, reason_len);
+    st = kvmap_walk(m, kv, pieces, npieces, b, &b->ndescs, &b->bytes, reason, reason_len);
     if (st != TD_OK) {
         free(b);
         return st;

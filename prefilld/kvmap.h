@@ -1,9 +1,11 @@
 /* prefilld/kvmap.h — where a request's KV goes: a checked copy of the KvDest
  * the router sent (one destination per layout segment), and the mapping of
- * one (chunk, layer) batch of engine pieces onto transfer descriptors with
- * the bytes copied into a staging buffer the transfer owns.
+ * one (chunk, layer) batch of engine pieces onto transfer descriptors that
+ * read the entries where the engine wrote them, in the rank's pool (no
+ * staging copy: a block entry run is contiguous on both sides).
  * Ownership: a td_kvmap_t owns its block lists; a td_kvmap_batch_t is one
- * allocation (descriptors + staged bytes) freed with td_kvmap_batch_free. */
+ * allocation (descriptors) freed with td_kvmap_batch_free; the pool memory
+ * it points at must stay unchanged until the transfer is done. */
 #ifndef TD_KVMAP_H
 #define TD_KVMAP_H
 
@@ -37,24 +39,23 @@ td_status_t td_kvmap_create(const td_layout_t *layout, const Tandem__KvDest *des
                             uint64_t ntokens, td_kvmap_t **out, char *reason, size_t reason_len);
 void td_kvmap_destroy(td_kvmap_t *m);
 
-/* Descriptors and the bytes they point at, for one td_xfer_post. */
+/* Descriptors for one td_xfer_post. */
 typedef struct {
     size_t ndescs;
-    td_xfer_desc_t *descs;   /* [ndescs], src inside `data` */
-    uint64_t bytes;          /* staged bytes */
-    unsigned char *data;     /* [bytes] */
+    td_xfer_desc_t *descs;   /* [ndescs], src in the request's KV memory */
+    uint64_t bytes;          /* bytes they carry */
     void *user;              /* free for the caller (the task it belongs to) */
 } td_kvmap_batch_t;
 
-/* Map pieces onto the destination: paged entry e of a piece goes to block
- * blocks[e / block_entries] at offset (e % block_entries) × entry_bytes, a
- * piece spanning blocks becomes one descriptor per block; a fixed segment
- * goes whole to its slot at offset 0. Every destination is range-checked
- * against the KvDest (TD_ERR_RANGE with a reason, nothing allocated). The
- * piece bytes are copied, so the batch outlives the engine's callback. */
-td_status_t td_kvmap_batch_create(const td_kvmap_t *m, const td_engine_piece_t *pieces,
-                                  size_t npieces, td_kvmap_batch_t **out, char *reason,
-                                  size_t reason_len);
+/* Map pieces onto the destination: paged entry e of a piece, read from
+ * td_layout_kv_entry(kv, seg, e), goes to block blocks[e / block_entries] at
+ * offset (e % block_entries) × entry_bytes, a piece spanning blocks becomes
+ * one descriptor per block; a fixed segment goes whole to its slot at
+ * offset 0. Every destination is range-checked against the KvDest, every
+ * source against kv (TD_ERR_RANGE with a reason, nothing allocated). */
+td_status_t td_kvmap_batch_create(const td_kvmap_t *m, const td_layout_kv_t *kv,
+                                  const td_engine_piece_t *pieces, size_t npieces,
+                                  td_kvmap_batch_t **out, char *reason, size_t reason_len);
 void td_kvmap_batch_free(td_kvmap_batch_t *b);
 
 #endif

@@ -13,6 +13,8 @@ typedef struct {
     uint64_t chunk_tokens;
     uint64_t max_queued_tokens;
     uint64_t max_running;
+    uint64_t kv_tokens;
+    char *trace_file;
 } prefilld_config_t;
 
 static const td_config_opt_t prefilld_opts[] = {
@@ -25,6 +27,11 @@ static const td_config_opt_t prefilld_opts[] = {
                          0, 0, "prompt tokens not yet prefilled per rank before refusing (0: no cap)"),
     TD_CONFIG_OPT_UINT64("max-running", prefilld_config_t, max_running, "8", 1, 4096,
                          "requests per rank prefilled round-robin, chunk by chunk"),
+    TD_CONFIG_OPT_UINT64("kv-tokens", prefilld_config_t, kv_tokens, "131072", 1, 1ull << 32,
+                         "kv pool per rank in prompt tokens: the running requests' prompts "
+                         "(a longer prompt is refused)"),
+    TD_CONFIG_OPT_STRING("trace-file", prefilld_config_t, trace_file, "",
+                         "append per-layer compute and put timings to FILE.<rank> (benchmarks)"),
     TD_CONFIG_OPT_END
 };
 
@@ -40,6 +47,8 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .max_queued_tokens = c->max_queued_tokens,
         .max_running = (uint32_t)c->max_running,
         .deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
+        .kv_tokens = c->kv_tokens,
+        .trace_path = c->trace_file,
     };
     td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr };
     return td_prank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_prank_t **)out);

@@ -1,22 +1,25 @@
-/* prefilld/prank.c — one prefill rank (prefilld/prank.h): decode peers, the task
- * state machine, the round-robin chunk scheduler on the loop thread, the KV
- * push per (chunk, layer) and exactly one terminal notification per task. */
+/* prefilld/prank.c — one prefill rank (prefilld/prank.h): decode peers, the
+ * task state machine, the rank's KV pool, the round-robin chunk scheduler
+ * that hands one chunk at a time to the rank's compute thread, the KV push
+ * per (chunk, layer) from the pool as soon as a layer is computed, and
+ * exactly one terminal notification per task. */
 #include "prank.h"
 
 #include <event2/event.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/queue.h>
 #include <time.h>
-#include <unistd.h>
 
-#include "fsm.h"
-#include "kvmap.h"
 #include "clock.h"
+#include "fsm.h"
+#include "jobq.h"
+#include "kvmap.h"
+#include "kvpool.h"
 #include "log.h"
 
 #ifndef TAILQ_FOREACH_SAFE   /* glibc's sys/queue.h lacks it */
@@ -27,8 +30,9 @@
 
 /* ---- Types ------------------------------------------------------------------ */
 
-/* A task's life: QUEUED (waiting for a run slot) -> RUNNING (chunks, round
- * robin) -> FLUSHING (engine part over; waiting for its data transfers) ->
+/* A task's life: QUEUED (waiting for a run slot and its KV blocks) -> RUNNING
+ * (chunks, round robin) -> FLUSHING (engine part over; waiting for its data
+ * transfers) ->
  * PUSHING (terminal notification posted) -> DONE / FAILED / CANCELED.
  * QUEUED -> FLUSHING when canceled or refused before it ran; FLUSHING -> an
  * end state directly when no terminal notification can be sent. */
@@ -90,7 +94,8 @@ typedef struct task {
     uint64_t pos;                /* tokens prefilled */
     uint32_t chunks;
     td_sample_params_t sampling;
-    td_engine_req_t *req;        /* while RUNNING */
+    td_engine_req_t *req;        /* while RUNNING (created by its first chunk) */
+    td_kvpool_res_t *res;        /* its KV in the rank's pool, from RUNNING to the end */
     td_kvmap_t *map;
     prank_peer_t *peer;          /* NULL: no decode rank to notify */
     uint64_t peer_gen;           /* endpoint generation the data went through; 0 = none yet */
@@ -99,7 +104,24 @@ typedef struct task {
     int canceled;
     int32_t first_token;
     char reason[TD_KVMAP_REASON_MAX];
+    /* The chunk on the compute thread (rk->computing == this task): its
+     * size and end, and what it returned. stop asks it to end at the next
+     * layer boundary (a cancel, or a failure found on the loop). */
+    uint64_t chunk_n;
+    int chunk_last;
+    td_status_t chunk_st;
+    uint64_t chunk_t0;           /* ns: the chunk was handed to the compute thread */
+    atomic_int stop;
 } task_t;
+
+/* One layer of a chunk, computed: what the compute thread tells the loop. */
+typedef struct {
+    task_t *t;
+    uint32_t layer;
+    uint64_t t_done;             /* ns: the layer's compute ended */
+    size_t npieces;
+    td_engine_piece_t pieces[];
+} prank_layer_msg_t;
 
 struct td_prank_s {
     struct event_base *base;
@@ -110,29 +132,19 @@ struct td_prank_s {
     TAILQ_HEAD(, task) tasks;
     TAILQ_HEAD(, task) runq;
     TAILQ_HEAD(, prank_peer) peers;
-    int efd;                     /* readable while runq is non-empty */
-    int efd_set;
-    struct event *work_ev;
-    task_t *current;             /* inside td_engine_prefill for this task */
+    td_jobq_t *jq;               /* the compute thread */
+    task_t *computing;           /* the task whose chunk is on it, or NULL */
+    td_kvpool_t *kp;             /* the rank's KV: blocks and slots */
+    td_xfer_pool_t **pools;      /* [nsegs] their memory, registered with UCX */
+    FILE *trace;                 /* cfg.trace_path, or NULL */
     uint32_t running;            /* tasks in RUNNING */
     int stopping, draining, closing;
-    uint64_t last_work_ms;       /* end of the last prank_on_work pass */
     td_prank_stats_t stats;
     Tandem__Load last_load;
 };
 
 static void task_try_terminal(task_t *t);
-
-/* A gap this long between two work passes (the process was stopped, or the
- * loop was held up): the next pass runs no chunk, so that what arrived
- * meanwhile (a Cancel, a router's end) is read first. */
-#define TD_PRANK_RESUME_GAP_MS 100
-
-static uint64_t
-prank_now_ms(void)
-{
-    return td_clock_ns() / 1000000;
-}
+static void prank_schedule(td_prank_t *rk);
 
 
 /* ---- Task state --------------------------------------------------------------- */
@@ -166,25 +178,6 @@ prank_publish_load(td_prank_t *rk)
         rk->io.load(&l, rk->io.arg);
 }
 
-/* Keep the wake-up eventfd readable exactly while there is a chunk to run;
- * libevent's level-triggered read event then runs one chunk per loop pass,
- * after the I/O that is ready (Cancel, heartbeats, transfer completions). */
-static void
-prank_work_update(td_prank_t *rk)
-{
-    int want = !TAILQ_EMPTY(&rk->runq) && !rk->closing;
-    if (want == rk->efd_set)
-        return;
-    uint64_t v = 1;
-    if (want) {
-        if (write(rk->efd, &v, sizeof(v)) != sizeof(v))
-            td_error("prefill rank %u: wake-up eventfd write failed", rk->cfg.rank_id);
-    } else if (read(rk->efd, &v, sizeof(v)) != sizeof(v)) {
-        td_error("prefill rank %u: wake-up eventfd read failed", rk->cfg.rank_id);
-    }
-    rk->efd_set = want;
-}
-
 /* Record the first failure (later ones are consequences). */
 static void __attribute__((format(printf, 3, 4)))
 task_fail(task_t *t, td_status_t st, const char *fmt, ...)
@@ -199,7 +192,8 @@ task_fail(task_t *t, td_status_t st, const char *fmt, ...)
 }
 
 /* The engine part is over (finished, failed or canceled): wait for the data
- * transfers, then the terminal notification. */
+ * transfers, then the terminal notification. Never while its chunk is on the
+ * compute thread. */
 static void
 task_finish_engine(task_t *t)
 {
@@ -212,16 +206,18 @@ task_finish_engine(task_t *t)
         t->req = NULL;
     }
     task_set_state(t, TASK_FLUSHING);
-    prank_work_update(rk);
     task_try_terminal(t);
 }
 
 /* A failure or cancel arrived from outside the engine call: a task between
- * chunks stops now; the running one stops at its next layer boundary. */
+ * chunks stops now; the one on the compute thread stops at its next layer
+ * boundary, and its chunk's end finishes it. */
 static void
 task_stop(task_t *t)
 {
-    if (t->rk->current != t)
+    if (t->rk->computing == t)
+        atomic_store(&t->stop, 1);
+    else
         task_finish_engine(t);
 }
 
@@ -250,6 +246,8 @@ task_free(task_t *t)
 {
     if (t->req)
         td_engine_req_destroy(t->req);
+    if (t->res)
+        td_kvpool_release(t->rk->kp, t->res);
     td_kvmap_destroy(t->map);
     free(t->tokens);
     free(t);
@@ -301,8 +299,9 @@ task_end(task_t *t)
         prank_send_done(rk, t->router, t->req_id, st, end == TASK_DONE ? "" : t->reason,
                         end == TASK_DONE ? t->first_token : 0);
     TAILQ_REMOVE(&rk->tasks, t, all);
-    task_free(t);
+    task_free(t);   /* its blocks return: no transfer reads them any more */
     rk->stats.live--;
+    prank_schedule(rk);
     prank_publish_load(rk);
     prank_check_idle(rk);
 }
@@ -546,114 +545,191 @@ task_try_terminal(task_t *t)
     task_set_state(t, TASK_PUSHING);
 }
 
-/* The engine's per-(chunk, layer) callback: the cancellation point, and the
- * push of the layer's finished pieces as one transfer. */
+/* A trace line (cfg.trace_path): what the layer-overlap benchmark reads. */
+static void __attribute__((format(printf, 2, 3)))
+prank_trace(td_prank_t *rk, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (rk->trace == NULL)
+        return;
+    va_start(ap, fmt);
+    vfprintf(rk->trace, fmt, ap);
+    va_end(ap);
+    fputc('\n', rk->trace);
+}
+
+/* Loop thread: a layer of the chunk on the compute thread is done; its
+ * finished entries are in the task's blocks: put them to the decode rank
+ * now, while the next layer computes. */
+static void
+task_on_layer_done(void *arg)
+{
+    prank_layer_msg_t *m = arg;
+    task_t *t = m->t;
+    td_prank_t *rk = t->rk;
+    uint64_t t_post = td_clock_ns();
+    td_kvmap_batch_t *b;
+    td_xfer_peer_t *xp;
+    char why[TD_KVMAP_REASON_MAX];
+    td_status_t st;
+
+    if (rk->closing || t->status != TD_OK || t->canceled || m->npieces == 0)
+        goto out;
+    st = task_endpoint(t, &xp);
+    if (st != TD_OK)
+        goto err_stop;
+    st = td_kvmap_batch_create(t->map, &t->res->kv, m->pieces, m->npieces, &b, why,
+                               sizeof(why));
+    if (st != TD_OK) {
+        task_fail(t, st, "layer %u: %s", m->layer, why);
+        goto err_stop;
+    }
+    b->user = t;
+    st = td_xfer_post(xp, t->xfer_id, b->descs, b->ndescs, NULL, 0, rk->cfg.deadline_ms,
+                      task_on_data_done, b);
+    if (st != TD_OK) {
+        td_kvmap_batch_free(b);
+        task_fail(t, st, "layer %u: transfer refused: %s", m->layer, td_status_str(st));
+        goto err_stop;
+    }
+    t->inflight++;
+    rk->stats.xfers++;
+    prank_trace(rk, "layer req=%016" PRIx64 " chunk=%u layer=%u computed=%" PRIu64
+                " posted=%" PRIu64 " bytes=%" PRIu64, t->req_id, t->chunks, m->layer, m->t_done,
+                t_post, b->bytes);
+    goto out;
+err_stop:
+    task_stop(t);   /* the chunk on the compute thread stops at its next layer */
+out:
+    free(m);
+}
+
+/* Compute thread: the engine's per-(chunk, layer) callback, the cancellation
+ * point. The loop learns of the layer's pieces at once. */
 static td_status_t
 task_on_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces,
               size_t npieces, void *arg)
 {
     task_t *t = arg;
-    if (t->status != TD_OK)
-        return t->status;
-    if (t->canceled)
+    prank_layer_msg_t *m;
+
+    (void)req;
+    if (atomic_load(&t->stop))
         return TD_ERR_CANCELED;
     if (npieces == 0)
         return TD_OK;
-    td_xfer_peer_t *xp;
-    td_status_t st = task_endpoint(t, &xp);
-    if (st != TD_OK)
-        return st;
-    td_kvmap_batch_t *b;
-    char why[TD_KVMAP_REASON_MAX];
-    st = td_kvmap_batch_create(t->map, pieces, npieces, &b, why, sizeof(why));
-    if (st != TD_OK) {
-        task_fail(t, st, "layer %u: %s", layer, why);
-        return st;
+    m = malloc(sizeof(*m) + npieces * sizeof(*pieces));
+    if (m == NULL)
+        return TD_ERR_NOMEM;
+    m->t = t;
+    m->layer = layer;
+    m->t_done = td_clock_ns();
+    m->npieces = npieces;
+    memcpy(m->pieces, pieces, npieces * sizeof(*pieces));
+    if (td_jobq_tell(t->rk->jq, task_on_layer_done, m) != TD_OK) {
+        free(m);
+        return TD_ERR_NOMEM;
     }
-    b->user = t;
-    st = td_xfer_post(xp, t->xfer_id, b->descs, b->ndescs, NULL, 0, t->rk->cfg.deadline_ms,
-                      task_on_data_done, b);
-    if (st != TD_OK) {
-        td_kvmap_batch_free(b);
-        task_fail(t, st, "layer %u: transfer refused: %s", layer, td_status_str(st));
-        return st;
-    }
-    t->inflight++;
-    t->rk->stats.xfers++;
     return TD_OK;
 }
 
 /* ---- Scheduler -------------------------------------------------------------------- */
 
-/* The next task to run a chunk of: the first in the run queue that is running,
- * or queued while a run slot is free. Finished chunks go to the back, so the
- * running tasks take turns chunk by chunk. */
-static task_t *
-prank_pick(td_prank_t *rk)
-{
-    task_t *t;
-    TAILQ_FOREACH(t, &rk->runq, run)
-        if (t->state == TASK_RUNNING || rk->running < rk->cfg.max_running)
-            return t;
-    return NULL;
-}
-
+/* Compute thread: one chunk of the task (the first creates its engine
+ * request over its blocks; the last samples the first token). */
 static void
-task_run_chunk(task_t *t)
+task_chunk_run(void *arg)
 {
+    task_t *t = arg;
     td_prank_t *rk = t->rk;
-    if (t->canceled || t->status != TD_OK) {   /* not normally in the run queue then */
-        task_finish_engine(t);
-        return;
-    }
-    if (t->state == TASK_QUEUED) {
-        td_status_t st = td_engine_req_create(rk->e, &t->sampling, &t->req);
-        if (st != TD_OK) {
-            task_fail(t, st, "engine: cannot create the request: %s", td_status_str(st));
-            task_finish_engine(t);
-            return;
-        }
-        task_set_state(t, TASK_RUNNING);
-    }
-    uint64_t n = t->ntokens - t->pos;
-    if (n > rk->cfg.chunk_tokens)
-        n = rk->cfg.chunk_tokens;
-    int last = t->pos + n == t->ntokens;
-    rk->current = t;
-    td_status_t st = td_engine_prefill(t->req, t->tokens + t->pos, n, last, task_on_layer, t);
-    rk->current = NULL;
-    rk->stats.chunks++;
-    t->chunks++;
-    if (st != TD_OK) {
-        task_fail(t, st, "engine prefill: %s", td_status_str(st));
-        task_finish_engine(t);
-        return;
-    }
-    t->pos += n;
-    if (last) {
+    td_status_t st = TD_OK;
+
+    if (t->req == NULL)
+        st = td_engine_req_create(rk->e, &t->sampling, &t->res->kv, &t->req);
+    if (st == TD_OK)
+        st = td_engine_prefill(t->req, t->tokens + t->pos, t->chunk_n, t->chunk_last,
+                               task_on_layer, t);
+    if (st == TD_OK && t->chunk_last) {
         td_sample_finish_t fin;
         st = td_engine_sample(t->req, &t->first_token, &fin);
-        if (st != TD_OK)
-            task_fail(t, st, "engine sample: %s", td_status_str(st));
+    }
+    t->chunk_st = st;
+}
+
+/* Loop thread: the chunk came back. */
+static void
+task_chunk_done(void *arg)
+{
+    task_t *t = arg;
+    td_prank_t *rk = t->rk;
+    td_status_t st = t->chunk_st;
+
+    rk->computing = NULL;
+    if (rk->closing)
+        return;
+    rk->stats.chunks++;
+    t->chunks++;
+    prank_trace(rk, "chunk req=%016" PRIx64 " chunk=%u tokens=%" PRIu64 " start=%" PRIu64
+                " end=%" PRIu64 " status=%s", t->req_id, t->chunks, t->chunk_n, t->chunk_t0,
+                td_clock_ns(), td_status_str(st));
+    if (st != TD_OK || t->canceled || t->status != TD_OK) {
+        /* a cancel or a failure on the loop stopped it; else the engine failed */
+        if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))
+            task_fail(t, st, "engine prefill: %s", td_status_str(st));
+        task_finish_engine(t);
+    } else if (t->chunk_last) {
+        t->pos += t->chunk_n;
+        task_finish_engine(t);
+    } else {
+        t->pos += t->chunk_n;
+        TAILQ_REMOVE(&rk->runq, t, run);
+        TAILQ_INSERT_TAIL(&rk->runq, t, run);
+    }
+    prank_schedule(rk);
+    prank_publish_load(rk);
+}
+
+/* A queued task may start once a run slot and its blocks are free. */
+static int
+task_try_start(task_t *t)
+{
+    td_prank_t *rk = t->rk;
+    const char *why = NULL;
+
+    if (rk->running >= rk->cfg.max_running)
+        return 0;
+    if (td_kvpool_reserve(rk->kp, t->req_id, t->ntokens, &t->res, &why) != TD_OK)
+        return 0;   /* busy: it waits for a task to end and free blocks */
+    task_set_state(t, TASK_RUNNING);
+    return 1;
+}
+
+/* Hand the next chunk to the compute thread, if it is free: the first task
+ * in the run queue that is running, or queued and able to start. Finished
+ * chunks go to the back, so running tasks take turns chunk by chunk. */
+static void
+prank_schedule(td_prank_t *rk)
+{
+    task_t *t;
+
+    if (rk->computing != NULL || rk->closing)
+        return;
+    TAILQ_FOREACH(t, &rk->runq, run)
+        if (t->state == TASK_RUNNING || task_try_start(t))
+            break;
+    if (t == NULL)
+        return;
+    t->chunk_n = t->ntokens - t->pos < rk->cfg.chunk_tokens ? t->ntokens - t->pos
+                                                             : rk->cfg.chunk_tokens;
+    t->chunk_last = t->pos + t->chunk_n == t->ntokens;
+    t->chunk_t0 = td_clock_ns();
+    if (td_jobq_post(rk->jq, task_chunk_run, task_chunk_done, t) != TD_OK) {
+        task_fail(t, TD_ERR_NOMEM, "cannot hand the chunk to the compute thread");
         task_finish_engine(t);
         return;
     }
-    TAILQ_REMOVE(&rk->runq, t, run);
-    TAILQ_INSERT_TAIL(&rk->runq, t, run);
-}
-
-static void
-prank_on_work(evutil_socket_t fd, short what, void *arg)
-{
-    td_prank_t *rk = arg;
-    uint64_t now = prank_now_ms();
-    int resumed = rk->last_work_ms && now - rk->last_work_ms > TD_PRANK_RESUME_GAP_MS;
-    task_t *t = resumed ? NULL : prank_pick(rk);
-    if (t)
-        task_run_chunk(t);
-    rk->last_work_ms = prank_now_ms();
-    prank_work_update(rk);
-    prank_publish_load(rk);
+    rk->computing = t;
 }
 
 /* ---- Messages --------------------------------------------------------------------- */
@@ -713,6 +789,14 @@ task_check(task_t *t, const Tandem__Prefill *msg)
     if (st != TD_OK) {
         task_fail(t, st, "%s", why);
         return st;
+    }
+    td_kvpool_counts_t c;
+    td_kvpool_counts(rk->kp, &c);
+    if (t->ntokens > c.tokens_total) {
+        task_fail(t, TD_ERR_TOO_BIG, "prompt of %" PRIu64 " tokens exceeds prefill rank %u's "
+                  "kv pool (%" PRIu64 " tokens, --kv-tokens)", t->ntokens, rk->cfg.rank_id,
+                  c.tokens_total);
+        return TD_ERR_TOO_BIG;
     }
     uint64_t queued = prank_queued_tokens(rk) - t->ntokens;   /* t is in the queue */
     if (rk->cfg.max_queued_tokens && queued + t->ntokens > rk->cfg.max_queued_tokens) {
@@ -779,7 +863,7 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         task_finish_engine(t);
         return;
     }
-    prank_work_update(rk);
+    prank_schedule(rk);
     prank_publish_load(rk);
 }
 
@@ -878,11 +962,58 @@ td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg)
 
 /* ---- Lifetime ----------------------------------------------------------------------- */
 
+/* The compute thread's first act: its own compute pool, if the rank has one. */
+static void
+prank_compute_start(void *arg)
+{
+    td_prank_t *rk = arg;
+
+    if (rk->cfg.compute_start != NULL)
+        rk->cfg.compute_start(rk->cfg.compute_arg);
+}
+
+/* The rank's KV memory: per segment a pool of blocks (fixed: one slot per
+ * run slot) registered with UCX, the puts' source; the accounting on top. */
+static td_status_t
+prank_pools_create(td_prank_t *rk)
+{
+    const td_layout_t *l = rk->e->layout;
+    uint8_t **bases = calloc(l->nsegs, sizeof(*bases));
+    td_status_t st = TD_ERR_NOMEM;
+    uint64_t bytes = 0;
+
+    rk->pools = calloc(l->nsegs, sizeof(*rk->pools));
+    if (bases == NULL || rk->pools == NULL)
+        goto out;
+    st = td_kvpool_create(l, rk->cfg.kv_tokens, rk->cfg.max_running, &rk->kp);
+    if (st != TD_OK)
+        goto out;
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        uint64_t bb = td_kvpool_seg_block_bytes(rk->kp, s), nb = td_kvpool_seg_nblocks(rk->kp, s);
+
+        st = td_xfer_pool_create(rk->x, s, TD_XFER_MEM_HOST, NULL, bb, nb, &rk->pools[s]);
+        if (st != TD_OK)
+            goto out;
+        bases[s] = td_xfer_pool_base(rk->pools[s]);
+        bytes += bb * nb;
+    }
+    td_kvpool_set_memory(rk->kp, bases);
+    td_info("prefill rank %u: kv pool of %" PRIu64 " tokens, %.1f MiB, %u run slots",
+            rk->cfg.rank_id, rk->cfg.kv_tokens, (double)bytes / (1 << 20), rk->cfg.max_running);
+out:
+    free(bases);
+    return st;
+}
+
 td_status_t
 td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
                 const td_prank_config_t *cfg, const td_prank_io_t *io, td_prank_t **out)
 {
-    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0)
+    char name[16];
+    td_status_t st;
+
+    if (cfg->chunk_tokens == 0 || cfg->max_running == 0 || cfg->deadline_ms == 0 ||
+        cfg->kv_tokens == 0)
         return TD_ERR_INVALID;
     td_prank_t *rk = calloc(1, sizeof(*rk));
     if (!rk)
@@ -896,25 +1027,30 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
     tandem__load__init(&rk->last_load);
-    td_status_t st = TD_ERR_IO;
-    rk->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (rk->efd < 0)
-        goto err_free;
-    rk->work_ev = event_new(base, rk->efd, EV_READ | EV_PERSIST, prank_on_work, rk);
-    if (!rk->work_ev || event_add(rk->work_ev, NULL) != 0) {
-        st = TD_ERR_NOMEM;
-        goto err_close_efd;
+    st = prank_pools_create(rk);
+    if (st != TD_OK)
+        goto err_destroy;
+    if (cfg->trace_path != NULL && cfg->trace_path[0] != '\0') {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%u", cfg->trace_path, cfg->rank_id);
+        rk->trace = fopen(path, "a");
+        if (rk->trace == NULL) {
+            td_error("prefill rank %u: trace file %s: cannot open", cfg->rank_id, path);
+            st = TD_ERR_IO;
+            goto err_destroy;
+        }
+        setvbuf(rk->trace, NULL, _IOLBF, 0);
     }
+    snprintf(name, sizeof(name), "prefill-c%u", cfg->rank_id);
+    st = td_jobq_create(base, name, prank_compute_start, rk, &rk->jq);
+    if (st != TD_OK)
+        goto err_destroy;
     td_xfer_set_peer_fail_handler(xfer, prank_on_peer_fail, rk);
     *out = rk;
     return TD_OK;
 
-err_close_efd:
-    if (rk->work_ev)
-        event_free(rk->work_ev);
-    close(rk->efd);
-err_free:
-    free(rk);
+err_destroy:
+    td_prank_destroy(rk);
     return st;
 }
 
@@ -935,6 +1071,13 @@ td_prank_destroy(td_prank_t *rk)
         return;
     rk->closing = 1;
     task_t *t, *tn;
+    /* The compute thread first: the chunk it runs stops at its next layer;
+     * what it had told the loop is dropped (closing). */
+    if (rk->computing != NULL)
+        atomic_store(&rk->computing->stop, 1);
+    td_jobq_destroy(rk->jq);
+    rk->jq = NULL;
+    rk->computing = NULL;
     TAILQ_FOREACH(t, &rk->tasks, all)
         t->peer = NULL;
     prank_peer_t *p, *pn;
@@ -945,9 +1088,10 @@ td_prank_destroy(td_prank_t *rk)
         prank_peer_free(p);
     }
     /* Closing the endpoints ends their transfers; their done callbacks free
-     * the staging buffers, so wait for them (bounded) before freeing tasks. */
-    uint64_t until = prank_now_ms() + 2000;
-    while (prank_inflight(rk) && prank_now_ms() < until) {
+     * the batches, and the blocks they read must stay until then: wait for
+     * them (bounded) before freeing tasks and pools. */
+    uint64_t until = td_clock_ns() + 2000000000ull;
+    while (prank_inflight(rk) && td_clock_ns() < until) {
         td_xfer_progress(rk->x);
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
@@ -960,7 +1104,12 @@ td_prank_destroy(td_prank_t *rk)
         TAILQ_REMOVE(&rk->tasks, t, all);
         task_free(t);
     }
-    event_free(rk->work_ev);
-    close(rk->efd);
+    if (rk->pools != NULL)
+        for (uint32_t s = 0; s < rk->e->layout->nsegs; s++)
+            td_xfer_pool_destroy(rk->pools[s]);
+    free(rk->pools);
+    td_kvpool_destroy(rk->kp);
+    if (rk->trace != NULL)
+        fclose(rk->trace);
     free(rk);
 }

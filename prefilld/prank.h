@@ -1,11 +1,13 @@
-/* prefilld/prank.h — one prefill rank: its decode peers, its task queue, the
- * chunk scheduler that runs the engine on the rank's loop thread, the KV push
- * per (chunk, layer) and the terminal notification of every task.
- * Everything runs on the loop thread of `base`; the router connections are
- * opaque handles (`router`) owned by the caller, who reports their end with
- * td_prank_on_router_down. Ownership: the rank owns its tasks, its decode peers
- * (td_xfer_peer_t) and its wake-up eventfd; it borrows base, xfer and engine,
- * which must outlive it. */
+/* prefilld/prank.h — one prefill rank: its decode peers, its task queue, its
+ * KV pool (the engine computes each task's KV in the pool's blocks, and the
+ * puts read it from there), the chunk scheduler that hands one chunk at a time
+ * to the rank's compute thread, the KV push per (chunk, layer) as soon as the
+ * layer is computed, and the terminal notification of every task.
+ * Everything but the engine runs on the loop thread of `base`, which never
+ * computes; the router connections are opaque handles (`router`) owned by the
+ * caller, who reports their end with td_prank_on_router_down. Ownership: the
+ * rank owns its tasks, its decode peers (td_xfer_peer_t), its pool and its
+ * compute thread; it borrows base, xfer and engine, which must outlive it. */
 #ifndef TD_PRANK_H
 #define TD_PRANK_H
 
@@ -28,6 +30,12 @@ typedef struct {
     uint32_t max_running;        /* tasks prefilled round-robin at once (>= 1) */
     uint32_t deadline_ms;        /* per transfer (>= 1: the decode ranks' grace period
                                     relies on it) */
+    uint64_t kv_tokens;          /* the KV pool: prompt tokens of the running tasks (>= 1) */
+    const char *trace_path;      /* append per-layer timings to PATH.<rank>; NULL: none */
+    /* Run first on the compute thread (binding it to its own compute pool);
+     * NULL: nothing. */
+    void (*compute_start)(void *arg);
+    void *compute_arg;
 } td_prank_config_t;
 
 typedef struct {
@@ -53,8 +61,9 @@ typedef struct {
     uint32_t live;            /* tasks not yet ended */
 } td_prank_stats_t;
 
-/* TD_ERR_INVALID for a zero chunk size, run limit or deadline; failures are
- * returned, not logged (the caller names the rank that did not start). */
+/* TD_ERR_INVALID for a zero chunk size, run limit, deadline or pool; the
+ * pool and the compute thread log their own failures, the caller names the
+ * rank that did not start. */
 td_status_t td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
                             const td_prank_config_t *cfg, const td_prank_io_t *io,
                             td_prank_t **out);

@@ -193,9 +193,7 @@ synth_req_create(td_engine_t *e, const td_layout_kv_t *kv, td_engine_req_t **out
         return TD_ERR_NOMEM;
     }
     r->ph[0] = synth_prefix_init(s->key);
-    for (uint32_t i = 0; i < s->layout->nsegs; i++)   /* a fresh request's rings are empty */
-        if (s->layout->segs[i].kind == TD_LAYOUT_FIXED)
-            memset(kv->fixed[i], 0, td_layout_seg_bytes(&s->layout->segs[i], 0));
+    (void)kv;   /* kept by td_engine_req_create in r->base.kv */
     *out = &r->base;
     return TD_OK;
 }
@@ -277,6 +275,10 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     uint64_t n0 = req->ntokens, deadline = td_clock_ns();
     td_status_t st;
 
+    if (n0 == 0)   /* a fresh request's rings are empty */
+        for (uint32_t i = 0; i < s->layout->nsegs; i++)
+            if (s->layout->segs[i].kind == TD_LAYOUT_FIXED)
+                memset(req->kv.fixed[i], 0, td_layout_seg_bytes(&s->layout->segs[i], 0));
     st = synth_append(r, tokens, n);
     if (st != TD_OK)
         return st;

@@ -200,7 +200,6 @@ fk_p_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces
 {
     fk_p_t *fp = arg;
     const td_layout_t *l = fp->layout;
-    (void)req;
     (void)layer;
     if (npieces == 0)
         return TD_OK;
@@ -220,7 +219,9 @@ fk_p_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces
         const td_engine_piece_t *pc = &pieces[i];
         const td_layout_seg_t *seg = &l->segs[pc->seg];
         const Tandem__SegDest *sd = fp->dest->segs[pc->seg];
-        memcpy(p, pc->data, pc->count * seg->entry_bytes);
+        for (uint64_t k = 0; k < pc->count; k++)   /* entries from the request's KV */
+            memcpy(p + k * seg->entry_bytes, td_layout_kv_entry(&req->kv, pc->seg, pc->first + k),
+                   seg->entry_bytes);
         if (fp->corrupt && seg->kind == TD_LAYOUT_PAGED) {
             p[pc->count * seg->entry_bytes - 1] ^= 0x40;
             fp->corrupt = 0;
@@ -284,13 +285,18 @@ fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
     td_engine_req_t *req = NULL;
     int32_t first = -1;
     td_sample_finish_t fin;
+    td_testkv_t kv;
     fp->dest = dest;
-    FK_CHECK((td_engine_req_create(e, &sp, &req)) == TD_OK);
-    if (req == NULL)
+    FK_CHECK(td_testkv_create(e->layout, n, &kv) == 0);
+    FK_CHECK((td_engine_req_create(e, &sp, &kv.res->kv, &req)) == TD_OK);
+    if (req == NULL) {
+        td_testkv_destroy(&kv);
         return -1;
+    }
     FK_CHECK((td_engine_prefill(req, prompt, n, 1, fk_p_layer, fp)) == TD_OK);
     FK_CHECK((td_engine_sample(req, &first, &fin)) == TD_OK);
     td_engine_req_destroy(req);
+    td_testkv_destroy(&kv);   /* the staged copies (fp->bufs) are what UCX reads */
     if (terminal) {
         Tandem__KvNote note = TANDEM__KV_NOTE__INIT;
         uint8_t buf[128];
@@ -324,7 +330,12 @@ fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_tokens,
     td_engine_req_t *req = NULL;
     td_sample_finish_t fin;
     size_t k = 0;
-    td_engine_req_create(e, &sp, &req);
+    td_testkv_t kv;
+    if (td_testkv_create(e->layout, n + max_tokens, &kv) != 0 ||
+        td_engine_req_create(e, &sp, &kv.res->kv, &req) != TD_OK) {
+        td_testkv_destroy(&kv);
+        return 0;
+    }
     td_engine_prefill(req, prompt, n, 1, fk_no_layer, NULL);
     td_engine_sample(req, &out[k++], &fin);
     while (fin == TD_SAMPLE_FINISH_NONE) {
@@ -335,6 +346,7 @@ fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_tokens,
         fin = row.finish;
     }
     td_engine_req_destroy(req);
+    td_testkv_destroy(&kv);
     return k;
 }
 

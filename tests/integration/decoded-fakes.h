@@ -10,6 +10,7 @@
 
 #include <event2/event.h>
 
+#include "../unit/testkv.h"
 #include "../unit/testutil.h"
 #include "engine.h"
 #include "registry.h"

@@ -364,7 +364,8 @@ test_unfit_input(env_t *t)
         CHECK_EQ_INT(st.failed, st0.failed);
         admit(t, 801, p, 16, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
         cancel(t, 801);
-        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 801) != NULL);
+        /* released as soon as the step it may be in comes back */
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 801, 5000));
         end_error(t, 801, &fin);
         CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_CANCELED);
         cancel(t, 801);

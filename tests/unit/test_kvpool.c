@@ -1,7 +1,8 @@
-/* tests/unit/test_kvpool.c — decode KV block accounting (decoded/kvpool.c):
- * pool geometry from the layout, all-or-nothing reservations, block states,
- * counters, the used + free == total invariant under random churn, and FIFO
- * reuse of freed blocks. */
+/* tests/unit/test_kvpool.c — KV block accounting (engine/kvpool.c): pool
+ * geometry from the layout, all-or-nothing reservations, block states,
+ * counters, the used + free == total invariant under random churn, FIFO
+ * reuse of freed blocks, and the view of a reservation's blocks in the pool's
+ * memory. */
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -244,6 +245,56 @@ out_cfg:
     td_layout_config_free(&cfg);
 }
 
+/* With memory, a reservation carries the view of its blocks and slot: entry
+ * e of a paged segment lies in its (scattered) block, the capacity matches the
+ * tokens reserved, and the views of two reservations never overlap. */
+static void
+test_view(const td_layout_t *l)
+{
+    td_kvpool_t *kp = NULL;
+    uint8_t *mem[3];
+    const char *why;
+    td_kvpool_res_t *a = NULL, *b = NULL, *c = NULL;
+
+    CHECK_STATUS(td_kvpool_create(l, 64, 3, &kp), TD_OK);
+    if (kp == NULL)
+        return;
+    for (uint32_t s = 0; s < 3; s++)
+        mem[s] = calloc(td_kvpool_seg_nblocks(kp, s), td_kvpool_seg_block_bytes(kp, s));
+    td_kvpool_set_memory(kp, mem);
+    CHECK_STATUS(td_kvpool_reserve(kp, 1, 6, &a, &why), TD_OK);   /* blocks 0-1 of seg 0 */
+    CHECK_STATUS(td_kvpool_reserve(kp, 2, 9, &b, &why), TD_OK);
+    td_kvpool_release(kp, a);   /* freed blocks go to the back: c gets scattered ones */
+    CHECK_STATUS(td_kvpool_reserve(kp, 3, 20, &c, &why), TD_OK);
+    if (b == NULL || c == NULL)
+        goto out;
+    CHECK(c->kv.layout == l);
+    /* seg 0 (ratio 1): 5 blocks hold 20 tokens; seg 1 (ratio 2): 3 blocks, 25 */
+    CHECK_EQ_INT(td_layout_kv_capacity(&c->kv), 20);
+    for (uint32_t s = 0; s < 3; s++) {
+        uint64_t bb = td_kvpool_seg_block_bytes(kp, s);
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            CHECK(c->kv.fixed[s] == mem[s] + c->slot * bb);
+            CHECK(c->kv.nblocks[s] == 0);
+            continue;
+        }
+        CHECK_EQ_INT(c->kv.nblocks[s], c->nblocks[s]);
+        for (uint64_t e = 0; e < c->nblocks[s] * 4; e++) {
+            uint8_t *p = td_layout_kv_entry(&c->kv, s, e);
+            CHECK(p == mem[s] + c->blocks[s][e / 4] * bb + (e % 4) * l->segs[s].entry_bytes);
+            /* no entry of c is in b's blocks */
+            for (uint64_t k = 0; k < b->nblocks[s]; k++)
+                CHECK(!(p >= mem[s] + b->blocks[s][k] * bb && p < mem[s] + (b->blocks[s][k] + 1) * bb));
+        }
+    }
+    td_kvpool_release(kp, b);
+    td_kvpool_release(kp, c);
+out:
+    td_kvpool_destroy(kp);
+    for (uint32_t s = 0; s < 3; s++)
+        free(mem[s]);
+}
+
 int
 main(void)
 {
@@ -253,6 +304,7 @@ main(void)
         test_reserve_release(l);
         test_churn(l);
         test_fifo_reuse(l);
+        test_view(l);
         td_layout_destroy(l);
     }
     test_default_layout();

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "testkv.h"
 #include "testutil.h"
 #include "engine.h"
 #include "registry.h"
@@ -94,8 +95,12 @@ verify_req(env_t *e, int i)
     const td_layout_t *l = e->check->layout;
     td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
-    if (td_engine_req_create(e->check, &sp, &req) != TD_OK)
+    td_testkv_t kv;
+    if (td_testkv_create(l, e->lens[i], &kv) != 0 ||
+        td_engine_req_create(e->check, &sp, &kv.res->kv, &req) != TD_OK) {
+        td_testkv_destroy(&kv);
         return 0;
+    }
     int ok = td_engine_prefill(req, e->prompts[i], e->lens[i], 1, ignore_layer, NULL) == TD_OK;
     for (uint32_t s = 0; ok && s < l->nsegs; s++) {
         const td_layout_seg_t *seg = &l->segs[s];
@@ -118,6 +123,7 @@ verify_req(env_t *e, int i)
     td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == e->reqs[i].first_token;
     td_engine_req_destroy(req);
+    td_testkv_destroy(&kv);
     return ok;
 }
 
@@ -254,7 +260,8 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
             return -1;
     }
     td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
-                            .max_queued_tokens = max_queued, .deadline_ms = deadline_ms };
+                            .max_queued_tokens = max_queued, .deadline_ms = deadline_ms,
+                            .kv_tokens = 8192 };
     td_prank_io_t io = { on_send, NULL, on_idle, e };
     if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
@@ -410,15 +417,15 @@ test_kvmap(void)
     td_kvmap_t *m;
     char why[256];
     CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_OK);
-    /* entries [3, 9) of L1.kv (block_entries 4): blocks 0 (3), 1 (4..7), 2 (8) */
-    uint8_t src[6 * 24];
-    for (size_t k = 0; k < sizeof(src); k++)
-        src[k] = (uint8_t)k;
-    td_engine_piece_t p = { .seg = kvi, .first = 3, .count = 6, .data = src };
+    /* entries [3, 9) of L1.kv (block_entries 4): blocks 0 (3), 1 (4..7), 2 (8),
+     * read where they are in the request's KV memory (no copy) */
+    td_testkv_t mem;
+    CHECK(td_testkv_create(l, 32, &mem) == 0);
+    td_engine_piece_t p = { .seg = kvi, .first = 3, .count = 6 };
     td_kvmap_batch_t *b;
-    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_OK);
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)), TD_OK);
     CHECK_EQ_INT(b->ndescs, 3);
-    CHECK_EQ_INT(b->bytes, sizeof(src));
+    CHECK_EQ_INT(b->bytes, 6 * 24);
     uint64_t want_block[3] = { blocks[kvi][0], blocks[kvi][1], blocks[kvi][2] };
     uint64_t want_off[3] = { 3 * 24, 0, 0 }, want_len[3] = { 24, 4 * 24, 24 };
     for (int k = 0; k < 3; k++) {
@@ -427,15 +434,20 @@ test_kvmap(void)
         CHECK_EQ_INT(b->descs[k].offset, want_off[k]);
         CHECK_EQ_INT(b->descs[k].len, want_len[k]);
     }
-    CHECK(memcmp(b->data, src, sizeof(src)) == 0 && b->data != src);
+    uint64_t want_src[3] = { 3, 4, 8 };
+    for (int k = 0; k < 3; k++)
+        CHECK(b->descs[k].src == td_layout_kv_entry(&mem.res->kv, kvi, want_src[k]));
     td_kvmap_batch_free(b);
     /* past the blocks of the dest: refused with a reason */
     p.first = 10;
     p.count = 3;
-    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_ERR_RANGE);
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)),
+                 TD_ERR_RANGE);
     CHECK(strstr(why, "L1.kv") != NULL);
     p.first = UINT64_MAX - 1;
-    CHECK_STATUS(td_kvmap_batch_create(m, &p, 1, &b, why, sizeof(why)), TD_ERR_RANGE);
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)),
+                 TD_ERR_RANGE);
+    td_testkv_destroy(&mem);
     td_kvmap_destroy(m);
     /* a dest too small for the prompt, a missing and a duplicate segment */
     CHECK_STATUS(td_kvmap_create(l, &d, 100, &m, why, sizeof(why)), TD_ERR_INVALID);
@@ -501,7 +513,9 @@ test_cancel(void)
     prefill(&e, 2, 20, ROUTER_A, 0, 0);
     Tandem__Load load;
     td_prank_load(e.rk, &load);
-    CHECK_EQ_INT(load.queued, 3);
+    /* the first went to the compute thread at once (max_running 1) */
+    CHECK_EQ_INT(load.queued, 2);
+    CHECK_EQ_INT(load.running, 1);
     CHECK_EQ_INT(load.queued_tokens, 440);
     cancel(&e, 1, ROUTER_A);   /* queued: dropped */
     cancel(&e, 2, ROUTER_B);   /* not that router's: ignored */

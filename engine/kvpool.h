@@ -18,11 +18,15 @@ typedef struct td_kvpool_s td_kvpool_t;
 /* Blocks of one request. Fixed segments hold one block: the request's slot. */
 typedef struct {
     uint64_t owner;      /* request id, for the logs and the block states */
-    uint64_t ntokens;    /* tokens reserved for (prompt + max_tokens) */
+    uint64_t ntokens;    /* tokens reserved for (decode: prompt + max_tokens) */
     uint32_t slot;       /* the row in every fixed segment's pool */
     uint32_t nsegs;
     uint64_t *nblocks;   /* [nsegs] blocks per segment (fixed: 1) */
     uint64_t **blocks;   /* [nsegs][nblocks[seg]] block ids (fixed: {slot}) */
+    /* Where they are (the pool has memory): paged segment s's blocks and
+     * fixed segment s's slot, in the pool's memory; nblocks is 0 for fixed
+     * segments here. Zero when the pool has no memory. */
+    td_layout_kv_t kv;
 } td_kvpool_res_t;
 
 typedef struct {
@@ -43,6 +47,11 @@ td_status_t td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint
                              td_kvpool_t **out);
 /* Every reservation must have been released (asserted). */
 void td_kvpool_destroy(td_kvpool_t *kp);
+
+/* Give the pool its memory: segment s's block (or slot) b lies at
+ * bases[s] + b × td_kvpool_seg_block_bytes(kp, s). Set before the first
+ * reservation; reservations made after it carry their view (res->kv). */
+void td_kvpool_set_memory(td_kvpool_t *kp, uint8_t *const *bases);
 
 /* Geometry of segment seg's pool: blocks and bytes per block. */
 uint64_t td_kvpool_seg_nblocks(const td_kvpool_t *kp, uint32_t seg);

@@ -1,4 +1,4 @@
-/* decoded/kvpool.c — block accounting of a decode rank's KV pools: free
+/* engine/kvpool.c — block accounting of a rank's KV pools: free
  * queues (FIFO) per paged segment, one slot allocator shared by the fixed
  * segments, a state (free / reserved by a reservation) per block, counters. */
 #include "kvpool.h"
@@ -19,6 +19,7 @@ typedef struct {
 
 struct td_kvpool_s {
     const td_layout_t *layout;
+    uint8_t **bases;              /* [nsegs] the memory, or NULL */
     td_kvpool_seg_t *segs;        /* [layout->nsegs] */
     uint32_t nfixed;              /* fixed segments */
     uint32_t slots;
@@ -109,9 +110,23 @@ td_kvpool_destroy(td_kvpool_t *kp)
         }
     }
     free(kp->segs);
+    free(kp->bases);
     free(kp->slot_free);
     free(kp->slot_state);
     free(kp);
+}
+
+void
+td_kvpool_set_memory(td_kvpool_t *kp, uint8_t *const *bases)
+{
+    uint8_t **b = calloc(kp->layout->nsegs, sizeof(*b));
+
+    if (b == NULL)   /* only a view is lost: reservations then carry none */
+        return;
+    for (uint32_t s = 0; s < kp->layout->nsegs; s++)
+        b[s] = bases[s];
+    free(kp->bases);
+    kp->bases = b;
 }
 
 uint64_t
@@ -126,6 +141,37 @@ td_kvpool_seg_block_bytes(const td_kvpool_t *kp, uint32_t seg)
 {
     assert(seg < kp->layout->nsegs);
     return kp->segs[seg].block_bytes;
+}
+
+/* Fill res->kv in the memory after res's ids (mem, sized by the caller). */
+static void
+kvpool_view(const td_kvpool_t *kp, td_kvpool_res_t *res, uint8_t *mem)
+{
+    const td_layout_t *l = kp->layout;
+    uint64_t *nb = (uint64_t *)mem;
+    uint8_t ***tables = (uint8_t ***)(nb + l->nsegs);
+    uint8_t **fixed = (uint8_t **)(tables + l->nsegs);
+    uint8_t **ptrs = fixed + l->nsegs;
+
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        uint64_t bb = kp->segs[s].block_bytes;
+
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            nb[s] = 0;
+            tables[s] = NULL;
+            fixed[s] = kp->bases[s] + (uint64_t)res->slot * bb;
+            continue;
+        }
+        nb[s] = res->nblocks[s];
+        tables[s] = ptrs;
+        fixed[s] = NULL;
+        for (uint64_t i = 0; i < res->nblocks[s]; i++)
+            *ptrs++ = kp->bases[s] + res->blocks[s][i] * bb;
+    }
+    res->kv.layout = l;
+    res->kv.nblocks = nb;
+    res->kv.blocks = (uint8_t *const *const *)tables;
+    res->kv.fixed = fixed;
 }
 
 td_status_t
@@ -148,9 +194,14 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
         }
         need_total += need;
     }
-    /* One allocation: the header, nblocks[], blocks[] and every id array. */
+    /* One allocation: the header, nblocks[], blocks[] and every id array;
+     * with memory also the view: its nblocks[], its block tables' heads,
+     * every block pointer and the slot pointers. */
     size_t size = sizeof(td_kvpool_res_t) + l->nsegs * (sizeof(uint64_t) + sizeof(uint64_t *)) +
                   (need_total + kp->nfixed) * sizeof(uint64_t);
+    if (kp->bases != NULL)
+        size += l->nsegs * (sizeof(uint64_t) + sizeof(uint8_t **) + sizeof(uint8_t *)) +
+                need_total * sizeof(uint8_t *);
     td_kvpool_res_t *res = calloc(1, size);
     if (res == NULL) {
         *why = "out of memory";
@@ -189,6 +240,8 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
         }
         ids += res->nblocks[s];
     }
+    if (kp->bases != NULL)
+        kvpool_view(kp, res, (uint8_t *)ids);
     kp->blocks_used += need_total + kp->nfixed;
     kp->tokens_used += ntokens;
     kvpool_assert_totals(kp);
