@@ -16,6 +16,7 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "dreq.h"
 #include "jobq.h"
 #include "log.h"
@@ -44,6 +45,7 @@ struct td_drank_s {
     bool step_scheduled;          /* step_ev is active or pending */
     bool stepping;                /* a step is on the compute thread */
     bool closing;                 /* destroying: jobs' ends only clean up */
+    FILE *trace;                  /* cfg.trace_path, or NULL */
     bool draining;
     bool stopping;
     td_drank_stats_t stats;
@@ -417,6 +419,7 @@ drank_prompt_bytes(const td_drank_t *r, const td_dreq_t *req)
 /* The adopt job: what it did on the compute thread. */
 typedef struct {
     td_dreq_t *req;
+    uint64_t t_note, t_start, t_end;   /* ns: note in, adoption began, ended */
     int32_t note_first;          /* P's first token */
     int32_t first;               /* ours (or P's, taken) */
     td_sample_finish_t fin;
@@ -435,7 +438,9 @@ drank_adopt_run(void *arg)
     drank_adopt_t *j = arg;
     td_engine_req_t *ereq = j->req->ereq;
 
+    j->t_start = td_clock_ns();
     j->st = td_engine_adopt(ereq, j->req->prompt, j->req->nprompt);
+    j->t_end = td_clock_ns();
     if (j->st != TD_OK) {
         j->what = j->st == TD_ERR_MISMATCH ? "received kv does not verify"
                                            : "received kv refused by the engine";
@@ -460,6 +465,11 @@ drank_adopt_done(void *arg)
     req->busy = false;
     if (r->closing)
         goto out;
+    if (r->trace != NULL)
+        fprintf(r->trace, "adopt req=%016llx tokens=%zu note=%llu start=%llu end=%llu status=%s\n",
+                (unsigned long long)req->id, req->nprompt, (unsigned long long)j->t_note,
+                (unsigned long long)j->t_start, (unsigned long long)j->t_end,
+                td_status_str(j->st));
     if (td_dreq_ended(req)) {          /* canceled meanwhile */
         if (req->kv_done)
             drank_release(r, req);
@@ -497,6 +507,7 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
         return;
     }
     j->req = req;
+    j->t_note = td_clock_ns();
     j->note_first = kn->first_token;
     if (td_jobq_post(r->jq, drank_adopt_run, drank_adopt_done, j) != TD_OK) {
         free(j);
@@ -843,6 +854,16 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
         !r->rows || !r->row_req || !r->step_ev)
         goto err_destroy;
+    if (cfg->trace_path != NULL && cfg->trace_path[0] != '\0') {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s.%u", cfg->trace_path, cfg->rank_id);
+        if ((r->trace = fopen(path, "a")) == NULL) {
+            td_error("decode rank %u: trace file %s: cannot open", cfg->rank_id, path);
+            st = TD_ERR_IO;
+            goto err_destroy;
+        }
+        setvbuf(r->trace, NULL, _IOLBF, 0);
+    }
     char name[16];
     snprintf(name, sizeof(name), "decode-c%u", cfg->rank_id);
     st = td_jobq_create(base, name, drank_compute_start, r, &r->jq);
@@ -921,6 +942,8 @@ td_drank_destroy(td_drank_t *r)
     free(r->pool_base);
     free(r->pools);
     free(r->node_id);
+    if (r->trace != NULL)
+        fclose(r->trace);
     free(r);
 }
 

@@ -42,6 +42,7 @@ typedef struct {
     uint32_t grace_margin_ms;     /* added to 2 × the deadline for a prefill chunk in
                                      progress when the Cancel came; 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
+    const char *trace_path;       /* append adoption timings to PATH.<rank>; NULL: none */
     /* Run first on the compute thread (binding it to its own compute pool);
      * NULL: nothing. */
     void (*compute_start)(void *arg);

@@ -12,6 +12,7 @@ typedef struct {
     td_worker_opts_t w;
     uint64_t kv_tokens;
     uint64_t max_batch;
+    char *trace_file;
 } decoded_config_t;
 
 static const td_config_opt_t decoded_opts[] = {
@@ -22,6 +23,8 @@ static const td_config_opt_t decoded_opts[] = {
                          "kv capacity per rank in tokens (sizes every paged pool)"),
     TD_CONFIG_OPT_UINT64("max-batch", decoded_config_t, max_batch, "16", 1, 4096,
                          "requests per rank holding kv at once (batch rows, fixed slots)"),
+    TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
+                         "append adoption timings to FILE.<rank> (benchmarks)"),
     TD_CONFIG_OPT_END
 };
 
@@ -37,6 +40,7 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .kv_tokens = c->kv_tokens,
         .max_batch = (uint32_t)c->max_batch,
         .xfer_deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
+        .trace_path = c->trace_file,
     };
     td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr };
     return td_drank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_drank_t **)out);

@@ -15,6 +15,7 @@ typedef struct {
     uint64_t max_running;
     uint64_t kv_tokens;
     char *trace_file;
+    bool layer_streaming;
 } prefilld_config_t;
 
 static const td_config_opt_t prefilld_opts[] = {
@@ -32,6 +33,9 @@ static const td_config_opt_t prefilld_opts[] = {
                          "(a longer prompt is refused)"),
     TD_CONFIG_OPT_STRING("trace-file", prefilld_config_t, trace_file, "",
                          "append per-layer compute and put timings to FILE.<rank> (benchmarks)"),
+    TD_CONFIG_OPT_BOOL("layer-streaming", prefilld_config_t, layer_streaming, "true",
+                       "put each layer's kv as soon as it is computed (false: when the "
+                       "whole chunk is, for comparison)"),
     TD_CONFIG_OPT_END
 };
 
@@ -49,6 +53,7 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
         .kv_tokens = c->kv_tokens,
         .trace_path = c->trace_file,
+        .hold_layers = !c->layer_streaming,
     };
     td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr };
     return td_prank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_prank_t **)out);

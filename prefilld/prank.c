@@ -112,10 +112,12 @@ typedef struct task {
     td_status_t chunk_st;
     uint64_t chunk_t0;           /* ns: the chunk was handed to the compute thread */
     atomic_int stop;
+    struct prank_layer_msg *held, **held_tail; /* cfg.hold_layers: this chunk's layers */
 } task_t;
 
 /* One layer of a chunk, computed: what the compute thread tells the loop. */
-typedef struct {
+typedef struct prank_layer_msg {
+    struct prank_layer_msg *next;  /* held until the chunk ends (cfg.hold_layers) */
     task_t *t;
     uint32_t layer;
     uint64_t t_done;             /* ns: the layer's compute ended */
@@ -561,11 +563,11 @@ prank_trace(td_prank_t *rk, const char *fmt, ...)
 
 /* Loop thread: a layer of the chunk on the compute thread is done; its
  * finished entries are in the task's blocks: put them to the decode rank
- * now, while the next layer computes. */
+ * now, while the next layer computes (or, with cfg.hold_layers, when the
+ * chunk ends). */
 static void
-task_on_layer_done(void *arg)
+task_post_layer(prank_layer_msg_t *m)
 {
-    prank_layer_msg_t *m = arg;
     task_t *t = m->t;
     td_prank_t *rk = t->rk;
     uint64_t t_post = td_clock_ns();
@@ -603,6 +605,23 @@ err_stop:
     task_stop(t);   /* the chunk on the compute thread stops at its next layer */
 out:
     free(m);
+}
+
+static void
+task_on_layer_done(void *arg)
+{
+    prank_layer_msg_t *m = arg;
+    task_t *t = m->t;
+
+    if (!t->rk->cfg.hold_layers || t->rk->closing) {
+        task_post_layer(m);
+        return;
+    }
+    if (t->held == NULL)
+        t->held_tail = &t->held;
+    m->next = NULL;
+    *t->held_tail = m;
+    t->held_tail = &m->next;
 }
 
 /* Compute thread: the engine's per-(chunk, layer) callback, the cancellation
@@ -666,6 +685,11 @@ task_chunk_done(void *arg)
     td_status_t st = t->chunk_st;
 
     rk->computing = NULL;
+    while (t->held != NULL) {   /* cfg.hold_layers: the chunk's layers go now */
+        prank_layer_msg_t *m = t->held;
+        t->held = m->next;
+        task_post_layer(m);
+    }
     if (rk->closing)
         return;
     rk->stats.chunks++;

@@ -137,6 +137,7 @@ worker_link_config(const td_worker_rank_t *wr, td_link_config_t *out)
         .kv_layout_hash = w->engine->layout->hash,
     };
     out->ctl.secret = td_daemon_secret(w->d, &out->ctl.secret_len);
+    out->ctl.heartbeat_ms = (uint32_t)w->spec->wcfg->heartbeat_ms;
 }
 
 /* A failure is logged here once, with the rank it stopped. */

@@ -34,6 +34,7 @@ typedef struct {
     uint64_t ranks;
     char *transports;            /* "": UCX's choice */
     uint64_t xfer_deadline_ms;
+    uint64_t heartbeat_ms;       /* control heartbeats to the routers */
 } td_worker_opts_t;
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
@@ -45,7 +46,10 @@ typedef struct {
     TD_CONFIG_OPT_STRING("transports", st, m.transports, "",                            \
                          "ucx transport list like UCX_TLS (default: ucx's choice)"),    \
     TD_CONFIG_OPT_UINT64("xfer-deadline-ms", st, m.xfer_deadline_ms, "10000", 1, 3600000, \
-                         deadline_help)
+                         deadline_help),                                                \
+    TD_CONFIG_OPT_DURATION("heartbeat", st, m.heartbeat_ms, "1s", 10, 60000,            \
+                           "control heartbeat interval to the routers; three missed "   \
+                           "mark the router gone (use the routers' value)")
 
 typedef struct td_worker_s td_worker_t;
 
