@@ -136,4 +136,15 @@ uint64_t td_layout_hash(const td_layout_t *l);
 /* The segment called name, or NULL. */
 const td_layout_seg_t *td_layout_find(const td_layout_t *l, const char *name);
 
+typedef struct {
+    const td_layout_t *layout;
+    const uint64_t *nblocks;        /* [nsegs]: paged: its blocks; fixed: 0 */
+    uint8_t *const *const *blocks;  /* [nsegs] -> [nblocks[s]]: paged; NULL for fixed */
+    uint8_t *const *fixed;          /* [nsegs]: fixed: its slot; NULL for paged */
+} td_layout_kv_t;
+static inline uint8_t *td_layout_kv_entry(const td_layout_kv_t *kv, uint32_t s, uint64_t e)
+{ const td_layout_seg_t *seg = &kv->layout->segs[s]; uint64_t be = kv->layout->block_entries;
+  if (seg->kind == TD_LAYOUT_FIXED) return kv->fixed[s] + e * seg->entry_bytes;
+  return kv->blocks[s][e / be] + (e % be) * seg->entry_bytes; }
+
 #endif
