@@ -18,6 +18,12 @@ td_kvmap_create(const td_layout_t *layout, const Tandem__KvDest *dest, uint64_t 
         return TD_ERR_NOMEM;
     }
     m->layout = layout;
+    m->ntokens = ntokens;
+    if (td_kvsum_create(layout, &m->sum) != TD_OK) {
+        snprintf(reason, reason_len, "out of memory");
+        td_kvmap_destroy(m);
+        return TD_ERR_NOMEM;
+    }
     for (size_t i = 0; i < dest->n_segs; i++) {
         const Tandem__SegDest *sd = dest->segs[i];
         if (sd->seg >= layout->nsegs) {
@@ -71,6 +77,7 @@ td_kvmap_destroy(td_kvmap_t *m)
         return;
     for (uint32_t i = 0; i < m->layout->nsegs; i++)
         free(m->segs[i].blocks);
+    td_kvsum_destroy(m->sum);
     free(m->segs);
     free(m);
 }
@@ -139,8 +146,22 @@ kvmap_walk(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
     return TD_OK;
 }
 
+/* Add a staged batch's pieces to the checksum, from the staged bytes (what
+ * the puts send). A refusal sticks in the sum and is reported by
+ * td_kvmap_sum. */
+static void
+kvmap_sum_add(td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
+              const unsigned char *staged)
+{
+    for (size_t i = 0; i < npieces; i++) {
+        const td_engine_piece_t *p = &pieces[i];
+        (void)td_kvsum_update(m->sum, p->seg, p->first, p->count, staged);
+        staged += p->count * m->layout->segs[p->seg].entry_bytes;
+    }
+}
+
 td_status_t
-td_kvmap_batch_create(const td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
+td_kvmap_batch_create(td_kvmap_t *m, const td_engine_piece_t *pieces, size_t npieces,
                       td_kvmap_batch_t **out, char *reason, size_t reason_len)
 {
     size_t nd;
@@ -161,6 +182,7 @@ td_kvmap_batch_create(const td_kvmap_t *m, const td_engine_piece_t *pieces, size
         free(b);
         return st;
     }
+    kvmap_sum_add(m, pieces, npieces, b->data);
     *out = b;
     return TD_OK;
 }
@@ -169,4 +191,10 @@ void
 td_kvmap_batch_free(td_kvmap_batch_t *b)
 {
     free(b);
+}
+
+td_status_t
+td_kvmap_sum(const td_kvmap_t *m, uint64_t *out, char *reason, size_t reason_len)
+{
+    return td_kvsum_final(m->sum, m->ntokens, out, reason, reason_len);
 }

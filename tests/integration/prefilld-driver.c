@@ -1,8 +1,8 @@
 /* tests/integration/prefilld-driver.c — black-box test of the prefilld binary
  * (argv[1]): this process is its router (a td_ctl listener) and its decode
  * rank (a td_xfer receiver with one pool per KV segment). Both rank threads
- * register; requests run interleaved and every received KV byte and first
- * token is checked; a cancel, a router connection lost mid-prefill, and
+ * register; requests run interleaved and every received KV byte, the KV
+ * checksum of the terminal note and the first token are checked; a cancel, a router connection lost mid-prefill, and
  * SIGTERM mid-prefill each end with exactly one terminal note; exit 0. */
 #include <errno.h>
 #include <event2/event.h>
@@ -22,6 +22,7 @@
 #include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
+#include "kvsum.h"
 #include "registry.h"
 #include "synthetic.h"
 #include "xfer.h"
@@ -42,7 +43,7 @@ static const char *const engine_args[] = {
 #define NENGINE_ARGS (sizeof(engine_args) / sizeof(engine_args[0]))
 
 typedef struct {
-    int terminal, canceled, failed, verified;
+    int terminal, canceled, failed, verified, sum_ok;
     int32_t first_token;
     int done;
     td_status_t done_status;
@@ -112,6 +113,34 @@ verify_req(int i)
     return ok;
 }
 
+/* The checksum of request i's KV over the blocks it landed in, as a decode
+ * rank computes it (engine/kvsum.h). */
+static uint64_t
+pool_sum(int i)
+{
+    req_t *r = &g.reqs[i];
+    const td_layout_t *l = g.engine->layout;
+    static uint8_t *ptrs[16][800];
+    uint64_t nblocks[16] = { 0 }, sum = 0;
+    uint8_t *fixed[16] = { 0 };
+    uint8_t *const *segb[16] = { 0 };
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        uint8_t *base = td_xfer_pool_base(g.pools[s]);
+        size_t bs = td_xfer_pool_block_size(g.pools[s]);
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            fixed[s] = base + r->blocks[s][0] * bs;
+            continue;
+        }
+        nblocks[s] = td_layout_blocks(l, &l->segs[s], r->len);
+        for (uint64_t b = 0; b < nblocks[s]; b++)
+            ptrs[s][b] = base + r->blocks[s][b] * bs;
+        segb[s] = ptrs[s];
+    }
+    td_layout_kv_t kv = { l, nblocks, segb, fixed };
+    CHECK_STATUS(td_kvsum_of(&kv, r->len, &sum), TD_OK);
+    return sum;
+}
+
 static void
 on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
 {
@@ -125,8 +154,10 @@ on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
         r->canceled = kn->canceled;
         r->failed = !kn->canceled && kn->reason && kn->reason[0];
         r->first_token = kn->first_token;
-        if (!r->canceled && !r->failed)
+        if (!r->canceled && !r->failed) {
             r->verified = verify_req((int)kn->req_id);
+            r->sum_ok = kn->kv_sum == pool_sum((int)kn->req_id);
+        }
     }
     if (kn)
         tandem__kv_note__free_unpacked(kn, NULL);
@@ -429,6 +460,7 @@ main(int argc, char **argv)
         for (int i = 0; i < 4; i++) {
             CHECK_STATUS(g.reqs[i].done_status, TD_OK);
             CHECK(g.reqs[i].verified);
+            CHECK(g.reqs[i].sum_ok);
             CHECK_EQ_INT(g.reqs[i].done_token, g.reqs[i].first_token);
         }
         CHECK_STATUS(g.reqs[4].done_status, TD_ERR_CANCELED);
