@@ -10,11 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <event2/event.h>
 
 #include "dreq.h"
+#include "kvsum.h"
 #include "log.h"
+#include "rng.h"
 
 struct td_drank_s {
     struct event_base *base;
@@ -32,7 +35,7 @@ struct td_drank_s {
     td_dreq_t **slots;               /* [max_batch]: live requests by slot */
     td_engine_row_t *rows;           /* [max_batch] */
     td_dreq_t **row_req;             /* [max_batch] */
-    uint64_t next_xfer;
+    td_rng_t xfer_ids;               /* transfer ids: seeded from getrandom at create */
     struct event *step_ev;
     bool step_scheduled;          /* step_ev is active or pending */
     bool draining;
@@ -64,6 +67,19 @@ drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
         if (r->slots[i] != NULL && r->slots[i]->xfer_id == xfer_id)
             return r->slots[i];
     return NULL;
+}
+
+/* A fresh transfer id: random (a stale or forged note cannot guess it),
+ * never 0, unique among the rank's live requests. The stream is splitmix64
+ * from a getrandom seed: distinct values for 2^64 draws. */
+static uint64_t
+drank_xfer_id(td_drank_t *r)
+{
+    uint64_t id;
+    do
+        id = td_rng_next(&r->xfer_ids);
+    while (id == 0 || drank_find_xfer(r, id) != NULL);
+    return id;
 }
 
 static void
@@ -278,6 +294,8 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         bad = "empty prompt";
     else if (drank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
+    else if (a->prefill_incarnation == 0)
+        bad = "no prefill incarnation";
     else
         bad = drank_sampling(r, a->sampling, &sp);
     for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
@@ -324,7 +342,8 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     }
     req->res = res;
     req->router = router;
-    req->xfer_id = ++r->next_xfer;
+    req->xfer_id = drank_xfer_id(r);
+    req->prefill_inc = a->prefill_incarnation;
     req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
@@ -466,11 +485,16 @@ cleanup:
 
 static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
+static bool drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req,
+                                 const td_xfer_note_t *note);
+static td_status_t drank_check_sum(td_drank_t *r, td_dreq_t *req, uint64_t want);
 
 /* P's terminal note for an ADMITTED request: verify, adopt, first Tokens. */
 static void
 drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
 {
+    if (drank_check_sum(r, req, kn->kv_sum) != TD_OK)
+        return;
     if (drank_verify_adopt(r, req) != TD_OK)
         return;
     /* An engine with a distribution right after adopt (synthetic) must agree
@@ -510,6 +534,8 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
                 td_status_str(note->status));
         return;
     }
+    if (!drank_note_sender_ok(r, req, note))
+        return;
     if (note->status == TD_OK && note->payload_len == 0)
         return;   /* one (chunk, layer) landed; more follow */
     if (req->kv_done) {
@@ -561,6 +587,75 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
     }
     if (kn != NULL)
         tandem__kv_note__free_unpacked(kn, NULL);
+}
+
+/* ---- KV integrity: the notes' sender, the checksum ---------------------------- */
+
+/* A note for req counts only from the prefill incarnation its Admit named;
+ * one from another incarnation (an earlier life of that rank, or another
+ * process writing with a known id) is dropped and counted. */
+static bool
+drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *note)
+{
+    if (note->src_incarnation == req->prefill_inc)
+        return true;
+    r->stats.notes_stale++;
+    td_warn("decode rank %u: request %016llx: note from incarnation %016llx dropped: its "
+            "prefill is %s (status %s)", r->cfg.rank_id, (unsigned long long)req->id,
+            (unsigned long long)note->src_incarnation, req->prefill,
+            td_status_str(note->status));
+    return false;
+}
+
+/* Before anything is adopted: the checksum of the prompt's KV in the
+ * request's blocks (engine/kvsum.h) must be the one P sent. On a mismatch
+ * (or no memory) the request fails here, counted, and is gone on return. */
+static td_status_t
+drank_check_sum(td_drank_t *r, td_dreq_t *req, uint64_t want)
+{
+    const td_layout_t *l = r->layout;
+    uint32_t ns = l->nsegs;
+    uint64_t npaged = 0, got = 0;
+    for (uint32_t s = 0; s < ns; s++)
+        if (l->segs[s].kind == TD_LAYOUT_PAGED)
+            npaged += req->res->nblocks[s];
+    uint64_t *nblocks = calloc(ns, sizeof(*nblocks));
+    uint8_t *const **segb = calloc(ns, sizeof(*segb));
+    uint8_t **fixed = calloc(ns, sizeof(*fixed));
+    uint8_t **blocks = calloc(npaged ? npaged : 1, sizeof(*blocks));
+    td_status_t st = TD_ERR_NOMEM;
+    if (nblocks != NULL && segb != NULL && fixed != NULL && blocks != NULL) {
+        uint64_t at = 0;
+        for (uint32_t s = 0; s < ns; s++) {
+            if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+                fixed[s] = drank_block(r, s, req->res->slot);
+                continue;
+            }
+            nblocks[s] = req->res->nblocks[s];
+            segb[s] = &blocks[at];
+            for (uint64_t b = 0; b < nblocks[s]; b++)
+                blocks[at++] = drank_block(r, s, req->res->blocks[s][b]);
+        }
+        td_layout_kv_t kv = { l, nblocks, segb, fixed };
+        st = td_kvsum_of(&kv, req->nprompt, &got);
+    }
+    free(blocks);
+    free(fixed);
+    free(segb);
+    free(nblocks);
+    if (st != TD_OK) {
+        drank_fail(r, req, TD_LOG_ERROR, true, "received kv from prefill %s: no checksum: %s",
+                   req->prefill, td_status_str(st));
+        return st;
+    }
+    if (got != want) {
+        r->stats.kv_sum_mismatch++;
+        drank_fail(r, req, TD_LOG_ERROR, true, "received kv checksum mismatch: %016llx over "
+                   "%zu prompt tokens, prefill %s sent %016llx", (unsigned long long)got,
+                   req->nprompt, req->prefill, (unsigned long long)want);
+        return TD_ERR_MISMATCH;
+    }
+    return TD_OK;
 }
 
 /* ---- Cancel and the grace period --------------------------------------------- */
@@ -806,6 +901,12 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         !r->rows || !r->row_req || !r->step_ev)
         goto err_destroy;
     r->cfg.node_id = r->node_id;
+    uint64_t seed;
+    if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        st = TD_ERR_IO;
+        goto err_destroy;
+    }
+    r->xfer_ids = td_rng_seed(seed);
     st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
     if (st != TD_OK)
         goto err_destroy;
