@@ -13,13 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <event2/event.h>
 
 #include "clock.h"
 #include "dreq.h"
 #include "jobq.h"
+#include "kvsum.h"
 #include "log.h"
+#include "rng.h"
 
 struct td_drank_s {
     struct event_base *base;
@@ -39,8 +42,8 @@ struct td_drank_s {
     td_dreq_t **row_req;             /* [max_batch] */
     size_t nrows;                    /* rows of the step on the compute thread */
     td_status_t step_st;             /* what that step returned */
-    uint64_t next_xfer;
     td_jobq_t *jq;                   /* the compute thread */
+    td_rng_t xfer_ids;               /* transfer ids: seeded from getrandom at create */
     struct event *step_ev;
     bool step_scheduled;          /* step_ev is active or pending */
     bool stepping;                /* a step is on the compute thread */
@@ -77,6 +80,19 @@ drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
         if (r->slots[i] != NULL && r->slots[i]->xfer_id == xfer_id)
             return r->slots[i];
     return NULL;
+}
+
+/* A fresh transfer id: random (a stale or forged note cannot guess it),
+ * never 0, unique among the rank's live requests. The stream is splitmix64
+ * from a getrandom seed: distinct values for 2^64 draws. */
+static uint64_t
+drank_xfer_id(td_drank_t *r)
+{
+    uint64_t id;
+    do
+        id = td_rng_next(&r->xfer_ids);
+    while (id == 0 || drank_find_xfer(r, id) != NULL);
+    return id;
 }
 
 static void
@@ -295,6 +311,8 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         bad = "empty prompt";
     else if (drank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
+    else if (a->prefill_incarnation == 0)
+        bad = "no prefill incarnation";
     else
         bad = drank_sampling(r, a->sampling, &sp);
     for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
@@ -344,7 +362,8 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     ereq->user = req;
     req->res = res;
     req->router = router;
-    req->xfer_id = ++r->next_xfer;
+    req->xfer_id = drank_xfer_id(r);
+    req->prefill_inc = a->prefill_incarnation;
     req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
@@ -421,11 +440,15 @@ typedef struct {
     td_dreq_t *req;
     uint64_t t_note, t_start, t_end;   /* ns: note in, adoption began, ended */
     int32_t note_first;          /* P's first token */
+    uint64_t want_sum, got_sum;  /* the checksum P sent, and ours over the blocks */
     int32_t first;               /* ours (or P's, taken) */
     td_sample_finish_t fin;
     td_status_t st;
     const char *what;            /* the step that failed */
 } drank_adopt_t;
+
+static bool drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req,
+                                 const td_xfer_note_t *note);
 
 /* Compute thread: adopt the prompt whose KV is in the request's blocks (the
  * engine checks what it can: the synthetic engine every byte), then the
@@ -437,8 +460,21 @@ drank_adopt_run(void *arg)
 {
     drank_adopt_t *j = arg;
     td_engine_req_t *ereq = j->req->ereq;
+    uint64_t got = 0;
 
     j->t_start = td_clock_ns();
+    /* the checksum first: the bytes in the blocks must be the bytes P sent */
+    j->st = td_kvsum_of(&j->req->res->kv, j->req->nprompt, &got);
+    j->got_sum = got;
+    if (j->st != TD_OK) {
+        j->what = "no checksum of the received kv";
+        return;
+    }
+    if (got != j->want_sum) {
+        j->st = TD_ERR_MISMATCH;
+        j->what = "received kv checksum mismatch";
+        return;
+    }
     j->st = td_engine_adopt(ereq, j->req->prompt, j->req->nprompt);
     j->t_end = td_clock_ns();
     if (j->st != TD_OK) {
@@ -475,6 +511,13 @@ drank_adopt_done(void *arg)
             drank_release(r, req);
         goto out;
     }
+    if (j->st == TD_ERR_MISMATCH && j->got_sum != j->want_sum) {
+        r->stats.kv_sum_mismatch++;
+        drank_fail(r, req, TD_LOG_ERROR, true, "%s: %016llx over %zu prompt tokens, prefill %s "
+                   "sent %016llx", j->what, (unsigned long long)j->got_sum, req->nprompt,
+                   req->prefill, (unsigned long long)j->want_sum);
+        goto out;
+    }
     if (j->st != TD_OK) {
         drank_fail(r, req, TD_LOG_ERROR, true, "%s (prefill %s): %s", j->what, req->prefill,
                    td_status_str(j->st));
@@ -509,6 +552,7 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
     j->req = req;
     j->t_note = td_clock_ns();
     j->note_first = kn->first_token;
+    j->want_sum = kn->kv_sum;
     if (td_jobq_post(r->jq, drank_adopt_run, drank_adopt_done, j) != TD_OK) {
         free(j);
         drank_fail(r, req, TD_LOG_ERROR, true, "cannot hand its adoption to the compute thread");
@@ -532,6 +576,8 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
                 td_status_str(note->status));
         return;
     }
+    if (!drank_note_sender_ok(r, req, note))
+        return;
     if (note->status == TD_OK && note->payload_len == 0)
         return;   /* one (chunk, layer) landed; more follow */
     if (req->kv_done) {
@@ -585,6 +631,27 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
         tandem__kv_note__free_unpacked(kn, NULL);
 }
 
+/* ---- KV integrity: the notes' sender, the checksum ---------------------------- */
+
+/* A note for req counts only from the prefill incarnation its Admit named;
+ * one from another incarnation (an earlier life of that rank, or another
+ * process writing with a known id) is dropped and counted. */
+static bool
+drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *note)
+{
+    if (note->src_incarnation == req->prefill_inc)
+        return true;
+    r->stats.notes_stale++;
+    td_warn("decode rank %u: request %016llx: note from incarnation %016llx dropped: its "
+            "prefill is %s (status %s)", r->cfg.rank_id, (unsigned long long)req->id,
+            (unsigned long long)note->src_incarnation, req->prefill,
+            td_status_str(note->status));
+    return false;
+}
+
+/* Before anything is adopted: the checksum of the prompt's KV in the
+ * request's blocks (engine/kvsum.h) must be the one P sent. On a mismatch
+ * (or no memory) the request fails here, counted, and is gone on return. */
 /* ---- Cancel and the grace period --------------------------------------------- */
 
 static void
@@ -870,6 +937,12 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     if (st != TD_OK)
         goto err_destroy;
     r->cfg.node_id = r->node_id;
+    uint64_t seed;
+    if (getrandom(&seed, sizeof(seed), 0) != (ssize_t)sizeof(seed)) {
+        st = TD_ERR_IO;
+        goto err_destroy;
+    }
+    r->xfer_ids = td_rng_seed(seed);
     st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
     if (st != TD_OK)
         goto err_destroy;

@@ -31,7 +31,9 @@ typedef enum {
 
 typedef struct {
     uint64_t id;                 /* the router's request id */
-    uint64_t xfer_id;            /* the id the prefill's transfers carry (rank-unique) */
+    uint64_t xfer_id;            /* the id the prefill's transfers carry (random, non-zero,
+                                    unique among the rank's live requests) */
+    uint64_t prefill_inc;        /* the prefill incarnation its notes must come from */
     td_dreq_state_t state;
     void *router;                /* the router that admitted it; NULL once it is gone */
     td_kvpool_res_t *res;        /* the reserved blocks; NULL once released */

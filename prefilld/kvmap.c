@@ -18,6 +18,12 @@ td_kvmap_create(const td_layout_t *layout, const Tandem__KvDest *dest, uint64_t 
         return TD_ERR_NOMEM;
     }
     m->layout = layout;
+    m->ntokens = ntokens;
+    if (td_kvsum_create(layout, &m->sum) != TD_OK) {
+        snprintf(reason, reason_len, "out of memory");
+        td_kvmap_destroy(m);
+        return TD_ERR_NOMEM;
+    }
     for (size_t i = 0; i < dest->n_segs; i++) {
         const Tandem__SegDest *sd = dest->segs[i];
         if (sd->seg >= layout->nsegs) {
@@ -71,6 +77,7 @@ td_kvmap_destroy(td_kvmap_t *m)
         return;
     for (uint32_t i = 0; i < m->layout->nsegs; i++)
         free(m->segs[i].blocks);
+    td_kvsum_destroy(m->sum);
     free(m->segs);
     free(m);
 }
@@ -137,8 +144,33 @@ kvmap_walk(const td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_
     return TD_OK;
 }
 
+/* Add a batch's pieces to the checksum, from the bytes the puts send (in
+ * the request's KV memory), one block run at a time. A refusal sticks in the
+ * sum and is reported by td_kvmap_sum. */
+static void
+kvmap_sum_add(td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_t *pieces,
+              size_t npieces)
+{
+    uint64_t be = m->layout->block_entries;
+
+    for (size_t i = 0; i < npieces; i++) {
+        const td_engine_piece_t *p = &pieces[i];
+        if (m->layout->segs[p->seg].kind == TD_LAYOUT_FIXED) {
+            (void)td_kvsum_update(m->sum, p->seg, p->first, p->count, kv->fixed[p->seg]);
+            continue;
+        }
+        for (uint64_t e = p->first; e < p->first + p->count;) {
+            uint64_t n = be - e % be;
+            if (n > p->first + p->count - e)
+                n = p->first + p->count - e;
+            (void)td_kvsum_update(m->sum, p->seg, e, n, td_layout_kv_entry(kv, p->seg, e));
+            e += n;
+        }
+    }
+}
+
 td_status_t
-td_kvmap_batch_create(const td_kvmap_t *m, const td_layout_kv_t *kv,
+td_kvmap_batch_create(td_kvmap_t *m, const td_layout_kv_t *kv,
                       const td_engine_piece_t *pieces, size_t npieces, td_kvmap_batch_t **out,
                       char *reason, size_t reason_len)
 {
@@ -159,6 +191,7 @@ td_kvmap_batch_create(const td_kvmap_t *m, const td_layout_kv_t *kv,
         free(b);
         return st;
     }
+    kvmap_sum_add(m, kv, pieces, npieces);
     *out = b;
     return TD_OK;
 }
@@ -167,4 +200,10 @@ void
 td_kvmap_batch_free(td_kvmap_batch_t *b)
 {
     free(b);
+}
+
+td_status_t
+td_kvmap_sum(const td_kvmap_t *m, uint64_t *out, char *reason, size_t reason_len)
+{
+    return td_kvsum_final(m->sum, m->ntokens, out, reason, reason_len);
 }

@@ -2,8 +2,10 @@
  * the router sent (one destination per layout segment), and the mapping of
  * one (chunk, layer) batch of engine pieces onto transfer descriptors that
  * read the entries where the engine wrote them, in the rank's pool (no
- * staging copy: a block entry run is contiguous on both sides).
- * Ownership: a td_kvmap_t owns its block lists; a td_kvmap_batch_t is one
+ * staging copy: a block entry run is contiguous on both sides), and the
+ * running checksum of every byte put (engine/kvsum.h) for the terminal KvNote.
+ * Ownership: a td_kvmap_t owns its block lists and its checksum state; a
+ * td_kvmap_batch_t is one
  * allocation (descriptors) freed with td_kvmap_batch_free; the pool memory
  * it points at must stay unchanged until the transfer is done. */
 #ifndef TD_KVMAP_H
@@ -13,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "kvsum.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
@@ -29,6 +32,8 @@ typedef struct {
 typedef struct {
     const td_layout_t *layout;   /* borrowed from the engine */
     td_kvmap_seg_t *segs;        /* [layout->nsegs], indexed by segment */
+    uint64_t ntokens;            /* the prompt */
+    td_kvsum_t *sum;             /* every staged piece, in the order staged */
 } td_kvmap_t;
 
 /* Check dest against the layout for a prompt of ntokens: every segment named
@@ -52,10 +57,18 @@ typedef struct {
  * offset (e % block_entries) × entry_bytes, a piece spanning blocks becomes
  * one descriptor per block; a fixed segment goes whole to its slot at
  * offset 0. Every destination is range-checked against the KvDest, every
- * source against kv (TD_ERR_RANGE with a reason, nothing allocated). */
-td_status_t td_kvmap_batch_create(const td_kvmap_t *m, const td_layout_kv_t *kv,
+ * source against kv (TD_ERR_RANGE with a reason, nothing allocated). The
+ * pieces' bytes are added to the map's checksum (pieces out of order make
+ * td_kvmap_sum fail, not this call). */
+td_status_t td_kvmap_batch_create(td_kvmap_t *m, const td_layout_kv_t *kv,
                                   const td_engine_piece_t *pieces, size_t npieces,
                                   td_kvmap_batch_t **out, char *reason, size_t reason_len);
 void td_kvmap_batch_free(td_kvmap_batch_t *b);
+
+/* The checksum of every byte staged so far, for the terminal KvNote once the
+ * prompt's KV has all been staged (engine/kvsum.h: td_kvsum_final over the
+ * prompt's tokens). TD_ERR_RANGE with a reason when the staged pieces are
+ * not exactly the prompt's KV in order (a bug in the engine or the caller). */
+td_status_t td_kvmap_sum(const td_kvmap_t *m, uint64_t *out, char *reason, size_t reason_len);
 
 #endif

@@ -509,6 +509,19 @@ task_on_note_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
     task_end(t);
 }
 
+/* The checksum of the KV the task staged (docs/xfer.md, "KV checksum"). A
+ * sum that cannot be given fails the task, whose note then says why. */
+static uint64_t
+task_kv_sum(task_t *t)
+{
+    char why[TD_KVMAP_REASON_MAX];
+    uint64_t sum = 0;
+    td_status_t st = td_kvmap_sum(t->map, &sum, why, sizeof(why));
+    if (st != TD_OK)
+        task_fail(t, st, "kv checksum: %s", why);
+    return sum;
+}
+
 /* Once the engine part is over and every data transfer has ended, post the
  * terminal notification: a transfer with no pieces whose payload is the
  * KvNote. Its flush follows the earlier transfers' completion, so the decode
@@ -524,6 +537,7 @@ task_try_terminal(task_t *t)
         task_end(t);   /* nobody to notify: the decode rank goes by its endpoint's failure */
         return;
     }
+    uint64_t kv_sum = t->status == TD_OK && !t->canceled ? task_kv_sum(t) : 0;
     Tandem__KvNote note = TANDEM__KV_NOTE__INIT;
     note.req_id = t->req_id;
     if (t->status != TD_OK) {
@@ -533,6 +547,7 @@ task_try_terminal(task_t *t)
         note.reason = t->reason;
     } else {
         note.first_token = t->first_token;
+        note.kv_sum = kv_sum;
     }
     uint8_t buf[TD_KVMAP_REASON_MAX + 64];
     size_t len = tandem__kv_note__pack(&note, buf);

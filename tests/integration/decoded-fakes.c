@@ -222,6 +222,12 @@ fk_p_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces
         for (uint64_t k = 0; k < pc->count; k++)   /* entries from the request's KV */
             memcpy(p + k * seg->entry_bytes, td_layout_kv_entry(&req->kv, pc->seg, pc->first + k),
                    seg->entry_bytes);
+        if (fp->corrupt_src && seg->kind == TD_LAYOUT_PAGED) {
+            p[pc->count * seg->entry_bytes - 1] ^= 0x40;
+            fp->corrupt_src = 0;
+        }
+        if (fp->sum)
+            FK_CHECK(td_kvsum_update(fp->sum, pc->seg, pc->first, pc->count, p) == TD_OK);
         if (fp->corrupt && seg->kind == TD_LAYOUT_PAGED) {
             p[pc->count * seg->entry_bytes - 1] ^= 0x40;
             fp->corrupt = 0;
@@ -253,9 +259,16 @@ td_status_t
 fk_p_create(struct event_base *base, const Tandem__Register *reg, uint64_t d_inc,
           const td_layout_t *layout, fk_p_t *fp)
 {
+    return fk_p_create_inc(base, reg, d_inc, P_INC, layout, fp);
+}
+
+td_status_t
+fk_p_create_inc(struct event_base *base, const Tandem__Register *reg, uint64_t d_inc,
+                uint64_t p_inc, const td_layout_t *layout, fk_p_t *fp)
+{
     memset(fp, 0, sizeof(*fp));
     fp->layout = layout;
-    td_xfer_config_t xc = { .incarnation = P_INC, .transports = TLS };
+    td_xfer_config_t xc = { .incarnation = p_inc, .transports = TLS };
     td_status_t st = td_xfer_create(base, &xc, &fp->x);
     if (st != TD_OK)
         return st;
@@ -293,16 +306,24 @@ fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
         td_testkv_destroy(&kv);
         return -1;
     }
+    FK_CHECK(td_kvsum_create(fp->layout, &fp->sum) == TD_OK);
     FK_CHECK((td_engine_prefill(req, prompt, n, 1, fk_p_layer, fp)) == TD_OK);
     FK_CHECK((td_engine_sample(req, &first, &fin)) == TD_OK);
     td_engine_req_destroy(req);
     td_testkv_destroy(&kv);   /* the staged copies (fp->bufs) are what UCX reads */
+    uint64_t sum = 0;
+    char why[160];
+    FK_CHECK(fp->sum && td_kvsum_final(fp->sum, n, &sum, why, sizeof(why)) == TD_OK);
+    td_kvsum_destroy(fp->sum);
+    fp->sum = NULL;
     if (terminal) {
         Tandem__KvNote note = TANDEM__KV_NOTE__INIT;
         uint8_t buf[128];
         note.req_id = id;
         note.first_token = canceled ? 0 : first;
         note.canceled = canceled;
+        note.kv_sum = canceled ? 0 : sum ^ (fp->bad_sum ? 1 : 0);
+        fp->bad_sum = 0;
         size_t len = tandem__kv_note__pack(&note, buf);
         td_status_t st = td_xfer_post(fp->peer, dest->xfer_id, NULL, 0, buf, len, DEADLINE_MS,
                                       fk_p_done, fp);

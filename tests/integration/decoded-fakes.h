@@ -13,6 +13,7 @@
 #include "../unit/testkv.h"
 #include "../unit/testutil.h"
 #include "engine.h"
+#include "kvsum.h"
 #include "registry.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
@@ -78,16 +79,26 @@ typedef struct {
     const td_layout_t *layout;
     uint8_t *bufs[256];     /* staged piece bytes, alive until the end */
     size_t nbufs;
-    int corrupt;            /* flip one byte of the first paged piece */
+    /* Faults, each cleared once done: */
+    int corrupt;            /* flip one byte of the first paged piece in flight (after
+                               the checksum took it) */
+    int corrupt_src;        /* flip it before the checksum: wrong KV, right sum */
+    int bad_sum;            /* send a wrong checksum in the next KvNote */
+    td_kvsum_t *sum;        /* of the push in progress (engine/kvsum.h) */
     int inflight;
     int failed;
 } fk_p_t;
+/* A fake prefill of incarnation P_INC (fk_p_create_inc: p_inc) with an
+ * endpoint to the decode rank of d_inc that reg describes. */
 td_status_t fk_p_create(struct event_base *base, const Tandem__Register *reg, uint64_t d_inc,
                         const td_layout_t *layout, fk_p_t *fp);
+td_status_t fk_p_create_inc(struct event_base *base, const Tandem__Register *reg,
+                            uint64_t d_inc, uint64_t p_inc, const td_layout_t *layout,
+                            fk_p_t *fp);
 void fk_p_destroy(fk_p_t *fp);
 /* Prefill prompt into dest (every layer's pieces, one transfer each); with
- * `terminal` post the KvNote (canceled, or the first token). Returns the
- * first token. */
+ * `terminal` post the KvNote (canceled, or the first token and the checksum
+ * of the pieces as the engine gave them). Returns the first token. */
 int32_t fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
                   const int32_t *prompt, size_t n, uint32_t max_tokens, int terminal,
                   int canceled);

@@ -4,7 +4,9 @@
  * that is SIGKILLed mid-transfer for the grace-period path. Checks tokens
  * against the synthetic engine's own expectation, admission rejects, KV
  * verification, cancel mid-prefill and mid-decode, a stale incarnation, and
- * that blocks are freed only as the invariant allows (docs/decoded.md). */
+ * that blocks are freed only as the invariant allows (docs/decoded.md); KV
+ * integrity: the checksum (a byte flipped in flight, a wrong sum), notes
+ * matched on (transfer id, sender incarnation), random transfer ids. */
 #include "drank.h"
 
 #include <errno.h>
@@ -153,6 +155,16 @@ test_rejects(env_t *t)
     admit(t, 203, p, 8, 0, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);   /* max_tokens */
     int32_t bad[2] = { 5, 1000 };
     admit(t, 204, bad, 2, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
+    {   /* no prefill incarnation: its notes could not be matched */
+        fk_admit_t adm;
+        fk_admit_init(&adm, 240, p, 8, 10);
+        adm.a.prefill_incarnation = 0;
+        td_drank_on_message(t->rk, t->rt, &adm.env);
+        const Tandem__Envelope *rej =
+            fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, 240);
+        CHECK(rej != NULL && rej->admit_reject->code ==
+                                 TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID);
+    }
     admit(t, 205, p, 8, 4090, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG);
     admit(t, 206, p, 8, KV_TOKENS, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY);
     for (uint64_t id = 207; id < 207 + MAX_BATCH - 1; id++)
@@ -179,28 +191,51 @@ test_rejects(env_t *t)
     fk_router_clear(t->rt);
 }
 
-/* A flipped byte in the pushed KV: Tokens ERROR naming the mismatch. */
+/* Bad KV: a byte flipped in flight (after P's checksum took it) and a wrong
+ * checksum over the right bytes fail the request on the checksum, before
+ * adopt (counted); KV wrong at P with a checksum that agrees passes it and is
+ * caught by the engine's check. Each: Tokens ERROR with the reason, no token,
+ * the blocks freed at once (the note was terminal). */
 static void
 test_corrupt(env_t *t)
 {
+    static const struct {
+        int corrupt, corrupt_src, bad_sum;
+        const char *error;
+        int mismatch;
+    } cases[] = {
+        { 0, 1, 0, "does not verify", 0 },
+        { 1, 0, 0, "checksum mismatch", 1 },
+        { 0, 0, 1, "checksum mismatch", 1 },
+    };
     int32_t p[20];
     fk_prompt(p, 20, 4);
     fk_p_t fp;
     CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
-    const Tandem__KvDest *d = admit(t, 301, p, 20, 10, 0);
-    if (d != NULL) {
-        fp.corrupt = 1;
-        fk_p_push(&fp, t->e, d, 301, p, 20, 10, 1, 0);
-        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 301, 5000));
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t id = 301 + i;
+        td_drank_stats_t st0, st;
+        td_drank_stats(t->rk, &st0);
+        const Tandem__KvDest *d = admit(t, id, p, 20, 10, 0);
+        if (d == NULL)
+            continue;
+        fp.corrupt = cases[i].corrupt;
+        fp.corrupt_src = cases[i].corrupt_src;
+        fp.bad_sum = cases[i].bad_sum;
+        fk_p_push(&fp, t->e, d, id, p, 20, 10, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, id, 5000));
         int32_t got[16];
         int fin;
         const char *err;
-        size_t n = fk_router_tokens(t->rt, 301, got, 16, &fin, &err);
+        size_t n = fk_router_tokens(t->rt, id, got, 16, &fin, &err);
         CHECK_EQ_INT(n, 0);
         CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
-        CHECK(err != NULL && strstr(err, "does not verify") != NULL);
+        CHECK(err != NULL && strstr(err, cases[i].error) != NULL);
+        td_drank_stats(t->rk, &st);
+        CHECK_EQ_INT(st.kv_sum_mismatch - st0.kv_sum_mismatch, cases[i].mismatch);
+        CHECK_EQ_INT(st.failed - st0.failed, 1);
+        CHECK_EQ_INT(blocks_used(t), 0);
     }
-    CHECK_EQ_INT(blocks_used(t), 0);
     fk_run_until(t->base, fk_never, NULL, 20);
     fk_p_destroy(&fp);
     fk_router_clear(t->rt);
@@ -418,6 +453,87 @@ test_unfit_input(env_t *t)
     fk_router_clear(t->rt);
 }
 
+/* ---- KV notes: matched on (transfer id, sender incarnation) --------------------- */
+
+/* Another incarnation of the prefill (here: a process that knows the
+ * transfer id) pushes the request's KV, a failure note and a canceled
+ * terminal note: every note is dropped and counted, the request waits as
+ * if nothing came; then the prefill its Admit named serves it. */
+static void
+test_sender_incarnation(env_t *t)
+{
+    int32_t p[18], got[16], want[16];
+    fk_prompt(p, 18, 13);
+    fk_p_t fp, other;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    CHECK_STATUS(fk_p_create_inc(t->base, &t->reg, D_INC, P_INC + 2, t->e->layout, &other),
+                 TD_OK);
+    const Tandem__KvDest *d = admit(t, 901, p, 18, 10, 0);
+    if (d != NULL) {
+        td_drank_stats_t st0, st;
+        td_drank_stats(t->rk, &st0);
+        uint64_t in0 = notes_in(t), out0 = notes_out(&other);
+        fk_p_push(&other, t->e, d, 901, p, 18, 10, 0, 0);
+        post_refused(&other, d->xfer_id);
+        fk_p_push(&other, t->e, d, 901, p, 18, 10, 1, 1);
+        wait_notes(t, &other, in0, out0);
+        td_drank_stats(t->rk, &st);
+        CHECK(notes_out(&other) - out0 > 2);
+        CHECK_EQ_INT(st.notes_stale - st0.notes_stale, notes_out(&other) - out0);
+        CHECK_EQ_INT(st.waiting, 1);
+        CHECK_EQ_INT(st.failed + st.canceled, st0.failed + st0.canceled);
+        CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 901) == NULL);
+        CHECK(blocks_used(t) > 0);
+
+        fk_p_push(&fp, t->e, d, 901, p, 18, 10, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 901, 5000));
+        int fin;
+        const char *err;
+        size_t n = fk_router_tokens(t->rt, 901, got, 16, &fin, &err);
+        CHECK(n == 10 && fk_expect(t->e, p, 18, 10, want) == 10 &&
+              memcmp(got, want, sizeof(int32_t) * 10) == 0);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+        td_drank_stats(t->rk, &st0);
+        CHECK_EQ_INT(st0.notes_stale, st.notes_stale);   /* P's own notes all counted */
+    }
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_run_until(t->base, fk_never, NULL, 20);
+    fk_p_destroy(&other);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
+/* Transfer ids are random: never 0, distinct, and nowhere near each other
+ * (a counter's would differ by 1). */
+static void
+test_xfer_ids(env_t *t)
+{
+    int32_t p[8];
+    uint64_t ids[3 * MAX_BATCH];
+    size_t n = 0;
+    fk_prompt(p, 8, 14);
+    for (int round = 0; round < 3; round++) {
+        for (uint64_t k = 0; k < MAX_BATCH; k++) {
+            uint64_t id = 1000 + (uint64_t)round * MAX_BATCH + k;
+            const Tandem__KvDest *d = admit(t, id, p, 8, 4, 0);
+            if (d != NULL)
+                ids[n++] = d->xfer_id;
+        }
+        for (uint64_t k = 0; k < MAX_BATCH; k++)
+            cancel_from(t, t->rt, 1000 + (uint64_t)round * MAX_BATCH + k, 1);
+        fk_router_clear(t->rt);
+    }
+    CHECK_EQ_INT(n, 3 * MAX_BATCH);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(ids[i] != 0);
+        for (size_t j = 0; j < i; j++) {
+            uint64_t gap = ids[i] > ids[j] ? ids[i] - ids[j] : ids[j] - ids[i];
+            CHECK(gap > (1ull << 32));
+        }
+    }
+    CHECK_EQ_INT(blocks_used(t), 0);
+}
+
 /* ---- The forked prefill: SIGKILLed mid-transfer --------------------------------- */
 
 
@@ -596,6 +712,8 @@ main(void)
         test_corrupt(&t);
         test_cancel(&t);
         test_unfit_input(&t);
+        test_sender_incarnation(&t);
+        test_xfer_ids(&t);
         test_prefill_killed(&t, child, sv[0]);
         test_router_down(&t);
         test_router_match(&t);

@@ -1,8 +1,8 @@
 /* tests/integration/prefilld-driver.c — black-box test of the prefilld binary
  * (argv[1]): this process is its router (a td_ctl listener) and its decode
  * rank (a td_xfer receiver with one pool per KV segment). Both rank threads
- * register; requests run interleaved and every received KV byte and first
- * token is checked; a cancel, a router connection lost mid-prefill, and
+ * register; requests run interleaved and every received KV byte, the KV
+ * checksum of the terminal note and the first token are checked; a cancel, a router connection lost mid-prefill, and
  * SIGTERM mid-prefill each end with exactly one terminal note; exit 0. */
 #include <errno.h>
 #include <event2/event.h>
@@ -19,9 +19,11 @@
 #include <unistd.h>
 
 #include "../unit/check.h"
+#include "../unit/testkv.h"
 #include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
+#include "kvsum.h"
 #include "registry.h"
 #include "synthetic.h"
 #include "xfer.h"
@@ -42,7 +44,7 @@ static const char *const engine_args[] = {
 #define NENGINE_ARGS (sizeof(engine_args) / sizeof(engine_args[0]))
 
 typedef struct {
-    int terminal, canceled, failed, verified;
+    int terminal, canceled, failed, verified, sum_ok;
     int32_t first_token;
     int done;
     td_status_t done_status;
@@ -89,8 +91,12 @@ verify_req(int i)
     const td_layout_t *l = g.engine->layout;
     td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
-    if (td_engine_req_create(g.engine, &sp, &req) != TD_OK)
+    td_testkv_t kv;
+    if (td_testkv_create(l, r->len, &kv) != 0 ||
+        td_engine_req_create(g.engine, &sp, &kv.res->kv, &req) != TD_OK) {
+        td_testkv_destroy(&kv);
         return 0;
+    }
     int ok = td_engine_prefill(req, r->prompt, r->len, 1, ignore_layer, NULL) == TD_OK;
     for (uint32_t s = 0; ok && s < l->nsegs; s++) {
         const td_layout_seg_t *seg = &l->segs[s];
@@ -109,7 +115,36 @@ verify_req(int i)
     td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == r->first_token;
     td_engine_req_destroy(req);
+    td_testkv_destroy(&kv);
     return ok;
+}
+
+/* The checksum of request i's KV over the blocks it landed in, as a decode
+ * rank computes it (engine/kvsum.h). */
+static uint64_t
+pool_sum(int i)
+{
+    req_t *r = &g.reqs[i];
+    const td_layout_t *l = g.engine->layout;
+    static uint8_t *ptrs[16][800];
+    uint64_t nblocks[16] = { 0 }, sum = 0;
+    uint8_t *fixed[16] = { 0 };
+    uint8_t *const *segb[16] = { 0 };
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        uint8_t *base = td_xfer_pool_base(g.pools[s]);
+        size_t bs = td_xfer_pool_block_size(g.pools[s]);
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            fixed[s] = base + r->blocks[s][0] * bs;
+            continue;
+        }
+        nblocks[s] = td_layout_blocks(l, &l->segs[s], r->len);
+        for (uint64_t b = 0; b < nblocks[s]; b++)
+            ptrs[s][b] = base + r->blocks[s][b] * bs;
+        segb[s] = ptrs[s];
+    }
+    td_layout_kv_t kv = { l, nblocks, segb, fixed };
+    CHECK_STATUS(td_kvsum_of(&kv, r->len, &sum), TD_OK);
+    return sum;
 }
 
 static void
@@ -125,8 +160,10 @@ on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
         r->canceled = kn->canceled;
         r->failed = !kn->canceled && kn->reason && kn->reason[0];
         r->first_token = kn->first_token;
-        if (!r->canceled && !r->failed)
+        if (!r->canceled && !r->failed) {
             r->verified = verify_req((int)kn->req_id);
+            r->sum_ok = kn->kv_sum == pool_sum((int)kn->req_id);
+        }
     }
     if (kn)
         tandem__kv_note__free_unpacked(kn, NULL);
@@ -429,6 +466,7 @@ main(int argc, char **argv)
         for (int i = 0; i < 4; i++) {
             CHECK_STATUS(g.reqs[i].done_status, TD_OK);
             CHECK(g.reqs[i].verified);
+            CHECK(g.reqs[i].sum_ok);
             CHECK_EQ_INT(g.reqs[i].done_token, g.reqs[i].first_token);
         }
         CHECK_STATUS(g.reqs[4].done_status, TD_ERR_CANCELED);

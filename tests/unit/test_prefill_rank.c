@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "registry.h"
 #include "kvmap.h"
+#include "kvsum.h"
 #include "prank.h"
 #include "synthetic.h"
 #include "xfer.h"
@@ -29,6 +30,7 @@ static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 
 typedef struct {
     int terminal;           /* notes with a KvNote payload */
+    int sum_ok;             /* its kv_sum equals the checksum over the received blocks */
     int fail_notes;         /* notes without payload and status != OK */
     int canceled;
     int has_reason;
@@ -127,6 +129,32 @@ verify_req(env_t *e, int i)
     return ok;
 }
 
+/* The fake decode rank's checksum of request i's KV, over its pool blocks
+ * (engine/kvsum.h), as a decode rank computes it. */
+static uint64_t
+pool_sum(env_t *e, int i)
+{
+    const td_layout_t *l = e->check->layout;
+    uint64_t nblocks[MAX_SEGS] = { 0 }, sum = 0;
+    uint8_t *ptrs[MAX_SEGS][MAX_BLOCKS], *fixed[MAX_SEGS] = { 0 };
+    uint8_t *const *segb[MAX_SEGS] = { 0 };
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        uint8_t *base = td_xfer_pool_base(e->pools[s]);
+        size_t bs = td_xfer_pool_block_size(e->pools[s]);
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            fixed[s] = base + e->blocks[i][s][0] * bs;
+            continue;
+        }
+        nblocks[s] = e->segs[i][s].n_blocks;
+        for (uint64_t b = 0; b < nblocks[s]; b++)
+            ptrs[s][b] = base + e->blocks[i][s][b] * bs;
+        segb[s] = ptrs[s];
+    }
+    td_layout_kv_t kv = { l, nblocks, segb, fixed };
+    CHECK_STATUS(td_kvsum_of(&kv, e->lens[i], &sum), TD_OK);
+    return sum;
+}
+
 static void
 on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
 {
@@ -147,8 +175,12 @@ on_note(td_xfer_t *x, const td_xfer_note_t *n, void *arg)
         r->canceled = kn->canceled;
         r->has_reason = kn->reason && kn->reason[0];
         r->first_token = kn->first_token;
-        if (!r->canceled && !r->has_reason)
+        if (!r->canceled && !r->has_reason) {
             r->verified = verify_req(e, (int)kn->req_id);
+            r->sum_ok = kn->kv_sum == pool_sum(e, (int)kn->req_id);
+        } else {
+            CHECK(kn->kv_sum == 0);   /* only a success carries a checksum */
+        }
     }
     tandem__kv_note__free_unpacked(kn, NULL);
 }
@@ -390,6 +422,82 @@ notes_of(env_t *e, int i)
 
 /* ---- kvmap ------------------------------------------------------------------- */
 
+typedef struct {
+    td_kvmap_t *m;
+    uint8_t (*mem)[3][4 * 32];   /* [segment][block - 10 * (segment + 1)] */
+} stage_t;
+
+/* A layer's pieces staged by the map, then "put": copied where the
+ * descriptors say (pool 100 + s, block 10 * (s + 1) + b of test_kvmap). */
+static td_status_t
+kvmap_stage(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, size_t n,
+            void *arg)
+{
+    stage_t *c = arg;
+    td_kvmap_batch_t *b;
+    char why[256];
+    if (n == 0)
+        return TD_OK;
+    td_status_t st = td_kvmap_batch_create(c->m, &req->kv, p, n, &b, why, sizeof(why));
+    CHECK_STATUS(st, TD_OK);
+    if (st != TD_OK)
+        return st;
+    for (size_t i = 0; i < b->ndescs; i++) {
+        const td_xfer_desc_t *d = &b->descs[i];
+        uint32_t s = d->pool_id - 100;
+        memcpy(c->mem[s][d->block - 10 * (s + 1)] + d->offset, d->src, d->len);
+    }
+    td_kvmap_batch_free(b);
+    return TD_OK;
+}
+
+/* The map's checksum over what it staged, batch after batch as the engine
+ * hands out a 10-token prompt in chunks of 3, equals the checksum of the
+ * staged bytes put in place (here: a decode rank's blocks, in memory). */
+static void
+test_kvmap_sum(td_engine_t *eng, const Tandem__KvDest *d)
+{
+    const td_layout_t *l = eng->layout;
+    td_kvmap_t *m;
+    char why[256];
+    CHECK_STATUS(td_kvmap_create(l, d, 10, &m, why, sizeof(why)), TD_OK);
+    if (m == NULL)
+        return;
+    static uint8_t mem[MAX_SEGS][3][4 * 32];   /* 3 blocks (fixed: 1 slot) per segment */
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_engine_req_t *req;
+    td_testkv_t src;
+    CHECK(td_testkv_create(l, 10, &src) == 0);
+    CHECK_STATUS(td_engine_req_create(eng, &sp, &src.res->kv, &req), TD_OK);
+    static const int32_t prompt[10] = { 5, 9, 2, 7, 7, 1, 0, 3, 8, 4 };
+    stage_t ctx = { m, mem };
+    for (size_t at = 0; at < 10; at += 3) {
+        size_t n = 10 - at < 3 ? 10 - at : 3;
+        CHECK_STATUS(td_engine_prefill(req, prompt + at, n, at + n == 10, kvmap_stage, &ctx),
+                     TD_OK);
+    }
+    td_engine_req_destroy(req);
+    td_testkv_destroy(&src);
+    uint64_t nblocks[MAX_SEGS] = { 0 }, want = 0, got = 1;
+    uint8_t *ptrs[MAX_SEGS][3], *fixed[MAX_SEGS] = { 0 };
+    uint8_t *const *segb[MAX_SEGS] = { 0 };
+    for (uint32_t s = 0; s < l->nsegs; s++) {
+        if (l->segs[s].kind == TD_LAYOUT_FIXED) {
+            fixed[s] = mem[s][0];
+            continue;
+        }
+        nblocks[s] = 3;
+        for (int b = 0; b < 3; b++)
+            ptrs[s][b] = mem[s][b];
+        segb[s] = ptrs[s];
+    }
+    td_layout_kv_t kv = { l, nblocks, segb, fixed };
+    CHECK_STATUS(td_kvsum_of(&kv, 10, &want), TD_OK);
+    CHECK_STATUS(td_kvmap_sum(m, &got, why, sizeof(why)), TD_OK);
+    CHECK(got == want);
+    td_kvmap_destroy(m);
+}
+
 static void
 test_kvmap(void)
 {
@@ -448,7 +556,12 @@ test_kvmap(void)
     CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)),
                  TD_ERR_RANGE);
     td_testkv_destroy(&mem);
+    /* the batch put entries [3, 9) of L1.kv first: no checksum for that */
+    uint64_t sum = 0;
+    CHECK_STATUS(td_kvmap_sum(m, &sum, why, sizeof(why)), TD_ERR_RANGE);
+    CHECK(strstr(why, "L1.kv") != NULL);
     td_kvmap_destroy(m);
+    test_kvmap_sum(eng, &d);
     /* a dest too small for the prompt, a missing and a duplicate segment */
     CHECK_STATUS(td_kvmap_create(l, &d, 100, &m, why, sizeof(why)), TD_ERR_INVALID);
     d.n_segs = l->nsegs - 1;
@@ -485,6 +598,7 @@ test_interleaved(void)
         CHECK_EQ_INT(notes_of(&e, i), 1);
         CHECK_EQ_INT(r->fail_notes, 0);
         CHECK(r->verified);
+        CHECK(r->sum_ok);
         CHECK_EQ_INT(r->done_token, r->first_token);
     }
     CHECK(e.reqs[1].done_order < e.reqs[0].done_order);   /* 5 tokens beat 120 */
@@ -537,7 +651,7 @@ test_cancel(void)
     td_prank_stats(e.rk, &st);
     CHECK(st.chunks < 100);   /* request 0 never ran to its end */
     CHECK_STATUS(e.reqs[2].done_status, TD_OK);
-    CHECK(notes_of(&e, 2) == 1 && e.reqs[2].verified);
+    CHECK(notes_of(&e, 2) == 1 && e.reqs[2].verified && e.reqs[2].sum_ok);
     CHECK_EQ_INT(notes_of(&e, 2), 1);
     env_destroy(&e);
 }
@@ -609,7 +723,7 @@ test_peer_gone(void)
     prefill(&e, 1, 50, ROUTER_A, 0, 0);
     wait_done(&e, 2);
     CHECK_STATUS(e.reqs[1].done_status, TD_OK);
-    CHECK(notes_of(&e, 1) == 1 && e.reqs[1].verified);
+    CHECK(notes_of(&e, 1) == 1 && e.reqs[1].verified && e.reqs[1].sum_ok);
     env_destroy(&e);
 }
 
