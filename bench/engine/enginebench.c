@@ -2,6 +2,7 @@
  * one checkpoint: prefill tokens/s (one request, N tokens in chunks of C) and
  * decode tokens/s at given batch sizes (each row a request at its own
  * position after a prefill); warm-up and repeats, one JSON object out. */
+#include "kvmem.h"
 #include "model.h"
 
 #include <errno.h>
@@ -301,10 +302,28 @@ eb_print_runs(const double *s, size_t n)
     printf("]");
 }
 
+/* A cache over KV memory of its own for cap tokens (the benchmark owns the
+ * memory, as a rank's pools would), its blocks in order. */
+static td_kvmem_t *
+eb_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
+{
+    td_kvmem_t *mem = NULL;
+
+    if (td_kvmem_create(m->plan->layout, cap, 0, &mem) != TD_OK)   /* logs why */
+        return NULL;
+    if (td_cache_init(c, m->plan, &mem->kv) != TD_OK) {
+        td_kvmem_destroy(mem);
+        return NULL;
+    }
+    td_cache_reset(c);
+    return mem;
+}
+
 static int
 eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, size_t V)
 {
-    td_cache_t *c = NULL;
+    td_cache_t cache, *c = &cache;
+    td_kvmem_t *mem = NULL;
     float *logits = malloc(V * sizeof(float));
     double secs[EB_MAX_REPEATS], sorted[EB_MAX_REPEATS];
     uint64_t hash = EB_HASH0;
@@ -315,7 +334,7 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
                 p->len[0], o->prompt);
         goto out;
     }
-    if (logits == NULL || td_cache_create(m->plan, o->prompt, &c) != TD_OK)
+    if (logits == NULL || (mem = eb_cache(m, o->prompt, c)) == NULL)
         goto out;
     for (size_t r = 0; r < o->warmup + o->repeats; r++) {
         td_cache_reset(c);
@@ -348,7 +367,7 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
            (double)o->prompt / med, (unsigned long long)hash);
     rc = 0;
 out:
-    td_cache_destroy(c);
+    td_kvmem_destroy(mem);
     free(logits);
     return rc;
 }
@@ -357,8 +376,8 @@ static int
 eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, size_t V,
               size_t B)
 {
-    td_cache_t **c = calloc(B, sizeof(*c));
-    unsigned char **snap = calloc(B, sizeof(*snap));
+    td_cache_t *caches = calloc(B, sizeof(*caches)), **c = calloc(B, sizeof(*c));
+    td_kvmem_t **mem = calloc(B, sizeof(*mem)), **snap = calloc(B, sizeof(*snap));
     int32_t *tok = malloc(B * sizeof(int32_t)), *tok0 = malloc(B * sizeof(int32_t));
     float *logits = malloc(B * V * sizeof(float));
     double secs[EB_MAX_REPEATS], sorted[EB_MAX_REPEATS];
@@ -366,7 +385,8 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
     uint64_t hash = EB_HASH0;
     int rc = 1;
 
-    if (c == NULL || snap == NULL || tok == NULL || tok0 == NULL || logits == NULL)
+    if (caches == NULL || c == NULL || mem == NULL || snap == NULL || tok == NULL ||
+        tok0 == NULL || logits == NULL)
         goto out;
     if (p->n < B) {
         fprintf(stderr, "enginebench: batch %zu needs %zu prompts, have %zu\n", B, B, p->n);
@@ -378,18 +398,19 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
                     p->len[i], o->context);
             goto out;
         }
-        if (td_cache_create(m->plan, cap, &c[i]) != TD_OK ||
+        c[i] = &caches[i];
+        if ((mem[i] = eb_cache(m, cap, c[i])) == NULL ||
             eb_prefill(m, c[i], p->ids[i], o->context, o->context, logits) != TD_OK)
             goto out;
         tok0[i] = eb_argmax(logits, V);
-        snap[i] = malloc(c[i]->size);
-        if (snap[i] == NULL)
+        /* the state after the context, to start each repeat from */
+        if (td_kvmem_create(m->plan->layout, o->context, 0, &snap[i]) != TD_OK)
             goto out;
-        memcpy(snap[i], c[i]->bytes, c[i]->size);
+        td_kvmem_copy(&snap[i]->kv, &mem[i]->kv, o->context);
     }
     for (size_t r = 0; r < o->repeats; r++) {
         for (size_t i = 0; i < B; i++)
-            memcpy(c[i]->bytes, snap[i], c[i]->size);
+            td_kvmem_copy(&mem[i]->kv, &snap[i]->kv, o->context);
         memcpy(tok, tok0, B * sizeof(int32_t));
         double t0 = 0.0;
         for (size_t s = 0; s < o->warmup + o->steps; s++) {
@@ -416,12 +437,13 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
            (double)(B * o->steps) / med, (unsigned long long)hash);
     rc = 0;
 out:
-    for (size_t i = 0; c != NULL && i < B; i++) {
-        td_cache_destroy(c[i]);
-        if (snap != NULL)
-            free(snap[i]);
-    }
+    for (size_t i = 0; mem != NULL && i < B; i++)
+        td_kvmem_destroy(mem[i]);
+    for (size_t i = 0; snap != NULL && i < B; i++)
+        td_kvmem_destroy(snap[i]);
+    free(caches);
     free(c);
+    free(mem);
     free(snap);
     free(tok);
     free(tok0);
