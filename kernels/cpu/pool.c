@@ -88,6 +88,7 @@ pool_worker(void *arg)
     unsigned long seen = w->gen0;   /* the loops before it was started */
 
     pool_inside = 1;
+    pool_bound = p == &pool_default_pool ? NULL : p;   /* its tasks' ops see its size */
     for (;;) {
         uint64_t t0 = td_clock_ns();
         for (unsigned spin = 0; atomic_load_explicit(&p->gen, memory_order_acquire) == seen;
