@@ -1,7 +1,9 @@
 /* model/forward.c — the DeepSeek-V4.1 forward pass as transformers'
  * DeepseekV41ForCausalLM runs it with a cache (mHC streams, engram, window +
  * CSA2 attention, MoE), every op through the model's td_kernels_ops_t; the
- * requests of a pass attend side by side on the cpu ops' threads. */
+ * caches are views of the callers' KV memory (paged entries through block
+ * tables), a hook is told after each layer, and the requests of a pass
+ * attend side by side on the cpu ops' threads. */
 #include "model.h"
 
 #include <math.h>
