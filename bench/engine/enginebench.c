@@ -25,6 +25,7 @@ typedef struct {
     size_t prompt, chunk, context, steps;
     size_t batches[EB_MAX_BATCHES], nbatches;
     size_t warmup, repeats;
+    uint64_t kv_seed;          /* 0: KV blocks in order; else scattered by this seed */
     unsigned threads;
     const char *prompts, *logits_out;
     int prefill, decode;
@@ -44,6 +45,7 @@ eb_usage(FILE *f)
             "usage: enginebench --model DIR [--prompt N] [--chunk C] [--context N] [--steps S]\n"
             "                   [--batch B[,B...]] [--warmup W] [--repeats R] [--threads T]\n"
             "                   [--prompts FILE] [--logits-out FILE] [--only prefill|decode]\n"
+            "                   [--kv-seed S]\n"
             "  prefill: one request, the first N tokens of prompt 0 (default 512) fed in\n"
             "    chunks of C (default N); W untimed runs (default 1), then R timed (default 3),\n"
             "    each on an emptied cache.\n"
@@ -52,6 +54,8 @@ eb_usage(FILE *f)
             "    untimed steps and S timed steps (default 32) of greedy tokens, all B\n"
             "    requests in one call per step; R repeats from the same prefilled caches.\n"
             "  --threads: cpu threads of the engine (default: $TD_CPU_THREADS or all CPUs).\n"
+            "  --kv-seed: each request's KV blocks at places shuffled by S + its index\n"
+            "    (default 0: in order); the hashes stay the same.\n"
             "  --prompts: one request per line, token ids separated by commas or spaces;\n"
             "    default: ids drawn from [3, vocab) by a fixed generator.\n"
             "  --logits-out: the last prefill position's logits of the first timed run, as\n"
@@ -77,6 +81,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
         { "prompts", required_argument, NULL, 'p' },
         { "logits-out", required_argument, NULL, 'l' },
         { "only", required_argument, NULL, 'o' },
+        { "kv-seed", required_argument, NULL, 'k' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -99,7 +104,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
         case 'm': o->model = optarg; break;
         case 'p': o->prompts = optarg; break;
         case 'l': o->logits_out = optarg; break;
-        case 'n': case 'c': case 'x': case 's': case 'w': case 'r': case 't':
+        case 'n': case 'c': case 'x': case 's': case 'w': case 'r': case 't': case 'k':
             if (td_config_parse_uint(opts[idx].name, optarg, 0, c == 't' ? 65536 : 0, &v, err,
                                      sizeof(err)) != TD_OK) {
                 fprintf(stderr, "enginebench: --%s\n", err);
@@ -112,6 +117,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
             if (c == 'w') o->warmup = v;
             if (c == 'r') o->repeats = v;
             if (c == 't') o->threads = (unsigned)v;
+            if (c == 'k') o->kv_seed = v;
             break;
         case 'b': {
             char *save = NULL, *copy = strdup(optarg);
@@ -303,13 +309,14 @@ eb_print_runs(const double *s, size_t n)
 }
 
 /* A cache over KV memory of its own for cap tokens (the benchmark owns the
- * memory, as a rank's pools would), its blocks in order. */
+ * memory, as a rank's pools would), its blocks in order, or scattered by
+ * seed (not 0). */
 static td_kvmem_t *
-eb_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
+eb_cache(const td_model_t *m, uint64_t cap, uint64_t seed, td_cache_t *c)
 {
     td_kvmem_t *mem = NULL;
 
-    if (td_kvmem_create(m->plan->layout, cap, 0, &mem) != TD_OK)   /* logs why */
+    if (td_kvmem_create(m->plan->layout, cap, seed, &mem) != TD_OK)   /* logs why */
         return NULL;
     if (td_cache_init(c, m->plan, &mem->kv) != TD_OK) {
         td_kvmem_destroy(mem);
@@ -334,7 +341,7 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
                 p->len[0], o->prompt);
         goto out;
     }
-    if (logits == NULL || (mem = eb_cache(m, o->prompt, c)) == NULL)
+    if (logits == NULL || (mem = eb_cache(m, o->prompt, o->kv_seed, c)) == NULL)
         goto out;
     for (size_t r = 0; r < o->warmup + o->repeats; r++) {
         td_cache_reset(c);
@@ -399,7 +406,7 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
             goto out;
         }
         c[i] = &caches[i];
-        if ((mem[i] = eb_cache(m, cap, c[i])) == NULL ||
+        if ((mem[i] = eb_cache(m, cap, o->kv_seed ? o->kv_seed + i : 0, c[i])) == NULL ||
             eb_prefill(m, c[i], p->ids[i], o->context, o->context, logits) != TD_OK)
             goto out;
         tok0[i] = eb_argmax(logits, V);
