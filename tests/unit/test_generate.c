@@ -1109,8 +1109,9 @@ out:
 
 /* A request holds nothing outside its KV memory but a few KB (its
  * distribution, [vocab] floats, and its state): the same at 40 tokens as at
- * 1 000, while its KV grows 25-fold. One thread, so no worker's scratch grows
- * between the two; a first round grows this thread's. */
+ * 1 000 (within the heap's rounding, 512 B), while its KV grows 7-fold. One
+ * thread, so no worker's scratch grows between the two; a first round of
+ * each grows this thread's and whatever is allocated once. */
 static void
 test_request_memory(const char *name, const char *args)
 {
@@ -1126,6 +1127,7 @@ test_request_memory(const char *name, const char *args)
         return;
     CHECK_STATUS(td_kernels_cpu_set_threads(1), TD_OK);
     requests_heap(e, 1000, 1024, &kv_long);
+    requests_heap(e, 40, 64, &kv_short);
     h_short = requests_heap(e, 40, 64, &kv_short);
     h_long = requests_heap(e, 1000, 1024, &kv_long);
     CHECK_STATUS(td_kernels_cpu_set_threads(threads), TD_OK);
@@ -1133,7 +1135,7 @@ test_request_memory(const char *name, const char *args)
             "(vocab %u; KV memory, the caller's: %zu and %zu B)\n", name, h_short, h_long,
             e->vocab, kv_short, kv_long);
     CHECK(h_short > 0 && h_short <= 4096 + e->vocab * sizeof(float));
-    CHECK(h_long <= h_short + 64);
+    CHECK(h_long <= h_short + 512);
     td_engine_destroy(e);
 }
 
