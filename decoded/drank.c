@@ -528,8 +528,12 @@ drank_adopt_done(void *arg)
                    j->note_first, req->prefill, j->first);
         goto out;
     }
-    if (r->engine->checks_kv)
-        r->stats.verified_bytes += drank_prompt_bytes(r, req);
+    if (r->engine->checks_kv) {
+        uint64_t verified = drank_prompt_bytes(r, req);
+        r->stats.verified_bytes += verified;
+        td_debug("decode rank %u: request %016llx: %llu kv bytes verified", r->cfg.rank_id,
+                 (unsigned long long)req->id, (unsigned long long)verified);
+    }
     td_dreq_set_state(req, TD_DREQ_RUNNING, "kv adopted");
     if (drank_emit(r, req, j->first, j->fin)) {
         drank_publish_load(r);

@@ -41,6 +41,8 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .max_batch = (uint32_t)c->max_batch,
         .xfer_deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
         .trace_path = c->trace_file,
+        .compute_start = td_worker_rank_compute_start,
+        .compute_arg = wr,
     };
     td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr };
     return td_drank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_drank_t **)out);

@@ -235,21 +235,41 @@ typedef struct td_kernels_ops {
 /* The cpu compute ops; never NULL. */
 const td_kernels_ops_t *td_kernels_cpu_ops(void);
 
-/* Threads the cpu compute ops use, the calling thread included: n in 1 ..
- * 256 (TD_ERR_RANGE otherwise). Before any call, $TD_CPU_THREADS or else the
- * online CPUs. Results do not depend on it: every output element is computed
- * by one thread, in an order fixed by the shapes alone. Workers start on the
- * first op that splits its work, and spin briefly between ops before they
- * sleep. One op at a time uses the workers; an op that finds them busy (a
- * pass on another thread) runs in its own thread. */
+/* ---- cpu threads ------------------------------------------------------------
+ * The cpu ops split their work into parallel loops that run on a pool of
+ * threads: the pool the calling thread is bound to, else the process's
+ * default pool. Results do not depend on the pool or its size: every output
+ * element is computed by one thread, in an order fixed by the shapes alone.
+ * A pool runs one loop at a time; a loop that finds its pool busy (another
+ * thread bound to it is running one) or is started inside a task runs its
+ * tasks one by one in the caller. Threads bound to different pools (a
+ * process's ranks, each with its own pool) run their loops side by side.
+ * Workers start on a pool's first loop and spin briefly between loops before
+ * they sleep. */
+typedef struct td_kernels_cpu_pool td_kernels_cpu_pool_t;
+
+/* Threads of the default pool, the calling thread included: n in 1 .. 256
+ * (TD_ERR_RANGE otherwise). Before any call, $TD_CPU_THREADS or else the
+ * online CPUs. */
 td_status_t td_kernels_cpu_set_threads(unsigned n);
+/* Threads of the calling thread's pool (bound, else the default one). */
 unsigned td_kernels_cpu_threads(void);
 
-/* Run fn(arg, i) for every i in [0, n) on those threads (the caller's
- * included) and return when all are done: host work of any backend, e.g.
- * the requests of one pass. Tasks run in any order on any thread, so each
- * must write only what no other task touches. Inside a task, or while
- * another thread runs such a loop, the tasks run one by one in the caller. */
+/* A pool of nthreads threads (1 .. 256), the calling thread of each loop
+ * included, so nthreads - 1 workers. The caller owns it; destroy it after
+ * every thread bound to it has stopped using it (destroy joins the workers;
+ * the destroying thread's own binding to it is undone). */
+td_status_t td_kernels_cpu_pool_create(unsigned nthreads, td_kernels_cpu_pool_t **out);
+void td_kernels_cpu_pool_destroy(td_kernels_cpu_pool_t *p);
+/* Bind the calling thread to p (NULL: the default pool): its ops' loops run
+ * there from now on. Returns the previous binding. */
+td_kernels_cpu_pool_t *td_kernels_cpu_pool_bind(td_kernels_cpu_pool_t *p);
+unsigned td_kernels_cpu_pool_threads(const td_kernels_cpu_pool_t *p);
+
+/* Run fn(arg, i) for every i in [0, n) on the calling thread's pool (the
+ * caller included) and return when all are done: host work of any backend,
+ * e.g. the requests of one pass. Tasks run in any order on any thread, so
+ * each must write only what no other task touches. */
 typedef void (*td_kernels_task_fn)(void *arg, size_t i);
 void td_kernels_cpu_parallel(size_t n, td_kernels_task_fn fn, void *arg);
 

@@ -1,7 +1,9 @@
 /* model/forward.c — the DeepSeek-V4.1 forward pass as transformers'
  * DeepseekV41ForCausalLM runs it with a cache (mHC streams, engram, window +
  * CSA2 attention, MoE), every op through the model's td_kernels_ops_t; the
- * requests of a pass attend side by side on the cpu ops' threads. */
+ * caches are views of the callers' KV memory (paged entries through block
+ * tables), a hook is told after each layer, and the requests of a pass
+ * attend side by side on the cpu ops' threads. */
 #include "model.h"
 
 #include <math.h>
@@ -89,57 +91,66 @@ fw_calloc(size_t n, size_t size)
     return calloc(n ? n : 1, size);
 }
 
-/* Store n vectors of dim values into entries of a cache segment in format f. */
+/* Store one vector of dim values as an entry in format fmt. */
 static td_status_t
-fw_store(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *x, size_t n,
-         unsigned char *dst)
+fw_store_one(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *v, unsigned char *e)
 {
-    size_t eb = td_cache_fmt_bytes(fmt, dim);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char *e = dst + i * eb;
-        const float *v = x + i * dim;
-        switch (fmt) {
-        case TD_CACHE_FP8:
-            FW_CHECK(f->k->quant_fp8(v, 1, dim, TD_CACHE_FP8_BLOCK, e, e + dim));
-            break;
-        case TD_CACHE_FP4_E4M3:
-            FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, e, e + dim / 2));
-            break;
-        case TD_CACHE_FP4_UE8M0:
-            FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, e, e + dim / 2));
-            break;
-        case TD_CACHE_F32:
-            memcpy(e, v, (size_t)dim * sizeof(float));
-            break;
-        }
+    switch (fmt) {
+    case TD_CACHE_FP8:
+        FW_CHECK(f->k->quant_fp8(v, 1, dim, TD_CACHE_FP8_BLOCK, e, e + dim));
+        break;
+    case TD_CACHE_FP4_E4M3:
+        FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, e, e + dim / 2));
+        break;
+    case TD_CACHE_FP4_UE8M0:
+        FW_CHECK(f->k->quant_fp4(v, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, e, e + dim / 2));
+        break;
+    case TD_CACHE_F32:
+        memcpy(e, v, (size_t)dim * sizeof(float));
+        break;
     }
     return TD_OK;
 }
 
-/* Load n entries of format f into f32 [n, dim]. */
+/* Load one entry of format fmt into dim f32 values. */
 static td_status_t
-fw_load(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const unsigned char *src, size_t n,
-        float *y)
+fw_load_one(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const unsigned char *e, float *v)
 {
-    size_t eb = td_cache_fmt_bytes(fmt, dim);
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char *e = src + i * eb;
-        float *v = y + i * dim;
-        switch (fmt) {
-        case TD_CACHE_FP8:
-            FW_CHECK(f->k->dequant_fp8(e, e + dim, 1, dim, TD_CACHE_FP8_BLOCK, v));
-            break;
-        case TD_CACHE_FP4_E4M3:
-            FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, v));
-            break;
-        case TD_CACHE_FP4_UE8M0:
-            FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, v));
-            break;
-        case TD_CACHE_F32:
-            memcpy(v, e, (size_t)dim * sizeof(float));
-            break;
-        }
+    switch (fmt) {
+    case TD_CACHE_FP8:
+        FW_CHECK(f->k->dequant_fp8(e, e + dim, 1, dim, TD_CACHE_FP8_BLOCK, v));
+        break;
+    case TD_CACHE_FP4_E4M3:
+        FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_KV_FP4_BLOCK, 1, v));
+        break;
+    case TD_CACHE_FP4_UE8M0:
+        FW_CHECK(f->k->dequant_fp4(e, e + dim / 2, 1, dim, TD_CACHE_INDEX_FP4_BLOCK, 0, v));
+        break;
+    case TD_CACHE_F32:
+        memcpy(v, e, (size_t)dim * sizeof(float));
+        break;
     }
+    return TD_OK;
+}
+
+/* Store n vectors [n, dim] as entries e0 .. e0 + n - 1 of paged segment seg
+ * (through the block table: consecutive entries may lie in other blocks). */
+static td_status_t
+fw_store_seg(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *x, size_t n,
+             const td_cache_t *c, int32_t seg, uint64_t e0)
+{
+    for (size_t i = 0; i < n; i++)
+        FW_CHECK(fw_store_one(f, fmt, dim, x + i * dim, td_cache_entry(c, (uint32_t)seg, e0 + i)));
+    return TD_OK;
+}
+
+/* Load entries [0, n) of paged segment seg into f32 [n, dim]. */
+static td_status_t
+fw_load_seg(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const td_cache_t *c, int32_t seg,
+            size_t n, float *y)
+{
+    for (size_t i = 0; i < n; i++)
+        FW_CHECK(fw_load_one(f, fmt, dim, td_cache_entry(c, (uint32_t)seg, i), y + i * dim));
     return TD_OK;
 }
 
@@ -149,12 +160,15 @@ fw_fake_quant(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, float *x, size_t 
 {
     if (fmt == TD_CACHE_F32)
         return TD_OK;
-    unsigned char *tmp = malloc(td_cache_fmt_bytes(fmt, dim) * n);
+    unsigned char *tmp = malloc(td_cache_fmt_bytes(fmt, dim));
     if (tmp == NULL)
         return fw_nomem(f, "fake quantization");
-    td_status_t st = fw_store(f, fmt, dim, x, n, tmp);
-    if (st == TD_OK)
-        st = fw_load(f, fmt, dim, tmp, n, x);
+    td_status_t st = TD_OK;
+    for (size_t i = 0; i < n && st == TD_OK; i++) {
+        st = fw_store_one(f, fmt, dim, x + i * dim, tmp);
+        if (st == TD_OK)
+            st = fw_load_one(f, fmt, dim, tmp, x + i * dim);
+    }
     free(tmp);
     return st;
 }
@@ -182,7 +196,7 @@ fw_engram_back(fw_t *f)
 
     for (size_t s = 0; s < f->nseq; s++) {
         const td_forward_seq_t *q = &f->seqs[s];
-        const int32_t *ring = (const int32_t *)td_cache_seg(q->cache, (uint32_t)f->m->plan->engram);
+        const unsigned char *ring = td_cache_fixed(q->cache, (uint32_t)f->m->plan->engram);
         uint64_t p0 = f->p0[s];
         for (size_t i = 0; i < q->n; i++) {
             uint64_t p = p0 + i;
@@ -190,7 +204,12 @@ fw_engram_back(fw_t *f)
                 int64_t cls = g->pad_class;
                 if (p >= sh) {
                     uint64_t src = p - sh;
-                    int64_t tok = src >= p0 ? q->tokens[src - p0] : ring[src % slots];
+                    int32_t t32;
+                    if (src >= p0)
+                        t32 = q->tokens[src - p0];
+                    else   /* the slot may sit anywhere: no alignment assumed */
+                        memcpy(&t32, ring + src % slots * sizeof(int32_t), sizeof(t32));
+                    int64_t tok = t32;
                     if (tok < 0 || (uint64_t)tok >= g->map_size) {
                         td_error("forward: cache holds token id %lld at position %llu, "
                                  "outside the tokenizer's %u ids", (long long)tok,
@@ -275,7 +294,7 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         for (size_t i = 0; i < G; i++)
             gpos[i] = (int64_t)(p0 + i);
     } else {
-        unsigned char *part = td_cache_seg(cache, (uint32_t)sg->partial);
+        unsigned char *part = td_cache_fixed(cache, (uint32_t)sg->partial);
         size_t tot;
         b = (size_t)(p0 % r);
         tot = b + n;
@@ -320,17 +339,13 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
             FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, G, idh, tmp));
             FW_TRY(f->k->rope(tmp, G, 1, idh, f->rd, gpos, f->m->inv_freq_compress,
                               f->m->rope_scale_compress, 0));
-            st = fw_store(f, plan->index_fmt, (uint32_t)idh, tmp, G,
-                          td_cache_seg(cache, (uint32_t)sg->index) +
-                              e0 * td_cache_fmt_bytes(plan->index_fmt, (uint32_t)idh));
+            st = fw_store_seg(f, plan->index_fmt, (uint32_t)idh, tmp, G, cache, sg->index, e0);
             if (st != TD_OK)
                 goto out;
         }
         FW_TRY(f->k->rope(lat, G, 1, hd, f->rd, gpos, f->m->inv_freq_compress,
                           f->m->rope_scale_compress, 0));
-        st = fw_store(f, plan->kv_fmt, (uint32_t)hd, lat, G,
-                      td_cache_seg(cache, (uint32_t)sg->kv) +
-                          e0 * td_cache_fmt_bytes(plan->kv_fmt, (uint32_t)hd));
+        st = fw_store_seg(f, plan->kv_fmt, (uint32_t)hd, lat, G, cache, sg->kv, e0);
         if (st != TD_OK)
             goto out;
     }
@@ -338,8 +353,7 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
     sh->ncomp = (size_t)((p0 + n) / r);
     sh->has_comp = sh->ncomp > 0;
     if (sh->has_comp)
-        st = fw_load(f, plan->kv_fmt, (uint32_t)hd, td_cache_seg(cache, (uint32_t)sg->kv),
-                     sh->ncomp, sh->comp);
+        st = fw_load_seg(f, plan->kv_fmt, (uint32_t)hd, cache, sg->kv, sh->ncomp, sh->comp);
     else
         st = TD_OK;
 
@@ -405,9 +419,8 @@ fw_index(fw_t *f, uint32_t l, size_t s)
         sh->nidx = (size_t)((p0 + n) / r);
         sh->has_index_k = sh->nidx > 0;
         if (sh->has_index_k) {
-            st = fw_load(f, plan->index_fmt, (uint32_t)idh,
-                         td_cache_seg(cache, (uint32_t)plan->layers[l].index), sh->nidx,
-                         sh->index_k);
+            st = fw_load_seg(f, plan->index_fmt, (uint32_t)idh, cache, plan->layers[l].index,
+                             sh->nidx, sh->index_k);
             if (st != TD_OK)
                 return st;
         }
@@ -516,7 +529,7 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     size_t nprev = (size_t)(p0 < wm ? p0 : wm);
     uint64_t kbase = p0 - nprev;              /* position of window key 0 */
     size_t web = td_cache_fmt_bytes(plan->window_fmt, (uint32_t)hd);
-    unsigned char *ring = td_cache_seg(cache, (uint32_t)sg->window);
+    unsigned char *ring = td_cache_fixed(cache, (uint32_t)sg->window);
     float *win = NULL, *keys = NULL, *mask = NULL;
     td_status_t st = TD_OK;
 
@@ -526,8 +539,8 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
         goto out;
     }
     for (size_t j = 0; j < nprev; j++) {
-        st = fw_load(f, plan->window_fmt, (uint32_t)hd, ring + ((kbase + j) % wm) * web, 1,
-                     win + j * hd);
+        st = fw_load_one(f, plan->window_fmt, (uint32_t)hd, ring + ((kbase + j) % wm) * web,
+                         win + j * hd);
         if (st != TD_OK)
             goto out;
     }
@@ -844,8 +857,9 @@ fw_check_args(const td_model_t *m, const td_forward_seq_t *seqs, size_t nseqs)
             td_error("forward: sequence %zu: the cache belongs to another model", s);
             return TD_ERR_INVALID;
         }
-        for (size_t o = 0; o < s; o++)
-            if (seqs[o].cache == q->cache) {
+        for (size_t o = 0; o < s; o++)   /* two views of one memory are one cache */
+            if (td_cache_fixed(seqs[o].cache, (uint32_t)m->plan->counters) ==
+                td_cache_fixed(q->cache, (uint32_t)m->plan->counters)) {
                 td_error("forward: sequences %zu and %zu share one cache", o, s);
                 return TD_ERR_INVALID;
             }
@@ -984,8 +998,31 @@ fw_logits(fw_t *f)
     return TD_OK;
 }
 
+/* After the last layer: each cache's engram look-back takes the pass's
+ * last tokens and its counter the new length (nothing of the pass reads
+ * either again: the look-back was read into f->back first). */
+static void
+fw_finish_caches(fw_t *f)
+{
+    const td_cache_plan_t *plan = f->m->plan;
+
+    for (size_t s = 0; s < f->nseq; s++) {
+        const td_forward_seq_t *q = &f->seqs[s];
+
+        if (plan->engram >= 0) {
+            unsigned char *ring = td_cache_fixed(q->cache, (uint32_t)plan->engram);
+            size_t slots = plan->engram_slots, n = q->n;
+            for (size_t i = n > slots ? n - slots : 0; i < n; i++)
+                memcpy(ring + (f->p0[s] + i) % slots * sizeof(int32_t), &q->tokens[i],
+                       sizeof(int32_t));
+        }
+        td_cache_set_tokens(q->cache, f->p0[s] + q->n);
+    }
+}
+
 td_status_t
-td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
+td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward_layer_fn fn,
+           void *arg)
 {
     fw_t f;
     td_status_t st;
@@ -1041,25 +1078,20 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs)
         f.pre_in[r * f.hc] = 1.0f;
     }
 
-    for (uint32_t l = 0; l < (uint32_t)m->cfg->num_hidden_layers; l++) {
+    for (uint32_t l = 0, nl = (uint32_t)m->cfg->num_hidden_layers; l < nl; l++) {
         st = fw_layer(&f, l);
         if (st != TD_OK)
             goto out;
+        if (l + 1 == nl)
+            fw_finish_caches(&f);   /* the last layer's segments: look-back, counters */
+        if (fn != NULL) {
+            td_forward_done_t done = { l, seqs, nseqs, f.p0 };
+            st = fn(&done, arg);
+            if (st != TD_OK)
+                goto out;
+        }
     }
     st = fw_logits(&f);
-    if (st != TD_OK)
-        goto out;
-
-    for (size_t s = 0; s < nseqs; s++) {
-        td_cache_t *cache = seqs[s].cache;
-        if (m->plan->engram >= 0) {
-            int32_t *ring = (int32_t *)td_cache_seg(cache, (uint32_t)m->plan->engram);
-            size_t slots = m->plan->engram_slots, n = seqs[s].n;
-            for (size_t i = n > slots ? n - slots : 0; i < n; i++)
-                ring[(f.p0[s] + i) % slots] = seqs[s].tokens[i];
-        }
-        td_cache_set_tokens(cache, f.p0[s] + seqs[s].n);
-    }
 
 out:
     fw_free(&f);
@@ -1071,7 +1103,7 @@ td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens, si
                    int all_logits, float *logits)
 {
     td_forward_seq_t s = { c, tokens, n, logits, all_logits };
-    return td_forward(m, &s, 1);
+    return td_forward(m, &s, 1, NULL, NULL);
 }
 
 td_status_t
@@ -1096,7 +1128,7 @@ td_forward_decode(const td_model_t *m, td_cache_t *const *caches, const int32_t 
         s[i].logits = logits ? logits + i * (size_t)m->cfg->vocab_size : NULL;
         s[i].all_logits = 0;
     }
-    st = td_forward(m, s, n);
+    st = td_forward(m, s, n, NULL, NULL);
     free(s);
     return st;
 }

@@ -1,6 +1,7 @@
 /* model/model.h — a loaded DeepSeek-V4.1 text backbone (f32 weights, rope
  * tables, engram hash state; model.c) and its forward pass over per-request
- * caches (forward.c): prefill chunks, batched decode. docs/forward.md. */
+ * caches, views of the callers' KV memory (forward.c): prefill chunks,
+ * batched decode, a hook after each layer. docs/forward.md. */
 #ifndef TD_MODEL_H
 #define TD_MODEL_H
 
@@ -130,14 +131,34 @@ typedef struct {
     int all_logits;
 } td_forward_seq_t;
 
+/* What one layer of a pass finished, for every sequence s: the layer's
+ * paged entries the pass completed, [floor(p0[s] / ratio),
+ * floor((p0[s] + seqs[s].n) / ratio)), are final in the cache, and its fixed
+ * segments (window ring, partial group; after the last layer also the engram
+ * look-back and the counters) hold the state after the pass's tokens. */
+typedef struct {
+    uint32_t layer;
+    const td_forward_seq_t *seqs;
+    size_t nseqs;
+    const uint64_t *p0;         /* [nseqs] each cache's tokens before the pass */
+} td_forward_done_t;
+
+/* Called after each layer, on the pass's thread, before the next layer
+ * starts. A non-OK return stops the pass at that layer boundary and is
+ * returned (the caches are then unusable: reset them); it is how a caller
+ * cancels a pass within one layer. */
+typedef td_status_t (*td_forward_layer_fn)(const td_forward_done_t *done, void *arg);
+
 /* Run the tokens of every sequence through the backbone in one pass (rows of
  * all sequences share the linears; attention, compressor and indexer run per
- * request). Each cache must belong to m's plan, appear once, and have room
- * for n more tokens (TD_ERR_RANGE otherwise, nothing changed); a token id
- * outside the vocabulary is TD_ERR_RANGE. On any error the caches are left
- * unchanged only for argument errors; a failure inside the pass (allocation)
- * leaves them unusable (reset them). */
-td_status_t td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs);
+ * request). Each cache must belong to m's plan, appear once (two views of one
+ * memory count as one), and have room for n more tokens (TD_ERR_RANGE
+ * otherwise, nothing changed); a token id outside the vocabulary is
+ * TD_ERR_RANGE. fn (may be NULL) is told after each layer. On any error the
+ * caches are left unchanged only for argument errors; a failure inside the
+ * pass (allocation, a stop from fn) leaves them unusable (reset them). */
+td_status_t td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs,
+                       td_forward_layer_fn fn, void *arg);
 
 /* Prefill a chunk of one request (any n >= 1, continuing from its cache). */
 td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens,

@@ -1,7 +1,9 @@
 /* model/v41engine.c — the "deepseek-v41" engine: the CPU DeepSeek-V4.1 model
- * (model.h, forward.c) behind engine.h, one td_cache_t per request whose
- * segments are the engine's layout, so prefill pieces and adopted KV are
- * plain copies of cache bytes. docs/engine.md. */
+ * (model.h, forward.c) behind engine.h. A request's cache is a view of the
+ * KV memory its caller gave (the engine's layout is the cache plan's), so
+ * prefill writes every entry where it will be sent from, a layer's pieces
+ * are named right after that layer runs, adopt takes received memory as it
+ * is and decode appends into the same blocks. docs/engine.md. */
 #include "engine.h"
 #include "model.h"
 #include "v41engine.h"
@@ -16,12 +18,17 @@
 typedef struct {
     td_engine_t base;
     td_model_t *m;             /* owned */
+    uint32_t *layer_first;     /* [layers + 1]: segments of layer L are
+                                  [layer_first[L], layer_first[L + 1]) */
+    uint32_t layer_most;       /* the most segments of one layer */
     char kind[160];
 } v41_t;
 
+/* A request: its cache (a view of base.kv, the caller's memory) and the
+ * distribution at its end. Nothing else per request. */
 typedef struct {
     td_engine_req_t base;
-    td_cache_t *cache;         /* owned, capacity = max_context */
+    td_cache_t cache;
     float *logits;             /* [vocab] the distribution at the end */
     int have_logits;           /* 0 after adopt until the first decode step */
 } v41_req_t;
@@ -36,6 +43,7 @@ v41_destroy(td_engine_t *e)
     v41_t *v = (v41_t *)e;
 
     td_model_destroy(v->m);
+    free(v->layer_first);
     free(v);
 }
 
@@ -64,6 +72,21 @@ v41_create(const td_engine_config_t *cfg, td_engine_t **out)
         v41_destroy(&v->base);
         return st;
     }
+    v->layer_first = calloc(v->base.layout->layers + 1, sizeof(*v->layer_first));
+    if (v->layer_first == NULL) {
+        td_error("engine deepseek-v41: out of memory");
+        v41_destroy(&v->base);
+        return TD_ERR_NOMEM;
+    }
+    for (uint32_t L = 0, i = 0; L <= v->base.layout->layers; L++) {
+        const td_layout_t *l = v->base.layout;
+
+        v->layer_first[L] = i;
+        while (i < l->nsegs && l->segs[i].layer == L)
+            i++;
+        if (L > 0 && v->layer_first[L] - v->layer_first[L - 1] > v->layer_most)
+            v->layer_most = v->layer_first[L] - v->layer_first[L - 1];
+    }
     v->base.ops = &v41_ops;
     *out = &v->base;
     return TD_OK;
@@ -72,7 +95,7 @@ v41_create(const td_engine_config_t *cfg, td_engine_t **out)
 /* ---- Requests ------------------------------------------------------------------- */
 
 static td_status_t
-v41_req_create(td_engine_t *e, td_engine_req_t **out)
+v41_req_create(td_engine_t *e, const td_layout_kv_t *kv, td_engine_req_t **out)
 {
     v41_t *v = (v41_t *)e;
     v41_req_t *r = calloc(1, sizeof(*r));
@@ -83,7 +106,7 @@ v41_req_create(td_engine_t *e, td_engine_req_t **out)
         st = TD_ERR_NOMEM;
         goto err_free_req;
     }
-    st = td_cache_create(v->m->plan, e->max_context, &r->cache);   /* logs its failures */
+    st = td_cache_init(&r->cache, v->m->plan, kv);   /* logs its failures */
     if (st != TD_OK)
         goto err_free_logits;
     *out = &r->base;
@@ -100,41 +123,63 @@ v41_req_destroy(td_engine_req_t *req)
 {
     v41_req_t *r = (v41_req_t *)req;
 
-    td_cache_destroy(r->cache);
     free(r->logits);
     free(r);
 }
 
-/* Hand layer L's output to fn: the paged entries completed by tokens
- * [n0, n) and, with_fixed, every fixed segment of the layer, straight from
- * the cache. pieces: room for every segment. */
+/* Tell fn what layer L finished for r, whose sequence grew from n0 to n
+ * tokens: the paged entries completed, [entries(n0), entries(n)), and, with
+ * fixed, every fixed segment of the layer whole. pieces: room for a layer's
+ * segments. With no pieces fn is called only when `always`. */
 static td_status_t
-v41_emit_layer(v41_req_t *r, uint32_t L, uint64_t n0, int with_fixed, td_engine_piece_t *pieces,
-               td_engine_layer_fn fn, void *arg, int always)
+v41_emit_layer(const v41_t *v, v41_req_t *r, uint32_t L, uint64_t n0, uint64_t n, int fixed,
+               int always, td_engine_piece_t *pieces, td_engine_layer_fn fn, void *arg)
 {
-    const td_layout_t *l = r->base.engine->layout;
-    uint64_t n = r->base.ntokens;
+    const td_layout_t *l = v->base.layout;
     size_t np = 0;
 
-    for (uint32_t s = 0; s < l->nsegs; s++) {
+    for (uint32_t s = v->layer_first[L]; s < v->layer_first[L + 1]; s++) {
         const td_layout_seg_t *sg = &l->segs[s];
-        const unsigned char *base = td_cache_seg(r->cache, s);
 
-        if (sg->layer != L)
-            continue;
         if (sg->kind == TD_LAYOUT_PAGED) {
             uint64_t first = td_layout_entries(sg, n0), end = td_layout_entries(sg, n);
 
             if (end > first)
-                pieces[np++] = (td_engine_piece_t){ s, first, end - first,
-                                                    base + first * sg->entry_bytes };
-        } else if (with_fixed) {
-            pieces[np++] = (td_engine_piece_t){ s, 0, sg->entries, base };
+                pieces[np++] = (td_engine_piece_t){ s, first, end - first };
+        } else if (fixed) {
+            pieces[np++] = (td_engine_piece_t){ s, 0, sg->entries };
         }
     }
     if (np == 0 && !always)
         return TD_OK;
     return fn(&r->base, L, pieces, np, arg);
+}
+
+/* The forward pass's layer hook: each request of the pass is told what the
+ * layer finished (docs/engine.md). */
+typedef struct {
+    const v41_t *v;
+    v41_req_t *const *reqs;    /* [nseqs], in the pass's order */
+    int fixed;                 /* the prompt's last chunk: fixed segments too */
+    int always;                /* prefill: every layer is a callback */
+    td_engine_piece_t *pieces; /* [layer_most] */
+    td_engine_layer_fn fn;
+    void *arg;
+} v41_hook_t;
+
+static td_status_t
+v41_layer_done(const td_forward_done_t *d, void *arg)
+{
+    const v41_hook_t *h = arg;
+
+    for (size_t s = 0; s < d->nseqs; s++) {
+        td_status_t st = v41_emit_layer(h->v, h->reqs[s], d->layer, d->p0[s],
+                                        d->p0[s] + d->seqs[s].n, h->fixed, h->always,
+                                        h->pieces, h->fn, h->arg);
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
 }
 
 static td_status_t
@@ -143,76 +188,38 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
 {
     v41_t *v = (v41_t *)req->engine;
     v41_req_t *r = (v41_req_t *)req;
-    const td_layout_t *l = req->engine->layout;
-    uint64_t n0 = req->ntokens;
-    td_engine_piece_t *pieces;
+    td_forward_seq_t seq = { &r->cache, tokens, n, r->logits, 0 };
+    v41_hook_t hook = { v, &r, last, 1, NULL, fn, arg };
     td_status_t st;
 
-    pieces = malloc(l->nsegs * sizeof(*pieces));
-    if (pieces == NULL) {
+    hook.pieces = malloc((v->layer_most ? v->layer_most : 1) * sizeof(*hook.pieces));
+    if (hook.pieces == NULL) {
         td_error("engine deepseek-v41: prefill: out of memory");
         return TD_ERR_NOMEM;
     }
     r->have_logits = 0;
-    st = td_forward_prefill(v->m, r->cache, tokens, n, 0, r->logits);   /* logs its failures */
-    if (st != TD_OK)
-        goto cleanup;
+    if (req->ntokens == 0)   /* the first chunk: empty rings, zero counters */
+        td_cache_reset(&r->cache);
     req->ntokens += n;
-    r->have_logits = 1;
-    for (uint32_t L = 0; L < l->layers; L++) {
-        st = v41_emit_layer(r, L, n0, last, pieces, fn, arg, 1);
-        if (st != TD_OK)
-            goto cleanup;
-    }
-cleanup:
-    free(pieces);
+    st = td_forward(v->m, &seq, 1, v41_layer_done, &hook);   /* logs its failures */
+    if (st == TD_OK)
+        r->have_logits = 1;
+    free(hook.pieces);
     return st;
 }
 
-/* Load the received KV into the request's cache: fixed segments whole,
- * paged segments entry range [0, entries(n)) block by block; the counters
- * segment must then say n tokens. */
+/* The KV memory already holds the state after the prompt (received): it is
+ * the cache as it is. What can be checked cheaply is (td_cache_check). */
 static td_status_t
-v41_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n, const void *const *fixed,
-          const void *const *const *paged)
+v41_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
 {
     v41_req_t *r = (v41_req_t *)req;
-    const td_layout_t *l = req->engine->layout;
+    td_status_t st = td_cache_check(&r->cache, tokens, n);
 
-    (void)tokens;
-    if (fixed == NULL || paged == NULL) {
-        td_error("engine deepseek-v41: adopt needs the received fixed and paged kv");
-        return TD_ERR_INVALID;
-    }
-    td_cache_reset(r->cache);
-    for (uint32_t s = 0; s < l->nsegs; s++) {
-        const td_layout_seg_t *sg = &l->segs[s];
-        unsigned char *dst = td_cache_seg(r->cache, s);
-
-        if (sg->kind == TD_LAYOUT_FIXED) {
-            if (fixed[s] == NULL) {
-                td_error("engine deepseek-v41: adopt: fixed segment %s missing", sg->name);
-                return TD_ERR_INVALID;
-            }
-            memcpy(dst, fixed[s], (size_t)sg->entries * sg->entry_bytes);
-            continue;
-        }
-        uint64_t entries = td_layout_entries(sg, n);
-        for (uint64_t first = 0, b = 0; first < entries; first += l->block_entries, b++) {
-            uint64_t count = entries - first < l->block_entries ? entries - first
-                                                                : l->block_entries;
-            if (paged[s] == NULL || paged[s][b] == NULL) {
-                td_error("engine deepseek-v41: adopt: segment %s block %llu missing", sg->name,
-                         (unsigned long long)b);
-                return TD_ERR_INVALID;
-            }
-            memcpy(dst + first * sg->entry_bytes, paged[s][b], count * sg->entry_bytes);
-        }
-    }
-    if (td_cache_tokens(r->cache) != n) {
-        td_error("engine deepseek-v41: adopt: received kv counts %llu tokens, prompt has %zu",
-                 (unsigned long long)td_cache_tokens(r->cache), n);
-        return TD_ERR_MISMATCH;
+    if (st != TD_OK) {
+        td_error("engine deepseek-v41: adopt: the received kv is not the state after the "
+                 "prompt of %zu tokens", n);
+        return st;
     }
     req->ntokens = n;
     r->have_logits = 0;
@@ -223,48 +230,35 @@ static td_status_t
 v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn fn, void *arg)
 {
     v41_t *v = (v41_t *)e;
-    size_t V = e->vocab;
-    td_cache_t **caches = calloc(n, sizeof(*caches));
-    int32_t *toks = calloc(n, sizeof(*toks));
-    float *logits = malloc(n * V * sizeof(float));
-    td_engine_piece_t *pieces = malloc(e->layout->nsegs * sizeof(*pieces));
+    td_forward_seq_t *seqs = calloc(n, sizeof(*seqs));
+    v41_req_t **reqs = calloc(n, sizeof(*reqs));
+    v41_hook_t hook = { v, NULL, 0, 0, NULL, fn, arg };
     td_status_t st = TD_ERR_NOMEM;
 
-    if (caches == NULL || toks == NULL || logits == NULL || pieces == NULL) {
+    hook.pieces = malloc((v->layer_most ? v->layer_most : 1) * sizeof(*hook.pieces));
+    if (seqs == NULL || reqs == NULL || hook.pieces == NULL) {
         td_error("engine deepseek-v41: decode step of %zu rows: out of memory", n);
         goto cleanup;
     }
     for (size_t i = 0; i < n; i++) {
         v41_req_t *r = (v41_req_t *)rows[i].req;
 
-        caches[i] = r->cache;
-        toks[i] = rows[i].token;
+        reqs[i] = r;
+        seqs[i] = (td_forward_seq_t){ &r->cache, &rows[i].token, 1, r->logits, 0 };
         r->have_logits = 0;
-    }
-    st = td_forward_decode(v->m, caches, toks, n, logits);   /* logs its failures */
-    if (st != TD_OK)
-        goto cleanup;
-    for (size_t i = 0; i < n; i++) {
-        v41_req_t *r = (v41_req_t *)rows[i].req;
-
-        memcpy(r->logits, logits + i * V, V * sizeof(float));
-        r->have_logits = 1;
         r->base.ntokens++;
     }
-    for (uint32_t L = 0; fn != NULL && L < e->layout->layers; L++) {
-        for (size_t i = 0; i < n; i++) {
-            v41_req_t *r = (v41_req_t *)rows[i].req;
-
-            st = v41_emit_layer(r, L, r->base.ntokens - 1, 0, pieces, fn, arg, 0);
-            if (st != TD_OK)
-                goto cleanup;
-        }
-    }
+    hook.reqs = reqs;
+    /* the new entries land in each row's blocks; fn, if given, is told */
+    st = td_forward(v->m, seqs, n, fn != NULL ? v41_layer_done : NULL, &hook);   /* logs */
+    if (st != TD_OK)
+        goto cleanup;
+    for (size_t i = 0; i < n; i++)
+        reqs[i]->have_logits = 1;
 cleanup:
-    free(pieces);
-    free(logits);
-    free(toks);
-    free(caches);
+    free(hook.pieces);
+    free(reqs);
+    free(seqs);
     return st;
 }
 

@@ -54,6 +54,8 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .kv_tokens = c->kv_tokens,
         .trace_path = c->trace_file,
         .hold_layers = !c->layer_streaming,
+        .compute_start = td_worker_rank_compute_start,
+        .compute_arg = wr,
     };
     td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr };
     return td_prank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_prank_t **)out);

@@ -2,6 +2,7 @@
  * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
  * (model/model, engine/sample, text/chat), a summary on stderr. */
 #include "chat_prompt.h"
+#include "kvmem.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -560,7 +561,8 @@ gen_run(gen_t *g)
     td_model_t *m = g->m;
     size_t V = (size_t)m->cfg->vocab_size;
     uint64_t cap = g->nprompt + g->sp.max_tokens;
-    td_cache_t *c = NULL;
+    td_kvmem_t *mem = NULL;
+    td_cache_t cache, *c = &cache;
     float *logits = NULL;
     int32_t *in = NULL;
     td_sample_pick_t pk;
@@ -570,8 +572,11 @@ gen_run(gen_t *g)
 
     if (cap > g->context)
         cap = g->context;
-    if (td_cache_create(m->plan, cap, &c) != TD_OK)   /* logs why */
+    /* the request's KV memory: this tool owns it (a daemon's pools would) */
+    if (td_kvmem_create(m->plan->layout, cap, 0, &mem) != TD_OK ||   /* logs why */
+        td_cache_init(c, m->plan, &mem->kv) != TD_OK)
         goto cleanup;
+    td_cache_reset(c);
     logits = malloc(V * sizeof(float));
     in = malloc(g->nprompt * sizeof(int32_t));
     g->ids = malloc((g->sp.max_tokens + 1) * sizeof(int32_t));
@@ -615,7 +620,7 @@ gen_run(gen_t *g)
 cleanup:
     free(in);
     free(logits);
-    td_cache_destroy(c);
+    td_kvmem_destroy(mem);
     return rc;
 }
 

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "v41engine.h"
@@ -117,6 +118,32 @@ worker_rank_teardown(void *arg, uint32_t id)
     wr->rank = NULL;
     td_xfer_destroy(wr->xfer);
     wr->xfer = NULL;
+    td_kernels_cpu_pool_destroy(wr->pool);   /* its compute thread has stopped */
+    wr->pool = NULL;
+}
+
+void
+td_worker_rank_compute_start(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    td_kernels_cpu_pool_bind(wr->pool);
+}
+
+/* Threads of a rank's compute pool: --compute-threads, else $TD_CPU_THREADS
+ * or the online CPUs, divided among the process's ranks (at least 1). */
+static unsigned
+worker_compute_threads(const td_worker_t *w)
+{
+    uint64_t n = w->spec->wcfg->compute_threads;
+    const char *env = getenv("TD_CPU_THREADS");
+    long cpus;
+
+    if (n != 0)
+        return (unsigned)n;
+    cpus = env != NULL && atol(env) > 0 ? atol(env) : sysconf(_SC_NPROCESSORS_ONLN);
+    n = cpus > 0 ? (uint64_t)cpus / w->nranks : 1;
+    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
 }
 
 /* The link configuration of rank wr: this process's Hello identity (node,
@@ -155,6 +182,8 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
         .transports = tls[0] ? tls : NULL,
     };
     if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
+        goto err;
+    if ((st = td_kernels_cpu_pool_create(worker_compute_threads(w), &wr->pool)) != TD_OK)
         goto err;
     if ((st = spec->rank_create(wr, &wr->rank)) != TD_OK)
         goto err;

@@ -13,6 +13,7 @@
 
 #include "buf.h"
 #include "config.h"
+#include "kernels.h"
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
@@ -35,6 +36,7 @@ typedef struct {
     char *transports;            /* "": UCX's choice */
     uint64_t xfer_deadline_ms;
     uint64_t heartbeat_ms;       /* control heartbeats to the routers */
+    uint64_t compute_threads;    /* per rank; 0: the CPUs shared among the ranks */
 } td_worker_opts_t;
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
@@ -49,7 +51,10 @@ typedef struct {
                          deadline_help),                                                \
     TD_CONFIG_OPT_DURATION("heartbeat", st, m.heartbeat_ms, "1s", 10, 60000,            \
                            "control heartbeat interval to the routers; three missed "   \
-                           "mark the router gone (use the routers' value)")
+                           "mark the router gone (use the routers' value)"),            \
+    TD_CONFIG_OPT_UINT64("compute-threads", st, m.compute_threads, "0", 0, 256,        \
+                         "cpu threads of each rank's compute pool (0: the online cpus "  \
+                         "divided among the ranks, or $TD_CPU_THREADS)")
 
 typedef struct td_worker_s td_worker_t;
 
@@ -62,6 +67,7 @@ typedef struct {
     struct event_base *base;     /* the rank's loop, owned by w->rs */
     td_xfer_t *xfer;             /* the rank's UCX worker */
     td_link_t *link;             /* its routers */
+    td_kernels_cpu_pool_t *pool; /* its compute threads (cpu backend) */
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
 } td_worker_rank_t;
@@ -123,6 +129,11 @@ int td_worker_main(const td_worker_spec_t *spec, int argc, char **argv);
  * status). load: publish the load; a change of load->draining re-sends
  * Register. idle: after rank_stop, the last piece of work has ended: leave
  * the loop once the last frames are out. */
+/* The rank's compute thread binds itself to the rank's compute pool with
+ * this, as its first act (td_prank_config_t / td_drank_config_t
+ * compute_start, arg wr). */
+void td_worker_rank_compute_start(void *wr);
+
 td_status_t td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg);
 void td_worker_rank_load(const Tandem__Load *load, void *arg);
 void td_worker_rank_idle(void *arg);

@@ -2,6 +2,7 @@
  * one checkpoint: prefill tokens/s (one request, N tokens in chunks of C) and
  * decode tokens/s at given batch sizes (each row a request at its own
  * position after a prefill); warm-up and repeats, one JSON object out. */
+#include "kvmem.h"
 #include "model.h"
 
 #include <errno.h>
@@ -24,6 +25,7 @@ typedef struct {
     size_t prompt, chunk, context, steps;
     size_t batches[EB_MAX_BATCHES], nbatches;
     size_t warmup, repeats;
+    uint64_t kv_seed;          /* 0: KV blocks in order; else scattered by this seed */
     unsigned threads;
     const char *prompts, *logits_out;
     int prefill, decode;
@@ -43,6 +45,7 @@ eb_usage(FILE *f)
             "usage: enginebench --model DIR [--prompt N] [--chunk C] [--context N] [--steps S]\n"
             "                   [--batch B[,B...]] [--warmup W] [--repeats R] [--threads T]\n"
             "                   [--prompts FILE] [--logits-out FILE] [--only prefill|decode]\n"
+            "                   [--kv-seed S]\n"
             "  prefill: one request, the first N tokens of prompt 0 (default 512) fed in\n"
             "    chunks of C (default N); W untimed runs (default 1), then R timed (default 3),\n"
             "    each on an emptied cache.\n"
@@ -51,6 +54,8 @@ eb_usage(FILE *f)
             "    untimed steps and S timed steps (default 32) of greedy tokens, all B\n"
             "    requests in one call per step; R repeats from the same prefilled caches.\n"
             "  --threads: cpu threads of the engine (default: $TD_CPU_THREADS or all CPUs).\n"
+            "  --kv-seed: each request's KV blocks at places shuffled by S + its index\n"
+            "    (default 0: in order); the hashes stay the same.\n"
             "  --prompts: one request per line, token ids separated by commas or spaces;\n"
             "    default: ids drawn from [3, vocab) by a fixed generator.\n"
             "  --logits-out: the last prefill position's logits of the first timed run, as\n"
@@ -76,6 +81,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
         { "prompts", required_argument, NULL, 'p' },
         { "logits-out", required_argument, NULL, 'l' },
         { "only", required_argument, NULL, 'o' },
+        { "kv-seed", required_argument, NULL, 'k' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -98,7 +104,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
         case 'm': o->model = optarg; break;
         case 'p': o->prompts = optarg; break;
         case 'l': o->logits_out = optarg; break;
-        case 'n': case 'c': case 'x': case 's': case 'w': case 'r': case 't':
+        case 'n': case 'c': case 'x': case 's': case 'w': case 'r': case 't': case 'k':
             if (td_config_parse_uint(opts[idx].name, optarg, 0, c == 't' ? 65536 : 0, &v, err,
                                      sizeof(err)) != TD_OK) {
                 fprintf(stderr, "enginebench: --%s\n", err);
@@ -111,6 +117,7 @@ eb_parse(int argc, char **argv, eb_opts_t *o)
             if (c == 'w') o->warmup = v;
             if (c == 'r') o->repeats = v;
             if (c == 't') o->threads = (unsigned)v;
+            if (c == 'k') o->kv_seed = v;
             break;
         case 'b': {
             char *save = NULL, *copy = strdup(optarg);
@@ -301,10 +308,29 @@ eb_print_runs(const double *s, size_t n)
     printf("]");
 }
 
+/* A cache over KV memory of its own for cap tokens (the benchmark owns the
+ * memory, as a rank's pools would), its blocks in order, or scattered by
+ * seed (not 0). */
+static td_kvmem_t *
+eb_cache(const td_model_t *m, uint64_t cap, uint64_t seed, td_cache_t *c)
+{
+    td_kvmem_t *mem = NULL;
+
+    if (td_kvmem_create(m->plan->layout, cap, seed, &mem) != TD_OK)   /* logs why */
+        return NULL;
+    if (td_cache_init(c, m->plan, &mem->kv) != TD_OK) {
+        td_kvmem_destroy(mem);
+        return NULL;
+    }
+    td_cache_reset(c);
+    return mem;
+}
+
 static int
 eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, size_t V)
 {
-    td_cache_t *c = NULL;
+    td_cache_t cache, *c = &cache;
+    td_kvmem_t *mem = NULL;
     float *logits = malloc(V * sizeof(float));
     double secs[EB_MAX_REPEATS], sorted[EB_MAX_REPEATS];
     uint64_t hash = EB_HASH0;
@@ -315,7 +341,7 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
                 p->len[0], o->prompt);
         goto out;
     }
-    if (logits == NULL || td_cache_create(m->plan, o->prompt, &c) != TD_OK)
+    if (logits == NULL || (mem = eb_cache(m, o->prompt, o->kv_seed, c)) == NULL)
         goto out;
     for (size_t r = 0; r < o->warmup + o->repeats; r++) {
         td_cache_reset(c);
@@ -348,7 +374,7 @@ eb_run_prefill(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, s
            (double)o->prompt / med, (unsigned long long)hash);
     rc = 0;
 out:
-    td_cache_destroy(c);
+    td_kvmem_destroy(mem);
     free(logits);
     return rc;
 }
@@ -357,8 +383,8 @@ static int
 eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, size_t V,
               size_t B)
 {
-    td_cache_t **c = calloc(B, sizeof(*c));
-    unsigned char **snap = calloc(B, sizeof(*snap));
+    td_cache_t *caches = calloc(B, sizeof(*caches)), **c = calloc(B, sizeof(*c));
+    td_kvmem_t **mem = calloc(B, sizeof(*mem)), **snap = calloc(B, sizeof(*snap));
     int32_t *tok = malloc(B * sizeof(int32_t)), *tok0 = malloc(B * sizeof(int32_t));
     float *logits = malloc(B * V * sizeof(float));
     double secs[EB_MAX_REPEATS], sorted[EB_MAX_REPEATS];
@@ -366,7 +392,8 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
     uint64_t hash = EB_HASH0;
     int rc = 1;
 
-    if (c == NULL || snap == NULL || tok == NULL || tok0 == NULL || logits == NULL)
+    if (caches == NULL || c == NULL || mem == NULL || snap == NULL || tok == NULL ||
+        tok0 == NULL || logits == NULL)
         goto out;
     if (p->n < B) {
         fprintf(stderr, "enginebench: batch %zu needs %zu prompts, have %zu\n", B, B, p->n);
@@ -378,18 +405,19 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
                     p->len[i], o->context);
             goto out;
         }
-        if (td_cache_create(m->plan, cap, &c[i]) != TD_OK ||
+        c[i] = &caches[i];
+        if ((mem[i] = eb_cache(m, cap, o->kv_seed ? o->kv_seed + i : 0, c[i])) == NULL ||
             eb_prefill(m, c[i], p->ids[i], o->context, o->context, logits) != TD_OK)
             goto out;
         tok0[i] = eb_argmax(logits, V);
-        snap[i] = malloc(c[i]->size);
-        if (snap[i] == NULL)
+        /* the state after the context, to start each repeat from */
+        if (td_kvmem_create(m->plan->layout, o->context, 0, &snap[i]) != TD_OK)
             goto out;
-        memcpy(snap[i], c[i]->bytes, c[i]->size);
+        td_kvmem_copy(&snap[i]->kv, &mem[i]->kv, o->context);
     }
     for (size_t r = 0; r < o->repeats; r++) {
         for (size_t i = 0; i < B; i++)
-            memcpy(c[i]->bytes, snap[i], c[i]->size);
+            td_kvmem_copy(&mem[i]->kv, &snap[i]->kv, o->context);
         memcpy(tok, tok0, B * sizeof(int32_t));
         double t0 = 0.0;
         for (size_t s = 0; s < o->warmup + o->steps; s++) {
@@ -416,12 +444,13 @@ eb_run_decode(const eb_opts_t *o, const td_model_t *m, const eb_prompts_t *p, si
            (double)(B * o->steps) / med, (unsigned long long)hash);
     rc = 0;
 out:
-    for (size_t i = 0; c != NULL && i < B; i++) {
-        td_cache_destroy(c[i]);
-        if (snap != NULL)
-            free(snap[i]);
-    }
+    for (size_t i = 0; mem != NULL && i < B; i++)
+        td_kvmem_destroy(mem[i]);
+    for (size_t i = 0; snap != NULL && i < B; i++)
+        td_kvmem_destroy(snap[i]);
+    free(caches);
     free(c);
+    free(mem);
     free(snap);
     free(tok);
     free(tok0);

@@ -4,6 +4,7 @@
  * config's eos ids, log-probabilities by a direct double loop. Prints
  * {"prompt_ids", "ids", "logprobs", "finish_reason"}. */
 #include "chat_prompt.h"
+#include "kvmem.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -76,11 +77,15 @@ main(int argc, char **argv)
     size_t V = (size_t)m->cfg->vocab_size;
     float *logits = malloc(V * sizeof(float));
     int32_t *in = malloc(n * sizeof(int32_t));
-    td_cache_t *c = NULL;
+    td_kvmem_t *mem = NULL;
+    td_cache_t cache, *c = &cache;
     for (size_t i = 0; i < n; i++)
         in[i] = (int32_t)ids[i];
-    if (td_cache_create(m->plan, n + max_tokens, &c) != TD_OK ||
-        td_forward_prefill(m, c, in, n, 0, logits) != TD_OK)
+    if (td_kvmem_create(m->plan->layout, n + max_tokens, 0, &mem) != TD_OK ||
+        td_cache_init(c, m->plan, &mem->kv) != TD_OK)
+        return fail("kv memory");
+    td_cache_reset(c);
+    if (td_forward_prefill(m, c, in, n, 0, logits) != TD_OK)
         return fail("prefill");
 
     json_t *out_ids = json_array(), *lps = json_array(), *pids = json_array();
@@ -115,7 +120,7 @@ main(int argc, char **argv)
     json_dumpf(o, stdout, JSON_COMPACT);
     putchar('\n');
     json_decref(o);
-    td_cache_destroy(c);
+    td_kvmem_destroy(mem);
     free(in);
     free(logits);
     free(ids);

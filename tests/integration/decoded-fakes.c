@@ -298,19 +298,19 @@ fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
     td_engine_req_t *req = NULL;
     int32_t first = -1;
     td_sample_finish_t fin;
-    td_testkv_t kv;
+    td_kvmem_t *kv = NULL;
     fp->dest = dest;
-    FK_CHECK(td_testkv_create(e->layout, n, &kv) == 0);
-    FK_CHECK((td_engine_req_create(e, &sp, &kv.res->kv, &req)) == TD_OK);
+    FK_CHECK(td_kvmem_create(e->layout, n, 0, &kv) == TD_OK);
+    FK_CHECK((td_engine_req_create(e, &sp, &kv->kv, &req)) == TD_OK);
     if (req == NULL) {
-        td_testkv_destroy(&kv);
+        td_kvmem_destroy(kv);
         return -1;
     }
     FK_CHECK(td_kvsum_create(fp->layout, &fp->sum) == TD_OK);
     FK_CHECK((td_engine_prefill(req, prompt, n, 1, fk_p_layer, fp)) == TD_OK);
     FK_CHECK((td_engine_sample(req, &first, &fin)) == TD_OK);
     td_engine_req_destroy(req);
-    td_testkv_destroy(&kv);   /* the staged copies (fp->bufs) are what UCX reads */
+    td_kvmem_destroy(kv);   /* the staged copies (fp->bufs) are what UCX reads */
     uint64_t sum = 0;
     char why[160];
     FK_CHECK(fp->sum && td_kvsum_final(fp->sum, n, &sum, why, sizeof(why)) == TD_OK);
@@ -351,10 +351,10 @@ fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_tokens,
     td_engine_req_t *req = NULL;
     td_sample_finish_t fin;
     size_t k = 0;
-    td_testkv_t kv;
-    if (td_testkv_create(e->layout, n + max_tokens, &kv) != 0 ||
-        td_engine_req_create(e, &sp, &kv.res->kv, &req) != TD_OK) {
-        td_testkv_destroy(&kv);
+    td_kvmem_t *kv = NULL;
+    if (td_kvmem_create(e->layout, n + max_tokens, 0, &kv) != TD_OK ||
+        td_engine_req_create(e, &sp, &kv->kv, &req) != TD_OK) {
+        td_kvmem_destroy(kv);
         return 0;
     }
     td_engine_prefill(req, prompt, n, 1, fk_no_layer, NULL);
@@ -367,7 +367,7 @@ fk_expect(td_engine_t *e, const int32_t *prompt, size_t n, uint32_t max_tokens,
         fin = row.finish;
     }
     td_engine_req_destroy(req);
-    td_testkv_destroy(&kv);
+    td_kvmem_destroy(kv);
     return k;
 }
 

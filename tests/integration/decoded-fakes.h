@@ -10,7 +10,7 @@
 
 #include <event2/event.h>
 
-#include "../unit/testkv.h"
+#include "kvmem.h"
 #include "../unit/testutil.h"
 #include "engine.h"
 #include "kvsum.h"

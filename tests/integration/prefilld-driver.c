@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "../unit/check.h"
-#include "../unit/testkv.h"
+#include "kvmem.h"
 #include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
@@ -91,10 +91,10 @@ verify_req(int i)
     const td_layout_t *l = g.engine->layout;
     td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
-    td_testkv_t kv;
-    if (td_testkv_create(l, r->len, &kv) != 0 ||
-        td_engine_req_create(g.engine, &sp, &kv.res->kv, &req) != TD_OK) {
-        td_testkv_destroy(&kv);
+    td_kvmem_t *kv = NULL;
+    if (td_kvmem_create(l, r->len, 0, &kv) != TD_OK ||
+        td_engine_req_create(g.engine, &sp, &kv->kv, &req) != TD_OK) {
+        td_kvmem_destroy(kv);
         return 0;
     }
     int ok = td_engine_prefill(req, r->prompt, r->len, 1, ignore_layer, NULL) == TD_OK;
@@ -115,7 +115,7 @@ verify_req(int i)
     td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == r->first_token;
     td_engine_req_destroy(req);
-    td_testkv_destroy(&kv);
+    td_kvmem_destroy(kv);
     return ok;
 }
 

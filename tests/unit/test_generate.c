@@ -1,19 +1,28 @@
 /* tests/unit/test_generate.c — engine/sample on hand-made logits (greedy, ties,
  * temperature, top-k, top-p boundaries, seeded draws, their distribution,
  * logprobs, stop and finish rules) and generation on tiny checkpoints: a batch
- * of 8 decoded together equals each alone bit for bit, and a cache copied out
- * as bytes continues bit for bit in a second load of the model. */
+ * of 8 decoded together equals each alone bit for bit, a cache written out as
+ * bytes continues bit for bit in other blocks of a second load of the model,
+ * the deepseek-v41 engine in its caller's KV memory (pieces final right after
+ * their layer, adopt of a copy in other blocks, decode into the same blocks, a
+ * cancel within a layer), and a request holds no heap that grows with its
+ * context. Every cache lives in KV memory whose blocks are scattered. */
 #include "cache.h"
 #include "check.h"
+#include "engine.h"
+#include "kvmem.h"
 #include "log.h"
 #include "model.h"
 #include "modelcfg.h"
+#include "registry.h"
 #include "rng.h"
 #include "sample.h"
 #include "status.h"
 #include "testutil.h"
+#include "v41engine.h"
 
 #include <limits.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -547,6 +556,32 @@ make_checkpoint(const char *name, const char *args, char *dir, size_t len)
 
 static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
+/* KV memory for cap tokens of m's plan, its blocks and slots at places
+ * shuffled by a seed of its own, and an empty cache over it in *c. */
+static uint64_t kv_seed = 100;
+
+static td_kvmem_t *
+kv_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
+{
+    td_kvmem_t *mem = NULL;
+
+    CHECK_STATUS(td_kvmem_create(m->plan->layout, cap, kv_seed++, &mem), TD_OK);
+    if (mem == NULL)
+        return NULL;
+    CHECK_STATUS(td_cache_init(c, m->plan, &mem->kv), TD_OK);
+    td_cache_reset(c);
+    return mem;
+}
+
+/* Nothing wrote past a block or slot; then free the memory. */
+static void
+kv_done(td_kvmem_t *mem)
+{
+    if (mem != NULL)
+        CHECK_STATUS(td_kvmem_check(mem), TD_OK);
+    td_kvmem_destroy(mem);
+}
+
 /* Report the first differing logit of two rows. */
 static int
 rows_equal(const char *what, int step, int req, const float *a, const float *b, size_t V)
@@ -584,7 +619,8 @@ test_batch_invariance(const char *name, const char *args)
     const int nsteps = (int)(sizeof(sched) / sizeof(sched[0]));
     char dir[PATH_MAX + 64];
     td_model_t *m = NULL;
-    td_cache_t *batch[R] = { 0 }, *alone[R] = { 0 };
+    td_cache_t batch[R], alone[R];
+    td_kvmem_t *mb[R] = { 0 }, *ma[R] = { 0 };
     float *lb = NULL, *la = NULL;
     int32_t prompt[R][MAXP], next[R];
     int same = 1;
@@ -600,16 +636,16 @@ test_batch_invariance(const char *name, const char *args)
     for (int r = 0; r < R; r++) {
         for (size_t i = 0; i < lens[r]; i++)
             prompt[r][i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
-        CHECK_STATUS(td_cache_create(m->plan, 128, &batch[r]), TD_OK);
-        CHECK_STATUS(td_cache_create(m->plan, 128, &alone[r]), TD_OK);
-        if (batch[r] == NULL || alone[r] == NULL)
+        mb[r] = kv_cache(m, 128, &batch[r]);
+        ma[r] = kv_cache(m, 128, &alone[r]);
+        if (mb[r] == NULL || ma[r] == NULL)
             goto out;
         /* the batch's copies prefill in chunks of 5, the lone ones in one call */
         for (size_t at = 0; at < lens[r]; at += 5) {
             size_t n = lens[r] - at < 5 ? lens[r] - at : 5;
-            CHECK_STATUS(td_forward_prefill(m, batch[r], prompt[r] + at, n, 0, lb), TD_OK);
+            CHECK_STATUS(td_forward_prefill(m, &batch[r], prompt[r] + at, n, 0, lb), TD_OK);
         }
-        CHECK_STATUS(td_forward_prefill(m, alone[r], prompt[r], lens[r], 0, la), TD_OK);
+        CHECK_STATUS(td_forward_prefill(m, &alone[r], prompt[r], lens[r], 0, la), TD_OK);
         same &= rows_equal(name, -1, r, lb, la, V);
         next[r] = td_sample_argmax(la, V);
     }
@@ -618,46 +654,49 @@ test_batch_invariance(const char *name, const char *args)
         td_cache_t *caches[R];
         int32_t toks[R];
         for (int i = 0; i < n; i++) {
-            caches[i] = batch[sched[s][1 + i]];
+            caches[i] = &batch[sched[s][1 + i]];
             toks[i] = next[sched[s][1 + i]];
         }
         CHECK_STATUS(td_forward_decode(m, caches, toks, (size_t)n, lb), TD_OK);
         for (int i = 0; i < n; i++) {
             int r = sched[s][1 + i];
-            td_cache_t *one[1] = { alone[r] };
+            td_cache_t *one[1] = { &alone[r] };
             CHECK_STATUS(td_forward_decode(m, one, &next[r], 1, la), TD_OK);
             same &= rows_equal(name, s, r, lb + (size_t)i * V, la, V);
             next[r] = td_sample_argmax(la, V);   /* greedy continuation */
         }
     }
     for (int r = 0; r < R; r++)
-        CHECK_EQ_INT(td_cache_tokens(batch[r]), td_cache_tokens(alone[r]));
+        CHECK_EQ_INT(td_cache_tokens(&batch[r]), td_cache_tokens(&alone[r]));
     fprintf(stderr, "test_generate: %s: batch of %d over %d steps: %s\n", name, R, nsteps,
             same ? "bitwise equal" : "DIFFERENT");
 out:
     for (int r = 0; r < R; r++) {
-        td_cache_destroy(batch[r]);
-        td_cache_destroy(alone[r]);
+        kv_done(mb[r]);
+        kv_done(ma[r]);
     }
     free(lb);
     free(la);
     td_model_destroy(m);
 }
 
-/* A cache written out as bytes after prefill and a few steps, read back into
- * a second, fresh load of the same checkpoint (the first one gone, as in
- * another process), continues with bit-identical logits. */
+/* A cache written out as bytes after prefill and a few steps (its state in
+ * td_kvmem_pack's order, as a transfer carries it), read back into memory
+ * whose blocks lie in another order under a second, fresh load of the same
+ * checkpoint (the first one gone, as in another process), continues with
+ * bit-identical logits. */
 static void
 test_cache_handoff(const char *name, const char *args)
 {
     enum { P = 37, WARM = 5, K = 12 };
     char dir[PATH_MAX + 64], path[PATH_MAX + 96];
     td_model_t *a = NULL, *b = NULL;
-    td_cache_t *c = NULL, *cb = NULL;
+    td_cache_t c, cb, *pc = &c, *pcb = &cb;
+    td_kvmem_t *mem = NULL, *memb = NULL;
     float *la = NULL, *ref = NULL;
-    int32_t prompt[P], toks[K + 1], tok;
+    int32_t seq[P + WARM], toks[K + 1], tok;
     unsigned char *bytes = NULL;
-    size_t size = 0;
+    size_t size = 0, want = 0;
     int same = 1;
 
     if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
@@ -670,33 +709,39 @@ test_cache_handoff(const char *name, const char *args)
     la = malloc(V * sizeof(float));
     ref = malloc((size_t)K * V * sizeof(float));
     for (int i = 0; i < P; i++)
-        prompt[i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
-    CHECK_STATUS(td_cache_create(a->plan, 96, &c), TD_OK);
-    if (c == NULL)
+        seq[i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
+    mem = kv_cache(a, 96, &c);
+    if (mem == NULL)
         goto out;
-    CHECK_STATUS(td_forward_prefill(a, c, prompt, P, 0, la), TD_OK);
+    CHECK_STATUS(td_forward_prefill(a, &c, seq, P, 0, la), TD_OK);
     tok = td_sample_argmax(la, V);
     for (int s = 0; s < WARM; s++) {
-        CHECK_STATUS(td_forward_decode(a, &c, &tok, 1, la), TD_OK);
+        seq[P + s] = tok;
+        CHECK_STATUS(td_forward_decode(a, &pc, &tok, 1, la), TD_OK);
         tok = td_sample_argmax(la, V);
     }
     /* out to a file */
+    want = (size_t)td_kvmem_state_bytes(a->plan->layout, P + WARM);
+    bytes = malloc(want);
+    td_kvmem_pack(&mem->kv, P + WARM, bytes);
     FILE *f = fopen(path, "wb");
-    CHECK(f != NULL && fwrite(c->bytes, 1, c->size, f) == c->size);
+    CHECK(f != NULL && fwrite(bytes, 1, want, f) == want);
     if (f != NULL)
         CHECK(fclose(f) == 0);
+    free(bytes);
+    bytes = NULL;
     /* the original goes on */
     for (int s = 0; s < K; s++) {
         toks[s] = tok;
-        CHECK_STATUS(td_forward_decode(a, &c, &tok, 1, ref + (size_t)s * V), TD_OK);
+        CHECK_STATUS(td_forward_decode(a, &pc, &tok, 1, ref + (size_t)s * V), TD_OK);
         tok = td_sample_argmax(ref + (size_t)s * V, V);
     }
-    td_cache_destroy(c);
-    c = NULL;
+    kv_done(mem);
+    mem = NULL;
     td_model_destroy(a);
     a = NULL;
 
-    /* a fresh instance reads the bytes */
+    /* a fresh instance reads the bytes into other blocks */
     CHECK_STATUS(td_model_load(dir, &b), TD_OK);
     f = fopen(path, "rb");
     if (b == NULL || f == NULL) {
@@ -708,34 +753,390 @@ test_cache_handoff(const char *name, const char *args)
     fseek(f, 0, SEEK_END);
     size = (size_t)ftell(f);
     fseek(f, 0, SEEK_SET);
+    CHECK_EQ_INT(size, want);
     bytes = malloc(size);
     CHECK(fread(bytes, 1, size, f) == size);
     fclose(f);
-    CHECK_STATUS(td_cache_load(b->plan, bytes, size, &cb), TD_OK);
-    if (cb == NULL)
+    memb = kv_cache(b, 96, &cb);
+    if (memb == NULL || size != want)
         goto out;
-    CHECK_EQ_INT(td_cache_tokens(cb), P + WARM);
+    td_kvmem_unpack(&memb->kv, P + WARM, bytes);
+    CHECK_EQ_INT(td_cache_tokens(&cb), P + WARM);
+    CHECK_STATUS(td_cache_check(&cb, seq, P + WARM), TD_OK);
     for (int s = 0; s < K; s++) {
-        CHECK_STATUS(td_forward_decode(b, &cb, &toks[s], 1, la), TD_OK);
+        CHECK_STATUS(td_forward_decode(b, &pcb, &toks[s], 1, la), TD_OK);
         same &= rows_equal(name, s, 0, la, ref + (size_t)s * V, V);
         if (s + 1 < K)
             CHECK_EQ_INT(td_sample_argmax(la, V), toks[s + 1]);
     }
-    /* a damaged header is refused */
-    bytes[0] ^= 1;
-    td_cache_t *bad = NULL;
-    CHECK_STATUS(td_cache_load(b->plan, bytes, size, &bad), TD_ERR_INVALID);
-    CHECK(bad == NULL);
-    fprintf(stderr, "test_generate: %s: cache of %zu bytes handed to a fresh load, %d steps: %s\n",
-            name, size, K, same ? "bitwise equal" : "DIFFERENT");
+    /* the state is now P + WARM + K tokens: taken as the one of P + WARM, refused */
+    CHECK_STATUS(td_cache_check(&cb, NULL, P + WARM), TD_ERR_MISMATCH);
+    fprintf(stderr, "test_generate: %s: state of %zu bytes handed to other blocks of a fresh "
+            "load, %d steps: %s\n", name, size, K, same ? "bitwise equal" : "DIFFERENT");
 out:
     free(bytes);
-    td_cache_destroy(cb);
-    td_cache_destroy(c);
+    kv_done(memb);
+    kv_done(mem);
     td_model_destroy(b);
     td_model_destroy(a);
     free(la);
     free(ref);
+}
+
+/* ---- the deepseek-v41 engine in its caller's memory ------------------------------------ */
+
+/* Pack two views' states after n tokens and compare them. */
+static int
+same_state(const td_layout_kv_t *x, const td_layout_kv_t *y, uint64_t n)
+{
+    size_t len = (size_t)td_kvmem_state_bytes(x->layout, n);
+    unsigned char *a = malloc(len ? len : 1), *b = malloc(len ? len : 1);
+    int same;
+
+    td_kvmem_pack(x, n, a);
+    td_kvmem_pack(y, n, b);
+    same = memcmp(a, b, len) == 0;
+    free(a);
+    free(b);
+    return same;
+}
+
+/* What a layer callback is told, checked when it is told: layers in order;
+ * each piece's entries already final in the request's KV memory (equal to a
+ * reference pass's, when given); entries and fixed segments counted. */
+typedef struct {
+    const td_cache_t *ref;     /* the reference's state after the same tokens, or NULL */
+    int64_t last_layer;
+    int calls, fixed_pieces, bad, cancel_layer;
+    uint64_t entries;
+} told_t;
+
+static td_status_t
+told_fn(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, size_t np, void *arg)
+{
+    told_t *t = arg;
+    const td_layout_t *l = req->engine->layout;
+
+    t->calls++;
+    if ((int64_t)layer < t->last_layer)
+        t->bad++;
+    t->last_layer = layer;
+    for (size_t k = 0; k < np; k++) {
+        const td_layout_seg_t *sg = &l->segs[p[k].seg];
+
+        if (sg->layer != layer || p[k].count == 0)
+            t->bad++;
+        if (sg->kind == TD_LAYOUT_FIXED) {
+            t->fixed_pieces++;
+            if (p[k].first != 0 || p[k].count != sg->entries)
+                t->bad++;
+        } else {
+            t->entries += p[k].count;
+        }
+        for (uint64_t e = p[k].first; t->ref != NULL && e < p[k].first + p[k].count; e++)
+            if (memcmp(td_layout_kv_entry(&req->kv, p[k].seg, e),
+                       td_layout_kv_entry(&t->ref->kv, p[k].seg, e), sg->entry_bytes) != 0)
+                t->bad++;
+    }
+    return (int)layer == t->cancel_layer ? TD_ERR_CANCELED : TD_OK;
+}
+
+/* Paged entries every paged segment holds after n tokens, summed; fixed
+ * segments counted. */
+static uint64_t
+paged_entries(const td_layout_t *l, uint64_t n, int *nfixed)
+{
+    uint64_t e = 0;
+
+    *nfixed = 0;
+    for (uint32_t i = 0; i < l->nsegs; i++) {
+        if (l->segs[i].kind == TD_LAYOUT_PAGED)
+            e += td_layout_entries(&l->segs[i], n);
+        else
+            (*nfixed)++;
+    }
+    return e;
+}
+
+static td_engine_t *
+v41_engine(const char *dir)
+{
+    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
+    td_engine_config_t cfg;
+    td_engine_t *e = NULL;
+
+    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
+    free(cfg.engine);
+    free(cfg.model);
+    cfg.engine = strdup("deepseek-v41");
+    cfg.model = strdup(dir);
+    CHECK_STATUS(td_engine_create(kinds, &cfg, &e), TD_OK);
+    td_engine_config_free(&cfg);
+    return e;
+}
+
+/* Prefill in chunks through the engine (each layer's pieces checked against
+ * a one-shot reference pass as they are told), adopt of a copy of the state
+ * in other blocks, both decoded in one batch equal to the reference bit for
+ * bit, adopt refusing a state that is not the prompt's, a cancel after a
+ * layer. */
+static void
+test_v41_engine(const char *name, const char *args)
+{
+    enum { P = 45, CHUNK = 16, K = 6, CAP = P + K + 1 };
+    char dir[PATH_MAX + 64];
+    td_model_t *m = NULL;
+    td_engine_t *e = NULL;
+    td_engine_req_t *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    td_kvmem_t *mref = NULL, *ma = NULL, *mb = NULL, *mc = NULL, *md = NULL;
+    td_cache_t ref, *pref = &ref;
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_finish_t fin;
+    td_sample_dist_t da, db;
+    int32_t prompt[P], first = -1;
+    float *lr = NULL;
+    told_t t;
+    int nfixed, same = 1;
+
+    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+        return;
+    e = v41_engine(dir);
+    CHECK_STATUS(td_model_load(dir, &m), TD_OK);   /* the reference: another instance */
+    if (e == NULL || m == NULL)
+        goto out;
+    size_t V = (size_t)m->cfg->vocab_size;
+    const td_layout_t *l = e->layout;
+    CHECK_EQ_INT(l->hash, m->plan->layout->hash);
+    lr = malloc(V * sizeof(float));
+    for (int i = 0; i < P; i++)
+        prompt[i] = (int32_t)(td_rng_next(&rng) % (uint64_t)V);
+    mref = kv_cache(m, CAP, &ref);
+    if (mref == NULL || lr == NULL)
+        goto out;
+    CHECK_STATUS(td_forward_prefill(m, &ref, prompt, P, 0, lr), TD_OK);
+
+    /* the prefill side, in chunks */
+    CHECK_STATUS(td_kvmem_create(l, CAP, kv_seed++, &ma), TD_OK);
+    if (ma == NULL)
+        goto out;
+    CHECK_STATUS(td_engine_req_create(e, &sp, &ma->kv, &a), TD_OK);
+    if (a == NULL)
+        goto out;
+    t = (told_t){ .ref = &ref, .cancel_layer = -1 };
+    for (int at = 0; at < P; at += CHUNK) {
+        int n = P - at < CHUNK ? P - at : CHUNK;
+        t.last_layer = -1;
+        CHECK_STATUS(td_engine_prefill(a, prompt + at, (size_t)n, at + n == P, told_fn, &t),
+                     TD_OK);
+    }
+    CHECK_EQ_INT(t.bad, 0);
+    CHECK_EQ_INT(t.calls, (int)l->layers * ((P + CHUNK - 1) / CHUNK));
+    CHECK_EQ_INT(t.entries, paged_entries(l, P, &nfixed));
+    CHECK_EQ_INT(t.fixed_pieces, nfixed);
+    CHECK(same_state(&a->kv, &ref.kv, P));
+    CHECK_STATUS(td_engine_sample(a, &first, &fin), TD_OK);
+    CHECK_EQ_INT(first, td_sample_argmax(lr, V));
+    CHECK_STATUS(td_engine_logits(a, &da), TD_OK);
+    CHECK(da.n == V && memcmp(da.logits, lr, V * sizeof(float)) == 0);
+
+    /* the decode side: the state copied into other blocks, adopted as it is */
+    CHECK_STATUS(td_kvmem_create(l, CAP, kv_seed++, &mb), TD_OK);
+    if (mb == NULL)
+        goto out;
+    CHECK_STATUS(td_engine_req_create(e, &sp, &mb->kv, &b), TD_OK);
+    if (b == NULL)
+        goto out;
+    td_kvmem_copy(&mb->kv, &ma->kv, P);
+    CHECK_STATUS(td_engine_adopt(b, prompt, P), TD_OK);
+    CHECK_EQ_INT(b->ntokens, P);
+    CHECK_STATUS(td_engine_logits(b, &db), TD_ERR_STATE);
+    CHECK_STATUS(td_engine_take(b, first, &fin), TD_OK);
+
+    /* a state that is not the prompt's is refused: another length, another
+     * last token (the engram look-back) */
+    CHECK_STATUS(td_kvmem_create(l, CAP, kv_seed++, &mc), TD_OK);
+    if (mc == NULL)
+        goto out;
+    CHECK_STATUS(td_engine_req_create(e, &sp, &mc->kv, &c), TD_OK);
+    if (c == NULL)
+        goto out;
+    td_kvmem_copy(&mc->kv, &ma->kv, P);
+    CHECK_STATUS(td_engine_adopt(c, prompt, P - 1), TD_ERR_MISMATCH);
+    td_engine_req_destroy(c);
+    c = NULL;
+    if (m->plan->engram >= 0) {
+        int32_t other[P];
+        memcpy(other, prompt, sizeof(other));
+        other[P - 1] = (other[P - 1] + 1) % (int32_t)V;
+        CHECK_STATUS(td_engine_req_create(e, &sp, &mc->kv, &c), TD_OK);
+        if (c == NULL)
+            goto out;
+        td_kvmem_copy(&mc->kv, &ma->kv, P);
+        CHECK_STATUS(td_engine_adopt(c, other, P), TD_ERR_MISMATCH);
+    }
+
+    /* both sides in one batch, equal to the reference bit for bit; the new
+     * entries land in each side's own blocks, and fn is told of them */
+    td_engine_row_t rows[2] = { { .req = a, .token = first }, { .req = b, .token = first } };
+    int32_t tok = first;
+    t = (told_t){ .cancel_layer = -1 };
+    for (int s = 0; s < K; s++) {
+        t.last_layer = -1;
+        CHECK_STATUS(td_engine_decode_step(e, rows, 2, told_fn, &t), TD_OK);
+        CHECK_STATUS(td_forward_decode(m, &pref, &tok, 1, lr), TD_OK);
+        tok = td_sample_argmax(lr, V);
+        CHECK_STATUS(td_engine_logits(a, &da), TD_OK);
+        CHECK_STATUS(td_engine_logits(b, &db), TD_OK);
+        same &= da.n == V && memcmp(da.logits, lr, V * sizeof(float)) == 0;
+        same &= db.n == V && memcmp(db.logits, lr, V * sizeof(float)) == 0;
+        CHECK_EQ_INT(rows[0].next, tok);
+        CHECK_EQ_INT(rows[1].next, tok);
+        rows[0].token = rows[0].next;
+        rows[1].token = rows[1].next;
+    }
+    CHECK(same);
+    CHECK_EQ_INT(t.bad, 0);
+    CHECK_EQ_INT(t.entries, 2 * (paged_entries(l, P + K, &nfixed) - paged_entries(l, P, &nfixed)));
+    CHECK_EQ_INT(t.fixed_pieces, 0);
+    CHECK(same_state(&ma->kv, &ref.kv, P + K));
+    CHECK(same_state(&mb->kv, &ref.kv, P + K));
+
+    /* a callback that cancels stops the prefill after that layer */
+    CHECK_STATUS(td_kvmem_create(l, CAP, kv_seed++, &md), TD_OK);
+    if (md == NULL)
+        goto out;
+    CHECK_STATUS(td_engine_req_create(e, &sp, &md->kv, &d), TD_OK);
+    if (d == NULL)
+        goto out;
+    t = (told_t){ .cancel_layer = 1, .last_layer = -1 };
+    CHECK_STATUS(td_engine_prefill(d, prompt, P, 1, told_fn, &t), TD_ERR_CANCELED);
+    CHECK_EQ_INT(t.calls, 2);
+    CHECK_STATUS(td_engine_prefill(d, prompt, 1, 1, told_fn, &t), TD_ERR_STATE);
+    fprintf(stderr, "test_generate: %s: engine in shuffled blocks, prefill in chunks of %d, "
+            "adopt in other blocks, %d steps in one batch: %s\n", name, CHUNK, K,
+            same ? "bitwise equal" : "DIFFERENT");
+out:
+    td_engine_req_destroy(a);
+    td_engine_req_destroy(b);
+    td_engine_req_destroy(c);
+    td_engine_req_destroy(d);
+    kv_done(ma);
+    kv_done(mb);
+    kv_done(mc);
+    kv_done(md);
+    kv_done(mref);
+    free(lr);
+    td_engine_destroy(e);
+    td_model_destroy(m);
+}
+
+/* ---- what a request holds ---------------------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+size_t __sanitizer_get_current_allocated_bytes(void);
+#endif
+
+/* Heap bytes in use by the process. */
+static size_t
+heap_in_use(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return __sanitizer_get_current_allocated_bytes();
+#else
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+#endif
+}
+
+static td_status_t
+count_fn(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, size_t np, void *arg)
+{
+    (void)req;
+    (void)layer;
+    (void)p;
+    *(size_t *)arg += np;
+    return TD_OK;
+}
+
+/* R requests of `prompt` tokens in memory for cap tokens: prefill in chunks,
+ * the first token, 3 decode steps in one batch. Returns the heap they hold
+ * then, per request, beyond what was in use before they were created (their
+ * KV memory, the caller's, made before). */
+static size_t
+requests_heap(td_engine_t *e, size_t prompt, size_t cap, size_t *kv_bytes)
+{
+    enum { R = 4, CHUNK = 256, STEPS = 3 };
+    td_kvmem_t *mem[R] = { 0 };
+    td_engine_req_t *req[R] = { 0 };
+    td_engine_row_t rows[R];
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_finish_t fin;
+    int32_t *tok = malloc(prompt * sizeof(*tok));
+    size_t h0, h1 = 0, told = 0;
+
+    for (size_t i = 0; i < prompt; i++)
+        tok[i] = (int32_t)(td_rng_next(&rng) % e->vocab);
+    for (int r = 0; r < R; r++)
+        CHECK_STATUS(td_kvmem_create(e->layout, cap, kv_seed++, &mem[r]), TD_OK);
+    *kv_bytes = mem[0] != NULL ? mem[0]->bytes : 0;
+    h0 = heap_in_use();
+    for (int r = 0; r < R && mem[r] != NULL; r++) {
+        CHECK_STATUS(td_engine_req_create(e, &sp, &mem[r]->kv, &req[r]), TD_OK);
+        if (req[r] == NULL)
+            goto out;
+        for (size_t at = 0; at < prompt; at += CHUNK) {
+            size_t n = prompt - at < CHUNK ? prompt - at : CHUNK;
+            CHECK_STATUS(td_engine_prefill(req[r], tok + at, n, at + n == prompt, count_fn,
+                                           &told), TD_OK);
+        }
+        rows[r] = (td_engine_row_t){ .req = req[r] };
+        CHECK_STATUS(td_engine_sample(req[r], &rows[r].token, &fin), TD_OK);
+    }
+    for (int s = 0; s < STEPS; s++) {
+        CHECK_STATUS(td_engine_decode_step(e, rows, R, NULL, NULL), TD_OK);
+        for (int r = 0; r < R; r++)
+            rows[r].token = rows[r].next;
+    }
+    h1 = heap_in_use();
+out:
+    for (int r = 0; r < R; r++) {
+        td_engine_req_destroy(req[r]);
+        kv_done(mem[r]);
+    }
+    free(tok);
+    return h1 > h0 ? (h1 - h0) / R : 0;
+}
+
+/* A request holds nothing outside its KV memory but a few KB (its
+ * distribution, [vocab] floats, and its state): the same at 40 tokens as at
+ * 1 000 (within the heap's rounding, 512 B), while its KV grows 7-fold. One
+ * thread, so no worker's scratch grows between the two; a first round of
+ * each grows this thread's and whatever is allocated once. */
+static void
+test_request_memory(const char *name, const char *args)
+{
+    char dir[PATH_MAX + 64];
+    td_engine_t *e = NULL;
+    unsigned threads = td_kernels_cpu_threads();
+    size_t kv_short = 0, kv_long = 0, h_short, h_long;
+
+    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+        return;
+    e = v41_engine(dir);
+    if (e == NULL)
+        return;
+    CHECK_STATUS(td_kernels_cpu_set_threads(1), TD_OK);
+    requests_heap(e, 1000, 1024, &kv_long);
+    requests_heap(e, 40, 64, &kv_short);
+    h_short = requests_heap(e, 40, 64, &kv_short);
+    h_long = requests_heap(e, 1000, 1024, &kv_long);
+    CHECK_STATUS(td_kernels_cpu_set_threads(threads), TD_OK);
+    fprintf(stderr, "test_generate: %s: heap per request: %zu B at 40 tokens, %zu B at 1000 "
+            "(vocab %u; KV memory, the caller's: %zu and %zu B)\n", name, h_short, h_long,
+            e->vocab, kv_short, kv_long);
+    CHECK(h_short > 0 && h_short <= 4096 + e->vocab * sizeof(float));
+    CHECK(h_long <= h_short + 512);
+    td_engine_destroy(e);
 }
 
 int
@@ -765,6 +1166,9 @@ main(void)
     test_batch_invariance("tiny-noengram", "--preset tiny-noengram --init perturbed --seed 13");
     test_cache_handoff("handoff", "--dtype f32 --init perturbed --seed 14");
     test_cache_handoff("handoff-fp4", "--quant fp8+fp4 --init perturbed --seed 15");
+    test_v41_engine("engine", "--dtype f32 --init perturbed --seed 16");
+    test_v41_engine("engine-noengram", "--preset tiny-noengram --init perturbed --seed 17");
+    test_request_memory("memory", "--init perturbed --seed 18");
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

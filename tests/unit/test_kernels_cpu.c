@@ -1,14 +1,22 @@
 /* tests/unit/test_kernels_cpu.c — the CPU backend's KV pack/unpack against a
  * byte-by-byte reference: block sizes 1 B .. 1 MiB, random block tables,
- * partial blocks, strided spans, and rejected arguments that write nothing. */
+ * partial blocks, strided spans, and rejected arguments that write nothing;
+ * compute pools: two threads bound to their own pools run loops side by side
+ * and get the results they get alone. */
 #include "check.h"
 #include "kernels.h"
 #include "logcap.h"
 #include "rng.h"
 #include "status.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
 
 static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
@@ -187,6 +195,167 @@ check_rejects(void)
     }
 }
 
+/* ---- compute pools ------------------------------------------------------------- */
+
+/* Wait (up to 5 s) until *v >= want; 0 on time out. */
+static int
+wait_at_least(_Atomic int *v, int want)
+{
+    uint64_t t0 = td_clock_ns();
+    while (atomic_load(v) < want) {
+        if (td_clock_ns() - t0 > 5000000000ull)
+            return 0;
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
+    return 1;
+}
+
+/* Two loops at once: A's tasks meet (two of its threads inside) and A's
+ * first task waits for B's whole loop, whose tasks meet too. On one shared
+ * pool B's loop would find the pool busy and run its tasks one by one in
+ * its caller, and its tasks could never meet. */
+static struct {
+    _Atomic int a_in, b_in, b_done, timeouts;
+} side;
+
+static void
+side_a_task(void *arg, size_t i)
+{
+    (void)arg;
+    atomic_fetch_add(&side.a_in, 1);
+    if (!wait_at_least(&side.a_in, 2))
+        atomic_fetch_add(&side.timeouts, 1);
+    if (i == 0 && !wait_at_least(&side.b_done, 1))
+        atomic_fetch_add(&side.timeouts, 1);
+}
+
+static void
+side_b_task(void *arg, size_t i)
+{
+    (void)arg;
+    (void)i;
+    atomic_fetch_add(&side.b_in, 1);
+    if (!wait_at_least(&side.b_in, 2))
+        atomic_fetch_add(&side.timeouts, 1);
+}
+
+static void *
+side_a(void *arg)
+{
+    td_kernels_cpu_pool_bind(arg);
+    td_kernels_cpu_parallel(2, side_a_task, NULL);
+    return NULL;
+}
+
+static void *
+side_b(void *arg)
+{
+    td_kernels_cpu_pool_bind(arg);
+    if (!wait_at_least(&side.a_in, 2))   /* A's loop is running */
+        atomic_fetch_add(&side.timeouts, 1);
+    td_kernels_cpu_parallel(2, side_b_task, NULL);
+    atomic_store(&side.b_done, 1);
+    return NULL;
+}
+
+/* A linear big enough to split, run again and again on a pool. */
+typedef struct {
+    td_kernels_cpu_pool_t *pool;
+    const td_kernels_mat_t *w;
+    const float *x;
+    const float *want;
+    size_t m, n;
+    int rounds, differ, threads_ok;
+} lin_job_t;
+
+static void *
+lin_run(void *arg)
+{
+    lin_job_t *j = arg;
+    float *y = malloc(j->m * j->n * sizeof(float));
+
+    td_kernels_cpu_pool_bind(j->pool);
+    j->threads_ok = td_kernels_cpu_threads() == td_kernels_cpu_pool_threads(j->pool);
+    for (int r = 0; r < j->rounds; r++) {
+        if (td_kernels_cpu_ops()->linear_mat(j->x, j->w, y, j->m) != TD_OK ||
+            memcmp(y, j->want, j->m * j->n * sizeof(float)) != 0)
+            j->differ++;
+    }
+    free(y);
+    return NULL;
+}
+
+static void
+test_pools(void)
+{
+    const td_kernels_ops_t *k = td_kernels_cpu_ops();
+    td_kernels_cpu_pool_t *pa = NULL, *pb = NULL, *was;
+    pthread_t ta, tb;
+    enum { M = 40, N = 304, KD = 256 };
+    float *w = malloc((size_t)N * KD * sizeof(float)), *x = malloc((size_t)M * KD * sizeof(float));
+    float *want = malloc((size_t)M * N * sizeof(float));
+    td_kernels_mat_t *mat = NULL;
+
+    td_logcap_start();
+    CHECK_STATUS(td_kernels_cpu_pool_create(0, &pa), TD_ERR_RANGE);
+    td_logcap_stop();
+    CHECK(strstr(td_logcap.last, "pool: 0 threads") != NULL);
+    CHECK_STATUS(td_kernels_cpu_pool_create(2, &pa), TD_OK);
+    CHECK_STATUS(td_kernels_cpu_pool_create(2, &pb), TD_OK);
+    if (pa == NULL || pb == NULL || w == NULL || x == NULL || want == NULL)
+        goto out;
+
+    /* side by side */
+    CHECK(pthread_create(&ta, NULL, side_a, pa) == 0);
+    CHECK(pthread_create(&tb, NULL, side_b, pb) == 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK_EQ_INT(atomic_load(&side.timeouts), 0);
+    CHECK_EQ_INT(atomic_load(&side.a_in), 2);
+    CHECK_EQ_INT(atomic_load(&side.b_in), 2);
+
+    /* the same bits alone on the default pool and concurrently on two pools
+     * of other sizes */
+    for (size_t i = 0; i < (size_t)N * KD; i++)
+        w[i] = td_rng_range(&rng, -1.0f, 1.0f);
+    for (size_t i = 0; i < (size_t)M * KD; i++)
+        x[i] = td_rng_range(&rng, -1.0f, 1.0f);
+    CHECK_STATUS(k->mat_create(w, 1, N, KD, &mat), TD_OK);
+    if (mat == NULL)
+        goto out;
+    CHECK_STATUS(k->linear_mat(x, mat, want, M), TD_OK);
+    td_kernels_cpu_pool_destroy(pb);
+    pb = NULL;
+    CHECK_STATUS(td_kernels_cpu_pool_create(3, &pb), TD_OK);
+    if (pb == NULL)
+        goto out;
+    lin_job_t ja = { pa, mat, x, want, M, N, 30, 0, 0 };
+    lin_job_t jb = { pb, mat, x, want, M, N, 30, 0, 0 };
+    CHECK(pthread_create(&ta, NULL, lin_run, &ja) == 0);
+    CHECK(pthread_create(&tb, NULL, lin_run, &jb) == 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    CHECK_EQ_INT(ja.differ + jb.differ, 0);
+    CHECK(ja.threads_ok && jb.threads_ok);
+
+    /* binding returns the previous pool; destroy undoes the caller's own */
+    was = td_kernels_cpu_pool_bind(pa);
+    CHECK(was == NULL);
+    CHECK_EQ_INT(td_kernels_cpu_threads(), 2);
+    td_kernels_cpu_pool_destroy(pa);
+    pa = NULL;
+    CHECK(td_kernels_cpu_pool_bind(NULL) == NULL);
+out:
+    if (mat != NULL)
+        k->mat_destroy(mat);
+    td_kernels_cpu_pool_destroy(pa);
+    td_kernels_cpu_pool_destroy(pb);
+    free(w);
+    free(x);
+    free(want);
+}
+
 int
 main(void)
 {
@@ -218,5 +387,6 @@ main(void)
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
             check_case(&cases[i]);
     check_rejects();
+    test_pools();
     return td_check_exit("test_kernels_cpu");
 }

@@ -1,9 +1,12 @@
 /* tests/unit/test_model.c — the forward pass: cpu ops against plain loops,
  * hash multipliers against numpy, the cache layout, tiny checkpoints (chunked,
- * batched, copied caches equal to one shot) and tests/golden (transformers). */
+ * batched, resumed caches equal to one shot, the layer hook) and tests/golden
+ * (transformers). Every cache lives in KV memory whose blocks are scattered
+ * in a shuffled order (engine/kvmem). */
 #include "cache.h"
 #include "check.h"
 #include "kernels.h"
+#include "kvmem.h"
 #include "log.h"
 #include "model.h"
 #include "modelcfg.h"
@@ -661,32 +664,36 @@ test_cache_plan(void)
         CHECK_EQ_INT(p->layers[8].partial >= 0, 1);
         CHECK_EQ_INT(p->layers[3].window >= 0 && p->layers[3].kv < 0, 1);
 
-        td_cache_t *c = NULL, *c2 = NULL;
-        CHECK_STATUS(td_cache_create(p, 64, &c), TD_OK);
-        if (c != NULL) {
-            CHECK_EQ_INT(td_cache_tokens(c), 0);
-            td_cache_set_tokens(c, 17);
-            CHECK_STATUS(td_cache_load(p, c->bytes, c->size, &c2), TD_OK);
-            if (c2 != NULL)
-                CHECK_EQ_INT(td_cache_tokens(c2), 17);
-            td_cache_destroy(c2);
-            c2 = NULL;
-            CHECK_STATUS(td_cache_load(p, c->bytes, c->size - 1, &c2), TD_ERR_INVALID);
-            td_cache_set_tokens(c, 65);
-            CHECK_STATUS(td_cache_load(p, c->bytes, c->size, &c2), TD_ERR_INVALID);
-            c->bytes[0] ^= 1;
-            CHECK_STATUS(td_cache_load(p, c->bytes, c->size, &c2), TD_ERR_INVALID);
-            c->bytes[0] ^= 1;
-            td_cache_header_t h;
-            memcpy(&h, c->bytes, sizeof(h));
-            h.layout_hash ^= 1;
-            memcpy(c->bytes, &h, sizeof(h));
-            CHECK_STATUS(td_cache_load(p, c->bytes, c->size, &c2), TD_ERR_MISMATCH);
-            CHECK_STATUS(td_cache_load(p, c->bytes, 3, &c2), TD_ERR_INVALID);
-            CHECK(c2 == NULL);
+        /* a cache is a view of KV memory laid out by the plan */
+        td_kvmem_t *mem = NULL;
+        td_cache_t c;
+        CHECK_STATUS(td_kvmem_create(p->layout, 64, 3, &mem), TD_OK);
+        if (mem != NULL) {
+            CHECK_STATUS(td_cache_init(&c, p, &mem->kv), TD_OK);
+            CHECK_EQ_INT(c.capacity, 64);   /* L20 (ratio 1): one block of 64 entries */
+            td_cache_reset(&c);
+            CHECK_EQ_INT(td_cache_tokens(&c), 0);
+            td_cache_set_tokens(&c, 17);
+            CHECK_EQ_INT(td_cache_tokens(&c), 17);
+            CHECK_STATUS(td_cache_check(&c, NULL, 17), TD_OK);
+            CHECK_STATUS(td_cache_check(&c, NULL, 16), TD_ERR_MISMATCH);
+            td_cache_set_tokens(&c, 65);
+            CHECK_STATUS(td_cache_check(&c, NULL, 65), TD_ERR_MISMATCH);   /* past capacity */
+            td_cache_reset(&c);
+            CHECK_EQ_INT(td_cache_tokens(&c), 0);
+            /* memory of another layout is refused */
+            td_layout_kv_t other = mem->kv;
+            td_layout_config_t lc;
+            td_layout_t *ol = NULL;
+            CHECK_STATUS(td_layout_config_defaults(&lc), TD_OK);
+            CHECK_STATUS(td_layout_create(&lc, &ol), TD_OK);
+            td_layout_config_free(&lc);
+            other.layout = ol;
+            CHECK_STATUS(td_cache_init(&c, p, &other), TD_ERR_INVALID);
+            td_layout_destroy(ol);
+            CHECK_STATUS(td_kvmem_check(mem), TD_OK);
         }
-        td_cache_destroy(c);
-        CHECK_STATUS(td_cache_create(p, 0, &c), TD_ERR_INVALID);
+        td_kvmem_destroy(mem);
     }
     td_cache_plan_destroy(p);
     td_modelcfg_destroy(cfg);
@@ -770,6 +777,67 @@ check_rows(const char *what, const float *a, const float *b, size_t rows, size_t
     }
 }
 
+/* KV memory for cap tokens of m's plan, every block and slot at a place
+ * shuffled by a seed of its own, and an empty cache over it in *c. */
+static uint64_t kv_seed = 1;
+
+static td_kvmem_t *
+kv_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
+{
+    td_kvmem_t *mem = NULL;
+
+    CHECK_STATUS(td_kvmem_create(m->plan->layout, cap, kv_seed++, &mem), TD_OK);
+    if (mem == NULL)
+        return NULL;
+    CHECK_STATUS(td_cache_init(c, m->plan, &mem->kv), TD_OK);
+    td_cache_reset(c);
+    return mem;
+}
+
+/* Nothing wrote past a block or slot; then free the memory. */
+static void
+kv_done(td_kvmem_t *mem)
+{
+    if (mem != NULL)
+        CHECK_STATUS(td_kvmem_check(mem), TD_OK);
+    td_kvmem_destroy(mem);
+}
+
+/* The layer hook of a pass: layers come in order, each once; the counter
+ * moves only with the last layer; the paged entries each layer finished are
+ * summed (the test compares the sum with the layout's own count). Stops the
+ * pass after layer stop_at. */
+typedef struct {
+    const td_model_t *m;
+    int64_t next;              /* the layer expected next */
+    int64_t stop_at;           /* return TD_ERR_CANCELED after this layer (-1: never) */
+    uint64_t pieces;           /* paged entries told about */
+    int bad;
+} hook_t;
+
+static td_status_t
+hook_fn(const td_forward_done_t *d, void *arg)
+{
+    hook_t *h = arg;
+    const td_layout_t *l = h->m->plan->layout;
+
+    if ((int64_t)d->layer != h->next)
+        h->bad++;
+    h->next = (int64_t)d->layer + 1;
+    for (size_t s = 0; s < d->nseqs; s++) {
+        uint64_t n0 = d->p0[s], n = n0 + d->seqs[s].n;
+        uint64_t now = td_cache_tokens(d->seqs[s].cache);
+
+        if (now != (d->layer + 1 == l->layers ? n : n0))
+            h->bad++;
+        for (uint32_t i = 0; i < l->nsegs; i++)
+            if (l->segs[i].layer == d->layer && l->segs[i].kind == TD_LAYOUT_PAGED)
+                h->pieces += td_layout_entries(&l->segs[i], n) -
+                             td_layout_entries(&l->segs[i], n0);
+    }
+    return (int64_t)d->layer == h->stop_at ? TD_ERR_CANCELED : TD_OK;
+}
+
 #define T_TOKENS 70
 #define CONSIST_TOL 1e-5
 
@@ -782,15 +850,16 @@ test_consistency(const char *name, const char *args)
     size_t V = (size_t)m->cfg->vocab_size, T = T_TOKENS;
     int32_t tok[T_TOKENS];
     float *full = malloc(T * V * sizeof(float)), *got = malloc(T * V * sizeof(float));
-    td_cache_t *c = NULL;
+    td_cache_t c, c2;
+    td_kvmem_t *mem = NULL, *mem2 = NULL;
     char what[128];
 
     rand_tokens(tok, T, (uint32_t)V);
-    CHECK_STATUS(td_cache_create(m->plan, 256, &c), TD_OK);
-    if (c == NULL)
+    mem = kv_cache(m, 256, &c);
+    if (mem == NULL)
         goto out;
-    CHECK_STATUS(td_forward_prefill(m, c, tok, T, 1, full), TD_OK);
-    CHECK_EQ_INT(td_cache_tokens(c), T);
+    CHECK_STATUS(td_forward_prefill(m, &c, tok, T, 1, full), TD_OK);
+    CHECK_EQ_INT(td_cache_tokens(&c), T);
     for (size_t i = 0; i < T * V; i++)
         if (!isfinite(full[i])) {
             fprintf(stderr, "%s: logit %zu is not finite\n", name, i);
@@ -801,49 +870,84 @@ test_consistency(const char *name, const char *args)
     /* chunked prefill: chunk sizes 1, 3, 64 */
     static const size_t chunks[] = { 1, 3, 64 };
     for (size_t ci = 0; ci < 3; ci++) {
-        td_cache_reset(c);
+        td_cache_reset(&c);
         for (size_t at = 0; at < T; at += chunks[ci]) {
             size_t n = at + chunks[ci] < T ? chunks[ci] : T - at;
-            CHECK_STATUS(td_forward_prefill(m, c, tok + at, n, 1, got + at * V), TD_OK);
+            CHECK_STATUS(td_forward_prefill(m, &c, tok + at, n, 1, got + at * V), TD_OK);
         }
         snprintf(what, sizeof(what), "%s: prefill in chunks of %zu", name, chunks[ci]);
         check_rows(what, got, full, T, V, CONSIST_TOL);
     }
 
+    /* the layer hook: every layer once, in order, the entries each finished;
+     * with it the pass gives the same logits */
+    {
+        hook_t h = { m, 0, -1, 0, 0 };
+        td_forward_seq_t sq = { &c, tok, T, got, 1 };
+        uint64_t want = 0;
+
+        td_cache_reset(&c);
+        CHECK_STATUS(td_forward(m, &sq, 1, hook_fn, &h), TD_OK);
+        CHECK_EQ_INT(h.next, m->cfg->num_hidden_layers);
+        CHECK_EQ_INT(h.bad, 0);
+        for (uint32_t i = 0; i < m->plan->layout->nsegs; i++)
+            if (m->plan->layout->segs[i].kind == TD_LAYOUT_PAGED)
+                want += td_layout_entries(&m->plan->layout->segs[i], T);
+        CHECK_EQ_INT(h.pieces, want);
+        snprintf(what, sizeof(what), "%s: prefill with the layer hook", name);
+        check_rows(what, got, full, T, V, CONSIST_TOL);
+        /* a stop from the hook ends the pass at that layer boundary */
+        h = (hook_t){ m, 0, 0, 0, 0 };
+        td_cache_reset(&c);
+        CHECK_STATUS(td_forward(m, &sq, 1, hook_fn, &h), TD_ERR_CANCELED);
+        CHECK_EQ_INT(h.next, 1);
+        CHECK_EQ_INT(td_cache_tokens(&c), 0);
+    }
+
     /* prefill(n) + k decode steps == prefill(n + k); last-only logits */
-    td_cache_reset(c);
-    CHECK_STATUS(td_forward_prefill(m, c, tok, 45, 0, got), TD_OK);
+    td_cache_reset(&c);
+    CHECK_STATUS(td_forward_prefill(m, &c, tok, 45, 0, got), TD_OK);
     check_rows("prefill(45) last logits", got, full + 44 * V, 1, V, CONSIST_TOL);
     for (size_t i = 45; i < T; i++) {
-        td_cache_t *one[1] = { c };
+        td_cache_t *one[1] = { &c };
         CHECK_STATUS(td_forward_decode(m, one, &tok[i], 1, got + i * V), TD_OK);
     }
     snprintf(what, sizeof(what), "%s: prefill(45) + 25 decode steps", name);
     check_rows(what, got + 45 * V, full + 45 * V, T - 45, V, CONSIST_TOL);
 
-    /* the cache as bytes: copy after 30 tokens, go on in the copy */
-    td_cache_reset(c);
-    CHECK_STATUS(td_forward_prefill(m, c, tok, 30, 0, got), TD_OK);
-    td_cache_t *c2 = NULL;
-    CHECK_STATUS(td_cache_load(m->plan, c->bytes, c->size, &c2), TD_OK);
-    if (c2 != NULL) {
-        td_cache_destroy(c);
-        c = c2;
-        CHECK_STATUS(td_forward_prefill(m, c, tok + 30, T - 30, 1, got + 30 * V), TD_OK);
-        snprintf(what, sizeof(what), "%s: prefill(30), copied cache, prefill(40)", name);
-        check_rows(what, got + 30 * V, full + 30 * V, T - 30, V, CONSIST_TOL);
+    /* a cache resumed elsewhere: after 30 tokens its state is copied, as a
+     * transfer would copy it, into memory whose blocks lie in another order;
+     * the first memory is then freed, and the copy goes on */
+    td_cache_reset(&c);
+    CHECK_STATUS(td_forward_prefill(m, &c, tok, 30, 0, got), TD_OK);
+    mem2 = kv_cache(m, 256, &c2);
+    if (mem2 == NULL)
+        goto out;
+    td_kvmem_copy(&mem2->kv, &mem->kv, 30);
+    kv_done(mem);
+    mem = NULL;
+    CHECK_STATUS(td_cache_check(&c2, tok, 30), TD_OK);
+    if (m->plan->engram >= 0) {   /* a look-back that is not the prompt's is refused */
+        unsigned char *eg = td_cache_fixed(&c2, (uint32_t)m->plan->engram);
+        eg[0] ^= 1;
+        CHECK_STATUS(td_cache_check(&c2, tok, 30), TD_ERR_MISMATCH);
+        eg[0] ^= 1;
     }
+    CHECK_STATUS(td_forward_prefill(m, &c2, tok + 30, T - 30, 1, got + 30 * V), TD_OK);
+    snprintf(what, sizeof(what), "%s: prefill(30), resumed in other blocks, prefill(40)", name);
+    check_rows(what, got + 30 * V, full + 30 * V, T - 30, V, CONSIST_TOL);
 
     /* argument errors change nothing */
-    uint64_t before = td_cache_tokens(c);
+    uint64_t before = td_cache_tokens(&c2);
     int32_t bad = (int32_t)V;
-    CHECK_STATUS(td_forward_prefill(m, c, &bad, 1, 0, got), TD_ERR_RANGE);
-    CHECK_STATUS(td_forward_prefill(m, c, tok, 256, 0, got), TD_ERR_RANGE);
-    CHECK_STATUS(td_forward_prefill(m, c, tok, 0, 0, got), TD_ERR_INVALID);
-    CHECK_EQ_INT(td_cache_tokens(c), before);
+    CHECK_STATUS(td_forward_prefill(m, &c2, &bad, 1, 0, got), TD_ERR_RANGE);
+    CHECK_STATUS(td_forward_prefill(m, &c2, tok, 256, 0, got), TD_ERR_RANGE);
+    CHECK_STATUS(td_forward_prefill(m, &c2, tok, 0, 0, got), TD_ERR_INVALID);
+    CHECK_EQ_INT(td_cache_tokens(&c2), before);
 
 out:
-    td_cache_destroy(c);
+    kv_done(mem);
+    kv_done(mem2);
     free(full);
     free(got);
     td_model_destroy(m);
@@ -860,25 +964,27 @@ test_batch_decode(const char *name, const char *args)
     enum { R = 3, STEPS = 6 };
     size_t V = (size_t)m->cfg->vocab_size, lens[R] = { 5, 19, 34 };
     int32_t prompt[R][40], next[STEPS][R];
-    td_cache_t *batch[R] = { 0 }, *alone[R] = { 0 };
+    td_cache_t batch[R], alone[R], *pb[R];
+    td_kvmem_t *mb[R] = { 0 }, *ma[R] = { 0 };
     float *lb = malloc(R * V * sizeof(float)), *la = malloc(V * sizeof(float));
     double worst = 0;
 
     for (int r = 0; r < R; r++) {
         rand_tokens(prompt[r], lens[r], (uint32_t)V);
-        CHECK_STATUS(td_cache_create(m->plan, 64, &batch[r]), TD_OK);
-        CHECK_STATUS(td_cache_create(m->plan, 64, &alone[r]), TD_OK);
-        if (batch[r] == NULL || alone[r] == NULL)
+        mb[r] = kv_cache(m, 64, &batch[r]);
+        ma[r] = kv_cache(m, 64, &alone[r]);
+        if (mb[r] == NULL || ma[r] == NULL)
             goto out;
-        CHECK_STATUS(td_forward_prefill(m, batch[r], prompt[r], lens[r], 0, la), TD_OK);
-        CHECK_STATUS(td_forward_prefill(m, alone[r], prompt[r], lens[r], 0, la), TD_OK);
+        pb[r] = &batch[r];
+        CHECK_STATUS(td_forward_prefill(m, &batch[r], prompt[r], lens[r], 0, la), TD_OK);
+        CHECK_STATUS(td_forward_prefill(m, &alone[r], prompt[r], lens[r], 0, la), TD_OK);
     }
     for (int s = 0; s < STEPS; s++) {
         for (int r = 0; r < R; r++)
             next[s][r] = (int32_t)(td_rng_next(&rng) % V);
-        CHECK_STATUS(td_forward_decode(m, batch, next[s], R, lb), TD_OK);
+        CHECK_STATUS(td_forward_decode(m, pb, next[s], R, lb), TD_OK);
         for (int r = 0; r < R; r++) {
-            td_cache_t *one[1] = { alone[r] };
+            td_cache_t *one[1] = { &alone[r] };
             CHECK_STATUS(td_forward_decode(m, one, &next[s][r], 1, la), TD_OK);
             double e = rows_err(lb + r * V, la, 1, V);
             worst = e > worst ? e : worst;
@@ -890,15 +996,18 @@ test_batch_decode(const char *name, const char *args)
         fprintf(stderr, "%s: batched decode vs alone: relative error %.3g\n", name, worst);
         td_check_failures++;
     }
-    /* the same cache twice in one call is refused */
-    td_cache_t *twice[2] = { batch[0], batch[0] };
+    /* the same cache twice in one call is refused, also as two views of one
+     * memory */
+    td_cache_t dup = batch[0];
+    td_cache_t *twice[2] = { &batch[0], &batch[0] }, *views[2] = { &batch[0], &dup };
     int32_t tt[2] = { 1, 2 };
     CHECK_STATUS(td_forward_decode(m, twice, tt, 2, lb), TD_ERR_INVALID);
+    CHECK_STATUS(td_forward_decode(m, views, tt, 2, lb), TD_ERR_INVALID);
 
 out:
     for (int r = 0; r < R; r++) {
-        td_cache_destroy(batch[r]);
-        td_cache_destroy(alone[r]);
+        kv_done(mb[r]);
+        kv_done(ma[r]);
     }
     free(lb);
     free(la);
@@ -1044,7 +1153,8 @@ test_golden(const char *name)
     golden_stats_t st = { 0 };
     td_model_t *m = NULL;
     float *pre = NULL, *dec = NULL, *lg = NULL;
-    td_cache_t *c = NULL;
+    td_cache_t c;
+    td_kvmem_t *mem = NULL;
 
     snprintf(path, sizeof(path), "%s/%s/manifest.json", golden_dir, name);
     json_t *man = json_load_file(path, 0, &je);
@@ -1113,16 +1223,15 @@ test_golden(const char *name)
             gold[j] = (int32_t)json_integer_value(json_array_get(json_object_get(g, "tokens"), j));
         free(lg);
         lg = malloc((n + 1) * V * sizeof(float));
-        td_cache_destroy(c);
-        c = NULL;
-        CHECK_STATUS(td_cache_create(m->plan, n + steps + 1, &c), TD_OK);
-        if (c == NULL || lg == NULL) {
+        kv_done(mem);
+        mem = kv_cache(m, n + steps + 1, &c);
+        if (mem == NULL || lg == NULL) {
             free(tok);
             goto out;
         }
 
         /* one-shot prefill, the kept rows */
-        CHECK_STATUS(td_forward_prefill(m, c, tok, n, 1, lg), TD_OK);
+        CHECK_STATUS(td_forward_prefill(m, &c, tok, n, 1, lg), TD_OK);
         json_t *pf = json_object_get(p, "prefill"), *pos;
         size_t row = (size_t)json_integer_value(json_object_get(pf, "row")), k;
         json_array_foreach(json_object_get(pf, "positions"), k, pos) {
@@ -1166,14 +1275,14 @@ test_golden(const char *name)
             st.decode_abs = fmax(st.decode_abs, ab);
             st.steps++;
             if (s + 1 < steps) {
-                td_cache_t *one[1] = { c };
+                td_cache_t *one[1] = { &c };
                 CHECK_STATUS(td_forward_decode(m, one, &gold[s], 1, step), TD_OK);
             }
         }
 
         /* the model's own greedy run */
-        td_cache_reset(c);
-        CHECK_STATUS(td_forward_prefill(m, c, tok, n, 0, step), TD_OK);
+        td_cache_reset(&c);
+        CHECK_STATUS(td_forward_prefill(m, &c, tok, n, 0, step), TD_OK);
         for (size_t s = 0; s < steps; s++) {
             int32_t t = td_sample_argmax(step, V);
             double margin = json_real_value(json_array_get(json_object_get(g, "margins"), s));
@@ -1187,7 +1296,7 @@ test_golden(const char *name)
                 break;
             }
             st.greedy_match++;
-            td_cache_t *one[1] = { c };
+            td_cache_t *one[1] = { &c };
             if (s + 1 < steps)
                 CHECK_STATUS(td_forward_decode(m, one, &t, 1, step), TD_OK);
         }
@@ -1202,7 +1311,7 @@ test_golden(const char *name)
         td_check_failures++;
 
 out:
-    td_cache_destroy(c);
+    kv_done(mem);
     free(pre);
     free(dec);
     free(lg);

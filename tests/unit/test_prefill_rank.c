@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "testkv.h"
+#include "kvmem.h"
 #include "testutil.h"
 #include "engine.h"
 #include "registry.h"
@@ -97,10 +97,10 @@ verify_req(env_t *e, int i)
     const td_layout_t *l = e->check->layout;
     td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
-    td_testkv_t kv;
-    if (td_testkv_create(l, e->lens[i], &kv) != 0 ||
-        td_engine_req_create(e->check, &sp, &kv.res->kv, &req) != TD_OK) {
-        td_testkv_destroy(&kv);
+    td_kvmem_t *kv = NULL;
+    if (td_kvmem_create(l, e->lens[i], 0, &kv) != TD_OK ||
+        td_engine_req_create(e->check, &sp, &kv->kv, &req) != TD_OK) {
+        td_kvmem_destroy(kv);
         return 0;
     }
     int ok = td_engine_prefill(req, e->prompts[i], e->lens[i], 1, ignore_layer, NULL) == TD_OK;
@@ -125,7 +125,7 @@ verify_req(env_t *e, int i)
     td_sample_finish_t fin;
     ok = ok && td_engine_sample(req, &tok, &fin) == TD_OK && tok == e->reqs[i].first_token;
     td_engine_req_destroy(req);
-    td_testkv_destroy(&kv);
+    td_kvmem_destroy(kv);
     return ok;
 }
 
@@ -466,9 +466,9 @@ test_kvmap_sum(td_engine_t *eng, const Tandem__KvDest *d)
     static uint8_t mem[MAX_SEGS][3][4 * 32];   /* 3 blocks (fixed: 1 slot) per segment */
     td_sample_params_t sp = td_sample_params_greedy();
     td_engine_req_t *req;
-    td_testkv_t src;
-    CHECK(td_testkv_create(l, 10, &src) == 0);
-    CHECK_STATUS(td_engine_req_create(eng, &sp, &src.res->kv, &req), TD_OK);
+    td_kvmem_t *src = NULL;
+    CHECK(td_kvmem_create(l, 10, 0, &src) == TD_OK);
+    CHECK_STATUS(td_engine_req_create(eng, &sp, &src->kv, &req), TD_OK);
     static const int32_t prompt[10] = { 5, 9, 2, 7, 7, 1, 0, 3, 8, 4 };
     stage_t ctx = { m, mem };
     for (size_t at = 0; at < 10; at += 3) {
@@ -477,7 +477,7 @@ test_kvmap_sum(td_engine_t *eng, const Tandem__KvDest *d)
                      TD_OK);
     }
     td_engine_req_destroy(req);
-    td_testkv_destroy(&src);
+    td_kvmem_destroy(src);
     uint64_t nblocks[MAX_SEGS] = { 0 }, want = 0, got = 1;
     uint8_t *ptrs[MAX_SEGS][3], *fixed[MAX_SEGS] = { 0 };
     uint8_t *const *segb[MAX_SEGS] = { 0 };
@@ -527,11 +527,11 @@ test_kvmap(void)
     CHECK_STATUS(td_kvmap_create(l, &d, 10, &m, why, sizeof(why)), TD_OK);
     /* entries [3, 9) of L1.kv (block_entries 4): blocks 0 (3), 1 (4..7), 2 (8),
      * read where they are in the request's KV memory (no copy) */
-    td_testkv_t mem;
-    CHECK(td_testkv_create(l, 32, &mem) == 0);
+    td_kvmem_t *mem = NULL;
+    CHECK(td_kvmem_create(l, 32, 0, &mem) == TD_OK);
     td_engine_piece_t p = { .seg = kvi, .first = 3, .count = 6 };
     td_kvmap_batch_t *b;
-    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)), TD_OK);
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem->kv, &p, 1, &b, why, sizeof(why)), TD_OK);
     CHECK_EQ_INT(b->ndescs, 3);
     CHECK_EQ_INT(b->bytes, 6 * 24);
     uint64_t want_block[3] = { blocks[kvi][0], blocks[kvi][1], blocks[kvi][2] };
@@ -544,18 +544,18 @@ test_kvmap(void)
     }
     uint64_t want_src[3] = { 3, 4, 8 };
     for (int k = 0; k < 3; k++)
-        CHECK(b->descs[k].src == td_layout_kv_entry(&mem.res->kv, kvi, want_src[k]));
+        CHECK(b->descs[k].src == td_layout_kv_entry(&mem->kv, kvi, want_src[k]));
     td_kvmap_batch_free(b);
     /* past the blocks of the dest: refused with a reason */
     p.first = 10;
     p.count = 3;
-    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)),
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem->kv, &p, 1, &b, why, sizeof(why)),
                  TD_ERR_RANGE);
     CHECK(strstr(why, "L1.kv") != NULL);
     p.first = UINT64_MAX - 1;
-    CHECK_STATUS(td_kvmap_batch_create(m, &mem.res->kv, &p, 1, &b, why, sizeof(why)),
+    CHECK_STATUS(td_kvmap_batch_create(m, &mem->kv, &p, 1, &b, why, sizeof(why)),
                  TD_ERR_RANGE);
-    td_testkv_destroy(&mem);
+    td_kvmem_destroy(mem);
     /* the batch put entries [3, 9) of L1.kv first: no checksum for that */
     uint64_t sum = 0;
     CHECK_STATUS(td_kvmap_sum(m, &sum, why, sizeof(why)), TD_ERR_RANGE);

@@ -1,9 +1,12 @@
 /* tests/unit/test_synthetic.c — engine.h through the synthetic engine: the
  * V4.1 layout and its hash, determinism, chunked prefill = one-shot, prefill
- * + decode = longer prefill, batches = rows alone, KV verification, sampling,
- * the cost model, and agreement with the independent tools/synth-expect. */
+ * + decode = longer prefill, batches = rows alone, KV verification, adopt of
+ * a state copied into other blocks, sampling, the cost model, and agreement
+ * with the independent tools/synth-expect. Every request's KV lives in
+ * memory whose blocks are scattered (engine/kvmem). */
 #include "check.h"
 #include "engine.h"
+#include "kvmem.h"
 #include "registry.h"
 #include "clock.h"
 #include "log.h"
@@ -60,6 +63,63 @@ default_engine(void)
     return e;
 }
 
+/* KV memory for every request of these tests (their prompts and steps stay
+ * below it), its blocks and slots at places shuffled by a seed of its own;
+ * the request's user pointer holds it. */
+#define REQ_TOKENS 512
+static uint64_t kv_seed = 1;
+
+static td_status_t
+req_new(td_engine_t *e, const td_sample_params_t *sp, td_engine_req_t **out)
+{
+    td_kvmem_t *mem = NULL;
+    td_status_t st = td_kvmem_create(e->layout, REQ_TOKENS, kv_seed++, &mem);
+
+    if (st != TD_OK)
+        return st;
+    st = td_engine_req_create(e, sp, &mem->kv, out);
+    if (st != TD_OK) {
+        td_kvmem_destroy(mem);
+        return st;
+    }
+    (*out)->user = mem;
+    return TD_OK;
+}
+
+/* Destroy the request, then check that nothing wrote past a block or slot
+ * of its memory and free that. */
+static void
+req_free(td_engine_req_t *req)
+{
+    td_kvmem_t *mem;
+
+    if (req == NULL)
+        return;
+    mem = req->user;
+    td_engine_req_destroy(req);
+    CHECK_STATUS(td_kvmem_check(mem), TD_OK);
+    td_kvmem_destroy(mem);
+}
+
+/* Entries [first, first + count) of segment seg, one by one from the
+ * request's KV memory (blocks lie anywhere), through td_synth_kv_verify. */
+static td_status_t
+verify_entries(td_engine_req_t *req, uint32_t seg, uint64_t first, uint64_t count)
+{
+    const td_layout_seg_t *sg = &req->engine->layout->segs[seg];
+    uint64_t bad = 0;
+
+    if (sg->kind == TD_LAYOUT_FIXED)
+        return td_synth_kv_verify(req, seg, first, count, req->kv.fixed[seg], &bad);
+    for (uint64_t e = first; e < first + count; e++) {
+        td_status_t st = td_synth_kv_verify(req, seg, e, 1, td_layout_kv_entry(&req->kv, seg, e),
+                                            &bad);
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
 static void
 make_prompt(int32_t *tok, size_t n, uint32_t vocab, uint64_t salt)
 {
@@ -67,8 +127,9 @@ make_prompt(int32_t *tok, size_t n, uint32_t vocab, uint64_t salt)
         tok[i] = (int32_t)(td_rng_mix64(salt * 1000003 + i) % vocab);
 }
 
-/* Collects what the layer callback hands out: per segment, the paged entries
- * in order (checked contiguous) and the last fixed bytes. */
+/* Collects what the layer callback names, read from the request's KV
+ * memory: per segment, the paged entries in order (checked contiguous) and
+ * the last fixed bytes. */
 typedef struct {
     const td_layout_t *l;
     unsigned char **seg;       /* [nsegs] */
@@ -120,7 +181,8 @@ collect_fn(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, siz
         if (sg->kind == TD_LAYOUT_PAGED) {
             CHECK_EQ_INT(p[k].first, c->nent[p[k].seg]);
             c->seg[p[k].seg] = realloc(c->seg[p[k].seg], (p[k].first + p[k].count) * eb);
-            memcpy(c->seg[p[k].seg] + p[k].first * eb, p[k].data, p[k].count * eb);
+            for (uint64_t e = p[k].first; e < p[k].first + p[k].count; e++)
+                memcpy(c->seg[p[k].seg] + e * eb, td_layout_kv_entry(&req->kv, p[k].seg, e), eb);
             c->nent[p[k].seg] = p[k].first + p[k].count;
         } else {
             c->fixed_pieces++;
@@ -128,15 +190,11 @@ collect_fn(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, siz
             CHECK_EQ_INT(p[k].count, sg->entries);
             free(c->seg[p[k].seg]);
             c->seg[p[k].seg] = malloc(p[k].count * eb);
-            memcpy(c->seg[p[k].seg], p[k].data, p[k].count * eb);
+            memcpy(c->seg[p[k].seg], req->kv.fixed[p[k].seg], p[k].count * eb);
             c->nent[p[k].seg] = p[k].count;
         }
-        if (c->verify) {
-            uint64_t bad = 0;
-
-            CHECK_STATUS(td_synth_kv_verify(req, p[k].seg, p[k].first, p[k].count,
-                                            p[k].data, &bad), TD_OK);
-        }
+        if (c->verify)
+            CHECK_STATUS(verify_entries(req, p[k].seg, p[k].first, p[k].count), TD_OK);
     }
     return TD_OK;
 }
@@ -149,11 +207,8 @@ verify_fn(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *p, size
     int *count = arg;
 
     for (size_t k = 0; k < np; k++) {
-        uint64_t bad = 0;
-
         CHECK_EQ_INT(req->engine->layout->segs[p[k].seg].layer, layer);
-        CHECK_STATUS(td_synth_kv_verify(req, p[k].seg, p[k].first, p[k].count, p[k].data,
-                                        &bad), TD_OK);
+        CHECK_STATUS(verify_entries(req, p[k].seg, p[k].first, p[k].count), TD_OK);
     }
     if (count)
         *count += (int)np;
@@ -183,7 +238,7 @@ prefill_chunked(td_engine_t *e, const int32_t *tok, size_t n, size_t chunk, coll
     td_sample_finish_t fin;
     int32_t first = -1;
 
-    CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
+    CHECK_STATUS(req_new(e, &sp, &req), TD_OK);
     if (chunk == 0)
         chunk = n;
     for (size_t off = 0; off < n; off += chunk) {
@@ -199,7 +254,7 @@ prefill_chunked(td_engine_t *e, const int32_t *tok, size_t n, size_t chunk, coll
     if (reqout)
         *reqout = req;
     else
-        td_engine_req_destroy(req);
+        req_free(req);
     return first;
 }
 
@@ -218,7 +273,7 @@ generate(td_engine_t *e, const int32_t *tok, size_t n, size_t k, int32_t *out, c
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, c ? collect_fn : verify_fn, c), TD_OK);
         out[i] = row.next;
     }
-    td_engine_req_destroy(req);
+    req_free(req);
 }
 
 /* ---- Layout ------------------------------------------------------------------------ */
@@ -564,7 +619,7 @@ test_batch(td_engine_t *e)
         CHECK_EQ_INT(req[r]->ntokens, 5 + 17 * r + STEPS);
     CHECK(pieces > 0);     /* each row's completed entries, verified */
     for (size_t r = 0; r < R; r++)
-        td_engine_req_destroy(req[r]);
+        req_free(req[r]);
 }
 
 /* ---- Verification, adopt, failures --------------------------------------------------- */
@@ -577,21 +632,21 @@ test_verify(td_engine_t *e)
     collect_t c;
     td_engine_req_t *req, *dreq;
     td_sample_params_t sp = td_sample_params_greedy();
-    const void **fixed = calloc(e->layout->nsegs, sizeof(*fixed));
     uint64_t bad = 0;
 
     make_prompt(tok, N, e->vocab, 4);
     collect_init(&c, e);
     prefill_chunked(e, tok, N, 5, &c, &req);
-    /* a decode-side request, rebuilt from the prompt */
-    CHECK_STATUS(td_engine_req_create(e, &sp, &dreq), TD_OK);
+    /* a decode-side request: its memory created first (creation resets the
+     * fixed segments), then the prefill side's state copied into it as a
+     * transfer would, into blocks in another order */
+    CHECK_STATUS(req_new(e, &sp, &dreq), TD_OK);
+    td_kvmem_copy(&dreq->kv, &req->kv, N);
     for (uint32_t i = 0; i < e->layout->nsegs; i++) {
         const td_layout_seg_t *sg = &e->layout->segs[i];
         size_t len = c.nent[i] * sg->entry_bytes;
         static const size_t flips[] = { 0, 1, 7, 8, 9 };
 
-        if (sg->kind == TD_LAYOUT_FIXED)
-            fixed[i] = c.seg[i];
         CHECK(c.nent[i] > 0);
         CHECK_STATUS(td_synth_kv_verify(req, i, 0, c.nent[i], c.seg[i], &bad), TD_OK);
         for (size_t f = 0; f < sizeof(flips) / sizeof(flips[0]); f++) {
@@ -619,23 +674,42 @@ test_verify(td_engine_t *e)
     }
     CHECK_STATUS(td_synth_kv_verify(req, e->layout->nsegs, 0, 0, NULL, &bad), TD_ERR_RANGE);
 
-    /* adopt checks the fixed segments it is given */
-    CHECK_STATUS(td_engine_adopt(dreq, tok, N, fixed), TD_OK);
+    /* adopt takes the state in the request's memory as it is, after checking
+     * every byte of it */
+    CHECK_STATUS(td_engine_adopt(dreq, tok, N), TD_OK);
     CHECK_EQ_INT(dreq->ntokens, N);
     CHECK_EQ_INT(dreq->prompt, N);
     {
-        td_engine_req_t *d2;
-        uint32_t w = td_layout_find(e->layout, "L2.window") - e->layout->segs;
+        static const struct { const char *seg; uint64_t entry; uint32_t byte; } flip[] = {
+            { "L2.window", 0, 3 },   /* a fixed segment */
+            { "L1.kv", 0, 0 },       /* a paged entry in the first block... */
+            { "L1.kv", 13, 36 },     /* ...and in a later one (4 entries a block) */
+        };
+        char want[128];
 
-        c.seg[w][3] ^= 1;
-        CHECK_STATUS(td_engine_req_create(e, &sp, &d2), TD_OK);
-        log_lines[0] = '\0';
-        CHECK_STATUS(td_engine_adopt(d2, tok, N, fixed), TD_ERR_MISMATCH);
-        CHECK(strstr(log_lines, "fixed segment L2.window differs at byte 3") != NULL);
-        CHECK_STATUS(td_engine_sample(d2, &(int32_t){ 0 }, &(td_sample_finish_t){ 0 }),
-                     TD_ERR_STATE);
-        td_engine_req_destroy(d2);
-        c.seg[w][3] ^= 1;
+        for (size_t f = 0; f < sizeof(flip) / sizeof(flip[0]); f++) {
+            const td_layout_seg_t *sg = td_layout_find(e->layout, flip[f].seg);
+            td_engine_req_t *d2;
+            unsigned char *at;
+
+            if (sg == NULL || (sg->kind == TD_LAYOUT_PAGED &&
+                               flip[f].entry >= td_layout_entries(sg, N)))
+                continue;   /* not in this layout */
+            CHECK_STATUS(req_new(e, &sp, &d2), TD_OK);
+            td_kvmem_copy(&d2->kv, &req->kv, N);
+            at = td_layout_kv_entry(&d2->kv, (uint32_t)(sg - e->layout->segs), flip[f].entry);
+            at[flip[f].byte] ^= 1;
+            log_lines[0] = '\0';
+            CHECK_STATUS(td_engine_adopt(d2, tok, N), TD_ERR_MISMATCH);
+            snprintf(want, sizeof(want), "segment %s entry %llu byte %u", flip[f].seg,
+                     (unsigned long long)flip[f].entry, flip[f].byte);
+            if (strstr(log_lines, want) == NULL)
+                fprintf(stderr, "adopt logged \"%s\", want \"%s\"\n", log_lines, want);
+            CHECK(strstr(log_lines, want) != NULL);
+            CHECK_STATUS(td_engine_sample(d2, &(int32_t){ 0 }, &(td_sample_finish_t){ 0 }),
+                         TD_ERR_STATE);
+            req_free(d2);
+        }
     }
     /* the decode side continues the prefill side's stream */
     {
@@ -652,10 +726,9 @@ test_verify(td_engine_t *e)
         CHECK_STATUS(td_engine_sample(dreq, &t0, &f), TD_OK);
         CHECK_EQ_INT(t0, t1);
     }
-    td_engine_req_destroy(dreq);
-    td_engine_req_destroy(req);
+    req_free(dreq);
+    req_free(req);
     collect_free(&c);
-    free(fixed);
 }
 
 static void
@@ -668,7 +741,7 @@ test_failures(td_engine_t *e)
     collect_t c;
 
     make_prompt(tok, 10, e->vocab, 5);
-    CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
+    CHECK_STATUS(req_new(e, &sp, &req), TD_OK);
     CHECK_STATUS(td_engine_sample(req, &t, &f), TD_ERR_STATE);      /* empty */
     tok[4] = -1;
     CHECK_STATUS(td_engine_prefill(req, tok, 10, 1, verify_fn, NULL), TD_ERR_INVALID);
@@ -682,13 +755,41 @@ test_failures(td_engine_t *e)
     CHECK_STATUS(td_engine_prefill(req, tok, 1, 1, collect_fn, &c), TD_ERR_STATE);
     CHECK_STATUS(td_engine_sample(req, &t, &f), TD_ERR_STATE);
     collect_free(&c);
-    td_engine_req_destroy(req);
+    req_free(req);
 
     sp.top_p = 0;
-    CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_ERR_INVALID);
+    CHECK_STATUS(req_new(e, &sp, &req), TD_ERR_INVALID);
     sp.top_p = 1;
     sp.nstop = TD_SAMPLE_MAX_STOP + 1;
-    CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_ERR_INVALID);
+    CHECK_STATUS(req_new(e, &sp, &req), TD_ERR_INVALID);
+    sp.nstop = 0;
+
+    /* KV memory: none, or another layout's, is refused; a request holds what
+     * its memory holds and no more */
+    {
+        td_engine_t *other = default_engine();
+        td_kvmem_t *mem = NULL, *small = NULL;
+
+        CHECK_STATUS(td_engine_req_create(e, &sp, NULL, &req), TD_ERR_INVALID);
+        if (other != NULL && td_kvmem_create(other->layout, 16, 1, &mem) == TD_OK)
+            CHECK_STATUS(td_engine_req_create(e, &sp, &mem->kv, &req), TD_ERR_INVALID);
+        CHECK_STATUS(td_kvmem_create(e->layout, 10, 2, &small), TD_OK);
+        if (small != NULL) {
+            CHECK_STATUS(td_engine_req_create(e, &sp, &small->kv, &req), TD_OK);
+            CHECK(req->capacity >= 10 && req->capacity == td_layout_kv_capacity(&small->kv));
+            make_prompt(tok, 10, e->vocab, 5);
+            CHECK_STATUS(td_engine_prefill(req, tok, 10, 0, verify_fn, NULL), TD_OK);
+            t = tok[0];
+            while (req->ntokens < req->capacity)
+                CHECK_STATUS(td_engine_prefill(req, &t, 1, 0, verify_fn, NULL), TD_OK);
+            CHECK_STATUS(td_engine_prefill(req, &t, 1, 0, verify_fn, NULL), TD_ERR_RANGE);
+            td_engine_req_destroy(req);
+            CHECK_STATUS(td_kvmem_check(small), TD_OK);
+        }
+        td_kvmem_destroy(small);
+        td_kvmem_destroy(mem);
+        td_engine_destroy(other);
+    }
 }
 
 /* ---- Sampling ------------------------------------------------------------------------- */
@@ -764,7 +865,7 @@ test_sampling(td_engine_t *e)
         d.n = 0;
         CHECK_STATUS(td_sample_dist(&d, &s, 0, &t), TD_ERR_INVALID);
     }
-    td_engine_req_destroy(req);
+    req_free(req);
 
     /* stop tokens and max_tokens */
     {
@@ -777,7 +878,7 @@ test_sampling(td_engine_t *e)
         sp.stop[0] = -5;
         sp.stop[1] = gen[2];
         sp.max_tokens = 6;
-        CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
+        CHECK_STATUS(req_new(e, &sp, &req), TD_OK);
         CHECK_STATUS(td_engine_prefill(req, tok, N, 1, verify_fn, NULL), TD_OK);
         CHECK_STATUS(td_engine_sample(req, &t, &f), TD_OK);
         CHECK_EQ_INT(f, gen[0] == gen[2] ? TD_SAMPLE_FINISH_STOP : TD_SAMPLE_FINISH_NONE);
@@ -787,11 +888,11 @@ test_sampling(td_engine_t *e)
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
         CHECK_EQ_INT(row.next, gen[2]);
         CHECK_EQ_INT(row.finish, TD_SAMPLE_FINISH_STOP);
-        td_engine_req_destroy(req);
+        req_free(req);
 
         sp.nstop = 0;
         sp.max_tokens = 3;
-        CHECK_STATUS(td_engine_req_create(e, &sp, &req), TD_OK);
+        CHECK_STATUS(req_new(e, &sp, &req), TD_OK);
         CHECK_STATUS(td_engine_prefill(req, tok, N, 1, verify_fn, NULL), TD_OK);
         CHECK_STATUS(td_engine_sample(req, &t, &f), TD_OK);
         CHECK_EQ_INT(f, TD_SAMPLE_FINISH_NONE);                 /* 1st */
@@ -801,7 +902,7 @@ test_sampling(td_engine_t *e)
         row.token = row.next;
         CHECK_STATUS(td_engine_decode_step(e, &row, 1, NULL, NULL), TD_OK);
         CHECK_EQ_INT(row.finish, TD_SAMPLE_FINISH_LENGTH);      /* 3rd */
-        td_engine_req_destroy(req);
+        req_free(req);
     }
 }
 
@@ -835,7 +936,7 @@ test_cost(void)
     make_prompt(tok, 100, e->vocab, 7);
     best = 1e9;
     for (int i = 0; i < 4; i++) {
-        CHECK_STATUS(td_engine_req_create(e, &sp, &req[i]), TD_OK);
+        CHECK_STATUS(req_new(e, &sp, &req[i]), TD_OK);
         t0 = td_clock_ns();
         CHECK_STATUS(td_engine_prefill(req[i], tok, 100, 1, verify_fn, NULL), TD_OK);
         ms = (td_clock_ns() - t0) / 1e6;
@@ -858,7 +959,7 @@ test_cost(void)
     printf("cost: decode step of 4 rows at 5 ms + 1 ms/row: %.2f ms (best of 3)\n", best);
     CHECK(best < 9.0 * 1.25);
     for (int i = 0; i < 4; i++)
-        td_engine_req_destroy(req[i]);
+        req_free(req[i]);
     td_engine_destroy(e);
 }
 
