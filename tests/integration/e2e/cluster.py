@@ -281,8 +281,8 @@ class Cluster:
 
     def client(self, **kw):
         import openai
-        return openai.OpenAI(base_url=self.base_url, api_key=KEY, max_retries=0,
-                             timeout=30 * SLOW, **kw)
+        kw.setdefault("timeout", 30 * SLOW)
+        return openai.OpenAI(base_url=self.base_url, api_key=KEY, max_retries=0, **kw)
 
     def async_client(self, **kw):
         import openai
