@@ -15,6 +15,7 @@
 
 #include "dreq.h"
 #include "log.h"
+#include "wire.h"
 
 struct td_drank_s {
     struct event_base *base;
@@ -106,18 +107,27 @@ drank_send(td_drank_t *r, td_dreq_t *req, const Tandem__Envelope *env)
     }
 }
 
+/* pick: the one token's log-probabilities, when the request asks for them
+ * (else NULL). */
 static td_status_t
 drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
-                  Tandem__Finish finish, const char *error)
+                  Tandem__Finish finish, const char *error, const td_sample_pick_t *pick)
 {
     if (req->router == NULL)
         return TD_OK;
     Tandem__Tokens t = TANDEM__TOKENS__INIT;
+    td_wire_logprob_t lp;
+    Tandem__TokenLogprob *plp = &lp.msg;
     t.req_id = req->id;
     t.n_tokens = n;
     t.tokens = (int32_t *)tokens;
     t.finish = finish;
     t.error = (char *)(error ? error : "");
+    if (pick != NULL && n == 1) {
+        td_wire_logprob_pack(pick, &lp);
+        t.n_logprobs = 1;
+        t.logprobs = &plp;
+    }
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_TOKENS;
     env.tokens = &t;
@@ -141,7 +151,7 @@ drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish fini
     else
         r->stats.failed++;
     if (tell_router)
-        (void)drank_send_tokens(r, req, NULL, 0, finish, error);
+        (void)drank_send_tokens(r, req, NULL, 0, finish, error, NULL);
     if (req->kv_done)
         drank_release(r, req);
     else
@@ -165,18 +175,21 @@ drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router
     drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
 }
 
-/* One generated token to the router; the request ends when the sampler says
+/* One generated token to the router (with its log-probabilities in pick
+ * when the request asks for them); the request ends when the sampler says
  * so (FINISHED) or the token could not be sent (FAILED). Returns whether it
  * is still RUNNING (if not, req may be gone). */
 static bool
-drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin)
+drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin,
+           const td_sample_pick_t *pick)
 {
     Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
                        : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
                                                         : TANDEM__FINISH__FINISH_NONE;
     req->last = token;
     req->generated++;
-    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL);
+    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL,
+                                       req->ereq->sampling.logprobs ? pick : NULL);
     if (st != TD_OK) {
         drank_fail(r, req, TD_LOG_WARN, false, "tokens not sent: %s", td_status_str(st));
         return false;
@@ -233,25 +246,19 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
                 (unsigned long long)id, td_status_str(st));
 }
 
-/* Sampling from the wire, checked (a peer's bytes: a reason, never an abort). */
+/* Sampling from the wire, checked (a peer's bytes: a reason, never an abort):
+ * worker/wire.h's conversion, as prefilld reads it, and a positive
+ * max_tokens (the reservation's size). */
 static const char *
-drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params_t *out)
+drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params_t *out,
+               char *why, size_t whylen)
 {
     if (in == NULL)
         return "no sampling parameters";
-    if (in->max_tokens == 0)
+    if (td_wire_sampling(in, r->engine, out, why, whylen) != TD_OK)
+        return why;
+    if (out->max_tokens == 0)
         return "max_tokens must be positive";
-    if (in->n_stop_tokens > TD_SAMPLE_MAX_STOP)
-        return "too many stop tokens";
-    *out = (td_sample_params_t){ .temperature = in->temperature, .top_p = in->top_p,
-                                   .top_k = in->top_k, .seed = in->seed,
-                                   .max_tokens = in->max_tokens,
-                                   .nstop = (uint32_t)in->n_stop_tokens };
-    if (out->top_p == 0)
-        out->top_p = 1;   /* proto3 default: unset */
-    for (size_t i = 0; i < in->n_stop_tokens; i++)
-        out->stop[i] = in->stop_tokens[i];
-    (void)r;
     return NULL;
 }
 
@@ -273,13 +280,14 @@ static void
 drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
 {
     td_sample_params_t sp;
+    char reason[160];
     const char *bad = NULL;
     if (a->n_tokens == 0)
         bad = "empty prompt";
     else if (drank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
     else
-        bad = drank_sampling(r, a->sampling, &sp);
+        bad = drank_sampling(r, a->sampling, &sp, reason, sizeof(reason));
     for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
         if (a->tokens[i] < 0 || (uint64_t)a->tokens[i] >= r->engine->vocab)
             bad = "prompt token outside the vocabulary";
@@ -476,20 +484,30 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
     /* An engine with a distribution right after adopt (synthetic) must agree
      * with P's first token; one without (TD_ERR_STATE: a real model, whose
      * logits come from the pass P ran) takes P's token. */
-    int32_t first = 0;
+    td_sample_pick_t pick = { .token = 0 };
     td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
-    td_status_t st = td_engine_sample(req->ereq, &first, &fin);
+    char why[160] = "";
+    td_status_t st = td_engine_sample_pick(req->ereq, &pick, &fin);
     if (st == TD_ERR_STATE && req->ereq->failed == TD_OK) {
-        first = kn->first_token;
-        st = td_engine_take(req->ereq, first, &fin);
+        pick.token = kn->first_token;
+        st = td_engine_take(req->ereq, pick.token, &fin);
+        if (st == TD_OK && req->ereq->sampling.logprobs &&
+            (kn->first_logprob == NULL || kn->first_logprob->token != kn->first_token ||
+             td_wire_logprob_unpack(kn->first_logprob, r->engine->vocab, &pick, why,
+                                    sizeof(why)) != TD_OK)) {
+            drank_fail(r, req, TD_LOG_WARN, true, "first token's log-probability from "
+                       "prefill %s: %s", req->prefill, why[0] ? why : "missing");
+            return;
+        }
     }
+    int32_t first = pick.token;
     if (st != TD_OK || first != kn->first_token) {
         drank_fail(r, req, TD_LOG_ERROR, true, "first token %d from prefill %s, expected %d (%s)",
                    kn->first_token, req->prefill, first, td_status_str(st));
         return;
     }
     td_dreq_set_state(req, TD_DREQ_RUNNING, "kv verified and adopted");
-    if (drank_emit(r, req, first, fin)) {
+    if (drank_emit(r, req, first, fin, &pick)) {
         drank_publish_load(r);
         drank_step_schedule(r);
     }
@@ -701,7 +719,8 @@ drank_step(td_drank_t *r)
                       true);
     } else {
         for (size_t i = 0; i < n; i++)
-            drank_emit(r, r->row_req[i], r->rows[i].next, r->rows[i].finish);
+            drank_emit(r, r->row_req[i], r->rows[i].next, r->rows[i].finish,
+                       &r->rows[i].pick);
     }
     drank_publish_load(r);
 }
