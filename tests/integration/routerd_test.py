@@ -46,7 +46,7 @@ class Cluster:
                               "--http-listen", "127.0.0.1:0", "--ctl-listen", "127.0.0.1:0",
                               "--admin-listen", "127.0.0.1:0", "--api-keys-file", self.path("keys"),
                               "--admin-key-file", self.path("akeys"),
-                              "--node-id", "router1", *extra],
+                              "--node-id", "router1", "--synth-vocab", "256", *extra],
                              stdout=subprocess.DEVNULL, stderr=open(self.rlog, "w"))
         self.procs.append(p)
         deadline = time.time() + 10

@@ -311,7 +311,10 @@ main(int argc, char **argv)
     fclose(f);
     while (slen > 0 && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
         slen--;   /* as common/daemon.c reads it */
-    if (td_engine_config_defaults(&ecfg) != TD_OK || td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
+    if (td_engine_config_defaults(&ecfg) != TD_OK)
+        return 1;
+    ecfg.synth.vocab = 256;   /* routerd's byte-level tokenizer (routerd_test.py) */
+    if (td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
         return 1;
     snprintf(fp, sizeof fp, "%016" PRIx64, eng->fingerprint);
     signal(SIGPIPE, SIG_IGN);
