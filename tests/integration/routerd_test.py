@@ -463,6 +463,23 @@ def test_failure(c):
     st, _, _ = request(c.admin, "POST", "/admin/remove", {"node": "hang"}, key=ADMIN_KEY)
     check(st == 200 and all(r["node"] != "hang" for r in c.ranks()), "node not removed")
 
+    # A decode rank that sends a token outside the tokenizer's vocabulary (256
+    # byte ids): a protocol error that fails the request (it used to be shown
+    # modulo 256), and the rank is told to drop it.
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=10)
+    bad = c.start_worker("bad", "--bad-token", "300")
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks() if r["node"] == "bad") == 2,
+           "bad worker up")
+    st, _, data = chat(c.http, max_tokens=10)
+    check_error(st, data, 500, None)
+    msg = json.loads(data)["error"]["message"]
+    check("token 300 outside the vocabulary of 256" in msg, "protocol error %r" % msg)
+    c.wait(lambda: "cancel" in open(bad.out).read(), "Cancel at the rank that sent it")
+    _, _, m = request(c.http, "GET", "/metrics")
+    check(re.search(rb'errors_total\{reason="decode_failed"\} 1\b', m),
+          "decode_failed not counted")
+
 
 def main():
     name, routerd, worker = sys.argv[1:4]
