@@ -14,6 +14,8 @@
 
 /* The first prefix the draw sorts; each further one is twice the last. */
 #define SAMPLE_FIRST_CHUNK 64
+/* Independent running maxima of the greedy pass. */
+#define SAMPLE_LANES 16
 
 /* ---- The order ------------------------------------------------------------------ */
 
@@ -207,16 +209,31 @@ sample_view_scan(const sample_view_t *v, uint32_t *best_out)
     float bl = -INFINITY;
 
     if (v->ids == NULL) {
-        /* ids ascend with the index: a strict > keeps the lowest among equals */
-        for (uint32_t i = 0; i < v->n; i++) {
-            float x = l[i];
-            if (!(x < INFINITY))   /* NaN or +inf */
-                return 0;
-            if (x > bl) {
-                bl = x;
-                best = i;
+        /* ids ascend with the index: the largest value, then the first index
+         * holding it. The maximum runs in SAMPLE_LANES independent lanes (no
+         * branch on the data, so it pipelines), the search stops there. */
+        float m[SAMPLE_LANES];
+        int bad = 0;
+        uint32_t i = 0;
+
+        for (int k = 0; k < SAMPLE_LANES; k++)
+            m[k] = -INFINITY;
+        for (; i + SAMPLE_LANES <= v->n; i += SAMPLE_LANES)
+            for (int k = 0; k < SAMPLE_LANES; k++) {
+                float x = l[i + k];
+                bad |= !(x < INFINITY);   /* NaN or +inf */
+                m[k] = x > m[k] ? x : m[k];
             }
+        for (; i < v->n; i++) {
+            bad |= !(l[i] < INFINITY);
+            bl = l[i] > bl ? l[i] : bl;
         }
+        for (int k = 0; k < SAMPLE_LANES; k++)
+            bl = m[k] > bl ? m[k] : bl;
+        if (bad || bl == -INFINITY)
+            return 0;
+        while (l[best] != bl)
+            best++;
     } else {
         for (uint32_t i = 0; i < v->n; i++) {
             float x = l[i];
