@@ -748,7 +748,7 @@ static void usage(FILE *f)
 "  --visible-first-token synthetic engine only (completions): greedy sampling and\n"
 "                        prompts whose first output byte is not a UTF-8 lead byte,\n"
 "                        so TTFT is not delayed by a held-back partial character\n"
-"  --synth-key K --synth-vocab V   the cluster's synth-key/-vocab (4096, 129280)\n"
+"  --synth-key K --synth-vocab V   the cluster's synth-key/-vocab (4096, 256)\n"
 "Exit status: 0 all requests ok, 3 some failed, 1 error, 2 usage.\n");
 }
 
@@ -815,7 +815,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     };
     *o = (opts_t){ .rate = 10, .nrequests = 100, .stream = true, .seed = 1,
                    .max_inflight = 4096, .timeout = 60, .label = "",
-                   .synth_key = 4096, .synth_vocab = 129280 };
+                   .synth_key = 4096, .synth_vocab = 256 };
     snprintf(o->model, sizeof(o->model), "tandem-synthetic");
     dist_parse("128", &o->prompt_len);
     dist_parse("64", &o->output_len);

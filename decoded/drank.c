@@ -23,6 +23,7 @@
 #include "kvsum.h"
 #include "log.h"
 #include "rng.h"
+#include "wire.h"
 
 struct td_drank_s {
     struct event_base *base;
@@ -135,18 +136,27 @@ drank_send(td_drank_t *r, td_dreq_t *req, const Tandem__Envelope *env)
     }
 }
 
+/* pick: the one token's log-probabilities, when the request asks for them
+ * (else NULL). */
 static td_status_t
 drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
-                  Tandem__Finish finish, const char *error)
+                  Tandem__Finish finish, const char *error, const td_sample_pick_t *pick)
 {
     if (req->router == NULL)
         return TD_OK;
     Tandem__Tokens t = TANDEM__TOKENS__INIT;
+    td_wire_logprob_t lp;
+    Tandem__TokenLogprob *plp = &lp.msg;
     t.req_id = req->id;
     t.n_tokens = n;
     t.tokens = (int32_t *)tokens;
     t.finish = finish;
     t.error = (char *)(error ? error : "");
+    if (pick != NULL && n == 1) {
+        td_wire_logprob_pack(pick, &lp);
+        t.n_logprobs = 1;
+        t.logprobs = &plp;
+    }
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_TOKENS;
     env.tokens = &t;
@@ -170,7 +180,7 @@ drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish fini
     else
         r->stats.failed++;
     if (tell_router)
-        (void)drank_send_tokens(r, req, NULL, 0, finish, error);
+        (void)drank_send_tokens(r, req, NULL, 0, finish, error, NULL);
     if (req->kv_done)
         drank_release(r, req);
     else
@@ -194,18 +204,21 @@ drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router
     drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
 }
 
-/* One generated token to the router; the request ends when the sampler says
+/* One generated token to the router (with its log-probabilities in pick
+ * when the request asks for them); the request ends when the sampler says
  * so (FINISHED) or the token could not be sent (FAILED). Returns whether it
  * is still RUNNING (if not, req may be gone). */
 static bool
-drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin)
+drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin,
+           const td_sample_pick_t *pick)
 {
     Tandem__Finish f = fin == TD_SAMPLE_FINISH_STOP     ? TANDEM__FINISH__FINISH_STOP
                        : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
                                                         : TANDEM__FINISH__FINISH_NONE;
     req->last = token;
     req->generated++;
-    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL);
+    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL,
+                                       req->ereq->sampling.logprobs ? pick : NULL);
     if (st != TD_OK) {
         drank_fail(r, req, TD_LOG_WARN, false, "tokens not sent: %s", td_status_str(st));
         return false;
@@ -266,25 +279,19 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
                 (unsigned long long)id, td_status_str(st));
 }
 
-/* Sampling from the wire, checked (a peer's bytes: a reason, never an abort). */
+/* Sampling from the wire, checked (a peer's bytes: a reason, never an abort):
+ * worker/wire.h's conversion, as prefilld reads it, and a positive
+ * max_tokens (the reservation's size). */
 static const char *
-drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params_t *out)
+drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params_t *out,
+               char *why, size_t whylen)
 {
     if (in == NULL)
         return "no sampling parameters";
-    if (in->max_tokens == 0)
+    if (td_wire_sampling(in, r->engine, out, why, whylen) != TD_OK)
+        return why;
+    if (out->max_tokens == 0)
         return "max_tokens must be positive";
-    if (in->n_stop_tokens > TD_SAMPLE_MAX_STOP)
-        return "too many stop tokens";
-    *out = (td_sample_params_t){ .temperature = in->temperature, .top_p = in->top_p,
-                                   .top_k = in->top_k, .seed = in->seed,
-                                   .max_tokens = in->max_tokens,
-                                   .nstop = (uint32_t)in->n_stop_tokens };
-    if (out->top_p == 0)
-        out->top_p = 1;   /* proto3 default: unset */
-    for (size_t i = 0; i < in->n_stop_tokens; i++)
-        out->stop[i] = in->stop_tokens[i];
-    (void)r;
     return NULL;
 }
 
@@ -306,6 +313,7 @@ static void
 drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
 {
     td_sample_params_t sp;
+    char reason[160];
     const char *bad = NULL;
     if (a->n_tokens == 0)
         bad = "empty prompt";
@@ -314,7 +322,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     else if (a->prefill_incarnation == 0)
         bad = "no prefill incarnation";
     else
-        bad = drank_sampling(r, a->sampling, &sp);
+        bad = drank_sampling(r, a->sampling, &sp, reason, sizeof(reason));
     for (size_t i = 0; bad == NULL && i < a->n_tokens; i++)
         if (a->tokens[i] < 0 || (uint64_t)a->tokens[i] >= r->engine->vocab)
             bad = "prompt token outside the vocabulary";
@@ -441,7 +449,10 @@ typedef struct {
     uint64_t t_note, t_start, t_end;   /* ns: note in, adoption began, ended */
     int32_t note_first;          /* P's first token */
     uint64_t want_sum, got_sum;  /* the checksum P sent, and ours over the blocks */
-    int32_t first;               /* ours (or P's, taken) */
+    td_sample_pick_t note_pick;  /* P's first token with its log-probabilities */
+    bool have_note_pick;         /* P sent them */
+    td_sample_pick_t pick;       /* the first token: ours, or P's taken */
+    int32_t first;               /* pick.token */
     td_sample_finish_t fin;
     td_status_t st;
     const char *what;            /* the step that failed */
@@ -483,11 +494,17 @@ drank_adopt_run(void *arg)
         return;
     }
     j->what = "first token";
-    j->st = td_engine_sample(ereq, &j->first, &j->fin);
+    j->st = td_engine_sample_pick(ereq, &j->pick, &j->fin);
     if (j->st == TD_ERR_STATE && ereq->failed == TD_OK) {
-        j->first = j->note_first;
-        j->st = td_engine_take(ereq, j->first, &j->fin);
+        /* P's token, and its log-probabilities as P computed them */
+        j->pick = j->note_pick;
+        j->st = td_engine_take(ereq, j->note_first, &j->fin);
+        if (j->st == TD_OK && ereq->sampling.logprobs && !j->have_note_pick) {
+            j->st = TD_ERR_PROTO;
+            j->what = "first token's log-probability from the prefill rank: missing";
+        }
     }
+    j->first = j->pick.token;
 }
 
 /* Loop thread: the adopt job came back. */
@@ -535,7 +552,7 @@ drank_adopt_done(void *arg)
                  (unsigned long long)req->id, (unsigned long long)verified);
     }
     td_dreq_set_state(req, TD_DREQ_RUNNING, "kv adopted");
-    if (drank_emit(r, req, j->first, j->fin)) {
+    if (drank_emit(r, req, j->first, j->fin, &j->pick)) {
         drank_publish_load(r);
         drank_step_schedule(r);
     }
@@ -556,7 +573,21 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
     j->req = req;
     j->t_note = td_clock_ns();
     j->note_first = kn->first_token;
+    j->note_pick.token = kn->first_token;
     j->want_sum = kn->kv_sum;
+    if (kn->first_logprob != NULL) {
+        char why[160];
+        if (kn->first_logprob->token != kn->first_token ||
+            td_wire_logprob_unpack(kn->first_logprob, r->engine->vocab, &j->note_pick, why,
+                                   sizeof(why)) != TD_OK) {
+            free(j);
+            drank_fail(r, req, TD_LOG_WARN, true, "first token's log-probability from "
+                       "prefill %s: %s", req->prefill,
+                       kn->first_logprob->token != kn->first_token ? "for another token" : why);
+            return;
+        }
+        j->have_note_pick = true;
+    }
     if (td_jobq_post(r->jq, drank_adopt_run, drank_adopt_done, j) != TD_OK) {
         free(j);
         drank_fail(r, req, TD_LOG_ERROR, true, "cannot hand its adoption to the compute thread");
@@ -781,7 +812,7 @@ drank_step_done(void *arg)
         } else if (st != TD_OK) {
             drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, true);
         } else {
-            drank_emit(r, req, r->rows[i].next, r->rows[i].finish);
+            drank_emit(r, req, r->rows[i].next, r->rows[i].finish, &r->rows[i].pick);
         }
     }
     drank_publish_load(r);

@@ -1,5 +1,6 @@
 /* engine/engine.c — the engine-independent half of engine.h: argument and
- * state checks around the ops, and sampling a request's next token. */
+ * state checks around the ops, and sampling a request's next token (through
+ * engine/sample.h, the one sampler). */
 #include "engine.h"
 
 #include <stdio.h>
@@ -34,14 +35,21 @@ td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, const td_layo
                      td_engine_req_t **out)
 {
     td_engine_req_t *req;
+    td_sample_params_t chk = *sp;
+    char why[128];
     td_status_t st;
     uint64_t cap;
 
-    if (sp->nstop > TD_SAMPLE_MAX_STOP || !(sp->temperature >= 0) ||
-        !(sp->top_p > 0 && sp->top_p <= 1)) {
-        td_error("engine %s: sampling: temperature %g, top_p %g, %u stop tokens: want "
-                 "temperature >= 0, 0 < top_p <= 1, at most %d stop tokens", e->name,
-                 sp->temperature, sp->top_p, sp->nstop, TD_SAMPLE_MAX_STOP);
+    /* stop ids are only compared with tokens: a negative one never matches */
+    for (uint32_t i = 0; i < chk.nstop && i < TD_SAMPLE_MAX_STOP; i++)
+        chk.stop[i] = 0;
+    if (td_sample_check(&chk, why, sizeof(why)) != TD_OK) {
+        td_error("engine %s: sampling: %s", e->name, why);
+        return TD_ERR_INVALID;
+    }
+    if (sp->nbias > 0 && (uint32_t)sp->bias[sp->nbias - 1].id >= e->vocab) {
+        td_error("engine %s: sampling: logit_bias names token %d, outside the vocabulary of "
+                 "%u", e->name, sp->bias[sp->nbias - 1].id, e->vocab);
         return TD_ERR_INVALID;
     }
     if (e->ops->req_create == NULL) {
@@ -165,24 +173,36 @@ td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out)
 }
 
 td_status_t
-td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish)
+td_engine_sample_pick(td_engine_req_t *req, td_sample_pick_t *pick, td_sample_finish_t *finish)
 {
     const td_sample_params_t *sp = &req->sampling;
     td_sample_dist_t lg;
+    td_sample_pick_t pk;
     uint64_t generated;
-    int32_t tok;
     td_status_t st;
 
     st = td_engine_logits(req, &lg);
     if (st != TD_OK)
         return st;
-    st = td_sample_dist(&lg, sp, req->ntokens, &tok);
+    st = td_sample_dist_pick(&lg, sp, req->ntokens, -1, &pk);   /* logs why */
     if (st != TD_OK)
         return st;
     generated = req->ntokens - req->prompt + 1;
-    *finish = td_sample_finish(sp, tok, generated, req->ntokens + 1, req->capacity);
-    *token = tok;
+    *finish = td_sample_finish(sp, pk.token, generated, req->ntokens + 1,
+                               req->capacity);
+    *pick = pk;
     return TD_OK;
+}
+
+td_status_t
+td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish)
+{
+    td_sample_pick_t pk;
+    td_status_t st = td_engine_sample_pick(req, &pk, finish);
+
+    if (st == TD_OK)
+        *token = pk.token;
+    return st;
 }
 
 td_status_t
@@ -231,9 +251,10 @@ td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine
         return st;
     }
     for (size_t i = 0; i < n; i++) {
-        st = td_engine_sample(rows[i].req, &rows[i].next, &rows[i].finish);
+        st = td_engine_sample_pick(rows[i].req, &rows[i].pick, &rows[i].finish);
         if (st != TD_OK)
             return st;
+        rows[i].next = rows[i].pick.token;
     }
     return TD_OK;
 }

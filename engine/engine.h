@@ -65,6 +65,8 @@ typedef struct {
     int32_t token;               /* in: the last sampled token, appended now */
     int32_t next;                /* out: sampled at the next position */
     td_sample_finish_t finish;   /* out */
+    td_sample_pick_t pick;       /* out: next with its log-probabilities (those only
+                                    when req->sampling.logprobs) */
 } td_engine_row_t;
 
 /* An implementation. Callers use the td_engine_* wrappers, which check state
@@ -108,6 +110,8 @@ struct td_engine {
     uint64_t max_context;
     uint64_t fingerprint;      /* model fingerprint for Hello */
     int checks_kv;             /* adopt recomputes and checks every received byte */
+    uint32_t nstop;            /* the model's end-of-sequence ids (its checkpoint's */
+    int32_t stop[TD_SAMPLE_MAX_STOP]; /* generation and tokenizer configs); 0: none */
 };
 
 void td_engine_destroy(td_engine_t *e);
@@ -118,7 +122,9 @@ size_t td_engine_describe(const td_engine_t *e, char *buf, size_t len);
 
 /* A request with sampling sp whose KV lives in kv (a view of the caller's
  * memory for this layout; ops.req_create). Its capacity in tokens is
- * td_layout_kv_capacity(kv), at most max_context. */
+ * td_layout_kv_capacity(kv), at most max_context.
+ * Sampling as td_sample_check checks it, logit_bias ids inside the
+ * vocabulary (TD_ERR_INVALID otherwise, logged). */
 td_status_t td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp,
                                  const td_layout_kv_t *kv, td_engine_req_t **out);
 void td_engine_req_destroy(td_engine_req_t *req);
@@ -136,10 +142,15 @@ td_status_t td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t 
  * TD_ERR_INVALID for a token outside the vocabulary. */
 td_status_t td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish_t *finish);
 /* Sample the token at the request's end (the first token after prefill):
- * the engine's distribution through td_sample_dist. */
+ * the engine's distribution through the sampler (td_sample_dist_pick), with
+ * its log-probabilities in *pick when the request asks for them. */
+td_status_t td_engine_sample_pick(td_engine_req_t *req, td_sample_pick_t *pick,
+                                  td_sample_finish_t *finish);
+/* td_engine_sample_pick for the token alone. */
 td_status_t td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish);
 td_status_t td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out);
-/* One decode step: append every row's token, then sample each row's next.
+/* One decode step: append every row's token, then sample each row's next
+ * (and its log-probabilities, td_engine_sample_pick).
  * Rows are checked first; on a bad row nothing is appended (TD_ERR_INVALID,
  * TD_ERR_STATE, TD_ERR_RANGE). fn may be NULL. */
 td_status_t td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n,

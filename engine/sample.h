@@ -1,11 +1,12 @@
 /* engine/sample.h — sampling, below the engine interface: the parameters a
- * request samples with, a next-token distribution and the generic sampler
- * over it, the seeded draw per position, argmax for greedy rows, the chosen
- * token's log-probabilities, stop tokens and the finish rule. It knows no
- * engine and no model. */
+ * request samples with (logit_bias and logprobs included), a next-token
+ * distribution and the one sampler over it (O(n): greedy, top-k, top-p, the
+ * seeded draw per position), the chosen token's log-probabilities, stop
+ * tokens and the finish rule. It knows no engine and no model. */
 #ifndef TD_SAMPLE_H
 #define TD_SAMPLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,6 +15,19 @@
 /* ---- Parameters and distributions --------------------------------------------- */
 
 #define TD_SAMPLE_MAX_STOP 16
+/* The most logit_bias entries a request may carry, and the largest |bias|
+ * (OpenAI's range). */
+#define TD_SAMPLE_MAX_BIAS 300
+#define TD_SAMPLE_BIAS_LIMIT 100.0
+/* The most alternatives a step reports (OpenAI's top_logprobs bound). */
+#define TD_SAMPLE_MAX_TOP 20
+
+/* One logit_bias entry: bias is added to token id's logit before anything
+ * else looks at the distribution. */
+typedef struct {
+    int32_t id;
+    float bias;
+} td_sample_bias_t;
 
 /* Per-request sampling parameters, copied into each request. */
 typedef struct {
@@ -24,6 +38,10 @@ typedef struct {
     uint32_t max_tokens;  /* generated tokens, first included; 0 = up to max context */
     uint32_t nstop;
     int32_t stop[TD_SAMPLE_MAX_STOP]; /* token ids that end the request */
+    uint32_t nbias;
+    td_sample_bias_t bias[TD_SAMPLE_MAX_BIAS]; /* ids ascending, each once */
+    bool logprobs;        /* report each chosen token's log-probability */
+    uint32_t top_logprobs;/* ... with this many alternatives (<= TD_SAMPLE_MAX_TOP) */
 } td_sample_params_t;
 
 /* Greedy, no limits. */
@@ -38,19 +56,52 @@ typedef enum {
 const char *td_sample_finish_str(td_sample_finish_t f);
 
 /* A next-token distribution: n candidates, every other token has logit -inf.
- * Dense engines give ids = NULL (candidate i is token i, n = vocab). */
+ * Dense engines give ids = NULL (candidate i is token i, n = vocab); the ids
+ * of a sparse one are distinct. */
 typedef struct {
     uint32_t n;
     const int32_t *ids;   /* [n] or NULL */
     const float *logits;  /* [n] */
 } td_sample_dist_t;
 
-/* The generic sampler over a distribution: greedy when temperature == 0 or
- * top_k == 1; else sort by logit (desc, ties by id), keep top_k, softmax at
- * temperature, keep the top_p prefix, draw u = td_sample_draw(seed, position).
- * TD_ERR_INVALID for an empty distribution or bad parameters. */
+/* ---- Log-probabilities --------------------------------------------------------- */
+
+typedef struct {
+    int32_t id;
+    double logprob;
+} td_sample_alt_t;
+
+/* A chosen token with its log-probabilities: log_softmax of the logits after
+ * logit_bias (temperature, top-k and top-p do not enter), computed in double. */
+typedef struct {
+    int32_t token;
+    double logprob;                         /* log_softmax(logits)[token]; -inf possible */
+    uint32_t ntop;                          /* entries of top: min(asked, candidates) */
+    td_sample_alt_t top[TD_SAMPLE_MAX_TOP]; /* most likely first; equal logits: lowest id */
+} td_sample_pick_t;
+
+/* ---- The sampler ----------------------------------------------------------------- */
+
+/* The one sampler, for every engine and tool. The distribution's logits plus
+ * sp's logit_bias, in the order (logit desc, id asc):
+ *   greedy (temperature 0 or top_k 1): the first;
+ *   otherwise: keep the first top_k (all when 0) finite ones; weights
+ *   w = exp((l - l_max) / temperature) in double; Z = their sum in the
+ *   distribution's index order; with top_p < 1, keep the shortest prefix
+ *   whose running sum of w / Z reaches top_p, then S = the sum of its w in
+ *   order (top_p = 1: S = Z); u = td_sample_draw(seed, position) * S; the
+ *   first in order whose running sum of w exceeds u (the last kept if none).
+ * Expected O(n) (only the drawn prefix is ever sorted); greedy is one pass.
+ * A logit NaN or +inf, no finite one, bad parameters or a dense
+ * distribution with a bias id outside it: TD_ERR_INVALID, logged. */
 td_status_t td_sample_dist(const td_sample_dist_t *lg, const td_sample_params_t *sp,
                            uint64_t position, int32_t *token);
+
+/* td_sample_dist, and out->logprob / out->top with ntop alternatives
+ * (ntop <= TD_SAMPLE_MAX_TOP, else TD_ERR_RANGE). ntop = -1: as sp asks
+ * (sp->logprobs: sp->top_logprobs; none: out->token only, ntop 0). */
+td_status_t td_sample_dist_pick(const td_sample_dist_t *lg, const td_sample_params_t *sp,
+                                uint64_t position, int ntop, td_sample_pick_t *out);
 
 /* The uniform draw in [0, 1) for (seed, position) (53 bits of a keyed mix). */
 double td_sample_draw(uint64_t seed, uint64_t position);
@@ -61,35 +112,14 @@ double td_sample_draw(uint64_t seed, uint64_t position);
  * is 0 or a logit is NaN. */
 int32_t td_sample_argmax(const float *logits, size_t n);
 
-/* tokens[r] for each of rows rows of logits [rows, vocab]: greedy
- * (temperature 0 or top_k 1) takes the argmax, otherwise
- * td_sample_dist draws with sp[r] at positions[r] (the position of
- * the token being chosen, so a request's draws do not depend on batching).
- * TD_ERR_INVALID for a row with a NaN or +inf logit or no finite one, or for
- * bad parameters (logged, naming the row). */
+/* tokens[r] for each of rows rows of logits [rows, vocab]: td_sample_dist
+ * with sp[r] at positions[r] (the position of the token being chosen, so a
+ * request's draws do not depend on batching). TD_ERR_INVALID for a row with
+ * a NaN or +inf logit or no finite one, or for bad parameters (logged,
+ * naming the row). */
 td_status_t td_sample_rows(const float *logits, size_t rows, size_t vocab,
                            const td_sample_params_t *const *sp, const uint64_t *positions,
                            int32_t *tokens);
-
-/* ---- Log-probabilities --------------------------------------------------------- */
-
-/* The most alternatives a step reports (OpenAI's top_logprobs bound). */
-#define TD_SAMPLE_MAX_TOP 20
-
-typedef struct {
-    int32_t id;
-    double logprob;
-} td_sample_alt_t;
-
-/* A chosen token with its log-probabilities under the model's distribution:
- * log_softmax of the raw logits (temperature, top-k and top-p do not enter),
- * computed in double. */
-typedef struct {
-    int32_t token;
-    double logprob;                         /* log_softmax(logits)[token]; -inf possible */
-    uint32_t ntop;                          /* entries of top: min(asked, vocab) */
-    td_sample_alt_t top[TD_SAMPLE_MAX_TOP]; /* most likely first; equal logits: lowest id */
-} td_sample_pick_t;
 
 /* log Σ exp(logits[i]) over n logits, in double (max-shifted; -inf logits add
  * nothing). TD_ERR_INVALID for n = 0, a NaN or +inf logit, or no finite one. */
@@ -102,20 +132,28 @@ td_status_t td_sample_logprobs(const float *logits, size_t n, int32_t token, uin
                                td_sample_pick_t *out);
 
 /* Choose the token at `position` from one row as td_sample_rows does, and
- * report its log-probabilities with ntop alternatives (td_sample_logprobs). */
+ * report its log-probabilities with ntop alternatives (td_sample_dist_pick). */
 td_status_t td_sample_pick(const float *logits, size_t n, const td_sample_params_t *sp,
                            uint64_t position, uint32_t ntop, td_sample_pick_t *out);
 
-/* ---- Stopping ------------------------------------------------------------------ */
+/* ---- Parameters and stopping ---------------------------------------------------- */
 
 /* Check sampling parameters: temperature finite and >= 0, top_p in (0, 1],
- * nstop <= TD_SAMPLE_MAX_STOP, stop ids >= 0. TD_ERR_INVALID, with the
- * offending field in err (err may be NULL). */
+ * nstop <= TD_SAMPLE_MAX_STOP, stop ids >= 0, nbias <= TD_SAMPLE_MAX_BIAS with
+ * ids >= 0 ascending and each bias in [-100, 100], top_logprobs <=
+ * TD_SAMPLE_MAX_TOP. TD_ERR_INVALID, with the offending field in err (err
+ * may be NULL). */
 td_status_t td_sample_check(const td_sample_params_t *sp, char *err, size_t errlen);
 
 /* Add id to sp's stop tokens unless it is there: TD_ERR_RANGE when
  * TD_SAMPLE_MAX_STOP are there already (sp unchanged). */
 td_status_t td_sample_stop_add(td_sample_params_t *sp, int32_t id);
+
+/* Set sp's logit_bias from n (id, bias) pairs in any order: sorted by id.
+ * TD_ERR_INVALID for an id given twice, a negative id, a bias outside
+ * [-100, 100] or more than TD_SAMPLE_MAX_BIAS (err says which; sp unchanged). */
+td_status_t td_sample_bias_set(td_sample_params_t *sp, const td_sample_bias_t *bias, size_t n,
+                               char *err, size_t errlen);
 
 /* Why generation ends once token was chosen as the generated-th token
  * (1-based), making the sequence seq_len tokens long: STOP when token is one

@@ -14,6 +14,7 @@
 #include "quant.h"
 #include "safetensors.h"
 #include "tokmap.h"
+#include "v41id.h"
 #include "weights.h"
 
 /* ---- numpy's Generator(PCG64).integers ----------------------------------------
@@ -710,25 +711,11 @@ td_status_t
 td_model_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok, td_sample_params_t *sp)
 {
     td_sample_params_t s = *sp;
-    td_status_t st;
+    int32_t ids[TD_SAMPLE_MAX_STOP];
+    uint32_t n = 0, id;
+    td_status_t st = td_v41_eos_ids(NULL, cfg, ids, &n);   /* logs why */
 
-    if (cfg->eos_kind != TD_MODELCFG_EOS_NONE && cfg->eos_token_id.n > 0) {
-        for (uint32_t i = 0; i < cfg->eos_token_id.n; i++) {
-            int64_t id = cfg->eos_token_id.v[i];
-            if (id < 0 || id >= cfg->vocab_size) {
-                td_error("model: config eos_token_id %lld is outside the vocabulary (%lld ids)",
-                         (long long)id, (long long)cfg->vocab_size);
-                return TD_ERR_INVALID;
-            }
-            st = td_sample_stop_add(&s, (int32_t)id);
-            if (st != TD_OK) {
-                td_error("model: config eos_token_id: more than %d stop tokens",
-                         TD_SAMPLE_MAX_STOP);
-                return st;
-            }
-        }
-    } else {
-        uint32_t id;
+    if (st == TD_ERR_NOT_FOUND) {
         if (tok == NULL ||
             td_tokenizer_find(tok, MODEL_EOS_TOKEN, strlen(MODEL_EOS_TOKEN), &id) != TD_OK) {
             td_warn("model: config eos_token_id is null and the tokenizer has no %s: no "
@@ -740,11 +727,15 @@ td_model_stop_eos(const td_modelcfg_t *cfg, const td_tokenizer_t *tok, td_sample
                      MODEL_EOS_TOKEN, id, (long long)cfg->vocab_size);
             return TD_ERR_INVALID;
         }
-        st = td_sample_stop_add(&s, (int32_t)id);
-        if (st != TD_OK) {
-            td_error("model: %s: more than %d stop tokens", MODEL_EOS_TOKEN,
-                     TD_SAMPLE_MAX_STOP);
-            return st;
+        ids[n++] = (int32_t)id;
+        st = TD_OK;
+    }
+    if (st != TD_OK)
+        return st;
+    for (uint32_t i = 0; i < n; i++) {
+        if (td_sample_stop_add(&s, ids[i]) != TD_OK) {
+            td_error("model: end-of-sequence ids: more than %d stop tokens", TD_SAMPLE_MAX_STOP);
+            return TD_ERR_RANGE;
         }
     }
     *sp = s;

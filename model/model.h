@@ -169,9 +169,12 @@ td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t
 td_status_t td_forward_decode(const td_model_t *m, td_cache_t *const *caches,
                               const int32_t *tokens, size_t n, float *logits);
 
-/* Add the end-of-sequence ids to sp's stop tokens (those already there are
- * not repeated): config.json's eos_token_id (an int or a list), or, when it
- * is null, the tokenizer's "<｜end▁of▁sentence｜>" (tok may be NULL). An id
+/* Add the end-of-sequence ids of a config alone to sp's stop tokens (those
+ * already there are not repeated): config.json's eos_token_id (an int or a
+ * list), or, when it is null, the tokenizer's "<｜end▁of▁sentence｜>" (tok may
+ * be NULL). A checkpoint's directory says more (generation_config.json,
+ * tokenizer_config.json): td_v41_eos_ids, which the engines and
+ * tools/generate use. An id
  * outside [0, vocab_size): TD_ERR_INVALID; more stops than
  * TD_SAMPLE_MAX_STOP: TD_ERR_RANGE; neither source names one:
  * TD_ERR_NOT_FOUND (a warning: the caller may go on without). Logged; sp

@@ -26,9 +26,20 @@
  * TD_ERR_INVALID, logged. */
 td_status_t td_v41_model_dir(const td_engine_config_t *cfg, const char **dir);
 
+/* The model's end-of-sequence ids, as transformers' generate resolves them:
+ * dir's generation_config.json eos_token_id (an int or a list) when it names
+ * one, else config.json's (cfg), else tokenizer_config.json's eos_token found
+ * in tokenizer.json (dir NULL: config.json's only). Each once, inside the
+ * vocabulary, at most TD_SAMPLE_MAX_STOP: ids[0..*n). TD_ERR_NOT_FOUND when
+ * nothing names one (not logged); TD_ERR_INVALID for an id outside the
+ * vocabulary or a file that is not JSON, TD_ERR_RANGE for too many (logged). */
+td_status_t td_v41_eos_ids(const char *dir, const td_modelcfg_t *cfg, int32_t *ids,
+                           uint32_t *n);
+
 /* Set e's name, kind (written into kind[kindlen]), layout (plan's), vocab,
- * max_context and fingerprint (config.json's bytes and the layout hash) for
- * the model in dir with config cfg. */
+ * max_context, fingerprint (config.json's bytes and the layout hash) and
+ * end-of-sequence ids (td_v41_eos_ids; none is a warning) for the model in
+ * dir with config cfg. */
 td_status_t td_v41_identify(const char *dir, const td_modelcfg_t *cfg,
                             const td_cache_plan_t *plan, td_engine_t *e, char *kind,
                             size_t kindlen);

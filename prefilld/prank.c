@@ -21,6 +21,7 @@
 #include "kvmap.h"
 #include "kvpool.h"
 #include "log.h"
+#include "wire.h"
 
 #ifndef TAILQ_FOREACH_SAFE   /* glibc's sys/queue.h lacks it */
 #define TAILQ_FOREACH_SAFE(var, head, field, tvar)                       \
@@ -103,6 +104,7 @@ typedef struct task {
     td_status_t status;          /* first failure, or TD_OK */
     int canceled;
     int32_t first_token;
+    td_sample_pick_t first_pick; /* first_token with its log-probabilities */
     char reason[TD_KVMAP_REASON_MAX];
     /* The chunk on the compute thread (rk->computing == this task): its
      * size and end, and what it returned. stop asks it to end at the next
@@ -549,7 +551,12 @@ task_try_terminal(task_t *t)
         note.first_token = t->first_token;
         note.kv_sum = kv_sum;
     }
-    uint8_t buf[TD_KVMAP_REASON_MAX + 64];
+    td_wire_logprob_t lp;
+    if (t->status == TD_OK && !t->canceled && t->sampling.logprobs) {
+        td_wire_logprob_pack(&t->first_pick, &lp);
+        note.first_logprob = &lp.msg;
+    }
+    uint8_t buf[TD_KVMAP_REASON_MAX + 64 + 32 * (TD_SAMPLE_MAX_TOP + 1)];
     size_t len = tandem__kv_note__pack(&note, buf);
     td_status_t st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, rk->cfg.deadline_ms,
                                   task_on_note_done, t);
@@ -686,7 +693,8 @@ task_chunk_run(void *arg)
                                task_on_layer, t);
     if (st == TD_OK && t->chunk_last) {
         td_sample_finish_t fin;
-        st = td_engine_sample(t->req, &t->first_token, &fin);
+        st = td_engine_sample_pick(t->req, &t->first_pick, &fin);
+        t->first_token = t->first_pick.token;
     }
     t->chunk_st = st;
 }
@@ -793,19 +801,15 @@ prank_queued_tokens(const td_prank_t *rk)
     return n;
 }
 
+/* The Prefill's sampling parameters (worker/wire.h, as decoded reads them);
+ * bad ones fail the task. */
 static void
 task_sampling(task_t *t, const Tandem__Sampling *s)
 {
-    t->sampling = td_sample_params_greedy();
-    if (!s)
-        return;
-    t->sampling.temperature = s->temperature;
-    t->sampling.top_p = s->top_p > 0 ? s->top_p : 1.0;
-    t->sampling.top_k = s->top_k;
-    t->sampling.seed = s->seed;
-    t->sampling.max_tokens = s->max_tokens;
-    for (size_t i = 0; i < s->n_stop_tokens && i < TD_SAMPLE_MAX_STOP; i++)
-        t->sampling.stop[t->sampling.nstop++] = s->stop_tokens[i];
+    char why[160];
+
+    if (td_wire_sampling(s, t->rk->e, &t->sampling, why, sizeof(why)) != TD_OK)
+        task_fail(t, TD_ERR_INVALID, "sampling: %s", why);
 }
 
 /* Why a Prefill cannot run (its task then fails at once, still with the

@@ -121,15 +121,24 @@ router_identity(td_router_t *r)
         snprintf(r->model, sizeof r->model, "%s", r->cfg->model_name);
     else
         snprintf(r->model, sizeof r->model, "tandem-%s", e->name);
-    if (e->vocab < r->tok->vocab_size) {
-        td_error("engine vocabulary %u is smaller than the tokenizer's %u: prompts would "
-                 "hold ids the engine does not know", e->vocab, r->tok->vocab_size);
+    r->nstop_ids = e->nstop;
+    memcpy(r->stop_ids, e->stop, e->nstop * sizeof(e->stop[0]));
+    /* every generated id must have a text: a Tokens message with one outside
+     * the tokenizer fails its request, so the two must agree */
+    if (e->vocab != r->tok->vocab_size) {
+        td_error("engine vocabulary %u differs from the tokenizer's %u (%s): %s; give the "
+                 "engine the tokenizer's vocabulary (synthetic: --synth-vocab %u) or the "
+                 "model's tokenizer", e->vocab, r->tok->vocab_size, r->tok->name,
+                 e->vocab < r->tok->vocab_size ? "prompts would hold ids the engine does not "
+                                                 "know"
+                                               : "the engine would generate ids the "
+                                                 "tokenizer cannot show",
+                 r->tok->vocab_size);
         st = TD_ERR_INVALID;
-    } else if (e->vocab > r->tok->vocab_size) {
-        td_warn("engine vocabulary %u is larger than the tokenizer's %u (%s): generated ids "
-                "are shown modulo %u", e->vocab, r->tok->vocab_size, r->tok->name,
-                r->tok->vocab_size);
     }
+    if (st == TD_OK && e->nstop > 0)
+        td_info("engine %s: end-of-sequence ids %d%s%s", e->name, e->stop[0],
+                e->nstop > 1 ? " and " : "", e->nstop > 1 ? "more" : "");
     td_engine_destroy(e);
     return st;
 }
@@ -231,7 +240,8 @@ router_init(td_router_t *r)
     r->models[0] = r->model;
     r->api = (td_openai_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
-                                .max_tokens_default = (uint32_t)cfg->max_tokens_default };
+                                .max_tokens_default = (uint32_t)cfg->max_tokens_default,
+                                .vocab = r->tok->vocab_size };
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
                              .fingerprint = r->fingerprint, .id_prefix = r->id_prefix,
@@ -239,7 +249,8 @@ router_init(td_router_t *r)
                              .retry_after_s = (unsigned)cfg->retry_after_s,
                              .max_attempts = (unsigned)cfg->max_attempts,
                              .kv_bytes_per_token = r->kv_bytes_per_token,
-                             .kv_fixed_bytes = r->kv_fixed_bytes };
+                             .kv_fixed_bytes = r->kv_fixed_bytes,
+                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;

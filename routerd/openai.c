@@ -2,8 +2,11 @@
  * into td_openai_req_t) and the JSON of responses, chunks, models and errors. */
 #include "openai.h"
 #include "sse.h"
+#include "tokenizer.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -619,31 +622,37 @@ field_tool_choice(parse_t *p, const char *key, const json_t *v)
     return get_raw(p, v, &p->req->tool_choice);
 }
 
-/* Fields whose only accepted value is "off": logprobs, echo, top_logprobs,
- * logit_bias, suffix, response_format. Anything that would change the output
- * in a way this server cannot honour is refused, never silently dropped. */
+/* Fields whose only accepted value is "off": echo, suffix, response_format.
+ * Anything that would change the output in a way this server cannot honour
+ * is refused, never silently dropped. */
+
+/* chat: a boolean; completions: the number of alternatives, 0..5. */
 static td_status_t
 field_logprobs(parse_t *p, const char *key, const json_t *v)
 {
-    if (p->req->kind == TD_OPENAI_CHAT) {
-        if (!json_is_boolean(v))
-            return bad_type(p, key, "a boolean", v);
-        if (json_is_false(v))
-            return TD_OK;
-    } else if (!json_is_integer(v)) {
-        return bad_type(p, key, "an integer", v);
+    int64_t n;
+    td_status_t rc;
+
+    if (p->req->kind == TD_OPENAI_CHAT)
+        return get_bool(p, key, v, &p->req->logprobs);
+    rc = get_int(p, key, v, 0, TD_OPENAI_MAX_COMPLETION_LOGPROBS, &n);
+    if (rc == TD_OK) {
+        p->req->logprobs = true;
+        p->req->top_logprobs = (uint32_t)n;
     }
-    return unsupported(p, key, "logprobs are not supported by this server.");
+    return rc;
 }
 
+/* chat: 0..20, with logprobs true (checked in parse_finish). */
 static td_status_t
 field_top_logprobs(parse_t *p, const char *key, const json_t *v)
 {
-    if (!json_is_integer(v))
-        return bad_type(p, key, "an integer", v);
-    if (json_integer_value(v) == 0)
-        return TD_OK;
-    return unsupported(p, key, "logprobs are not supported by this server.");
+    int64_t n;
+    td_status_t rc = get_int(p, key, v, 0, TD_OPENAI_MAX_TOP_LOGPROBS, &n);
+
+    if (rc == TD_OK)
+        p->req->top_logprobs = (uint32_t)n;
+    return rc;
 }
 
 static td_status_t
@@ -666,14 +675,61 @@ field_suffix(parse_t *p, const char *key, const json_t *v)
     return unsupported(p, key, "suffix (insertion) is not supported by this server.");
 }
 
+/* {"<token id>": bias in [-100, 100], ...}: ids in the vocabulary, at most
+ * TD_OPENAI_MAX_BIAS of them. */
 static td_status_t
 field_logit_bias(parse_t *p, const char *key, const json_t *v)
 {
+    td_openai_req_t *r = p->req;
+    const char *k;
+    const json_t *b;
+    size_t n;
+
     if (!json_is_object(v))
         return bad_type(p, key, "an object", v);
-    if (json_object_size(v) == 0)
+    n = json_object_size(v);
+    if (n == 0)
         return TD_OK;
-    return unsupported(p, key, "logit_bias is not supported by this server.");
+    if (n > TD_OPENAI_MAX_BIAS) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "invalid_value",
+                          "Invalid '%s': %zu tokens, this server takes at most %d.", key, n,
+                          TD_OPENAI_MAX_BIAS);
+        return TD_ERR_INVALID;
+    }
+    if ((r->logit_bias = calloc(n, sizeof(*r->logit_bias))) == NULL)
+        return nomem(p);
+    json_object_foreach((json_t *)v, k, b) {
+        td_openai_param_t pp;
+        char *end = NULL;
+        long long id;
+        double x;
+
+        param_fmt(pp, "%s.%s", key, k);
+        errno = 0;
+        id = k[0] >= '0' && k[0] <= '9' ? strtoll(k, &end, 10) : -1;
+        if (id < 0 || end == NULL || *end != '\0' || errno != 0 || id > INT32_MAX) {
+            td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "invalid_value",
+                              "Invalid key in '%s': '%s' is not a token id.", key, k);
+            return TD_ERR_INVALID;
+        }
+        if (p->cfg->vocab != 0 && (uint64_t)id >= p->cfg->vocab) {
+            td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "invalid_value",
+                              "Invalid '%s': token id %lld is outside the vocabulary of this "
+                              "model (%u tokens).", key, id, p->cfg->vocab);
+            return TD_ERR_INVALID;
+        }
+        td_status_t rc = get_number(p, pp, b, -100, false, 100, &x);
+        if (rc != TD_OK)
+            return rc;
+        for (size_t i = 0; i < r->nbias; i++)
+            if (r->logit_bias[i].token == id) {   /* "7" and "07" */
+                td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "invalid_value",
+                                  "Invalid '%s': token id %lld is given twice.", key, id);
+                return TD_ERR_INVALID;
+            }
+        r->logit_bias[r->nbias++] = (td_openai_bias_t){ (int32_t)id, (float)x };
+    }
+    return TD_OK;
 }
 
 static td_status_t
@@ -788,6 +844,11 @@ parse_finish(parse_t *p)
                           "enabled.");
         return TD_ERR_INVALID;
     }
+    if (r->kind == TD_OPENAI_CHAT && r->top_logprobs > 0 && !r->logprobs) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, "top_logprobs", "invalid_value",
+                          "Invalid 'top_logprobs': it needs 'logprobs' set to true.");
+        return TD_ERR_INVALID;
+    }
     if (p->max_tokens && p->max_completion && p->max_tokens != p->max_completion) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, "max_tokens", "invalid_value",
                           "'max_tokens' (%lld) and 'max_completion_tokens' (%lld) disagree; "
@@ -888,12 +949,200 @@ td_openai_req_destroy(td_openai_req_t *req)
     free(req->msgs);
     for (size_t i = 0; i < req->nstop; i++)
         free(req->stop[i]);
+    free(req->logit_bias);
     free(req->model);
     free(req->prompt);
     free(req->tools);
     free(req->tool_choice);
     json_decref(req->body);
     free(req);
+}
+
+/* ===================================================================== */
+/* Log-probabilities                                                      */
+/* ===================================================================== */
+
+struct td_openai_logprobs {
+    td_openai_kind_t kind;
+    json_t *content;            /* chat: entries not sent yet */
+    json_t *tokens, *token_logprobs, *top_logprobs, *text_offset;   /* completions: same */
+    size_t n;                   /* entries not sent yet */
+    uint64_t offset;            /* completions: characters of every token so far */
+};
+
+/* Fresh (empty) pending lists. */
+static td_status_t
+logprobs_reset(td_openai_logprobs_t *l)
+{
+    l->n = 0;
+    if (l->kind == TD_OPENAI_CHAT) {
+        l->content = json_array();
+        return l->content ? TD_OK : TD_ERR_NOMEM;
+    }
+    l->tokens = json_array();
+    l->token_logprobs = json_array();
+    l->top_logprobs = json_array();
+    l->text_offset = json_array();
+    return l->tokens && l->token_logprobs && l->top_logprobs && l->text_offset ? TD_OK
+                                                                                : TD_ERR_NOMEM;
+}
+
+static void
+logprobs_drop(td_openai_logprobs_t *l)
+{
+    json_decref(l->content);
+    json_decref(l->tokens);
+    json_decref(l->token_logprobs);
+    json_decref(l->top_logprobs);
+    json_decref(l->text_offset);
+    l->content = l->tokens = l->token_logprobs = l->top_logprobs = l->text_offset = NULL;
+}
+
+td_status_t
+td_openai_logprobs_create(td_openai_kind_t kind, td_openai_logprobs_t **out)
+{
+    td_openai_logprobs_t *l = calloc(1, sizeof(*l));
+
+    if (l == NULL)
+        return TD_ERR_NOMEM;
+    l->kind = kind;
+    if (logprobs_reset(l) != TD_OK) {
+        td_openai_logprobs_destroy(l);
+        return TD_ERR_NOMEM;
+    }
+    *out = l;
+    return TD_OK;
+}
+
+void
+td_openai_logprobs_destroy(td_openai_logprobs_t *l)
+{
+    if (l == NULL)
+        return;
+    logprobs_drop(l);
+    free(l);
+}
+
+/* A token's spelling as JSON text: valid UTF-8 kept, the rest U+FFFD. */
+static json_t *
+lp_text(const td_openai_token_lp_t *t, size_t *chars)
+{
+    td_detok_t st = {0};
+    size_t cap = TD_DETOK_OUT_MAX(t->len) + 3, n;
+    char small[512], *buf = cap <= sizeof(small) ? small : malloc(cap);
+    json_t *j;
+
+    if (buf == NULL)
+        return NULL;
+    n = td_detok_bytes(&st, t->text, t->len, buf);
+    n += td_detok_flush(&st, buf + n);
+    j = json_stringn(buf, n);
+    *chars = 0;
+    for (size_t i = 0; i < n; i++)
+        *chars += ((unsigned char)buf[i] & 0xC0) != 0x80;
+    if (buf != small)
+        free(buf);
+    return j;
+}
+
+static json_t *
+lp_bytes(const td_openai_token_lp_t *t)
+{
+    json_t *a = json_array();
+
+    for (size_t i = 0; a != NULL && i < t->len; i++)
+        if (json_array_append_new(a, json_integer((unsigned char)t->text[i])) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    return a;
+}
+
+/* -inf as OpenAI shows it. */
+static json_t *
+lp_value(double x)
+{
+    return json_real(isfinite(x) ? x : -9999.0);
+}
+
+/* chat: {"token","logprob","bytes"} (and "top_logprobs" when top != NULL). */
+static json_t *
+lp_chat_entry(const td_openai_token_lp_t *t, const td_openai_token_lp_t *top, size_t ntop,
+              bool with_top)
+{
+    size_t chars;
+    json_t *e = json_object(), *alts = with_top ? json_array() : NULL;
+    int bad = e == NULL || (with_top && alts == NULL);
+
+    bad |= json_object_set_new(e, "token", lp_text(t, &chars));
+    bad |= json_object_set_new(e, "logprob", lp_value(t->logprob));
+    bad |= json_object_set_new(e, "bytes", lp_bytes(t));
+    for (size_t i = 0; !bad && i < ntop; i++)
+        bad |= json_array_append_new(alts, lp_chat_entry(&top[i], NULL, 0, false));
+    if (with_top)
+        bad |= json_object_set_new(e, "top_logprobs", alts);
+    if (bad) {
+        json_decref(e);
+        return NULL;
+    }
+    return e;
+}
+
+td_status_t
+td_openai_logprobs_add(td_openai_logprobs_t *l, const td_openai_token_lp_t *tok,
+                       const td_openai_token_lp_t *top, size_t ntop)
+{
+    int bad = 0;
+
+    if (l->kind == TD_OPENAI_CHAT) {
+        bad = json_array_append_new(l->content, lp_chat_entry(tok, top, ntop, true));
+    } else {
+        size_t chars, c2;
+        json_t *alts = json_object();
+        bad |= alts == NULL;
+        for (size_t i = 0; !bad && i < ntop; i++) {
+            json_t *k = lp_text(&top[i], &c2);
+            bad |= k == NULL;
+            if (!bad && json_object_get(alts, json_string_value(k)) == NULL)   /* first wins */
+                bad |= json_object_set_new(alts, json_string_value(k), lp_value(top[i].logprob));
+            json_decref(k);
+        }
+        bad |= json_array_append_new(l->tokens, lp_text(tok, &chars));
+        bad |= json_array_append_new(l->token_logprobs, lp_value(tok->logprob));
+        bad |= json_array_append_new(l->top_logprobs, alts);
+        bad |= json_array_append_new(l->text_offset, json_integer((json_int_t)l->offset));
+        if (!bad)
+            l->offset += chars;
+    }
+    if (bad)
+        return TD_ERR_NOMEM;
+    l->n++;
+    return TD_OK;
+}
+
+/* The "logprobs" value of the next choice: the entries not sent yet (then
+ * forgotten), or null (none, or the request asked for none). */
+static json_t *
+logprobs_take(td_openai_logprobs_t *l)
+{
+    json_t *j;
+
+    if (l == NULL || l->n == 0)
+        return json_null();
+    if (l->kind == TD_OPENAI_CHAT)
+        j = json_pack("{s:O, s:n}", "content", l->content, "refusal");
+    else
+        j = json_pack("{s:O, s:O, s:O, s:O}", "tokens", l->tokens, "token_logprobs",
+                      l->token_logprobs, "top_logprobs", l->top_logprobs, "text_offset",
+                      l->text_offset);
+    if (j == NULL)
+        return NULL;
+    logprobs_drop(l);
+    if (logprobs_reset(l) != TD_OK) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
 }
 
 /* ===================================================================== */
@@ -946,13 +1195,14 @@ base_obj(const td_openai_meta_t *m, bool chunk)
 }
 
 /* The single choice of a response or chunk. text NULL: no content (a chat
- * chunk without delta.content; "" for completions). with_role: chat delta.role. */
+ * chunk without delta.content; "" for completions). with_role: chat delta.role.
+ * Its logprobs: what lp has not sent yet (lp NULL: null). */
 static json_t *
 choice_obj(td_openai_kind_t kind, bool chunk, bool with_role, const char *text, size_t len,
-           td_openai_finish_t finish)
+           td_openai_finish_t finish, td_openai_logprobs_t *lp)
 {
-    json_t *c = json_pack("{s:i, s:n, s:s?}", "index", 0, "logprobs", "finish_reason",
-                          finish_str(finish));
+    json_t *c = json_pack("{s:i, s:o?, s:s?}", "index", 0, "logprobs", logprobs_take(lp),
+                          "finish_reason", finish_str(finish));
     if (c == NULL)
         return NULL;
     json_t *t = text ? json_stringn(text, len) : kind == TD_OPENAI_COMPLETION ? json_string("")
@@ -1006,7 +1256,7 @@ td_openai_response_json(const td_openai_meta_t *m, const char *text, size_t len,
                         td_openai_finish_t finish, const td_openai_usage_t *usage,
                         td_buf_t *out)
 {
-    json_t *c = choice_obj(m->kind, false, true, text, len, finish);
+    json_t *c = choice_obj(m->kind, false, true, text, len, finish, m->logprobs);
     if (c == NULL)
         return TD_ERR_INVALID;
     return json_emit(response_obj(m, false, c, 2, usage), false, out);
@@ -1017,7 +1267,7 @@ td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len, td_bu
 {
     bool with_role = s->meta.kind == TD_OPENAI_CHAT && !s->role_sent;
     json_t *c = choice_obj(s->meta.kind, true, with_role, text ? text : "", len,
-                           TD_OPENAI_FINISH_NONE);
+                           TD_OPENAI_FINISH_NONE, s->meta.logprobs);
     if (c == NULL)
         return TD_ERR_INVALID;
     td_status_t rc = json_emit(response_obj(&s->meta, true, c, s->include_usage, NULL), true,
@@ -1027,12 +1277,13 @@ td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len, td_bu
     return rc;
 }
 
-/* A choice around a delta (chunk) or message object, which it takes over. */
+/* A choice around a delta (chunk) or message object, which it takes over;
+ * its logprobs as choice_obj's. */
 static json_t *
-choice_with(json_t *obj, bool chunk, td_openai_finish_t finish)
+choice_with(json_t *obj, bool chunk, td_openai_finish_t finish, td_openai_logprobs_t *lp)
 {
-    json_t *c = json_pack("{s:i, s:n, s:s?}", "index", 0, "logprobs", "finish_reason",
-                          finish_str(finish));
+    json_t *c = json_pack("{s:i, s:o?, s:s?}", "index", 0, "logprobs", logprobs_take(lp),
+                          "finish_reason", finish_str(finish));
     if (c == NULL || obj == NULL || json_object_set_new(c, chunk ? "delta" : "message", obj)) {
         json_decref(c);
         return NULL;
@@ -1048,7 +1299,7 @@ td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_buf_t *out)
         json_decref(delta);
         return TD_ERR_NOMEM;
     }
-    json_t *c = choice_with(delta, true, TD_OPENAI_FINISH_NONE);
+    json_t *c = choice_with(delta, true, TD_OPENAI_FINISH_NONE, s->meta.logprobs);
     if (c == NULL)
         return TD_ERR_NOMEM;
     td_status_t rc = json_emit(response_obj(&s->meta, true, c, s->include_usage, NULL), true,
@@ -1063,7 +1314,7 @@ td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
                                 td_openai_finish_t finish, const td_openai_usage_t *usage,
                                 td_buf_t *out)
 {
-    json_t *c = choice_with(message, false, finish);
+    json_t *c = choice_with(message, false, finish, m->logprobs);
     if (c == NULL)
         return TD_ERR_NOMEM;
     return json_emit(response_obj(m, false, c, 2, usage), false, out);
@@ -1078,7 +1329,7 @@ td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,
     td_status_t rc;
     if (s->include_usage && usage == NULL)
         return TD_ERR_INVALID;
-    json_t *c = choice_obj(s->meta.kind, true, with_role, NULL, 0, finish);
+    json_t *c = choice_obj(s->meta.kind, true, with_role, NULL, 0, finish, s->meta.logprobs);
     if (c == NULL)
         return TD_ERR_NOMEM;
     if ((rc = json_emit(response_obj(&s->meta, true, c, s->include_usage, NULL), true, out)) !=

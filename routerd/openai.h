@@ -34,6 +34,15 @@ typedef enum {
 } td_openai_finish_t;
 
 #define TD_OPENAI_MAX_STOP 4
+#define TD_OPENAI_MAX_BIAS 300            /* logit_bias entries (this server's bound) */
+#define TD_OPENAI_MAX_TOP_LOGPROBS 20     /* chat: top_logprobs */
+#define TD_OPENAI_MAX_COMPLETION_LOGPROBS 5  /* completions: logprobs */
+
+/* One logit_bias entry: a token id and the bias added to its logit. */
+typedef struct {
+    int32_t token;
+    float bias;               /* [-100, 100] */
+} td_openai_bias_t;
 
 /* ---- Requests -------------------------------------------------------- */
 
@@ -66,6 +75,10 @@ typedef struct {
     double frequency_penalty; /* [-2, 2], default 0; passed on to the sampler */
     char *stop[TD_OPENAI_MAX_STOP];
     size_t nstop;
+    td_openai_bias_t *logit_bias; /* [nbias] in the body's order, each token once */
+    size_t nbias;
+    bool logprobs;            /* chat: logprobs; completions: logprobs given (0..5) */
+    uint32_t top_logprobs;    /* chat: top_logprobs (0..20); completions: logprobs */
     char *tools;              /* chat: raw JSON array, or NULL */
     char *tool_choice;        /* chat: raw JSON (string or object), or NULL */
     json_t *body;             /* the parsed request body (a reference; the V4.1
@@ -78,6 +91,7 @@ typedef struct {
     size_t max_body;              /* a larger body gets 413 */
     uint32_t max_tokens_limit;    /* largest max_tokens accepted (>= 1) */
     uint32_t max_tokens_default;  /* max_tokens when the request has none */
+    uint32_t vocab;               /* logit_bias token ids must be below it (0: unchecked) */
 } td_openai_cfg_t;
 
 /* ---- Errors ---------------------------------------------------------- */
@@ -127,6 +141,30 @@ void td_openai_req_destroy(td_openai_req_t *req);
 
 const char *td_openai_role_str(td_openai_role_t role);
 
+/* ---- Log-probabilities ------------------------------------------------- */
+
+/* A token of a logprobs list: its spelling (any bytes: shown as text with
+ * U+FFFD for what is not UTF-8, and as "bytes") and log-probability (-inf
+ * is shown as -9999.0, as OpenAI does). */
+typedef struct {
+    const char *text;
+    size_t len;
+    double logprob;
+} td_openai_token_lp_t;
+
+/* The logprobs of a request's generated tokens, in OpenAI's shape for its
+ * kind: chat {"content":[{token, logprob, bytes, top_logprobs}], "refusal"},
+ * completions {tokens, token_logprobs, top_logprobs, text_offset}. Entries
+ * are added as tokens arrive and taken by the next response object built
+ * with it (a stream chunk takes those not sent yet). */
+typedef struct td_openai_logprobs td_openai_logprobs_t;
+
+td_status_t td_openai_logprobs_create(td_openai_kind_t kind, td_openai_logprobs_t **out);
+void td_openai_logprobs_destroy(td_openai_logprobs_t *l);
+/* Add a generated token and its ntop most likely alternatives. */
+td_status_t td_openai_logprobs_add(td_openai_logprobs_t *l, const td_openai_token_lp_t *tok,
+                                   const td_openai_token_lp_t *top, size_t ntop);
+
 /* ---- Responses and streams -------------------------------------------- */
 
 /* What every response object of one request carries. */
@@ -136,6 +174,8 @@ typedef struct {
     int64_t created;          /* unix seconds */
     const char *model;
     const char *fingerprint;  /* system_fingerprint; NULL for JSON null */
+    td_openai_logprobs_t *logprobs; /* NULL: "logprobs": null; else the choice of the
+                                       next object built takes its entries not yet sent */
 } td_openai_meta_t;
 
 typedef struct {

@@ -66,6 +66,8 @@ typedef struct {
     uint64_t kv_layout_hash;
     double kv_bytes_per_token;      /* paged bytes per token, from the layout */
     uint64_t kv_fixed_bytes;        /* fixed bytes per request */
+    int32_t stop_ids[TD_SAMPLE_MAX_STOP];  /* the model's end-of-sequence ids */
+    uint32_t nstop_ids;
     char router_id[96];             /* sent in Registered */
     uint64_t id_prefix;             /* top 16 bits of every request id */
     const char *models[2];          /* NULL-terminated, for the parser */

@@ -57,6 +57,9 @@ struct td_rreq_s {
     td_buf_t text;                  /* non-streaming: the answer so far */
     td_buf_t piece;                 /* scratch: decoded text of one message */
     td_buf_t rel;                   /* scratch: text released by the stop matcher */
+    Tandem__LogitBias *wbias;       /* [oreq->nbias] the request's logit_bias on the wire */
+    Tandem__LogitBias **wbiasp;     /* [oreq->nbias] pointers to them */
+    td_openai_logprobs_t *lp;       /* the logprobs not sent yet, or NULL: none asked */
     uint32_t ntokens;               /* completion tokens */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
@@ -222,6 +225,8 @@ release_ranks(td_rreq_t *q, const char *cancel_reason)
     unbind_rank(q, &q->prefill);
 }
 
+/* The request's Sampling: the API's parameters, the model's stop ids,
+ * logit_bias and logprobs (pointers into q and the table's config). */
 static void
 sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 {
@@ -230,6 +235,12 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
     s->top_p = q->oreq->top_p;
     s->seed = (uint64_t)q->oreq->seed;
     s->max_tokens = q->oreq->max_tokens;
+    s->n_stop_tokens = q->t->cfg.nstop_ids;
+    s->stop_tokens = (int32_t *)q->t->cfg.stop_ids;
+    s->n_logit_bias = q->oreq->nbias;
+    s->logit_bias = q->wbiasp;
+    s->logprobs = q->oreq->logprobs;
+    s->top_logprobs = q->oreq->top_logprobs;
 }
 
 /* ======================================================================= */
@@ -299,6 +310,9 @@ request_free(td_rreq_t *q)
     td_buf_free(&q->text);
     td_buf_free(&q->piece);
     td_buf_free(&q->rel);
+    free(q->wbias);
+    free(q->wbiasp);
+    td_openai_logprobs_destroy(q->lp);
     free(q->prompt);
     td_openai_req_destroy(q->oreq);
     free(q);
@@ -685,8 +699,8 @@ on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     }
 }
 
-/* Token ids outside the tokenizer's vocabulary (the synthetic engine's
- * vocabulary is larger than the byte-level stand-in's) are shown modulo it. */
+/* The text of n generated ids (each inside the vocabulary: on_tokens
+ * checked them). */
 static void
 tokens_text(td_rreq_t *q, const int32_t *ids, size_t n, td_status_t *st)
 {
@@ -696,9 +710,71 @@ tokens_text(td_rreq_t *q, const int32_t *ids, size_t n, td_status_t *st)
     for (size_t i = 0; i < n && *st == TD_OK;) {
         size_t k = 0;
         for (; k < 64 && i < n; k++, i++)
-            buf[k] = (uint32_t)ids[i] % tok->vocab_size;
+            buf[k] = (uint32_t)ids[i];
         *st = td_tok_decode(tok, &q->dec, buf, k, &q->piece);
     }
+}
+
+/* Why a Tokens message cannot be applied (NULL: it can): every id inside
+ * the tokenizer's vocabulary; when logprobs were asked, one entry per token,
+ * naming that token, its alternatives inside the vocabulary too. */
+static const char *
+tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t whylen)
+{
+    uint32_t vocab = q->t->cfg.tok->vocab_size;
+
+    for (size_t i = 0; i < tk->n_tokens; i++)
+        if (tk->tokens[i] < 0 || (uint32_t)tk->tokens[i] >= vocab) {
+            snprintf(why, whylen, "token %d outside the vocabulary of %u", tk->tokens[i],
+                     vocab);
+            return why;
+        }
+    if (!q->lp)
+        return NULL;
+    if (tk->n_logprobs != tk->n_tokens) {
+        snprintf(why, whylen, "%zu log-probabilities for %zu tokens", tk->n_logprobs,
+                 tk->n_tokens);
+        return why;
+    }
+    for (size_t i = 0; i < tk->n_logprobs; i++) {
+        const Tandem__TokenLogprob *lp = tk->logprobs[i];
+        if (lp->token != tk->tokens[i] || lp->n_top > q->oreq->top_logprobs) {
+            snprintf(why, whylen, "log-probability %zu: token %d for %d, %zu alternatives", i,
+                     lp->token, tk->tokens[i], lp->n_top);
+            return why;
+        }
+        for (size_t j = 0; j < lp->n_top; j++)
+            if (lp->top[j]->token < 0 || (uint32_t)lp->top[j]->token >= vocab) {
+                snprintf(why, whylen, "alternative token %d outside the vocabulary of %u",
+                         lp->top[j]->token, vocab);
+                return why;
+            }
+    }
+    return NULL;
+}
+
+/* The log-probabilities of the first n tokens of tk, for the next chunk. */
+static td_status_t
+tokens_logprobs(td_rreq_t *q, const Tandem__Tokens *tk, size_t n)
+{
+    const td_tok_t *tok = q->t->cfg.tok;
+    td_openai_token_lp_t t, top[TD_OPENAI_MAX_TOP_LOGPROBS];
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; i < n && st == TD_OK; i++) {
+        const Tandem__TokenLogprob *lp = tk->logprobs[i];
+        size_t k = 0;
+
+        t.logprob = lp->logprob;
+        st = td_tok_spell(tok, (uint32_t)lp->token, &t.text, &t.len);
+        for (; st == TD_OK && k < lp->n_top; k++) {
+            top[k].logprob = lp->top[k]->logprob;
+            st = td_tok_spell(tok, (uint32_t)lp->top[k]->token, &top[k].text, &top[k].len);
+        }
+        if (st == TD_OK)
+            st = td_openai_logprobs_add(q->lp, &t, top, k);
+    }
+    return st;
 }
 
 static void
@@ -710,6 +786,7 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     bool matched = false;
     size_t n = tk->n_tokens;
     uint64_t now = now_ns();
+    char why[160];
 
     if (tk->finish == TANDEM__FINISH__FINISH_ERROR ||
         tk->finish == TANDEM__FINISH__FINISH_CANCELED) {
@@ -721,6 +798,13 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
             retry_or_fail(q, TD_ERRREASON_DECODE_FAILED, what);
         else
             request_fail_simple(q, TD_ERRREASON_DECODE_FAILED, what);
+        return;
+    }
+    if (tokens_check(q, tk, why, sizeof why) != NULL) {   /* a protocol error */
+        char what[300];
+        snprintf(what, sizeof what, "decode rank %s/%u sent a bad Tokens message: %s",
+                 rk->node->name, rk->rank_id, why);
+        request_fail_simple(q, TD_ERRREASON_DECODE_FAILED, what);
         return;
     }
     if (q->state == TD_RREQ_PREFILLING) {
@@ -736,6 +820,8 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     m->completion_tokens += n;
     td_buf_reset(&q->piece);
     td_buf_reset(&q->rel);
+    if (q->lp)
+        st = tokens_logprobs(q, tk, n);   /* they go out with the next chunk */
     tokens_text(q, tk->tokens, n, &st);
     if (st == TD_OK && q->piece.len)
         st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
@@ -1039,9 +1125,28 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
         request_fail(q, TD_ERRREASON_BAD_REQUEST, &e);
         return;
     }
+    if (oreq->nbias > 0) {
+        q->wbias = calloc(oreq->nbias, sizeof *q->wbias);
+        q->wbiasp = calloc(oreq->nbias, sizeof *q->wbiasp);
+        if (!q->wbias || !q->wbiasp) {
+            request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < oreq->nbias; i++) {
+            tandem__logit_bias__init(&q->wbias[i]);
+            q->wbias[i].token = oreq->logit_bias[i].token;
+            q->wbias[i].bias = oreq->logit_bias[i].bias;
+            q->wbiasp[i] = &q->wbias[i];
+        }
+    }
+    if (oreq->logprobs && td_openai_logprobs_create(oreq->kind, &q->lp) != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
     q->stream.meta = (td_openai_meta_t){ .kind = oreq->kind, .id = q->oid,
                                          .created = (int64_t)time(NULL), .model = t->cfg.model,
-                                         .fingerprint = t->cfg.fingerprint };
+                                         .fingerprint = t->cfg.fingerprint,
+                                         .logprobs = q->lp };
     q->stream.include_usage = oreq->include_usage;
     t->cfg.metrics->prompt_tokens += q->nprompt;
     if (t->cfg.request_timeout_ms) {

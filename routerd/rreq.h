@@ -54,6 +54,8 @@ typedef struct {
     unsigned max_attempts;          /* admissions per request, <= TD_RSCHED_MAX_TRIED */
     double kv_bytes_per_token;      /* paged KV bytes per token, for kv_bytes_moved */
     uint64_t kv_fixed_bytes;        /* fixed KV bytes per request */
+    const int32_t *stop_ids;        /* the model's end-of-sequence ids (its identity), */
+    size_t nstop_ids;               /*   the stop tokens of every request */
 } td_rreq_config_t;
 
 /* TD_ERR_NOMEM (logged) when out of memory. */
@@ -66,7 +68,9 @@ const char *td_rreq_state_str(td_rreq_state_t st);
 void td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind);
 /* A message about a request from worker rank rk (AdmitOk, AdmitReject,
  * PrefillDone, Tokens, Released). One that does not fit the request's state
- * or comes from a rank the request is not bound to is ignored (logged). */
+ * or comes from a rank the request is not bound to is ignored (logged); a
+ * Tokens message with an id outside the tokenizer's vocabulary (or
+ * log-probabilities that do not match its tokens) fails the request. */
 void td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env);
 /* rk's connection ended: retry or fail every request bound to it. */
 void td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk);

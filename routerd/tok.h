@@ -24,6 +24,10 @@ typedef struct {
      * TD_ERR_RANGE. */
     td_status_t (*piece)(const td_tok_t *tok, uint32_t id, const char **bytes,
                          size_t *len);
+    /* The bytes of id as a token on its own, special tokens spelled out too
+     * (what log-probabilities show); like piece otherwise. */
+    td_status_t (*spell)(const td_tok_t *tok, uint32_t id, const char **bytes,
+                         size_t *len);
     void (*destroy)(td_tok_t *tok);
 } td_tok_ops_t;
 
@@ -44,6 +48,12 @@ td_tok_encode(const td_tok_t *tok, const char *text, size_t len, uint32_t **ids,
               size_t *nids)
 {
     return tok->ops->encode(tok, text, len, ids, nids);
+}
+
+static inline td_status_t
+td_tok_spell(const td_tok_t *tok, uint32_t id, const char **bytes, size_t *len)
+{
+    return tok->ops->spell(tok, id, bytes, len);
 }
 
 static inline void

@@ -35,6 +35,12 @@ td_tok_bpe_piece(const td_tok_t *tok, uint32_t id, const char **bytes, size_t *l
     return st;
 }
 
+static td_status_t
+td_tok_bpe_spell(const td_tok_t *tok, uint32_t id, const char **bytes, size_t *len)
+{
+    return td_tokenizer_piece(((const td_tok_bpe_t *)tok)->tok, id, bytes, len);
+}
+
 static void
 td_tok_bpe_destroy(td_tok_t *tok)
 {
@@ -46,6 +52,7 @@ td_tok_bpe_destroy(td_tok_t *tok)
 static const td_tok_ops_t td_tok_bpe_ops = {
     .encode = td_tok_bpe_encode,
     .piece = td_tok_bpe_piece,
+    .spell = td_tok_bpe_spell,
     .destroy = td_tok_bpe_destroy,
 };
 

@@ -43,6 +43,7 @@ td_tok_bytes_destroy(td_tok_t *tok)
 static const td_tok_ops_t td_tok_bytes_ops = {
     .encode = td_tok_bytes_encode,
     .piece = td_tok_bytes_piece,
+    .spell = td_tok_bytes_piece,
     .destroy = td_tok_bytes_destroy,
 };
 

@@ -6,6 +6,7 @@
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
+#include "v41id.h"
 
 #include "buf.h"
 #include "cli.h"
@@ -722,9 +723,20 @@ gen_prepare(gen_t *g)
         fprintf(stderr, "generate: %s\n", why);
         return -1;
     }
-    st = td_model_stop_eos(m->cfg, m->tok, &g->sp);   /* logs why */
-    if (st != TD_OK && st != TD_ERR_NOT_FOUND)
+    /* the checkpoint's end-of-sequence ids, as the serving engines take them */
+    int32_t eos[TD_SAMPLE_MAX_STOP];
+    uint32_t neos = 0;
+    st = td_v41_eos_ids(o->model, m->cfg, eos, &neos);   /* logs why */
+    if (st == TD_ERR_NOT_FOUND)
+        fprintf(stderr, "generate: %s names no end-of-sequence token: the reply ends at "
+                        "--max-tokens\n", o->model);
+    else if (st != TD_OK)
         return -1;
+    for (uint32_t i = 0; i < neos; i++)
+        if (td_sample_stop_add(&g->sp, eos[i]) != TD_OK) {
+            fprintf(stderr, "generate: more than %d stop tokens\n", TD_SAMPLE_MAX_STOP);
+            return -1;
+        }
     if (g->chat != NULL) {
         td_chat_reply_opts_t po = g->chat->reply;
         po.id_seed = td_rng_mix64(g->sp.seed + TD_RNG_GAMMA) | 1;   /* reproducible ids */

@@ -46,7 +46,7 @@ class Cluster:
                               "--http-listen", "127.0.0.1:0", "--ctl-listen", "127.0.0.1:0",
                               "--admin-listen", "127.0.0.1:0", "--api-keys-file", self.path("keys"),
                               "--admin-key-file", self.path("akeys"),
-                              "--node-id", "router1", *extra],
+                              "--node-id", "router1", "--synth-vocab", "256", *extra],
                              stdout=subprocess.DEVNULL, stderr=open(self.rlog, "w"))
         self.procs.append(p)
         deadline = time.time() + 10
@@ -462,6 +462,23 @@ def test_failure(c):
     c.wait(lambda: "cancel" in open(a.out).read(), "Cancel of the first attempt at the decode rank")
     st, _, _ = request(c.admin, "POST", "/admin/remove", {"node": "hang"}, key=ADMIN_KEY)
     check(st == 200 and all(r["node"] != "hang" for r in c.ranks()), "node not removed")
+
+    # A decode rank that sends a token outside the tokenizer's vocabulary (256
+    # byte ids): a protocol error that fails the request (it used to be shown
+    # modulo 256), and the rank is told to drop it.
+    a.send_signal(signal.SIGTERM)
+    a.wait(timeout=10)
+    bad = c.start_worker("bad", "--bad-token", "300")
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks() if r["node"] == "bad") == 2,
+           "bad worker up")
+    st, _, data = chat(c.http, max_tokens=10)
+    check_error(st, data, 500, None)
+    msg = json.loads(data)["error"]["message"]
+    check("token 300 outside the vocabulary of 256" in msg, "protocol error %r" % msg)
+    c.wait(lambda: "cancel" in open(bad.out).read(), "Cancel at the rank that sent it")
+    _, _, m = request(c.http, "GET", "/metrics")
+    check(re.search(rb'errors_total\{reason="decode_failed"\} 1\b', m),
+          "decode_failed not counted")
 
 
 def main():

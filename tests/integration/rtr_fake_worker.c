@@ -48,6 +48,7 @@ typedef struct {
     bool reject;
     bool prefill_hang;      /* never answer Prefill (a rank stuck mid-prefill) */
     bool prefill_done_early;
+    int32_t bad_token;      /* >= 0: the third token sent is this id (--bad-token) */
     char node[65];
 } fake_t;
 
@@ -141,7 +142,8 @@ on_tick(evutil_socket_t fd, short what, void *arg)
     fake_req_t *q = arg;
     Tandem__Tokens tk = TANDEM__TOKENS__INIT;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    int32_t tok = (unsigned char)TEXT[q->sent % (sizeof TEXT - 1)];
+    int32_t tok = F.bad_token >= 0 && q->sent == 2 ? F.bad_token
+                                                   : (unsigned char)TEXT[q->sent % (sizeof TEXT - 1)];
     struct timeval tv = td_ctl_timeval_ms(F.tok_ms);
 
     if (q->admitting) {
@@ -277,7 +279,8 @@ main(int argc, char **argv)
         { "router", 1, 0, 'r' }, { "secret-file", 1, 0, 's' }, { "node", 1, 0, 'n' },
         { "role", 1, 0, 'o' }, { "reject", 0, 0, 'j' }, { "tok-ms", 1, 0, 't' },
         { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' },
-        { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' }, { 0, 0, 0, 0 },
+        { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' },
+        { "bad-token", 1, 0, 'b' }, { 0, 0, 0, 0 },
     };
     const char *router = NULL, *secret_file = NULL, *role = "both";
     uint64_t max_context = 1u << 20;
@@ -290,6 +293,7 @@ main(int argc, char **argv)
 
     snprintf(F.node, sizeof F.node, "fake");
     F.tok_ms = 2;
+    F.bad_token = -1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
         case 'r': router = optarg; break;
@@ -302,6 +306,7 @@ main(int argc, char **argv)
         case 'c': max_context = strtoull(optarg, NULL, 10); break;
         case 'a': F.admit_delay_ms = (uint32_t)atoi(optarg); break;
         case 'e': F.prefill_done_early = true; break;
+        case 'b': F.bad_token = (int32_t)atoi(optarg); break;
         default: return 2;
         }
     }
@@ -311,7 +316,10 @@ main(int argc, char **argv)
     fclose(f);
     while (slen > 0 && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
         slen--;   /* as common/daemon.c reads it */
-    if (td_engine_config_defaults(&ecfg) != TD_OK || td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
+    if (td_engine_config_defaults(&ecfg) != TD_OK)
+        return 1;
+    ecfg.synth.vocab = 256;   /* routerd's byte-level tokenizer (routerd_test.py) */
+    if (td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
         return 1;
     snprintf(fp, sizeof fp, "%016" PRIx64, eng->fingerprint);
     signal(SIGPIPE, SIG_IGN);

@@ -20,6 +20,7 @@
 #include "status.h"
 #include "testutil.h"
 #include "v41engine.h"
+#include "v41id.h"
 
 #include <limits.h>
 #include <malloc.h>
@@ -524,6 +525,104 @@ test_stop_finish(void)
         CHECK_EQ_INT(sp.nstop, TD_SAMPLE_MAX_STOP);
         td_modelcfg_destroy(cfg);
     }
+}
+
+/* ---- end-of-sequence ids from a checkpoint directory ------------------------------------ */
+
+static void
+write_file(const char *dir, const char *name, const char *text)
+{
+    char path[PATH_MAX];
+    FILE *f;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    if (text == NULL) {
+        unlink(path);
+        return;
+    }
+    f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f != NULL) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* td_v41_eos_ids: generation_config.json first, then config.json, then
+ * tokenizer_config.json's eos_token through tokenizer.json, as transformers'
+ * generate resolves them. */
+static void
+test_eos_ids(void)
+{
+    static const char *tokenizer =
+        "{\"added_tokens\": [{\"id\": 0, \"content\": \"<bos>\"}, "
+        "{\"id\": 13, \"content\": \"<eos>\"}], "
+        "\"model\": {\"vocab\": {\"a\": 1, \"</s>\": 9}}}";
+    static const struct {
+        const char *what;
+        const char *generation;   /* generation_config.json, or NULL: none */
+        const char *config;       /* config.json */
+        const char *tok_config;   /* tokenizer_config.json, or NULL: none */
+        td_status_t st;
+        unsigned n;
+        int32_t ids[3];
+    } cases[] = {
+        { "generation_config's list wins", "{\"eos_token_id\": [5, 6, 5]}",
+          "{\"vocab_size\": 100, \"eos_token_id\": 1}", "{\"eos_token\": \"<eos>\"}",
+          TD_OK, 2, { 5, 6 } },
+        { "generation_config's int", "{\"eos_token_id\": 7}",
+          "{\"vocab_size\": 100, \"eos_token_id\": 1}", NULL, TD_OK, 1, { 7 } },
+        { "generation_config without one: config.json's", "{\"do_sample\": true}",
+          "{\"vocab_size\": 100, \"eos_token_id\": [1, 2]}", NULL, TD_OK, 2, { 1, 2 } },
+        { "null everywhere but the tokenizer config (added token)",
+          "{\"eos_token_id\": null}", "{\"vocab_size\": 100, \"eos_token_id\": null}",
+          "{\"eos_token\": {\"content\": \"<eos>\", \"special\": true}}", TD_OK, 1,
+          { 13 } },
+        { "the tokenizer config's token from the vocabulary", NULL,
+          "{\"vocab_size\": 100, \"eos_token_id\": null}",
+          "{\"eos_token\": \"</s>\"}", TD_OK, 1, { 9 } },
+        { "nothing names one", NULL, "{\"vocab_size\": 100, \"eos_token_id\": null}",
+          "{\"bos_token\": \"<bos>\"}", TD_ERR_NOT_FOUND, 0, { 0 } },
+        { "generation_config's id outside the vocabulary", "{\"eos_token_id\": [3, 100]}",
+          "{\"vocab_size\": 100}", NULL, TD_ERR_INVALID, 0, { 0 } },
+        { "generation_config that is not JSON", "{eos", "{\"vocab_size\": 100}", NULL,
+          TD_ERR_INVALID, 0, { 0 } },
+        { "generation_config's eos a string", "{\"eos_token_id\": \"2\"}",
+          "{\"vocab_size\": 100}", NULL, TD_ERR_INVALID, 0, { 0 } },
+    };
+    char dir[] = "/tmp/test_generate_eos.XXXXXX";
+
+    if (mkdtemp(dir) == NULL) {
+        perror("mkdtemp");
+        td_check_failures++;
+        return;
+    }
+    write_file(dir, "tokenizer.json", tokenizer);
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        td_modelcfg_t *cfg = NULL;
+        int32_t ids[TD_SAMPLE_MAX_STOP] = { 0 };
+        uint32_t n = 0;
+
+        write_file(dir, "generation_config.json", cases[c].generation);
+        write_file(dir, "tokenizer_config.json", cases[c].tok_config);
+        CHECK_STATUS(td_modelcfg_parse(cases[c].config, strlen(cases[c].config), &cfg, NULL, 0),
+                     TD_OK);
+        if (cfg == NULL)
+            continue;
+        td_status_t st = td_v41_eos_ids(dir, cfg, ids, &n);
+        if (st != cases[c].st || (st == TD_OK && (n != cases[c].n ||
+                                                  memcmp(ids, cases[c].ids, n * 4) != 0))) {
+            fprintf(stderr, "%s: %s, %u ids (%d %d), want %s, %u ids (%d %d)\n",
+                    cases[c].what, td_status_str(st), n, ids[0], ids[1],
+                    td_status_str(cases[c].st), cases[c].n, cases[c].ids[0], cases[c].ids[1]);
+            td_check_failures++;
+        }
+        td_modelcfg_destroy(cfg);
+    }
+    const char *names[] = { "generation_config.json", "tokenizer_config.json", "tokenizer.json" };
+    for (size_t i = 0; i < 3; i++)
+        write_file(dir, names[i], NULL);
+    rmdir(dir);
 }
 
 /* ---- tiny checkpoints ---------------------------------------------------------------- */
@@ -1150,6 +1249,7 @@ main(void)
     test_distribution();
     test_logprobs();
     test_stop_finish();
+    test_eos_ids();
 
     if (!find_tool()) {
         fprintf(stderr, "test_generate: mk-tiny-model not found (%s); set TD_MK_TINY_MODEL\n",

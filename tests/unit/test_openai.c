@@ -13,6 +13,7 @@
 #include "tok_bytes.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -146,9 +147,20 @@ static const struct {
     { C, "{" M "," MSG ",'n':'1'}", TD_ERR_INVALID, 400, "n", "invalid_type", "expected an integer" },
     { C, "{" M "," MSG ",'foo':1}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: foo" },
     { C, "{" M "," MSG ",'prompt':'x'}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: prompt" },
-    { C, "{" M "," MSG ",'logprobs':true}", TD_ERR_UNSUPPORTED, 400, "logprobs", "unsupported_value", "logprobs are not supported" },
-    { C, "{" M "," MSG ",'top_logprobs':3}", TD_ERR_UNSUPPORTED, 400, "top_logprobs", "unsupported_value", "not supported" },
-    { C, "{" M "," MSG ",'logit_bias':{'50':1}}", TD_ERR_UNSUPPORTED, 400, "logit_bias", "unsupported_value", "logit_bias is not supported" },
+    { C, "{" M "," MSG ",'logprobs':1}", TD_ERR_INVALID, 400, "logprobs", "invalid_type", "expected a boolean, but got an integer" },
+    { C, "{" M "," MSG ",'top_logprobs':3}", TD_ERR_INVALID, 400, "top_logprobs", "invalid_value", "needs 'logprobs' set to true" },
+    { C, "{" M "," MSG ",'logprobs':false,'top_logprobs':1}", TD_ERR_INVALID, 400, "top_logprobs", "invalid_value", "needs 'logprobs'" },
+    { C, "{" M "," MSG ",'logprobs':true,'top_logprobs':21}", TD_ERR_INVALID, 400, "top_logprobs", "integer_above_max_value", "Expected a value <= 20, but got 21" },
+    { C, "{" M "," MSG ",'logprobs':true,'top_logprobs':-1}", TD_ERR_INVALID, 400, "top_logprobs", "integer_below_min_value", ">= 0" },
+    { C, "{" M "," MSG ",'logit_bias':[]}", TD_ERR_INVALID, 400, "logit_bias", "invalid_type", "expected an object, but got an array" },
+    { C, "{" M "," MSG ",'logit_bias':{'abc':1}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "'abc' is not a token id" },
+    { C, "{" M "," MSG ",'logit_bias':{'-1':1}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "'-1' is not a token id" },
+    { C, "{" M "," MSG ",'logit_bias':{'5x':1}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "not a token id" },
+    { C, "{" M "," MSG ",'logit_bias':{'99999999999':1}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "not a token id" },
+    { C, "{" M "," MSG ",'logit_bias':{'50':101}}", TD_ERR_INVALID, 400, "logit_bias.50", "decimal_above_max_value", "<= 100, but got 101" },
+    { C, "{" M "," MSG ",'logit_bias':{'50':-100.5}}", TD_ERR_INVALID, 400, "logit_bias.50", "decimal_below_min_value", ">= -100" },
+    { C, "{" M "," MSG ",'logit_bias':{'50':'x'}}", TD_ERR_INVALID, 400, "logit_bias.50", "invalid_type", "expected a number" },
+    { C, "{" M "," MSG ",'logit_bias':{'7':1,'07':2}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "token id 7 is given twice" },
     { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "only 'text'" },
     { C, "{" M "," MSG ",'tools':'x'}", TD_ERR_INVALID, 400, "tools", "invalid_type", "expected an array" },
     { C, "{" M "," MSG ",'tools':[1]}", TD_ERR_INVALID, 400, "tools[0]", "invalid_type", "expected an object" },
@@ -162,7 +174,9 @@ static const struct {
     { P, "{" M ",'prompt':[]}", TD_ERR_INVALID, 400, "prompt", "empty_array", "empty array" },
     { P, "{" M ",'prompt':5}", TD_ERR_INVALID, 400, "prompt", "invalid_type", "expected a string or an array of one string" },
     { P, "{" M ",'prompt':'x','echo':true}", TD_ERR_UNSUPPORTED, 400, "echo", "unsupported_value", "echo is not supported" },
-    { P, "{" M ",'prompt':'x','logprobs':1}", TD_ERR_UNSUPPORTED, 400, "logprobs", "unsupported_value", "logprobs" },
+    { P, "{" M ",'prompt':'x','logprobs':6}", TD_ERR_INVALID, 400, "logprobs", "integer_above_max_value", "Expected a value <= 5, but got 6" },
+    { P, "{" M ",'prompt':'x','logprobs':true}", TD_ERR_INVALID, 400, "logprobs", "invalid_type", "expected an integer" },
+    { P, "{" M ",'prompt':'x','top_logprobs':2}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: top_logprobs" },
     { P, "{" M ",'prompt':'x','suffix':'y'}", TD_ERR_UNSUPPORTED, 400, "suffix", "unsupported_value", "suffix" },
     { P, "{" M ",'prompt':'x','best_of':2}", TD_ERR_UNSUPPORTED, 400, "best_of", "unsupported_value", "best_of" },
     { P, "{" M ",'prompt':'x','max_tokens':0}", TD_ERR_INVALID, 400, "max_tokens", "integer_below_min_value", ">= 1" },
@@ -302,6 +316,53 @@ test_good_chat(void)
     }
 }
 
+/* logit_bias and logprobs as given; the vocabulary bounds the ids when the
+ * server knows it */
+static void
+test_good_logprobs_bias(void)
+{
+    td_openai_req_t *r = parse_ok(C, "{" M "," MSG ",'logprobs':true,'top_logprobs':20,"
+                                     "'logit_bias':{'50':-100,'7':2.5,'0':100}}");
+    if (r) {
+        CHECK(r->logprobs && r->top_logprobs == 20);
+        CHECK_EQ_INT(r->nbias, 3);
+        if (r->nbias == 3)
+            CHECK(r->logit_bias[0].token == 50 && r->logit_bias[0].bias == -100 &&
+                  r->logit_bias[1].token == 7 && r->logit_bias[1].bias == 2.5f &&
+                  r->logit_bias[2].token == 0 && r->logit_bias[2].bias == 100);
+        td_openai_req_destroy(r);
+    }
+    r = parse_ok(C, "{" M "," MSG ",'logprobs':true}");
+    if (r) {
+        CHECK(r->logprobs && r->top_logprobs == 0 && r->nbias == 0);
+        td_openai_req_destroy(r);
+    }
+    r = parse_ok(P, "{" M ",'prompt':'x','logprobs':0}");
+    if (r) {
+        CHECK(r->logprobs && r->top_logprobs == 0);
+        td_openai_req_destroy(r);
+    }
+    r = parse_ok(P, "{" M ",'prompt':'x','logprobs':5,'logit_bias':{'3':1}}");
+    if (r) {
+        CHECK(r->logprobs && r->top_logprobs == 5 && r->nbias == 1);
+        td_openai_req_destroy(r);
+    }
+
+    td_openai_cfg_t vc = cfg;
+    td_openai_req_t *req = NULL;
+    td_openai_err_t e;
+    char *body = body_of("{" M "," MSG ",'logit_bias':{'99':1,'100':1}}");
+    vc.vocab = 100;
+    CHECK_STATUS(td_openai_req_parse(&vc, C, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    check_err(body, &e, 400, IR, "logit_bias", "invalid_value",
+              "token id 100 is outside the vocabulary of this model (100 tokens)");
+    free(body);
+    body = body_of("{" M "," MSG ",'logit_bias':{'99':1}}");
+    CHECK_STATUS(td_openai_req_parse(&vc, C, body, strlen(body), &req, &e), TD_OK);
+    td_openai_req_destroy(req);
+    free(body);
+}
+
 static void
 test_good_completion(void)
 {
@@ -363,7 +424,7 @@ only_choice(json_t *o, const char *finish)
 static void
 test_responses(void)
 {
-    td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem" };
+    td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem", NULL };
     td_openai_usage_t u = { 12, 5 };
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
@@ -378,7 +439,7 @@ test_responses(void)
     json_decref(o);
 
     td_buf_reset(&out);
-    m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem" };
+    m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem", NULL };
     CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
     check_base(o, "cmpl-xyz", "text_completion");
@@ -429,7 +490,7 @@ free_payloads(char **p, size_t n)
 static void
 test_chat_stream(bool include_usage)
 {
-    td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem" }, include_usage, false };
+    td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem", NULL }, include_usage, false };
     td_openai_usage_t u = { 4, 2 };
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_text(&s, "Hel", 3, &out), TD_OK);
@@ -482,7 +543,7 @@ test_streams(void)
     test_chat_stream(true);
 
     /* a chat stream that ends at once still names the role; usage required */
-    td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL }, true, false };
+    td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL, NULL }, true, false };
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
@@ -502,7 +563,7 @@ test_streams(void)
     td_buf_reset(&out);
 
     /* completions: text chunks, no role, a final chunk with text "" */
-    td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem" }, false, false };
+    td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem", NULL }, false, false };
     CHECK_STATUS(td_openai_stream_text(&cs, "ab", 2, &out), TD_OK);
     CHECK_STATUS(td_openai_stream_finish(&cs, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
     n = sse_payloads(out.data, p, 8);
@@ -537,6 +598,105 @@ test_streams(void)
     }
     free_payloads(p, n);
     td_buf_free(&out);
+}
+
+/* logprobs in OpenAI's shapes: chat entries with bytes and alternatives,
+ * completions' parallel lists; a stream's chunk carries the entries that
+ * came since the last one; -inf is -9999.0, bytes that are not UTF-8 U+FFFD */
+/* got equals want (a new reference, dropped here). */
+static int
+json_eq_new(const json_t *got, json_t *want)
+{
+    int eq = want != NULL && json_equal(got, want);
+    json_decref(want);
+    return eq;
+}
+
+static void
+test_logprobs_json(void)
+{
+    td_openai_logprobs_t *lp = NULL;
+    td_openai_token_lp_t t1 = { "Hi", 2, -0.5 }, t2 = { "\xe4\xbd", 2, -INFINITY };
+    td_openai_token_lp_t alts[2] = { { "Hi", 2, -0.5 }, { " a", 2, -1.25 } };
+    td_openai_usage_t u = { 3, 2 };
+    td_buf_t out = {0};
+
+    CHECK_STATUS(td_openai_logprobs_create(C, &lp), TD_OK);
+    if (lp == NULL)
+        return;
+    td_openai_meta_t m = { C, "chatcmpl-l", 1700000000, MODEL, "fp_tandem", lp };
+    CHECK_STATUS(td_openai_logprobs_add(lp, &t1, alts, 2), TD_OK);
+    CHECK_STATUS(td_openai_logprobs_add(lp, &t2, NULL, 0), TD_OK);
+    CHECK_STATUS(td_openai_response_json(&m, "Hi\xef\xbf\xbd", 5, TD_OPENAI_FINISH_STOP, &u,
+                                         &out), TD_OK);
+    json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
+    json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *l = json_object_get(c, "logprobs");
+    json_t *content = json_object_get(l, "content");
+    CHECK(json_is_null(json_object_get(l, "refusal")));
+    CHECK_EQ_INT(json_array_size(content), 2);
+    json_t *e0 = json_array_get(content, 0), *e1 = json_array_get(content, 1);
+    CHECK_STR(json_string_value(json_object_get(e0, "token")), "Hi");
+    CHECK(json_real_value(json_object_get(e0, "logprob")) == -0.5);
+    CHECK(json_eq_new(json_object_get(e0, "bytes"), json_pack("[i,i]", 'H', 'i')));
+    json_t *top = json_object_get(e0, "top_logprobs");
+    CHECK_EQ_INT(json_array_size(top), 2);
+    CHECK_STR(json_string_value(json_object_get(json_array_get(top, 1), "token")), " a");
+    CHECK(json_real_value(json_object_get(json_array_get(top, 1), "logprob")) == -1.25);
+    CHECK(json_object_get(json_array_get(top, 1), "top_logprobs") == NULL);
+    CHECK_STR(json_string_value(json_object_get(e1, "token")), "\xef\xbf\xbd");
+    CHECK(json_real_value(json_object_get(e1, "logprob")) == -9999.0);
+    CHECK(json_eq_new(json_object_get(e1, "bytes"), json_pack("[i,i]", 0xe4, 0xbd)));
+    CHECK_EQ_INT(json_array_size(json_object_get(e1, "top_logprobs")), 0);
+    json_decref(o);
+    td_buf_reset(&out);
+
+    /* a stream: each chunk takes what came since the last one, none: null */
+    td_openai_stream_t s = { m, false, false };
+    CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, "Hi", 2, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, "", 0, &out), TD_OK);
+    CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
+    CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
+    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
+    char *p[8];
+    size_t n = sse_payloads(out.data, p, 8);
+    static const int want[3] = { 1, -1, 2 };   /* entries per chunk; -1: null */
+    CHECK_EQ_INT(n, 4);
+    for (size_t i = 0; i < 3 && n == 4; i++) {
+        json_t *co = json_loads(p[i], 0, NULL);
+        json_t *cl = json_object_get(json_array_get(json_object_get(co, "choices"), 0),
+                                     "logprobs");
+        if (want[i] < 0)
+            CHECK(json_is_null(cl));
+        else
+            CHECK_EQ_INT(json_array_size(json_object_get(cl, "content")), want[i]);
+        json_decref(co);
+    }
+    free_payloads(p, n);
+    td_buf_reset(&out);
+    td_openai_logprobs_destroy(lp);
+
+    /* completions: tokens, token_logprobs, top_logprobs (a dict), text_offset */
+    CHECK_STATUS(td_openai_logprobs_create(P, &lp), TD_OK);
+    if (lp == NULL)
+        return;
+    m = (td_openai_meta_t){ P, "cmpl-l", 1700000000, MODEL, "fp_tandem", lp };
+    td_openai_token_lp_t w1 = { "h\xc3\xa9", 3, -0.25 }, w2 = { "!", 1, -2 };
+    CHECK_STATUS(td_openai_logprobs_add(lp, &w1, alts, 2), TD_OK);
+    CHECK_STATUS(td_openai_logprobs_add(lp, &w2, alts, 1), TD_OK);
+    CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9!", 4, TD_OPENAI_FINISH_LENGTH, &u, &out),
+                 TD_OK);
+    o = json_loads(out.data ? out.data : "", 0, NULL);
+    l = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    CHECK(json_eq_new(json_object_get(l, "tokens"), json_pack("[s,s]", "h\xc3\xa9", "!")));
+    CHECK(json_eq_new(json_object_get(l, "token_logprobs"), json_pack("[f,f]", -0.25, -2.0)));
+    CHECK(json_eq_new(json_object_get(l, "text_offset"), json_pack("[i,i]", 0, 2)));
+    CHECK(json_eq_new(json_object_get(l, "top_logprobs"),
+                      json_pack("[{s:f,s:f},{s:f}]", "Hi", -0.5, " a", -1.25, "Hi", -0.5)));
+    json_decref(o);
+    td_buf_free(&out);
+    td_openai_logprobs_destroy(lp);
 }
 
 static void
@@ -992,7 +1152,9 @@ main(void)
     test_oversized_body();
     test_good_chat();
     test_good_completion();
+    test_good_logprobs_bias();
     test_responses();
+    test_logprobs_json();
     test_streams();
     test_models_and_errors();
     test_sse();

