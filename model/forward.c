@@ -14,14 +14,17 @@
 
 /* Query rows per attention tile (bounds the key/mask buffers of long chunks). */
 #define FW_TILE 128
+/* Indexer keys dequantized at a time while scoring (bounds that scratch:
+ * the keys stay in the cache, quantized, and are read tile by tile). */
+#define FW_KEY_TILE 256
 
 /* The reference's per-forward `shared` dict, one per request. */
 typedef struct {
-    float *comp;              /* [ncomp, head_dim] the compressed KV the group reads */
-    size_t ncomp;
+    int32_t comp_seg;         /* the cache segment of the compressed KV the group reads */
+    size_t ncomp;             /* its entries [0, ncomp) (read in place, as needed) */
     int has_comp;
-    float *index_k;           /* [nidx, index_head_dim] the indexer keys the group scores */
-    size_t nidx;
+    int32_t index_seg;        /* the cache segment of the indexer keys the group scores */
+    size_t nidx;              /* its entries [0, nidx) */
     int has_index_k;
     float *bias;              /* [n, bias_t] top-k block bias (0 / -inf) */
     size_t bias_t;
@@ -141,16 +144,6 @@ fw_store_seg(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *x, si
 {
     for (size_t i = 0; i < n; i++)
         FW_CHECK(fw_store_one(f, fmt, dim, x + i * dim, td_cache_entry(c, (uint32_t)seg, e0 + i)));
-    return TD_OK;
-}
-
-/* Load entries [0, n) of paged segment seg into f32 [n, dim]. */
-static td_status_t
-fw_load_seg(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const td_cache_t *c, int32_t seg,
-            size_t n, float *y)
-{
-    for (size_t i = 0; i < n; i++)
-        FW_CHECK(fw_load_one(f, fmt, dim, td_cache_entry(c, (uint32_t)seg, i), y + i * dim));
     return TD_OK;
 }
 
@@ -349,13 +342,12 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         if (st != TD_OK)
             goto out;
     }
-    /* the running compressed cache of the group (none before its first group) */
+    /* the running compressed cache of the group (none before its first group),
+     * read from the cache by the layers that attend to it */
     sh->ncomp = (size_t)((p0 + n) / r);
     sh->has_comp = sh->ncomp > 0;
-    if (sh->has_comp)
-        st = fw_load_seg(f, plan->kv_fmt, (uint32_t)hd, cache, sg->kv, sh->ncomp, sh->comp);
-    else
-        st = TD_OK;
+    sh->comp_seg = sg->kv;
+    st = TD_OK;
 
 out:
     free(lat);
@@ -411,27 +403,24 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
     size_t ql = (size_t)c->q_lora_rank;
     uint64_t p0 = f->p0[s];
-    float *qi = NULL, *w = NULL, *sc = NULL, *bscore = NULL;
+    float *qi = NULL, *w = NULL, *sc = NULL, *bscore = NULL, *keys = NULL, *ksc = NULL;
     int64_t *idx = NULL, *bidx = NULL;
     td_status_t st = TD_OK;
 
     if (cl->owns_index_k) {
         sh->nidx = (size_t)((p0 + n) / r);
         sh->has_index_k = sh->nidx > 0;
-        if (sh->has_index_k) {
-            st = fw_load_seg(f, plan->index_fmt, (uint32_t)idh, cache, plan->layers[l].index,
-                             sh->nidx, sh->index_k);
-            if (st != TD_OK)
-                return st;
-        }
+        sh->index_seg = plan->layers[l].index;
     }
     if (!sh->has_index_k || sh->nidx == 0)
         return TD_OK;
-    size_t t = sh->nidx;
+    size_t t = sh->nidx, kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
 
     qi = malloc(n * ih * idh * sizeof(float));
     w = malloc(n * ih * sizeof(float));
     sc = malloc(n * t * sizeof(float));
+    keys = malloc(kt * idh * sizeof(float));
+    ksc = n > 1 ? malloc(n * kt * sizeof(float)) : NULL;
     size_t topk = (size_t)c->index_topk < t ? (size_t)c->index_topk : t;
     idx = malloc((topk ? topk : 1) * n * sizeof(int64_t));
     bscore = malloc(t * sizeof(float));
@@ -440,7 +429,7 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     if (nb_bias != NULL)
         sh->bias = nb_bias;
     if (qi == NULL || w == NULL || sc == NULL || idx == NULL || bscore == NULL ||
-        bidx == NULL || nb_bias == NULL) {
+        bidx == NULL || nb_bias == NULL || keys == NULL || (n > 1 && ksc == NULL)) {
         st = fw_nomem(f, "indexer");
         goto out;
     }
@@ -455,8 +444,21 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     const float heads_scaling = (float)(1.0 / sqrt((double)ih));
     for (size_t i = 0; i < n * ih; i++)
         w[i] *= heads_scaling;
-    FW_TRY(f->k->index_scores(qi, sh->index_k, w, n, ih, t, idh,
-                              (float)(1.0 / sqrt((double)idh)), sc));
+    /* scores tile by tile of keys (each score depends on its key alone) */
+    for (size_t j0 = 0; j0 < t; j0 += kt) {
+        size_t nk = t - j0 < kt ? t - j0 : kt;
+        for (size_t j = 0; j < nk; j++) {
+            st = fw_load_one(f, plan->index_fmt, (uint32_t)idh,
+                             td_cache_entry(cache, (uint32_t)sh->index_seg, j0 + j),
+                             keys + j * idh);
+            if (st != TD_OK)
+                goto out;
+        }
+        FW_TRY(f->k->index_scores(qi, keys, w, n, ih, nk, idh,
+                                  (float)(1.0 / sqrt((double)idh)), n > 1 ? ksc : sc + j0));
+        for (size_t i = 0; n > 1 && i < n; i++)
+            memcpy(sc + i * t + j0, ksc + i * nk, nk * sizeof(float));
+    }
     for (size_t i = 0; i < n; i++) {        /* visible once the query passed the group */
         uint64_t clen = (p0 + i + 1) / r;
         for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
@@ -508,6 +510,8 @@ out:
     free(idx);
     free(bscore);
     free(bidx);
+    free(keys);
+    free(ksc);
     return st;
 }
 
@@ -531,6 +535,7 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     size_t web = td_cache_fmt_bytes(plan->window_fmt, (uint32_t)hd);
     unsigned char *ring = td_cache_fixed(cache, (uint32_t)sg->window);
     float *win = NULL, *keys = NULL, *mask = NULL;
+    size_t *sel = NULL;
     td_status_t st = TD_OK;
 
     win = malloc((nprev + n) * hd * sizeof(float));
@@ -546,7 +551,6 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     }
     memcpy(win + nprev * hd, f->kv + r0 * hd, n * hd * sizeof(float));
 
-    const float *comp = NULL;
     size_t tc = 0;
     const float *bias = NULL;
     if (cl->ratio > 0) {
@@ -561,7 +565,6 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
                 goto out;
         }
         if (sh->has_comp && sh->ncomp > 0) {
-            comp = sh->comp;
             tc = sh->ncomp;
             if (sh->has_bias) {
                 if (sh->bias_t != tc) {
@@ -576,10 +579,14 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
         }
     }
 
+    /* Of the compressed entries, a tile reads those some row of it may weigh
+     * (its top-k bias is not -inf), in order, straight from the cache: the
+     * kernel skips masked keys, so leaving them out changes no bit. */
     size_t tile = n < FW_TILE ? n : FW_TILE;
     keys = malloc((tile + wm + tc) * hd * sizeof(float));
     mask = malloc(tile * (tile + wm + tc) * sizeof(float));
-    if (keys == NULL || mask == NULL) {
+    sel = malloc((tc ? tc : 1) * sizeof(*sel));
+    if (keys == NULL || mask == NULL || sel == NULL) {
         st = fw_nomem(f, "attention");
         goto out;
     }
@@ -588,10 +595,23 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
         size_t bq = a + tile < n ? a + tile : n, nt = bq - a;
         uint64_t lo = p0 + a >= wm ? p0 + a - wm : 0;  /* first window position needed */
         uint64_t hi = p0 + bq;                          /* one past the last */
-        size_t tw = (size_t)(hi - lo), tk = tw + tc;
+        size_t tw = (size_t)(hi - lo), ns = 0, tk;
         memcpy(keys, win + (lo - kbase) * hd, tw * hd * sizeof(float));
-        if (tc > 0)
-            memcpy(keys + tw * hd, comp, tc * hd * sizeof(float));
+        for (size_t j = 0; bias != NULL && j < tc; j++) {
+            size_t i = 0;
+            while (i < nt && bias[(a + i) * tc + j] == -INFINITY)
+                i++;
+            if (i < nt)
+                sel[ns++] = j;
+        }
+        for (size_t k = 0; k < ns; k++) {
+            st = fw_load_one(f, f->m->plan->kv_fmt, (uint32_t)hd,
+                             td_cache_entry(cache, (uint32_t)sh->comp_seg, sel[k]),
+                             keys + (tw + k) * hd);
+            if (st != TD_OK)
+                goto out;
+        }
+        tk = tw + ns;
         for (size_t i = 0; i < nt; i++) {
             uint64_t p = p0 + a + i;
             float *mr = mask + i * tk;
@@ -599,8 +619,8 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
                 uint64_t kp = lo + j;
                 mr[j] = kp <= p && kp + wm >= p ? 0.0f : -INFINITY;
             }
-            for (size_t j = 0; j < tc; j++)
-                mr[tw + j] = bias ? bias[(a + i) * tc + j] : -INFINITY;
+            for (size_t k = 0; k < ns; k++)
+                mr[tw + k] = bias[(a + i) * tc + sel[k]];
         }
         FW_TRY(f->k->attention(f->q + (r0 + a) * nh * hd, keys, mask,
                                f->m->layers[l].attn_sink, softmax_scale, nt, nh, tk, hd,
@@ -624,6 +644,7 @@ out:
     free(win);
     free(keys);
     free(mask);
+    free(sel);
     return st;
 }
 
@@ -938,23 +959,13 @@ fw_alloc(fw_t *f)
             f->ekey == NULL || f->eval == NULL)
             return TD_ERR_NOMEM;
     }
-    /* per request: room for the largest compressed cache any group reaches */
     size_t at = 0;
     for (size_t s = 0; s < f->nseq; s++) {
-        uint64_t after = td_cache_tokens(f->seqs[s].cache) + f->seqs[s].n;
-        size_t most = 0;
-        for (int64_t l = 0; l < c->num_hidden_layers; l++)
-            if (c->layers[l].kv_source && (size_t)(after / (uint64_t)c->layers[l].ratio) > most)
-                most = (size_t)(after / (uint64_t)c->layers[l].ratio);
         f->row0[s] = at;
         f->p0[s] = td_cache_tokens(f->seqs[s].cache);
         for (size_t i = 0; i < f->seqs[s].n; i++)
             f->pos[at + i] = (int64_t)(f->p0[s] + i);
         at += f->seqs[s].n;
-        f->sh[s].comp = fw_calloc(most * hd, sizeof(float));
-        f->sh[s].index_k = fw_calloc(most * (size_t)c->index_head_dim, sizeof(float));
-        if (f->sh[s].comp == NULL || f->sh[s].index_k == NULL)
-            return TD_ERR_NOMEM;
     }
     return TD_OK;
 }
@@ -964,8 +975,6 @@ fw_free(fw_t *f)
 {
     if (f->sh != NULL)
         for (size_t s = 0; s < f->nseq; s++) {
-            free(f->sh[s].comp);
-            free(f->sh[s].index_k);
             free(f->sh[s].bias);
             free(f->sh[s].cand);
         }
