@@ -10,7 +10,7 @@
 #include "status.h"
 #include "tandem.pb-c.h"
 
-#define TD_HELLO_PROTOCOL_VERSION 1u
+#define TD_HELLO_PROTOCOL_VERSION 2u
 #define TD_HELLO_NONCE_LEN        32u
 #define TD_HELLO_PROOF_LEN        32u   /* HMAC-SHA256 */
 #define TD_HELLO_NODE_ID_MAX      64u   /* bytes, printable ASCII */

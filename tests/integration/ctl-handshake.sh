@@ -25,9 +25,9 @@ check_refused() { # NAME CLIENT_REASON SERVER_REASON ARGS...
     wait_grep "$tmp/srv.err" "$sreason" 5 || fail "$name: server did not log \"$sreason\""
 }
 
-check_refused version "protocol version differs (ours 2, peer 1)" \
-    "protocol version differs (ours 1, peer 2)" \
-    --version 2 --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed
+check_refused version "protocol version differs (ours 3, peer 2)" \
+    "protocol version differs (ours 2, peer 3)" \
+    --version 3 --secret s3cret --model deepseek-v4.1-flash@ab12 --layout 0x5eed
 check_refused secret "cluster secret proof failed" "cluster secret proof failed" \
     --secret wrong --model deepseek-v4.1-flash@ab12 --layout 0x5eed
 check_refused model "model fingerprint differs (ours deepseek-v4.1-flash@cd34, peer deepseek-v4.1-flash@ab12)" \

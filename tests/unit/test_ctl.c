@@ -243,7 +243,7 @@ test_handshake_refused(struct event_base *base)
         td_ctl_conn_t *c = NULL;
 
         switch (cases[i].m) {
-        case M_VERSION: ccfg.ident.protocol_version = 2; break;
+        case M_VERSION: ccfg.ident.protocol_version = TD_HELLO_PROTOCOL_VERSION + 1; break;
         case M_SECRET:  ccfg.secret = wrong_secret; break;
         case M_MODEL:   ccfg.ident.model_fingerprint = "model-y"; break;
         case M_LAYOUT:  ccfg.ident.kv_layout_hash = 98; break;

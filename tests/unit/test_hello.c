@@ -33,7 +33,7 @@ test_check(void)
     } cases[] = {
         { M_NONE, TD_OK, 0, "" },
         { M_VERSION, TD_ERR_MISMATCH, TANDEM__REJECT_CODE__REJECT_VERSION,
-          "protocol version differs (ours 1, peer 2)" },
+          "protocol version differs (ours 2, peer 3)" },
         { M_MODEL, TD_ERR_MISMATCH, TANDEM__REJECT_CODE__REJECT_MODEL,
           "model fingerprint differs (ours deepseek-v4.1-flash@ab12, peer deepseek-v4.1-flash@cd?4)" },
         { M_LAYOUT, TD_ERR_MISMATCH, TANDEM__REJECT_CODE__REJECT_LAYOUT,
@@ -61,7 +61,7 @@ test_check(void)
         id.node_id = "node-b";
         id.incarnation = 0x5678;
         switch (cases[i].m) {
-        case M_VERSION:    id.protocol_version = 2; break;
+        case M_VERSION:    id.protocol_version = TD_HELLO_PROTOCOL_VERSION + 1; break;
         case M_MODEL:      id.model_fingerprint = "deepseek-v4.1-flash@cd\0014"; break;
         case M_LAYOUT:     id.kv_layout_hash = 0xbeef; break;
         case M_ROLE0:      id.role = 0; break;
