@@ -10,7 +10,7 @@
 #include "log.h"
 
 typedef struct {
-    char last[1024];   /* the last error line ("" when none) */
+    char last[1024];   /* the last error or warning line ("" when none) */
     int errors;        /* error lines since td_logcap_start / td_logcap_reset */
 } td_logcap_t;
 
@@ -20,10 +20,10 @@ static void
 td_logcap_sink(td_log_level_t level, const char *line, void *arg)
 {
     (void)arg;
-    if (level != TD_LOG_ERROR)
+    if (level > TD_LOG_WARN)
         return;
     snprintf(td_logcap.last, sizeof(td_logcap.last), "%s", line);
-    td_logcap.errors++;
+    td_logcap.errors += level == TD_LOG_ERROR;
 }
 
 /* Forget what was captured. */

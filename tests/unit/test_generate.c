@@ -9,6 +9,8 @@
  * context. Every cache lives in KV memory whose blocks are scattered. */
 #include "cache.h"
 #include "check.h"
+#include "logcap.h"
+#include "testkv.h"
 #include "engine.h"
 #include "kvmem.h"
 #include "log.h"
@@ -33,25 +35,15 @@
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-/* The last error logged (refusals are checked for their message). */
-static char last_log[512];
-
-static void
-log_sink(td_log_level_t level, const char *line, void *arg)
-{
-    (void)level;
-    (void)arg;
-    snprintf(last_log, sizeof(last_log), "%s", line);
-}
 
 #define CHECK_LOGGED(what)                                                           \
     do {                                                                             \
-        if (strstr(last_log, (what)) == NULL) {                                      \
+        if (strstr(td_logcap.last, (what)) == NULL) {                                      \
             fprintf(stderr, "%s:%d: logged \"%s\", want it to say \"%s\"\n", __FILE__,   \
-                    __LINE__, last_log, (what));                                     \
+                    __LINE__, td_logcap.last, (what));                                     \
             td_check_failures++;                                                     \
         }                                                                            \
-        last_log[0] = '\0';                                                           \
+        td_logcap_reset();                                                           \
     } while (0)
 
 static td_sample_params_t
@@ -655,30 +647,13 @@ make_checkpoint(const char *name, const char *args, char *dir, size_t len)
 
 static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
-/* KV memory for cap tokens of m's plan, its blocks and slots at places
- * shuffled by a seed of its own, and an empty cache over it in *c. */
+/* Every cache of this test at other shuffled places (tests/unit/testkv.h). */
 static uint64_t kv_seed = 100;
 
 static td_kvmem_t *
 kv_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
 {
-    td_kvmem_t *mem = NULL;
-
-    CHECK_STATUS(td_kvmem_create(m->plan->layout, cap, kv_seed++, &mem), TD_OK);
-    if (mem == NULL)
-        return NULL;
-    CHECK_STATUS(td_cache_init(c, m->plan, &mem->kv), TD_OK);
-    td_cache_reset(c);
-    return mem;
-}
-
-/* Nothing wrote past a block or slot; then free the memory. */
-static void
-kv_done(td_kvmem_t *mem)
-{
-    if (mem != NULL)
-        CHECK_STATUS(td_kvmem_check(mem), TD_OK);
-    td_kvmem_destroy(mem);
+    return td_testkv_cache(m, cap, &kv_seed, c);
 }
 
 /* Report the first differing logit of two rows. */
@@ -771,8 +746,8 @@ test_batch_invariance(const char *name, const char *args)
             same ? "bitwise equal" : "DIFFERENT");
 out:
     for (int r = 0; r < R; r++) {
-        kv_done(mb[r]);
-        kv_done(ma[r]);
+        td_testkv_done(mb[r]);
+        td_testkv_done(ma[r]);
     }
     free(lb);
     free(la);
@@ -835,7 +810,7 @@ test_cache_handoff(const char *name, const char *args)
         CHECK_STATUS(td_forward_decode(a, &pc, &tok, 1, ref + (size_t)s * V), TD_OK);
         tok = td_sample_argmax(ref + (size_t)s * V, V);
     }
-    kv_done(mem);
+    td_testkv_done(mem);
     mem = NULL;
     td_model_destroy(a);
     a = NULL;
@@ -874,8 +849,8 @@ test_cache_handoff(const char *name, const char *args)
             "load, %d steps: %s\n", name, size, K, same ? "bitwise equal" : "DIFFERENT");
 out:
     free(bytes);
-    kv_done(memb);
-    kv_done(mem);
+    td_testkv_done(memb);
+    td_testkv_done(mem);
     td_model_destroy(b);
     td_model_destroy(a);
     free(la);
@@ -1119,11 +1094,11 @@ out:
     td_engine_req_destroy(b);
     td_engine_req_destroy(c);
     td_engine_req_destroy(d);
-    kv_done(ma);
-    kv_done(mb);
-    kv_done(mc);
-    kv_done(md);
-    kv_done(mref);
+    td_testkv_done(ma);
+    td_testkv_done(mb);
+    td_testkv_done(mc);
+    td_testkv_done(md);
+    td_testkv_done(mref);
     free(lr);
     td_engine_destroy(e);
     td_model_destroy(m);
@@ -1200,7 +1175,7 @@ requests_heap(td_engine_t *e, size_t prompt, size_t cap, size_t *kv_bytes)
 out:
     for (int r = 0; r < R; r++) {
         td_engine_req_destroy(req[r]);
-        kv_done(mem[r]);
+        td_testkv_done(mem[r]);
     }
     free(tok);
     return h1 > h0 ? (h1 - h0) / R : 0;
@@ -1242,7 +1217,7 @@ int
 main(void)
 {
     td_log_set_level(TD_LOG_WARN);
-    td_log_set_sink(log_sink, NULL);
+    td_logcap_start();
     test_greedy();
     test_top_k_top_p();
     test_seed();

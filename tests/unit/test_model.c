@@ -5,6 +5,7 @@
  * in a shuffled order (engine/kvmem). */
 #include "cache.h"
 #include "check.h"
+#include "testkv.h"
 #include "kernels.h"
 #include "kvmem.h"
 #include "log.h"
@@ -777,30 +778,13 @@ check_rows(const char *what, const float *a, const float *b, size_t rows, size_t
     }
 }
 
-/* KV memory for cap tokens of m's plan, every block and slot at a place
- * shuffled by a seed of its own, and an empty cache over it in *c. */
+/* Every cache of this test at other shuffled places (tests/unit/testkv.h). */
 static uint64_t kv_seed = 1;
 
 static td_kvmem_t *
 kv_cache(const td_model_t *m, uint64_t cap, td_cache_t *c)
 {
-    td_kvmem_t *mem = NULL;
-
-    CHECK_STATUS(td_kvmem_create(m->plan->layout, cap, kv_seed++, &mem), TD_OK);
-    if (mem == NULL)
-        return NULL;
-    CHECK_STATUS(td_cache_init(c, m->plan, &mem->kv), TD_OK);
-    td_cache_reset(c);
-    return mem;
-}
-
-/* Nothing wrote past a block or slot; then free the memory. */
-static void
-kv_done(td_kvmem_t *mem)
-{
-    if (mem != NULL)
-        CHECK_STATUS(td_kvmem_check(mem), TD_OK);
-    td_kvmem_destroy(mem);
+    return td_testkv_cache(m, cap, &kv_seed, c);
 }
 
 /* The layer hook of a pass: layers come in order, each once; the counter
@@ -924,7 +908,7 @@ test_consistency(const char *name, const char *args)
     if (mem2 == NULL)
         goto out;
     td_kvmem_copy(&mem2->kv, &mem->kv, 30);
-    kv_done(mem);
+    td_testkv_done(mem);
     mem = NULL;
     CHECK_STATUS(td_cache_check(&c2, tok, 30), TD_OK);
     if (m->plan->engram >= 0) {   /* a look-back that is not the prompt's is refused */
@@ -946,8 +930,8 @@ test_consistency(const char *name, const char *args)
     CHECK_EQ_INT(td_cache_tokens(&c2), before);
 
 out:
-    kv_done(mem);
-    kv_done(mem2);
+    td_testkv_done(mem);
+    td_testkv_done(mem2);
     free(full);
     free(got);
     td_model_destroy(m);
@@ -1006,8 +990,8 @@ test_batch_decode(const char *name, const char *args)
 
 out:
     for (int r = 0; r < R; r++) {
-        kv_done(mb[r]);
-        kv_done(ma[r]);
+        td_testkv_done(mb[r]);
+        td_testkv_done(ma[r]);
     }
     free(lb);
     free(la);
@@ -1223,7 +1207,7 @@ test_golden(const char *name)
             gold[j] = (int32_t)json_integer_value(json_array_get(json_object_get(g, "tokens"), j));
         free(lg);
         lg = malloc((n + 1) * V * sizeof(float));
-        kv_done(mem);
+        td_testkv_done(mem);
         mem = kv_cache(m, n + steps + 1, &c);
         if (mem == NULL || lg == NULL) {
             free(tok);
@@ -1311,7 +1295,7 @@ test_golden(const char *name)
         td_check_failures++;
 
 out:
-    kv_done(mem);
+    td_testkv_done(mem);
     free(pre);
     free(dec);
     free(lg);

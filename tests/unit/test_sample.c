@@ -5,6 +5,7 @@
  * logit_bias forcing and banning; log-probabilities after the bias; the
  * refusals (NaN, +inf, nothing finite, bad bias). */
 #include "check.h"
+#include "logcap.h"
 #include "log.h"
 #include "rng.h"
 #include "sample.h"
@@ -381,15 +382,6 @@ test_logprobs(void)
 
 /* ---- Refusals ------------------------------------------------------------------- */
 
-static char last_log[512];
-
-static void
-log_sink(td_log_level_t level, const char *line, void *arg)
-{
-    (void)level;
-    (void)arg;
-    snprintf(last_log, sizeof(last_log), "%s", line);
-}
 
 static void
 test_refusals(void)
@@ -415,10 +407,10 @@ test_refusals(void)
         int32_t t;
 
         sp.temperature = rows[i].temperature;
-        last_log[0] = '\0';
+        td_logcap_reset();
         CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_ERR_INVALID);
-        if (strstr(last_log, rows[i].logged) == NULL) {
-            fprintf(stderr, "%s: logged \"%s\", want \"%s\"\n", rows[i].what, last_log,
+        if (strstr(td_logcap.last, rows[i].logged) == NULL) {
+            fprintf(stderr, "%s: logged \"%s\", want \"%s\"\n", rows[i].what, td_logcap.last,
                     rows[i].logged);
             td_check_failures++;
         }
@@ -449,14 +441,14 @@ test_refusals(void)
     /* a dense distribution smaller than a bias id; a bias list out of order */
     sp.bias[2].id = 3;
     CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_ERR_INVALID);
-    CHECK(strstr(last_log, "outside the 3 logits") != NULL);
+    CHECK(strstr(td_logcap.last, "outside the 3 logits") != NULL);
     sp.bias[2].id = 1;
     CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
     CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_ERR_INVALID);
     sp.nbias = 0;
     sp.top_logprobs = TD_SAMPLE_MAX_TOP + 1;
     CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_ERR_INVALID);
-    CHECK(strstr(last_log, "top_logprobs") != NULL);
+    CHECK(strstr(td_logcap.last, "top_logprobs") != NULL);
     sp.top_logprobs = 0;
     sp.top_p = 0;
     CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_ERR_INVALID);
@@ -468,7 +460,7 @@ test_refusals(void)
 int
 main(void)
 {
-    td_log_set_sink(log_sink, NULL);
+    td_logcap_start();
     test_reference();
     test_vocab();
     test_ties_and_bias();
