@@ -1,7 +1,7 @@
 /* common/jobq.h — a rank's compute thread: work handed from a loop thread to
- * one thread of its own, and what comes back handed to the loop again, each
- * way through a queue and an eventfd signalled only when the queue goes from
- * empty to non-empty (style rule 8). The loop thread never computes; the
+ * one thread of its own (a queue and a condition variable), and what comes
+ * back handed to the loop again (a queue and an eventfd, signalled only when
+ * the queue goes from empty to non-empty: style rule 8). The loop thread never computes; the
  * compute thread never touches the loop's state (sockets, UCX, timers).
  *
  * Ownership: the loop thread creates and destroys the queue; a job's arg is

@@ -477,6 +477,7 @@ drank_adopt_run(void *arg)
     /* the checksum first: the bytes in the blocks must be the bytes P sent */
     j->st = td_kvsum_of(&j->req->res->kv, j->req->nprompt, &got);
     j->got_sum = got;
+    j->t_end = td_clock_ns();
     if (j->st != TD_OK) {
         j->what = "no checksum of the received kv";
         return;
@@ -518,11 +519,10 @@ drank_adopt_done(void *arg)
     req->busy = false;
     if (r->closing)
         goto out;
-    if (r->trace != NULL)
-        fprintf(r->trace, "adopt req=%016llx tokens=%zu note=%llu start=%llu end=%llu status=%s\n",
+    if (r->trace != NULL)   /* status: the td_status_t code, 0 ok */
+        fprintf(r->trace, "adopt req=%016llx tokens=%zu note=%llu start=%llu end=%llu status=%d\n",
                 (unsigned long long)req->id, req->nprompt, (unsigned long long)j->t_note,
-                (unsigned long long)j->t_start, (unsigned long long)j->t_end,
-                td_status_str(j->st));
+                (unsigned long long)j->t_start, (unsigned long long)j->t_end, (int)j->st);
     if (td_dreq_ended(req)) {          /* canceled meanwhile */
         if (req->kv_done)
             drank_release(r, req);
@@ -684,9 +684,6 @@ drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *
     return false;
 }
 
-/* Before anything is adopted: the checksum of the prompt's KV in the
- * request's blocks (engine/kvsum.h) must be the one P sent. On a mismatch
- * (or no memory) the request fails here, counted, and is gone on return. */
 /* ---- Cancel and the grace period --------------------------------------------- */
 
 static void

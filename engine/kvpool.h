@@ -1,10 +1,14 @@
-/* decoded/kvpool.h — block accounting of one decode rank's KV pools: per
- * paged segment of the layout a pool of blocks, per fixed segment one slot per
- * batch row; all-or-nothing reservations for a request's whole life
- * (prompt + max_tokens), the block states and the counters Load reports.
- * Pure bookkeeping: the memory itself is registered by decoded/drank.c.
- * Ownership: the pool borrows the layout (it must outlive the pool) and owns
- * its reservations; a reservation is freed by td_kvpool_release. */
+/* engine/kvpool.h — block accounting of one rank's KV pools (a decode rank's
+ * and a prefill rank's alike): per paged segment of the layout a pool of
+ * blocks, per fixed segment one slot per request row; all-or-nothing
+ * reservations for a request's whole life (decode: prompt + max_tokens;
+ * prefill: the prompt), the block states and the counters Load reports.
+ * Once given its memory (td_kvpool_set_memory; the rank registers it with
+ * UCX), each reservation carries the view of its blocks and slots that the
+ * engine computes in (td_layout_kv_t): the pool is the cache.
+ * Ownership: the pool borrows the layout and the memory (they must outlive
+ * it) and owns its reservations; a reservation is freed by
+ * td_kvpool_release. */
 #ifndef TD_KVPOOL_H
 #define TD_KVPOOL_H
 

@@ -147,9 +147,9 @@ kvmap_walk(const td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_
 /* Add a batch's pieces to the checksum, from the bytes the puts send (in
  * the request's KV memory), one block run at a time. A refusal sticks in the
  * sum and is reported by td_kvmap_sum. */
-static void
-kvmap_sum_add(td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_t *pieces,
-              size_t npieces)
+void
+td_kvmap_sum_add(td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_t *pieces,
+                 size_t npieces)
 {
     uint64_t be = m->layout->block_entries;
 
@@ -191,7 +191,6 @@ td_kvmap_batch_create(td_kvmap_t *m, const td_layout_kv_t *kv,
         free(b);
         return st;
     }
-    kvmap_sum_add(m, kv, pieces, npieces);
     *out = b;
     return TD_OK;
 }

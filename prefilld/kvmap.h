@@ -33,7 +33,7 @@ typedef struct {
     const td_layout_t *layout;   /* borrowed from the engine */
     td_kvmap_seg_t *segs;        /* [layout->nsegs], indexed by segment */
     uint64_t ntokens;            /* the prompt */
-    td_kvsum_t *sum;             /* every staged piece, in the order staged */
+    td_kvsum_t *sum;             /* every piece put, in the order computed */
 } td_kvmap_t;
 
 /* Check dest against the layout for a prompt of ntokens: every segment named
@@ -57,18 +57,24 @@ typedef struct {
  * offset (e % block_entries) × entry_bytes, a piece spanning blocks becomes
  * one descriptor per block; a fixed segment goes whole to its slot at
  * offset 0. Every destination is range-checked against the KvDest, every
- * source against kv (TD_ERR_RANGE with a reason, nothing allocated). The
- * pieces' bytes are added to the map's checksum (pieces out of order make
- * td_kvmap_sum fail, not this call). */
+ * source against kv (TD_ERR_RANGE with a reason, nothing allocated). */
 td_status_t td_kvmap_batch_create(td_kvmap_t *m, const td_layout_kv_t *kv,
                                   const td_engine_piece_t *pieces, size_t npieces,
                                   td_kvmap_batch_t **out, char *reason, size_t reason_len);
 void td_kvmap_batch_free(td_kvmap_batch_t *b);
 
-/* The checksum of every byte staged so far, for the terminal KvNote once the
- * prompt's KV has all been staged (engine/kvsum.h: td_kvsum_final over the
- * prompt's tokens). TD_ERR_RANGE with a reason when the staged pieces are
- * not exactly the prompt's KV in order (a bug in the engine or the caller). */
+/* Add the bytes of pieces, read from kv, to the map's checksum: the compute
+ * thread does it as each layer is done (the bytes are final then), before the
+ * loop puts them. Pieces out of order make td_kvmap_sum fail, not this call.
+ * One thread at a time: nothing else reads the sum until the prompt is done. */
+void td_kvmap_sum_add(td_kvmap_t *m, const td_layout_kv_t *kv, const td_engine_piece_t *pieces,
+                      size_t npieces);
+
+/* The checksum of every byte summed so far (td_kvmap_sum_add), for the
+ * terminal KvNote once the prompt's KV has all been summed (engine/kvsum.h:
+ * td_kvsum_final over the prompt's tokens). TD_ERR_RANGE with a reason when
+ * the pieces are not exactly the prompt's KV in order (a bug in the engine or
+ * the caller). */
 td_status_t td_kvmap_sum(const td_kvmap_t *m, uint64_t *out, char *reason, size_t reason_len);
 
 #endif

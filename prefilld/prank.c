@@ -511,7 +511,7 @@ task_on_note_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
     task_end(t);
 }
 
-/* The checksum of the KV the task staged (docs/xfer.md, "KV checksum"). A
+/* The checksum of the KV the task put (docs/xfer.md, "KV checksum"). A
  * sum that cannot be given fails the task, whose note then says why. */
 static uint64_t
 task_kv_sum(task_t *t)
@@ -569,6 +569,7 @@ task_try_terminal(task_t *t)
     task_set_state(t, TASK_PUSHING);
 }
 
+
 /* A trace line (cfg.trace_path): what the layer-overlap benchmark reads. */
 static void __attribute__((format(printf, 2, 3)))
 prank_trace(td_prank_t *rk, const char *fmt, ...)
@@ -621,7 +622,7 @@ task_post_layer(prank_layer_msg_t *m)
     rk->stats.xfers++;
     prank_trace(rk, "layer req=%016" PRIx64 " chunk=%u layer=%u computed=%" PRIu64
                 " posted=%" PRIu64 " bytes=%" PRIu64, t->req_id, t->chunks, m->layer, m->t_done,
-                t_post, b->bytes);
+                t_post, b->bytes);   /* chunk: 0-based, the chunk on the compute thread */
     goto out;
 err_stop:
     task_stop(t);   /* the chunk on the compute thread stops at its next layer */
@@ -660,6 +661,7 @@ task_on_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pie
         return TD_ERR_CANCELED;
     if (npieces == 0)
         return TD_OK;
+    td_kvmap_sum_add(t->map, &t->res->kv, pieces, npieces);   /* here, off the loop */
     m = malloc(sizeof(*m) + npieces * sizeof(*pieces));
     if (m == NULL)
         return TD_ERR_NOMEM;
@@ -715,11 +717,11 @@ task_chunk_done(void *arg)
     }
     if (rk->closing)
         return;
+    prank_trace(rk, "chunk req=%016" PRIx64 " chunk=%u tokens=%" PRIu64 " start=%" PRIu64
+                " end=%" PRIu64 " status=%d", t->req_id, t->chunks, t->chunk_n, t->chunk_t0,
+                td_clock_ns(), (int)st);   /* td_status_t: 0 ok, -12 canceled */
     rk->stats.chunks++;
     t->chunks++;
-    prank_trace(rk, "chunk req=%016" PRIx64 " chunk=%u tokens=%" PRIu64 " start=%" PRIu64
-                " end=%" PRIu64 " status=%s", t->req_id, t->chunks, t->chunk_n, t->chunk_t0,
-                td_clock_ns(), td_status_str(st));
     if (st != TD_OK || t->canceled || t->status != TD_OK) {
         /* a cancel or a failure on the loop stopped it; else the engine failed */
         if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))

@@ -70,7 +70,7 @@ td_status_t td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_
                             const td_prank_config_t *cfg, const td_prank_io_t *io,
                             td_prank_t **out);
 /* Ends every task without messages (their transfers are canceled and drained
- * first, so no staging buffer is freed under UCX) and closes the peers. */
+ * first, so no block they read is freed under UCX) and closes the peers. */
 void td_prank_destroy(td_prank_t *rk);
 
 /* What this rank adds to its Register: its transfer deadline. */
