@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "progress.h"
 #include "v41engine.h"
 
 const td_engine_kind_t *const td_worker_engines[] = {
@@ -216,6 +217,17 @@ worker_on_signal(td_daemon_t *d, void *arg)
     td_ranks_stop(w->rs, TD_RANKS_STOP_DRAIN);
 }
 
+/* Loading the engine's weights can take minutes: each progress line
+ * (logged by common/progress) is also systemd's STATUS= until READY. */
+static void
+worker_on_progress(td_progress_phase_t phase, const char *line, void *arg)
+{
+    td_worker_t *w = arg;
+
+    (void)phase;
+    td_daemon_status(w->d, line);
+}
+
 /* The ready line after "<ident> ready: ", also systemd's STATUS=. */
 static char *
 worker_status(const td_worker_t *w)
@@ -252,7 +264,10 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         rc = 2;
         goto err_free_daemon;
     }
-    if ((st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine)) != TD_OK)
+    td_progress_set_handler(worker_on_progress, w);
+    st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
+    td_progress_set_handler(NULL, NULL);
+    if (st != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
     w->nranks = (uint32_t)spec->wcfg->ranks;
