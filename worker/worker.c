@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -181,6 +182,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(w->d),
         .transports = tls[0] ? tls : NULL,
+        .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
     };
     if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
         goto err;
@@ -206,6 +208,44 @@ err:
 }
 
 /* ---- Main thread -------------------------------------------------------------------- */
+
+/* The interface the ranks' UCX tcp transport listens on (w->data_dev):
+ * data-address's interface, none for "*" (every interface), by default the
+ * one the routers are reached through (loopback for a one-host cluster). A
+ * failure is logged here. */
+static td_status_t
+worker_data_device(td_worker_t *w)
+{
+    const char *spec = w->spec->wcfg->data_address, *ident = w->spec->ident;
+    td_status_t st;
+
+    if (strcmp(spec, "*") == 0) {
+        w->data_dev[0] = '\0';
+        td_warn("%s: data-address *: ucx's tcp transport listens on every interface",
+                ident);
+        return TD_OK;
+    }
+    if (spec[0] != '\0') {
+        if (td_netif_find(spec, w->data_dev, sizeof(w->data_dev)) != TD_OK) {
+            td_error("%s: data-address %s is neither an interface nor an address of this "
+                     "host", ident, spec);
+            return TD_ERR_INVALID;
+        }
+        td_info("%s: data plane: ucx tcp on %s (data-address %s)", ident, w->data_dev, spec);
+        return TD_OK;
+    }
+    st = td_link_routers_netif(w->spec->wcfg->routers, w->data_dev, sizeof(w->data_dev));
+    if (st == TD_ERR_INVALID)
+        return st;   /* the list is bad: logged */
+    if (st != TD_OK) {
+        td_error("%s: no interface of this host reaches the routers %s: give data-address",
+                 ident, w->spec->wcfg->routers);
+        return TD_ERR_INVALID;
+    }
+    td_info("%s: data plane: ucx tcp on %s (the interface that reaches the routers; "
+            "data-address to choose)", ident, w->data_dev);
+    return TD_OK;
+}
 
 /* SIGTERM: every rank drains (a second signal leaves the loops at once). */
 static void
@@ -261,6 +301,10 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
     }
     if (!spec->wcfg->routers[0]) {
         td_error("%s: --routers is required", spec->ident);
+        rc = 2;
+        goto err_free_daemon;
+    }
+    if ((st = worker_data_device(w)) != TD_OK) {
         rc = 2;
         goto err_free_daemon;
     }
