@@ -1,6 +1,6 @@
 /* common/daemon.c — the start-up and lifetime pieces every daemon's main()
  * shares: options, logging, signals on the loop, the cluster secret, the
- * incarnation, and the sd_notify protocol (READY/WATCHDOG/STOPPING). */
+ * incarnation, and the sd_notify protocol (READY/STATUS/WATCHDOG/STOPPING). */
 #include "daemon.h"
 
 #include <errno.h>
@@ -103,17 +103,32 @@ daemon_watchdog_usec(void)
     return v;
 }
 
-void
-td_daemon_ready(td_daemon_t *d, const char *status)
+/* "<head>STATUS=<status>" with the status on one line (a newline in the
+ * caller's text folded to a space). */
+static void
+daemon_notify_status(const char *head, const char *status)
 {
     char msg[512];
-    size_t n = (size_t)snprintf(msg, sizeof(msg), "READY=1\nSTATUS=%s", status ? status : "");
+    size_t at = strlen(head) + strlen("STATUS=");
+    size_t n = (size_t)snprintf(msg, sizeof(msg), "%sSTATUS=%s", head, status ? status : "");
 
-    /* STATUS is one line: fold any newline in the caller's text. */
-    for (char *p = msg + strlen("READY=1\n"); p < msg + n && *p; p++)
+    for (char *p = msg + at; p < msg + n && *p; p++)
         if (*p == '\n')
             *p = ' ';
     daemon_notify(msg);
+}
+
+void
+td_daemon_status(td_daemon_t *d, const char *status)
+{
+    (void)d;
+    daemon_notify_status("", status);
+}
+
+void
+td_daemon_ready(td_daemon_t *d, const char *status)
+{
+    daemon_notify_status("READY=1\n", status);
     if (d->watchdog_usec > 0 && !evtimer_pending(d->watchdog, NULL)) {
         uint64_t half = d->watchdog_usec / 2;
         struct timeval tv = { .tv_sec = (time_t)(half / 1000000u),

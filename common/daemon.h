@@ -56,6 +56,9 @@ const uint8_t *td_daemon_secret(const td_daemon_t *d, size_t *len);
 /* systemd: READY=1 with a STATUS= line, and from then on WATCHDOG=1 at half
  * of WATCHDOG_USEC from the loop (no-ops outside systemd). */
 void td_daemon_ready(td_daemon_t *d, const char *status);
+/* STATUS= alone: what a daemon that is not ready yet is doing ("model /m:
+ * loading: 120 of 1532 tensors, ..."); one line. */
+void td_daemon_status(td_daemon_t *d, const char *status);
 /* STOPPING=1 (shutdown began). */
 void td_daemon_stopping(td_daemon_t *d);
 

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "daemon.h"
 #include "log.h"
+#include "netif.h"
 
 #define LINK_LOAD_GAP_MS         50u     /* at most one Load per router per this */
 #define LINK_BACKOFF_MIN_DEFAULT 100u
@@ -381,51 +382,73 @@ link_ctl_copy(td_link_t *l, const td_ctl_config_t *ctl)
     return td_hello_ident_check(&l->ctl.ident) == TD_OK ? TD_OK : TD_ERR_INVALID;
 }
 
+/* The number of routers "host:port[,host:port...]" names; 0 (logged) for
+ * an empty list. */
+static size_t
+link_routers_count(const char *list)
+{
+    size_t n = 1;
+
+    if (list == NULL || list[strspn(list, " \t")] == '\0') {
+        td_error("link: no routers given");
+        return 0;
+    }
+    for (const char *c = list; *c; c++)
+        n += *c == ',';
+    return n;
+}
+
+/* Router i of list, at *p (moved past it): trimmed into name, parsed and
+ * resolved into addrs. A bad entry is logged. */
+static td_status_t
+link_router_next(const char *list, size_t i, const char **p, char *name, size_t namelen,
+                 td_net_addrs_t *addrs)
+{
+    size_t tok = strcspn(*p, ","), len = tok;
+    const char *s = *p;
+    char host[TD_NET_HOST_MAX];
+    uint16_t port;
+
+    *p += tok + ((*p)[tok] == ',');
+    while (len > 0 && (*s == ' ' || *s == '\t'))
+        s++, len--;
+    while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
+        len--;
+    if (len == 0 || len >= namelen) {
+        td_error("link: router %zu of \"%s\": empty or too long", i + 1, list);
+        return TD_ERR_INVALID;
+    }
+    memcpy(name, s, len);
+    name[len] = '\0';
+    if (td_net_addr_parse(name, host, sizeof(host), &port) != TD_OK)
+        return TD_ERR_INVALID;   /* logged by net */
+    if (port == 0) {
+        td_error("link: router %s: port 0", name);
+        return TD_ERR_INVALID;
+    }
+    if (td_net_resolve(host, port, 0, addrs) != TD_OK)
+        return TD_ERR_INVALID;   /* logged by net */
+    return TD_OK;
+}
+
 /* Parse and resolve "host:port[,host:port...]" into l->routers. */
 static td_status_t
 link_routers_parse(td_link_t *l, const char *list)
 {
     const char *p = list;
-    size_t n = 1;
+    size_t n = link_routers_count(list);
 
-    if (list == NULL || list[strspn(list, " \t")] == '\0') {
-        td_error("link: no routers given");
+    if (n == 0)
         return TD_ERR_INVALID;
-    }
-    for (const char *c = list; *c; c++)
-        n += *c == ',';
     l->routers = calloc(n, sizeof(*l->routers));
     if (l->routers == NULL)
         return TD_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         td_link_router_t *r = &l->routers[i];
-        size_t tok = strcspn(p, ","), len = tok;
-        const char *s = p;
-        char host[TD_NET_HOST_MAX];
-        uint16_t port;
-        td_status_t st;
+        td_status_t st = link_router_next(list, i, &p, r->name, sizeof(r->name), &r->addrs);
 
-        p += tok + (p[tok] == ',');
-        while (len > 0 && (*s == ' ' || *s == '\t'))
-            s++, len--;
-        while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
-            len--;
-        if (len == 0 || len >= sizeof(r->name)) {
-            td_error("link: router %zu of \"%s\": empty or too long", i + 1, list);
-            return TD_ERR_INVALID;
-        }
-        memcpy(r->name, s, len);
-        r->name[len] = '\0';
-        st = td_net_addr_parse(r->name, host, sizeof(host), &port);
         if (st != TD_OK)
-            return TD_ERR_INVALID;   /* logged by net */
-        if (port == 0) {
-            td_error("link: router %s: port 0", r->name);
-            return TD_ERR_INVALID;
-        }
-        st = td_net_resolve(host, port, 0, &r->addrs);
-        if (st != TD_OK)
-            return TD_ERR_INVALID;   /* logged by net */
+            return st;
         r->l = l;
         r->backoff_ms = l->backoff_min;
         r->retry = evtimer_new(l->base, link_retry_cb, r);
@@ -435,6 +458,30 @@ link_routers_parse(td_link_t *l, const char *list)
             return TD_ERR_NOMEM;
     }
     return TD_OK;
+}
+
+td_status_t
+td_link_routers_netif(const char *routers, char *ifname, size_t len)
+{
+    const char *p = routers;
+    size_t n = link_routers_count(routers);
+    td_net_addrs_t addrs, first = { 0 };
+    char name[TD_NET_HOST_MAX + 8];
+    bool loopback = true;
+
+    if (n == 0)
+        return TD_ERR_INVALID;
+    for (size_t i = 0; i < n; i++) {
+        if (link_router_next(routers, i, &p, name, sizeof(name), &addrs) != TD_OK)
+            return TD_ERR_INVALID;
+        if (i == 0)
+            first = addrs;
+        for (size_t j = 0; j < addrs.n; j++)
+            loopback &= td_netif_addr_is_loopback((const struct sockaddr *)&addrs.a[j].sa);
+    }
+    if (loopback)
+        return td_netif_loopback(ifname, len);
+    return td_netif_route((const struct sockaddr *)&first.a[0].sa, first.a[0].len, ifname, len);
 }
 
 td_status_t

@@ -59,6 +59,13 @@ td_status_t td_link_send(td_link_t *l, td_link_router_t *r, const Tandem__Envelo
 /* Publish the current load to every router that is up (coalesced). */
 void td_link_load(td_link_t *l, const Tandem__Load *load);
 
+/* The network interface this host reaches routers ("host:port[,...]", as
+ * td_link_create takes them) through: the loopback one when every router
+ * resolves to loopback only, else the one the kernel routes the first
+ * router's first address through. A bad list: TD_ERR_INVALID, logged; no
+ * such interface: TD_ERR_NOT_FOUND, not logged. May resolve names: start-up. */
+td_status_t td_link_routers_netif(const char *routers, char *ifname, size_t len);
+
 /* "host:port" of the router, for logs. */
 const char *td_link_router_name(const td_link_router_t *r);
 size_t td_link_routers_up(const td_link_t *l);

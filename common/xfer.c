@@ -14,6 +14,7 @@
 
 #include <event2/event.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include "clock.h"
 #include "log.h"
@@ -692,6 +693,83 @@ td_xfer_config_default(ucp_config_t *uc, const char *name, const char *value)
     return getenv(env) ? TD_OK : td_xfer_config_set(uc, name, value);
 }
 
+/* Append dev to the comma-separated list buf unless it is there already. */
+static void
+td_xfer_devlist_add(char *buf, size_t len, const char *dev)
+{
+    size_t n = strlen(dev), used = strlen(buf);
+    for (const char *p = buf; *p;) {
+        size_t tok = strcspn(p, ",");
+        if (tok == n && strncmp(p, dev, n) == 0)
+            return;
+        p += tok + (p[tok] == ',');
+    }
+    if (used + n + 2 <= len)
+        snprintf(buf + used, len - used, "%s%s", used ? "," : "", dev);
+}
+
+/* The network devices UCX finds (uct resources of type NET) whose transport
+ * is not tcp (RDMA ports: "mlx5_0:1"), appended to buf. Only what a context
+ * would open anyway is opened; a component that fails is skipped. */
+static void
+td_xfer_rdma_devices(char *buf, size_t len)
+{
+    uct_component_h *comps;
+    unsigned ncomps;
+
+    if (uct_query_components(&comps, &ncomps) != UCS_OK)
+        return;
+    for (unsigned c = 0; c < ncomps; c++) {
+        uct_component_attr_t ca = { .field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCE_COUNT };
+        if (uct_component_query(comps[c], &ca) != UCS_OK || ca.md_resource_count == 0)
+            continue;
+        ca.md_resources = calloc(ca.md_resource_count, sizeof(*ca.md_resources));
+        ca.field_mask = UCT_COMPONENT_ATTR_FIELD_MD_RESOURCES;
+        if (ca.md_resources == NULL || uct_component_query(comps[c], &ca) != UCS_OK) {
+            free(ca.md_resources);
+            continue;
+        }
+        for (unsigned m = 0; m < ca.md_resource_count; m++) {
+            uct_md_config_t *mc;
+            uct_md_h md;
+            uct_tl_resource_desc_t *tl;
+            unsigned ntl;
+            if (uct_md_config_read(comps[c], NULL, NULL, &mc) != UCS_OK)
+                continue;
+            ucs_status_t s = uct_md_open(comps[c], ca.md_resources[m].md_name, mc, &md);
+            uct_config_release(mc);
+            if (s != UCS_OK)
+                continue;
+            if (uct_md_query_tl_resources(md, &tl, &ntl) == UCS_OK) {
+                for (unsigned t = 0; t < ntl; t++)
+                    if (tl[t].dev_type == UCT_DEVICE_TYPE_NET && strcmp(tl[t].tl_name, "tcp") != 0)
+                        td_xfer_devlist_add(buf, len, tl[t].dev_name);
+                uct_release_tl_resource_list(tl);
+            }
+            uct_md_close(md);
+        }
+        free(ca.md_resources);
+    }
+    uct_release_component_list(comps);
+}
+
+/* NET_DEVICES: every network device but the tcp transport's other
+ * interfaces, so that its listener is bound on tcp_device alone. */
+static td_status_t
+td_xfer_config_net_devices(ucp_config_t *uc, const char *tcp_device, char *shown, size_t len)
+{
+    char list[1024] = "";
+
+    if (getenv("UCX_NET_DEVICES")) {
+        snprintf(shown, len, "%s (UCX_NET_DEVICES)", getenv("UCX_NET_DEVICES"));
+        return TD_OK;
+    }
+    td_xfer_rdma_devices(list, sizeof(list));
+    td_xfer_devlist_add(list, sizeof(list), tcp_device);
+    snprintf(shown, len, "%s", list);
+    return td_xfer_config_set(uc, "NET_DEVICES", list);
+}
+
 static td_status_t
 td_xfer_config_fill(ucp_config_t *uc, const td_xfer_config_t *cfg)
 {
@@ -734,7 +812,10 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
         td_error("xfer: ucx config read: %s", ucs_status_string(s));
         goto err_free;
     }
+    char netdevs[1024] = "every one";
     st = td_xfer_config_fill(uc, cfg);
+    if (st == TD_OK && cfg->tcp_device)
+        st = td_xfer_config_net_devices(uc, cfg->tcp_device, netdevs, sizeof(netdevs));
     if (st != TD_OK) {
         ucp_config_release(uc);
         goto err_free;
@@ -809,8 +890,8 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     }
     x->put_param.op_attr_mask = 0;
     td_xfer_progress_arm(x);
-    td_info("xfer %016" PRIx64 ": worker ready (transports %s)", x->incarnation,
-            cfg->transports ? cfg->transports : "default");
+    td_info("xfer %016" PRIx64 ": worker ready (transports %s, network devices %s)",
+            x->incarnation, cfg->transports ? cfg->transports : "default", netdevs);
     *out = x;
     return TD_OK;
 

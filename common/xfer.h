@@ -28,6 +28,11 @@ typedef enum {
 typedef struct {
     uint64_t incarnation;      /* this rank's incarnation id (non-zero) */
     const char *transports;    /* UCX transport list like UCX_TLS, NULL = UCX's default */
+    /* The one network interface ("lo", "eth1") UCX's tcp transport may use:
+     * its listener is bound to that interface's address only. NULL: every
+     * interface (UCX's default: one listener on each). Other network devices
+     * (RDMA ports) stay usable; UCX_NET_DEVICES in the environment wins. */
+    const char *tcp_device;
     uint32_t max_payload;      /* largest user payload in a notification (default 4096) */
     /* Receiver wake-up coalescing: after delivering notifications, keep
      * polling this long for the next one before sleeping (0 = default,

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "progress.h"
 #include "quant.h"
 #include "safetensors.h"
 #include "tokmap.h"
@@ -356,11 +357,20 @@ model_keep_mat(td_model_t *m, td_kernels_mat_t *mat)
     return TD_OK;
 }
 
+/* The checkpoint bytes of one bound tensor (weights and scales): what
+ * loading reads. */
+static uint64_t
+model_tensor_bytes(const td_weights_bound_t *t)
+{
+    return (uint64_t)t->w->nbytes + (t->scale ? (uint64_t)t->scale->nbytes : 0);
+}
+
 /* Dequantize every tensor: the linears' weights one at a time into a scratch
  * buffer and on into prepared matrices (mat), the rest into the f32 arena
  * (ptr). */
 static td_status_t
-model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat)
+model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat,
+                  td_progress_t *prog)
 {
     const td_weights_schema_t *s = w->schema;
     size_t total = 0, most = 0;
@@ -388,8 +398,12 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
     }
     m->arena_floats = total;
     size_t at = 0;
+    uint64_t bytes_done = 0;
     for (size_t i = 0; i < w->n && st == TD_OK; i++) {
         const td_weights_entry_t *e = &s->entries[i];
+        if (i > 0)
+            td_progress_step(prog, i, bytes_done);
+        bytes_done += model_tensor_bytes(&w->t[i]);
         size_t groups = model_linear_groups(m->cfg, e);
         int br = 0, bc = 0;
         if (e->format == TD_WEIGHTS_FP8_BLOCK) {
@@ -558,6 +572,8 @@ td_model_load(const char *dir, td_model_t **out)
     td_st_t *st_file = NULL;
     td_weights_t *w = NULL;
     model_bind_t b = { 0 };
+    td_progress_t prog;
+    bool loading = false;   /* prog has begun */
     td_status_t st;
     char path[4096], err[512];
 
@@ -606,7 +622,10 @@ td_model_load(const char *dir, td_model_t **out)
         st = model_nomem("the tensor tables");
         goto out;
     }
-    st = model_dequant_all(m, w, b.ptr, b.mat);
+    snprintf(path, sizeof(path), "model %s", dir);
+    td_progress_begin(&prog, path, "tensors", w->n, w->bytes);
+    loading = true;
+    st = model_dequant_all(m, w, b.ptr, b.mat, &prog);
     if (st != TD_OK)
         goto out;
     m->embed = model_get(&b, "embed.weight");
@@ -660,6 +679,8 @@ td_model_load(const char *dir, td_model_t **out)
             m->arena_floats * sizeof(float) >> 20, m->mat_bytes >> 20);
 
 out:
+    if (loading)
+        td_progress_end(&prog, st);
     free(b.ptr);
     free(b.mat);
     td_weights_destroy(w);

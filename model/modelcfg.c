@@ -1434,6 +1434,44 @@ td_modelcfg_engram_primes(const td_modelcfg_t *cfg, uint32_t k, uint64_t *primes
     return TD_OK;
 }
 
+/* The candidate source's two-level top-k leaves a mask with one entry per
+ * indexer key it scores; a later index source applies it to its own scores.
+ * Both score the keys of the latest layer at or before them that owns them
+ * (owns_index_k), (prompt + generated) / ratio of them, so when those two
+ * layers' ratios differ the widths differ for all but the shortest
+ * sequences: the reference cannot broadcast the mask, and forward.c refuses
+ * it at the first pass that has both. The same ratio in another group is
+ * applied as the reference applies it. */
+static td_status_t
+check_candidate_groups(const td_modelcfg_t *cfg, const char *pfx, char *err, size_t errlen)
+{
+    int64_t keys = -1, cand = -1, cand_keys = -1;
+
+    for (int64_t i = 0; i < cfg->num_hidden_layers; i++) {
+        const td_modelcfg_layer_t *l = &cfg->layers[i];
+
+        if (l->owns_index_k)
+            keys = i;
+        if (!l->index_source || keys < 0)
+            continue;   /* no keys scored yet: no scores, no mask */
+        if (l->candidate_source) {
+            cand = i;
+            cand_keys = keys;
+        } else if (l->uses_candidates && cand_keys >= 0 &&
+                   cfg->layers[keys].ratio != cfg->layers[cand_keys].ratio) {
+            return check_fail(TD_ERR_UNSUPPORTED, err, errlen, "%scandidate_source_layer_id: "
+                              "layer %" PRId64 "'s candidate mask covers the indexer keys of "
+                              "layer %" PRId64 " (compress_ratios %" PRId64 "), but index "
+                              "source layer %" PRId64 " scores those of layer %" PRId64
+                              " (compress_ratios %" PRId64 "): the mask and the scores differ in "
+                              "width, which the reference cannot broadcast", pfx, cand,
+                              cand_keys, cfg->layers[cand_keys].ratio, i, keys,
+                              cfg->layers[keys].ratio);
+        }
+    }
+    return TD_OK;
+}
+
 td_status_t
 td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
 {
@@ -1499,6 +1537,9 @@ td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
         if (cfg->compress_ratios.v[i] < 0 || cfg->compress_ratios.v[i] > MODELCFG_MAX_DIM)
             return check_fail(TD_ERR_INVALID, err, errlen, "%scompress_ratios[%" PRId64 "]: %" PRId64
                               " is not a ratio (0, 1 or more)", pfx, i, cfg->compress_ratios.v[i]);
+    td_status_t st = check_candidate_groups(cfg, pfx, err, errlen);
+    if (st != TD_OK)
+        return st;
 
     /* rope: the forward pass implements default on both branches and yarn on
      * the compressed one, rotating qk_rope_head_dim channels */

@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "net.h"
+#include "netif.h"
 
 #define ST td_router_cfg_t
 static const td_config_opt_t router_opts[] = {
@@ -31,7 +32,11 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_STRING("admin-listen", ST, admin_listen, "127.0.0.1:8001",
                          "host:port of the admin api (port 0: any free port; empty: no admin api)"),
     TD_CONFIG_OPT_STRING("api-keys-file", ST, api_keys_file, "",
-                         "client api keys, one per line (empty: the api needs no key)"),
+                         "client api keys, one per line (empty: the api needs no key, "
+                         "refused on a non-loopback http-listen without api-insecure)"),
+    TD_CONFIG_OPT_BOOL("api-insecure", ST, api_insecure, "false",
+                       "serve the openai api without api keys on an address other hosts "
+                       "can reach (without it routerd refuses to start so)"),
     TD_CONFIG_OPT_STRING("admin-key-file", ST, admin_key_file, "",
                          "admin api keys, one per line (required with an admin listener)"),
     TD_CONFIG_OPT_STRING("model-name", ST, model_name, "",
@@ -93,6 +98,40 @@ router_tokenizer(td_router_t *r)
     }
     td_info("tokenizer %s: %s; chat requests use the DeepSeek-V4.1 chat format", path,
             r->tok->name);
+    return TD_OK;
+}
+
+/* Without api keys the OpenAI API is open to whoever reaches it: refused on
+ * an address other hosts can reach unless api-insecure says it is meant,
+ * warned on loopback. Decided before anything listens. */
+static td_status_t
+router_check_auth(const td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    char host[TD_NET_HOST_MAX];
+    uint16_t port;
+    bool loopback;
+    td_status_t st;
+
+    if (r->keys)
+        return TD_OK;
+    st = td_net_addr_parse(cfg->http_listen, host, sizeof host, &port);   /* logs */
+    if (st == TD_OK)
+        st = td_netif_host_is_loopback(host, &loopback);                   /* logs */
+    if (st != TD_OK)
+        return st;
+    if (loopback) {
+        td_warn("no api-keys-file: the openai api on %s accepts requests without a key "
+                "(loopback only)", cfg->http_listen);
+    } else if (cfg->api_insecure) {
+        td_warn("api-insecure: the openai api on %s accepts requests without a key from "
+                "any host that reaches it", cfg->http_listen);
+    } else {
+        td_error("http-listen %s can be reached from other hosts and there is no "
+                 "api-keys-file: give api-keys-file, listen on loopback, or set "
+                 "api-insecure to serve the api without keys on purpose", cfg->http_listen);
+        return TD_ERR_INVALID;
+    }
     return TD_OK;
 }
 
@@ -229,10 +268,10 @@ router_init(td_router_t *r)
             st = td_apikeys_load(cfg->admin_key_file, &r->admin_keys);
         }
     }
+    if (st == TD_OK)
+        st = router_check_auth(r);
     if (st != TD_OK)
         return st;
-    if (!r->keys)
-        td_warn("no api-keys-file: the openai api accepts requests without a key");
 
     r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
     snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),

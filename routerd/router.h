@@ -35,6 +35,7 @@ typedef struct {
     char *ctl_listen;           /* host:port worker ranks connect to */
     char *admin_listen;         /* host:port of the admin API */
     char *api_keys_file;
+    bool api_insecure;          /* no api keys on a non-loopback http-listen, on purpose */
     char *admin_key_file;
     char *model_name;           /* id in /v1/models; "" = "tandem-<engine>" */
     char *tokenizer;            /* tokenizer.json or a checkpoint directory; "" = model's */

@@ -101,11 +101,16 @@ encode_file(const char *path, const td_chat_prompt_opts_t *opts, bool json_error
     return -1;   /* a refusal is ours to print; anything else the encoder logged */
 }
 
+/* The prompt, or its --json form, on stdout; 0, or -1 after a message. */
 static int
 print_prompt(const td_chat_prompt_t *p, bool json)
 {
-    if (!json)
-        return fwrite(p->text, 1, p->len, stdout) == p->len ? 0 : -1;
+    if (!json) {
+        if (fwrite(p->text, 1, p->len, stdout) == p->len)
+            return 0;
+        fprintf(stderr, "chat-encode: writing the prompt: %s\n", strerror(errno));
+        return -1;
+    }
 
     json_t *spans = json_array();
     json_t *stop = json_array();
@@ -121,10 +126,14 @@ print_prompt(const td_chat_prompt_t *p, bool json)
                           (int)p->effort, "parse", "start", starts[p->reply.start],
                           "tool_calls", p->reply.tool_calls, "in_tool_calls",
                           p->reply.in_tool_calls, "stop", stop);
-    if (o == NULL)
+    if (o == NULL) {
+        fprintf(stderr, "chat-encode: out of memory\n");
         return -1;
+    }
     int rc = json_dumpf(o, stdout, JSON_INDENT(2)) == 0 && fputc('\n', stdout) != EOF ? 0 : -1;
     json_decref(o);
+    if (rc != 0)
+        fprintf(stderr, "chat-encode: writing the prompt: %s\n", strerror(errno));
     return rc;
 }
 
@@ -231,9 +240,11 @@ main(int argc, char **argv)
             td_chat_prompt_destroy(p);
             return rc;
         }
-        int rc = print_prompt(p, json);
+        int rc = print_prompt(p, json);   /* says why it failed */
         td_chat_prompt_destroy(p);
-        if (rc != 0 || fflush(stdout) != 0) {
+        if (rc != 0)
+            return 1;
+        if (fflush(stdout) != 0) {
             fprintf(stderr, "chat-encode: writing the prompt: %s\n", strerror(errno));
             return 1;
         }

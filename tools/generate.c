@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "config.h"
 #include "log.h"
+#include "progress.h"
 #include "rng.h"
 
 #include <errno.h>
@@ -752,6 +753,21 @@ gen_prepare(gen_t *g)
     return 0;
 }
 
+/* Loading a checkpoint of hundreds of GB takes minutes: its progress lines
+ * go to stderr (the log shows warnings only), every few seconds, then the
+ * last one when any was shown; a quick load prints nothing. */
+static void
+gen_on_progress(td_progress_phase_t phase, const char *line, void *arg)
+{
+    bool *shown = arg;
+
+    if (phase == TD_PROGRESS_STEP)
+        *shown = true;
+    else if (phase == TD_PROGRESS_BEGIN || !*shown)
+        return;
+    fprintf(stderr, "generate: %s\n", line);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -774,7 +790,10 @@ main(int argc, char **argv)
         goto cleanup;
 
     double t0 = td_clock_s();
+    bool progress_shown = false;
+    td_progress_set_handler(gen_on_progress, &progress_shown);
     td_status_t st = td_model_load(o.model, &g.m);
+    td_progress_set_handler(NULL, NULL);
     if (st != TD_OK) {
         fprintf(stderr, "generate: cannot load the model in %s: %s\n", o.model,
                 td_status_str(st));

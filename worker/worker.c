@@ -8,9 +8,11 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "progress.h"
 #include "v41engine.h"
 
 const td_engine_kind_t *const td_worker_engines[] = {
@@ -180,6 +182,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(w->d),
         .transports = tls[0] ? tls : NULL,
+        .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
     };
     if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
         goto err;
@@ -206,6 +209,44 @@ err:
 
 /* ---- Main thread -------------------------------------------------------------------- */
 
+/* The interface the ranks' UCX tcp transport listens on (w->data_dev):
+ * data-address's interface, none for "*" (every interface), by default the
+ * one the routers are reached through (loopback for a one-host cluster). A
+ * failure is logged here. */
+static td_status_t
+worker_data_device(td_worker_t *w)
+{
+    const char *spec = w->spec->wcfg->data_address, *ident = w->spec->ident;
+    td_status_t st;
+
+    if (strcmp(spec, "*") == 0) {
+        w->data_dev[0] = '\0';
+        td_warn("%s: data-address *: ucx's tcp transport listens on every interface",
+                ident);
+        return TD_OK;
+    }
+    if (spec[0] != '\0') {
+        if (td_netif_find(spec, w->data_dev, sizeof(w->data_dev)) != TD_OK) {
+            td_error("%s: data-address %s is neither an interface nor an address of this "
+                     "host", ident, spec);
+            return TD_ERR_INVALID;
+        }
+        td_info("%s: data plane: ucx tcp on %s (data-address %s)", ident, w->data_dev, spec);
+        return TD_OK;
+    }
+    st = td_link_routers_netif(w->spec->wcfg->routers, w->data_dev, sizeof(w->data_dev));
+    if (st == TD_ERR_INVALID)
+        return st;   /* the list is bad: logged */
+    if (st != TD_OK) {
+        td_error("%s: no interface of this host reaches the routers %s: give data-address",
+                 ident, w->spec->wcfg->routers);
+        return TD_ERR_INVALID;
+    }
+    td_info("%s: data plane: ucx tcp on %s (the interface that reaches the routers; "
+            "data-address to choose)", ident, w->data_dev);
+    return TD_OK;
+}
+
 /* SIGTERM: every rank drains (a second signal leaves the loops at once). */
 static void
 worker_on_signal(td_daemon_t *d, void *arg)
@@ -214,6 +255,17 @@ worker_on_signal(td_daemon_t *d, void *arg)
     td_info("%s: stopping: draining every rank", w->spec->ident);
     td_daemon_stopping(d);
     td_ranks_stop(w->rs, TD_RANKS_STOP_DRAIN);
+}
+
+/* Loading the engine's weights can take minutes: each progress line
+ * (logged by common/progress) is also systemd's STATUS= until READY. */
+static void
+worker_on_progress(td_progress_phase_t phase, const char *line, void *arg)
+{
+    td_worker_t *w = arg;
+
+    (void)phase;
+    td_daemon_status(w->d, line);
 }
 
 /* The ready line after "<ident> ready: ", also systemd's STATUS=. */
@@ -252,7 +304,14 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         rc = 2;
         goto err_free_daemon;
     }
-    if ((st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine)) != TD_OK)
+    if ((st = worker_data_device(w)) != TD_OK) {
+        rc = 2;
+        goto err_free_daemon;
+    }
+    td_progress_set_handler(worker_on_progress, w);
+    st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
+    td_progress_set_handler(NULL, NULL);
+    if (st != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
     w->nranks = (uint32_t)spec->wcfg->ranks;

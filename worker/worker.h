@@ -17,6 +17,7 @@
 #include "daemon.h"
 #include "engine.h"
 #include "link.h"
+#include "netif.h"
 #include "ranks.h"
 #include "registry.h"
 #include "xfer.h"
@@ -34,6 +35,8 @@ typedef struct {
     char *routers;               /* required */
     uint64_t ranks;
     char *transports;            /* "": UCX's choice */
+    char *data_address;          /* UCX's tcp interface: an interface or one of its
+                                    addresses; "": the one reaching the routers; "*": all */
     uint64_t xfer_deadline_ms;
     uint64_t heartbeat_ms;       /* control heartbeats to the routers */
     uint64_t compute_threads;    /* per rank; 0: the CPUs shared among the ranks */
@@ -47,6 +50,11 @@ typedef struct {
     TD_CONFIG_OPT_UINT64("ranks", st, m.ranks, "1", 1, TD_WORKER_RANKS_MAX, ranks_help),  \
     TD_CONFIG_OPT_STRING("transports", st, m.transports, "",                            \
                          "ucx transport list like UCX_TLS (default: ucx's choice)"),    \
+    TD_CONFIG_OPT_STRING("data-address", st, m.data_address, "",                        \
+                         "the interface, or an address of it, that ucx's tcp transport " \
+                         "listens on (default: loopback when every router is on "        \
+                         "loopback, else the interface that reaches the first router; "  \
+                         "*: every interface)"),                                         \
     TD_CONFIG_OPT_UINT64("xfer-deadline-ms", st, m.xfer_deadline_ms, "10000", 1, 3600000, \
                          deadline_help),                                                \
     TD_CONFIG_OPT_DURATION("heartbeat", st, m.heartbeat_ms, "1s", 10, 60000,            \
@@ -110,6 +118,7 @@ struct td_worker_s {
     struct event_base *base;     /* the main thread's loop */
     td_engine_t *engine;
     char fingerprint[17];        /* engine->fingerprint in hex, for Hello */
+    char data_dev[TD_NETIF_NAME_MAX];   /* UCX's tcp interface; "": every one */
     td_worker_rank_t *ranks;     /* [nranks] */
     uint32_t nranks;
     td_ranks_t *rs;              /* the rank threads */

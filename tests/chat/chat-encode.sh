@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # tests/chat/chat-encode.sh — the chat-encode tool end to end: prompts equal
 # the fixture's (encode.json), --json, --parse against parse.json, and the exit
-# codes and messages of bad input.
-# usage: chat-encode.sh CHAT_ENCODE FIXTURE_DIR
+# codes and messages of bad input; --ids with a tiny checkpoint's tokenizer.
+# usage: chat-encode.sh CHAT_ENCODE FIXTURE_DIR MK_TINY_MODEL
 set -uo pipefail
 tool=$1
 dir=$2
+mktiny=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail=0
@@ -99,4 +100,29 @@ check "bad --effort (exit 1)" test $rc -eq 1 -a -n "$(grep "'extreme'" "$tmp/err
 check "unknown option (exit 2)" test $rc -eq 2
 "$tool" --stop x "$tmp/hi.json" > /dev/null 2>&1; rc=$?
 check "--stop without --parse (exit 2)" test $rc -eq 2
+
+# --ids: the ids on one line; a failure is one message, the library's, and
+# nothing after it (it was followed by "writing the prompt: Success").
+"$mktiny" "$tmp/tiny" > /dev/null 2>&1 || { echo "FAILED: mk-tiny-model"; exit 1; }
+"$tool" --ids --tokenizer "$tmp/tiny" "$tmp/hi.json" > "$tmp/ids.txt" 2> "$tmp/err.txt"; rc=$?
+check "--ids: exit 0, nothing on stderr" test $rc -eq 0 -a ! -s "$tmp/err.txt"
+check "--ids: the prompt's ids on one line" grep -Eqx '[0-9]+( [0-9]+){3,}' "$tmp/ids.txt"
+ids_fails() { # ids_fails NAME TOKENIZER NEEDLE: exit 1, one line on stderr holding NEEDLE
+  local rc
+  "$tool" --ids --tokenizer "$2" "$tmp/hi.json" > "$tmp/out.txt" 2> "$tmp/err.txt"; rc=$?
+  check "$1 (exit 1, one message)" test $rc -eq 1 -a ! -s "$tmp/out.txt" \
+    -a "$(wc -l < "$tmp/err.txt")" -eq 1 -a -n "$(grep -F -- "$3" "$tmp/err.txt")"
+  grep -q 'writing' "$tmp/err.txt" && { echo "FAILED: $1: a write error after the real one:"; cat "$tmp/err.txt"; fail=1; }
+  return 0
+}
+ids_fails "--ids, no tokenizer there" "$tmp/missing" "$tmp/missing"
+ids_fails "--ids, not a tokenizer" "$tmp/hi.json" "want a JSON object"
+if [ -w /dev/full ]; then   # a write that fails: its own message, with its errno
+  "$tool" --ids --tokenizer "$tmp/tiny" "$tmp/hi.json" > /dev/full 2> "$tmp/err.txt"; rc=$?
+  check "--ids to a full disk (exit 1, the write error)" \
+    test $rc -eq 1 -a -n "$(grep 'writing the ids: No space left' "$tmp/err.txt")"
+  "$tool" "$tmp/hi.json" > /dev/full 2> "$tmp/err.txt"; rc=$?
+  check "the prompt to a full disk (exit 1, the write error)" \
+    test $rc -eq 1 -a -n "$(grep 'writing the prompt: No space left' "$tmp/err.txt")"
+fi
 exit $fail

@@ -149,6 +149,18 @@ try:
                   r"(\d+) tokens generated, decode [0-9.]+ s \([0-9.]+ tok/s\); "
                   r"finish (stop|length); seed 7", r1[2])
     check("summary on stderr", m is not None and int(m.group(2)) == 32, r1[2])
+    # loading progress on stderr: nothing for a quick load; with every step
+    # reported (TD_PROGRESS_MS=0, as a slow load every 5 s) a line per tensor
+    # and the last one
+    check("no progress lines for a quick load", "loading" not in r1[2], r1[2])
+    rc, _, err = run(["--model", tiny, "--prompt", PROMPT, "--max-tokens", "1"],
+                     env={"TD_PROGRESS_MS": "0"})
+    steps = [int(x) for x in re.findall(
+        r"^generate: model \S+: loading: (\d+) of \d+ tensors, .* \(\d+%\), \d+ s$", err, re.M)]
+    check("progress lines on stderr", rc == 0 and len(steps) > 100 and
+          steps == list(range(1, len(steps) + 1)) and
+          re.search(r"^generate: model \S+: loaded %d tensors, " % (len(steps) + 1), err, re.M)
+          is not None, err[-600:])
     rc, d, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--max-tokens", "4"])
     rc2, d2, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--max-tokens", "4"])
     check("no --seed: a random seed, reported", rc == rc2 == 0 and d["seed"] != d2["seed"])

@@ -2,7 +2,7 @@
 """tests/integration/routerd_test.py — black-box tests of routerd: a real
 routerd on free loopback ports, fake worker ranks (rtr_fake_worker) on its
 control port, checked over HTTP. usage: routerd_test.py TEST ROUTERD WORKER
-TEST: api | ctl | flow | cancel | failure. Every process is stopped by its pid."""
+TEST: api | ctl | flow | cancel | failure | auth. Every process is stopped by its pid."""
 import http.client
 import json
 import os
@@ -479,6 +479,58 @@ def test_failure(c):
     _, _, m = request(c.http, "GET", "/metrics")
     check(re.search(rb'errors_total\{reason="decode_failed"\} 1\b', m),
           "decode_failed not counted")
+
+
+def test_auth(c):
+    """The API without keys: refused on an address other hosts can reach
+    (exit 2, nothing listening) unless --api-insecure; open with a warning on
+    loopback; with keys, keys are needed wherever it listens."""
+    base = [c.routerd, "--secret-file", c.path("secret"), "--ctl-listen", "127.0.0.1:0",
+            "--admin-listen", "", "--node-id", "router1", "--synth-vocab", "256"]
+
+    def start(*extra):
+        log = c.path("routerd-auth-%d.log" % len(c.procs))
+        p = subprocess.Popen(base + list(extra), stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+        c.procs.append(p)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            text = open(log).read()
+            m = re.search(r"routerd ready: http=\S+:(\d+) ", text)
+            if m:
+                return int(m.group(1)), text
+            check(p.poll() is None, "routerd %r exited: %s" % (extra, text))
+            time.sleep(0.05)
+        fail("routerd %r not ready in 10 s" % (extra,))
+
+    for listen in ("0.0.0.0:0", ":0", "[::]:0"):
+        try:
+            r = subprocess.run(base + ["--http-listen", listen], capture_output=True, timeout=5)
+        except subprocess.TimeoutExpired:   # run() killed it
+            fail("no keys on %s: routerd started serving" % listen)
+        err = r.stderr.decode()
+        check(r.returncode == 2, "no keys on %s: exit %d, wanted 2: %s" % (listen, r.returncode, err))
+        check("api-keys-file" in err and "api-insecure" in err and "ready" not in err,
+              "no keys on %s: the refusal should name api-keys-file and api-insecure: %s"
+              % (listen, err))
+
+    port, log = start("--http-listen", "0.0.0.0:0", "--api-insecure")
+    check(re.search(r"warn: api-insecure: .* without a key", log), "no warning: %s" % log)
+    st, _, data = request(port, "GET", "/v1/models", key=None)
+    check(st == 200, "--api-insecure: /v1/models without a key: %d %r" % (st, data))
+
+    for listen in ("127.0.0.1:0", "localhost:0"):
+        port, log = start("--http-listen", listen)
+        check(re.search(r"warn: no api-keys-file: .* \(loopback only\)", log),
+              "no warning on %s: %s" % (listen, log))
+        st, _, data = request(port, "GET", "/v1/models", key=None)
+        check(st == 200, "%s: /v1/models without a key: %d %r" % (listen, st, data))
+
+    port, log = start("--http-listen", "0.0.0.0:0", "--api-keys-file", c.path("keys"))
+    check("without a key" not in log, "a warning with keys: %s" % log)
+    st, _, data = request(port, "GET", "/v1/models", key=None)
+    check_error(st, data, 401, None)
+    st, _, data = request(port, "GET", "/v1/models")
+    check(st == 200, "with the key: %d %r" % (st, data))
 
 
 def main():

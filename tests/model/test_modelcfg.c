@@ -282,6 +282,17 @@ test_check(void)
           " \"engram_max_ngram_size\": 1}", TD_ERR_INVALID, "engram_max_ngram_size: 1" },
         { "{\"model_type\": \"deepseek_v41\", \"text_config\": {\"hidden_size\": 0}}",
           TD_ERR_INVALID, "text_config.hidden_size: 0" },
+        /* the candidate source scores ratio-2 keys (layer 14's), index source 20
+         * and those after it ratio-1 keys (layer 20's): forward.c would refuse
+         * the mask at the first pass that has both */
+        { "{\"candidate_source_layer_id\": 14}", TD_ERR_UNSUPPORTED,
+          "candidate_source_layer_id: layer 14's candidate mask covers the indexer keys of "
+          "layer 14 (compress_ratios 2), but index source layer 20 scores those of layer 20 "
+          "(compress_ratios 1)" },
+        /* another group at the same ratio: the widths agree, applied as the
+         * reference applies it */
+        { "{\"candidate_source_layer_id\": 8, \"index_source_layer_ids\": [2, 8, 14]}",
+          TD_OK, "" },
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

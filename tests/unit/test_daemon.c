@@ -353,6 +353,12 @@ test_notify(struct event_base *base, const char *name)
     loop_for_ms(base, 120);
     CHECK(!notify_recv(fd, buf, sizeof(buf), 0));   /* no watchdog before READY */
 
+    td_daemon_status(d, "loading\n12 of 40");       /* STATUS alone, while starting */
+    CHECK(notify_recv(fd, buf, sizeof(buf), 1000));
+    CHECK_STR(buf, "STATUS=loading 12 of 40");
+    loop_for_ms(base, 120);
+    CHECK(!notify_recv(fd, buf, sizeof(buf), 0));   /* still no watchdog */
+
     td_daemon_ready(d, "serving\non port 5");
     CHECK(notify_recv(fd, buf, sizeof(buf), 1000));
     CHECK_STR(buf, "READY=1\nSTATUS=serving on port 5");

@@ -12,6 +12,7 @@
 #include "model.h"
 #include "modelcfg.h"
 #include "numfmt.h"
+#include "progress.h"
 #include "rng.h"
 #include "sample.h"
 #include "status.h"
@@ -1303,6 +1304,59 @@ out:
     json_decref(man);
 }
 
+/* ---- loading progress ------------------------------------------------------------------ */
+
+typedef struct {
+    int begin, steps, end, rising;
+    unsigned long long last, total;
+    char end_line[512];
+} load_cap_t;
+
+static void
+load_on_progress(td_progress_phase_t phase, const char *line, void *arg)
+{
+    load_cap_t *c = arg;
+    unsigned long long done, total;
+    const char *at = strstr(line, ": loading: ");
+
+    if (phase == TD_PROGRESS_BEGIN) {
+        c->begin++;
+    } else if (phase == TD_PROGRESS_END) {
+        c->end++;
+        snprintf(c->end_line, sizeof(c->end_line), "%s", line);
+    } else if (at != NULL && sscanf(at, ": loading: %llu of %llu tensors", &done, &total) == 2) {
+        c->rising &= done > c->last && done < total && (c->total == 0 || total == c->total);
+        c->last = done;
+        c->total = total;
+        c->steps++;
+    } else {
+        fprintf(stderr, "load progress: unexpected line \"%s\"\n", line);
+        td_check_failures++;
+    }
+}
+
+/* Loading a checkpoint says how far it has come: with every step reported,
+ * one line per tensor, the counts rising to all but the last, then "loaded". */
+static void
+test_load_progress(void)
+{
+    load_cap_t cap = { .rising = 1 };
+
+    td_progress_set_interval_ms(0);
+    td_progress_set_handler(load_on_progress, &cap);
+    td_model_t *m = make_model("tiny-progress", "", NULL);
+    td_progress_set_handler(NULL, NULL);
+    td_progress_set_interval_ms(TD_PROGRESS_EVERY_MS);
+    CHECK_EQ_INT(cap.begin, 1);
+    CHECK_EQ_INT(cap.end, 1);
+    CHECK(cap.rising);
+    CHECK(cap.total > 100);   /* the tiny model's tensors */
+    CHECK_EQ_INT(cap.steps, cap.total - 1);
+    CHECK_EQ_INT(cap.last, cap.total - 1);
+    CHECK(strstr(cap.end_line, "tiny-progress: loaded ") != NULL);
+    td_model_destroy(m);
+}
+
 int
 main(void)
 {
@@ -1335,6 +1389,7 @@ main(void)
     test_consistency("tiny-noengram", "--preset tiny-noengram --dtype f32");
     test_consistency("tiny-fp4", "--quant fp8+fp4 --init perturbed --seed 3");
     test_batch_decode("tiny-batch", "--dtype f32 --init perturbed --seed 5");
+    test_load_progress();
     fprintf(stderr, "test_model: worst consistency error %.3g\n", worst_consistency);
     if (find_golden()) {
         test_golden("tiny");
