@@ -660,7 +660,8 @@ queue_req(td_rqueue_entry_t *e)
 }
 
 /* End q with the 503 of the queue's refusal st: TD_ERR_BUSY full (or no
- * queue), TD_ERR_TIMEOUT its deadline passed, else out of memory. */
+ * queue: max-queued 0), TD_ERR_TIMEOUT its deadline passed, else out of
+ * memory (500). */
 static void
 queue_refuse(td_rreq_t *q, td_status_t st)
 {
@@ -679,7 +680,9 @@ queue_refuse(td_rreq_t *q, td_status_t st)
         td_openai_err_set(&e, 503, "server_error", NULL, NULL,
                           "The server is overloaded: no decode rank had room within %" PRIu64
                           " ms; retry after %u s.", cfg->queue_timeout_ms, cfg->retry_after_s);
-    } else if (st != TD_ERR_BUSY) {
+    } else if (st == TD_ERR_BUSY) {
+        why = TD_ERRREASON_NO_CAPACITY;   /* no queue (max-queued 0): as without one */
+    } else {
         why = TD_ERRREASON_INTERNAL;
         td_openai_err_internal(&e, "out of memory for the admission queue");
     }
