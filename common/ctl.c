@@ -5,6 +5,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +42,8 @@ struct td_ctl_conn_s {
     struct event_base *base;
     td_ctl_listener_t *lst;          /* owner when accepted, else NULL */
     td_ctl_conn_t *prev, *next;      /* in lst->conns */
+    td_ctl_conn_t *uprev, *unext;    /* in lst's handshake list, oldest first */
+    uint8_t src[16];                 /* accepted: the peer's address, IPv4 as ::ffff:a.b.c.d */
     struct bufferevent *bev;         /* NULL once the socket is gone */
     struct event *timer;             /* handshake deadline, then heartbeat tick */
     td_ctl_state_t state;
@@ -67,8 +71,9 @@ struct td_ctl_listener_s {
     td_ctl_handlers_t h;
     td_ctl_conn_t *conns;
     size_t nconns;
-    size_t nunauth;                  /* conns in connecting/hello/auth */
-    uint64_t refused;                /* closed at the max_unauth cap, this episode */
+    size_t nunauth;                  /* conns in connecting/hello/auth: */
+    td_ctl_conn_t *uhead, *utail;    /*   the list of them, oldest first */
+    uint64_t evicted;                /* closed at a handshake cap, this episode */
     struct event *resume;            /* re-enables accepting after an accept error */
     uint32_t pause_ms;               /* current pause; 0 = accepting normally */
     uint16_t port;
@@ -110,6 +115,35 @@ ctl_state_unauth(td_ctl_state_t state)
     return state < TD_CTL_ESTABLISHED;
 }
 
+/* The listener's count and list of connections in the handshake. */
+static void
+ctl_unauth_add(td_ctl_listener_t *lst, td_ctl_conn_t *c)
+{
+    c->unext = NULL;
+    c->uprev = lst->utail;
+    if (lst->utail)
+        lst->utail->unext = c;
+    else
+        lst->uhead = c;
+    lst->utail = c;
+    lst->nunauth++;
+}
+
+static void
+ctl_unauth_del(td_ctl_listener_t *lst, td_ctl_conn_t *c)
+{
+    if (c->uprev)
+        c->uprev->unext = c->unext;
+    else
+        lst->uhead = c->unext;
+    if (c->unext)
+        c->unext->uprev = c->uprev;
+    else
+        lst->utail = c->uprev;
+    c->uprev = c->unext = NULL;
+    lst->nunauth--;
+}
+
 static void
 ctl_set_state(td_ctl_conn_t *c, td_ctl_state_t to)
 {
@@ -121,7 +155,7 @@ ctl_set_state(td_ctl_conn_t *c, td_ctl_state_t to)
     }
     td_debug("ctl %s: %s -> %s", c->name, td_ctl_state_str(c->state), td_ctl_state_str(to));
     if (c->lst && ctl_state_unauth(c->state) && !ctl_state_unauth(to))
-        c->lst->nunauth--;
+        ctl_unauth_del(c->lst, c);
     c->state = to;
 }
 
@@ -183,6 +217,8 @@ ctl_cfg_copy(ctl_cfg_t *dst, const td_ctl_config_t *src)
         dst->cfg.max_frame = TD_FRAME_MAX_DEFAULT;
     if (dst->cfg.max_unauth == 0)
         dst->cfg.max_unauth = TD_CTL_MAX_UNAUTH_DEFAULT;
+    if (dst->cfg.max_unauth_per_source == 0)
+        dst->cfg.max_unauth_per_source = TD_CTL_MAX_UNAUTH_PER_SOURCE_DEFAULT;
     if (dst->cfg.max_output == 0) {
         uint64_t out = 4 * (uint64_t)dst->cfg.max_frame + TD_CTL_OUTPUT_SLACK;
 
@@ -262,7 +298,7 @@ ctl_conn_free(td_ctl_conn_t *c)
             c->next->prev = c->prev;
         lst->nconns--;
         if (ctl_state_unauth(c->state))
-            lst->nunauth--;
+            ctl_unauth_del(lst, c);
     }
     ctl_conn_drop_bev(c);
     if (c->timer)
@@ -307,6 +343,9 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
     va_end(ap);
     if (c->state == TD_CTL_CONNECTING)
         /* The connecting side retries; it logs once per episode (common/link.c). */
+        td_debug("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
+    else if (why == TD_ERR_BUSY)
+        /* evicted at a handshake cap: the listener logs the episode once */
         td_debug("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
     else if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
         td_info("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
@@ -805,12 +844,77 @@ td_ctl_conn_heartbeats_rx(const td_ctl_conn_t *c)
 /* Listener                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* The peer's address as the per-source key: IPv6, IPv4 as ::ffff:a.b.c.d
+ * (what a dual-stack socket reports for it). */
+static void
+ctl_source_key(const struct sockaddr *sa, uint8_t key[16])
+{
+    memset(key, 0, 16);
+    if (sa->sa_family == AF_INET) {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    } else if (sa->sa_family == AF_INET6) {
+        memcpy(key, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+    }
+}
+
+/* The connection a newcomer from src closes, or NULL when there is room: at
+ * the per-source cap the oldest of src's, else at the global cap the oldest
+ * of all; of those, one whose Hello has not come (state hello) before one
+ * whose has. *cap names the cap. */
+static td_ctl_conn_t *
+ctl_listener_victim(const td_ctl_listener_t *lst, const uint8_t src[16], const char **cap)
+{
+    td_ctl_conn_t *src_old = NULL, *src_silent = NULL, *silent = NULL;
+    size_t nsrc = 0;
+
+    for (td_ctl_conn_t *c = lst->uhead; c; c = c->unext) {
+        bool quiet = c->state == TD_CTL_HELLO;
+        if (quiet && !silent)
+            silent = c;
+        if (memcmp(c->src, src, sizeof(c->src)) != 0)
+            continue;
+        nsrc++;
+        if (!src_old)
+            src_old = c;
+        if (quiet && !src_silent)
+            src_silent = c;
+    }
+    if (nsrc >= lst->lcfg.cfg.max_unauth_per_source) {
+        *cap = "max_unauth_per_source";
+        return src_silent ? src_silent : src_old;
+    }
+    if (lst->nunauth >= lst->lcfg.cfg.max_unauth) {
+        *cap = "max_unauth";
+        return silent ? silent : lst->uhead;
+    }
+    return NULL;
+}
+
+/* Close victim to make room for a newcomer from addr; the episode is logged
+ * once (a warning), each connection at debug. */
+static void
+ctl_listener_evict(td_ctl_listener_t *lst, td_ctl_conn_t *victim, const char *cap,
+                   const char *addr)
+{
+    if (lst->evicted++ == 0)
+        td_warn("ctl listener :%u: %zu connections in the handshake; at %s (%s) each new one "
+                "closes the oldest unauthenticated one", (unsigned)lst->port, lst->nunauth, cap,
+                addr);
+    victim->busy++;
+    ctl_conn_fail(victim, TD_ERR_BUSY, 0, "closed for a newer connection from %s (%s)", addr,
+                  cap);
+    ctl_conn_leave(victim);
+}
+
 static void
 ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
                        struct sockaddr *sa, int salen, void *arg)
 {
     td_ctl_listener_t *lst = arg;
-    td_ctl_conn_t *c;
+    td_ctl_conn_t *c, *victim;
+    const char *cap = NULL;
+    uint8_t src[16];
     char addr[64];
 
     if (lst->pause_ms) {
@@ -818,19 +922,14 @@ ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
         lst->pause_ms = 0;
     }
     td_net_peer_name(fd, addr, sizeof(addr));
-    if (lst->nunauth >= lst->lcfg.cfg.max_unauth) {
-        if (lst->refused++ == 0)
-            td_warn("ctl listener :%u: %zu connections in the handshake (max_unauth): "
-                    "closing new ones until one finishes", (unsigned)lst->port, lst->nunauth);
-        td_debug("ctl listener :%u: closed %s: too many connections in the handshake",
-                 (unsigned)lst->port, addr);
-        evutil_closesocket(fd);
-        return;
-    }
-    if (lst->refused) {
-        td_info("ctl listener :%u: accepting again after closing %" PRIu64
-                " connections at the handshake cap", (unsigned)lst->port, lst->refused);
-        lst->refused = 0;
+    ctl_source_key(sa, src);
+    victim = ctl_listener_victim(lst, src, &cap);
+    if (victim) {
+        ctl_listener_evict(lst, victim, cap, addr);
+    } else if (lst->evicted) {
+        td_info("ctl listener :%u: below the handshake caps again after closing %" PRIu64
+                " unauthenticated connections", (unsigned)lst->port, lst->evicted);
+        lst->evicted = 0;
     }
     (void)td_net_set_nodelay(fd);
     if (ctl_conn_new(lst->base, &lst->lcfg.cfg, &lst->h, TD_HELLO_ACCEPTOR, &c) != TD_OK) {
@@ -851,7 +950,8 @@ ctl_listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd,
         lst->conns->prev = c;
     lst->conns = c;
     lst->nconns++;
-    lst->nunauth++;
+    memcpy(c->src, src, sizeof(c->src));
+    ctl_unauth_add(lst, c);
     snprintf(c->addr, sizeof(c->addr), "%s", addr);
     snprintf(c->name, sizeof(c->name), "%s", c->addr);
     td_debug("ctl listener :%u: accepted %s", (unsigned)lst->port, c->addr);
@@ -959,7 +1059,7 @@ td_ctl_listener_destroy(td_ctl_listener_t *lst)
         c->lst = NULL;
         lst->nconns--;
         if (ctl_state_unauth(c->state))
-            lst->nunauth--;
+            ctl_unauth_del(lst, c);
         td_ctl_conn_destroy(c);
     }
     ctl_cfg_free(&lst->lcfg);

@@ -40,6 +40,7 @@ typedef enum {
 #define TD_CTL_HANDSHAKE_MS_DEFAULT 5000u
 #define TD_CTL_HELLO_FRAME_MAX      4096u   /* body cap before authentication */
 #define TD_CTL_MAX_UNAUTH_DEFAULT   256u    /* per listener, connections in handshake */
+#define TD_CTL_MAX_UNAUTH_PER_SOURCE_DEFAULT 64u   /* ... of them from one address */
 #define TD_CTL_OUTPUT_SLACK         (64u << 10)   /* default max_output = 4 x max_frame + this */
 
 typedef struct {
@@ -53,8 +54,10 @@ typedef struct {
     uint32_t max_output;         /* bytes queued for the peer before send says BUSY;
                                     0 = 4 x max_frame + TD_CTL_OUTPUT_SLACK; must hold
                                     one max_frame frame */
-    uint32_t max_unauth;         /* listener: connections still in the handshake; more
-                                    are accepted and closed at once; 0 = 256 */
+    uint32_t max_unauth;         /* listener: connections still in the handshake; at the
+                                    cap a new one closes the oldest; 0 = 256 */
+    uint32_t max_unauth_per_source;  /* listener: the same for one peer address (IPv4
+                                    and IPv4-mapped IPv6 alike); 0 = 64 */
 } td_ctl_config_t;
 
 /* ms as a struct timeval, for libevent timers. */
@@ -116,9 +119,11 @@ const Tandem__Hello *td_ctl_conn_peer(const td_ctl_conn_t *conn);
 uint64_t td_ctl_conn_heartbeats_rx(const td_ctl_conn_t *conn);
 
 /* Listen on host:port (host NULL/"" = all addresses, port 0 = any free one)
- * and serve each accepted connection with cfg and handlers. Beyond
- * cfg->max_unauth connections in the handshake, new ones are closed at once;
- * when accept fails (EMFILE, ENFILE, ...) accepting pauses for 100 ms, then
+ * and serve each accepted connection with cfg and handlers. A new connection
+ * that finds cfg->max_unauth_per_source connections of its address in the
+ * handshake, or cfg->max_unauth of all, closes the oldest of them (one whose
+ * Hello has not come before one whose has), so a flood of silent connections
+ * cannot keep a worker out; when accept fails (EMFILE, ENFILE, ...) accepting pauses for 100 ms, then
  * up to 1 s while it keeps failing; each episode is logged once. Resolves a
  * host name (may block: create listeners at start-up). */
 td_status_t td_ctl_listener_create(struct event_base *base, const td_ctl_config_t *cfg,

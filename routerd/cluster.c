@@ -114,6 +114,13 @@ td_cluster_rank_release(td_cluster_t *c, td_rrank_t *rk)
         node_forget_if_idle(c, rk->node);
 }
 
+static void
+capacity_changed(td_cluster_t *c)
+{
+    if (c->h.on_capacity)
+        c->h.on_capacity(c, c->h.arg);
+}
+
 /* ======================================================================= */
 /* DecodePeer and Drain                                                      */
 /* ======================================================================= */
@@ -173,6 +180,7 @@ td_cluster_node_drain(td_cluster_t *c, const char *name, bool draining)
     for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
         if (rk->node == n && rk->conn && rk->reg)
             drain_send(rk, draining);
+    capacity_changed(c);
     return TD_OK;
 }
 
@@ -257,6 +265,7 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     memset(&rk->load, 0, sizeof rk->load);
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
+    rk->refused = false;
     td_info("%s: connected (incarnation %016llx)", td_ctl_conn_name(conn),
             (unsigned long long)peer->incarnation);
     return;
@@ -328,19 +337,22 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
             if (d->role == TANDEM__ROLE__ROLE_DECODE && d->conn && d->reg)
                 decode_peer_send(rk, d, false);
     }
+    capacity_changed(c);
 }
 
 static void
-on_load(td_rrank_t *rk, const Tandem__Load *ld)
+on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
 {
     rk->load = *ld;
     rk->load.base.unknown_fields = NULL;
     rk->load.base.n_unknown_fields = 0;
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
+    rk->refused = false;
     td_trace("%s: load: kv used %llu free %llu, running %u, queued %u",
              td_ctl_conn_name(rk->conn), (unsigned long long)ld->kv_tokens_used,
              (unsigned long long)ld->kv_tokens_free, ld->running, ld->queued);
+    capacity_changed(c);
 }
 
 static void
@@ -362,7 +374,7 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     }
     switch (env->payload_case) {
     case TANDEM__ENVELOPE__PAYLOAD_LOAD:
-        on_load(rk, env->load);
+        on_load(c, rk, env->load);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:

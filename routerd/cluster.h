@@ -27,6 +27,10 @@ typedef struct {
     /* rk's connection ended (it is dead now): let go of it. rk stays valid
      * during the call; the cluster may forget it once nothing is bound. */
     void (*on_rank_lost)(td_cluster_t *c, td_rrank_t *rk, void *arg);
+    /* Capacity may have changed: a rank registered or sent a Load, a node
+     * was drained or undrained (waiting requests may be placed, or may have
+     * no rank left). */
+    void (*on_capacity)(td_cluster_t *c, void *arg);
     void *arg;
 } td_cluster_handlers_t;
 

@@ -61,6 +61,17 @@ static const td_config_opt_t router_opts[] = {
                          "seconds in the retry-after header of a 503"),
     TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_RSCHED_MAX_TRIED,
                          "admissions tried per request (decode rejects, lost ranks)"),
+    /* admission: the queue, and the control port's unauthenticated connections */
+    TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
+                         "requests that may wait for a decode rank with room; more get 503 "
+                         "(0: none wait)"),
+    TD_CONFIG_OPT_DURATION("queue-timeout", ST, queue_timeout_ms, "30s", 1, 3600000,
+                           "a request that waited this long for a decode rank gets 503"),
+    TD_CONFIG_OPT_UINT64("ctl-max-unauth", ST, ctl_max_unauth, "256", 1, 65536,
+                         "control connections in the handshake; a new one closes the oldest"),
+    TD_CONFIG_OPT_UINT64("ctl-max-unauth-per-source", ST, ctl_max_unauth_per_source, "64", 1,
+                         65536, "control connections in the handshake from one address; a new "
+                         "one closes that address's oldest"),
     TD_CONFIG_OPT_END
 };
 #undef ST
@@ -155,6 +166,7 @@ router_identity(td_router_t *r)
     r->kv_layout_hash = e->layout->hash;
     r->kv_bytes_per_token = td_layout_paged_bytes_per_token(e->layout);
     r->kv_fixed_bytes = td_layout_fixed_bytes(e->layout);
+    r->max_context = e->max_context;
     snprintf(r->engine_kind, sizeof r->engine_kind, "%s", e->kind);
     if (r->cfg->model_name[0])
         snprintf(r->model, sizeof r->model, "%s", r->cfg->model_name);
@@ -236,12 +248,21 @@ router_on_rank_lost(td_cluster_t *c, td_rrank_t *rk, void *arg)
     td_rreq_on_rank_lost(r->reqs, rk);
 }
 
+static void
+router_on_capacity(td_cluster_t *c, void *arg)
+{
+    td_router_t *r = arg;
+
+    td_rreq_on_capacity(r->reqs);
+}
+
 static td_status_t
 router_init(td_router_t *r)
 {
     const td_router_cfg_t *cfg = r->cfg;
     const td_cluster_handlers_t ch = { .on_message = router_on_message,
-                                       .on_rank_lost = router_on_rank_lost, .arg = r };
+                                       .on_rank_lost = router_on_rank_lost,
+                                       .on_capacity = router_on_capacity, .arg = r };
     td_cluster_config_t cc = {0};
     td_rreq_config_t rq;
     size_t secret_len;
@@ -287,6 +308,9 @@ router_init(td_router_t *r)
                              .request_timeout_ms = cfg->request_timeout_ms,
                              .retry_after_s = (unsigned)cfg->retry_after_s,
                              .max_attempts = (unsigned)cfg->max_attempts,
+                             .max_queued = (size_t)cfg->max_queued,
+                             .queue_timeout_ms = cfg->queue_timeout_ms,
+                             .max_context = r->max_context,
                              .kv_bytes_per_token = r->kv_bytes_per_token,
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids };
@@ -304,6 +328,8 @@ router_init(td_router_t *r)
     cc.ctl.secret_len = secret_len;
     cc.ctl.heartbeat_ms = (uint32_t)cfg->heartbeat_ms;
     cc.ctl.max_frame = (uint32_t)cfg->max_frame;
+    cc.ctl.max_unauth = (uint32_t)cfg->ctl_max_unauth;
+    cc.ctl.max_unauth_per_source = (uint32_t)cfg->ctl_max_unauth_per_source;
     cc.router_id = r->router_id;
     st = td_net_addr_parse(cfg->ctl_listen, ctl_host, sizeof ctl_host, &cc.port);   /* logs */
     if (st != TD_OK)

@@ -7,7 +7,8 @@ static const char *const outcome_names[TD_OUTCOME_N] = {
 };
 
 static const char *const errreason_names[TD_ERRREASON_N] = {
-    "bad_request", "unauthorized", "not_found", "too_large", "no_capacity", "too_long",
+    "bad_request", "unauthorized", "not_found", "too_large", "no_capacity", "queue_full",
+    "queue_timeout", "too_long",
     "rank_lost", "prefill_failed", "decode_failed", "timeout", "internal",
 };
 
@@ -16,6 +17,12 @@ static const char *const errreason_names[TD_ERRREASON_N] = {
 static const double buckets[TD_METRICS_NBUCKETS] = {
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025,
     0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+};
+
+/* Waits in the admission queue: 1 ms .. 5 min (the queue timeout's range). */
+static const double wait_buckets[TD_METRICS_NBUCKETS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1, 2.5, 5, 10, 30, 60, 120, 300,
 };
 
 const char *
@@ -30,16 +37,28 @@ td_metrics_errreason_str(td_errreason_t r)
     return (unsigned)r < TD_ERRREASON_N ? errreason_names[r] : "?";
 }
 
-void
-td_metrics_observe(td_metrics_hist_t *h, double seconds)
+static void
+hist_observe(td_metrics_hist_t *h, const double *le, double seconds)
 {
     size_t i = 0;
 
-    while (i < TD_METRICS_NBUCKETS && seconds > buckets[i])
+    while (i < TD_METRICS_NBUCKETS && seconds > le[i])
         i++;
     h->counts[i]++;
     h->n++;
     h->sum += seconds;
+}
+
+void
+td_metrics_observe(td_metrics_hist_t *h, double seconds)
+{
+    hist_observe(h, buckets, seconds);
+}
+
+void
+td_metrics_observe_wait(td_metrics_hist_t *h, double seconds)
+{
+    hist_observe(h, wait_buckets, seconds);
 }
 
 td_status_t
@@ -49,14 +68,15 @@ td_metrics_header(td_buf_t *out, const char *name, const char *type, const char 
 }
 
 static td_status_t
-hist_render(td_buf_t *out, const char *name, const char *help, const td_metrics_hist_t *h)
+hist_render(td_buf_t *out, const char *name, const char *help, const td_metrics_hist_t *h,
+            const double *le)
 {
     td_status_t st = td_metrics_header(out, name, "histogram", help);
     uint64_t cum = 0;
 
     for (size_t i = 0; st == TD_OK && i < TD_METRICS_NBUCKETS; i++) {
         cum += h->counts[i];
-        st = td_buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, buckets[i],
+        st = td_buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, le[i],
                            (unsigned long long)cum);
     }
     if (st == TD_OK)
@@ -83,10 +103,14 @@ td_metrics_render(const td_metrics_t *m, td_buf_t *out)
                            errreason_names[r], (unsigned long long)m->errors[r]);
     if (st == TD_OK)
         st = hist_render(out, "tandem_router_ttft_seconds",
-                         "time from request received to first token sent", &m->ttft);
+                         "time from request received to first token sent", &m->ttft, buckets);
     if (st == TD_OK)
         st = hist_render(out, "tandem_router_inter_token_seconds",
-                         "time between token messages of one request", &m->itl);
+                         "time between token messages of one request", &m->itl, buckets);
+    if (st == TD_OK)
+        st = hist_render(out, "tandem_router_queue_wait_seconds",
+                         "time requests spent in the admission queue, per stay", &m->queue_wait,
+                         wait_buckets);
     const struct { const char *name, *help; uint64_t v; } counters[] = {
         { "tandem_router_kv_bytes_moved_total",
           "kv bytes of finished prefills pushed to decode ranks (from the kv layout)",

@@ -23,7 +23,9 @@ typedef enum {
     TD_ERRREASON_UNAUTHORIZED,     /* 401 */
     TD_ERRREASON_NOT_FOUND,        /* 404 */
     TD_ERRREASON_TOO_LARGE,        /* 413 */
-    TD_ERRREASON_NO_CAPACITY,      /* 503 */
+    TD_ERRREASON_NO_CAPACITY,      /* 503: no rank could take it (none up, all tried) */
+    TD_ERRREASON_QUEUE_FULL,       /* 503: no room now, and the admission queue is full */
+    TD_ERRREASON_QUEUE_TIMEOUT,    /* 503: waited in the admission queue past its deadline */
     TD_ERRREASON_TOO_LONG,         /* prompt + max_tokens over every context */
     TD_ERRREASON_RANK_LOST,        /* a rank's connection ended mid-request */
     TD_ERRREASON_PREFILL_FAILED,   /* PrefillDone with an error */
@@ -35,7 +37,8 @@ typedef enum {
 
 #define TD_METRICS_NBUCKETS 16
 
-/* A latency histogram in seconds; buckets are fixed (metrics.c). */
+/* A histogram in seconds; buckets are fixed (metrics.c): latencies
+ * (td_metrics_observe) or waits in the admission queue (_observe_wait). */
 typedef struct {
     uint64_t counts[TD_METRICS_NBUCKETS + 1];  /* last: +Inf */
     uint64_t n;
@@ -47,6 +50,7 @@ typedef struct {
     uint64_t errors[TD_ERRREASON_N];
     td_metrics_hist_t ttft;         /* request received -> first token sent */
     td_metrics_hist_t itl;          /* between token messages of one request */
+    td_metrics_hist_t queue_wait;   /* each stay in the admission queue (wait buckets) */
     uint64_t kv_bytes_moved;        /* KV bytes of finished prefills (from the layout) */
     uint64_t prompt_tokens;
     uint64_t completion_tokens;
@@ -56,6 +60,7 @@ typedef struct {
 const char *td_metrics_outcome_str(td_outcome_t o);
 const char *td_metrics_errreason_str(td_errreason_t r);
 void td_metrics_observe(td_metrics_hist_t *h, double seconds);
+void td_metrics_observe_wait(td_metrics_hist_t *h, double seconds);
 
 /* Append "# HELP", "# TYPE" and the series of the counters and histograms. */
 td_status_t td_metrics_render(const td_metrics_t *m, td_buf_t *out);

@@ -540,6 +540,18 @@ field_seed(parse_t *p, const char *key, const json_t *v)
     return rc;
 }
 
+/* An extension (vLLM has one too, ordered the other way): the admission
+ * queue serves higher values first. */
+static td_status_t
+field_priority(parse_t *p, const char *key, const json_t *v)
+{
+    int64_t prio = 0;
+    td_status_t rc = get_int(p, key, v, INT32_MIN, INT32_MAX, &prio);
+
+    p->req->priority = (int32_t)prio;
+    return rc;
+}
+
 static td_status_t
 add_stop(parse_t *p, const char *param, const json_t *s)
 {
@@ -794,6 +806,7 @@ static const td_openai_field_t fields[] = {
     { "temperature",           CHAT | COMP, field_temperature, false },
     { "top_p",                 CHAT | COMP, field_top_p, false },
     { "seed",                  CHAT | COMP, field_seed, false },
+    { "priority",              CHAT | COMP, field_priority, false },
     { "stop",                  CHAT | COMP, field_stop, false },
     { "n",                     CHAT | COMP, field_n, false },
     { "presence_penalty",      CHAT | COMP, field_penalty, false },

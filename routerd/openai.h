@@ -71,6 +71,8 @@ typedef struct {
     double top_p;             /* (0, 1], default 1 */
     bool has_seed;
     int64_t seed;
+    int32_t priority;         /* extension: the admission queue's order, higher
+                                 first; default 0 (docs/api.md) */
     double presence_penalty;  /* [-2, 2], default 0; passed on to the sampler */
     double frequency_penalty; /* [-2, 2], default 0; passed on to the sampler */
     char *stop[TD_OPENAI_MAX_STOP];

@@ -1,5 +1,6 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
- * ranks (role, state, incarnation, load, KV used/free, in flight). */
+ * ranks (role, state, incarnation, load, KV used/free, in flight), and the
+ * admission queue (length, bounds, waits). */
 #include "router.h"
 #include "route.h"
 
@@ -29,6 +30,22 @@ rank_json(const td_rrank_t *rk)
                      "tokens_free", (json_int_t)l->kv_tokens_free);
 }
 
+/* The admission queue: waiting now, its bounds, the longest wait now and
+ * the mean wait of every stay so far. */
+static json_t *
+queue_json(td_router_t *r)
+{
+    const td_metrics_hist_t *w = &r->metrics.queue_wait;
+    td_rqueue_stats_t q;
+
+    td_rreq_queue_stats(r->reqs, &q);
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "length", (json_int_t)q.len,
+                     "max", (json_int_t)q.max_queued, "timeout_ms", (json_int_t)q.timeout_ms,
+                     "oldest_ms", (json_int_t)(q.oldest_ns / 1000000u),
+                     "waited", (json_int_t)w->n,
+                     "mean_wait_ms", (json_int_t)(w->n ? w->sum * 1000 / (double)w->n : 0));
+}
+
 void
 td_route_admin_status(struct evhttp_request *req, void *router)
 {
@@ -48,8 +65,10 @@ td_route_admin_status(struct evhttp_request *req, void *router)
     td_rreq_count_states(r->reqs, states);
     for (int s = 0; s < TD_RREQ_DONE; s++)
         inflight += states[s];
-    td_http_reply_json(req, 200, json_pack("{s:s, s:s, s:s, s:I, s:o}", "router_id", r->router_id,
-                                           "model", r->model, "engine", r->engine_kind,
+    td_http_reply_json(req, 200, json_pack("{s:s, s:s, s:s, s:I, s:o, s:o}", "router_id",
+                                           r->router_id, "model", r->model,
+                                           "engine", r->engine_kind,
                                            "requests_in_flight", (json_int_t)inflight,
+                                           "queue", queue_json(r),
                                            "nodes", nodes ? nodes : json_null()));
 }

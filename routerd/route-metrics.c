@@ -1,6 +1,7 @@
 /* routerd/route-metrics.c — GET /metrics: the router's counters and
  * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
- * depth, running, in flight) and requests in flight by state. */
+ * depth, running, in flight), requests in flight by state and the admission
+ * queue's length and oldest wait. */
 #include "router.h"
 #include "route.h"
 
@@ -73,6 +74,32 @@ rank_gauges(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* The admission queue now (its waits are the queue_wait histogram). */
+static td_status_t
+queue_gauges(td_router_t *r, td_buf_t *out)
+{
+    td_rqueue_stats_t q;
+    td_status_t st;
+
+    td_rreq_queue_stats(r->reqs, &q);
+    st = td_metrics_header(out, "tandem_router_queue_length", "gauge",
+                           "requests waiting in the admission queue for a decode rank with room");
+    if (st == TD_OK)
+        st = td_buf_printf(out, "tandem_router_queue_length %zu\n", q.len);
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_queue_max", "gauge",
+                               "most requests the admission queue holds (max-queued)");
+    if (st == TD_OK)
+        st = td_buf_printf(out, "tandem_router_queue_max %zu\n", q.max_queued);
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_queue_oldest_seconds", "gauge",
+                               "how long the longest-waiting queued request has waited");
+    if (st == TD_OK)
+        st = td_buf_printf(out, "tandem_router_queue_oldest_seconds %.6f\n",
+                           (double)q.oldest_ns / 1e9);
+    return st;
+}
+
 void
 td_route_metrics(struct evhttp_request *req, void *router)
 {
@@ -91,6 +118,8 @@ td_route_metrics(struct evhttp_request *req, void *router)
         st = td_buf_printf(&out, "tandem_router_requests_in_flight{state=\"%s\"} %llu\n",
                            td_rreq_state_str((td_rreq_state_t)s),
                            (unsigned long long)states[s]);
+    if (st == TD_OK)
+        st = queue_gauges(r, &out);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {

@@ -47,6 +47,11 @@ typedef struct {
     uint64_t max_frame;         /* control frame body cap, bytes */
     uint64_t retry_after_s;     /* Retry-After of a 503 */
     uint64_t max_attempts;      /* admissions per request (AdmitReject, lost ranks) */
+    /* admission (docs/routerd.md, "Admission") */
+    uint64_t max_queued;        /* requests waiting for decode capacity; 0 = none wait */
+    uint64_t queue_timeout_ms;  /* the longest wait in the queue */
+    uint64_t ctl_max_unauth;    /* control connections in the handshake */
+    uint64_t ctl_max_unauth_per_source;   /* ... from one address */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
@@ -67,6 +72,7 @@ typedef struct {
     uint64_t kv_layout_hash;
     double kv_bytes_per_token;      /* paged bytes per token, from the layout */
     uint64_t kv_fixed_bytes;        /* fixed bytes per request */
+    uint64_t max_context;           /* the model's context in tokens */
     int32_t stop_ids[TD_SAMPLE_MAX_STOP];  /* the model's end-of-sequence ids */
     uint32_t nstop_ids;
     char router_id[96];             /* sent in Registered */

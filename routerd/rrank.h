@@ -41,6 +41,8 @@ typedef struct td_rrank_s {
     uint64_t pend_tokens;       /* KV tokens / prompt tokens we sent since that Load */
     uint32_t pend_reqs;         /* requests we sent since that Load */
     uint32_t inflight;          /* our requests bound to this rank */
+    bool refused;               /* answered NO_CAPACITY since that Load: not chosen
+                                   again until the next one */
 } td_rrank_t;
 
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@
 #include "http.h"
 #include "log.h"
 #include "rng.h"
+#include "rqueue.h"
 #include "rsched.h"
 #include "stop.h"
 
@@ -47,6 +49,8 @@ struct td_rreq_s {
     uint64_t tried[TD_RSCHED_MAX_TRIED];   /* decode incarnations that refused */
     size_t ntried;
     unsigned attempts;
+    unsigned bounced;               /* admissions a rank turned away for capacity */
+    td_rqueue_entry_t qe;           /* its place in the admission queue */
     bool too_long;                  /* a decode rank said TOO_LONG */
     bool prefill_sent;              /* this attempt's Prefill went out */
     bool streaming;                 /* 200 and the first chunk went out */
@@ -71,6 +75,7 @@ struct td_rreq_tab_s {
     td_rreq_t *head;
     size_t n;
     uint64_t id_seq;
+    td_rqueue_t *queue;             /* requests waiting for a decode rank with room */
     struct evbuffer *chunk;         /* reused for every SSE chunk */
     td_buf_t sse;                   /* reused: one message's SSE events */
 };
@@ -80,17 +85,20 @@ struct td_rreq_tab_s {
 /* ======================================================================= */
 
 #define S(x) TD_FSM_BIT(TD_RREQ_##x)
-/* Allowed transitions: a retry goes back to admitting; terminal states stay. */
+/* Allowed transitions: a retry goes back to admitting; a request that finds
+ * no room (also after a rank turned it away) waits in the queue, holding no
+ * rank; terminal states stay. */
 static const uint32_t rreq_allowed[TD_RREQ_NSTATES] = {
-    [TD_RREQ_NEW] = S(ADMITTING) | S(FAILED) | S(CANCELED),
-    [TD_RREQ_ADMITTING] = S(ADMITTING) | S(PREFILLING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_NEW] = S(QUEUED) | S(ADMITTING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_QUEUED] = S(ADMITTING) | S(FAILED) | S(CANCELED),
+    [TD_RREQ_ADMITTING] = S(QUEUED) | S(ADMITTING) | S(PREFILLING) | S(FAILED) | S(CANCELED),
     [TD_RREQ_PREFILLING] = S(ADMITTING) | S(DECODING) | S(FAILED) | S(CANCELED),
     [TD_RREQ_DECODING] = S(DONE) | S(FAILED) | S(CANCELED),
 };
 #undef S
 
 static const char *const rreq_state_names[TD_RREQ_NSTATES] = {
-    "new", "admitting", "prefilling", "decoding", "done", "failed", "canceled",
+    "new", "queued", "admitting", "prefilling", "decoding", "done", "failed", "canceled",
 };
 
 static const td_fsm_t rreq_fsm = {
@@ -302,6 +310,7 @@ request_free(td_rreq_t *q)
         q->next->prev = q->prev;
     t->n--;
     http_detach(q);
+    td_rqueue_entry_fini(&q->qe);
     if (q->timer)
         event_free(q->timer);
     release_ranks(q, NULL);
@@ -355,7 +364,9 @@ request_fail(td_rreq_t *q, td_errreason_t why, const td_openai_err_t *e)
     td_info("request %016" PRIx64 ": failed (%s): %s", q->id, td_metrics_errreason_str(why),
             e->message);
     q->t->cfg.metrics->errors[why]++;
-    count_outcome(q, q->state == TD_RREQ_NEW ? TD_OUTCOME_REJECTED : TD_OUTCOME_FAILED);
+    /* refused before any rank had it: from the start, or from the queue */
+    count_outcome(q, q->state == TD_RREQ_NEW || (q->state == TD_RREQ_QUEUED && q->attempts == 0)
+                         ? TD_OUTCOME_REJECTED : TD_OUTCOME_FAILED);
     set_state(q, TD_RREQ_FAILED, td_metrics_errreason_str(why));
     release_ranks(q, "request failed");
     answer_error(q, e);
@@ -522,50 +533,79 @@ request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
 /* Admission                                                                 */
 /* ======================================================================= */
 
-/* Choose a prefill and a decode rank and send Admit; on no capacity the
- * request ends (503, or 400 when no rank has a context that long). */
+/* 400 context_length_exceeded: prompt + max_tokens over limit (0: not
+ * known), the model's context or every decode rank's whole KV. */
 static void
-admit_next(td_rreq_t *q)
+fail_too_long(td_rreq_t *q, uint64_t limit)
+{
+    td_openai_err_t e;
+    const char *param = q->oreq->kind == TD_OPENAI_CHAT ? "messages" : "prompt";
+    char most[64] = "";
+
+    if (limit)
+        snprintf(most, sizeof most, " of %" PRIu64 " tokens", limit);
+    td_openai_err_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
+                      "This model's maximum context length%s is exceeded: you requested %" PRIu64
+                      " tokens (%zu in the prompt, %u in the completion). Please reduce the "
+                      "length of the prompt or max_tokens.", most,
+                      (uint64_t)q->nprompt + q->oreq->max_tokens, q->nprompt,
+                      q->oreq->max_tokens);
+    request_fail(q, TD_ERRREASON_TOO_LONG, &e);
+}
+
+static bool queue_wait(td_rreq_t *q);
+
+/* Choose a prefill and a decode rank and send Admit. When no decode rank has
+ * room, or requests queued before it wait, q waits in the queue; when no
+ * rank could ever hold it, or none is up, it ends (400 / 503). Returns
+ * whether q waits (false: admitted, or ended and freed). */
+static bool
+admit_try(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
     unsigned retry_after = t->cfg.retry_after_s;
     uint64_t need = q->nprompt + q->oreq->max_tokens;
 
+    if (t->cfg.max_context && need > t->cfg.max_context) {
+        fail_too_long(q, t->cfg.max_context);
+        return false;
+    }
     for (;;) {
-        td_rrank_t *p, *d;
-        bool too_long = false;
+        td_rrank_t *p, *d = NULL;
+        td_rsched_fit_t fit;
 
-        if (q->attempts >= t->cfg.max_attempts || q->ntried >= TD_RSCHED_MAX_TRIED) {
+        if (q->attempts - q->bounced >= t->cfg.max_attempts ||
+            q->ntried >= TD_RSCHED_MAX_TRIED) {
             td_openai_err_t e;
             td_openai_err_overloaded(&e, retry_after);
             request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
-            return;
+            return false;
         }
         p = td_rsched_pick_prefill(t->cfg.cluster->ranks);
-        d = p ? td_rsched_pick_decode(t->cfg.cluster->ranks, need, q->tried, q->ntried,
-                                     &too_long)
-              : NULL;
-        if (!d) {
+        fit = p ? td_rsched_pick_decode(t->cfg.cluster->ranks, need, q->tried, q->ntried, &d)
+                : TD_RSCHED_NONE;
+        /* a request not in the queue goes behind the ones waiting before it */
+        if (fit == TD_RSCHED_FITS && !q->qe.q && td_rqueue_ahead(t->queue, &q->qe))
+            fit = TD_RSCHED_BUSY;
+        if (fit == TD_RSCHED_BUSY)
+            return queue_wait(q);
+        if (fit != TD_RSCHED_FITS) {
             td_openai_err_t e;
-            if (too_long || (q->too_long && p)) {
-                td_openai_err_set(&e, 400, "invalid_request_error", "messages",
-                                  "context_length_exceeded",
-                                  "This model's maximum context length is exceeded: the prompt "
-                                  "has %zu tokens and max_tokens is %u.",
-                                  q->nprompt, q->oreq->max_tokens);
-                request_fail(q, TD_ERRREASON_TOO_LONG, &e);
-            } else {
-                td_openai_err_overloaded(&e, retry_after);
-                if (!p) {   /* the cause is no prefill rank, not decode capacity */
-                    td_openai_err_set(&e, 503, "server_error", NULL, NULL,
-                                      "The server is overloaded (no prefill rank up); retry "
-                                      "after %u s.", retry_after);
-                    e.retry_after = retry_after;
-                }
-                request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
+            if (fit == TD_RSCHED_TOO_LONG || (q->too_long && p)) {
+                fail_too_long(q, td_rsched_longest(t->cfg.cluster->ranks));
+                return false;
             }
-            return;
+            td_openai_err_overloaded(&e, retry_after);
+            if (!p) {   /* the cause is no prefill rank, not decode capacity */
+                td_openai_err_set(&e, 503, "server_error", NULL, NULL,
+                                  "The server is overloaded (no prefill rank up); retry "
+                                  "after %u s.", retry_after);
+                e.retry_after = retry_after;
+            }
+            request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
+            return false;
         }
+        td_rqueue_remove(&q->qe);   /* its turn came (nothing when it did not wait) */
         if (q->attempts > 0) {   /* a new wire id: the old one may live on at a rank */
             hash_del(t, q);
             q->id = id_next(t);
@@ -595,11 +635,112 @@ admit_next(td_rreq_t *q)
             d->pend_tokens += need;
             d->pend_reqs++;
             set_state(q, TD_RREQ_ADMITTING, "admit sent");
-            return;
+            return false;
         }
         q->tried[q->ntried++] = d->incarnation;   /* td_rrank_send logged why */
         release_ranks(q, NULL);
     }
+}
+
+static void
+admit_next(td_rreq_t *q)
+{
+    (void)admit_try(q);
+}
+
+/* ======================================================================= */
+/* The admission queue (rqueue.h): who waits, for how long, and the passes   */
+/* that place waiting requests when capacity frees                          */
+/* ======================================================================= */
+
+static td_rreq_t *
+queue_req(td_rqueue_entry_t *e)
+{
+    return (td_rreq_t *)(void *)((char *)e - offsetof(td_rreq_t, qe));
+}
+
+/* End q with the 503 of the queue's refusal st: TD_ERR_BUSY full (or no
+ * queue: max-queued 0), TD_ERR_TIMEOUT its deadline passed, else out of
+ * memory (500). */
+static void
+queue_refuse(td_rreq_t *q, td_status_t st)
+{
+    const td_rreq_config_t *cfg = &q->t->cfg;
+    td_errreason_t why = TD_ERRREASON_QUEUE_FULL;
+    td_openai_err_t e;
+
+    td_openai_err_overloaded(&e, cfg->retry_after_s);
+    if (st == TD_ERR_BUSY && cfg->max_queued > 0) {
+        td_openai_err_set(&e, 503, "server_error", NULL, NULL,
+                          "The server is overloaded: no decode rank has room and %zu requests "
+                          "wait already; retry after %u s.", cfg->max_queued,
+                          cfg->retry_after_s);
+    } else if (st == TD_ERR_TIMEOUT) {
+        why = TD_ERRREASON_QUEUE_TIMEOUT;
+        td_openai_err_set(&e, 503, "server_error", NULL, NULL,
+                          "The server is overloaded: no decode rank had room within %" PRIu64
+                          " ms; retry after %u s.", cfg->queue_timeout_ms, cfg->retry_after_s);
+    } else if (st == TD_ERR_BUSY) {
+        why = TD_ERRREASON_NO_CAPACITY;   /* no queue (max-queued 0): as without one */
+    } else {
+        why = TD_ERRREASON_INTERNAL;
+        td_openai_err_internal(&e, "out of memory for the admission queue");
+    }
+    if (e.http == 503)
+        e.retry_after = cfg->retry_after_s;
+    request_fail(q, why, &e);
+}
+
+/* q found no decode rank with room (or others wait before it): into the
+ * queue, unless it is full (a request that was admitted once keeps its turn
+ * and is not refused) or q's deadline has passed. Returns whether q waits
+ * (false: it ended with a 503 and is freed). */
+static bool
+queue_wait(td_rreq_t *q)
+{
+    td_status_t st;
+
+    if (q->qe.q)
+        return true;   /* waiting already: a pass found no room yet */
+    st = td_rqueue_push(q->t->queue, &q->qe, q->attempts == 0);
+    if (st != TD_OK) {
+        queue_refuse(q, st);
+        return false;
+    }
+    /* queued already when its Admit could not be sent: back in its place */
+    if (q->state != TD_RREQ_QUEUED)
+        set_state(q, TD_RREQ_QUEUED, "no decode rank has room");
+    return true;
+}
+
+static void
+queue_on_expired(td_rqueue_entry_t *qe, void *arg)
+{
+    queue_refuse(queue_req(qe), TD_ERR_TIMEOUT);
+}
+
+/* Place requests from the head until one has to wait on: strict order, so a
+ * request the ranks cannot take yet holds back the ones behind it (none
+ * starves). Each step admits or ends the head, so the pass ends. */
+static void
+queue_pass(td_rqueue_t *rq, void *arg)
+{
+    td_rqueue_entry_t *qe;
+
+    while ((qe = td_rqueue_head(rq)) != NULL && !admit_try(queue_req(qe)))
+        ;
+}
+
+void
+td_rreq_on_capacity(td_rreq_tab_t *t)
+{
+    td_rqueue_kick(t->queue);
+}
+
+void
+td_rreq_queue_stats(td_rreq_tab_t *t, td_rqueue_stats_t *out)
+{
+    td_rqueue_stats(t->queue, out);
 }
 
 /* The current attempt is lost before any token reached the client: try
@@ -610,9 +751,10 @@ static void
 retry_or_fail(td_rreq_t *q, td_errreason_t why, const char *what)
 {
     if (q->state != TD_RREQ_DECODING && q->ntokens == 0 &&
-        q->attempts < q->t->cfg.max_attempts) {
+        q->attempts - q->bounced < q->t->cfg.max_attempts) {
         td_info("request %016" PRIx64 ": %s; retrying", q->id, what);
         release_ranks(q, what);
+        q->qe.t_first_ns = 0;   /* a new attempt: should it wait, its deadline starts now */
         if (q->state != TD_RREQ_ADMITTING)
             set_state(q, TD_RREQ_ADMITTING, "retry");
         admit_next(q);
@@ -671,7 +813,14 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
             rej->reason);
     if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG)
         q->too_long = true;
-    q->tried[q->ntried++] = rk->incarnation;
+    if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY) {
+        /* full after all: not chosen again until its next Load; q goes
+         * elsewhere or waits, and the bounce is no failed attempt */
+        rk->refused = true;
+        q->bounced++;
+    } else {
+        q->tried[q->ntried++] = rk->incarnation;
+    }
     release_ranks(q, NULL);
     admit_next(q);
 }
@@ -940,6 +1089,7 @@ td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
         }
         q = next;
     }
+    td_rqueue_kick(t->queue);   /* the waiting may have no rank left */
 }
 
 /* ======================================================================= */
@@ -1096,6 +1246,7 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
     q->id = id_next(t);
     q->t_start = now_ns();
     q->t_last = q->t_start;
+    td_rqueue_entry_init(t->queue, &q->qe, oreq->priority);
     if (!oreq->has_seed)
         oreq->seed = (int64_t)td_daemon_random64();
     hash_add(t, q);
@@ -1204,7 +1355,7 @@ td_rreq_list_json(td_rreq_tab_t *t)
         char id[20];
         snprintf(id, sizeof id, "%016" PRIx64, q->id);
         json_array_append_new(arr, json_pack(
-            "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I}",
+            "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:i}",
             "id", id, "openai_id", q->oid, "state", td_rreq_state_str(q->state),
             "kind", q->oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion",
             "stream", q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
@@ -1212,7 +1363,8 @@ td_rreq_list_json(td_rreq_tab_t *t)
             "max_tokens", (json_int_t)q->oreq->max_tokens,
             "decode", rank_ref(q->decode), "prefill", rank_ref(q->prefill),
             "attempts", (json_int_t)q->attempts,
-            "age_ms", (json_int_t)((now - q->t_start) / 1000000u)));
+            "age_ms", (json_int_t)((now - q->t_start) / 1000000u),
+            "priority", (int)q->oreq->priority));
     }
     return arr;
 }
@@ -1228,6 +1380,9 @@ td_rreq_count_states(td_rreq_tab_t *t, uint64_t counts[TD_RREQ_NSTATES])
 td_status_t
 td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
 {
+    const td_rqueue_config_t qc = { .base = cfg->base, .max_queued = cfg->max_queued,
+                                    .timeout_ms = cfg->queue_timeout_ms,
+                                    .wait = &cfg->metrics->queue_wait };
     td_rreq_tab_t *t = calloc(1, sizeof *t);
 
     if (!t)
@@ -1236,9 +1391,16 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
     t->chunk = evbuffer_new();
     if (!t->chunk)
         goto err_free_tab;
+    if (td_rqueue_create(&qc, &(td_rqueue_handlers_t){ .on_pass = queue_pass,
+                                                       .on_expired = queue_on_expired,
+                                                       .arg = t },
+                         &t->queue) != TD_OK)
+        goto err_free_chunk;
     *out = t;
     return TD_OK;
 
+err_free_chunk:
+    evbuffer_free(t->chunk);
 err_free_tab:
     free(t);
 err_nomem:
@@ -1256,6 +1418,7 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
         http_detach(q);   /* evhttp_free answers and frees the HTTP side */
         request_free(q);
     }
+    td_rqueue_destroy(t->queue);
     evbuffer_free(t->chunk);
     td_buf_free(&t->sse);
     free(t);

@@ -15,6 +15,7 @@
 #include "cluster.h"
 #include "metrics.h"
 #include "openai.h"
+#include "rqueue.h"
 #include "rrank.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -26,6 +27,7 @@ struct evhttp_request;
 
 typedef enum {
     TD_RREQ_NEW = 0,     /* parsed and tokenized */
+    TD_RREQ_QUEUED,      /* waiting for a decode rank with room (rqueue.h); holds no rank */
     TD_RREQ_ADMITTING,   /* Admit sent to a decode rank */
     TD_RREQ_PREFILLING,  /* AdmitOk; Prefill sent to a prefill rank */
     TD_RREQ_DECODING,    /* first tokens arrived */
@@ -51,7 +53,11 @@ typedef struct {
     uint64_t id_prefix;             /* top 16 bits of every request id */
     uint64_t request_timeout_ms;    /* 0 = none */
     unsigned retry_after_s;         /* Retry-After of a 503 */
-    unsigned max_attempts;          /* admissions per request, <= TD_RSCHED_MAX_TRIED */
+    unsigned max_attempts;          /* admissions per request, <= TD_RSCHED_MAX_TRIED
+                                       (those a rank turned away for capacity not counted) */
+    size_t max_queued;              /* admission queue: requests waiting (0: none wait) */
+    uint64_t queue_timeout_ms;      /*   the longest wait (>= 1) */
+    uint64_t max_context;           /* the model's context in tokens (0: not known) */
     double kv_bytes_per_token;      /* paged KV bytes per token, for kv_bytes_moved */
     uint64_t kv_fixed_bytes;        /* fixed KV bytes per request */
     const int32_t *stop_ids;        /* the model's end-of-sequence ids (its identity), */
@@ -80,5 +86,10 @@ td_status_t td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id);
 json_t *td_rreq_list_json(td_rreq_tab_t *t);
 /* Requests in flight per state, for /metrics and the admin status. */
 void td_rreq_count_states(td_rreq_tab_t *t, uint64_t counts[TD_RREQ_NSTATES]);
+/* Capacity may have freed (the cluster's on_capacity): waiting requests are
+ * placed on the next loop iteration. */
+void td_rreq_on_capacity(td_rreq_tab_t *t);
+/* The admission queue now, for /metrics and the admin status. */
+void td_rreq_queue_stats(td_rreq_tab_t *t, td_rqueue_stats_t *out);
 
 #endif

@@ -1,5 +1,6 @@
 /* tandemctl/cmd-status.c — `status`: one line per rank the router knows, with
- * its node, role, state, load, KV blocks used/free and requests in flight. */
+ * its node, role, state, load, KV blocks used/free and requests in flight;
+ * then the router's requests in flight and its admission queue. */
 #include "tandemctl.h"
 
 #include <string.h>
@@ -48,6 +49,24 @@ status_node_summary(tdctl_t *ctl, const json_t *node, const char *ctx)
     return sum;
 }
 
+/* "queue: N waiting (max M), longest wait X ms; mean wait Y ms over Z waits" from
+ * {"queue": {"length", "max", "oldest_ms", "waited", "mean_wait_ms"}}; nothing
+ * from a router without a queue. */
+static void
+status_queue(tdctl_t *ctl, const json_t *ans)
+{
+    static const char *const keys[] = { "length", "max", "oldest_ms", "mean_wait_ms", "waited" };
+    const json_t *q = json_object_get(ans, "queue");
+    char v[5][32];
+
+    if (q == NULL)
+        return;
+    for (size_t i = 0; i < 5; i++)
+        tdctl_out_cell(ctl, q, keys[i], "status: queue", v[i], sizeof(v[i]));
+    printf("queue: %s waiting (max %s), longest wait %s ms; mean wait %s ms over %s waits\n",
+           v[0], v[1], v[2], v[3], v[4]);
+}
+
 static td_status_t
 status_render(tdctl_t *ctl, const json_t *ans)
 {
@@ -82,6 +101,7 @@ status_render(tdctl_t *ctl, const json_t *ans)
     printf("%zu node%s, %zu rank%s, %s request%s in flight\n", json_array_size(nodes),
            json_array_size(nodes) == 1 ? "" : "s", nranks, nranks == 1 ? "" : "s", inflight,
            strcmp(inflight, "1") == 0 ? "" : "s");
+    status_queue(ctl, ans);
     st = TD_OK;
     goto out_destroy;
 
@@ -100,5 +120,6 @@ cmd_status_exec(tdctl_t *ctl, char **args)
 
 const tdctl_cmd_entry_t tdctl_cmd_status_entry = {
     .name = "status", .args = "", .nargs = 0, .exec = cmd_status_exec,
-    .help = "nodes and ranks: state, load, kv blocks used/free, requests in flight",
+    .help = "nodes and ranks: state, load, kv blocks used/free, requests in flight, the "
+            "admission queue",
 };

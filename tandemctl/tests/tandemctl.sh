@@ -28,7 +28,9 @@ rank() { # rank ROLE RANK STATE RUNNING QUEUED KV_USED KV_FREE INFLIGHT — rout
     "tokens_free": 0}}' "$2" "$1" "$3" "$8" "$4" "$5" "$6" "$7"
 }
 routes <<J
-{"GET /admin/status": [200, {"router_id": "r0", "requests_in_flight": 7, "nodes": [
+{"GET /admin/status": [200, {"router_id": "r0", "requests_in_flight": 7,
+   "queue": {"length": 3, "max": 1024, "timeout_ms": 30000, "oldest_ms": 120, "waited": 17,
+             "mean_wait_ms": 45}, "nodes": [
    {"node": "n0", "draining": false, "removing": false, "ranks": [
      $(rank prefill 0 up 1 2 0 0 3), $(rank prefill 1 up 0 0 0 0 0)]},
    {"node": "n1", "draining": true, "removing": false, "ranks": [
@@ -73,6 +75,7 @@ has out '^n0 +active +prefill +0 +up +1 +2 +0 +0 +3$'
 has out '^n0 +active +prefill +1 +up +0 +0 +0 +0 +0$'
 has out '^n1 +draining +decode +0 +up +4 +0 +120 +904 +4$'
 has out '^2 nodes, 3 ranks, 7 requests in flight$'
+has out '^queue: 3 waiting \(max 1024\), longest wait 120 ms; mean wait 45 ms over 17 waits$'
 [ -s "$tmp/err" ] && fail "status wrote to stderr: $(cat "$tmp/err")"
 grep -q "^GET /admin/status" "$tmp/log" || fail "the fake saw no GET /admin/status"
 
@@ -148,6 +151,7 @@ has out '^n0 +\? +decode +zero +\? +- +1.5 +yes +\? +0$'
 has out '^\? +\? +\? +\? +\? +\? +\? +\? +\? +\?$'
 has out '^\? +draining +\? +\? +\? +\? +\? +\? +\? +\?$'
 has out '^4 nodes, 3 ranks, \? requests in flight$'
+hasnt out '^queue:'
 has err 'warning: status: node #0: fields "draining" and "removing" should be booleans'
 has err 'warning: status: node #0 rank #0: column STATE: field "state" has the wrong type'
 has err 'warning: status: node #0 rank #0: column KV-FREE: field "kv.blocks_free" has the wrong type'

@@ -2,7 +2,9 @@
 """tests/integration/routerd_test.py — black-box tests of routerd: a real
 routerd on free loopback ports, fake worker ranks (rtr_fake_worker) on its
 control port, checked over HTTP. usage: routerd_test.py TEST ROUTERD WORKER
-TEST: api | ctl | flow | cancel | failure | auth. Every process is stopped by its pid."""
+TEST: api | ctl | flow | cancel | failure | auth | queue | order | flood. Every
+process is stopped by its pid."""
+import concurrent.futures
 import http.client
 import json
 import os
@@ -350,6 +352,170 @@ def test_flow(c):
     check(st == 200, "after undrain: %d" % st)
 
 
+def metric(port, series):
+    """The value of one /metrics series (its name with labels), or None."""
+    _, _, m = request(port, "GET", "/metrics", key=None)
+    found = re.search(r"^%s (\S+)$" % re.escape(series), m.decode(), re.M)
+    return float(found.group(1)) if found else None
+
+
+def queue_status(c):
+    st, _, body = request(c.admin, "GET", "/admin/status", key=ADMIN_KEY)
+    check(st == 200, "admin status: %d" % st)
+    return json.loads(body)["queue"]
+
+
+def in_background(fn, *args, **kw):
+    """fn(*args, **kw) on a thread of its own: a future."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    f = pool.submit(fn, *args, **kw)
+    pool.shutdown(wait=False)
+    return f
+
+
+def test_queue(c):
+    """The admission queue's limits: a request that can never fit gets 400
+    context_length_exceeded at once (not a 503 to retry); with the one batch
+    row held, requests wait; the one after max-queued gets 503 at once; the
+    waiting ones get 503 with Retry-After at the queue deadline."""
+    c.start_router("--max-queued", "2", "--queue-timeout", "1s", "--max-tokens-limit", "100000")
+    c.start_worker("fake", "--max-batch", "1", "--tok-ms", "50")
+    c.wait_up(2)
+    # The rank's whole KV is 64000 tokens (rtr_fake_worker): this never fits.
+    t0 = time.time()
+    st, r, data = chat(c.http, max_tokens=70000)
+    check_error(st, data, 400, "context_length_exceeded", "messages")
+    check(r.getheader("Retry-After") is None and time.time() - t0 < 1, "never-fitting request")
+    check("64000" in json.loads(data)["error"]["message"], "limit not named: %r" % data)
+    st, _, data = request(c.http, "POST", "/v1/completions",
+                          {"model": "tandem-synthetic", "prompt": "x", "max_tokens": 99999})
+    check_error(st, data, 400, "context_length_exceeded", "prompt")
+
+    holder = Stream(c.http, max_tokens=40)   # 2 s on the only row
+    check(holder.status == 200, "holder %d" % holder.status)
+    holder.event()
+    waiting = [in_background(chat, c.http, content="wait %d" % i, max_tokens=2) for i in range(2)]
+    c.wait(lambda: queue_status(c)["length"] == 2, "2 requests queued")
+    t_queued = time.time()
+    states = [q["state"] for q in requests_in_flight(c)]
+    check(sorted(states) == ["decoding", "queued", "queued"], "states %r" % states)
+    check(metric(c.http, "tandem_router_queue_length") == 2, "queue length metric")
+    check(metric(c.http, 'tandem_router_requests_in_flight{state="queued"}') == 2,
+          "queued in flight")
+    # The queue is full: 503 at once.
+    t0 = time.time()
+    st, r, data = chat(c.http, content="one too many", max_tokens=2)
+    check_error(st, data, 503, None)
+    check(r.getheader("Retry-After") == "1" and time.time() - t0 < 0.5, "queue full: %r" % data)
+    # The deadline: 503 with Retry-After after 1 s in the queue, the holder still running.
+    for f in waiting:
+        st, r, data = f.result(timeout=10)
+        check_error(st, data, 503, None)
+        check(r.getheader("Retry-After") == "1", "Retry-After %r" % r.getheader("Retry-After"))
+        check("within 1000 ms" in json.loads(data)["error"]["message"], "deadline: %r" % data)
+    waited = time.time() - t_queued
+    check(0.7 < waited < 2.5, "the deadline came after %.2f s" % waited)
+    ev = holder.events()
+    holder.close()
+    check(ev[-1] == "[DONE]" and "error" not in ev[-2], "holder: %r" % ev[-3:])
+    check(queue_status(c)["length"] == 0, "queue not empty")
+    check(metric(c.http, 'tandem_router_errors_total{reason="queue_full"}') == 1, "queue_full")
+    check(metric(c.http, 'tandem_router_errors_total{reason="queue_timeout"}') == 2,
+          "queue_timeout")
+    check(metric(c.http, 'tandem_router_errors_total{reason="too_long"}') == 2, "too_long")
+    check(metric(c.http, "tandem_router_queue_wait_seconds_count") == 2, "queue waits")
+
+
+def test_order(c):
+    """The queue at work: a burst larger than the batch all completes; a
+    higher priority goes first, FIFO within one; a client that goes away
+    leaves the queue at once."""
+    c.start_router("--queue-timeout", "30s")
+    w = c.start_worker("fake", "--max-batch", "2", "--tok-ms", "20")
+    c.wait_up(2)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=30) as pool:
+        res = list(pool.map(lambda i: chat(c.http, content="burst %d" % i, max_tokens=5),
+                            range(30)))
+    bad = [(st, data) for st, _, data in res if st != 200]
+    check(not bad, "%d of 30 failed in a burst on 2 rows: %r" % (len(bad), bad[:3]))
+    check(all(json.loads(d)["choices"][0]["message"]["content"] == "the q" for _, _, d in res),
+          "burst answers")
+    check(metric(c.http, "tandem_router_queue_wait_seconds_count") > 0, "nobody waited")
+
+    # Both rows held for 1 s; then low, high, low2 queue in that order.
+    holders = [Stream(c.http, messages=[{"role": "user", "content": "h%d" % i}], max_tokens=50)
+               for i in range(2)]
+    for h in holders:
+        check(h.status == 200, "holder: %d" % h.status)
+        h.event()
+    prompts = {}
+    futures = []
+    for name, prio in (("low", 0), ("HIGH", 5), ("second low", None)):
+        n = queue_status(c)["length"]
+        kw = {} if prio is None else {"priority": prio}
+        futures.append(in_background(chat, c.http, content=name, max_tokens=2, **kw))
+        prompts[len("user: %s\nassistant: " % name)] = name
+        c.wait(lambda: queue_status(c)["length"] == n + 1, "%s queued" % name)
+    for h in holders:
+        h.events()
+        h.close()
+    for f in futures:
+        st, _, data = f.result(timeout=10)
+        check(st == 200, "queued request: %d %r" % (st, data))
+    admits = [int(n) for n in re.findall(r"admit [0-9a-f]+ tokens=(\d+)", open(w.out).read())]
+    order = [prompts[n] for n in admits if n in prompts]
+    check(order == ["HIGH", "low", "second low"], "admitted in the order %r" % order)
+
+    # A queued request whose client goes away leaves the queue at once.
+    holders = [Stream(c.http, messages=[{"role": "user", "content": "g%d" % i}], max_tokens=200)
+               for i in range(2)]
+    for h in holders:
+        h.event()
+    sock = socket.create_connection(("127.0.0.1", c.http))
+    body = json.dumps({"model": "tandem-synthetic", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "client went away"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    c.wait(lambda: queue_status(c)["length"] == 1, "request queued")
+    sock.close()
+    t0 = time.time()
+    c.wait(lambda: queue_status(c)["length"] == 0, "the queue to drop it", timeout=1)
+    check(time.time() - t0 < 0.5, "left the queue after %.2f s" % (time.time() - t0))
+    check(len(requests_in_flight(c)) == 2, "requests %r" % requests_in_flight(c))
+    gone_len = len("user: client went away\nassistant: ")
+    check("tokens=%d " % gone_len not in open(w.out).read(), "the gone request was admitted")
+    for h in holders:
+        h.close()
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "idle")
+
+
+def test_flood(c):
+    """About 300 silent connections from one address on the control port (more
+    than the 256 in the handshake routerd allows) must not keep a worker from
+    registering: each new connection closes the oldest silent one."""
+    c.start_router()
+    flood = []
+    for _ in range(300):
+        s = socket.create_connection(("127.0.0.1", c.ctl), timeout=5)
+        flood.append(s)
+    t0 = time.time()
+    c.start_worker("late")
+    # Well within the 5 s handshake deadline of the flood's connections: they
+    # still hold their places while the worker registers.
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks()) == 2, "the worker registered",
+           timeout=3)
+    took = time.time() - t0
+    st, _, data = chat(c.http, max_tokens=3)
+    check(st == 200, "request after the flood: %d %r" % (st, data))
+    log = open(c.rlog).read()
+    check(len(re.findall(r"closes the oldest unauthenticated one", log)) == 1,
+          "the evictions were not logged once")
+    check(len(log.splitlines()) < 100, "the flood wrote %d log lines" % len(log.splitlines()))
+    for s in flood:
+        s.close()
+    print("worker registered %.2f s after 300 silent connections" % took)
+
+
 def blocks_used(c):
     return sum(r["kv"]["blocks_used"] for r in c.ranks() if r["role"] == "decode")
 
@@ -541,8 +707,8 @@ def main():
             globals()["test_" + name](c)
             bad = c.stop()
             check(not bad, "; ".join(bad))
-        except AssertionError as e:
-            print("FAIL: %s" % e)
+        except (AssertionError, OSError) as e:
+            print("FAIL: %s: %s" % (type(e).__name__, e))
             for f in sorted(os.listdir(tmp)):
                 if f.endswith((".log", ".err", ".out")):
                     print("---- %s (tail)\n%s" % (f, open(os.path.join(tmp, f)).read()[-3000:]))

@@ -2,13 +2,16 @@
  * rank (one process, two links via common/link.c) for routerd's black-box
  * tests: it speaks the control protocol of docs/cluster.md but moves no KV.
  * Decode tokens are the bytes of TEXT, cycling, one per message every
- * --tok-ms; Load reports one KV block per admitted request. Misbehaviours on
+ * --tok-ms; Load reports one KV block per admitted request, and no free KV
+ * once --max-batch requests are held (more are rejected, NO_CAPACITY, as a
+ * full decoded does). Misbehaviours on
  * request: --admit-delay-ms answers Admit late; --prefill-done-early sends a
  * PrefillDone (failed) from the prefill rank as soon as the decode rank gets
  * the Admit, before any Prefill could have been sent.
  * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
- *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early] */
+ *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early]
+ *        [--max-batch N] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -45,6 +48,7 @@ typedef struct {
     fake_req_t reqs[MAXREQ];
     uint32_t tok_ms;
     uint32_t admit_delay_ms;
+    uint32_t max_batch;     /* requests held at once (<= MAXREQ) */
     bool reject;
     bool prefill_hang;      /* never answer Prefill (a rank stuck mid-prefill) */
     bool prefill_done_early;
@@ -63,17 +67,26 @@ req_find(uint64_t id)
     return NULL;
 }
 
+static uint32_t
+held(void)
+{
+    uint32_t n = 0;
+
+    for (int i = 0; i < MAXREQ; i++)
+        n += F.reqs[i].id != 0;
+    return n;
+}
+
 static void
 send_load(void)
 {
     Tandem__Load ld = TANDEM__LOAD__INIT;
 
-    for (int i = 0; i < MAXREQ; i++)
-        if (F.reqs[i].id)
-            ld.kv_blocks_used++;
+    ld.kv_blocks_used = held();
     ld.kv_blocks_free = BLOCKS - ld.kv_blocks_used;
     ld.kv_tokens_used = ld.kv_blocks_used * 64;
-    ld.kv_tokens_free = ld.kv_blocks_free * 64;
+    /* as decoded: the longest request that fits now, 0 with no row free */
+    ld.kv_tokens_free = ld.kv_blocks_used < F.max_batch ? ld.kv_blocks_free * 64 : 0;
     ld.running = (uint32_t)ld.kv_blocks_used;
     if (F.dlink)
         td_link_load(F.dlink, &ld);
@@ -175,7 +188,7 @@ on_decode_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, vo
         for (int i = 0; i < MAXREQ && !q; i++)
             if (!F.reqs[i].id)
                 q = &F.reqs[i];
-        if (F.reject || !q || !a->sampling) {
+        if (F.reject || !q || held() >= F.max_batch || !a->sampling) {
             Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
             rej.req_id = a->req_id;
             rej.code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
@@ -280,7 +293,7 @@ main(int argc, char **argv)
         { "role", 1, 0, 'o' }, { "reject", 0, 0, 'j' }, { "tok-ms", 1, 0, 't' },
         { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' },
         { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' },
-        { "bad-token", 1, 0, 'b' }, { 0, 0, 0, 0 },
+        { "bad-token", 1, 0, 'b' }, { "max-batch", 1, 0, 'm' }, { 0, 0, 0, 0 },
     };
     const char *router = NULL, *secret_file = NULL, *role = "both";
     uint64_t max_context = 1u << 20;
@@ -293,6 +306,7 @@ main(int argc, char **argv)
 
     snprintf(F.node, sizeof F.node, "fake");
     F.tok_ms = 2;
+    F.max_batch = MAXREQ;
     F.bad_token = -1;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -307,10 +321,12 @@ main(int argc, char **argv)
         case 'a': F.admit_delay_ms = (uint32_t)atoi(optarg); break;
         case 'e': F.prefill_done_early = true; break;
         case 'b': F.bad_token = (int32_t)atoi(optarg); break;
+        case 'm': F.max_batch = (uint32_t)atoi(optarg); break;
         default: return 2;
         }
     }
-    if (!router || !secret_file || !(f = fopen(secret_file, "r")))
+    if (!router || !secret_file || F.max_batch < 1 || F.max_batch > MAXREQ ||
+        !(f = fopen(secret_file, "r")))
         return 2;
     size_t slen = fread(secret, 1, sizeof secret, f);
     fclose(f);
@@ -339,7 +355,7 @@ main(int argc, char **argv)
     reg.vocab_size = eng->vocab;
     reg.max_context = max_context;
     reg.kv_tokens_total = BLOCKS * 64;
-    reg.max_batch = MAXREQ;
+    reg.max_batch = F.max_batch;
     if (strcmp(role, "prefill") != 0) {
         h.on_message = on_decode_msg;
         if (td_link_create(F.base, &lc, &reg, &h, &F.dlink) != TD_OK)

@@ -2,8 +2,9 @@
  * accepted; refused with a reason on both sides for each single mismatch
  * and for a client claiming the server's incarnation; a reflected Hello refused; pre-auth frames refused unparsed; send before
  * established and above the output cap; silent and dead peers time out; a
- * bad frame closes only its own connection; the handshake cap and the pause
- * after accept errors; connect falling back to the next address; names
+ * bad frame closes only its own connection; the handshake caps (a newcomer
+ * closes the oldest silent connection, of its address or of all) and the
+ * pause after accept errors; connect falling back to the next address; names
  * refused on the loop; destroy while connected. */
 #include "check.h"
 #include "testutil.h"
@@ -548,49 +549,143 @@ out:
     td_ctl_listener_destroy(lst);
 }
 
-/* max_unauth = 2: a third connection in the handshake is closed at once and
- * the first two are served; once they are gone a client gets in. */
+/* Whether fd is still open after the loop ran a little (what it had is read). */
+static int
+raw_open(struct event_base *base, int fd)
+{
+    char buf[4096];
+    size_t len = 0;
+
+    run_until(base, NULL, 0, 30);
+    return raw_read(fd, buf, sizeof(buf), &len, 0);
+}
+
+/* max_unauth = 2: a new connection in the handshake closes the oldest one
+ * whose Hello has not come, never before one whose Hello came; one warning
+ * for the episode; a client gets in while silent connections hold the cap. */
 static void
 test_unauth_cap(struct event_base *base)
 {
     td_hello_ident_t sid, cid;
     td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
     td_ctl_config_t ccfg = base_config(&cid, "client", TANDEM__ROLE__ROLE_PREFILL);
-    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL }, ch = sh;
-    side_t ss = { 0 }, cs = { 0 };
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL }, ch = sh, kh = sh;
+    side_t ss = { 0 }, cs = { 0 }, ks = { 0 };
+    struct event_base *kbase = event_base_new();
     td_ctl_listener_t *lst = NULL;
-    td_ctl_conn_t *c = NULL;
+    td_ctl_conn_t *c = NULL, *stuck = NULL;
     char buf[4096];
-    size_t len = 0, len1 = 0;
-    int fd[3];
+    size_t len = 0;
+    uint16_t port;
+    int fd[2];
 
     sh.arg = &ss;
     ch.arg = &cs;
+    kh.arg = &ks;
     scfg.max_unauth = 2;
     scfg.handshake_ms = 5000;
+    ccfg.handshake_ms = 5000;
     CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, "127.0.0.1", 0, &lst), TD_OK);
+    if (lst == NULL || kbase == NULL)
+        goto out;
+    port = td_ctl_listener_port(lst);
+    log_watch_start("closes the oldest unauthenticated one");
+    /* A peer whose Hello came: its own loop does not run again, so it never
+     * sends its proof and stays in the handshake (auth) at the server. */
+    CHECK_STATUS(td_ctl_conn_connect(kbase, &ccfg, &kh, "127.0.0.1", port, &stuck), TD_OK);
+    run_until(kbase, NULL, 0, 50);
+    run_until(base, NULL, 0, 50);
+    fd[0] = raw_connect(port);
+    CHECK(fd[0] >= 0);
+    run_until(base, NULL, 0, 30);
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 2);
+    fd[1] = raw_connect(port);   /* at the cap: closes fd[0], the silent one */
+    CHECK(fd[1] >= 0);
+    CHECK(raw_until_closed(base, fd[0], buf, sizeof(buf), &len, 0, 1000));
+    CHECK(len > 0);                                  /* it had our Hello */
+    CHECK(raw_open(base, fd[1]));
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 2);
+    CHECK_EQ_INT(ss.closed, 1);
+    /* A client while the cap is held: it closes fd[1] and gets in. */
+    CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "127.0.0.1", port, &c), TD_OK);
+    CHECK(run_until(base, &cs.established, 1, 2000));
+    CHECK(run_until(base, &ss.established, 1, 2000));
+    len = 0;
+    CHECK(raw_until_closed(base, fd[1], buf, sizeof(buf), &len, 0, 1000));
+    CHECK_EQ_INT(ss.closed, 2);
+    CHECK_EQ_INT(ks.closed, 0);   /* the peer in auth was kept */
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 2);
+    CHECK_EQ_INT(log_watch.hits, 1);
+    log_watch_start(NULL);
+    close(fd[0]);
+    close(fd[1]);
+out:
+    td_ctl_conn_destroy(c);
+    td_ctl_conn_destroy(stuck);
+    td_ctl_listener_destroy(lst);
+    if (kbase)
+        event_base_free(kbase);
+}
+
+/* raw_connect from a loopback address of our choice (127.0.0.0/8 all loops
+ * back on Linux); -1 when it cannot. */
+static int
+raw_connect_from(uint16_t port, const char *src)
+{
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
+    struct sockaddr_in me = { .sin_family = AF_INET };
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && (inet_pton(AF_INET, src, &me.sin_addr) != 1 ||
+                    bind(fd, (struct sockaddr *)&me, sizeof(me)) != 0 ||
+                    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* max_unauth_per_source = 2: a third silent connection from one address
+ * closes that address's oldest; another address's connection stays. */
+static void
+test_unauth_per_source(struct event_base *base)
+{
+    td_hello_ident_t sid;
+    td_ctl_config_t scfg = base_config(&sid, "server", TANDEM__ROLE__ROLE_DECODE);
+    td_ctl_handlers_t sh = { on_established, NULL, on_closed, NULL };
+    side_t ss = { 0 };
+    td_ctl_listener_t *lst = NULL;
+    char buf[4096];
+    size_t len = 0;
+    uint16_t port;
+    int other, fd[3];
+
+    sh.arg = &ss;
+    scfg.max_unauth = 16;
+    scfg.max_unauth_per_source = 2;
+    scfg.handshake_ms = 5000;
+    CHECK_STATUS(td_ctl_listener_create(base, &scfg, &sh, NULL, 0, &lst), TD_OK);
     if (lst == NULL)
         return;
-    log_watch_start("connections in the handshake (max_unauth)");
+    port = td_ctl_listener_port(lst);
+    other = raw_connect_from(port, "127.0.0.2");
+    CHECK(other >= 0);
+    run_until(base, NULL, 0, 30);
     for (int i = 0; i < 3; i++) {
-        fd[i] = raw_connect(td_ctl_listener_port(lst));
+        fd[i] = raw_connect_from(port, "127.0.0.1");
         CHECK(fd[i] >= 0);
         run_until(base, NULL, 0, 30);
     }
-    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 2);
-    CHECK(raw_until_closed(base, fd[2], buf, sizeof(buf), &len, 0, 1000));
-    CHECK_EQ_INT(len, 0);                        /* closed without a Hello */
-    CHECK(raw_read(fd[0], buf, sizeof(buf), &len1, 0) && len1 > 0);   /* got a Hello */
-    CHECK_EQ_INT(log_watch.hits, 1);
-    close(fd[0]);
-    close(fd[1]);
-    close(fd[2]);
-    CHECK(run_until(base, &ss.closed, 2, 2000));
-    CHECK_STATUS(td_ctl_conn_connect(base, &ccfg, &ch, "127.0.0.1", td_ctl_listener_port(lst), &c),
-                 TD_OK);
-    CHECK(run_until(base, &cs.established, 1, 2000));
-    log_watch_start(NULL);
-    td_ctl_conn_destroy(c);
+    CHECK(raw_until_closed(base, fd[0], buf, sizeof(buf), &len, 0, 1000));
+    CHECK(raw_open(base, fd[1]) && raw_open(base, fd[2]) && raw_open(base, other));
+    CHECK_EQ_INT(td_ctl_listener_conn_count(lst), 3);
+    CHECK_EQ_INT(ss.closed, 1);
+    CHECK(strstr(ss.reason, "max_unauth_per_source") != NULL);
+    CHECK_STATUS(ss.why, TD_ERR_BUSY);
+    for (int i = 0; i < 3; i++)
+        close(fd[i]);
+    close(other);
     td_ctl_listener_destroy(lst);
 }
 
@@ -718,6 +813,7 @@ main(void)
     test_destroy_busy(base);
     test_output_cap(base);
     test_unauth_cap(base);
+    test_unauth_per_source(base);
     test_accept_emfile(base);
     test_connect_fallback(base);
     event_base_free(base);

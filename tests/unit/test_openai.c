@@ -135,6 +135,8 @@ static const struct {
     { C, "{" M "," MSG ",'top_p':1.5}", TD_ERR_INVALID, 400, "top_p", "decimal_above_max_value", "<= 1" },
     { C, "{" M "," MSG ",'seed':1.5}", TD_ERR_INVALID, 400, "seed", "invalid_type", "expected an integer, but got a decimal" },
     { C, "{" M "," MSG ",'seed':'7'}", TD_ERR_INVALID, 400, "seed", "invalid_type", "got a string" },
+    { C, "{" M "," MSG ",'priority':1.5}", TD_ERR_INVALID, 400, "priority", "invalid_type", "expected an integer, but got a decimal" },
+    { C, "{" M "," MSG ",'priority':2147483648}", TD_ERR_INVALID, 400, "priority", "integer_above_max_value", "<= 2147483647" },
     { C, "{" M "," MSG ",'stream':'yes'}", TD_ERR_INVALID, 400, "stream", "invalid_type", "expected a boolean, but got a string" },
     { C, "{" M "," MSG ",'stream_options':{'include_usage':true}}", TD_ERR_INVALID, 400, "stream_options", "invalid_value", "only allowed when 'stream' is enabled" },
     { C, "{" M "," MSG ",'stream':true,'stream_options':{'include_usage':1}}", TD_ERR_INVALID, 400, "stream_options.include_usage", "invalid_type", "expected a boolean" },
@@ -256,7 +258,8 @@ test_good_chat(void)
         "'temperature':0.5,'top_p':0.9,'seed':-7,'stop':['\\n\\n','END'],"
         "'presence_penalty':0.5,'frequency_penalty':-1,'n':1,'user':'u','logprobs':false,"
         "'tools':[{'type':'function','function':{'name':'f'}}],'tool_choice':'auto',"
-        "'response_format':{'type':'text'},'logit_bias':{},'parallel_tool_calls':true}");
+        "'response_format':{'type':'text'},'logit_bias':{},'parallel_tool_calls':true,"
+        "'priority':-3}");
     if (r == NULL)
         return;
     CHECK_EQ_INT(r->kind, C);
@@ -279,6 +282,7 @@ test_good_chat(void)
     CHECK_EQ_INT(r->max_tokens, 100);
     CHECK(r->temperature == 0.5 && r->top_p == 0.9);
     CHECK(r->has_seed && r->seed == -7);
+    CHECK_EQ_INT(r->priority, -3);
     CHECK_EQ_INT(r->nstop, 2);
     CHECK_STR(r->stop[0], "\n\n");
     CHECK_STR(r->stop[1], "END");
@@ -294,6 +298,7 @@ test_good_chat(void)
     if (r) {
         CHECK_EQ_INT(r->max_tokens, cfg.max_tokens_default);
         CHECK(r->temperature == 1 && r->top_p == 1 && !r->has_seed && !r->stream);
+        CHECK_EQ_INT(r->priority, 0);
         CHECK(!r->include_usage && r->nstop == 0 && r->tools == NULL && r->tool_choice == NULL);
         CHECK(r->presence_penalty == 0 && r->frequency_penalty == 0);
         td_openai_req_destroy(r);
