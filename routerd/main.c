@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -56,6 +57,10 @@ static const td_config_opt_t router_opts[] = {
                          "seconds in the retry-after header of a 503"),
     TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_RSCHED_MAX_TRIED,
                          "admissions tried per request (decode rejects, lost ranks)"),
+    /* text threads (rreq.h): parsing, chat encoding, tokenizing, detokenizing */
+    TD_CONFIG_OPT_UINT64("text-threads", ST, text_threads, "0", 0, 256,
+                         "threads that parse, encode and tokenize prompts and detokenize "
+                         "replies, off the event loop (0: one per online cpu)"),
     TD_CONFIG_OPT_END
 };
 #undef ST
@@ -94,6 +99,15 @@ router_tokenizer(td_router_t *r)
     td_info("tokenizer %s: %s; chat requests use the DeepSeek-V4.1 chat format", path,
             r->tok->name);
     return TD_OK;
+}
+
+/* text-threads, 0 meaning one per online cpu. */
+static unsigned
+router_text_threads(const td_router_cfg_t *cfg)
+{
+    long n = cfg->text_threads ? (long)cfg->text_threads : sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n < 1 ? 1u : n > 256 ? 256u : (unsigned)n;
 }
 
 /* The engines routerd knows: their identities only (no model is linked). */
@@ -250,7 +264,8 @@ router_init(td_router_t *r)
                              .max_attempts = (unsigned)cfg->max_attempts,
                              .kv_bytes_per_token = r->kv_bytes_per_token,
                              .kv_fixed_bytes = r->kv_fixed_bytes,
-                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids };
+                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids,
+                             .text_threads = router_text_threads(cfg) };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;

@@ -1,9 +1,10 @@
 /* routerd/router.h — the router daemon as main.c builds it: its
  * configuration, identity and the modules it wires together (cluster,
  * requests, HTTP listeners, metrics); the routes (routes.h) read it. It
- * declares no functions: each module's are in its own header. routerd is
- * single-threaded: one libevent loop serves HTTP, the admin API and every
- * worker connection, so nothing here locks. */
+ * declares no functions: each module's are in its own header. One libevent
+ * loop serves HTTP, the admin API and every worker connection, so nothing
+ * here locks; the requests' text work runs on text threads (rreq.h), which
+ * share only what is immutable here (the tokenizer, the API configuration). */
 #ifndef TD_ROUTERD_ROUTER_H
 #define TD_ROUTERD_ROUTER_H
 
@@ -46,6 +47,7 @@ typedef struct {
     uint64_t max_frame;         /* control frame body cap, bytes */
     uint64_t retry_after_s;     /* Retry-After of a 503 */
     uint64_t max_attempts;      /* admissions per request (AdmitReject, lost ranks) */
+    uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
