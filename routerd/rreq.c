@@ -40,7 +40,8 @@ struct td_rreq_s {
     uint64_t id;                    /* wire id of the current attempt */
     td_rreq_state_t state;          /* changed by set_state() only */
     td_openai_kind_t kind;
-    td_openai_req_t *oreq;          /* NULL until the prompt job has parsed the body */
+    td_openai_req_t *oreq;          /* text's (rtext.h), NULL until the prompt job has
+                                       parsed the body */
     struct evhttp_request *http;    /* NULL once answered or the client is gone */
     struct evhttp_connection *evcon;
     struct event *watch;            /* EOF on the client's socket while we work */
@@ -322,7 +323,6 @@ request_release(td_rreq_t *q)
     free(q->wbias);
     free(q->wbiasp);
     free(q->prompt);
-    td_openai_req_destroy(q->oreq);
     free(q);
 }
 

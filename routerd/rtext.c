@@ -44,7 +44,7 @@ struct td_rtext_s {
     const char *oid;
     atomic_bool canceled;
     struct evbuffer *body;          /* until the prompt job has parsed it */
-    td_openai_req_t *oreq;          /* the caller's once parsed */
+    td_openai_req_t *oreq;          /* once parsed; the caller borrows it */
     int32_t *prompt;                /* until the caller takes it */
     size_t nprompt;
     bool streaming;                 /* td_rtext_stream_start: SSE from now on */
@@ -109,6 +109,7 @@ td_rtext_destroy(td_rtext_t *x)
     if (x->body)
         evbuffer_free(x->body);
     free(x->prompt);
+    td_openai_req_destroy(x->oreq);
     td_stop_destroy(x->stop);
     td_chat_reply_reader_destroy(x->chat);
     td_openai_logprobs_destroy(x->lp);

@@ -73,9 +73,9 @@ size_t td_rtext_body_len(const td_rtext_t *x);
  * take the prompt text, tokenize it; set up the stop matcher, the reply
  * reader, the log-probabilities and the stream's metadata. */
 void td_rtext_prompt_run(td_rtext_t *x);
-/* After it succeeded: the parsed request (still read by the text work; the
- * caller owns and frees it after td_rtext_destroy) and the prompt's ids
- * (moved to the caller, who frees them). */
+/* After it succeeded: the parsed request (x's: valid while x lives, read by
+ * both sides, changed by neither but for the seed, which the text work does
+ * not read) and the prompt's ids (moved to the caller, who frees them). */
 td_openai_req_t *td_rtext_req(td_rtext_t *x);
 int32_t *td_rtext_take_prompt(td_rtext_t *x, size_t *n);
 
