@@ -61,6 +61,10 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("text-threads", ST, text_threads, "0", 0, 256,
                          "threads that parse, encode and tokenize prompts and detokenize "
                          "replies, off the event loop (0: one per online cpu)"),
+    TD_CONFIG_OPT_UINT64("text-inline-max", ST, text_inline_max, "16", 0, 1u << 20,
+                         "largest batch of generated tokens (each counted 1 + its log-probability "
+                         "alternatives) that the event loop detokenizes itself, a few being "
+                         "cheaper there than on a text thread (0: always a text thread)"),
     TD_CONFIG_OPT_END
 };
 #undef ST
@@ -265,7 +269,8 @@ router_init(td_router_t *r)
                              .kv_bytes_per_token = r->kv_bytes_per_token,
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids,
-                             .text_threads = router_text_threads(cfg) };
+                             .text_threads = router_text_threads(cfg),
+                             .text_inline_max = cfg->text_inline_max };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;

@@ -48,6 +48,7 @@ typedef struct {
     uint64_t retry_after_s;     /* Retry-After of a 503 */
     uint64_t max_attempts;      /* admissions per request (AdmitReject, lost ranks) */
     uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
+    uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */

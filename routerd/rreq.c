@@ -702,11 +702,6 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
 /* Text jobs                                                                 */
 /* ======================================================================= */
 
-/* Token batches up to this weight (tokens times 1 + alternatives, rtext.h)
- * are turned into text on the loop when no job of the request runs: a few
- * microseconds each (docs/routerd.md, "Threads"), less than handing them to a
- * text thread and back. */
-#define TEXT_INLINE_MAX 16
 /* Bodies larger than this are long jobs (td_jobq_post_long): a thread stays
  * free for the others. 64 KiB take about 3 ms to parse, encode and tokenize. */
 #define TEXT_LONG_BODY (64u << 10)
@@ -793,7 +788,8 @@ text_tokens_done(void *arg)
         text_tokens_apply(q);
 }
 
-/* Turn the tokens pushed so far into text: a small batch at once, a larger
+/* Turn the tokens pushed so far into text: a batch of weight up to
+ * text_inline_max (tokens times 1 + alternatives, rtext.h) at once, a larger
  * one on a text thread; never two jobs of one request at a time, so its
  * text stays in order (what arrives meanwhile waits for the next job). */
 static void
@@ -806,7 +802,7 @@ text_kick(td_rreq_t *q)
     weight = td_rtext_tokens_take(q->text);
     if (weight == 0)
         return;
-    if (weight <= TEXT_INLINE_MAX) {
+    if (weight <= q->t->cfg.text_inline_max) {   /* cheaper than a thread and back */
         td_rtext_tokens_run(q->text);
         text_tokens_apply(q);
         return;

@@ -60,6 +60,8 @@ typedef struct {
     const int32_t *stop_ids;        /* the model's end-of-sequence ids (its identity), */
     size_t nstop_ids;               /*   the stop tokens of every request */
     unsigned text_threads;          /* threads that parse, encode, tokenize and detokenize */
+    uint64_t text_inline_max;       /* token batches up to this weight (rtext.h) are
+                                       detokenized on the loop; 0: never */
 } td_rreq_config_t;
 
 /* Starts the text threads. TD_ERR_NOMEM or TD_ERR_IO (logged). */

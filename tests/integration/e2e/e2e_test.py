@@ -644,6 +644,35 @@ def test_drain(c):
 # ---- 8. the V4.1 tokenizer and chat format in routerd --------------------------------
 
 
+def run_tool(build, name, *args, data=""):
+    """stdout of tools/NAME ARGS (stdin: data); it must succeed."""
+    r = subprocess.run([os.path.join(build, "tools", name), *args], input=data.encode(),
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "%s %s: exit %d: %s" % (name, args, r.returncode, r.stderr))
+    return r.stdout.decode()
+
+
+def v41_expect(c, model, vocab, body):
+    """The message routerd with model's tokenizer must answer the chat request
+    body with (greedy or seeded, max_tokens without a stop), its finish reason
+    and prompt length: the same request through tools/chat-encode,
+    tools/tokenize and the synthetic engine's model (tools/synth-expect)."""
+    req = c.path("request.json")
+    with open(req, "w") as f:
+        json.dump(body, f)
+    ids = [int(x) for x in run_tool(c.build, "chat-encode", "--tokenizer", model, "--ids",
+                                    req).split()]
+    out = synth.tokens(SYNTH_KEY, vocab, ids, body["max_tokens"] - 1,
+                       temperature=body.get("temperature", 1.0),
+                       top_p=body.get("top_p", 1.0), seed=body["seed"])
+    # special tokens (BOS, EOS, pad, image markup) are left out of replies
+    text = run_tool(c.build, "tokenize", "--tokenizer", model, "--decode", "--no-special",
+                    data=" ".join(map(str, out)))
+    parsed = json.loads(run_tool(c.build, "chat-encode", "--parse", "--request", req,
+                                 "--length", data=text))
+    return parsed["message"], parsed["finish_reason"], len(ids)
+
+
 def test_v41_chat(c):
     """routerd with a V4.1 checkpoint's tokenizer.json (tools/mk-tiny-model):
     chat prompts in the V4.1 format, replies read back into reasoning_content,
@@ -654,10 +683,7 @@ def test_v41_chat(c):
     build = c.build
 
     def tool(name, *args, data=""):
-        r = subprocess.run([os.path.join(build, "tools", name), *args], input=data.encode(),
-                           capture_output=True, timeout=60)
-        check(r.returncode == 0, "%s %s: exit %d: %s" % (name, args, r.returncode, r.stderr))
-        return r.stdout.decode()
+        return run_tool(build, name, *args, data=data)
 
     model = c.path("tiny-model")
     tool("mk-tiny-model", model)
@@ -668,20 +694,7 @@ def test_v41_chat(c):
     c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model))
 
     def expect(body):
-        """The message the router must answer body with, and its prompt length."""
-        req = c.path("request.json")
-        with open(req, "w") as f:
-            json.dump(body, f)
-        ids = [int(x) for x in tool("chat-encode", "--tokenizer", model, "--ids", req).split()]
-        out = synth.tokens(SYNTH_KEY, vocab, ids, body["max_tokens"] - 1,
-                           temperature=body.get("temperature", 1.0),
-                           top_p=body.get("top_p", 1.0), seed=body["seed"])
-        # special tokens (BOS, EOS, pad, image markup) are left out of replies
-        text = tool("tokenize", "--tokenizer", model, "--decode", "--no-special",
-                    data=" ".join(map(str, out)))
-        parsed = json.loads(tool("chat-encode", "--parse", "--request", req, "--length",
-                                 data=text))
-        return parsed["message"], parsed["finish_reason"], len(ids)
+        return v41_expect(c, model, vocab, body)
 
     def strip_ids(msg):
         msg = {k: v for k, v in msg.items() if v is not None and k != "role"}
@@ -995,9 +1008,11 @@ def test_router_threads(c):
     routerd's text threads, not on its event loop (issue 14, finding 14): while
     they are being tokenized the admin API lists them as new and small
     requests are answered; the text threads, not the loop thread, spend the
-    CPU time; a client that goes away and an admin cancel while its prompt
-    waits for a text thread or is being tokenized end the request cleanly (the
-    sanitizer build checks nothing freed is used)."""
+    CPU time. With every Tokens message detokenized on a text thread
+    (--text-inline-max 0) replies are exact, with log-probabilities and
+    without, streamed and not. A client that goes away and an admin cancel
+    while its prompt waits for a text thread or is being tokenized end the
+    request cleanly (the sanitizer build checks nothing freed is used)."""
     build = c.build
     model = c.path("tiny-model")
     r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
@@ -1010,7 +1025,7 @@ def test_router_threads(c):
     c.engine = [x if i == 0 or c.engine[i - 1] != "--synth-vocab" else str(vocab)
                 for i, x in enumerate(c.engine)] + ["--synth-max-context", "8192"]
     c.up(prefill=1, decode=1, decode_ranks=1,
-         router=("--tokenizer", model, "--text-threads", "2"))
+         router=("--tokenizer", model, "--text-threads", "2", "--text-inline-max", "0"))
     pid = c.router.p.pid
     words = ["%s%d" % ("abcdefgh"[i % 8], i % 997) for i in range(200000)]
     big = {"model": MODEL, "max_tokens": 4, "messages": [
@@ -1057,6 +1072,39 @@ def test_router_threads(c):
     check(text > 0 and loop * 4 < text,
           "the loop thread spent %d ticks and the text threads %d: the tokenizing is not off "
           "the loop" % (loop, text))
+
+    # Every Tokens message turned into text on a text thread (--text-inline-max
+    # 0): the replies are the ones the same request gives through the tools,
+    # with log-probabilities and without, streamed and not.
+    req = dict(model=MODEL, max_tokens=24, seed=11, temperature=0.9,
+               messages=[{"role": "user", "content": "one reply, three times"}])
+    want, finish, nprompt = v41_expect(c, model, vocab, req)
+    want = {k: v for k, v in want.items() if v is not None and k != "role"}
+    for lp in (False, True):
+        extra = dict(logprobs=True, top_logprobs=20) if lp else {}
+        rsp = client.chat.completions.create(**req, **extra)
+        got = rsp.choices[0].message.model_dump(exclude_none=True)
+        got.pop("role", None)
+        check(got == want and rsp.choices[0].finish_reason == finish and
+              rsp.usage.prompt_tokens == nprompt,
+              "logprobs %s: %r (%s), want %r (%s)" % (lp, got, rsp.choices[0].finish_reason,
+                                                      want, finish))
+        check(not lp or len(rsp.choices[0].logprobs.content) == rsp.usage.completion_tokens,
+              "log-probabilities for %d tokens" % rsp.usage.completion_tokens)
+        acc, nlp, sfinish = {"content": "", "reasoning_content": ""}, 0, None
+        with client.chat.completions.create(**req, **extra, stream=True) as st:
+            for ch in st:
+                for ch0 in ch.choices:
+                    acc["content"] += ch0.delta.content or ""
+                    acc["reasoning_content"] += getattr(ch0.delta, "reasoning_content",
+                                                        None) or ""
+                    nlp += len(ch0.logprobs.content or []) if ch0.logprobs else 0
+                    sfinish = ch0.finish_reason or sfinish
+        acc = {k: v for k, v in acc.items() if v or want.get(k) is not None}
+        check(acc == want and sfinish == finish, "streamed, logprobs %s: %r (%s), want %r"
+              % (lp, acc, sfinish, want))
+        check(not lp or nlp == rsp.usage.completion_tokens,
+              "streamed: %d log-probabilities for %d tokens" % (nlp, rsp.usage.completion_tokens))
 
     # A client gone, and an admin cancel, while large prompts wait or are tokenized.
     socks = []
