@@ -456,7 +456,7 @@ finish_of(Tandem__Finish f)
  * ranks get a Cancel because they may still be generating); the text job
  * has made the end of the reply: the rest of a stream, or the answer. */
 static void
-request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
+request_done(td_rreq_t *q, bool by_us)
 {
     const td_buf_t *out = td_rtext_out(q->text);
     struct evhttp_request *h;
@@ -474,8 +474,8 @@ request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
         evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
         td_http_reply(h, 200, "application/json", out->data, out->len);
     }
-    td_debug("request %016" PRIx64 ": done (%s), %zu prompt + %u completion tokens", q->id,
-             finish == TD_OPENAI_FINISH_LENGTH ? "length" : "stop", q->nprompt, q->ntokens);
+    td_debug("request %016" PRIx64 ": done, %zu prompt + %u completion tokens", q->id,
+             q->nprompt, q->ntokens);
     request_end(q);
 }
 
@@ -770,7 +770,7 @@ text_tokens_apply(td_rreq_t *q)
         return;
     }
     if (r->ended) {
-        request_done(q, r->finish, r->by_us);
+        request_done(q, r->by_us);
         return;
     }
     if (q->streaming)

@@ -47,7 +47,7 @@ typedef struct {
     td_openai_err_t err;        /* st != TD_OK: what the client is told */
     bool refused;               /* the parser refused the body (err is its 4xx/413) */
     bool ended;                 /* tokens: the reply is complete; out holds its end */
-    td_openai_finish_t finish;  /* ended: why */
+    td_openai_finish_t finish;  /* ended: why (as the reply says) */
     bool by_us;                 /* ended: a stop string or max_tokens, not the rank */
 } td_rtext_res_t;
 
