@@ -1,6 +1,7 @@
-/* common/jobq.c — the compute thread of jobq.h: a FIFO of jobs guarded by a
- * mutex and a condition variable towards the thread, a FIFO of messages
- * guarded by the same mutex and an eventfd towards the loop. */
+/* common/jobq.c — the compute threads of jobq.h: FIFOs of jobs (short and
+ * long ones) guarded by a mutex and a condition variable towards the threads,
+ * a FIFO of messages guarded by the same mutex and an eventfd towards the
+ * loop. */
 #include "jobq.h"
 
 #include <errno.h>
@@ -16,11 +17,15 @@
 
 #include "log.h"
 
+#define JOBQ_MAX_THREADS 256
+
 typedef struct jobq_item {
     struct jobq_item *next;
     td_jobq_run_fn run;       /* jobs only */
     td_jobq_done_fn fn;       /* done (jobs) or the message's function */
     void *arg;
+    uint64_t seq;             /* jobs: the order they were posted in */
+    int is_long;              /* jobs: posted with td_jobq_post_long */
     int is_done;              /* a job's completion: the pending count drops */
 } jobq_item_t;
 
@@ -30,11 +35,16 @@ typedef struct {
 
 struct td_jobq_s {
     char name[16];
-    pthread_t thread;
-    int started;
+    pthread_t *threads;        /* [nthreads] */
+    unsigned nthreads;
+    unsigned started;          /* threads running */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    jobq_list_t jobs;          /* to the compute thread */
+    jobq_list_t jobs;          /* to the compute threads: short jobs */
+    jobq_list_t long_jobs;     /*   and long ones */
+    unsigned long_running;     /* long jobs running now */
+    unsigned long_max;         /* at most this many at once */
+    uint64_t seq;              /* of the next job posted */
     jobq_list_t back;          /* to the loop */
     int stop;
     int efd;
@@ -92,6 +102,23 @@ jobq_send_back_locked(td_jobq_t *q, jobq_item_t *it)
         td_error("jobq %s: eventfd write failed: %s", q->name, strerror(errno));
 }
 
+/* The next job a thread may start, taken off its list, or NULL: the one
+ * posted first, unless it is long and long jobs are at their limit. Called
+ * with mu held. */
+static jobq_item_t *
+jobq_take_locked(td_jobq_t *q)
+{
+    jobq_item_t *s = q->jobs.head, *l = q->long_jobs.head;
+
+    if (l != NULL && q->long_running >= q->long_max)
+        l = NULL;
+    if (l != NULL && (s == NULL || l->seq < s->seq)) {
+        q->long_running++;
+        return jobq_pop(&q->long_jobs);
+    }
+    return s != NULL ? jobq_pop(&q->jobs) : NULL;
+}
+
 static void *
 jobq_main(void *p)
 {
@@ -101,16 +128,17 @@ jobq_main(void *p)
         q->on_start(q->start_arg);
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        jobq_item_t *it;
+        jobq_item_t *it = NULL;
 
-        while (!q->stop && q->jobs.head == NULL)
+        while (!q->stop && (it = jobq_take_locked(q)) == NULL)
             pthread_cond_wait(&q->cv, &q->mu);
         if (q->stop)
             break;
-        it = jobq_pop(&q->jobs);
         pthread_mutex_unlock(&q->mu);
         it->run(it->arg);
         pthread_mutex_lock(&q->mu);
+        if (it->is_long && q->long_running-- == q->long_max)
+            pthread_cond_broadcast(&q->cv);   /* a long job waiting may start now */
         it->is_done = 1;
         jobq_send_back_locked(q, it);
     }
@@ -143,18 +171,39 @@ jobq_on_back(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-td_status_t
-td_jobq_create(struct event_base *base, const char *name, td_jobq_run_fn on_start,
-               void *start_arg, td_jobq_t **out)
+/* Stop and join the threads that were started. */
+static void
+jobq_stop_threads(td_jobq_t *q)
 {
-    td_jobq_t *q = calloc(1, sizeof(*q));
+    pthread_mutex_lock(&q->mu);
+    q->stop = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    for (unsigned i = 0; i < q->started; i++)
+        pthread_join(q->threads[i], NULL);
+    q->started = 0;
+}
+
+td_status_t
+td_jobq_create_pool(struct event_base *base, const char *name, unsigned nthreads,
+                    td_jobq_run_fn on_start, void *start_arg, td_jobq_t **out)
+{
+    td_jobq_t *q;
     int rc;
 
-    if (q == NULL) {
+    if (nthreads < 1 || nthreads > JOBQ_MAX_THREADS) {
+        td_error("jobq %s: %u threads (1 to %u)", name, nthreads, JOBQ_MAX_THREADS);
+        return TD_ERR_INVALID;
+    }
+    q = calloc(1, sizeof(*q));
+    if (q == NULL || (q->threads = calloc(nthreads, sizeof(*q->threads))) == NULL) {
+        free(q);
         td_error("jobq %s: out of memory", name);
         return TD_ERR_NOMEM;
     }
     snprintf(q->name, sizeof(q->name), "%s", name);
+    q->nthreads = nthreads;
+    q->long_max = nthreads > 1 ? nthreads - 1 : 1;
     q->on_start = on_start;
     q->start_arg = start_arg;
     pthread_mutex_init(&q->mu, NULL);
@@ -167,28 +216,46 @@ td_jobq_create(struct event_base *base, const char *name, td_jobq_run_fn on_star
     q->ev = event_new(base, q->efd, EV_READ | EV_PERSIST, jobq_on_back, q);
     if (q->ev == NULL || event_add(q->ev, NULL) != 0) {
         td_error("jobq %s: cannot add its event to the loop", name);
-        goto err_close;
-    }
-    rc = pthread_create(&q->thread, NULL, jobq_main, q);
-    if (rc != 0) {
-        td_error("jobq %s: cannot start its thread: %s", name, strerror(rc));
         goto err_event;
     }
-    q->started = 1;
-    pthread_setname_np(q->thread, q->name);
+    for (unsigned i = 0; i < nthreads; i++) {
+        char tname[16];
+
+        rc = pthread_create(&q->threads[i], NULL, jobq_main, q);
+        if (rc != 0) {
+            td_error("jobq %s: cannot start thread %u: %s", name, i, strerror(rc));
+            goto err_threads;
+        }
+        q->started++;
+        if (nthreads == 1)
+            snprintf(tname, sizeof(tname), "%s", q->name);
+        else
+            snprintf(tname, sizeof(tname), "%.*s%u", i < 10 ? 14 : i < 100 ? 13 : 12,
+                     q->name, i);
+        pthread_setname_np(q->threads[i], tname);
+    }
     *out = q;
     return TD_OK;
 
+err_threads:
+    jobq_stop_threads(q);
 err_event:
     if (q->ev != NULL)
         event_free(q->ev);
-err_close:
     close(q->efd);
 err_free:
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
+    free(q->threads);
     free(q);
     return TD_ERR_IO;
+}
+
+td_status_t
+td_jobq_create(struct event_base *base, const char *name, td_jobq_run_fn on_start,
+               void *start_arg, td_jobq_t **out)
+{
+    return td_jobq_create_pool(base, name, 1, on_start, start_arg, out);
 }
 
 void
@@ -196,24 +263,21 @@ td_jobq_destroy(td_jobq_t *q)
 {
     if (q == NULL)
         return;
-    pthread_mutex_lock(&q->mu);
-    q->stop = 1;
-    pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    if (q->started)
-        pthread_join(q->thread, NULL);
+    jobq_stop_threads(q);
     jobq_free_list(&q->jobs);
+    jobq_free_list(&q->long_jobs);
     /* What came back is still delivered, so its owners free what they gave. */
     jobq_on_back(q->efd, EV_READ, q);
     event_free(q->ev);
     close(q->efd);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
+    free(q->threads);
     free(q);
 }
 
-td_status_t
-td_jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
+static td_status_t
+jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int is_long)
 {
     jobq_item_t *it = calloc(1, sizeof(*it));
 
@@ -224,12 +288,26 @@ td_jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
     it->run = run;
     it->fn = done;
     it->arg = arg;
+    it->is_long = is_long && q->nthreads > 1;
     q->pending++;
     pthread_mutex_lock(&q->mu);
-    jobq_push(&q->jobs, it);
+    it->seq = q->seq++;
+    jobq_push(it->is_long ? &q->long_jobs : &q->jobs, it);
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
     return TD_OK;
+}
+
+td_status_t
+td_jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
+{
+    return jobq_post(q, run, done, arg, 0);
+}
+
+td_status_t
+td_jobq_post_long(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
+{
+    return jobq_post(q, run, done, arg, 1);
 }
 
 td_status_t

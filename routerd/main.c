@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -72,6 +73,14 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("ctl-max-unauth-per-source", ST, ctl_max_unauth_per_source, "64", 1,
                          65536, "control connections in the handshake from one address; a new "
                          "one closes that address's oldest"),
+    /* text threads (rreq.h): parsing, chat encoding, tokenizing, detokenizing */
+    TD_CONFIG_OPT_UINT64("text-threads", ST, text_threads, "0", 0, 256,
+                         "threads that parse, encode and tokenize prompts and detokenize "
+                         "replies, off the event loop (0: one per online cpu)"),
+    TD_CONFIG_OPT_UINT64("text-inline-max", ST, text_inline_max, "16", 0, 1u << 20,
+                         "largest batch of generated tokens (each counted 1 + its log-probability "
+                         "alternatives) that the event loop detokenizes itself, a few being "
+                         "cheaper there than on a text thread (0: always a text thread)"),
     TD_CONFIG_OPT_END
 };
 #undef ST
@@ -144,6 +153,15 @@ router_check_auth(const td_router_t *r)
         return TD_ERR_INVALID;
     }
     return TD_OK;
+}
+
+/* text-threads, 0 meaning one per online cpu. */
+static unsigned
+router_text_threads(const td_router_cfg_t *cfg)
+{
+    long n = cfg->text_threads ? (long)cfg->text_threads : sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n < 1 ? 1u : n > 256 ? 256u : (unsigned)n;
 }
 
 /* The engines routerd knows: their identities only (no model is linked). */
@@ -313,7 +331,9 @@ router_init(td_router_t *r)
                              .max_context = r->max_context,
                              .kv_bytes_per_token = r->kv_bytes_per_token,
                              .kv_fixed_bytes = r->kv_fixed_bytes,
-                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids };
+                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids,
+                             .text_threads = router_text_threads(cfg),
+                             .text_inline_max = cfg->text_inline_max };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;

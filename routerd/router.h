@@ -1,9 +1,10 @@
 /* routerd/router.h — the router daemon as main.c builds it: its
  * configuration, identity and the modules it wires together (cluster,
  * requests, HTTP listeners, metrics); the routes (routes.h) read it. It
- * declares no functions: each module's are in its own header. routerd is
- * single-threaded: one libevent loop serves HTTP, the admin API and every
- * worker connection, so nothing here locks. */
+ * declares no functions: each module's are in its own header. One libevent
+ * loop serves HTTP, the admin API and every worker connection, so nothing
+ * here locks; the requests' text work runs on text threads (rreq.h), which
+ * share only what is immutable here (the tokenizer, the API configuration). */
 #ifndef TD_ROUTERD_ROUTER_H
 #define TD_ROUTERD_ROUTER_H
 
@@ -52,6 +53,8 @@ typedef struct {
     uint64_t queue_timeout_ms;  /* the longest wait in the queue */
     uint64_t ctl_max_unauth;    /* control connections in the handshake */
     uint64_t ctl_max_unauth_per_source;   /* ... from one address */
+    uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
+    uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */

@@ -1,8 +1,10 @@
-/* routerd/rreq.c — the request state machine: tokenize, choose ranks,
- * Admit / Prefill, turn Tokens into streamed text (incremental detokenizing,
- * stop strings, the V4.1 reply reader's reasoning / content / tool-call
- * deltas, SSE) or one response, and end every request exactly once:
- * done, failed or canceled, with Cancel to its ranks where they may hold it. */
+/* routerd/rreq.c — the request state machine: have the prompt tokenized,
+ * choose ranks, Admit / Prefill, have Tokens turned into streamed text
+ * (incremental detokenizing, stop strings, the V4.1 reply reader's
+ * reasoning / content / tool-call deltas, SSE) or one response, and end
+ * every request exactly once: done, failed or canceled, with Cancel to its
+ * ranks where they may hold it. The text work itself (rtext.c) runs on the
+ * text threads (common/jobq.h), one job per request at a time. */
 #include "rreq.h"
 
 #include <errno.h>
@@ -19,26 +21,29 @@
 #include <event2/http.h>
 
 #include "buf.h"
-#include "chat_prompt.h"
 #include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
 #include "http.h"
+#include "jobq.h"
 #include "log.h"
 #include "rng.h"
 #include "rqueue.h"
 #include "rsched.h"
-#include "stop.h"
+#include "rtext.h"
 
 #define REQTAB_BUCKETS 4096u   /* power of two; chains stay short at thousands in flight */
 
 struct td_rreq_s {
     td_rreq_t *hnext;               /* hash chain */
-    td_rreq_t *prev, *next;         /* every request in flight */
+    td_rreq_t *prev, *next;         /* every request in flight (or ended, in the
+                                       table's zombies, until its text job is back) */
     td_rreq_tab_t *t;
     uint64_t id;                    /* wire id of the current attempt */
     td_rreq_state_t state;          /* changed by set_state() only */
-    td_openai_req_t *oreq;
+    td_openai_kind_t kind;
+    td_openai_req_t *oreq;          /* text's (rtext.h), NULL until the prompt job has
+                                       parsed the body */
     struct evhttp_request *http;    /* NULL once answered or the client is gone */
     struct evhttp_connection *evcon;
     struct event *watch;            /* EOF on the client's socket while we work */
@@ -54,17 +59,14 @@ struct td_rreq_s {
     bool too_long;                  /* a decode rank said TOO_LONG */
     bool prefill_sent;              /* this attempt's Prefill went out */
     bool streaming;                 /* 200 and the first chunk went out */
-    td_tok_dec_t dec;
-    td_stop_t *stop;
-    td_chat_reply_reader_t *chat;   /* V4.1 chat: reads the reply (stop strings too) */
-    td_openai_stream_t stream;
-    td_buf_t text;                  /* non-streaming: the answer so far */
-    td_buf_t piece;                 /* scratch: decoded text of one message */
-    td_buf_t rel;                   /* scratch: text released by the stop matcher */
+    td_rtext_t *text;               /* its text work: parse, prompt, tokens to text */
+    bool text_busy;                 /* a job of text is queued or running */
+    bool text_end;                  /* the end of the reply was pushed to text */
+    bool ended;                     /* answered and out of the table: freed once
+                                       text_busy is false */
     Tandem__LogitBias *wbias;       /* [oreq->nbias] the request's logit_bias on the wire */
     Tandem__LogitBias **wbiasp;     /* [oreq->nbias] pointers to them */
-    td_openai_logprobs_t *lp;       /* the logprobs not sent yet, or NULL: none asked */
-    uint32_t ntokens;               /* completion tokens */
+    uint32_t ntokens;               /* completion tokens received */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
 };
@@ -77,7 +79,11 @@ struct td_rreq_tab_s {
     uint64_t id_seq;
     td_rqueue_t *queue;             /* requests waiting for a decode rank with room */
     struct evbuffer *chunk;         /* reused for every SSE chunk */
-    td_buf_t sse;                   /* reused: one message's SSE events */
+    td_buf_t sse;                   /* reused: SSE events made on the loop */
+    td_rtext_cfg_t text_cfg;
+    td_jobq_t *pool;                /* the text threads */
+    td_rreq_t *zombies;             /* ended, their text job not back yet */
+    bool closing;                   /* td_rreq_tab_destroy is under way */
 };
 
 /* ======================================================================= */
@@ -267,21 +273,31 @@ http_detach(td_rreq_t *q)
     q->http = NULL;
 }
 
-/* Send the SSE events in the table's sse buffer as one chunk; the buffer is
- * empty (and any failure forgotten) afterwards. */
+/* Send SSE events as one chunk (nothing when the client is gone or making
+ * them failed). */
 static void
-stream_flush(td_rreq_t *q)
+stream_send(td_rreq_t *q, const td_buf_t *events)
 {
     td_rreq_tab_t *t = q->t;
 
-    if (t->sse.len > 0 && q->http && td_buf_status(&t->sse) == TD_OK) {
-        evbuffer_add(t->chunk, t->sse.data, t->sse.len);
+    if (events->len > 0 && q->http && td_buf_status(events) == TD_OK) {
+        evbuffer_add(t->chunk, events->data, events->len);
         evhttp_send_reply_chunk(q->http, t->chunk);
         evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
     }
-    td_buf_reset(&t->sse);
 }
 
+/* Send the SSE events in the table's sse buffer; the buffer is empty (and
+ * any failure forgotten) afterwards. */
+static void
+stream_flush(td_rreq_t *q)
+{
+    stream_send(q, &q->t->sse);
+    td_buf_reset(&q->t->sse);
+}
+
+/* The headers and the first chunk. Only at AdmitOk, which comes before any
+ * Tokens: no text job runs (they run for a new or a decoding request). */
 static void
 stream_start(td_rreq_t *q)
 {
@@ -292,12 +308,37 @@ stream_start(td_rreq_t *q)
     evhttp_add_header(h, "X-Request-Id", q->oid);
     evhttp_send_reply_start(q->http, 200, "OK");
     q->streaming = true;
-    if (td_openai_stream_text(&q->stream, "", 0, &q->t->sse) == TD_OK)
+    if (td_rtext_stream_start(q->text, &q->t->sse) == TD_OK)
         stream_flush(q);
+    td_buf_reset(&q->t->sse);   /* when it failed */
 }
 
+/* Free what q holds; it is out of the table and no text job of it runs. */
 static void
-request_free(td_rreq_t *q)
+request_release(td_rreq_t *q)
+{
+    td_rreq_tab_t *t = q->t;
+
+    if (q->ended) {   /* a zombie: off that list */
+        if (q->prev)
+            q->prev->next = q->next;
+        else if (t->zombies == q)
+            t->zombies = q->next;
+        if (q->next)
+            q->next->prev = q->prev;
+    }
+    td_rtext_destroy(q->text);
+    free(q->wbias);
+    free(q->wbiasp);
+    free(q->prompt);
+    free(q);
+}
+
+/* q has been answered (or its client is gone): out of the table, its
+ * client, timer and ranks let go of. Freed now, or when its text job comes
+ * back (a job queued then does nothing, a running one stops early). */
+static void
+request_end(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
 
@@ -313,18 +354,20 @@ request_free(td_rreq_t *q)
     td_rqueue_entry_fini(&q->qe);
     if (q->timer)
         event_free(q->timer);
+    q->timer = NULL;
     release_ranks(q, NULL);
-    td_stop_destroy(q->stop);
-    td_chat_reply_reader_destroy(q->chat);
-    td_buf_free(&q->text);
-    td_buf_free(&q->piece);
-    td_buf_free(&q->rel);
-    free(q->wbias);
-    free(q->wbiasp);
-    td_openai_logprobs_destroy(q->lp);
-    free(q->prompt);
-    td_openai_req_destroy(q->oreq);
-    free(q);
+    if (!q->text_busy) {
+        request_release(q);
+        return;
+    }
+    q->ended = true;
+    if (q->text)
+        td_rtext_cancel(q->text);
+    q->prev = NULL;
+    q->next = t->zombies;
+    if (t->zombies)
+        t->zombies->prev = q;
+    t->zombies = q;
 }
 
 static void
@@ -334,8 +377,8 @@ count_outcome(td_rreq_t *q, td_outcome_t o)
 }
 
 /* Answer the client (if still there) with e: a response, or an error event
- * when the stream has started. Events of this message not yet sent are
- * dropped: they would stop short of what failed. */
+ * when the stream has started. Events not yet sent (those of a text job still
+ * running) are dropped: they would stop short of what failed. */
 static void
 answer_error(td_rreq_t *q, const td_openai_err_t *e)
 {
@@ -370,7 +413,7 @@ request_fail(td_rreq_t *q, td_errreason_t why, const td_openai_err_t *e)
     set_state(q, TD_RREQ_FAILED, td_metrics_errreason_str(why));
     release_ranks(q, "request failed");
     answer_error(q, e);
-    request_free(q);
+    request_end(q);
 }
 
 static void
@@ -381,6 +424,20 @@ request_fail_simple(td_rreq_t *q, td_errreason_t why, const char *what)
     td_openai_err_set(&e, why == TD_ERRREASON_TIMEOUT ? 504 : 500, "server_error", NULL, NULL,
                       "The server had an error while processing your request: %s.", what);
     request_fail(q, why, &e);
+}
+
+/* The parser refused the body: answered as an HTTP refusal (counted as
+ * rejected, a 4xx logged at debug), as before any request existed. */
+static void
+request_refuse(td_rreq_t *q, const td_openai_err_t *e)
+{
+    struct evhttp_request *h = q->http;
+
+    set_state(q, TD_RREQ_FAILED, "body refused");
+    http_detach(q);
+    if (h)
+        td_http_refuse(q->t->cfg.metrics, h, e);
+    request_end(q);
 }
 
 /* Canceled: by the operator (the client still gets an error) or because the
@@ -397,54 +454,7 @@ request_cancel(td_rreq_t *q, const char *why)
     td_openai_err_set(&e, 500, "server_error", NULL, "canceled",
                       "The request was canceled: %s.", why);
     answer_error(q, &e);
-    request_free(q);
-}
-
-/* Stream the V4.1 reply reader's deltas (non-streaming requests take the
- * whole reply from the reader at the end). */
-static td_status_t
-chat_emit(td_rreq_t *q, const td_chat_reply_delta_t *d, size_t n)
-{
-    td_buf_t *sse = &q->t->sse;
-    td_status_t st = TD_OK;
-
-    for (size_t i = 0; i < n && st == TD_OK && q->streaming; i++) {
-        json_t *delta = NULL;
-        switch (d[i].kind) {
-        case TD_CHAT_REPLY_DELTA_CONTENT:
-            st = td_openai_stream_text(&q->stream, d[i].text, d[i].len, sse);
-            continue;
-        case TD_CHAT_REPLY_DELTA_REASONING:
-            delta = json_pack("{s:s%}", "reasoning_content", d[i].text, d[i].len);
-            break;
-        case TD_CHAT_REPLY_DELTA_TOOL_CALL:
-            delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
-                              (int)d[i].index, "id", d[i].id, "type", "function", "function",
-                              "name", d[i].name, "arguments", "");
-            break;
-        case TD_CHAT_REPLY_DELTA_TOOL_ARGS:
-            delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)d[i].index,
-                              "function", "arguments", d[i].text, d[i].len);
-            break;
-        }
-        st = delta ? td_openai_stream_delta(&q->stream, delta, sse) : TD_ERR_NOMEM;
-    }
-    return st;
-}
-
-/* Text released for the client: through the V4.1 reply reader, or as is. */
-static td_status_t
-emit_text(td_rreq_t *q, const char *text, size_t len)
-{
-    if (q->chat) {
-        const td_chat_reply_delta_t *d;
-        size_t n;
-        td_status_t st = td_chat_reply_reader_feed(q->chat, text, len, &d, &n);
-        return st == TD_OK ? chat_emit(q, d, n) : st;
-    }
-    if (q->streaming)
-        return td_openai_stream_text(&q->stream, text, len, &q->t->sse);
-    return td_buf_append(&q->text, text, len);
+    request_end(q);
 }
 
 static td_openai_finish_t
@@ -454,79 +464,30 @@ finish_of(Tandem__Finish f)
 }
 
 /* Generation ended (stop, length, or a stop string: then by_us, and the
- * ranks get a Cancel because they may still be generating). The answer is
- * formatted first: a reply that cannot be finished fails the request. */
+ * ranks get a Cancel because they may still be generating); the text job
+ * has made the end of the reply: the rest of a stream, or the answer. */
 static void
-request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
+request_done(td_rreq_t *q, bool by_us)
 {
-    td_rreq_tab_t *t = q->t;
-    td_openai_usage_t usage = { (uint32_t)q->nprompt, q->ntokens };
-    td_buf_t body = {0};
+    const td_buf_t *out = td_rtext_out(q->text);
     struct evhttp_request *h;
-    td_status_t st;
 
-    td_buf_reset(&q->rel);
-    st = td_tok_decode_flush(&q->dec, &q->piece);
-    if (st == TD_OK && !by_us) {
-        bool matched = false;
-        st = td_stop_feed(q->stop, q->piece.data ? q->piece.data : "", q->piece.len, &q->rel,
-                          &matched);
-        if (st == TD_OK && !matched)
-            st = td_stop_flush(q->stop, &q->rel);
-    }
-    td_buf_reset(&q->piece);
-    if (st == TD_OK && q->rel.len)
-        st = emit_text(q, q->rel.data, q->rel.len);
-    if (st == TD_OK && q->chat) {
-        /* the reader releases what it held back and decides the finish reason */
-        const td_chat_reply_delta_t *d;
-        size_t n;
-        st = td_chat_reply_reader_finish(q->chat, finish == TD_OPENAI_FINISH_LENGTH
-                                                      ? TD_CHAT_REPLY_FINISH_LENGTH
-                                                      : TD_CHAT_REPLY_FINISH_STOP,
-                                         &d, &n);
-        if (st == TD_OK)
-            st = chat_emit(q, d, n);
-        if (st == TD_OK) {
-            td_chat_reply_finish_t f = td_chat_reply_reader_reply(q->chat)->finish;
-            finish = f == TD_CHAT_REPLY_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
-                   : f == TD_CHAT_REPLY_FINISH_LENGTH     ? TD_OPENAI_FINISH_LENGTH
-                                                          : TD_OPENAI_FINISH_STOP;
-        }
-    }
-    if (st == TD_OK && q->http && q->streaming) {
-        st = td_openai_stream_finish(&q->stream, finish, &usage, &t->sse);
-    } else if (st == TD_OK && q->http && q->chat) {
-        json_t *msg = NULL;
-        st = td_chat_reply_json(td_chat_reply_reader_reply(q->chat), &msg);
-        if (st == TD_OK)
-            st = td_openai_response_message_json(&q->stream.meta, msg, finish, &usage, &body);
-    } else if (st == TD_OK && q->http) {
-        st = td_openai_response_json(&q->stream.meta, q->text.data ? q->text.data : "",
-                                     q->text.len, finish, &usage, &body);
-    }
-    if (st != TD_OK) {
-        td_buf_free(&body);
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not finish the reply");
-        return;
-    }
     set_state(q, TD_RREQ_DONE, by_us ? "finished by the router" : "finished by the rank");
     count_outcome(q, TD_OUTCOME_DONE);
     release_ranks(q, by_us ? "finished by the router" : NULL);
     h = q->http;
     if (h && q->streaming) {
-        stream_flush(q);
+        stream_send(q, out);
         http_detach(q);
         evhttp_send_reply_end(h);
     } else if (h) {
         http_detach(q);
         evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
-        td_http_reply(h, 200, "application/json", body.data, body.len);
+        td_http_reply(h, 200, "application/json", out->data, out->len);
     }
-    td_buf_free(&body);
-    td_debug("request %016" PRIx64 ": done, %u prompt + %u completion tokens", q->id,
-             usage.prompt_tokens, usage.completion_tokens);
-    request_free(q);
+    td_debug("request %016" PRIx64 ": done, %zu prompt + %u completion tokens", q->id,
+             q->nprompt, q->ntokens);
+    request_end(q);
 }
 
 /* ======================================================================= */
@@ -848,22 +809,6 @@ on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     }
 }
 
-/* The text of n generated ids (each inside the vocabulary: on_tokens
- * checked them). */
-static void
-tokens_text(td_rreq_t *q, const int32_t *ids, size_t n, td_status_t *st)
-{
-    const td_tok_t *tok = q->t->cfg.tok;
-    uint32_t buf[64];
-
-    for (size_t i = 0; i < n && *st == TD_OK;) {
-        size_t k = 0;
-        for (; k < 64 && i < n; k++, i++)
-            buf[k] = (uint32_t)ids[i];
-        *st = td_tok_decode(tok, &q->dec, buf, k, &q->piece);
-    }
-}
-
 /* Why a Tokens message cannot be applied (NULL: it can): every id inside
  * the tokenizer's vocabulary; when logprobs were asked, one entry per token,
  * naming that token, its alternatives inside the vocabulary too. */
@@ -878,7 +823,7 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
                      vocab);
             return why;
         }
-    if (!q->lp)
+    if (!q->oreq->logprobs)
         return NULL;
     if (tk->n_logprobs != tk->n_tokens) {
         snprintf(why, whylen, "%zu log-probabilities for %zu tokens", tk->n_logprobs,
@@ -902,28 +847,120 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
     return NULL;
 }
 
-/* The log-probabilities of the first n tokens of tk, for the next chunk. */
-static td_status_t
-tokens_logprobs(td_rreq_t *q, const Tandem__Tokens *tk, size_t n)
+/* ======================================================================= */
+/* Text jobs                                                                 */
+/* ======================================================================= */
+
+/* Bodies larger than this are long jobs (td_jobq_post_long): a thread stays
+ * free for the others. 64 KiB take about 3 ms to parse, encode and tokenize. */
+#define TEXT_LONG_BODY (64u << 10)
+
+static void text_kick(td_rreq_t *q);
+static void serve_prompt(td_rreq_t *q);
+
+static void
+text_prompt_run(void *arg)
 {
-    const td_tok_t *tok = q->t->cfg.tok;
-    td_openai_token_lp_t t, top[TD_OPENAI_MAX_TOP_LOGPROBS];
-    td_status_t st = TD_OK;
+    td_rtext_prompt_run(((td_rreq_t *)arg)->text);
+}
 
-    for (size_t i = 0; i < n && st == TD_OK; i++) {
-        const Tandem__TokenLogprob *lp = tk->logprobs[i];
-        size_t k = 0;
+static void
+text_tokens_run(void *arg)
+{
+    td_rtext_tokens_run(((td_rreq_t *)arg)->text);
+}
 
-        t.logprob = lp->logprob;
-        st = td_tok_spell(tok, (uint32_t)lp->token, &t.text, &t.len);
-        for (; st == TD_OK && k < lp->n_top; k++) {
-            top[k].logprob = lp->top[k]->logprob;
-            st = td_tok_spell(tok, (uint32_t)lp->top[k]->token, &top[k].text, &top[k].len);
-        }
-        if (st == TD_OK)
-            st = td_openai_logprobs_add(q->lp, &t, top, k);
+/* A text job is back: false when the request is no longer there to use it
+ * (ended: freed now; or the table is being destroyed). */
+static bool
+text_back(td_rreq_t *q)
+{
+    q->text_busy = false;
+    if (q->ended) {
+        request_release(q);
+        return false;
     }
-    return st;
+    return !q->t->closing;
+}
+
+/* The prompt job is back: refuse, fail, or go on to admission. */
+static void
+text_prompt_done(void *arg)
+{
+    td_rreq_t *q = arg;
+    const td_rtext_res_t *r;
+
+    if (!text_back(q))
+        return;
+    r = td_rtext_result(q->text);
+    if (r->refused) {
+        request_refuse(q, &r->err);
+        return;
+    }
+    if (r->st != TD_OK) {
+        request_fail(q, r->err.http == 400 ? TD_ERRREASON_BAD_REQUEST : TD_ERRREASON_INTERNAL,
+                     &r->err);
+        return;
+    }
+    q->oreq = td_rtext_req(q->text);
+    q->prompt = td_rtext_take_prompt(q->text, &q->nprompt);
+    serve_prompt(q);
+}
+
+/* What a tokens job made: sent; the request done, failed, or the next
+ * batch taken. */
+static void
+text_tokens_apply(td_rreq_t *q)
+{
+    const td_rtext_res_t *r = td_rtext_result(q->text);
+
+    if (r->st != TD_OK) {
+        request_fail(q, TD_ERRREASON_INTERNAL, &r->err);
+        return;
+    }
+    if (r->ended) {
+        request_done(q, r->by_us);
+        return;
+    }
+    if (q->streaming)
+        stream_send(q, td_rtext_out(q->text));
+    td_rtext_out_reset(q->text);
+    text_kick(q);
+}
+
+static void
+text_tokens_done(void *arg)
+{
+    td_rreq_t *q = arg;
+
+    if (text_back(q))
+        text_tokens_apply(q);
+}
+
+/* Turn the tokens pushed so far into text: a batch of weight up to
+ * text_inline_max (tokens times 1 + alternatives, rtext.h) at once, a larger
+ * one on a text thread; never two jobs of one request at a time, so its
+ * text stays in order (what arrives meanwhile waits for the next job). */
+static void
+text_kick(td_rreq_t *q)
+{
+    size_t weight;
+
+    if (q->text_busy)
+        return;
+    weight = td_rtext_tokens_take(q->text);
+    if (weight == 0)
+        return;
+    if (weight <= q->t->cfg.text_inline_max) {   /* cheaper than a thread and back */
+        td_rtext_tokens_run(q->text);
+        text_tokens_apply(q);
+        return;
+    }
+    if (td_jobq_post(q->t->pool, text_tokens_run, text_tokens_done, q) != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    q->text_busy = true;
 }
 
 static void
@@ -931,12 +968,14 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
     const Tandem__Tokens *tk = env->tokens;
     td_metrics_t *m = q->t->cfg.metrics;
-    td_status_t st = TD_OK;
-    bool matched = false;
     size_t n = tk->n_tokens;
     uint64_t now = now_ns();
     char why[160];
 
+    if (q->text_end) {   /* the reply is being finished; the ranks get Cancel after */
+        td_debug("request %016" PRIx64 ": tokens after the end of the reply: ignored", q->id);
+        return;
+    }
     if (tk->finish == TANDEM__FINISH__FINISH_ERROR ||
         tk->finish == TANDEM__FINISH__FINISH_CANCELED) {
         char what[300];
@@ -967,32 +1006,19 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         n = q->oreq->max_tokens - q->ntokens;
     q->ntokens += (uint32_t)n;
     m->completion_tokens += n;
-    td_buf_reset(&q->piece);
-    td_buf_reset(&q->rel);
-    if (q->lp)
-        st = tokens_logprobs(q, tk, n);   /* they go out with the next chunk */
-    tokens_text(q, tk->tokens, n, &st);
-    if (st == TD_OK && q->piece.len)
-        st = td_stop_feed(q->stop, q->piece.data, q->piece.len, &q->rel, &matched);
-    td_buf_reset(&q->piece);
-    if (st == TD_OK && q->rel.len) {
-        st = emit_text(q, q->rel.data, q->rel.len);
-        td_buf_reset(&q->rel);
-    }
-    if (st == TD_OK && q->chat && td_chat_reply_reader_stopped(q->chat))
-        matched = true;
-    if (st != TD_OK) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "could not decode the tokens");
+    if (td_rtext_push(q->text, tk->tokens, n, q->oreq->logprobs ? tk->logprobs : NULL) !=
+        TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
-    if (q->streaming)
-        stream_flush(q);
-    if (matched)
-        request_done(q, TD_OPENAI_FINISH_STOP, true);
-    else if (tk->finish != TANDEM__FINISH__FINISH_NONE)
-        request_done(q, finish_of(tk->finish), false);
-    else if (q->ntokens >= q->oreq->max_tokens)
-        request_done(q, TD_OPENAI_FINISH_LENGTH, true);
+    if (tk->finish != TANDEM__FINISH__FINISH_NONE || q->ntokens >= q->oreq->max_tokens) {
+        q->text_end = true;
+        td_rtext_push_end(q->text,
+                          tk->finish != TANDEM__FINISH__FINISH_NONE ? finish_of(tk->finish)
+                                                                    : TD_OPENAI_FINISH_LENGTH,
+                          tk->finish == TANDEM__FINISH__FINISH_NONE);
+    }
+    text_kick(q);
 }
 
 #define FITS(x) TD_FSM_BIT(TD_RREQ_##x)
@@ -1139,116 +1165,53 @@ on_timeout(evutil_socket_t fd, short what, void *arg)
     request_fail_simple(arg, TD_ERRREASON_TIMEOUT, "the request timed out");
 }
 
-/* The prompt text of the stand-in (no V4.1 tokenizer): chat messages joined
- * as "<role>: <content>\n" followed by "assistant: ". */
+/* Watch the client and the clock while q is served: a client that goes away
+ * or a timeout ends q even while its prompt is being tokenized. */
 static td_status_t
-prompt_text(const td_openai_req_t *o, td_buf_t *out)
+serve_watch(td_rreq_t *q)
 {
-    td_status_t st = TD_OK;
+    td_rreq_tab_t *t = q->t;
 
-    if (o->kind == TD_OPENAI_COMPLETION)
-        return td_buf_append(out, o->prompt, strlen(o->prompt));
-    for (size_t i = 0; st == TD_OK && i < o->nmsgs; i++) {
-        const char *role = td_openai_role_str(o->msgs[i].role);
-        st = td_buf_append(out, role, strlen(role));
-        if (st == TD_OK)
-            st = td_buf_append(out, ": ", 2);
-        if (st == TD_OK)
-            st = td_buf_append(out, o->msgs[i].content, strlen(o->msgs[i].content));
-        if (st == TD_OK)
-            st = td_buf_append(out, "\n", 1);
+    if (t->cfg.request_timeout_ms) {
+        struct timeval tv = td_ctl_timeval_ms((uint32_t)t->cfg.request_timeout_ms);
+        q->timer = evtimer_new(t->cfg.base, on_timeout, q);
+        if (!q->timer)
+            return TD_ERR_NOMEM;
+        evtimer_add(q->timer, &tv);
     }
-    if (st == TD_OK)
-        st = td_buf_append(out, "assistant: ", 11);
-    return st;
-}
-
-/* With the V4.1 tokenizer, a chat request is rendered in the V4.1 chat
- * format and its reply read back by td_chat_reply_reader; a request the format
- * cannot express gets e (400). */
-static td_status_t
-chat_prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
-{
-    td_chat_prompt_t *p = NULL;
-    td_chat_prompt_err_t ce;
-    uint32_t *ids = NULL;
-    size_t n = 0;
-    td_status_t st;
-
-    memset(&ce, 0, sizeof ce);
-    st = td_chat_prompt_encode(q->oreq->body, NULL, &p, &ce);
-    if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
-        td_openai_err_set(e, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
-                          ce.code, "%s", ce.message);
-        return st;
-    }
-    if (st == TD_OK)
-        st = td_chat_prompt_ids(p, q->t->cfg.v41, &ids, &n);
-    if (st == TD_OK)
-        st = td_chat_reply_reader_create(&p->reply, &q->chat);
-    td_chat_prompt_destroy(p);
-    if (st != TD_OK) {
-        free(ids);
-        td_openai_err_internal(e, "could not encode the chat prompt");
-        return st;
-    }
-    q->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
-    q->nprompt = n;
+    q->evcon = evhttp_request_get_connection(q->http);
+    evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
+    q->watch = event_new(t->cfg.base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
+                         EV_READ | EV_PERSIST, on_client_readable, q);
+    if (!q->watch || event_add(q->watch, NULL) != 0)
+        return TD_ERR_NOMEM;
     return TD_OK;
 }
 
-static td_status_t
-prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
-{
-    td_buf_t text = {0};
-    uint32_t *ids = NULL;
-    size_t n = 0;
-    td_status_t st;
-
-    if (q->t->cfg.v41 && q->oreq->kind == TD_OPENAI_CHAT)
-        return chat_prompt_tokens(q, e);
-    st = prompt_text(q->oreq, &text);
-    if (st == TD_OK)
-        st = td_tok_encode(q->t->cfg.tok, text.data ? text.data : "", text.len, &ids, &n);
-    td_buf_free(&text);
-    if (st != TD_OK) {
-        td_openai_err_internal(e, "could not tokenize the prompt");
-        return st;
-    }
-    q->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
-    q->nprompt = n;
-    return TD_OK;
-}
-
+/* Take the request: in the table at once (state new: the admin API lists
+ * it, a cancel, a timeout or the client going away end it), its body parsed
+ * and its prompt encoded and tokenized by a text thread (text_prompt_done
+ * goes on). */
 void
 td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind)
 {
     td_openai_err_t e;
-    td_openai_req_t *oreq;
-    size_t len;
-    const char *body = td_http_body(hreq, &len);
     td_rreq_t *q;
+    td_status_t st;
 
-    if (td_openai_req_parse(t->cfg.api, kind, body, len, &oreq, &e) != TD_OK) {
-        td_http_refuse(t->cfg.metrics, hreq, &e);
-        return;
-    }
     q = calloc(1, sizeof *q);
     if (!q) {
-        td_openai_req_destroy(oreq);
         td_openai_err_internal(&e, "out of memory");
         td_http_refuse(t->cfg.metrics, hreq, &e);
         return;
     }
     q->t = t;
-    q->oreq = oreq;
+    q->kind = kind;
     q->http = hreq;
     q->id = id_next(t);
     q->t_start = now_ns();
     q->t_last = q->t_start;
-    td_rqueue_entry_init(t->queue, &q->qe, oreq->priority);
-    if (!oreq->has_seed)
-        oreq->seed = (int64_t)td_daemon_random64();
+    td_rqueue_entry_init(t->queue, &q->qe, 0);   /* its place; its priority once parsed */
     hash_add(t, q);
     q->next = t->head;
     if (t->head)
@@ -1256,20 +1219,37 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
     t->head = q;
     t->n++;
 
-    if (td_openai_id_new(oreq->kind, q->oid) != TD_OK) {
+    if (td_openai_id_new(kind, q->oid) != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "no randomness for the request id");
         return;
     }
-    if (prompt_tokens(q, &e) != TD_OK) {
-        request_fail(q, e.http == 400 ? TD_ERRREASON_BAD_REQUEST : TD_ERRREASON_INTERNAL, &e);
-        return;
-    }
-    /* V4.1 chat: the reply reader matches stop strings (in content only) */
-    if (td_stop_create((const char *const *)oreq->stop, q->chat ? 0 : oreq->nstop, &q->stop) !=
-        TD_OK) {
+    if (td_rtext_create(&t->text_cfg, kind, q->oid, evhttp_request_get_input_buffer(hreq),
+                        &q->text) != TD_OK ||
+        serve_watch(q) != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
+    st = td_rtext_body_len(q->text) > TEXT_LONG_BODY
+             ? td_jobq_post_long(t->pool, text_prompt_run, text_prompt_done, q)
+             : td_jobq_post(t->pool, text_prompt_run, text_prompt_done, q);
+    if (st != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    q->text_busy = true;
+}
+
+/* The prompt is tokenized: the request's wire parameters, then admission. */
+static void
+serve_prompt(td_rreq_t *q)
+{
+    td_rreq_tab_t *t = q->t;
+    td_openai_req_t *oreq = q->oreq;
+    td_openai_err_t e;
+
+    if (!oreq->has_seed)
+        oreq->seed = (int64_t)td_daemon_random64();
+    q->qe.priority = oreq->priority;   /* its place in the queue was taken on arrival */
     if (q->nprompt == 0) {
         td_openai_err_set(&e, 400, "invalid_request_error", "prompt", "invalid_value",
                           "The prompt is empty.");
@@ -1290,33 +1270,7 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
             q->wbiasp[i] = &q->wbias[i];
         }
     }
-    if (oreq->logprobs && td_openai_logprobs_create(oreq->kind, &q->lp) != TD_OK) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
-    }
-    q->stream.meta = (td_openai_meta_t){ .kind = oreq->kind, .id = q->oid,
-                                         .created = (int64_t)time(NULL), .model = t->cfg.model,
-                                         .fingerprint = t->cfg.fingerprint,
-                                         .logprobs = q->lp };
-    q->stream.include_usage = oreq->include_usage;
     t->cfg.metrics->prompt_tokens += q->nprompt;
-    if (t->cfg.request_timeout_ms) {
-        struct timeval tv = td_ctl_timeval_ms((uint32_t)t->cfg.request_timeout_ms);
-        q->timer = evtimer_new(t->cfg.base, on_timeout, q);
-        if (!q->timer) {
-            request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-            return;
-        }
-        evtimer_add(q->timer, &tv);
-    }
-    q->evcon = evhttp_request_get_connection(hreq);
-    evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
-    q->watch = event_new(t->cfg.base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
-                         EV_READ | EV_PERSIST, on_client_readable, q);
-    if (!q->watch || event_add(q->watch, NULL) != 0) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
-    }
     td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
              oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,
              oreq->max_tokens, oreq->stream ? ", streamed" : "");
@@ -1357,14 +1311,14 @@ td_rreq_list_json(td_rreq_tab_t *t)
         json_array_append_new(arr, json_pack(
             "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:i}",
             "id", id, "openai_id", q->oid, "state", td_rreq_state_str(q->state),
-            "kind", q->oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion",
-            "stream", q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
+            "kind", q->kind == TD_OPENAI_CHAT ? "chat" : "completion",
+            "stream", q->oreq && q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
             "completion_tokens", (json_int_t)q->ntokens,
-            "max_tokens", (json_int_t)q->oreq->max_tokens,
+            "max_tokens", (json_int_t)(q->oreq ? q->oreq->max_tokens : 0),
             "decode", rank_ref(q->decode), "prefill", rank_ref(q->prefill),
             "attempts", (json_int_t)q->attempts,
             "age_ms", (json_int_t)((now - q->t_start) / 1000000u),
-            "priority", (int)q->oreq->priority));
+            "priority", (int)q->qe.priority));
     }
     return arr;
 }
@@ -1384,28 +1338,41 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
                                     .timeout_ms = cfg->queue_timeout_ms,
                                     .wait = &cfg->metrics->queue_wait };
     td_rreq_tab_t *t = calloc(1, sizeof *t);
+    td_status_t st;
 
-    if (!t)
-        goto err_nomem;
+    if (!t) {
+        td_error("requests: out of memory for the request table");
+        return TD_ERR_NOMEM;
+    }
     t->cfg = *cfg;
+    t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
+                                    .model = cfg->model, .fingerprint = cfg->fingerprint };
     t->chunk = evbuffer_new();
-    if (!t->chunk)
+    if (!t->chunk) {
+        td_error("requests: out of memory for the request table");
+        st = TD_ERR_NOMEM;
         goto err_free_tab;
-    if (td_rqueue_create(&qc, &(td_rqueue_handlers_t){ .on_pass = queue_pass,
-                                                       .on_expired = queue_on_expired,
-                                                       .arg = t },
-                         &t->queue) != TD_OK)
+    }
+    st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
+                             NULL, NULL, &t->pool);   /* logs */
+    if (st != TD_OK)
         goto err_free_chunk;
+    st = td_rqueue_create(&qc, &(td_rqueue_handlers_t){ .on_pass = queue_pass,
+                                                        .on_expired = queue_on_expired,
+                                                        .arg = t },
+                          &t->queue);
+    if (st != TD_OK)
+        goto err_free_pool;
     *out = t;
     return TD_OK;
 
+err_free_pool:
+    td_jobq_destroy(t->pool);
 err_free_chunk:
     evbuffer_free(t->chunk);
 err_free_tab:
     free(t);
-err_nomem:
-    td_error("requests: out of memory for the request table");
-    return TD_ERR_NOMEM;
+    return st;
 }
 
 void
@@ -1413,11 +1380,19 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
 {
     if (!t)
         return;
+    /* the text threads first: the jobs that ran come back (text_back frees
+     * the ended requests and leaves the others), those not started are
+     * dropped; then nothing runs and every request can go */
+    t->closing = true;
+    td_jobq_destroy(t->pool);
     while (t->head) {
         td_rreq_t *q = t->head;
         http_detach(q);   /* evhttp_free answers and frees the HTTP side */
-        request_free(q);
+        q->text_busy = false;
+        request_end(q);
     }
+    while (t->zombies)
+        request_release(t->zombies);
     td_rqueue_destroy(t->queue);
     evbuffer_free(t->chunk);
     td_buf_free(&t->sse);

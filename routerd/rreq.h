@@ -2,9 +2,12 @@
  * choose ranks (rsched.h), Admit / Prefill, stream Tokens back as SSE or one
  * response, and end every request exactly once. Messages from the ranks come
  * in through td_rreq_on_message / td_rreq_on_rank_lost (the caller wires
- * them to the cluster's handlers); the HTTP side is http.h's.
- * Ownership: the table owns every request in flight and frees them (without
- * answering) when destroyed; what the config points to outlives the table. */
+ * them to the cluster's handlers); the HTTP side is http.h's. The text work
+ * (rtext.h) runs on the table's text threads; everything here runs on the
+ * loop thread.
+ * Ownership: the table owns every request in flight and its text threads,
+ * and frees them (without answering) when destroyed; what the config points
+ * to outlives the table (the tokenizer is used by several threads at once). */
 #ifndef TD_ROUTERD_RREQ_H
 #define TD_ROUTERD_RREQ_H
 
@@ -26,7 +29,7 @@ struct event_base;
 struct evhttp_request;
 
 typedef enum {
-    TD_RREQ_NEW = 0,     /* parsed and tokenized */
+    TD_RREQ_NEW = 0,     /* received; its body parsed and prompt tokenized on a text thread */
     TD_RREQ_QUEUED,      /* waiting for a decode rank with room (rqueue.h); holds no rank */
     TD_RREQ_ADMITTING,   /* Admit sent to a decode rank */
     TD_RREQ_PREFILLING,  /* AdmitOk; Prefill sent to a prefill rank */
@@ -62,9 +65,12 @@ typedef struct {
     uint64_t kv_fixed_bytes;        /* fixed KV bytes per request */
     const int32_t *stop_ids;        /* the model's end-of-sequence ids (its identity), */
     size_t nstop_ids;               /*   the stop tokens of every request */
+    unsigned text_threads;          /* threads that parse, encode, tokenize and detokenize */
+    uint64_t text_inline_max;       /* token batches up to this weight (rtext.h) are
+                                       detokenized on the loop; 0: never */
 } td_rreq_config_t;
 
-/* TD_ERR_NOMEM (logged) when out of memory. */
+/* Starts the text threads. TD_ERR_NOMEM or TD_ERR_IO (logged). */
 td_status_t td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out);
 void td_rreq_tab_destroy(td_rreq_tab_t *t);
 

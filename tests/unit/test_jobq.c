@@ -1,6 +1,8 @@
 /* tests/unit/test_jobq.c — common/jobq: jobs run on the compute thread in
  * order, one at a time, while the loop stays free; messages a job tells come
- * back on the loop before its done; destroy delivers what came back. */
+ * back on the loop before its done; destroy delivers what came back. A pool:
+ * jobs run side by side on its threads, long jobs leave a thread to the
+ * others, destroy drops what has not started. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -86,6 +88,165 @@ tick(evutil_socket_t fd, short what, void *arg)
     (*ticks)++;
 }
 
+/* ---- A pool of threads ---------------------------------------------------- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int running, peak;      /* pool jobs running now, most at once */
+    int release;            /* gate: blocked jobs may end */
+    int ran[8];             /* job i ran */
+    char names[8][16];      /* the thread job i ran on */
+    int done[8];
+    int ndone, want_done;
+    pthread_t loop_thread;
+    struct event_base *base;
+} pool_t;
+
+typedef struct {
+    pool_t *p;
+    int i;
+    int gate;               /* wait for p->release (at most 5 s) */
+    int wait_peak;          /* wait until this many jobs run at once (at most 5 s) */
+} pjob_t;
+
+static void
+pool_run(void *arg)
+{
+    pjob_t *j = arg;
+    pool_t *p = j->p;
+    struct timespec until;
+
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    pthread_getname_np(pthread_self(), p->names[j->i], sizeof p->names[j->i]);
+    pthread_mutex_lock(&p->mu);
+    p->ran[j->i] = !pthread_equal(pthread_self(), p->loop_thread);
+    if (++p->running > p->peak)
+        p->peak = p->running;
+    pthread_cond_broadcast(&p->cv);
+    while ((j->gate && !p->release) || (j->wait_peak && p->peak < j->wait_peak))
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &until) != 0)
+            break;
+    p->running--;
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void
+pool_done(void *arg)
+{
+    pjob_t *j = arg;
+
+    CHECK(pthread_equal(pthread_self(), j->p->loop_thread));
+    j->p->done[j->i] = 1;
+    if (++j->p->ndone == j->p->want_done)
+        event_base_loopbreak(j->p->base);
+}
+
+static void
+pool_release(pool_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->release = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Run the loop until want_done jobs are done (at most 10 s). */
+static void
+pool_wait(pool_t *p, int want_done)
+{
+    struct timeval tv = { 10, 0 };
+
+    p->want_done = want_done;
+    if (p->ndone < want_done) {
+        event_base_loopexit(p->base, &tv);
+        event_base_dispatch(p->base);
+    }
+    CHECK_EQ_INT(p->ndone, want_done);
+}
+
+/* Opens the gate a while later, once td_jobq_destroy has told the threads to
+ * stop (it does that before it waits for them). */
+static void *
+pool_release_later(void *arg)
+{
+    usleep(300000);
+    pool_release(arg);
+    return NULL;
+}
+
+static void
+test_pool(void)
+{
+    pool_t p;
+    td_jobq_t *q;
+
+    memset(&p, 0, sizeof p);
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv, NULL);
+    p.loop_thread = pthread_self();
+    p.base = event_base_new();
+    CHECK_STATUS(td_jobq_create_pool(p.base, "tpool", 0, NULL, NULL, &q), TD_ERR_INVALID);
+
+    /* three threads: three jobs run at once, each on a named thread */
+    CHECK_STATUS(td_jobq_create_pool(p.base, "tpool", 3, NULL, NULL, &q), TD_OK);
+    pjob_t side[3] = { { &p, 0, 0, 3 }, { &p, 1, 0, 3 }, { &p, 2, 0, 3 } };
+    for (int i = 0; i < 3; i++)
+        CHECK_STATUS(td_jobq_post(q, pool_run, pool_done, &side[i]), TD_OK);
+    pool_wait(&p, 3);
+    CHECK_EQ_INT(p.peak, 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK(p.ran[i]);
+        CHECK(strncmp(p.names[i], "tpool", 5) == 0 && p.names[i][5] >= '0' &&
+              p.names[i][5] <= '2');
+    }
+    td_jobq_destroy(q);
+
+    /* two threads: the second long job waits while a short one posted after
+     * it runs on the thread left free */
+    memset(p.ran, 0, sizeof p.ran);
+    memset(p.done, 0, sizeof p.done);
+    p.ndone = 0;
+    p.peak = 0;
+    CHECK_STATUS(td_jobq_create_pool(p.base, "tpool", 2, NULL, NULL, &q), TD_OK);
+    pjob_t lj[2] = { { &p, 0, 1, 0 }, { &p, 1, 1, 0 } }, sj = { &p, 2, 0, 0 };
+    CHECK_STATUS(td_jobq_post_long(q, pool_run, pool_done, &lj[0]), TD_OK);
+    CHECK_STATUS(td_jobq_post_long(q, pool_run, pool_done, &lj[1]), TD_OK);
+    CHECK_STATUS(td_jobq_post(q, pool_run, pool_done, &sj), TD_OK);
+    pool_wait(&p, 1);
+    CHECK(p.done[2]);                 /* the short one, while the long ones are held */
+    CHECK(p.ran[0] && !p.ran[1]);     /* one long job at a time on two threads */
+    CHECK_EQ_INT(td_jobq_pending(q), 2);
+    pool_release(&p);
+    pool_wait(&p, 3);
+    CHECK(p.ran[1]);
+    CHECK_EQ_INT(td_jobq_pending(q), 0);
+
+    /* destroy: a running job's done is delivered, one not started is dropped */
+    p.release = 0;
+    p.ndone = 0;
+    memset(p.done, 0, sizeof p.done);
+    pjob_t held[4] = { { &p, 3, 1, 0 }, { &p, 4, 1, 0 }, { &p, 5, 1, 0 }, { &p, 6, 1, 0 } };
+    CHECK_STATUS(td_jobq_post_long(q, pool_run, pool_done, &held[0]), TD_OK);
+    CHECK_STATUS(td_jobq_post(q, pool_run, pool_done, &held[1]), TD_OK);
+    CHECK_STATUS(td_jobq_post(q, pool_run, pool_done, &held[2]), TD_OK);
+    pthread_mutex_lock(&p.mu);
+    while (p.running < 2)
+        pthread_cond_wait(&p.cv, &p.mu);
+    pthread_mutex_unlock(&p.mu);
+    pthread_t releaser;
+    CHECK(pthread_create(&releaser, NULL, pool_release_later, &p) == 0);
+    td_jobq_destroy(q);
+    pthread_join(releaser, NULL);
+    CHECK(p.done[3] && p.done[4] && !p.done[5]);
+    CHECK(!p.ran[5]);
+
+    event_base_free(p.base);
+    pthread_cond_destroy(&p.cv);
+    pthread_mutex_destroy(&p.mu);
+}
+
 int
 main(void)
 {
@@ -145,5 +306,7 @@ main(void)
     td_jobq_destroy(c.q);
     CHECK_EQ_INT(atomic_load(&c.n), 3);
     event_base_free(c.base);
+
+    test_pool();
     return td_check_exit("test_jobq");
 }

@@ -1,0 +1,114 @@
+/* routerd/rtext.h — the CPU work of one request, which runs on routerd's
+ * text threads: parsing and validating the body, encoding a chat and
+ * tokenizing the prompt; turning generated tokens into text (incremental
+ * detokenizing, log-probabilities, stop strings, the V4.1 reply reader's
+ * deltas) and that text into SSE events or the answer; the end of the reply.
+ * It knows no socket, timer or request state: rreq.c decides what runs when
+ * and sends what comes out.
+ *
+ * Threads and ownership: the request (rreq.c) owns its td_rtext_t and runs
+ * at most one job of it at a time (td_rtext_prompt_run, td_rtext_tokens_run),
+ * on a text thread or inline on the loop. While a job runs, only the job
+ * touches the td_rtext_t, except td_rtext_push / td_rtext_push_end (the loop
+ * adds to an inbox the job does not read) and td_rtext_cancel (any thread).
+ * Everything else is called on the loop thread with no job running. What a
+ * job leaves (td_rtext_result, td_rtext_out) is read after it, on the loop
+ * (the job queue's mutex orders the two). */
+#ifndef TD_ROUTERD_RTEXT_H
+#define TD_ROUTERD_RTEXT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "openai.h"
+#include "status.h"
+#include "tandem.pb-c.h"
+#include "tok.h"
+#include "tokenizer.h"
+
+struct evbuffer;
+
+/* What every request's text work reads (pointers kept; they outlive it). */
+typedef struct {
+    const td_openai_cfg_t *api;     /* request validation */
+    const td_tok_t *tok;
+    const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok, or NULL */
+    const char *model;              /* id in responses */
+    const char *fingerprint;        /* system_fingerprint */
+} td_rtext_cfg_t;
+
+typedef struct td_rtext_s td_rtext_t;
+
+/* What the last job found. */
+typedef struct {
+    td_status_t st;             /* TD_OK, else the request fails with err */
+    td_openai_err_t err;        /* st != TD_OK: what the client is told */
+    bool refused;               /* the parser refused the body (err is its 4xx/413) */
+    bool ended;                 /* tokens: the reply is complete; out holds its end */
+    td_openai_finish_t finish;  /* ended: why (as the reply says) */
+    bool by_us;                 /* ended: a stop string or max_tokens, not the rank */
+} td_rtext_res_t;
+
+/* The text work of a request of kind with id oid (kept: it must outlive the
+ * td_rtext_t); the body's bytes move out of body (an evhttp request's input
+ * buffer, which may go away with its client while the prompt job runs).
+ * TD_ERR_NOMEM (not logged). Loop thread. */
+td_status_t td_rtext_create(const td_rtext_cfg_t *cfg, td_openai_kind_t kind, const char *oid,
+                            struct evbuffer *body, td_rtext_t **out);
+void td_rtext_destroy(td_rtext_t *x);
+
+/* The request has ended: a job not started yet does nothing, a running one
+ * stops at the next slice of 64 tokens (a prompt's tokenizing runs to its
+ * end). Any thread. */
+void td_rtext_cancel(td_rtext_t *x);
+
+/* Bytes of the body, for choosing td_jobq_post_long. */
+size_t td_rtext_body_len(const td_rtext_t *x);
+
+/* ---- The prompt ---------------------------------------------------------- */
+
+/* The job: parse and validate the body, encode the chat (V4.1 format) or
+ * take the prompt text, tokenize it; set up the stop matcher, the reply
+ * reader, the log-probabilities and the stream's metadata. */
+void td_rtext_prompt_run(td_rtext_t *x);
+/* After it succeeded: the parsed request (x's: valid while x lives, read by
+ * both sides, changed by neither but for the seed, which the text work does
+ * not read) and the prompt's ids (moved to the caller, who frees them). */
+td_openai_req_t *td_rtext_req(td_rtext_t *x);
+int32_t *td_rtext_take_prompt(td_rtext_t *x, size_t *n);
+
+/* ---- Generated tokens ------------------------------------------------------ */
+
+/* The SSE event that starts a stream (a chat's delta.role), appended to out;
+ * from now on the text goes out as SSE events. */
+td_status_t td_rtext_stream_start(td_rtext_t *x, td_buf_t *out);
+
+/* One Tokens message's first n ids for the next job, with their
+ * log-probabilities (lps: n entries whose tokens the caller checked, or NULL
+ * when none were asked for). TD_ERR_NOMEM. Loop thread, a job may run. */
+td_status_t td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n,
+                          Tandem__TokenLogprob *const *lps);
+/* The reply ends after what was pushed: finish from the rank, or by_us
+ * (max_tokens reached). Loop thread, a job may run. */
+void td_rtext_push_end(td_rtext_t *x, td_openai_finish_t finish, bool by_us);
+/* Hand what was pushed to the next job; returns its weight, tokens times (1
+ * + alternatives each), with 1 for the end of the reply: 0 means nothing
+ * to do. Loop thread, no job running. */
+size_t td_rtext_tokens_take(td_rtext_t *x);
+/* The job: message by message, their log-probabilities, text, stop strings
+ * and reply deltas as SSE events (streaming) or kept for the answer; at the
+ * end of the reply (pushed, or a stop string matched) the rest of the text,
+ * the finish chunk, usage and [DONE], or the whole answer's JSON. */
+void td_rtext_tokens_run(td_rtext_t *x);
+
+/* ---- After a job ----------------------------------------------------------- */
+
+const td_rtext_res_t *td_rtext_result(const td_rtext_t *x);
+/* What the last job made: SSE events to send, or once ended without a
+ * stream the answer's JSON. Emptied by td_rtext_out_reset. */
+const td_buf_t *td_rtext_out(const td_rtext_t *x);
+void td_rtext_out_reset(td_rtext_t *x);
+
+#endif
