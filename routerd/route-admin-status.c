@@ -30,7 +30,7 @@ rank_json(const td_rrank_t *rk)
 }
 
 void
-td_route_admin_status(struct evhttp_request *req, void *router)
+td_route_admin_status(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     json_t *nodes = json_array();

@@ -5,17 +5,13 @@
  * done, failed or canceled, with Cancel to its ranks where they may hold it. */
 #include "rreq.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 
 #include "buf.h"
 #include "chat_prompt.h"
@@ -37,9 +33,7 @@ struct td_rreq_s {
     uint64_t id;                    /* wire id of the current attempt */
     td_rreq_state_t state;          /* changed by set_state() only */
     td_openai_req_t *oreq;
-    struct evhttp_request *http;    /* NULL once answered or the client is gone */
-    struct evhttp_connection *evcon;
-    struct event *watch;            /* EOF on the client's socket while we work */
+    td_http_req_t *http;            /* NULL once answered or the client is gone */
     char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
     int32_t *prompt;
     size_t nprompt;
@@ -71,7 +65,6 @@ struct td_rreq_tab_s {
     td_rreq_t *head;
     size_t n;
     uint64_t id_seq;
-    struct evbuffer *chunk;         /* reused for every SSE chunk */
     td_buf_t sse;                   /* reused: one message's SSE events */
 };
 
@@ -250,12 +243,8 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 static void
 http_detach(td_rreq_t *q)
 {
-    if (q->watch)
-        event_free(q->watch);
-    q->watch = NULL;
-    if (q->evcon)
-        evhttp_connection_set_closecb(q->evcon, NULL, NULL);
-    q->evcon = NULL;
+    if (q->http)
+        td_http_on_gone(q->http, NULL, NULL);
     q->http = NULL;
 }
 
@@ -267,9 +256,7 @@ stream_flush(td_rreq_t *q)
     td_rreq_tab_t *t = q->t;
 
     if (t->sse.len > 0 && q->http && td_buf_status(&t->sse) == TD_OK) {
-        evbuffer_add(t->chunk, t->sse.data, t->sse.len);
-        evhttp_send_reply_chunk(q->http, t->chunk);
-        evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
+        td_http_stream_send(q->http, t->sse.data, t->sse.len);
     }
     td_buf_reset(&t->sse);
 }
@@ -277,12 +264,10 @@ stream_flush(td_rreq_t *q)
 static void
 stream_start(td_rreq_t *q)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(q->http);
-
-    evhttp_add_header(h, "Content-Type", "text/event-stream");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "X-Request-Id", q->oid);
-    evhttp_send_reply_start(q->http, 200, "OK");
+    td_http_add_header(q->http, "Content-Type", "text/event-stream");
+    td_http_add_header(q->http, "Cache-Control", "no-cache");
+    td_http_add_header(q->http, "X-Request-Id", q->oid);
+    td_http_stream_start(q->http, 200);
     q->streaming = true;
     if (td_openai_stream_text(&q->stream, "", 0, &q->t->sse) == TD_OK)
         stream_flush(q);
@@ -330,7 +315,7 @@ count_outcome(td_rreq_t *q, td_outcome_t o)
 static void
 answer_error(td_rreq_t *q, const td_openai_err_t *e)
 {
-    struct evhttp_request *h = q->http;
+    td_http_req_t *h = q->http;
 
     if (!h)
         return;
@@ -340,7 +325,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
-        evhttp_send_reply_end(h);
+        td_http_stream_end(h);
     } else {
         http_detach(q);
         td_http_reply_err(h, e);
@@ -451,7 +436,7 @@ request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
     td_rreq_tab_t *t = q->t;
     td_openai_usage_t usage = { (uint32_t)q->nprompt, q->ntokens };
     td_buf_t body = {0};
-    struct evhttp_request *h;
+    td_http_req_t *h;
     td_status_t st;
 
     td_buf_reset(&q->rel);
@@ -506,10 +491,10 @@ request_done(td_rreq_t *q, td_openai_finish_t finish, bool by_us)
     if (h && q->streaming) {
         stream_flush(q);
         http_detach(q);
-        evhttp_send_reply_end(h);
+        td_http_stream_end(h);
     } else if (h) {
         http_detach(q);
-        evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
+        td_http_add_header(h, "X-Request-Id", q->oid);
         td_http_reply(h, 200, "application/json", body.data, body.len);
     }
     td_buf_free(&body);
@@ -946,41 +931,15 @@ td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
 /* Serving                                                                   */
 /* ======================================================================= */
 
+/* The client went away before its answer was complete (http.c frees the
+ * HTTP request once this returns). */
 static void
-on_client_closed(struct evhttp_connection *evcon, void *arg)
+on_client_gone(td_http_req_t *hreq, void *arg)
 {
     td_rreq_t *q = arg;
-    struct evhttp_request *h = q->http;
 
-    q->evcon = NULL;
     q->http = NULL;
-    /* A request libevent detached from its dying connection is ours to free. */
-    if (h && !evhttp_request_get_connection(h))
-        evhttp_request_free(h);
     request_cancel(q, "client disconnected");
-}
-
-/* evhttp reads nothing while a request is being answered, so a client that
- * goes away is seen only when a write fails. We watch the socket ourselves:
- * EOF or an error ends the request and the connection; pipelined bytes are
- * left to evhttp (and the watch stops). */
-static void
-on_client_readable(evutil_socket_t fd, short what, void *arg)
-{
-    td_rreq_t *q = arg;
-    struct evhttp_connection *evcon = q->evcon;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-
-    if (n > 0) {
-        event_del(q->watch);
-        return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    http_detach(q);
-    request_cancel(q, "client disconnected");
-    evhttp_connection_free(evcon);
 }
 
 static void
@@ -1071,7 +1030,7 @@ prompt_tokens(td_rreq_t *q, td_openai_err_t *e)
 }
 
 void
-td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind)
+td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
 {
     td_openai_err_t e;
     td_openai_req_t *oreq;
@@ -1158,14 +1117,7 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
         }
         evtimer_add(q->timer, &tv);
     }
-    q->evcon = evhttp_request_get_connection(hreq);
-    evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
-    q->watch = event_new(t->cfg.base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
-                         EV_READ | EV_PERSIST, on_client_readable, q);
-    if (!q->watch || event_add(q->watch, NULL) != 0) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
-    }
+    td_http_on_gone(hreq, on_client_gone, q);
     td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
              oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,
              oreq->max_tokens, oreq->stream ? ", streamed" : "");
@@ -1233,14 +1185,9 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
     if (!t)
         goto err_nomem;
     t->cfg = *cfg;
-    t->chunk = evbuffer_new();
-    if (!t->chunk)
-        goto err_free_tab;
     *out = t;
     return TD_OK;
 
-err_free_tab:
-    free(t);
 err_nomem:
     td_error("requests: out of memory for the request table");
     return TD_ERR_NOMEM;
@@ -1253,10 +1200,9 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
         return;
     while (t->head) {
         td_rreq_t *q = t->head;
-        http_detach(q);   /* evhttp_free answers and frees the HTTP side */
+        http_detach(q);   /* the listeners, closed after, free the HTTP side */
         request_free(q);
     }
-    evbuffer_free(t->chunk);
     td_buf_free(&t->sse);
     free(t);
 }
