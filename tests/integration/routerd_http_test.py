@@ -5,7 +5,7 @@ read and idle timeouts that never cut a quiet stream, a client's half-close,
 and a routerd held at its file-descriptor limit by idle connections. The
 cluster (a real routerd, rtr_fake_worker ranks) is routerd_test.py's.
 usage: routerd_http_test.py TEST ROUTERD WORKER
-TEST: errors | timeouts | halfclose | fdlimit."""
+TEST: errors | timeouts | halfclose | caps | fdlimit."""
 import json
 import os
 import resource
@@ -332,6 +332,56 @@ def test_halfclose(c):
     c.wait(lambda: "admit" in open(slow.out).read(), "request at the slow worker")
     s.close()
     c.wait(lambda: "cancel" in open(slow.out).read(), "Cancel after the client closed", timeout=5)
+
+
+def test_caps(c):
+    """At the cap a new connection takes the place of the least recently
+    active idle one, and when every connection has a request in hand it gets
+    a 503 at once; request bytes past http-max-buffered get a 503."""
+    c.start_router("--http-max-connections", "3", "--http-max-buffered", "1MiB",
+                   "--max-body", "4096")
+    c.start_worker("slow", "--tok-ms", "300")
+    c.wait_up(2)
+    idle = connect(c.http)
+    streams = [Stream(c.http, max_tokens=8) for _ in range(2)]
+    # the third stream takes the idle connection's place: it is closed
+    streams.append(Stream(c.http, max_tokens=8))
+    idle.settimeout(5)
+    check(read_all(idle, 5) == b"", "the idle connection was answered")
+    idle.close()
+    # all three connections are serving: a fourth is refused at once
+    t0 = time.time()
+    out = raw(c.http, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", limit=5)
+    h = check_json_error(out, 503, None, "over the cap")
+    check(h.get("retry-after") == "1" and time.time() - t0 < 1.0,
+          "503 at the cap: %r after %.1f s" % (h, time.time() - t0))
+    for s in streams:
+        ev = s.events()
+        check(ev[-1] == "[DONE]", "a stream at the cap: %r" % ev[-2:])
+        s.close()
+    st, _, _ = request(c.http, "GET", "/health", key=None)
+    check(st == 200, "after the streams: %d" % st)
+    bad = c.stop()
+    check(not bad, "; ".join(bad))
+
+    # Request bytes: heads still being sent count; 20 heads of 60 kB against
+    # 1 MiB: 17 fit, the other three get 503.
+    c.start_router("--http-max-buffered", "1MiB", "--max-body", "4096")
+    socks, refused = [], 0
+    for _ in range(20):
+        s = connect(c.http)
+        s.sendall(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 60000)
+        socks.append(s)
+        time.sleep(0.02)
+    for s in socks:
+        out = read_all(s, 0.5)
+        if out:
+            check_json_error(out, 503, None, "over the buffered bytes")
+            refused += 1
+        s.close()
+    check(refused == 3, "%d of 20 heads of 60 kB refused at 1 MiB" % refused)
+    st, _, _ = request(c.http, "GET", "/health", key=None)
+    check(st == 200, "after the heads are gone: %d" % st)
 
 
 HOLDER = r"""
