@@ -1,8 +1,6 @@
 /* routerd/h1.c — HTTP/1.1 request framing (RFC 9112), strict where a lax
- * reading could let two parsers disagree on where a request ends: one
- * Content-Length value, no Transfer-Encoding but chunked, no obsolete line
- * folding, no bare CR, no blank before a field's colon. A single LF is
- * accepted as a line end (RFC 9112 2.2). */
+ * reading could let two parsers disagree on where a request ends (one
+ * Content-Length, chunked only, no folding, no bare CR); a lone LF ends a line. */
 #include "h1.h"
 
 #include <string.h>

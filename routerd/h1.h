@@ -1,7 +1,6 @@
-/* routerd/h1.h — HTTP/1.1 request framing (RFC 9112), strict: a request head
- * (request line and header fields) and a chunked body, parsed from bytes with
- * no I/O, so they are tested and fuzzed on their own. Every refusal carries
- * the status to answer and a message for the client; http.c does the rest. */
+/* routerd/h1.h — HTTP/1.1 request framing (RFC 9112): a request head and a
+ * chunked body parsed from bytes with no I/O (tested and fuzzed on their own);
+ * each refusal carries the status to answer and a message for the client. */
 #ifndef TD_ROUTERD_H1_H
 #define TD_ROUTERD_H1_H
 

@@ -1,9 +1,6 @@
-/* routerd/http.c — routerd's HTTP/1.1 server on libevent bufferevents: the
- * listeners (accepting, the connection cap, pausing on accept errors), each
- * connection's state machine (a request read under a deadline, served with
- * none, its answer written, the connection kept or closed), the budget of
- * request bytes held, dispatch through the route table with the key check,
- * and the answers. Request framing is h1.c's. */
+/* routerd/http.c — routerd's HTTP/1.1 server on libevent bufferevents:
+ * listeners (the connection cap, pauses on accept errors), each connection's
+ * state machine, the budget of request bytes held, dispatch, answers. */
 #include "http.h"
 
 #include <errno.h>
@@ -26,6 +23,7 @@
 #include <event2/util.h>
 
 #include "buf.h"
+#include "clock.h"
 #include "fsm.h"
 #include "log.h"
 #include "net.h"
@@ -103,6 +101,7 @@ struct td_http_listener_s {
     struct event *resume;           /* re-enables accepting after an accept error */
     uint32_t pause_ms;              /* current pause; 0 = accepting normally */
     uint64_t accept_failed;         /* this episode */
+    uint64_t accept_failed_ns;      /* the last failure (CLOCK_MONOTONIC) */
     conn_list_t idle;               /* evictable: IDLE, HEAD, BODY */
     conn_list_t busy;               /* SERVE, SEND, CLOSING */
     size_t nconns;
@@ -114,6 +113,7 @@ struct td_http_listener_s {
     uint16_t port;
     td_log_limit_t lim_peer;        /* per-connection and per-request lines */
     td_log_limit_t lim_cap;         /* refusals and evictions at the cap */
+    td_log_limit_t lim_accept;      /* accepting again within an episode of failures */
 };
 
 static const char *const conn_state_names[] = {
@@ -1139,10 +1139,10 @@ listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockad
     char peer[64];
 
     if (l->pause_ms) {
-        td_info("%s listener :%u: accepting again after %" PRIu64 " failed accepts", l->name,
-                (unsigned)l->port, l->accept_failed);
+        td_log_limited(&l->lim_accept, TD_LOG_INFO, HTTP_LOG_EPISODE_MS,
+                       "%s listener :%u: accepting again (%" PRIu64 " failed accepts so far)",
+                       l->name, (unsigned)l->port, l->accept_failed);
         l->pause_ms = 0;
-        l->accept_failed = 0;
     }
     memcpy(&addr.sa, sa, (size_t)salen < sizeof addr.sa ? (size_t)salen : sizeof addr.sa);
     td_net_addr_str(&addr, peer, sizeof peer);
@@ -1192,30 +1192,34 @@ listener_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockad
 /* accept() failed for a reason that retrying at once will not fix (EMFILE,
  * ENFILE, ENOBUFS, ...): stop accepting, close the least recently active
  * idle connection (if the descriptors are ours, the next accept gets one),
- * and try again after a pause that doubles while the failures go on. Logged
- * once per episode. */
+ * and try again after a pause that doubles while the failures go on. An
+ * episode lasts until accepts have not failed for HTTP_LOG_EPISODE_MS; it is
+ * logged once when it begins (and, limited, when accepting works again). */
 static void
 listener_error_cb(struct evconnlistener *evl, void *arg)
 {
     td_http_listener_t *l = arg;
     int err = EVUTIL_SOCKET_ERROR();
+    uint64_t now = td_clock_ns();
     struct timeval tv;
 
-    l->accept_failed++;
-    if (l->pause_ms == 0) {
-        l->pause_ms = HTTP_ACCEPT_PAUSE_MIN_MS;
+    if (l->accept_failed == 0 ||
+        now - l->accept_failed_ns > (uint64_t)HTTP_LOG_EPISODE_MS * 1000000u) {
+        l->accept_failed = 0;
         td_warn("%s listener :%u: accept failed: %s; pausing accepts (%u ms, up to %u ms "
                 "while it keeps failing) and closing idle connections", l->name,
                 (unsigned)l->port, evutil_socket_error_to_string(err), HTTP_ACCEPT_PAUSE_MIN_MS,
                 HTTP_ACCEPT_PAUSE_MAX_MS);
     } else {
-        l->pause_ms = l->pause_ms * 2 > HTTP_ACCEPT_PAUSE_MAX_MS ? HTTP_ACCEPT_PAUSE_MAX_MS
-                                                                 : l->pause_ms * 2;
         td_log_limited(&l->lim_cap, TD_LOG_DEBUG, HTTP_LOG_PEER_MS,
-                       "%s listener :%u: accept failed again: %s; pausing %" PRIu32 " ms",
-                       l->name, (unsigned)l->port, evutil_socket_error_to_string(err),
-                       l->pause_ms);
+                       "%s listener :%u: accept failed again: %s", l->name, (unsigned)l->port,
+                       evutil_socket_error_to_string(err));
     }
+    l->accept_failed++;
+    l->accept_failed_ns = now;
+    l->pause_ms = l->pause_ms == 0 ? HTTP_ACCEPT_PAUSE_MIN_MS
+                : l->pause_ms * 2 > HTTP_ACCEPT_PAUSE_MAX_MS ? HTTP_ACCEPT_PAUSE_MAX_MS
+                                                             : l->pause_ms * 2;
     if (l->idle.head)
         conn_free(l->idle.head);
     evconnlistener_disable(evl);

@@ -1,19 +1,19 @@
-/* routerd/http.h — routerd's HTTP/1.1 server: a listener serving a route
- * table given by its caller (routes.h) with the bearer-key check, and the
- * replies every route and request uses (plain, JSON, OpenAI errors, streams).
- * It knows no route and no request of the API.
- *
- * Each connection reads one request at a time under a deadline (read-timeout
- * for the head and body, idle-timeout between requests), then hands it to its
- * route with no deadline at all: a stream may stay quiet for as long as its
- * request runs. A listener holds at most max_conns connections (closing the
- * least recently active idle or reading one to take a new one, else refusing
- * it with a 503); the bytes of requests held (heads and bodies) are capped
- * across listeners (a td_http_budget_t); accept() failures (EMFILE, ...)
- * pause accepting with a bounded backoff. Every refusal is an OpenAI error
- * object with its status; the framing rules are h1.h's. */
+/* routerd/http.h — routerd's HTTP/1.1 server: listeners serving a route
+ * table given by the caller (routes.h) with the bearer-key check, and the
+ * answers every route and request uses (plain, JSON, OpenAI errors, streams). */
 #ifndef TD_ROUTERD_HTTP_H
 #define TD_ROUTERD_HTTP_H
+
+/* It knows no route and no request of the API. Each connection reads one
+ * request at a time under a deadline (read_timeout for the head and body,
+ * idle_timeout between requests), then hands it to its route with no deadline
+ * at all: a stream may stay quiet for as long as its request runs. A listener
+ * holds at most max_conns connections (the least recently active idle or
+ * reading one is closed to take a new one, else the new one gets a 503); the
+ * bytes of requests held (heads and bodies) are capped across listeners (a
+ * td_http_budget_t); accept() failures (EMFILE, ...) pause accepting with a
+ * bounded backoff. Every refusal is an OpenAI error object with its status;
+ * the framing rules are h1.h's. */
 
 #include <stdbool.h>
 #include <stddef.h>

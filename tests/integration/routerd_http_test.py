@@ -9,7 +9,6 @@ TEST: errors | timeouts | halfclose | caps | fdlimit."""
 import json
 import os
 import resource
-import signal
 import socket
 import subprocess
 import sys

@@ -1,8 +1,6 @@
-/* tests/unit/test_h1.c — routerd's HTTP/1.1 request framing (routerd/h1.c):
- * request heads accepted and refused with their status (conflicting
- * Content-Length, transfer codings, malformed lines, methods, versions), the
- * end of a head found across any split, and chunked bodies read whole from
- * any split or refused (bad sizes, too large). */
+/* tests/unit/test_h1.c — routerd/h1.c: heads accepted or refused with their
+ * status (Content-Length, codings, lines, methods, versions), a head's end
+ * found across any split, chunked bodies read from any split or refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
