@@ -74,18 +74,25 @@ td_h1_skip_empty(const char *p, size_t n)
 }
 
 bool
-td_h1_head_end(const char *p, size_t n, size_t *scanned, size_t *end)
+td_h1_head_scan(td_h1_scan_t *s, const char *p, size_t n)
 {
-    for (size_t i = *scanned; i < n; i++) {
-        if (p[i] != '\n')
-            continue;
-        if ((i >= 1 && p[i - 1] == '\n') || (i >= 2 && p[i - 1] == '\r' && p[i - 2] == '\n')) {
-            *scanned = i + 1;
-            *end = i + 1;
-            return true;
+    for (size_t i = 0; i < n; i++) {
+        switch (p[i]) {
+        case '\n':
+            if (s->eol) {   /* an empty line: "\n\n" or "\n\r\n" */
+                s->len += i + 1;
+                return true;
+            }
+            s->eol = 1;
+            break;
+        case '\r':
+            s->eol = s->eol == 1 ? 2 : 0;
+            break;
+        default:
+            s->eol = 0;
         }
     }
-    *scanned = n;
+    s->len += n;
     return false;
 }
 

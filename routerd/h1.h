@@ -65,11 +65,18 @@ typedef struct {
                                   "Connection: close" */
 } td_h1_head_t;
 
-/* Find the end of a head (the empty line after the fields) in p[0..n), going
- * on from *scanned (bytes already searched; 0 at first, updated). True and
- * *end = the offset just past that line when found. Leading empty lines must
- * have been dropped (td_h1_skip_empty). */
-bool td_h1_head_end(const char *p, size_t n, size_t *scanned, size_t *end);
+/* The search for the end of a head (the empty line after its fields), fed
+ * the bytes as they arrive, cut anywhere. Zero-initialise it per head. */
+typedef struct {
+    size_t len;     /* bytes scanned so far; the head's length once found */
+    int eol;        /* 0: inside a line, 1: at a line's start, 2: CR at a line's start */
+} td_h1_scan_t;
+
+/* Scan p[0..n), the bytes after those already scanned. True when the head
+ * ends in them: it is s->len bytes long (through its empty line), and the
+ * bytes of p after it were not scanned. Leading empty lines must have been
+ * dropped (td_h1_skip_empty). */
+bool td_h1_head_scan(td_h1_scan_t *s, const char *p, size_t n);
 
 /* How many of p[0..n)'s first bytes are CR and LF (the empty lines a client
  * may send before a request line, which are ignored). */

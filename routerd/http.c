@@ -78,7 +78,7 @@ struct td_http_conn_s {
     uint64_t id;
     char peer[64];
     td_http_req_t *req;             /* HEAD (once parsed) .. SEND */
-    size_t scanned;                 /* head bytes searched for its end */
+    td_h1_scan_t scan;              /* the search for the head's end */
     uint64_t body_left;             /* Content-Length bytes still to read */
     td_h1_chunked_t chunked;
     uint64_t held;                  /* bytes counted in the budget */
@@ -350,24 +350,6 @@ req_new(td_http_conn_t *c, const char *p, size_t len, td_h1_err_t *e)
     q->path = q->head + len + 1;
     c->req = q;
     return TD_OK;
-}
-
-td_h1_method_t
-td_http_method(const td_http_req_t *req)
-{
-    return req->h.method;
-}
-
-const char *
-td_http_path(const td_http_req_t *req)
-{
-    return req->path;
-}
-
-const char *
-td_http_target(const td_http_req_t *req)
-{
-    return req->h.target;
 }
 
 const char *
@@ -690,36 +672,30 @@ conn_body(td_http_conn_t *c)
     return false;
 }
 
-/* Search the input for the end of the head from c->scanned on, without
- * making it contiguous (a head sent a byte at a time is searched once). */
+/* Search the input for the end of the head, going on where the last search
+ * stopped, without making it contiguous (a head sent a byte at a time is
+ * searched once). True and *end = the head's length when found. */
 static bool
 conn_head_end(td_http_conn_t *c, struct evbuffer *in, size_t *end)
 {
     struct evbuffer_ptr at;
+    struct evbuffer_iovec v[8];
+    int n;
 
-    if (evbuffer_ptr_set(in, &at, c->scanned, EVBUFFER_PTR_SET) != 0)
+    if (evbuffer_ptr_set(in, &at, c->scan.len, EVBUFFER_PTR_SET) != 0)
         return false;
-    for (;;) {
-        struct evbuffer_ptr lf = evbuffer_search(in, "\n", 1, &at), back;
-        char prev[2];
-        size_t k;
-
-        if (lf.pos < 0)
-            break;
-        k = lf.pos >= 2 ? 2 : (size_t)lf.pos;
-        if (k > 0 && evbuffer_ptr_set(in, &back, (size_t)lf.pos - k, EVBUFFER_PTR_SET) == 0 &&
-            evbuffer_copyout_from(in, &back, prev, k) == (ev_ssize_t)k) {
-            if (prev[k - 1] == '\n' || (k == 2 && prev[0] == '\n' && prev[1] == '\r')) {
-                *end = (size_t)lf.pos + 1;
-                c->scanned = *end;
+    while ((n = evbuffer_peek(in, -1, &at, v, 8)) > 0) {
+        size_t seen = 0;
+        for (int i = 0; i < n && i < 8; i++) {
+            if (td_h1_head_scan(&c->scan, v[i].iov_base, v[i].iov_len)) {
+                *end = c->scan.len;
                 return true;
             }
+            seen += v[i].iov_len;
         }
-        at = lf;
-        if (evbuffer_ptr_set(in, &at, 1, EVBUFFER_PTR_ADD) != 0)
+        if (n <= 8 || evbuffer_ptr_set(in, &at, seen, EVBUFFER_PTR_ADD) != 0)
             break;
     }
-    c->scanned = evbuffer_get_length(in);
     return false;
 }
 
@@ -735,13 +711,15 @@ conn_read(td_http_conn_t *c)
 
         switch (c->state) {
         case CONN_IDLE: {
-            char ch;
+            struct evbuffer_iovec v;
+            size_t k;
             /* empty lines before a request line are ignored (RFC 9112 2.2) */
-            while (evbuffer_copyout(in, &ch, 1) == 1 && (ch == '\r' || ch == '\n'))
-                evbuffer_drain(in, 1);
+            while (evbuffer_peek(in, -1, NULL, &v, 1) > 0 &&
+                   (k = td_h1_skip_empty(v.iov_base, v.iov_len)) > 0)
+                evbuffer_drain(in, k);
             if (evbuffer_get_length(in) == 0)
                 return;
-            c->scanned = 0;
+            c->scan = (td_h1_scan_t){0};
             conn_set_state(c, CONN_HEAD, "request begun");
             break;
         }
@@ -1313,12 +1291,6 @@ td_http_listener_destroy(td_http_listener_t *l)
     }
     td_buf_free(&l->refusal);
     free(l);
-}
-
-size_t
-td_http_listener_conns(const td_http_listener_t *l)
-{
-    return l->nconns;
 }
 
 void

@@ -80,9 +80,6 @@ td_status_t td_http_listen(const td_http_site_t *site, const char *hostport,
 /* Close the listener and every connection (the gone callbacks of requests
  * still held are called). NULL is a no-op. */
 void td_http_listener_destroy(td_http_listener_t *l);
-/* Connections open now. */
-size_t td_http_listener_conns(const td_http_listener_t *l);
-
 /* Lower the connection caps so that both fit in the file-descriptor limit
  * (RLIMIT_NOFILE) with `reserve` descriptors left for everything else (the
  * control port, files); a lowered cap is logged. 0 (no cap) stays. */
@@ -90,9 +87,6 @@ void td_http_fit_fd_limit(size_t *api_conns, size_t *admin_conns, size_t reserve
 
 /* ---- The request ---------------------------------------------------------- */
 
-td_h1_method_t td_http_method(const td_http_req_t *req);
-const char *td_http_path(const td_http_req_t *req);      /* "/v1/models" */
-const char *td_http_target(const td_http_req_t *req);    /* as sent, with the query */
 /* The first field named name (case-insensitive), or NULL. */
 const char *td_http_header(const td_http_req_t *req, const char *name);
 /* The body, NUL-terminated (valid while req is). */

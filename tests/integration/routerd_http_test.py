@@ -372,8 +372,9 @@ def test_caps(c):
         s.sendall(b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 60000)
         socks.append(s)
         time.sleep(0.02)
+    time.sleep(0.5)
     for s in socks:
-        out = read_all(s, 0.5)
+        out = read_all(s, 0.05)
         if out:
             check_json_error(out, 503, None, "over the buffered bytes")
             refused += 1

@@ -148,18 +148,28 @@ test_head_end(void)
         { "GET / HTTP/1.1\r\n\nx", 17 },
         { "GET / HTTP/1.1\r\nA: b\r\n", 0 },
         { "GET / HTTP/1.1\r\nA: b\r\n\r", 0 },
+        { "GET / HTTP/1.1\r\nA: b\r\r\nC: d\r\n\r\n", 31 },   /* no empty line before */
     };
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t len = strlen(cases[i].p);
         for (size_t cut = 0; cut <= len; cut++) {
-            size_t scanned = 0, end = 0;
-            bool found = td_h1_head_end(cases[i].p, cut, &scanned, &end) ||
-                         td_h1_head_end(cases[i].p, len, &scanned, &end);
+            /* in two pieces: cut, then the rest */
+            td_h1_scan_t s = {0};
+            bool found = td_h1_head_scan(&s, cases[i].p, cut) ||
+                         td_h1_head_scan(&s, cases[i].p + cut, len - cut);
             CHECK_EQ_INT(found, cases[i].end != 0);
             if (found)
-                CHECK_EQ_INT(end, cases[i].end);
+                CHECK_EQ_INT(s.len, cases[i].end);
         }
+        /* a byte at a time */
+        td_h1_scan_t s = {0};
+        bool found = false;
+        for (size_t k = 0; k < len && !found; k++)
+            found = td_h1_head_scan(&s, cases[i].p + k, 1);
+        CHECK_EQ_INT(found, cases[i].end != 0);
+        if (found)
+            CHECK_EQ_INT(s.len, cases[i].end);
     }
     CHECK_EQ_INT(td_h1_skip_empty("\r\n\nGET", 6), 3);
     CHECK_EQ_INT(td_h1_skip_empty("GET", 3), 0);
