@@ -367,6 +367,12 @@ td_http_body(td_http_req_t *req, size_t *len)
     return req->body.data ? req->body.data : "";
 }
 
+char *
+td_http_body_take(td_http_req_t *req, size_t *len)
+{
+    return td_buf_take(&req->body, len);
+}
+
 td_status_t
 td_http_body_field(td_http_req_t *req, const char *field, char *buf, size_t len,
                    td_openai_err_t *e)
@@ -947,6 +953,11 @@ td_http_add_header(td_http_req_t *req, const char *name, const char *value)
 {
     if (req->started)
         return;
+    if (strcasecmp(name, "Connection") == 0 && strcasecmp(value, "close") == 0) {
+        if (req->conn)
+            req->conn->close_after = true;   /* resp_head says so */
+        return;
+    }
     td_buf_printf(&req->out, "%s: %s\r\n", name, value);
     if (strcasecmp(name, "Content-Type") == 0)
         req->sse = strncasecmp(value, "text/event-stream", 17) == 0;
@@ -1210,7 +1221,8 @@ listener_resume_cb(evutil_socket_t fd, short what, void *arg)
 {
     td_http_listener_t *l = arg;
 
-    evconnlistener_enable(l->evl);
+    if (l->evl)
+        evconnlistener_enable(l->evl);
 }
 
 /* The 503 a connection over the cap gets, built once. */
@@ -1279,11 +1291,24 @@ err_close:
 }
 
 void
+td_http_stop_accepting(td_http_listener_t *l)
+{
+    if (!l || !l->evl)
+        return;
+    evtimer_del(l->resume);
+    evconnlistener_free(l->evl);   /* closes the socket */
+    l->evl = NULL;
+    td_info("%s listener :%u: closed; %zu connections still served", l->name,
+            (unsigned)l->port, l->nconns);
+}
+
+void
 td_http_listener_destroy(td_http_listener_t *l)
 {
     if (!l)
         return;
-    evconnlistener_free(l->evl);
+    if (l->evl)
+        evconnlistener_free(l->evl);
     event_free(l->resume);
     while (l->idle.head || l->busy.head) {
         td_http_conn_t *c = l->busy.head ? l->busy.head : l->idle.head;

@@ -80,6 +80,9 @@ td_status_t td_http_listen(const td_http_site_t *site, const char *hostport,
 /* Close the listener and every connection (the gone callbacks of requests
  * still held are called). NULL is a no-op. */
 void td_http_listener_destroy(td_http_listener_t *l);
+/* Shutdown: close l's listening socket (new connections are refused); the
+ * connections open go on being served. NULL is a no-op. */
+void td_http_stop_accepting(td_http_listener_t *l);
 /* Lower the connection caps so that both fit in the file-descriptor limit
  * (RLIMIT_NOFILE) with `reserve` descriptors left for everything else (the
  * control port, files); a lowered cap is logged. 0 (no cap) stays. */
@@ -91,6 +94,10 @@ void td_http_fit_fd_limit(size_t *api_conns, size_t *admin_conns, size_t reserve
 const char *td_http_header(const td_http_req_t *req, const char *name);
 /* The body, NUL-terminated (valid while req is). */
 const char *td_http_body(td_http_req_t *req, size_t *len);
+/* The body handed over (NUL-terminated, malloc'd, the caller frees it; NULL
+ * when out of memory): for work off the loop, which must not touch req. The
+ * request's body is empty afterwards. */
+char *td_http_body_take(td_http_req_t *req, size_t *len);
 /* Admin bodies: {"<field>": "<string>"} → the string (copied into buf). */
 td_status_t td_http_body_field(td_http_req_t *req, const char *field, char *buf, size_t len,
                                td_openai_err_t *e);
@@ -104,7 +111,8 @@ void td_http_on_gone(td_http_req_t *req, void (*fn)(td_http_req_t *req, void *ar
 
 /* ---- Answers: each reply ends the request ------------------------------- */
 
-/* A header of the answer (before it starts). */
+/* A header of the answer (before it starts). "Connection: close" closes the
+ * connection after the answer. */
 void td_http_add_header(td_http_req_t *req, const char *name, const char *value);
 void td_http_reply(td_http_req_t *req, int code, const char *ctype, const char *body,
                    size_t len);
