@@ -1244,28 +1244,20 @@ listener_refusal(td_http_listener_t *l)
 }
 
 td_status_t
-td_http_listen(const td_http_site_t *site, const char *hostport, td_http_listener_t **out,
-               uint16_t *port_out)
+td_http_listen_fd(const td_http_site_t *site, int fd, td_http_listener_t **out)
 {
-    char host[TD_NET_HOST_MAX];
-    uint16_t port;
-    int fd;
-    td_http_listener_t *l;
-    td_status_t st = td_net_addr_parse(hostport, host, sizeof host, &port);
+    td_http_listener_t *l = calloc(1, sizeof *l);
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
 
-    if (st == TD_OK)   /* each logs what failed (the address, the bind) */
-        st = td_net_listen(host, port, 512, &fd, &port);
-    if (st != TD_OK)
-        return st;
-    /* Accepted sockets inherit TCP_NODELAY: an SSE chunk must not wait for
-     * the client's delayed ACK of the previous one (Nagle, 40 ms). */
-    (void)td_net_set_nodelay(fd);
-    l = calloc(1, sizeof *l);
     if (!l)
         goto err_close;
     l->site = *site;
     l->name = site->admin ? "admin" : "http";
-    l->port = port;
+    if (getsockname(fd, (struct sockaddr *)&sa, &salen) == 0 &&
+        (sa.ss_family == AF_INET || sa.ss_family == AF_INET6))
+        l->port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                                : ((struct sockaddr_in6 *)&sa)->sin6_port);
     l->resume = evtimer_new(site->base, listener_resume_cb, l);
     if (!l->resume || listener_refusal(l) != TD_OK)
         goto err_free;
@@ -1275,7 +1267,6 @@ td_http_listen(const td_http_site_t *site, const char *hostport, td_http_listene
         goto err_free;
     evconnlistener_set_error_cb(l->evl, listener_error_cb);
     *out = l;
-    *port_out = port;
     return TD_OK;
 
 err_free:
@@ -1284,10 +1275,32 @@ err_free:
     td_buf_free(&l->refusal);
     free(l);
 err_close:
-    td_error("%s listen %s: cannot start the http server: out of memory",
-             site->admin ? "admin" : "http", hostport);
+    td_error("%s listener: cannot start the http server: out of memory",
+             site->admin ? "admin" : "http");
     close(fd);
     return TD_ERR_NOMEM;
+}
+
+td_status_t
+td_http_listen(const td_http_site_t *site, const char *hostport, td_http_listener_t **out,
+               uint16_t *port_out)
+{
+    char host[TD_NET_HOST_MAX];
+    uint16_t port;
+    int fd;
+    td_status_t st = td_net_addr_parse(hostport, host, sizeof host, &port);
+
+    if (st == TD_OK)   /* each logs what failed (the address, the bind) */
+        st = td_net_listen(host, port, 512, &fd, &port);
+    if (st != TD_OK)
+        return st;
+    /* Accepted sockets inherit TCP_NODELAY: an SSE chunk must not wait for
+     * the client's delayed ACK of the previous one (Nagle, 40 ms). */
+    (void)td_net_set_nodelay(fd);
+    st = td_http_listen_fd(site, fd, out);   /* logs a failure */
+    if (st == TD_OK)
+        *port_out = port;
+    return st;
 }
 
 void

@@ -77,6 +77,9 @@ typedef struct {
  * logged where they happen. site is copied. */
 td_status_t td_http_listen(const td_http_site_t *site, const char *hostport,
                            td_http_listener_t **out, uint16_t *port_out);
+/* Serve site on fd, a listening socket of any family (taken over: closed
+ * with the listener, or at once on failure); for tests and harnesses. */
+td_status_t td_http_listen_fd(const td_http_site_t *site, int fd, td_http_listener_t **out);
 /* Close the listener and every connection (the gone callbacks of requests
  * still held are called). NULL is a no-op. */
 void td_http_listener_destroy(td_http_listener_t *l);
