@@ -617,11 +617,7 @@ conn_head(td_http_conn_t *c, const char *p, size_t end)
         conn_dispatch(c);
         return;
     case TD_H1_BODY_LENGTH:
-        c->body_left = q->h.content_length;
-        if (td_buf_reserve(&q->body, (size_t)q->h.content_length) != TD_OK) {
-            conn_refuse(c, 500, "The server is out of memory.");
-            return;
-        }
+        c->body_left = q->h.content_length;   /* memory grows as the bytes come */
         break;
     case TD_H1_BODY_CHUNKED:
         td_h1_chunked_init(&c->chunked, c->l->site.max_body, TD_HTTP_MAX_HEAD);
@@ -636,7 +632,8 @@ conn_head(td_http_conn_t *c, const char *p, size_t end)
         evbuffer_add_printf(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n");
 }
 
-/* Move body bytes from the input into the request; true when it is whole. */
+/* Move body bytes from the input into the request; true when it is whole
+ * (false also when refused: the state says which). */
 static bool
 conn_body(td_http_conn_t *c)
 {
@@ -648,6 +645,10 @@ conn_body(td_http_conn_t *c)
         if (n > c->body_left)
             n = (size_t)c->body_left;
         if (n) {
+            if (td_buf_reserve(&q->body, n) != TD_OK) {
+                conn_refuse(c, 500, "The server is out of memory.");
+                return false;
+            }
             evbuffer_remove(in, q->body.data + q->body.len, n);
             q->body.len += n;
             q->body.data[q->body.len] = '\0';
