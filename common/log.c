@@ -1,7 +1,9 @@
 /* common/log.c — leveled logging: one write(2) per line so that lines from
- * several threads or processes sharing stderr never interleave. */
+ * several threads or processes sharing stderr never interleave; rate limits
+ * for lines a peer can make us repeat. */
 #include "log.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "clock.h"
 
 volatile td_log_level_t td_log_threshold = TD_LOG_INFO;
 
@@ -63,12 +67,13 @@ td_log_level_parse(const char *name, td_log_level_t *out)
     return TD_ERR_INVALID;
 }
 
-void
-td_log_write(td_log_level_t level, const char *fmt, ...)
+/* One line: the prefix (stderr only), the message, and " (N more
+ * suppressed)" when a rate limit held lines back. */
+static void
+log_vwrite(td_log_level_t level, uint64_t suppressed, const char *fmt, va_list ap)
 {
     char line[2048];
     size_t n = 0;
-    va_list ap;
 
     if (log_sink == NULL) {
         struct timeval tv;
@@ -81,12 +86,15 @@ td_log_write(td_log_level_t level, const char *fmt, ...)
                               (long)(tv.tv_usec / 1000), log_ident, (int)getpid(),
                               td_log_level_str(level));
     }
-    va_start(ap, fmt);
     int w = vsnprintf(line + n, sizeof(line) - n, fmt, ap);
-    va_end(ap);
     if (w < 0)
         return;
     n += (size_t)w;
+    if (suppressed > 0 && n < sizeof(line)) {
+        w = snprintf(line + n, sizeof(line) - n, " (%" PRIu64 " more suppressed)", suppressed);
+        if (w > 0)
+            n += (size_t)w;
+    }
     if (n >= sizeof(line) - 1)
         n = sizeof(line) - 2; /* truncated: keep room for the newline */
 
@@ -98,4 +106,50 @@ td_log_write(td_log_level_t level, const char *fmt, ...)
     line[n++] = '\n';
     ssize_t r = write(STDERR_FILENO, line, n);
     (void)r;
+}
+
+void
+td_log_write(td_log_level_t level, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    log_vwrite(level, 0, fmt, ap);
+    va_end(ap);
+}
+
+void
+td_log_write_limited(td_log_level_t level, uint64_t suppressed, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    log_vwrite(level, suppressed, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rate limits                                                              */
+/* ------------------------------------------------------------------------ */
+
+bool
+td_log_limit_pass_at(td_log_limit_t *l, uint64_t interval_ms, uint64_t now_ns,
+                     uint64_t *suppressed)
+{
+    uint64_t next = atomic_load_explicit(&l->next_ns, memory_order_relaxed);
+
+    /* of the threads that find the interval over, one wins the exchange */
+    if (now_ns < next ||
+        !atomic_compare_exchange_strong(&l->next_ns, &next, now_ns + interval_ms * 1000000u)) {
+        atomic_fetch_add_explicit(&l->suppressed, 1, memory_order_relaxed);
+        return false;
+    }
+    *suppressed = atomic_exchange(&l->suppressed, 0);
+    return true;
+}
+
+bool
+td_log_limit_pass(td_log_limit_t *l, uint64_t interval_ms, uint64_t *suppressed)
+{
+    return td_log_limit_pass_at(l, interval_ms, td_clock_ns(), suppressed);
 }

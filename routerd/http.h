@@ -1,9 +1,19 @@
-/* routerd/http.h — the HTTP side of routerd on libevent's evhttp: a listener
- * serving a route table given by its caller (routes.h) with the bearer-key
- * check, and the replies every route and request uses (plain, JSON, OpenAI
- * errors). It knows no route and no request. */
+/* routerd/http.h — routerd's HTTP/1.1 server: listeners serving a route
+ * table given by the caller (routes.h) with the bearer-key check, and the
+ * answers every route and request uses (plain, JSON, OpenAI errors, streams). */
 #ifndef TD_ROUTERD_HTTP_H
 #define TD_ROUTERD_HTTP_H
+
+/* It knows no route and no request of the API. Each connection reads one
+ * request at a time under a deadline (read_timeout for the head and body,
+ * idle_timeout between requests), then hands it to its route with no deadline
+ * at all: a stream may stay quiet for as long as its request runs. A listener
+ * holds at most max_conns connections (the least recently active idle or
+ * reading one is closed to take a new one, else the new one gets a 503); the
+ * bytes of requests held (heads and bodies) are capped across listeners (a
+ * td_http_budget_t); accept() failures (EMFILE, ...) pause accepting with a
+ * bounded backoff. Every refusal is an OpenAI error object with its status;
+ * the framing rules are h1.h's. */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,53 +22,114 @@
 #include <jansson.h>
 
 #include "apikeys.h"
+#include "h1.h"
 #include "metrics.h"
 #include "openai.h"
 #include "status.h"
 
 struct event_base;
-struct evhttp;
-struct evhttp_request;
+
+/* A request: owned by its connection; valid from the route's call until the
+ * route answers it (td_http_reply*, td_http_stream_end) or until its gone
+ * callback (td_http_on_gone) returns. */
+typedef struct td_http_req_s td_http_req_t;
+typedef struct td_http_listener_s td_http_listener_t;
 
 /* One entry of a route table (ends with path NULL). */
 typedef struct {
     const char *path;
-    int methods;          /* EVHTTP_REQ_GET | ... */
+    int methods;          /* TD_H1_GET | ... */
     bool admin;           /* served on the admin listener, with the admin key */
     bool auth;            /* needs a key */
-    void (*fn)(struct evhttp_request *req, void *arg);   /* arg: the site's */
+    void (*fn)(td_http_req_t *req, void *arg);   /* arg: the site's */
 } td_http_route_t;
 
-/* One HTTP listener: the API or the admin API. Everything it points to
- * outlives the listener. */
+/* Bytes of requests held (heads and bodies being read or served), across
+ * the listeners that share it. */
+typedef struct {
+    uint64_t max;
+    uint64_t used;
+} td_http_budget_t;
+
+/* What a listener serves and its limits. Everything it points to outlives
+ * the listener. */
 typedef struct {
     struct event_base *base;
     const td_http_route_t *routes;  /* the entries whose admin flag is this site's */
     bool admin;
     const td_apikeys_t *keys;       /* for routes with auth; NULL: no key needed */
     td_metrics_t *metrics;          /* refusals are counted here */
-    size_t max_body;                /* the API's body limit (bodies up to 4x reach the parser) */
-    uint64_t request_timeout_ms;    /* idle connections live this + 10 min */
+    size_t max_body;                /* larger bodies get 413 before they are read */
+    size_t max_conns;               /* open connections; 0: no cap */
+    uint64_t read_timeout_ms;       /* a request's head and body arrive within this */
+    uint64_t idle_timeout_ms;       /* between requests on a kept-alive connection */
+    uint64_t write_timeout_ms;      /* an answer whose bytes make no progress that
+                                       long ends its connection; 0: none */
+    unsigned retry_after_s;         /* in the 503 of a refused connection */
+    td_http_budget_t *budget;
     void *arg;                      /* passed to every route */
 } td_http_site_t;
 
+/* The largest request head (request line and fields) read. */
+#define TD_HTTP_MAX_HEAD (64u * 1024u)
+
 /* Serve site on hostport ("host:port", port 0 = a free one); failures are
- * logged where they happen. */
-td_status_t td_http_listen(td_http_site_t *site, const char *hostport, struct evhttp **out,
-                           uint16_t *port_out);
-/* Replies; each ends the request. */
-void td_http_reply(struct evhttp_request *req, int code, const char *ctype,
-                   const char *body, size_t len);
-void td_http_reply_err(struct evhttp_request *req, const td_openai_err_t *e);
+ * logged where they happen. site is copied. */
+td_status_t td_http_listen(const td_http_site_t *site, const char *hostport,
+                           td_http_listener_t **out, uint16_t *port_out);
+/* Serve site on fd, a listening socket of any family (taken over: closed
+ * with the listener, or at once on failure); for tests and harnesses. */
+td_status_t td_http_listen_fd(const td_http_site_t *site, int fd, td_http_listener_t **out);
+/* Close the listener and every connection (the gone callbacks of requests
+ * still held are called). NULL is a no-op. */
+void td_http_listener_destroy(td_http_listener_t *l);
+/* Shutdown: close l's listening socket (new connections are refused); the
+ * connections open go on being served. NULL is a no-op. */
+void td_http_stop_accepting(td_http_listener_t *l);
+/* Lower the connection caps so that both fit in the file-descriptor limit
+ * (RLIMIT_NOFILE) with `reserve` descriptors left for everything else (the
+ * control port, files); a lowered cap is logged. 0 (no cap) stays. */
+void td_http_fit_fd_limit(size_t *api_conns, size_t *admin_conns, size_t reserve);
+
+/* ---- The request ---------------------------------------------------------- */
+
+/* The first field named name (case-insensitive), or NULL. */
+const char *td_http_header(const td_http_req_t *req, const char *name);
+/* The body, NUL-terminated (valid while req is). */
+const char *td_http_body(td_http_req_t *req, size_t *len);
+/* The body handed over (NUL-terminated, malloc'd, the caller frees it; NULL
+ * when out of memory): for work off the loop, which must not touch req. The
+ * request's body is empty afterwards. */
+char *td_http_body_take(td_http_req_t *req, size_t *len);
+/* Admin bodies: {"<field>": "<string>"} → the string (copied into buf). */
+td_status_t td_http_body_field(td_http_req_t *req, const char *field, char *buf, size_t len,
+                               td_openai_err_t *e);
+
+/* fn(req, arg) is called if the client goes away before the answer is
+ * complete (a reset, a failed or stalled write, or a half-close whose probe
+ * comes back reset); req is freed when it returns. fn NULL: none. A request
+ * held past the route's return needs one; one without is answered before
+ * the loop runs again. */
+void td_http_on_gone(td_http_req_t *req, void (*fn)(td_http_req_t *req, void *arg), void *arg);
+
+/* ---- Answers: each reply ends the request ------------------------------- */
+
+/* A header of the answer (before it starts). "Connection: close" closes the
+ * connection after the answer. */
+void td_http_add_header(td_http_req_t *req, const char *name, const char *value);
+void td_http_reply(td_http_req_t *req, int code, const char *ctype, const char *body,
+                   size_t len);
+void td_http_reply_err(td_http_req_t *req, const td_openai_err_t *e);
 /* A request refused before it was scheduled: counted in m (errors by
  * reason, requests rejected) and answered with e. */
-void td_http_refuse(td_metrics_t *m, struct evhttp_request *req, const td_openai_err_t *e);
+void td_http_refuse(td_metrics_t *m, td_http_req_t *req, const td_openai_err_t *e);
 /* json (stolen; NULL: out of memory, answered 500) as the body. */
-void td_http_reply_json(struct evhttp_request *req, int code, json_t *json);
-/* The body, NUL-terminated (pulled up in place; valid while req is). */
-const char *td_http_body(struct evhttp_request *req, size_t *len);
-/* Admin bodies: {"<field>": "<string>"} → the string (copied into buf). */
-td_status_t td_http_body_field(struct evhttp_request *req, const char *field, char *buf,
-                               size_t len, td_openai_err_t *e);
+void td_http_reply_json(td_http_req_t *req, int code, json_t *json);
+
+/* A streamed answer (chunked; to an HTTP/1.0 client, until the connection
+ * closes): start with the status and the headers added, send pieces, end. */
+void td_http_stream_start(td_http_req_t *req, int code);
+void td_http_stream_send(td_http_req_t *req, const void *data, size_t len);
+void td_http_stream_end(td_http_req_t *req);
 
 #endif

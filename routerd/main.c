@@ -22,6 +22,10 @@
 #include "net.h"
 #include "netif.h"
 
+/* File descriptors kept out of the HTTP caps: the control listener and the
+ * worker ranks' connections, the key and tokenizer files, the log. */
+#define ROUTER_FD_RESERVE 128
+
 #define ST td_router_cfg_t
 static const td_config_opt_t router_opts[] = {
     TD_DAEMON_CONFIG_OPTS(ST, m),
@@ -48,6 +52,23 @@ static const td_config_opt_t router_opts[] = {
                          "directory's, else a byte-level stand-in)"),
     TD_CONFIG_OPT_SIZE("max-body", ST, max_body, "1MiB", 1024, 1ull << 30,
                        "largest request body accepted"),
+    /* the HTTP listeners' limits (http.h) */
+    TD_CONFIG_OPT_UINT64("admin-max-connections", ST, admin_max_conns, "64", 0, 1u << 20,
+                         "open connections on the admin listener (0: no cap)"),
+    TD_CONFIG_OPT_DURATION("http-idle-timeout", ST, http_idle_timeout_ms, "60s", 100, 3600000,
+                           "a kept-alive connection idle this long is closed"),
+    TD_CONFIG_OPT_SIZE("http-max-buffered", ST, http_max_buffered, "256MiB", 1u << 20,
+                       1ull << 40, "request bytes (heads and bodies) held at once across the "
+                       "listeners; a request that would pass it gets 503"),
+    TD_CONFIG_OPT_UINT64("http-max-connections", ST, http_max_conns, "8192", 0, 1u << 24,
+                         "open connections on the api listener (0: no cap); both caps are "
+                         "lowered to fit the file-descriptor limit"),
+    TD_CONFIG_OPT_DURATION("http-read-timeout", ST, http_read_timeout_ms, "30s", 100, 3600000,
+                           "a request's head and body must arrive within this of its first "
+                           "byte (else 408 and the connection is closed)"),
+    TD_CONFIG_OPT_DURATION("http-write-timeout", ST, http_write_timeout_ms, "60s", 0, 3600000,
+                           "an answer whose bytes make no progress to the client this long "
+                           "ends its connection (0: never)"),
     TD_CONFIG_OPT_UINT64("max-tokens-limit", ST, max_tokens_limit, "32768", 1, 1u << 24,
                          "largest max_tokens a request may ask for"),
     TD_CONFIG_OPT_UINT64("max-tokens-default", ST, max_tokens_default, "256", 1, 1u << 24,
@@ -216,10 +237,8 @@ static void
 router_fini(td_router_t *r)
 {
     td_rreq_tab_destroy(r->reqs);
-    if (r->http)
-        evhttp_free(r->http);
-    if (r->admin)
-        evhttp_free(r->admin);
+    td_http_listener_destroy(r->http);
+    td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
     td_apikeys_destroy(r->keys);
     td_apikeys_destroy(r->admin_keys);
@@ -285,12 +304,19 @@ router_init(td_router_t *r)
     td_rreq_config_t rq;
     size_t secret_len;
     uint16_t http_port = 0, admin_port = 0;
+    size_t api_conns = cfg->http_max_conns, admin_conns = cfg->admin_max_conns;
     char ctl_host[TD_NET_HOST_MAX];
     td_status_t st;
 
     if (cfg->max_tokens_default > cfg->max_tokens_limit) {
         td_error("max-tokens-default %" PRIu64 " is above max-tokens-limit %" PRIu64,
                  cfg->max_tokens_default, cfg->max_tokens_limit);
+        return TD_ERR_INVALID;
+    }
+    if (cfg->http_max_buffered < cfg->max_body + TD_HTTP_MAX_HEAD) {
+        td_error("http-max-buffered %" PRIu64 " cannot hold one request of max-body %" PRIu64
+                 " and its head (%u)", cfg->http_max_buffered, cfg->max_body,
+                 TD_HTTP_MAX_HEAD);
         return TD_ERR_INVALID;
     }
     st = router_tokenizer(r);
@@ -359,13 +385,23 @@ router_init(td_router_t *r)
     if (st != TD_OK)
         return st;
 
+    if (!cfg->admin_listen[0])
+        admin_conns = 0;
+    td_http_fit_fd_limit(&api_conns, &admin_conns, ROUTER_FD_RESERVE);
+    r->http_budget = (td_http_budget_t){ .max = cfg->http_max_buffered };
     r->http_site = (td_http_site_t){ .base = r->base, .routes = td_routes, .admin = false,
                                      .keys = r->keys, .metrics = &r->metrics,
-                                     .max_body = cfg->max_body,
-                                     .request_timeout_ms = cfg->request_timeout_ms, .arg = r };
+                                     .max_body = cfg->max_body, .max_conns = api_conns,
+                                     .read_timeout_ms = cfg->http_read_timeout_ms,
+                                     .idle_timeout_ms = cfg->http_idle_timeout_ms,
+                                     .write_timeout_ms = cfg->http_write_timeout_ms,
+                                     .retry_after_s = (unsigned)cfg->retry_after_s,
+                                     .budget = &r->http_budget, .arg = r };
     r->admin_site = r->http_site;
     r->admin_site.admin = true;
     r->admin_site.keys = r->admin_keys;
+    r->admin_site.max_body = 65536;
+    r->admin_site.max_conns = admin_conns;
     st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, &http_port);
     if (st == TD_OK && cfg->admin_listen[0])
         st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, &admin_port);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 void
-td_route_admin_cancel(struct evhttp_request *req, void *router)
+td_route_admin_cancel(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     char idstr[24], *end;

@@ -19,7 +19,7 @@ is_secret(const char *name)
 }
 
 void
-td_route_admin_config(struct evhttp_request *req, void *router)
+td_route_admin_config(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     json_t *obj = json_object();

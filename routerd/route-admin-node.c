@@ -8,7 +8,7 @@
 typedef enum { NODE_DRAIN, NODE_UNDRAIN, NODE_REMOVE } node_op_t;
 
 static void
-node_op(td_router_t *r, struct evhttp_request *req, node_op_t op)
+node_op(td_router_t *r, td_http_req_t *req, node_op_t op)
 {
     static const char *const done[] = { "draining", "undrained", "removing" };
     char name[TD_HELLO_NODE_ID_MAX + 1];
@@ -31,19 +31,19 @@ node_op(td_router_t *r, struct evhttp_request *req, node_op_t op)
 }
 
 void
-td_route_admin_drain(struct evhttp_request *req, void *router)
+td_route_admin_drain(td_http_req_t *req, void *router)
 {
     node_op(router, req, NODE_DRAIN);
 }
 
 void
-td_route_admin_undrain(struct evhttp_request *req, void *router)
+td_route_admin_undrain(td_http_req_t *req, void *router)
 {
     node_op(router, req, NODE_UNDRAIN);
 }
 
 void
-td_route_admin_remove(struct evhttp_request *req, void *router)
+td_route_admin_remove(td_http_req_t *req, void *router)
 {
     node_op(router, req, NODE_REMOVE);
 }

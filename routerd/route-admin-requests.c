@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 void
-td_route_admin_requests(struct evhttp_request *req, void *router)
+td_route_admin_requests(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     json_t *list = td_rreq_list_json(r->reqs);

@@ -47,7 +47,7 @@ queue_json(td_router_t *r)
 }
 
 void
-td_route_admin_status(struct evhttp_request *req, void *router)
+td_route_admin_status(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     json_t *nodes = json_array();

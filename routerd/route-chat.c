@@ -3,7 +3,7 @@
 #include "route.h"
 
 void
-td_route_chat(struct evhttp_request *req, void *router)
+td_route_chat(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
 

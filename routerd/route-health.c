@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 void
-td_route_health(struct evhttp_request *req, void *router)
+td_route_health(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     json_int_t up[2] = {0, 0};

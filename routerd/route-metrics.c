@@ -101,7 +101,7 @@ queue_gauges(td_router_t *r, td_buf_t *out)
 }
 
 void
-td_route_metrics(struct evhttp_request *req, void *router)
+td_route_metrics(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     td_buf_t out = {0};

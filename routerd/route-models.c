@@ -4,7 +4,7 @@
 #include "route.h"
 
 void
-td_route_models(struct evhttp_request *req, void *router)
+td_route_models(td_http_req_t *req, void *router)
 {
     td_router_t *r = router;
     td_openai_model_t m = { .id = r->model, .created = 0, .engine = r->engine_kind,

@@ -1,22 +1,22 @@
 /* routerd/route.h — the routes, one file each (route-*.c): every handler
- * takes the evhttp request and the router (router.h). The table that lists
+ * takes the HTTP request and the router (router.h). The table that lists
  * them is routes.c. */
 #ifndef TD_ROUTERD_ROUTE_H
 #define TD_ROUTERD_ROUTE_H
 
-struct evhttp_request;
+#include "http.h"
 
-void td_route_chat(struct evhttp_request *req, void *router);
-void td_route_completions(struct evhttp_request *req, void *router);
-void td_route_models(struct evhttp_request *req, void *router);
-void td_route_health(struct evhttp_request *req, void *router);
-void td_route_metrics(struct evhttp_request *req, void *router);
-void td_route_admin_status(struct evhttp_request *req, void *router);
-void td_route_admin_drain(struct evhttp_request *req, void *router);
-void td_route_admin_undrain(struct evhttp_request *req, void *router);
-void td_route_admin_remove(struct evhttp_request *req, void *router);
-void td_route_admin_requests(struct evhttp_request *req, void *router);
-void td_route_admin_cancel(struct evhttp_request *req, void *router);
-void td_route_admin_config(struct evhttp_request *req, void *router);
+void td_route_chat(td_http_req_t *req, void *router);
+void td_route_completions(td_http_req_t *req, void *router);
+void td_route_models(td_http_req_t *req, void *router);
+void td_route_health(td_http_req_t *req, void *router);
+void td_route_metrics(td_http_req_t *req, void *router);
+void td_route_admin_status(td_http_req_t *req, void *router);
+void td_route_admin_drain(td_http_req_t *req, void *router);
+void td_route_admin_undrain(td_http_req_t *req, void *router);
+void td_route_admin_remove(td_http_req_t *req, void *router);
+void td_route_admin_requests(td_http_req_t *req, void *router);
+void td_route_admin_cancel(td_http_req_t *req, void *router);
+void td_route_admin_config(td_http_req_t *req, void *router);
 
 #endif

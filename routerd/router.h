@@ -25,7 +25,6 @@
 #include "tokenizer.h"
 
 struct event_base;
-struct evhttp;
 
 /* ---- Configuration (the option table is in main.c) ------------------------ */
 
@@ -41,6 +40,12 @@ typedef struct {
     char *model_name;           /* id in /v1/models; "" = "tandem-<engine>" */
     char *tokenizer;            /* tokenizer.json or a checkpoint directory; "" = model's */
     uint64_t max_body;          /* bytes */
+    uint64_t admin_max_conns;   /* the HTTP listeners' limits (http.h); 0 = no cap */
+    uint64_t http_idle_timeout_ms;
+    uint64_t http_max_buffered;   /* bytes */
+    uint64_t http_max_conns;
+    uint64_t http_read_timeout_ms;
+    uint64_t http_write_timeout_ms;   /* 0 = none */
     uint64_t max_tokens_limit;
     uint64_t max_tokens_default;
     uint64_t request_timeout_ms;  /* 0 = none */
@@ -82,8 +87,9 @@ typedef struct {
     uint64_t id_prefix;             /* top 16 bits of every request id */
     const char *models[2];          /* NULL-terminated, for the parser */
     td_openai_cfg_t api;
-    struct evhttp *http, *admin;
+    td_http_listener_t *http, *admin;
     td_http_site_t http_site, admin_site;
+    td_http_budget_t http_budget;   /* request bytes held, both listeners */
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;

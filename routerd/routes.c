@@ -4,22 +4,20 @@
 
 #include "route.h"
 
-#include <event2/http.h>
-
 const td_http_route_t td_routes[] = {
-    { "/v1/chat/completions", EVHTTP_REQ_POST, false, true, td_route_chat },
-    { "/v1/completions", EVHTTP_REQ_POST, false, true, td_route_completions },
-    { "/v1/models", EVHTTP_REQ_GET, false, true, td_route_models },
-    { "/health", EVHTTP_REQ_GET, false, false, td_route_health },
-    { "/metrics", EVHTTP_REQ_GET, false, false, td_route_metrics },
-    { "/health", EVHTTP_REQ_GET, true, false, td_route_health },
-    { "/metrics", EVHTTP_REQ_GET, true, false, td_route_metrics },
-    { "/admin/status", EVHTTP_REQ_GET, true, true, td_route_admin_status },
-    { "/admin/drain", EVHTTP_REQ_POST, true, true, td_route_admin_drain },
-    { "/admin/undrain", EVHTTP_REQ_POST, true, true, td_route_admin_undrain },
-    { "/admin/remove", EVHTTP_REQ_POST, true, true, td_route_admin_remove },
-    { "/admin/requests", EVHTTP_REQ_GET, true, true, td_route_admin_requests },
-    { "/admin/cancel", EVHTTP_REQ_POST, true, true, td_route_admin_cancel },
-    { "/admin/config", EVHTTP_REQ_GET, true, true, td_route_admin_config },
+    { "/v1/chat/completions", TD_H1_POST, false, true, td_route_chat },
+    { "/v1/completions", TD_H1_POST, false, true, td_route_completions },
+    { "/v1/models", TD_H1_GET, false, true, td_route_models },
+    { "/health", TD_H1_GET, false, false, td_route_health },
+    { "/metrics", TD_H1_GET, false, false, td_route_metrics },
+    { "/health", TD_H1_GET, true, false, td_route_health },
+    { "/metrics", TD_H1_GET, true, false, td_route_metrics },
+    { "/admin/status", TD_H1_GET, true, true, td_route_admin_status },
+    { "/admin/drain", TD_H1_POST, true, true, td_route_admin_drain },
+    { "/admin/undrain", TD_H1_POST, true, true, td_route_admin_undrain },
+    { "/admin/remove", TD_H1_POST, true, true, td_route_admin_remove },
+    { "/admin/requests", TD_H1_GET, true, true, td_route_admin_requests },
+    { "/admin/cancel", TD_H1_POST, true, true, td_route_admin_cancel },
+    { "/admin/config", TD_H1_GET, true, true, td_route_admin_config },
     { NULL, 0, false, false, NULL },
 };

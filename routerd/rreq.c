@@ -7,18 +7,14 @@
  * text threads (common/jobq.h), one job per request at a time. */
 #include "rreq.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 
 #include "buf.h"
 #include "clock.h"
@@ -44,9 +40,7 @@ struct td_rreq_s {
     td_openai_kind_t kind;
     td_openai_req_t *oreq;          /* text's (rtext.h), NULL until the prompt job has
                                        parsed the body */
-    struct evhttp_request *http;    /* NULL once answered or the client is gone */
-    struct evhttp_connection *evcon;
-    struct event *watch;            /* EOF on the client's socket while we work */
+    td_http_req_t *http;            /* NULL once answered or the client is gone */
     char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
     int32_t *prompt;
     size_t nprompt;
@@ -78,7 +72,6 @@ struct td_rreq_tab_s {
     size_t n;
     uint64_t id_seq;
     td_rqueue_t *queue;             /* requests waiting for a decode rank with room */
-    struct evbuffer *chunk;         /* reused for every SSE chunk */
     td_buf_t sse;                   /* reused: SSE events made on the loop */
     td_rtext_cfg_t text_cfg;
     td_jobq_t *pool;                /* the text threads */
@@ -264,12 +257,8 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 static void
 http_detach(td_rreq_t *q)
 {
-    if (q->watch)
-        event_free(q->watch);
-    q->watch = NULL;
-    if (q->evcon)
-        evhttp_connection_set_closecb(q->evcon, NULL, NULL);
-    q->evcon = NULL;
+    if (q->http)
+        td_http_on_gone(q->http, NULL, NULL);
     q->http = NULL;
 }
 
@@ -278,13 +267,8 @@ http_detach(td_rreq_t *q)
 static void
 stream_send(td_rreq_t *q, const td_buf_t *events)
 {
-    td_rreq_tab_t *t = q->t;
-
-    if (events->len > 0 && q->http && td_buf_status(events) == TD_OK) {
-        evbuffer_add(t->chunk, events->data, events->len);
-        evhttp_send_reply_chunk(q->http, t->chunk);
-        evbuffer_drain(t->chunk, evbuffer_get_length(t->chunk));
-    }
+    if (events->len > 0 && q->http && td_buf_status(events) == TD_OK)
+        td_http_stream_send(q->http, events->data, events->len);
 }
 
 /* Send the SSE events in the table's sse buffer; the buffer is empty (and
@@ -301,12 +285,10 @@ stream_flush(td_rreq_t *q)
 static void
 stream_start(td_rreq_t *q)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(q->http);
-
-    evhttp_add_header(h, "Content-Type", "text/event-stream");
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "X-Request-Id", q->oid);
-    evhttp_send_reply_start(q->http, 200, "OK");
+    td_http_add_header(q->http, "Content-Type", "text/event-stream");
+    td_http_add_header(q->http, "Cache-Control", "no-cache");
+    td_http_add_header(q->http, "X-Request-Id", q->oid);
+    td_http_stream_start(q->http, 200);
     q->streaming = true;
     if (td_rtext_stream_start(q->text, &q->t->sse) == TD_OK)
         stream_flush(q);
@@ -382,7 +364,7 @@ count_outcome(td_rreq_t *q, td_outcome_t o)
 static void
 answer_error(td_rreq_t *q, const td_openai_err_t *e)
 {
-    struct evhttp_request *h = q->http;
+    td_http_req_t *h = q->http;
 
     if (!h)
         return;
@@ -392,7 +374,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
-        evhttp_send_reply_end(h);
+        td_http_stream_end(h);
     } else {
         http_detach(q);
         td_http_reply_err(h, e);
@@ -431,7 +413,7 @@ request_fail_simple(td_rreq_t *q, td_errreason_t why, const char *what)
 static void
 request_refuse(td_rreq_t *q, const td_openai_err_t *e)
 {
-    struct evhttp_request *h = q->http;
+    td_http_req_t *h = q->http;
 
     set_state(q, TD_RREQ_FAILED, "body refused");
     http_detach(q);
@@ -470,7 +452,7 @@ static void
 request_done(td_rreq_t *q, bool by_us)
 {
     const td_buf_t *out = td_rtext_out(q->text);
-    struct evhttp_request *h;
+    td_http_req_t *h;
 
     set_state(q, TD_RREQ_DONE, by_us ? "finished by the router" : "finished by the rank");
     count_outcome(q, TD_OUTCOME_DONE);
@@ -479,10 +461,10 @@ request_done(td_rreq_t *q, bool by_us)
     if (h && q->streaming) {
         stream_send(q, out);
         http_detach(q);
-        evhttp_send_reply_end(h);
+        td_http_stream_end(h);
     } else if (h) {
         http_detach(q);
-        evhttp_add_header(evhttp_request_get_output_headers(h), "X-Request-Id", q->oid);
+        td_http_add_header(h, "X-Request-Id", q->oid);
         td_http_reply(h, 200, "application/json", out->data, out->len);
     }
     td_debug("request %016" PRIx64 ": done, %zu prompt + %u completion tokens", q->id,
@@ -1122,41 +1104,15 @@ td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
 /* Serving                                                                   */
 /* ======================================================================= */
 
+/* The client went away before its answer was complete (http.c frees the
+ * HTTP request once this returns). */
 static void
-on_client_closed(struct evhttp_connection *evcon, void *arg)
+on_client_gone(td_http_req_t *hreq, void *arg)
 {
     td_rreq_t *q = arg;
-    struct evhttp_request *h = q->http;
 
-    q->evcon = NULL;
     q->http = NULL;
-    /* A request libevent detached from its dying connection is ours to free. */
-    if (h && !evhttp_request_get_connection(h))
-        evhttp_request_free(h);
     request_cancel(q, "client disconnected");
-}
-
-/* evhttp reads nothing while a request is being answered, so a client that
- * goes away is seen only when a write fails. We watch the socket ourselves:
- * EOF or an error ends the request and the connection; pipelined bytes are
- * left to evhttp (and the watch stops). */
-static void
-on_client_readable(evutil_socket_t fd, short what, void *arg)
-{
-    td_rreq_t *q = arg;
-    struct evhttp_connection *evcon = q->evcon;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-
-    if (n > 0) {
-        event_del(q->watch);
-        return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    http_detach(q);
-    request_cancel(q, "client disconnected");
-    evhttp_connection_free(evcon);
 }
 
 static void
@@ -1179,12 +1135,7 @@ serve_watch(td_rreq_t *q)
             return TD_ERR_NOMEM;
         evtimer_add(q->timer, &tv);
     }
-    q->evcon = evhttp_request_get_connection(q->http);
-    evhttp_connection_set_closecb(q->evcon, on_client_closed, q);
-    q->watch = event_new(t->cfg.base, bufferevent_getfd(evhttp_connection_get_bufferevent(q->evcon)),
-                         EV_READ | EV_PERSIST, on_client_readable, q);
-    if (!q->watch || event_add(q->watch, NULL) != 0)
-        return TD_ERR_NOMEM;
+    td_http_on_gone(q->http, on_client_gone, q);
     return TD_OK;
 }
 
@@ -1193,7 +1144,7 @@ serve_watch(td_rreq_t *q)
  * and its prompt encoded and tokenized by a text thread (text_prompt_done
  * goes on). */
 void
-td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind)
+td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
 {
     td_openai_err_t e;
     td_rreq_t *q;
@@ -1223,7 +1174,7 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "no randomness for the request id");
         return;
     }
-    if (td_rtext_create(&t->text_cfg, kind, q->oid, evhttp_request_get_input_buffer(hreq),
+    if (td_rtext_create(&t->text_cfg, kind, q->oid, hreq,
                         &q->text) != TD_OK ||
         serve_watch(q) != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
@@ -1347,16 +1298,10 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
     t->cfg = *cfg;
     t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
                                     .model = cfg->model, .fingerprint = cfg->fingerprint };
-    t->chunk = evbuffer_new();
-    if (!t->chunk) {
-        td_error("requests: out of memory for the request table");
-        st = TD_ERR_NOMEM;
-        goto err_free_tab;
-    }
     st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
                              NULL, NULL, &t->pool);   /* logs */
     if (st != TD_OK)
-        goto err_free_chunk;
+        goto err_free_tab;
     st = td_rqueue_create(&qc, &(td_rqueue_handlers_t){ .on_pass = queue_pass,
                                                         .on_expired = queue_on_expired,
                                                         .arg = t },
@@ -1368,8 +1313,6 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
 
 err_free_pool:
     td_jobq_destroy(t->pool);
-err_free_chunk:
-    evbuffer_free(t->chunk);
 err_free_tab:
     free(t);
     return st;
@@ -1387,14 +1330,13 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
     td_jobq_destroy(t->pool);
     while (t->head) {
         td_rreq_t *q = t->head;
-        http_detach(q);   /* evhttp_free answers and frees the HTTP side */
+        http_detach(q);   /* the listeners, closed after, free the HTTP side */
         q->text_busy = false;
         request_end(q);
     }
     while (t->zombies)
         request_release(t->zombies);
     td_rqueue_destroy(t->queue);
-    evbuffer_free(t->chunk);
     td_buf_free(&t->sse);
     free(t);
 }

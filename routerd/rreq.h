@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "cluster.h"
+#include "http.h"
 #include "metrics.h"
 #include "openai.h"
 #include "rqueue.h"
@@ -26,7 +27,6 @@
 #include "tokenizer.h"
 
 struct event_base;
-struct evhttp_request;
 
 typedef enum {
     TD_RREQ_NEW = 0,     /* received; its body parsed and prompt tokenized on a text thread */
@@ -77,7 +77,7 @@ void td_rreq_tab_destroy(td_rreq_tab_t *t);
 const char *td_rreq_state_str(td_rreq_state_t st);
 
 /* Parse hreq's body as a request of kind and serve it (answers errors). */
-void td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t kind);
+void td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind);
 /* A message about a request from worker rank rk (AdmitOk, AdmitReject,
  * PrefillDone, Tokens, Released). One that does not fit the request's state
  * or comes from a rank the request is not bound to is ignored (logged); a

@@ -9,8 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <event2/buffer.h>
-
 #include "chat_prompt.h"
 #include "chat_reply.h"
 #include "stop.h"
@@ -43,7 +41,8 @@ struct td_rtext_s {
     td_openai_kind_t kind;
     const char *oid;
     atomic_bool canceled;
-    struct evbuffer *body;          /* until the prompt job has parsed it */
+    char *body;                     /* NUL-terminated, until the prompt job has parsed it */
+    size_t body_len;
     td_openai_req_t *oreq;          /* once parsed; the caller borrows it */
     int32_t *prompt;                /* until the caller takes it */
     size_t nprompt;
@@ -70,16 +69,14 @@ struct td_rtext_s {
 
 td_status_t
 td_rtext_create(const td_rtext_cfg_t *cfg, td_openai_kind_t kind, const char *oid,
-                struct evbuffer *body, td_rtext_t **out)
+                td_http_req_t *hreq, td_rtext_t **out)
 {
     td_rtext_t *x = calloc(1, sizeof *x);
 
     if (!x)
         return TD_ERR_NOMEM;
-    x->body = evbuffer_new();
-    if (!x->body || evbuffer_add_buffer(x->body, body) != 0) {
-        if (x->body)
-            evbuffer_free(x->body);
+    x->body = td_http_body_take(hreq, &x->body_len);
+    if (!x->body) {
         free(x);
         return TD_ERR_NOMEM;
     }
@@ -106,8 +103,7 @@ td_rtext_destroy(td_rtext_t *x)
 {
     if (!x)
         return;
-    if (x->body)
-        evbuffer_free(x->body);
+    free(x->body);
     free(x->prompt);
     td_openai_req_destroy(x->oreq);
     td_stop_destroy(x->stop);
@@ -137,7 +133,7 @@ canceled(td_rtext_t *x)
 size_t
 td_rtext_body_len(const td_rtext_t *x)
 {
-    return x->body ? evbuffer_get_length(x->body) : 0;
+    return x->body ? x->body_len : 0;
 }
 
 const td_rtext_res_t *
@@ -262,16 +258,10 @@ td_rtext_prompt_run(td_rtext_t *x)
     memset(&x->res, 0, sizeof x->res);
     if (canceled(x))
         return;
-    len = evbuffer_get_length(x->body);
-    body = evbuffer_add(x->body, "", 1) == 0   /* NUL-terminated for the parsers */
-               ? (const char *)evbuffer_pullup(x->body, (ev_ssize_t)(len + 1))
-               : NULL;
-    if (!body) {
-        res_fail(x, TD_ERR_NOMEM, "out of memory");
-        return;
-    }
+    len = x->body_len;
+    body = x->body;
     st = td_openai_req_parse(x->cfg->api, x->kind, body, len, &x->oreq, &x->res.err);
-    evbuffer_free(x->body);
+    free(x->body);
     x->body = NULL;
     if (st != TD_OK) {
         x->res.st = st;

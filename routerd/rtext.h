@@ -22,13 +22,13 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "http.h"
 #include "openai.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "tok.h"
 #include "tokenizer.h"
 
-struct evbuffer;
 
 /* What every request's text work reads (pointers kept; they outlive it). */
 typedef struct {
@@ -52,11 +52,11 @@ typedef struct {
 } td_rtext_res_t;
 
 /* The text work of a request of kind with id oid (kept: it must outlive the
- * td_rtext_t); the body's bytes move out of body (an evhttp request's input
- * buffer, which may go away with its client while the prompt job runs).
+ * td_rtext_t); the body moves out of hreq (td_http_body_take: the HTTP
+ * request may go away with its client while the prompt job runs).
  * TD_ERR_NOMEM (not logged). Loop thread. */
 td_status_t td_rtext_create(const td_rtext_cfg_t *cfg, td_openai_kind_t kind, const char *oid,
-                            struct evbuffer *body, td_rtext_t **out);
+                            td_http_req_t *hreq, td_rtext_t **out);
 void td_rtext_destroy(td_rtext_t *x);
 
 /* The request has ended: a job not started yet does nothing, a running one

@@ -42,14 +42,15 @@ class Cluster:
     def path(self, name):
         return os.path.join(self.tmp, name)
 
-    def start_router(self, *extra):
+    def start_router(self, *extra, preexec=None):
         self.rlog = self.path("routerd.log")
         p = subprocess.Popen([self.routerd, "--secret-file", self.path("secret"),
                               "--http-listen", "127.0.0.1:0", "--ctl-listen", "127.0.0.1:0",
                               "--admin-listen", "127.0.0.1:0", "--api-keys-file", self.path("keys"),
                               "--admin-key-file", self.path("akeys"),
                               "--node-id", "router1", "--synth-vocab", "256", *extra],
-                             stdout=subprocess.DEVNULL, stderr=open(self.rlog, "w"))
+                             stdout=subprocess.DEVNULL, stderr=open(self.rlog, "w"),
+                             preexec_fn=preexec)
         self.procs.append(p)
         deadline = time.time() + 10
         while time.time() < deadline:
