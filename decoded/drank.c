@@ -296,16 +296,15 @@ drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params
 }
 
 /* The grace period of a request whose prefill rank named prefill_deadline_ms
- * (0: unknown): 2 × the larger of it and ours (P may get the Cancel up to one
- * deadline after us; its last transfer then ends within one more), plus the
- * margin for the prefill chunk in progress when the Cancel came (default:
- * one deadline). */
+ * (0: unknown): TD_DRANK_GRACE_DEADLINES × D, D the larger of it and ours,
+ * the last D replaced by the margin when one is configured (drank.h). */
 static uint32_t
 drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
 {
     uint64_t d = r->cfg.xfer_deadline_ms > prefill_deadline_ms ? r->cfg.xfer_deadline_ms
                                                                : prefill_deadline_ms;
-    uint64_t g = 2 * d + (r->cfg.grace_margin_ms ? r->cfg.grace_margin_ms : d);
+    uint64_t g = (TD_DRANK_GRACE_DEADLINES - 1) * d +
+                 (r->cfg.grace_margin_ms ? r->cfg.grace_margin_ms : d);
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 

@@ -18,7 +18,8 @@ typedef struct {
 static const td_config_opt_t decoded_opts[] = {
     TD_WORKER_CONFIG_OPTS(decoded_config_t, w, "rank threads (one per gpu of the node)",
                           "the prefill ranks' kv transfer deadline in ms; blocks of a request "
-                          "whose prefill went silent are freed after twice this"),
+                          "whose prefill went silent are freed after "
+                          TD_DRANK_GRACE_DEADLINES_STR " times this (the grace period)"),
     TD_CONFIG_OPT_UINT64("kv-tokens", decoded_config_t, kv_tokens, "65536", 1, 1ull << 32,
                          "kv capacity per rank in tokens (sizes every paged pool)"),
     TD_CONFIG_OPT_UINT64("max-batch", decoded_config_t, max_batch, "16", 1, 4096,

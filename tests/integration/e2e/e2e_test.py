@@ -469,7 +469,7 @@ def test_kill_decode(c):
 
 def test_kill_prefill(c):
     # 0.5 ms per token per layer: a 600-token prompt prefills in ~1.8 s.
-    # Transfer deadline 1 s, so the decode rank's grace period is 2 s.
+    # Transfer deadline 1 s, so the decode rank's grace period is 3 s.
     dl = ["--xfer-deadline-ms", "1000"]
     c.up(prefill=2, decode=2, decode_ranks=1,
          prefill_flags=["--synth-prefill-us", "500", *dl], decode_flags=dl)
@@ -491,6 +491,15 @@ def test_kill_prefill(c):
     rid = q["id"]
     c.wait(lambda: log_has(d, r"request %s: no terminal note from prefill" % rid),
            "grace expiry of %s" % rid, timeout=10)
+    # decoded --help and the grace period it applies agree: N x the deadline
+    helptext = subprocess.run([c.bins["decoded"], "--help"], capture_output=True, text=True).stdout
+    m = re.search(r"freed after (\d+) times this", helptext)
+    check(m, "decoded --help does not say how many deadlines the grace period is")
+    grace_ms = int(m.group(1)) * 1000
+    m = re.search(r"request %s: no terminal note from prefill .* within the (\d+) ms grace" % rid,
+                  d.text())
+    check(m and int(m.group(1)) == grace_ms, "grace period %s ms logged, %d ms by --help" %
+          (m and m.group(1), grace_ms))
     ts = {}
     for line in d.text().splitlines():
         for what, pat in (("cancel", "request %s canceled (admitted)" % rid),
@@ -500,8 +509,8 @@ def test_kill_prefill(c):
     check(len(ts) == 2, "decode log lacks the cancel or the grace expiry of %s" % rid)
     secs = [time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) + float(t[19:-1])
             for t in (ts["cancel"], ts["free"])]
-    check(secs[1] - secs[0] >= 1.95, "blocks freed %.2f s after the cancel, before the grace "
-          "period" % (secs[1] - secs[0]))
+    check(secs[1] - secs[0] >= grace_ms / 1000 - 0.05, "blocks freed %.2f s after the cancel, "
+          "before the grace period" % (secs[1] - secs[0]))
     check(not log_has(d, r"request %s: prefill's terminal note" % rid), "a note from a dead P")
     traffic.finish(least=3)
     c.wait_idle()
