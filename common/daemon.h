@@ -56,8 +56,10 @@ const uint8_t *td_daemon_secret(const td_daemon_t *d, size_t *len);
 /* systemd: READY=1 with a STATUS= line, and from then on WATCHDOG=1 at half
  * of WATCHDOG_USEC from the loop (no-ops outside systemd). */
 void td_daemon_ready(td_daemon_t *d, const char *status);
-/* STOPPING=1 (shutdown began). */
-void td_daemon_stopping(td_daemon_t *d);
+/* STOPPING=1 (shutdown began); with within_ms > 0 also
+ * EXTEND_TIMEOUT_USEC: the daemon will be gone within that long, so a stop
+ * timeout shorter than its drain deadline does not kill it first. */
+void td_daemon_stopping(td_daemon_t *d, uint64_t within_ms);
 
 /* Exit code for a td_daemon_create failure: 0 for TD_ERR_CANCELED, 2 for bad
  * options, 1 otherwise. */

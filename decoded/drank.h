@@ -42,6 +42,9 @@ typedef struct {
     /* The load changed (called on every change; the callee coalesces). */
     void (*load)(const Tandem__Load *load, void *arg);
     void *arg;
+    /* After td_drank_stop: no request is live any more (called once, from
+     * the loop; NULL: nobody to tell). */
+    void (*idle)(void *arg);
 } td_drank_io_t;
 
 typedef struct {
@@ -94,8 +97,12 @@ void td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *en
 /* That router is gone: its requests are canceled (no more sends to it). */
 void td_drank_on_router_down(td_drank_t *r, void *router);
 
-/* Shutdown: take no more work, fail the live requests (Tokens ERROR). */
+/* Shutdown: take no more work (Admit: rejected, draining); the live
+ * requests go on, and io.idle runs once none is left ... */
 void td_drank_stop(td_drank_t *r);
+/* ... or, at the drain deadline, they fail (Tokens ERROR "decode rank
+ * shutting down"), and io.idle runs. */
+void td_drank_abort(td_drank_t *r);
 
 /* Publish the current load through io.load (also when unchanged). */
 void td_drank_load(td_drank_t *r);

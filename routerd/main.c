@@ -299,7 +299,7 @@ router_on_stop(td_daemon_t *d, void *arg)
     td_router_t *r = arg;
 
     td_info("routerd: stopping; requests in flight are dropped");
-    td_daemon_stopping(d);
+    td_daemon_stopping(d, 0);
     event_base_loopexit(r->base, NULL);
 }
 
