@@ -238,3 +238,36 @@ err_close:
     close(fd);
     return TD_ERR_NOMEM;
 }
+
+/* ======================================================================= */
+/* Shutdown                                                                  */
+/* ======================================================================= */
+
+#define HTTP_BOUND_MAX 8
+
+typedef struct {
+    struct evhttp_bound_socket *b[HTTP_BOUND_MAX];
+    size_t n;
+} http_bound_list_t;
+
+static void
+http_bound_collect(struct evhttp_bound_socket *b, void *arg)
+{
+    http_bound_list_t *l = arg;
+
+    if (l->n < HTTP_BOUND_MAX)
+        l->b[l->n++] = b;
+}
+
+void
+td_http_stop_accepting(struct evhttp *http)
+{
+    http_bound_list_t l = { .n = 0 };
+
+    if (!http)
+        return;
+    /* collected first: deleting while evhttp walks its list is not allowed */
+    evhttp_foreach_bound_socket(http, http_bound_collect, &l);
+    for (size_t i = 0; i < l.n; i++)
+        evhttp_del_accept_socket(http, l.b[i]);   /* closes the socket */
+}

@@ -46,6 +46,9 @@ typedef struct {
  * logged where they happen. */
 td_status_t td_http_listen(td_http_site_t *site, const char *hostport, struct evhttp **out,
                            uint16_t *port_out);
+/* Shutdown: close http's listening sockets (new connections are refused);
+ * the connections open go on being served. */
+void td_http_stop_accepting(struct evhttp *http);
 /* Replies; each ends the request. */
 void td_http_reply(struct evhttp_request *req, int code, const char *ctype,
                    const char *body, size_t len);

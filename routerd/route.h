@@ -10,6 +10,7 @@ void td_route_chat(struct evhttp_request *req, void *router);
 void td_route_completions(struct evhttp_request *req, void *router);
 void td_route_models(struct evhttp_request *req, void *router);
 void td_route_health(struct evhttp_request *req, void *router);
+void td_route_admin_health(struct evhttp_request *req, void *router);
 void td_route_metrics(struct evhttp_request *req, void *router);
 void td_route_admin_status(struct evhttp_request *req, void *router);
 void td_route_admin_drain(struct evhttp_request *req, void *router);

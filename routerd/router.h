@@ -23,6 +23,7 @@
 #include "tok.h"
 #include "tokenizer.h"
 
+struct event;
 struct event_base;
 struct evhttp;
 
@@ -46,6 +47,7 @@ typedef struct {
     uint64_t max_frame;         /* control frame body cap, bytes */
     uint64_t retry_after_s;     /* Retry-After of a 503 */
     uint64_t max_attempts;      /* admissions per request (AdmitReject, lost ranks) */
+    uint64_t drain_timeout_ms;  /* SIGTERM: requests in flight get this long to finish */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
@@ -77,6 +79,8 @@ typedef struct {
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
+    bool stopping;                  /* SIGTERM: draining, the api takes no new request */
+    struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;
 
 #endif

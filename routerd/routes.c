@@ -12,7 +12,7 @@ const td_http_route_t td_routes[] = {
     { "/v1/models", EVHTTP_REQ_GET, false, true, td_route_models },
     { "/health", EVHTTP_REQ_GET, false, false, td_route_health },
     { "/metrics", EVHTTP_REQ_GET, false, false, td_route_metrics },
-    { "/health", EVHTTP_REQ_GET, true, false, td_route_health },
+    { "/health", EVHTTP_REQ_GET, true, false, td_route_admin_health },
     { "/metrics", EVHTTP_REQ_GET, true, false, td_route_metrics },
     { "/admin/status", EVHTTP_REQ_GET, true, true, td_route_admin_status },
     { "/admin/drain", EVHTTP_REQ_POST, true, true, td_route_admin_drain },

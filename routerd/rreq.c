@@ -73,6 +73,9 @@ struct td_rreq_tab_s {
     uint64_t id_seq;
     struct evbuffer *chunk;         /* reused for every SSE chunk */
     td_buf_t sse;                   /* reused: one message's SSE events */
+    bool stopping;                  /* shutdown: new requests are refused */
+    void (*on_idle)(void *arg);     /* then: the last request in flight ended */
+    void *idle_arg;
 };
 
 /* ======================================================================= */
@@ -247,6 +250,8 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 /* Answers                                                                   */
 /* ======================================================================= */
 
+static void rreq_refuse_stopping(td_rreq_tab_t *t, struct evhttp_request *hreq);
+
 static void
 http_detach(td_rreq_t *q)
 {
@@ -316,6 +321,8 @@ request_free(td_rreq_t *q)
     free(q->prompt);
     td_openai_req_destroy(q->oreq);
     free(q);
+    if (t->n == 0 && t->on_idle)
+        t->on_idle(t->idle_arg);
 }
 
 static void
@@ -1079,6 +1086,10 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
     const char *body = td_http_body(hreq, &len);
     td_rreq_t *q;
 
+    if (t->stopping) {
+        rreq_refuse_stopping(t, hreq);
+        return;
+    }
     if (td_openai_req_parse(t->cfg.api, kind, body, len, &oreq, &e) != TD_OK) {
         td_http_refuse(t->cfg.metrics, hreq, &e);
         return;
@@ -1176,6 +1187,61 @@ td_rreq_serve(td_rreq_tab_t *t, struct evhttp_request *hreq, td_openai_kind_t ki
 /* Admin and metrics views, life                                             */
 /* ======================================================================= */
 
+/* ======================================================================= */
+/* Shutdown                                                                  */
+/* ======================================================================= */
+
+static void
+shutdown_err(td_rreq_tab_t *t, td_openai_err_t *e, const char *what)
+{
+    td_openai_err_set(e, 503, "server_error", NULL, "shutting_down",
+                      "The server is shutting down: %s; retry after %u s.", what,
+                      t->cfg.retry_after_s);
+    e->retry_after = t->cfg.retry_after_s;
+}
+
+/* A request that arrives on a connection still open while the router
+ * drains: refused, and the connection closed after the answer. */
+static void
+rreq_refuse_stopping(td_rreq_tab_t *t, struct evhttp_request *hreq)
+{
+    td_openai_err_t e;
+
+    shutdown_err(t, &e, "it takes no new requests");
+    t->cfg.metrics->errors[TD_ERRREASON_SHUTDOWN]++;
+    t->cfg.metrics->requests[TD_OUTCOME_REJECTED]++;
+    td_debug("request refused: the router is shutting down");
+    evhttp_add_header(evhttp_request_get_output_headers(hreq), "Connection", "close");
+    td_http_reply_err(hreq, &e);
+}
+
+void
+td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg)
+{
+    t->stopping = true;
+    t->on_idle = on_idle;
+    t->idle_arg = arg;
+    if (t->n == 0 && on_idle)
+        on_idle(arg);
+}
+
+void
+td_rreq_tab_fail_all(td_rreq_tab_t *t)
+{
+    td_openai_err_t e;
+
+    shutdown_err(t, &e, "the request did not finish within the drain deadline");
+    /* each request_fail frees the request it ends */
+    while (t->head)
+        request_fail(t->head, TD_ERRREASON_SHUTDOWN, &e);
+}
+
+size_t
+td_rreq_tab_count(const td_rreq_tab_t *t)
+{
+    return t->n;
+}
+
 td_status_t
 td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id)
 {
@@ -1251,6 +1317,7 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
 {
     if (!t)
         return;
+    t->on_idle = NULL;   /* exiting: nobody waits for the table to empty */
     while (t->head) {
         td_rreq_t *q = t->head;
         http_detach(q);   /* evhttp_free answers and frees the HTTP side */

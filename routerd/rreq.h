@@ -81,4 +81,15 @@ json_t *td_rreq_list_json(td_rreq_tab_t *t);
 /* Requests in flight per state, for /metrics and the admin status. */
 void td_rreq_count_states(td_rreq_tab_t *t, uint64_t counts[TD_RREQ_NSTATES]);
 
+/* Shutdown. stop: from now on a new request is refused (503, code
+ * "shutting_down", Connection: close); the ones in flight go on, and
+ * on_idle(arg) runs once none is left (at once when none is). */
+void td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg);
+/* The drain deadline: every request still in flight ends now with an error
+ * (mid-stream an error event and [DONE], else a 503 JSON error), its ranks
+ * canceled. */
+void td_rreq_tab_fail_all(td_rreq_tab_t *t);
+/* Requests in flight. */
+size_t td_rreq_tab_count(const td_rreq_tab_t *t);
+
 #endif

@@ -3,12 +3,15 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model)"""
+kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model |
+cancel-compute | shutdown)"""
 import asyncio
+import http.client
 import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -1031,6 +1034,200 @@ def check_v41_logprobs(c, client, model, generate_lp):
             check(e.logprob == g["logprob"] and tops == want,
                   "%s token %d: %r %r, generate %r %r" % (what, i, e.logprob, tops,
                                                           g["logprob"], want))
+
+
+# ---- 11. graceful shutdown -------------------------------------------------------------
+
+
+class Raw(threading.Thread):
+    """One chat request on http.client, read raw: a stream's SSE data lines
+    as they come (to see error events and [DONE], which the openai client
+    hides), or a non-streamed answer's status and body."""
+
+    def __init__(self, c, body, stream=True):
+        super().__init__(daemon=True)
+        self.port, self.body, self.stream = c.http, body, stream
+        self.status, self.events, self.data, self.error, self.t_end = None, [], b"", None, None
+        self.start()
+
+    def run(self):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60 * SLOW)
+            body = dict(self.body, stream=self.stream)
+            if self.stream:
+                body["stream_options"] = {"include_usage": True}
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Authorization": "Bearer " + KEY,
+                                  "Content-Type": "application/json"})
+            r = conn.getresponse()
+            self.status = r.status
+            if self.stream and r.status == 200:
+                for line in r:
+                    line = line.rstrip(b"\r\n")
+                    if line.startswith(b"data: "):
+                        self.events.append(line[6:].decode())
+            else:
+                self.data = r.read()
+            conn.close()
+        except Exception as e:   # noqa: BLE001 — the scenario checks it
+            self.error = e
+        self.t_end = time.time()
+
+    def chunks(self):
+        return sum(1 for e in self.events if e != "[DONE]" and "error" not in json.loads(e))
+
+    def outcome(self, timeout=60):
+        self.join(timeout * SLOW)
+        check(not self.is_alive(), "a request hangs: %r" % self.body["messages"][0]["content"][:40])
+        check(self.error is None, "request %r: %r" % (self.body["messages"][0]["content"][:40],
+                                                       self.error))
+
+    def text(self):
+        """The streamed text and finish reason; an error event's JSON, if any."""
+        text, finish, err = "", None, None
+        for e in self.events:
+            if e == "[DONE]":
+                continue
+            d = json.loads(e)
+            if "error" in d:
+                err = d["error"]
+                continue
+            for ch in d.get("choices", []):
+                text += ch["delta"].get("content") or ""
+                finish = ch.get("finish_reason") or finish
+        return text, finish, err
+
+
+def check_finished(what, raw, body):
+    """A stream that ended on its own: the expected text, finish length, no
+    error event, and [DONE] last."""
+    raw.outcome()
+    text, finish, err = raw.text()
+    exp = Expect.chat(body)
+    check(raw.status == 200 and err is None, "%s: HTTP %s, error %r" % (what, raw.status, err))
+    check(text == exp.text and finish == "length", "%s: %r (%s), expected %r" %
+          (what, text, finish, exp.text))
+    check(raw.events and raw.events[-1] == "[DONE]", "%s: no [DONE] last: %r" %
+          (what, raw.events[-3:]))
+
+
+def check_cut(what, raw, code_re):
+    """A stream ended by a shutdown: an error event (its code matching
+    code_re, or its message), then [DONE]."""
+    raw.outcome()
+    _, _, err = raw.text()
+    check(raw.status == 200 and len(raw.events) >= 2 and raw.events[-1] == "[DONE]",
+          "%s: HTTP %s, events end %r" % (what, raw.status, raw.events[-3:]))
+    last = json.loads(raw.events[-2])
+    check("error" in last and re.search(code_re, "%s %s" % (last["error"].get("code"),
+                                                           last["error"]["message"])),
+          "%s: no error event before [DONE]: %r" % (what, raw.events[-3:]))
+    check(raw.chunks() >= 1, "%s: nothing streamed before the error" % what)
+
+
+def test_shutdown(c):
+    """SIGTERM to a decoded, then to routerd, with streams in flight: every
+    stream ends with [DONE]; those that outlive the drain deadline get an
+    error event first; new work is refused meanwhile; each exits 0."""
+    r_drain, d_drain = 3.0 * SLOW, 2.0 * SLOW
+    c.up(prefill=1, decode=2, decode_ranks=1, router=["--drain-timeout", "%dms" % (r_drain * 1000)],
+         decode_flags=["--synth-step-us", "20000", "--drain-timeout", "%dms" % (d_drain * 1000)])
+
+    # -- a decoded drains: 3 short streams finish, the long one is cut at its deadline
+    c.tandemctl("drain", "decode1")   # everything below lands on decode0
+    short = [chat_body("short on decode0 %s" % ("s" * i), 30, 10 + i) for i in range(3)]
+    long_ = chat_body("long on decode0", 2000, 20)
+    raws = [Raw(c, b) for b in short + [long_]]
+    ntoks = [Expect.chat(b).prompt_tokens for b in short + [long_]]
+    c.wait(lambda: all(find_request(c, n, "decoding") for n in ntoks) and
+           all(r.chunks() >= 1 for r in raws), "4 streams on decode0")
+    check(all(find_request(c, n)["decode"]["node"] == "decode0" for n in ntoks),
+          "not all on decode0")
+    c.tandemctl("undrain", "decode1")
+    dec0 = c.workers["decode0"]
+    before = admitted_on(c, "decode0")
+    t0 = time.time()
+    dec0.p.send_signal(signal.SIGTERM)
+    c.wait(lambda: all(r["state"] == "draining" for r in c.ranks() if r["node"] == "decode0"),
+           "decode0 draining")
+    client = c.client()
+    b = chat_body("while decode0 drains", 5, 1)
+    Expect.chat(b).check("while decode0 drains", *run_chat(client, b, True))
+    for i, (raw, body) in enumerate(zip(raws[:3], short)):
+        check_finished("short stream %d on the draining decoded" % i, raw, body)
+    check_cut("long stream on the draining decoded", raws[3], "shutting down")
+    took = raws[3].t_end - t0
+    check(d_drain - 0.3 <= took < d_drain + 3 * SLOW,
+          "the long stream was cut %.1f s after SIGTERM (drain-timeout %.1f s)" % (took, d_drain))
+    check(admitted_on(c, "decode0") == before, "the draining decoded took a new request")
+    check(dec0.p.wait(timeout=10 * SLOW) == 0, "decoded exited %s" % dec0.p.returncode)
+    check(log_has(dec0, r"drain deadline .* passed"), "decoded did not log its deadline")
+
+    # -- routerd drains: 7 short streams finish, a long stream and a long
+    # non-streamed request get an error at the deadline
+    short = [chat_body("short %s" % ("r" * i), 40, 30 + i) for i in range(7)]
+    long_s, long_n = chat_body("long streamed", 2000, 40), chat_body("long non-streamed", 2000, 41)
+    raws = [Raw(c, b) for b in short + [long_s]] + [Raw(c, long_n, stream=False)]
+    ntoks = [Expect.chat(b).prompt_tokens for b in short + [long_s, long_n]]
+    c.wait(lambda: all(find_request(c, n, "decoding") for n in ntoks) and
+           all(r.chunks() >= 1 for r in raws[:8]), "9 requests decoding")
+    keep = http.client.HTTPConnection("127.0.0.1", c.http, timeout=10 * SLOW)
+    keep.request("GET", "/health")
+    check(keep.getresponse().read() and True, "health")
+    t0 = time.time()
+    c.router.p.send_signal(signal.SIGTERM)
+
+    def refused():
+        try:
+            socket.create_connection(("127.0.0.1", c.http), timeout=1).close()
+            return False
+        except ConnectionRefusedError:
+            return True
+    c.wait(refused, "the api listener closed", timeout=3)
+    keep.request("POST", "/v1/chat/completions", body=json.dumps(chat_body("late", 5, 1)),
+                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    r = keep.getresponse()
+    st, data = r.status, r.read()
+    keep.close()
+    error_json(st, data, 503, "shutting_down")
+    check(r.getheader("Retry-After"), "no Retry-After on the refusal")
+    h = c.admin_get("/health")
+    check(h["stopping"] is True and h["ready"] is False and h["listener"] == "admin",
+          "admin /health while stopping: %r" % h)
+    for i, (raw, body) in enumerate(zip(raws[:7], short)):
+        check_finished("short stream %d during the router's drain" % i, raw, body)
+        check(raw.t_end - t0 < r_drain, "short stream %d ended after the deadline" % i)
+    check_cut("long stream during the router's drain", raws[7], "shutting_down")
+    took = raws[7].t_end - t0
+    check(r_drain - 0.3 <= took < r_drain + 3 * SLOW,
+          "the long stream was cut %.1f s after SIGTERM (drain-timeout %.1f s)" % (took, r_drain))
+    raws[8].outcome()
+    error_json(raws[8].status, raws[8].data, 503, "shutting_down")
+    check(c.router.p.wait(timeout=5 * SLOW) == 0, "routerd exited %s" % c.router.p.returncode)
+    check(log_has(c.router, r"drain deadline .* ending the 2 requests"),
+          "routerd did not end exactly the two long requests at its deadline")
+    # the decode rank got the Cancel and freed their blocks
+    dec1 = c.workers["decode1"]
+    c.wait(lambda: len(re.findall(r"request [0-9a-f]+ canceled \(running\)", dec1.text())) >= 2,
+           "decode1 canceled the two long requests")
+
+    # -- a second SIGTERM leaves at once: a router on the same control port
+    # (the workers rejoin it) with a long deadline and a stream in flight
+    ctl = c.ctl
+    c.start_router("--ctl-listen", "127.0.0.1:%d" % ctl, "--drain-timeout", "60s")
+    c.wait_ranks_up(2)
+    raw = Raw(c, chat_body("cut by the second signal", 2000, 50))
+    c.wait(lambda: raw.chunks() >= 1, "a stream")
+    c.router.p.send_signal(signal.SIGTERM)
+    c.wait(lambda: log_has(c.router, "routerd: stopping"), "routerd stopping")
+    time.sleep(0.3)
+    check(c.router.p.poll() is None and raw.is_alive(), "routerd did not drain")
+    t0 = time.time()
+    c.router.p.send_signal(signal.SIGTERM)
+    check(c.router.p.wait(timeout=5 * SLOW) == 0, "routerd exited %s" % c.router.p.returncode)
+    check(time.time() - t0 < 2 * SLOW, "the second SIGTERM took %.1f s" % (time.time() - t0))
+    raw.join(10 * SLOW)
+    check(not raw.is_alive(), "the stream hangs after routerd exited")
 
 
 # ---- main ----------------------------------------------------------------------------
