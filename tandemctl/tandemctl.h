@@ -73,7 +73,8 @@ td_status_t tdctl_http_call(tdctl_t *ctl, const char *method, const char *path,
 
 /* out.c -------------------------------------------------------------------- */
 
-/* Format obj[key] for a table cell (key may be a path, "load.running"):
+/* Format obj[key] for a table cell (key may be a path, "load.running"; a
+ * null on the path is the cell's value):
  * strings as they are, integers and reals as numbers, booleans yes/no, null
  * "-", a rank reference {"node", "rank"} as node/rank. A missing key or an object/array
  * gives "?" and a warning naming where (ctx) and the key. */

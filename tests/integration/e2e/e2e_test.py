@@ -4,7 +4,7 @@ cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
 kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model |
-cancel-compute | shutdown)"""
+cancel-compute | shutdown | remove)"""
 import asyncio
 import http.client
 import json
@@ -449,6 +449,11 @@ def test_kill_decode(c):
             Expect.chat(b).check("survivor", *res)
     c.wait(lambda: all(r["state"] == "dead" for r in c.ranks() if r["node"] == "decode0"),
            "decode0 dead")
+    # A dead rank shows no load: its last figures (2 requests running) no longer hold.
+    dead = [r for r in c.ranks() if r["node"] == "decode0"]
+    check(all(r["load"] is None and r["kv"] is None for r in dead), "dead ranks' load: %r" % dead)
+    check(re.search(r"^decode0 +active +decode +0 +dead +- +- +- +- +0$", c.tandemctl("status"),
+                    re.M), "tandemctl status of the dead rank")
     # New requests go to the survivor.
     client = c.client()
     before = admitted_on(c, "decode1")
@@ -1228,6 +1233,53 @@ def test_shutdown(c):
     check(time.time() - t0 < 2 * SLOW, "the second SIGTERM took %.1f s" % (time.time() - t0))
     raw.join(10 * SLOW)
     check(not raw.is_alive(), "the stream hangs after routerd exited")
+
+
+# ---- 12. remove, dead ranks, local-cluster ---------------------------------------------
+
+
+def test_remove(c):
+    """`tandemctl remove` of a live node: a request in flight there finishes,
+    new ones go elsewhere, then the node is forgotten; its worker registers
+    again and takes requests (no undrain needed)."""
+    c.up(prefill=1, decode=2, decode_ranks=1, decode_flags=["--synth-step-us", "20000"])
+    inc = [r["incarnation"] for r in c.ranks() if r["node"] == "decode0"]
+    c.tandemctl("drain", "decode1")
+    body = chat_body("in flight at the removal", 60, 3)
+    bg = Bg(c, body)
+    c.wait(lambda: bg.chunks >= 2, "a stream on decode0")
+    c.tandemctl("undrain", "decode1")
+    out = c.tandemctl("remove", "decode0")
+    check("node decode0: removing" in out, "tandemctl remove: %r" % out)
+    nodes = {n["node"]: n for n in c.admin_get("/admin/status")["nodes"]}
+    check(nodes["decode0"]["removing"] and nodes["decode0"]["draining"], "decode0: %r" %
+          nodes["decode0"])
+    before = admitted_on(c, "decode0")
+    client = c.client()
+    b = chat_body("while decode0 is removed", 5, 4)
+    Expect.chat(b).check("while removing", *run_chat(client, b, False))
+    res, err = bg.outcome()
+    check(err is None, "the request in flight at the removal failed: %r" % err)
+    Expect.chat(body).check("in flight at the removal", *res)
+    c.wait(lambda: log_has(c.router, r"node decode0: removed"), "decode0 forgotten")
+    # The same process registers again: up, its node active, no drain left.
+    c.wait(lambda: [r for r in c.ranks() if r["node"] == "decode0" and r["state"] == "up"],
+           "decode0 back up", timeout=10)
+    nodes = {n["node"]: n for n in c.admin_get("/admin/status")["nodes"]}
+    check(not nodes["decode0"]["draining"] and not nodes["decode0"]["removing"],
+          "decode0 after it came back: %r" % nodes["decode0"])
+    check([r["incarnation"] for r in c.ranks() if r["node"] == "decode0"] == inc,
+          "decode0 came back as another process")
+    check(re.search(r"^decode0 +active +decode +0 +up ", c.tandemctl("status"), re.M),
+          "tandemctl status after the return")
+    check(admitted_on(c, "decode0") == before, "decode0 took a request while removed")
+    c.tandemctl("drain", "decode1")
+    for i in range(3):
+        b = chat_body("after the return %d" % i, 6, i)
+        Expect.chat(b).check("after the return", *run_chat(client, b, i % 2 == 0))
+    check(admitted_on(c, "decode0") == before + 3, "the returned decode0 serves nothing")
+    c.tandemctl("undrain", "decode1")
+    c.wait_idle()
 
 
 # ---- main ----------------------------------------------------------------------------
