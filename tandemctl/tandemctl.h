@@ -28,12 +28,14 @@ typedef struct {
     unsigned warnings;     /* odd fields met while printing */
 } tdctl_t;
 
-/* A command: name, argument synopsis, help, exact argument count, and the
+/* A command: name, argument synopsis, one line of help, more lines for
+ * `tandemctl CMD --help` (NULL: none), exact argument count, and the
  * function run with args[0 .. nargs-1]. */
 typedef struct {
     const char *name;
     const char *args;
     const char *help;
+    const char *details;
     int nargs;
     td_status_t (*exec)(tdctl_t *ctl, char **args);
 } tdctl_cmd_entry_t;
