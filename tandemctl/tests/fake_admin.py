@@ -4,12 +4,15 @@ tandemctl tests: binds 127.0.0.1 port 0, writes the port to PORTFILE, checks the
 bearer key (not for /health, as routerd), and answers each "METHOD PATH" from
 ROUTES (a JSON file re-read on every request: {"GET /admin/status": [200,
 <json or raw string>, delay_s]});
-every request body is appended, one line each, to LOG. With a fifth argument
-"--ready", prints routerd's ready line on stderr (deploy/local-cluster tests)."""
+every request body is appended, one line each, to LOG. Further arguments:
+"--ready" prints routerd's ready line on stderr, "--port=N" binds port N
+instead of a free one (deploy/local-cluster tests)."""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 portfile, routes_path, key, log_path = sys.argv[1:5]
+flags = sys.argv[5:]
+port = int(next((f[7:] for f in flags if f.startswith("--port=")), "0"))
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
@@ -46,12 +49,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.answer("POST")
 
-srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 srv.daemon_threads = True
 with open(portfile + ".tmp", "w") as f:
     f.write(str(srv.server_address[1]))
 os.rename(portfile + ".tmp", portfile)
-if sys.argv[5:6] == ["--ready"]:
+if "--ready" in flags:
     port = srv.server_address[1]
     print(f"routerd ready: http=127.0.0.1:{port} ctl=127.0.0.1:9 admin=127.0.0.1:{port}",
           file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | cancel |
 kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model |
-cancel-compute | shutdown | remove)"""
+cancel-compute | shutdown | remove | local-cluster)"""
 import asyncio
 import http.client
 import json
@@ -1280,6 +1280,72 @@ def test_remove(c):
     check(admitted_on(c, "decode0") == before + 3, "the returned decode0 serves nothing")
     c.tandemctl("undrain", "decode1")
     c.wait_idle()
+
+
+def test_local_cluster(c):
+    """deploy/local-cluster with the real daemons: up, restart routerd (same
+    ports; the workers rejoin and it serves), restart a decoded, down."""
+    lc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "deploy",
+                      "local-cluster")
+    env = dict(os.environ, TANDEM_LOCAL_DIR=c.path("lc"), TANDEM_BUILD_DIR=c.build,
+               TANDEM_UP_TIMEOUT=str(int(60 * SLOW)), TANDEM_STOP_TIMEOUT=str(int(20 * SLOW)),
+               TANDEM_ENGINE_FLAGS=" ".join(ENGINE),
+               TANDEM_PREFILLD_FLAGS="--compute-threads 1",
+               TANDEM_DECODED_FLAGS="--compute-threads 1")
+
+    def run(*args, want=0):
+        r = subprocess.run([lc, *args], env=env, capture_output=True, text=True,
+                           timeout=120 * SLOW)
+        check(r.returncode == want, "local-cluster %s: exit %d, want %d: %s%s" %
+              (" ".join(args), r.returncode, want, r.stdout[-2000:], r.stderr[-2000:]))
+        return r.stdout
+
+    def state(name):
+        with open(os.path.join(c.path("lc"), name)) as f:
+            return f.read()
+
+    def chat_ok(what):
+        api = int(state("api.url").split(":")[2].split("/")[0])
+        b = chat_body(what, 7, 5)
+        st, _, data = http_call(api, "POST", "/v1/chat/completions", b,
+                                key=state("api.keys").strip())
+        check(st == 200, "%s: HTTP %d %r" % (what, st, data[:300]))
+        check(json.loads(data)["choices"][0]["message"]["content"] == Expect.chat(b).text,
+              "%s: unexpected answer" % what)
+
+    def incarnations():
+        out = subprocess.run([c.bins["tandemctl"], "--json", "status"], env=env,
+                             capture_output=True, text=True, timeout=20 * SLOW)
+        check(out.returncode == 0, "tandemctl status: %s" % out.stderr)
+        return {(n["node"], r["rank"]): (r["state"], r["incarnation"])
+                for n in json.loads(out.stdout)["nodes"] for r in n["ranks"]}
+
+    try:
+        run("up", "--prefill", "1", "--decode", "1", "--decode-ranks", "1")
+        ports = state("ports")
+        check(re.fullmatch(r"http=127\.0\.0\.1:\d+\nctl=127\.0\.0\.1:\d+\nadmin=127\.0\.0\.1:\d+\n",
+                           ports), "ports file: %r" % ports)
+        urls = state("api.url"), state("admin.url")
+        chat_ok("before the restarts")
+        out = run("restart", "routerd")
+        check("routerd restarted" in out, out)
+        check(state("ports") == ports and (state("api.url"), state("admin.url")) == urls,
+              "routerd came back on other ports: %r" % state("ports"))
+        ranks = incarnations()
+        check(len(ranks) == 2 and all(s == "up" for s, _ in ranks.values()),
+              "ranks after the router's restart: %r" % ranks)
+        chat_ok("after restarting routerd")
+        out = run("restart", "decode0")
+        check("decode0 restarted" in out, out)
+        after = incarnations()
+        check(after[("decode0", 0)][0] == "up" and after[("decode0", 0)][1] != ranks[("decode0", 0)][1]
+              and after[("prefill0", 0)] == ranks[("prefill0", 0)],
+              "ranks after restarting decode0: %r -> %r" % (ranks, after))
+        chat_ok("after restarting decode0")
+        run("restart", "nope", want=2)
+        run("down")
+    finally:
+        subprocess.run([lc, "down"], env=env, capture_output=True, timeout=120 * SLOW)
 
 
 # ---- main ----------------------------------------------------------------------------
