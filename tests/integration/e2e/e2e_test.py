@@ -1189,10 +1189,14 @@ def test_shutdown(c):
         except ConnectionRefusedError:
             return True
     c.wait(refused, "the api listener closed", timeout=3)
-    keep.request("POST", "/v1/chat/completions", body=json.dumps(chat_body("late", 5, 1)),
-                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
-    r = keep.getresponse()
-    st, data = r.status, r.read()
+    try:
+        keep.request("POST", "/v1/chat/completions", body=json.dumps(chat_body("late", 5, 1)),
+                     headers={"Authorization": "Bearer " + KEY,
+                              "Content-Type": "application/json"})
+        r = keep.getresponse()
+        st, data = r.status, r.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise Failure("a request on a connection open at SIGTERM got no answer: %r" % e)
     keep.close()
     error_json(st, data, 503, "shutting_down")
     check(r.getheader("Retry-After"), "no Retry-After on the refusal")
@@ -1301,7 +1305,9 @@ def test_local_cluster(c):
         return r.stdout
 
     def state(name):
-        with open(os.path.join(c.path("lc"), name)) as f:
+        path = os.path.join(c.path("lc"), name)
+        check(os.path.exists(path), "local-cluster left no %s in its state directory" % name)
+        with open(path) as f:
             return f.read()
 
     def chat_ok(what):
