@@ -140,10 +140,18 @@ td_daemon_ready(td_daemon_t *d, const char *status)
 }
 
 void
-td_daemon_stopping(td_daemon_t *d)
+td_daemon_stopping(td_daemon_t *d, uint64_t within_ms)
 {
+    char msg[64];
+
     (void)d;
-    daemon_notify("STOPPING=1");
+    if (within_ms == 0) {
+        daemon_notify("STOPPING=1");
+        return;
+    }
+    snprintf(msg, sizeof(msg), "STOPPING=1\nEXTEND_TIMEOUT_USEC=%llu",
+             (unsigned long long)within_ms * 1000u);
+    daemon_notify(msg);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -59,8 +59,10 @@ void td_daemon_ready(td_daemon_t *d, const char *status);
 /* STATUS= alone: what a daemon that is not ready yet is doing ("model /m:
  * loading: 120 of 1532 tensors, ..."); one line. */
 void td_daemon_status(td_daemon_t *d, const char *status);
-/* STOPPING=1 (shutdown began). */
-void td_daemon_stopping(td_daemon_t *d);
+/* STOPPING=1 (shutdown began); with within_ms > 0 also
+ * EXTEND_TIMEOUT_USEC: the daemon will be gone within that long, so a stop
+ * timeout shorter than its drain deadline does not kill it first. */
+void td_daemon_stopping(td_daemon_t *d, uint64_t within_ms);
 
 /* Exit code for a td_daemon_create failure: 0 for TD_ERR_CANCELED, 2 for bad
  * options, 1 otherwise. */

@@ -52,12 +52,14 @@ struct td_drank_s {
     FILE *trace;                  /* cfg.trace_path, or NULL */
     bool draining;
     bool stopping;
+    bool idle_told;               /* io.idle ran (after td_drank_stop) */
     td_drank_stats_t stats;
     Tandem__Load last_load;
     bool load_sent;
 };
 
 static void drank_release(td_drank_t *r, td_dreq_t *req);
+static void drank_check_idle(td_drank_t *r);
 static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 
@@ -185,6 +187,7 @@ drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish fini
         drank_release(r, req);
     else
         drank_publish_load(r);
+    drank_check_idle(r);
 }
 
 /* The one way a request fails: the reason is logged once, at `level`, and
@@ -296,16 +299,15 @@ drank_sampling(const td_drank_t *r, const Tandem__Sampling *in, td_sample_params
 }
 
 /* The grace period of a request whose prefill rank named prefill_deadline_ms
- * (0: unknown): 2 × the larger of it and ours (P may get the Cancel up to one
- * deadline after us; its last transfer then ends within one more), plus the
- * margin for the prefill chunk in progress when the Cancel came (default:
- * one deadline). */
+ * (0: unknown): TD_DRANK_GRACE_DEADLINES × D, D the larger of it and ours,
+ * the last D replaced by the margin when one is configured (drank.h). */
 static uint32_t
 drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
 {
     uint64_t d = r->cfg.xfer_deadline_ms > prefill_deadline_ms ? r->cfg.xfer_deadline_ms
                                                                : prefill_deadline_ms;
-    uint64_t g = 2 * d + (r->cfg.grace_margin_ms ? r->cfg.grace_margin_ms : d);
+    uint64_t g = (TD_DRANK_GRACE_DEADLINES - 1) * d +
+                 (r->cfg.grace_margin_ms ? r->cfg.grace_margin_ms : d);
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
@@ -903,8 +905,38 @@ td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
     }
 }
 
+/* Stopping and no request live (ended ones may still wait for P's note or
+ * the grace period: the pools go away with the rank): tell the worker once. */
+static void
+drank_check_idle(td_drank_t *r)
+{
+    if (!r->stopping || r->idle_told)
+        return;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+        if (r->slots[i] != NULL && !td_dreq_ended(r->slots[i]))
+            return;
+    r->idle_told = true;
+    td_info("decode rank %u: no request left", r->cfg.rank_id);
+    if (r->io.idle != NULL)
+        r->io.idle(r->io.arg);
+}
+
 void
 td_drank_stop(td_drank_t *r)
+{
+    uint32_t live = 0;
+
+    r->stopping = true;
+    r->draining = true;
+    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+        live += r->slots[i] != NULL && !td_dreq_ended(r->slots[i]);
+    td_info("decode rank %u: stopping: no new requests, %u to finish", r->cfg.rank_id, live);
+    drank_publish_load(r);
+    drank_check_idle(r);
+}
+
+void
+td_drank_abort(td_drank_t *r)
 {
     r->stopping = true;
     r->draining = true;
@@ -915,6 +947,7 @@ td_drank_stop(td_drank_t *r)
                      "decode rank shutting down", true);
     }
     drank_publish_load(r);
+    drank_check_idle(r);
 }
 
 /* The compute thread's first act: its own compute pool, if the rank has one. */

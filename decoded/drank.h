@@ -24,12 +24,27 @@ struct event_base;
 
 typedef struct td_drank_s td_drank_t;
 
+/* The grace period, in transfer deadlines D (the larger of --xfer-deadline-ms
+ * and the prefill rank's): blocks a prefill rank may still write into are
+ * freed at most this many D after the request ended without P's terminal
+ * note — two (P gets the Cancel within one D of us; its last transfer ends
+ * within one more) and one for the prefill chunk in progress
+ * (grace_margin_ms replaces that one when set). The code and decoded's
+ * --help both take the number from here (TD_DRANK_GRACE_DEADLINES_STR). */
+#define TD_DRANK_GRACE_DEADLINES 3
+#define TD_DRANK_STR_(x) #x
+#define TD_DRANK_STR(x) TD_DRANK_STR_(x)
+#define TD_DRANK_GRACE_DEADLINES_STR TD_DRANK_STR(TD_DRANK_GRACE_DEADLINES)
+
 typedef struct {
     /* Send one message to a router (the handle passed to td_drank_on_message). */
     td_status_t (*send)(void *router, const Tandem__Envelope *env, void *arg);
     /* The load changed (called on every change; the callee coalesces). */
     void (*load)(const Tandem__Load *load, void *arg);
     void *arg;
+    /* After td_drank_stop: no request is live any more (called once, from
+     * the loop; NULL: nobody to tell). */
+    void (*idle)(void *arg);
 } td_drank_io_t;
 
 typedef struct {
@@ -39,8 +54,9 @@ typedef struct {
     uint32_t max_batch;           /* batch rows = fixed slots */
     uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline, at least (Admit may
                                      name a longer one: the larger counts) */
-    uint32_t grace_margin_ms;     /* added to 2 × the deadline for a prefill chunk in
-                                     progress when the Cancel came; 0: one deadline */
+    uint32_t grace_margin_ms;     /* replaces the last of the grace period's deadlines
+                                     (the prefill chunk in progress when the Cancel
+                                     came); 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
     const char *trace_path;       /* append adoption timings to PATH.<rank>; NULL: none */
     /* Run first on the compute thread (binding it to its own compute pool);
@@ -81,8 +97,12 @@ void td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *en
 /* That router is gone: its requests are canceled (no more sends to it). */
 void td_drank_on_router_down(td_drank_t *r, void *router);
 
-/* Shutdown: take no more work, fail the live requests (Tokens ERROR). */
+/* Shutdown: take no more work (Admit: rejected, draining); the live
+ * requests go on, and io.idle runs once none is left ... */
 void td_drank_stop(td_drank_t *r);
+/* ... or, at the drain deadline, they fail (Tokens ERROR "decode rank
+ * shutting down"), and io.idle runs. */
+void td_drank_abort(td_drank_t *r);
 
 /* Publish the current load through io.load (also when unchanged). */
 void td_drank_load(td_drank_t *r);

@@ -1,8 +1,9 @@
 /* decoded/main.c — the decode daemon: its options and its rank (decoded/
  * drank.h) on the worker daemons' shared main (worker/worker.h): one engine
  * shared by M rank threads, each with its own event loop, UCX worker, KV
- * pools and router links; SIGTERM stops taking work, ends the live requests
- * with an error event and exits. docs/decoded.md. */
+ * pools and router links; SIGTERM stops taking work, lets the live requests
+ * finish up to --drain-timeout, ends what is left with an error and exits.
+ * docs/decoded.md. */
 #include <inttypes.h>
 
 #include "drank.h"
@@ -18,7 +19,8 @@ typedef struct {
 static const td_config_opt_t decoded_opts[] = {
     TD_WORKER_CONFIG_OPTS(decoded_config_t, w, "rank threads (one per gpu of the node)",
                           "the prefill ranks' kv transfer deadline in ms; blocks of a request "
-                          "whose prefill went silent are freed after twice this"),
+                          "whose prefill went silent are freed after "
+                          TD_DRANK_GRACE_DEADLINES_STR " times this (the grace period)"),
     TD_CONFIG_OPT_UINT64("kv-tokens", decoded_config_t, kv_tokens, "65536", 1, 1ull << 32,
                          "kv capacity per rank in tokens (sizes every paged pool)"),
     TD_CONFIG_OPT_UINT64("max-batch", decoded_config_t, max_batch, "16", 1, 4096,
@@ -44,7 +46,7 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
     };
-    td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr };
+    td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr, td_worker_rank_idle };
     return td_drank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_drank_t **)out);
 }
 
@@ -79,14 +81,21 @@ decoded_rank_router_down(void *rank, void *router)
     td_drank_on_router_down(rank, router);
 }
 
-/* The live requests end at once (Tokens ERROR); the loop exits once those
- * frames had their time to go out. */
+/* No new requests; the live ones finish (the worker's drain deadline). */
 static void
 decoded_rank_stop(void *rank)
 {
     td_drank_stop(rank);
 }
 
+/* The drain deadline: what is left ends at once (Tokens ERROR). */
+static void
+decoded_rank_abort(void *rank)
+{
+    td_drank_abort(rank);
+}
+
+/* After the abort nothing is waited for: the last frames' flush only. */
 static uint64_t
 decoded_stop_ms(const void *cfg)
 {
@@ -115,6 +124,7 @@ static const td_worker_spec_t decoded_spec = {
     .rank_message = decoded_rank_message,
     .rank_router_down = decoded_rank_router_down,
     .rank_stop = decoded_rank_stop,
+    .rank_abort = decoded_rank_abort,
     .stop_ms = decoded_stop_ms,
     .status = decoded_status,
 };

@@ -85,13 +85,22 @@ prefilld_rank_router_down(void *rank, void *router)
     td_prank_on_router_down(rank, router);
 }
 
+/* No new Prefill; the tasks in hand finish (the worker's drain deadline). */
 static void
 prefilld_rank_stop(void *rank)
 {
     td_prank_stop(rank);
 }
 
-/* Bounded: tasks wait for their transfers, which have a deadline. */
+/* The drain deadline: every task left is canceled. */
+static void
+prefilld_rank_abort(void *rank)
+{
+    td_prank_abort(rank);
+}
+
+/* After the abort: canceled tasks wait for their transfers, which have a
+ * deadline. */
 static uint64_t
 prefilld_stop_ms(const void *cfg)
 {
@@ -112,6 +121,7 @@ static const td_worker_spec_t prefilld_spec = {
     .rank_message = prefilld_rank_message,
     .rank_router_down = prefilld_rank_router_down,
     .rank_stop = prefilld_rank_stop,
+    .rank_abort = prefilld_rank_abort,
     .stop_ms = prefilld_stop_ms,
 };
 

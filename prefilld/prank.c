@@ -974,6 +974,14 @@ void
 td_prank_stop(td_prank_t *rk)
 {
     rk->stopping = 1;
+    prank_publish_load(rk);
+    prank_check_idle(rk);
+}
+
+void
+td_prank_abort(td_prank_t *rk)
+{
+    rk->stopping = 1;
     task_t *t, *tn;
     TAILQ_FOREACH_SAFE(t, &rk->tasks, all, tn)
         task_cancel(t, "prefill rank stopping");

@@ -84,9 +84,12 @@ void td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *e
  * its terminal notification to the decode rank) and never reported to it. */
 void td_prank_on_router_down(td_prank_t *rk, void *router);
 
-/* Stop taking work (new Prefill: failed at once, with the terminal note) and
- * cancel every task; io.idle runs once none is left. */
+/* Stop taking work (new Prefill: failed at once, with the terminal note);
+ * the tasks in hand go on, and io.idle runs once none is left ... */
 void td_prank_stop(td_prank_t *rk);
+/* ... or, at the drain deadline, every task left is canceled (each still
+ * ends with its terminal note) and io.idle follows once they have ended. */
+void td_prank_abort(td_prank_t *rk);
 
 void td_prank_load(const td_prank_t *rk, Tandem__Load *out);
 void td_prank_stats(const td_prank_t *rk, td_prank_stats_t *out);

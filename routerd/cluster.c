@@ -65,8 +65,12 @@ rank_find(td_cluster_t *c, const char *node, uint32_t rank_id, Tandem__Role role
     return NULL;
 }
 
+static void drain_send(td_rrank_t *rk, bool draining);
+
 /* Forget a node that is being removed once none of its ranks holds a request:
- * close their connections and free the entries. */
+ * lift the drain the removal began, close their connections and free the
+ * entries. A worker that still runs registers again, as a new node that
+ * takes requests (docs/routerd.md, "remove"). */
 static void
 node_forget_if_idle(td_cluster_t *c, td_rrank_node_t *n)
 {
@@ -84,6 +88,10 @@ node_forget_if_idle(td_cluster_t *c, td_rrank_node_t *n)
         }
         if (rk->conn) {   /* on_closed runs now or later and finds no rank */
             td_ctl_conn_t *conn = rk->conn;
+            /* queued before the Reject, so the worker reads it first: it is
+             * not left draining when it comes back */
+            if (rk->reg)
+                drain_send(rk, false);
             rk->conn = NULL;
             td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_IDENTITY,
                               "node removed by the operator");
@@ -213,6 +221,10 @@ rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
     td_info("%s rank %s/%u: dead (%s), %u requests bound", td_hello_role_str(rk->role),
             rk->node->name, rk->rank_id, how, rk->inflight);
     rk->conn = NULL;
+    /* its last Load says nothing about a rank that is gone */
+    memset(&rk->load, 0, sizeof rk->load);
+    rk->pend_tokens = 0;
+    rk->pend_reqs = 0;
     c->hold++;   /* rk stays while its requests let go of it */
     if (c->h.on_rank_lost)
         c->h.on_rank_lost(c, rk, c->h.arg);

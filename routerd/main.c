@@ -102,6 +102,10 @@ static const td_config_opt_t router_opts[] = {
                          "largest batch of generated tokens (each counted 1 + its log-probability "
                          "alternatives) that the event loop detokenizes itself, a few being "
                          "cheaper there than on a text thread (0: always a text thread)"),
+    /* shutdown */
+    TD_CONFIG_OPT_DURATION("drain-timeout", ST, drain_timeout_ms, "30s", 0, 3600000,
+                           "on SIGTERM the api takes no new requests and those in flight "
+                           "get this long to finish; the rest then end with an error"),
     TD_CONFIG_OPT_END
 };
 #undef ST
@@ -236,6 +240,8 @@ router_identity(td_router_t *r)
 static void
 router_fini(td_router_t *r)
 {
+    if (r->drain_timer)
+        event_free(r->drain_timer);
     td_rreq_tab_destroy(r->reqs);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
@@ -414,14 +420,57 @@ router_init(td_router_t *r)
     return TD_OK;
 }
 
+/* ======================================================================= */
+/* Shutdown                                                                  */
+/* ======================================================================= */
+
+/* The last frames of the answers get this long to go out before exit. */
+#define ROUTER_FLUSH_MS 100
+
+/* No request left: leave the loop once the last answers are written. */
+static void
+router_on_idle(void *arg)
+{
+    td_router_t *r = arg;
+    struct timeval tv = td_ctl_timeval_ms(ROUTER_FLUSH_MS);
+
+    td_info("routerd: no request in flight; exiting");
+    event_base_loopexit(r->base, &tv);
+}
+
+/* The drain deadline: what is still in flight ends with an error. */
+static void
+router_on_drain_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    td_router_t *r = arg;
+
+    td_info("routerd: drain deadline (%llu ms) passed: ending the %zu requests in flight "
+            "with an error", (unsigned long long)r->cfg->drain_timeout_ms,
+            td_rreq_tab_count(r->reqs));
+    td_rreq_tab_fail_all(r->reqs);   /* the table then calls router_on_idle */
+}
+
+/* SIGTERM: new connections to the api are refused and requests on the open
+ * ones get 503; those in flight finish, up to drain-timeout; then the loop
+ * is left. A second signal leaves at once (common/daemon.c). */
 static void
 router_on_stop(td_daemon_t *d, void *arg)
 {
     td_router_t *r = arg;
+    uint64_t ms = r->cfg->drain_timeout_ms;
+    struct timeval tv = td_ctl_timeval_ms((uint32_t)ms);
 
-    td_info("routerd: stopping; requests in flight are dropped");
-    td_daemon_stopping(d);
-    event_base_loopexit(r->base, NULL);
+    r->stopping = true;
+    td_info("routerd: stopping: the api takes no new requests; %zu in flight get %llu ms to "
+            "finish", td_rreq_tab_count(r->reqs), (unsigned long long)ms);
+    td_daemon_stopping(d, ms + ROUTER_FLUSH_MS + 1000);
+    td_http_stop_accepting(r->http);
+    r->drain_timer = evtimer_new(r->base, router_on_drain_deadline, r);
+    if (!r->drain_timer || evtimer_add(r->drain_timer, &tv) != 0) {
+        td_error("routerd: no drain timer: ending the requests in flight now");
+        td_rreq_tab_fail_all(r->reqs);
+    }
+    td_rreq_tab_stop(r->reqs, router_on_idle, r);
 }
 
 int

@@ -9,7 +9,7 @@ static const char *const outcome_names[TD_OUTCOME_N] = {
 static const char *const errreason_names[TD_ERRREASON_N] = {
     "bad_request", "unauthorized", "not_found", "too_large", "no_capacity", "queue_full",
     "queue_timeout", "too_long",
-    "rank_lost", "prefill_failed", "decode_failed", "timeout", "internal",
+    "rank_lost", "prefill_failed", "decode_failed", "timeout", "shutdown", "internal",
 };
 
 /* Upper bounds in seconds: 100 us .. 10 s, roughly x2 (the router's own share

@@ -31,6 +31,7 @@ typedef enum {
     TD_ERRREASON_PREFILL_FAILED,   /* PrefillDone with an error */
     TD_ERRREASON_DECODE_FAILED,    /* Tokens{error} */
     TD_ERRREASON_TIMEOUT,          /* --request-timeout */
+    TD_ERRREASON_SHUTDOWN,         /* refused or ended by the router's shutdown */
     TD_ERRREASON_INTERNAL,         /* our bug or out of memory */
     TD_ERRREASON_N
 } td_errreason_t;

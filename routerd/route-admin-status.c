@@ -7,27 +7,33 @@
 #include <inttypes.h>
 #include <jansson.h>
 
+/* A dead rank's load and KV are null: its last figures no longer hold. */
 static json_t *
 rank_json(const td_rrank_t *rk)
 {
     const Tandem__Load *l = &rk->load;
+    td_rrank_state_t st = td_rrank_state(rk);
+    json_t *load = NULL, *kv = NULL;
     char inc[17];
 
+    if (st != TD_RRANK_DEAD) {
+        load = json_pack("{s:I, s:I, s:I}", "running", (json_int_t)l->running,
+                         "queued", (json_int_t)l->queued,
+                         "queued_tokens", (json_int_t)l->queued_tokens);
+        kv = json_pack("{s:I, s:I, s:I, s:I}", "blocks_used", (json_int_t)l->kv_blocks_used,
+                       "blocks_free", (json_int_t)l->kv_blocks_free,
+                       "tokens_used", (json_int_t)l->kv_tokens_used,
+                       "tokens_free", (json_int_t)l->kv_tokens_free);
+    }
     snprintf(inc, sizeof inc, "%016" PRIx64, rk->incarnation);
-    return json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:{s:I, s:I, s:I}, "
-                     "s:{s:I, s:I, s:I, s:I}}",
+    return json_pack("{s:I, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}",
                      "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),
-                     "state", td_rrank_state_str(td_rrank_state(rk)),
+                     "state", td_rrank_state_str(st),
                      "incarnation", inc, "engine", rk->reg ? rk->reg->engine_name : "",
                      "max_context", (json_int_t)(rk->reg ? rk->reg->max_context : 0),
                      "max_batch", (json_int_t)(rk->reg ? rk->reg->max_batch : 0),
                      "inflight", (json_int_t)rk->inflight,
-                     "load", "running", (json_int_t)l->running, "queued", (json_int_t)l->queued,
-                     "queued_tokens", (json_int_t)l->queued_tokens,
-                     "kv", "blocks_used", (json_int_t)l->kv_blocks_used,
-                     "blocks_free", (json_int_t)l->kv_blocks_free,
-                     "tokens_used", (json_int_t)l->kv_tokens_used,
-                     "tokens_free", (json_int_t)l->kv_tokens_free);
+                     "load", load ? load : json_null(), "kv", kv ? kv : json_null());
 }
 
 /* The admission queue: waiting now, its bounds, the longest wait now and

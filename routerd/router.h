@@ -24,6 +24,7 @@
 #include "tok.h"
 #include "tokenizer.h"
 
+struct event;
 struct event_base;
 
 /* ---- Configuration (the option table is in main.c) ------------------------ */
@@ -60,6 +61,7 @@ typedef struct {
     uint64_t ctl_max_unauth_per_source;   /* ... from one address */
     uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
     uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
+    uint64_t drain_timeout_ms;  /* SIGTERM: requests in flight get this long to finish */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
@@ -93,6 +95,8 @@ typedef struct {
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
+    bool stopping;                  /* SIGTERM: draining, the api takes no new request */
+    struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;
 
 #endif

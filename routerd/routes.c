@@ -10,7 +10,7 @@ const td_http_route_t td_routes[] = {
     { "/v1/models", TD_H1_GET, false, true, td_route_models },
     { "/health", TD_H1_GET, false, false, td_route_health },
     { "/metrics", TD_H1_GET, false, false, td_route_metrics },
-    { "/health", TD_H1_GET, true, false, td_route_health },
+    { "/health", TD_H1_GET, true, false, td_route_admin_health },
     { "/metrics", TD_H1_GET, true, false, td_route_metrics },
     { "/admin/status", TD_H1_GET, true, true, td_route_admin_status },
     { "/admin/drain", TD_H1_POST, true, true, td_route_admin_drain },

@@ -77,6 +77,9 @@ struct td_rreq_tab_s {
     td_jobq_t *pool;                /* the text threads */
     td_rreq_t *zombies;             /* ended, their text job not back yet */
     bool closing;                   /* td_rreq_tab_destroy is under way */
+    bool stopping;                  /* shutdown: new requests are refused */
+    void (*on_idle)(void *arg);     /* then: the last request in flight ended */
+    void *idle_arg;
 };
 
 /* ======================================================================= */
@@ -254,6 +257,8 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 /* Answers                                                                   */
 /* ======================================================================= */
 
+static void rreq_refuse_stopping(td_rreq_tab_t *t, td_http_req_t *hreq);
+
 static void
 http_detach(td_rreq_t *q)
 {
@@ -340,16 +345,18 @@ request_end(td_rreq_t *q)
     release_ranks(q, NULL);
     if (!q->text_busy) {
         request_release(q);
-        return;
+    } else {
+        q->ended = true;
+        if (q->text)
+            td_rtext_cancel(q->text);
+        q->prev = NULL;
+        q->next = t->zombies;
+        if (t->zombies)
+            t->zombies->prev = q;
+        t->zombies = q;
     }
-    q->ended = true;
-    if (q->text)
-        td_rtext_cancel(q->text);
-    q->prev = NULL;
-    q->next = t->zombies;
-    if (t->zombies)
-        t->zombies->prev = q;
-    t->zombies = q;
+    if (t->n == 0 && t->on_idle)
+        t->on_idle(t->idle_arg);
 }
 
 static void
@@ -1150,6 +1157,10 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
     td_rreq_t *q;
     td_status_t st;
 
+    if (t->stopping) {
+        rreq_refuse_stopping(t, hreq);
+        return;
+    }
     q = calloc(1, sizeof *q);
     if (!q) {
         td_openai_err_internal(&e, "out of memory");
@@ -1231,6 +1242,61 @@ serve_prompt(td_rreq_t *q)
 /* ======================================================================= */
 /* Admin and metrics views, life                                             */
 /* ======================================================================= */
+
+/* ======================================================================= */
+/* Shutdown                                                                  */
+/* ======================================================================= */
+
+static void
+shutdown_err(td_rreq_tab_t *t, td_openai_err_t *e, const char *what)
+{
+    td_openai_err_set(e, 503, "server_error", NULL, "shutting_down",
+                      "The server is shutting down: %s; retry after %u s.", what,
+                      t->cfg.retry_after_s);
+    e->retry_after = t->cfg.retry_after_s;
+}
+
+/* A request that arrives on a connection still open while the router
+ * drains: refused, and the connection closed after the answer. */
+static void
+rreq_refuse_stopping(td_rreq_tab_t *t, td_http_req_t *hreq)
+{
+    td_openai_err_t e;
+
+    shutdown_err(t, &e, "it takes no new requests");
+    t->cfg.metrics->errors[TD_ERRREASON_SHUTDOWN]++;
+    t->cfg.metrics->requests[TD_OUTCOME_REJECTED]++;
+    td_debug("request refused: the router is shutting down");
+    td_http_add_header(hreq, "Connection", "close");
+    td_http_reply_err(hreq, &e);
+}
+
+void
+td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg)
+{
+    t->stopping = true;
+    t->on_idle = on_idle;
+    t->idle_arg = arg;
+    if (t->n == 0 && on_idle)
+        on_idle(arg);
+}
+
+void
+td_rreq_tab_fail_all(td_rreq_tab_t *t)
+{
+    td_openai_err_t e;
+
+    shutdown_err(t, &e, "the request did not finish within the drain deadline");
+    /* each request_fail frees the request it ends */
+    while (t->head)
+        request_fail(t->head, TD_ERRREASON_SHUTDOWN, &e);
+}
+
+size_t
+td_rreq_tab_count(const td_rreq_tab_t *t)
+{
+    return t->n;
+}
 
 td_status_t
 td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id)
@@ -1323,6 +1389,7 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
 {
     if (!t)
         return;
+    t->on_idle = NULL;   /* exiting: nobody waits for the table to empty */
     /* the text threads first: the jobs that ran come back (text_back frees
      * the ended requests and leaves the others), those not started are
      * dropped; then nothing runs and every request can go */

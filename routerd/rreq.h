@@ -98,4 +98,15 @@ void td_rreq_on_capacity(td_rreq_tab_t *t);
 /* The admission queue now, for /metrics and the admin status. */
 void td_rreq_queue_stats(td_rreq_tab_t *t, td_rqueue_stats_t *out);
 
+/* Shutdown. stop: from now on a new request is refused (503, code
+ * "shutting_down", Connection: close); the ones in flight go on, and
+ * on_idle(arg) runs once none is left (at once when none is). */
+void td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg);
+/* The drain deadline: every request still in flight ends now with an error
+ * (mid-stream an error event and [DONE], else a 503 JSON error), its ranks
+ * canceled. */
+void td_rreq_tab_fail_all(td_rreq_tab_t *t);
+/* Requests in flight. */
+size_t td_rreq_tab_count(const td_rreq_tab_t *t);
+
 #endif

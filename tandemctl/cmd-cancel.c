@@ -11,4 +11,6 @@ cmd_cancel_exec(tdctl_t *ctl, char **args)
 const tdctl_cmd_entry_t tdctl_cmd_cancel_entry = {
     .name = "cancel", .args = "ID", .nargs = 1, .exec = cmd_cancel_exec,
     .help = "cancel request ID (see `requests`)",
+    .details = "ID is the 16-hex-digit id `tandemctl requests` shows. The client gets an\n"
+               "error (code \"canceled\"); the ranks free the request's blocks.\n",
 };

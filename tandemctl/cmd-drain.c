@@ -18,6 +18,8 @@ cmd_undrain_exec(tdctl_t *ctl, char **args)
 const tdctl_cmd_entry_t tdctl_cmd_drain_entry = {
     .name = "drain", .args = "NODE", .nargs = 1, .exec = cmd_drain_exec,
     .help = "stop sending new requests to NODE's ranks; running ones finish",
+    .details = "The router sends the node's ranks Drain: they refuse new work and report\n"
+               "themselves draining (to every router). `undrain NODE` reverses it.\n",
 };
 
 const tdctl_cmd_entry_t tdctl_cmd_undrain_entry = {

@@ -1,8 +1,10 @@
 /* tandemctl/cmd-status.c — `status`: one line per rank the router knows, with
- * its node, role, state, load, KV blocks used/free and requests in flight;
- * then the router's requests in flight and its admission queue. */
+ * its node, role, state, load, KV blocks used/free and requests in flight,
+ * sorted by node name, role and rank id; then the router's requests in flight
+ * and its admission queue. */
 #include "tandemctl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -10,7 +12,8 @@
 /* GET /admin/status (routerd/route-admin-status.c) →
  * {"requests_in_flight", "nodes": [{"node", "draining", "removing",
  *   "ranks": [{"rank", "role", "state", "inflight", "load": {"running",
- *   "queued", ...}, "kv": {"blocks_used", "blocks_free", ...}}]}]}
+ *   "queued", ...} | null, "kv": {"blocks_used", "blocks_free", ...} | null}]}]}
+ * (load and kv are null for a dead rank: its last figures no longer hold)
  * The outer object of a row is the node's summary built below. */
 static const tdctl_col_t status_cols[] = {
     { "NODE", "node", true },
@@ -67,33 +70,77 @@ status_queue(tdctl_t *ctl, const json_t *ans)
            v[0], v[1], v[2], v[3], v[4]);
 }
 
+/* One rank's row before sorting: the node's summary, the rank, and where
+ * they were in the answer (for warnings, and to keep ties in order). */
+typedef struct {
+    const json_t *sum;
+    const json_t *rank;
+    const char *node;   /* "" when not a string */
+    size_t ni, ri;
+} status_row_t;
+
+/* node name (natural order: decode2 before decode10), role, rank id */
+static int
+status_row_cmp(const void *pa, const void *pb)
+{
+    const status_row_t *a = pa, *b = pb;
+    const char *ra = json_string_value(json_object_get(a->rank, "role"));
+    const char *rb = json_string_value(json_object_get(b->rank, "role"));
+    const json_t *ia = json_object_get(a->rank, "rank"), *ib = json_object_get(b->rank, "rank");
+    int c = strverscmp(a->node, b->node);
+
+    if (c == 0)
+        c = strcmp(ra ? ra : "", rb ? rb : "");
+    if (c == 0 && json_is_integer(ia) != json_is_integer(ib))
+        c = json_is_integer(ia) ? -1 : 1;
+    if (c == 0 && json_is_integer(ia) && json_integer_value(ia) != json_integer_value(ib))
+        c = json_integer_value(ia) < json_integer_value(ib) ? -1 : 1;
+    if (c == 0)
+        c = a->ni != b->ni ? (a->ni < b->ni ? -1 : 1) : a->ri < b->ri ? -1 : a->ri > b->ri;
+    return c;
+}
+
 static td_status_t
 status_render(tdctl_t *ctl, const json_t *ans)
 {
     td_status_t st = TD_ERR_NOMEM;
-    size_t i, j, nranks = 0;
+    size_t i, j, nranks = 0, cap = 0;
     const json_t *node, *rank;
     const json_t *nodes = tdctl_out_array(ctl, ans, "nodes", "status");
+    json_t *sums = json_array();   /* owns the node summaries */
+    status_row_t *rows = NULL;
     tdctl_table_t *t = tdctl_out_table_create(status_cols, STATUS_NCOLS);
-    if (t == NULL)
+    if (t == NULL || sums == NULL)
         goto err_nomem;
 
     json_array_foreach(nodes, i, node) {
         char ctx[64];
         snprintf(ctx, sizeof(ctx), "status: node #%zu", i);
         json_t *sum = status_node_summary(ctl, node, ctx);
-        if (sum == NULL)
+        if (sum == NULL || json_array_append_new(sums, sum) != 0)
             goto err_nomem;
         const json_t *ranks = tdctl_out_array(ctl, node, "ranks", ctx);
+        const char *name = json_string_value(json_object_get(node, "node"));
         json_array_foreach(ranks, j, rank) {
-            snprintf(ctx, sizeof(ctx), "status: node #%zu rank #%zu", i, j);
-            if (tdctl_out_row(ctl, t, status_cols, STATUS_NCOLS, sum, rank, ctx) != TD_OK) {
-                json_decref(sum);
-                goto err_nomem;
+            if (nranks == cap) {
+                status_row_t *r = realloc(rows, (cap ? 2 * cap : 16) * sizeof(*rows));
+                if (r == NULL)
+                    goto err_nomem;
+                rows = r;
+                cap = cap ? 2 * cap : 16;
             }
-            nranks++;
+            rows[nranks++] = (status_row_t){ .sum = sum, .rank = rank,
+                                             .node = name ? name : "", .ni = i, .ri = j };
         }
-        json_decref(sum);
+    }
+    if (nranks > 0)
+        qsort(rows, nranks, sizeof(*rows), status_row_cmp);
+    for (i = 0; i < nranks; i++) {
+        char ctx[64];
+        snprintf(ctx, sizeof(ctx), "status: node #%zu rank #%zu", rows[i].ni, rows[i].ri);
+        if (tdctl_out_row(ctl, t, status_cols, STATUS_NCOLS, rows[i].sum, rows[i].rank,
+                          ctx) != TD_OK)
+            goto err_nomem;
     }
     char inflight[32];
     tdctl_out_cell(ctl, ans, "requests_in_flight", "status", inflight, sizeof(inflight));
@@ -108,6 +155,8 @@ status_render(tdctl_t *ctl, const json_t *ans)
 err_nomem:
     td_error("status: out of memory");
 out_destroy:
+    free(rows);
+    json_decref(sums);
     tdctl_table_destroy(t);
     return st;
 }
@@ -122,4 +171,9 @@ const tdctl_cmd_entry_t tdctl_cmd_status_entry = {
     .name = "status", .args = "", .nargs = 0, .exec = cmd_status_exec,
     .help = "nodes and ranks: state, load, kv blocks used/free, requests in flight, the "
             "admission queue",
+    .details = "One line per rank, sorted by node name, role and rank id. NODE-STATE is the\n"
+               "router's view of the node (active, draining, removing); STATE the rank's\n"
+               "(joining, up, draining, dead). RUNNING and QUEUED are requests, KV-USED\n"
+               "and KV-FREE blocks, from the rank's latest load report; a dead rank\n"
+               "shows \"-\" there. IN-FLIGHT counts this router's requests bound to it.\n",
 };

@@ -182,8 +182,68 @@ main_usage(FILE *out)
         const tdctl_cmd_entry_t *c = tdctl_cmds_table[i];
         fprintf(out, "  %-8s %-5s  %s\n", c->name, c->args, c->help);
     }
+    fprintf(out, "  %-8s %-5s  %s\n", "help", "[CMD]", "this help, or one command's");
     fprintf(out, "\n");
     td_config_usage(tdctl_opts, "tandemctl", out);
+}
+
+/* `tandemctl CMD --help`, `tandemctl help CMD`. */
+static void
+main_cmd_usage(const tdctl_cmd_entry_t *c, FILE *out)
+{
+    fprintf(out, "usage: tandemctl [options] %s%s%s\n\n%s\n", c->name, c->args[0] ? " " : "",
+            c->args, c->help);
+    if (c->details != NULL)
+        fprintf(out, "\n%s", c->details);
+    fprintf(out, "\noptions: --router URL (routerd's admin api), --admin-key-file FILE, "
+                 "--json, --timeout DURATION\n(tandemctl --help describes them)\n");
+}
+
+/* Take --help / -h out of argv (before "--"): with a command it asks for
+ * that command's usage, so the options parser must not see it. */
+static bool
+main_take_help(int *argc, char **argv)
+{
+    bool help = false;
+    int j = 1;
+
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            while (i < *argc)
+                argv[j++] = argv[i++];
+            break;
+        }
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            help = true;
+        else
+            argv[j++] = argv[i];
+    }
+    *argc = j;
+    argv[j] = NULL;
+    return help;
+}
+
+/* help [CMD] (also CMD --help): 0, or 2 for an unknown command. */
+static int
+main_help(const char *name)
+{
+    const tdctl_cmd_entry_t *cmd;
+
+    if (name == NULL) {
+        main_usage(stdout);
+        return 0;
+    }
+    if (strcmp(name, "help") == 0) {
+        printf("usage: tandemctl help [COMMAND]\n\nThe commands and options, or one "
+               "command's usage (also: tandemctl COMMAND --help).\n");
+        return 0;
+    }
+    if ((cmd = tdctl_cmds_find(name)) == NULL) {
+        td_error("unknown command \"%s\" (tandemctl help lists them)", name);
+        return 2;
+    }
+    main_cmd_usage(cmd, stdout);
+    return 0;
 }
 
 int
@@ -193,23 +253,36 @@ main(int argc, char **argv)
     td_config_action_t action;
     int npos = 0, rc = 2;
     tdctl_t ctl = { .admin_key = NULL };
+    bool help;
 
     td_log_set_ident("tandemctl");
     td_log_set_sink(main_log_sink, NULL);
+    help = main_take_help(&argc, argv);
     if (td_config_defaults(tdctl_opts, &ctl.opts, err, sizeof(err)) != TD_OK) {
         td_error("%s", err);
         return 1;
     }
     if (td_config_parse_args(tdctl_opts, &ctl.opts, argc, argv, &action, &npos, err,
                              sizeof(err)) != TD_OK) {
+        if (help) {   /* the help asked for, whatever else is wrong */
+            rc = main_help(NULL);
+            goto out_free_opts;
+        }
         td_error("%s", err);
         goto out_free_opts;
     }
+    if (help || (npos >= 1 && strcmp(argv[1], "help") == 0)) {
+        bool cmd_help = npos >= 1 && strcmp(argv[1], "help") == 0;
+        const char *name = cmd_help ? (npos >= 2 ? argv[2] : NULL) : (npos >= 1 ? argv[1] : NULL);
+        if (cmd_help && npos > 2) {
+            td_error("usage: tandemctl help [COMMAND]");
+            goto out_free_opts;
+        }
+        rc = main_help(name);
+        goto out_free_opts;
+    }
     if (action != TD_CONFIG_RUN) {
-        if (action == TD_CONFIG_HELP)
-            main_usage(stdout);
-        else
-            td_config_dump(tdctl_opts, &ctl.opts, stdout);
+        td_config_dump(tdctl_opts, &ctl.opts, stdout);
         rc = 0;
         goto out_free_opts;
     }
@@ -219,11 +292,12 @@ main(int argc, char **argv)
     }
     const tdctl_cmd_entry_t *cmd = tdctl_cmds_find(argv[1]);
     if (cmd == NULL) {
-        td_error("unknown command \"%s\" (tandemctl --help lists them)", argv[1]);
+        td_error("unknown command \"%s\" (tandemctl help lists them)", argv[1]);
         goto out_free_opts;
     }
     if (npos - 1 != cmd->nargs) {
-        td_error("usage: tandemctl %s %s", cmd->name, cmd->args);
+        td_error("usage: tandemctl %s%s%s (tandemctl %s --help)", cmd->name,
+                 cmd->args[0] ? " " : "", cmd->args, cmd->name);
         goto out_free_opts;
     }
     rc = 1;

@@ -22,7 +22,8 @@ out_warn(tdctl_t *ctl, const char *ctx, const char *key, const char *why)
     td_warn("%s: field \"%s\" %s", ctx, key, why);
 }
 
-/* obj[key], where key may be a path "load.running" through nested objects. */
+/* obj[key], where key may be a path "load.running" through nested objects;
+ * a null on the way is the value (a dead rank's "load": null). */
 static const json_t *
 out_lookup(const json_t *obj, const char *key)
 {
@@ -30,6 +31,8 @@ out_lookup(const json_t *obj, const char *key)
     while (obj != NULL && (dot = strchr(key, '.')) != NULL) {
         obj = json_is_object(obj) ? json_object_getn(obj, key, (size_t)(dot - key)) : NULL;
         key = dot + 1;
+        if (json_is_null(obj))
+            return obj;
     }
     return json_is_object(obj) ? json_object_get(obj, key) : NULL;
 }

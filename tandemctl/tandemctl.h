@@ -28,12 +28,14 @@ typedef struct {
     unsigned warnings;     /* odd fields met while printing */
 } tdctl_t;
 
-/* A command: name, argument synopsis, help, exact argument count, and the
+/* A command: name, argument synopsis, one line of help, more lines for
+ * `tandemctl CMD --help` (NULL: none), exact argument count, and the
  * function run with args[0 .. nargs-1]. */
 typedef struct {
     const char *name;
     const char *args;
     const char *help;
+    const char *details;
     int nargs;
     td_status_t (*exec)(tdctl_t *ctl, char **args);
 } tdctl_cmd_entry_t;
@@ -73,7 +75,8 @@ td_status_t tdctl_http_call(tdctl_t *ctl, const char *method, const char *path,
 
 /* out.c -------------------------------------------------------------------- */
 
-/* Format obj[key] for a table cell (key may be a path, "load.running"):
+/* Format obj[key] for a table cell (key may be a path, "load.running"; a
+ * null on the path is the cell's value):
  * strings as they are, integers and reals as numbers, booleans yes/no, null
  * "-", a rank reference {"node", "rank"} as node/rank. A missing key or an object/array
  * gives "?" and a warning naming where (ctx) and the key. */

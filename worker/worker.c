@@ -1,6 +1,6 @@
 /* worker/worker.c — the main() that prefilld and decoded share: loop, daemon,
  * engine, rank threads with their UCX workers and router links, ready line,
- * drain on SIGTERM, teardown in reverse. */
+ * drain on SIGTERM (up to --drain-timeout), teardown in reverse. */
 #include "worker.h"
 
 #include <event2/event.h>
@@ -91,21 +91,54 @@ worker_on_down(td_link_t *l, td_link_router_t *router, td_status_t why, void *ar
 
 /* ---- Rank thread: life cycle -------------------------------------------------------- */
 
-/* DRAIN: the daemon ends its work and calls td_worker_rank_idle, bounded by
- * its stop_ms; NOW: leave the loop now. */
+/* The drain deadline passed: the rank ends what is left (errors to its
+ * routers), and the loop leaves once it is idle or stop_ms later at most. */
+static void
+worker_rank_abort(evutil_socket_t fd, short what, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    const td_worker_spec_t *spec = wr->w->spec;
+    uint64_t ms = spec->stop_ms(spec->cfg);
+    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
+    (void)fd;
+    (void)what;
+    td_info("%s %u: drain deadline (%llu ms) passed: ending what is left", spec->rank_name,
+            wr->id, (unsigned long long)spec->wcfg->drain_timeout_ms);
+    event_base_loopexit(wr->base, &tv);
+    spec->rank_abort(wr->rank);
+}
+
+/* DRAIN: the rank takes no more work and calls td_worker_rank_idle once
+ * what it holds has ended; at the drain deadline what is left is ended
+ * (worker_rank_abort). NOW: leave the loop now. */
 static void
 worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how)
 {
     td_worker_t *w = arg;
     td_worker_rank_t *wr = &w->ranks[id];
+    uint64_t ms = w->spec->wcfg->drain_timeout_ms;
+    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
+
     if (how == TD_RANKS_STOP_NOW) {
         event_base_loopexit(wr->base, NULL);
         return;
     }
-    uint64_t ms = w->spec->stop_ms(w->spec->cfg);
-    struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000) };
-    event_base_loopexit(wr->base, &tv);
+    if (wr->drain_ev != NULL)   /* a second DRAIN changes nothing */
+        return;
+    wr->drain_ev = evtimer_new(wr->base, worker_rank_abort, wr);
+    if (wr->drain_ev == NULL || evtimer_add(wr->drain_ev, &tv) != 0) {
+        td_error("%s %u: no drain timer: ending its work now", w->spec->rank_name, id);
+        w->spec->rank_stop(wr->rank);
+        worker_rank_abort(-1, 0, wr);
+        return;
+    }
     w->spec->rank_stop(wr->rank);
+}
+
+uint64_t
+td_worker_stop_bound_ms(const td_worker_spec_t *spec)
+{
+    return spec->wcfg->drain_timeout_ms + spec->stop_ms(spec->cfg) + TD_WORKER_FLUSH_US / 1000;
 }
 
 static void
@@ -113,6 +146,9 @@ worker_rank_teardown(void *arg, uint32_t id)
 {
     td_worker_t *w = arg;
     td_worker_rank_t *wr = &w->ranks[id];
+    if (wr->drain_ev != NULL)
+        event_free(wr->drain_ev);
+    wr->drain_ev = NULL;
     td_link_destroy(wr->link);
     wr->link = NULL;
     if (wr->rank != NULL)
@@ -247,13 +283,15 @@ worker_data_device(td_worker_t *w)
     return TD_OK;
 }
 
-/* SIGTERM: every rank drains (a second signal leaves the loops at once). */
+/* SIGTERM: every rank drains up to --drain-timeout (a second signal leaves
+ * the loops at once). */
 static void
 worker_on_signal(td_daemon_t *d, void *arg)
 {
     td_worker_t *w = arg;
-    td_info("%s: stopping: draining every rank", w->spec->ident);
-    td_daemon_stopping(d);
+    td_info("%s: stopping: every rank takes no new work; what it holds gets %llu ms to "
+            "finish", w->spec->ident, (unsigned long long)w->spec->wcfg->drain_timeout_ms);
+    td_daemon_stopping(d, td_worker_stop_bound_ms(w->spec));
     td_ranks_stop(w->rs, TD_RANKS_STOP_DRAIN);
 }
 

@@ -1,6 +1,6 @@
 /* worker/worker.h — what the worker daemons (prefilld, decoded) share: the
  * options every worker has, main() (loop, daemon, engine, rank threads, ready
- * line, SIGTERM as a drain, teardown in reverse) and each rank thread's
+ * line, SIGTERM as a drain up to a deadline, teardown in reverse) and each rank thread's
  * plumbing (its UCX worker, its router links, Register and Load, the stop).
  * A daemon says what differs in a td_worker_spec_t: its own options and the
  * operations of its rank (prefilld/prank.h, decoded/drank.h). */
@@ -40,6 +40,7 @@ typedef struct {
     uint64_t xfer_deadline_ms;
     uint64_t heartbeat_ms;       /* control heartbeats to the routers */
     uint64_t compute_threads;    /* per rank; 0: the CPUs shared among the ranks */
+    uint64_t drain_timeout_ms;   /* SIGTERM: work in hand gets this long to finish */
 } td_worker_opts_t;
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
@@ -62,7 +63,10 @@ typedef struct {
                            "mark the router gone (use the routers' value)"),            \
     TD_CONFIG_OPT_UINT64("compute-threads", st, m.compute_threads, "0", 0, 256,        \
                          "cpu threads of each rank's compute pool (0: the online cpus "  \
-                         "divided among the ranks, or $TD_CPU_THREADS)")
+                         "divided among the ranks, or $TD_CPU_THREADS)"),                \
+    TD_CONFIG_OPT_DURATION("drain-timeout", st, m.drain_timeout_ms, "30s", 0, 3600000,  \
+                           "on SIGTERM the ranks take no new work and what they hold "   \
+                           "gets this long to finish; then it ends with an error")
 
 typedef struct td_worker_s td_worker_t;
 
@@ -78,6 +82,7 @@ typedef struct {
     td_kernels_cpu_pool_t *pool; /* its compute threads (cpu backend) */
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
+    struct event *drain_ev;      /* SIGTERM's drain deadline, or NULL */
 } td_worker_rank_t;
 
 /* What differs between the worker daemons. Every rank operation runs on the
@@ -102,9 +107,13 @@ typedef struct {
     void (*rank_message)(void *rank, void *router, const Tandem__Envelope *env);
     /* That router's connection ended (the link logged why). */
     void (*rank_router_down)(void *rank, void *router);
-    /* SIGTERM: take no more work and end what is in hand; the loop exits
-     * once the rank calls td_worker_rank_idle, or after stop_ms. */
+    /* SIGTERM: take no more work; what is in hand may finish. The loop
+     * exits once the rank calls td_worker_rank_idle (nothing left) ... */
     void (*rank_stop)(void *rank);
+    /* ... or, at the drain deadline (--drain-timeout), the rank ends what is
+     * left with an error to its router, and the loop exits when it is idle
+     * or stop_ms later at the latest. */
+    void (*rank_abort)(void *rank);
     uint64_t (*stop_ms)(const void *cfg);
     /* Appended to the ready line (NULL: nothing), e.g. ", kv-tokens 4096". */
     void (*status)(const void *cfg, td_buf_t *b);
@@ -128,7 +137,8 @@ struct td_worker_s {
  * the rank threads (each: its UCX worker, the daemon's rank, its router
  * links), print "<ident> ready: node N, R ranks, incarnation I, routers X"
  * (+ spec->status) on stderr and tell systemd, run the loop until every rank
- * left its own (SIGTERM asks them to drain), then undo it all. Returns the
+ * left its own (SIGTERM asks them to drain: td_worker_stop_bound_ms), then
+ * undo it all. Returns the
  * exit code: 0 after the loop ran (or for --help), 2 for bad options or no
  * --routers, 1 for any other failure (logged where it was decided). */
 int td_worker_main(const td_worker_spec_t *spec, int argc, char **argv);
@@ -142,6 +152,10 @@ int td_worker_main(const td_worker_spec_t *spec, int argc, char **argv);
  * this, as its first act (td_prank_config_t / td_drank_config_t
  * compute_start, arg wr). */
 void td_worker_rank_compute_start(void *wr);
+
+/* How long after SIGTERM the daemon is gone at the latest: the drain
+ * deadline, the daemon's stop_ms after it, and the last frames' flush. */
+uint64_t td_worker_stop_bound_ms(const td_worker_spec_t *spec);
 
 td_status_t td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg);
 void td_worker_rank_load(const Tandem__Load *load, void *arg);

@@ -2,9 +2,12 @@
 # deploy/tests/local-cluster.sh — deploy/local-cluster's logic with stand-in
 # daemons (fake-daemon, the fake admin API) and the real tandemctl: a missing
 # binary, up (keys, ports from the ready line, registration wait, what it
-# prints), refusing a second up, status, down stopping exactly its own
-# processes (SIGKILL for one that ignores SIGTERM; an unrelated process and a
-# recycled pid untouched), a registration timeout cleaning up.
+# prints), refusing a second up, status, the ports and command lines recorded,
+# restart of routerd (same ports, workers untouched) and of a worker, down
+# stopping exactly its own processes (SIGKILL for one that ignores SIGTERM;
+# an unrelated process and a recycled pid untouched), a second up on the
+# recorded ports (or free ones when those are taken), a registration timeout
+# cleaning up.
 # Usage: local-cluster.sh TANDEMCTL FAKE_ADMIN_PY
 set -u
 ctl=$(realpath "$1")
@@ -12,10 +15,11 @@ export FAKE_ADMIN=$(realpath "$2")
 here=$(cd "$(dirname "$0")" && pwd)
 lc=$here/../local-cluster
 tmp=$(mktemp -d)
-bystander=
+bystander='' holder=''
 cleanup() {
   TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
   [ -n "$bystander" ] && kill "$bystander" 2>/dev/null
+  [ -n "$holder" ] && kill "$holder" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -30,7 +34,8 @@ for d in routerd prefilld decoded; do ln -s "$here/fake-daemon" "$tmp/build/$d/$
 ln -s "$ctl" "$tmp/build/tandemctl/tandemctl"
 status_with() { # status_with N — the fake router reports N ranks
   python3 -c 'import json,sys; n=int(sys.argv[1]); print(json.dumps({"GET /admin/status": [200,
-    {"nodes": [{"node": "x", "ranks": [{"rank": i} for i in range(n)]}]}]}))' "$1" >"$FAKE_ROUTES"
+    {"nodes": [{"node": "x", "ranks": [{"rank": i, "state": "up"} for i in range(n)]}]}]}))' \
+    "$1" >"$FAKE_ROUTES"
 }
 alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) && [ "$(echo "${s##*) }" | cut -d' ' -f1)" != Z ]; }
 
@@ -74,6 +79,53 @@ has err "already up"
 
 "$lc" status >"$tmp/out" || fail "status: exit status"
 has out "4 of 4 running"
+has out "routerd ports: http=127.0.0.1:$port ctl=127.0.0.1:9 admin=127.0.0.1:$port"
+
+# the ports and every command line are recorded
+printf 'http=127.0.0.1:%s\nctl=127.0.0.1:9\nadmin=127.0.0.1:%s\n' "$port" "$port" |
+  cmp -s - "$tmp/state/ports" || fail "ports file: $(cat "$tmp/state/ports")"
+for n in routerd prefill0 decode0 decode1; do
+  [ -s "$tmp/state/cmd/$n" ] || fail "no command line recorded for $n"
+done
+rec() { awk -v n="$1" '$3 == n {print $1}' "$tmp/state/pids"; }
+
+# restart routerd: a new process on the same ports, the workers untouched
+old_router=$(rec routerd)
+workers=$(grep -v ' routerd$' "$tmp/state/pids")
+"$lc" restart routerd >"$tmp/out" 2>"$tmp/err" || fail "restart routerd: $(cat "$tmp/err")"
+has out "routerd restarted \(pid [0-9]+\)"
+new_router=$(rec routerd)
+[ -n "$new_router" ] && [ "$new_router" != "$old_router" ] || fail "routerd's record after restart: $new_router"
+alive "$new_router" || fail "the restarted routerd is not running"
+alive "$old_router" && fail "the old routerd still runs"
+[ "$(cat "$FAKE_DIR/port")" = "$port" ] || fail "routerd came back on port $(cat "$FAKE_DIR/port"), not $port"
+tail -n 1 "$FAKE_DIR/args-routerd" |
+  grep -q -- "--http-listen 127.0.0.1:$port --ctl-listen 127.0.0.1:9 --admin-listen 127.0.0.1:$port$" ||
+  fail "restarted routerd's args: $(tail -n 1 "$FAKE_DIR/args-routerd")"
+[ "$(grep -v ' routerd$' "$tmp/state/pids")" = "$workers" ] || fail "restart routerd changed the workers"
+[ -s "$tmp/state/logs/routerd.log.1" ] || fail "the first routerd's log was not kept"
+"$ctl" status >"$tmp/out" 2>"$tmp/err" || fail "tandemctl after restart: $(cat "$tmp/err")"
+pids=$(cut -d' ' -f1 "$tmp/state/pids")
+
+# restart a worker: the same arguments again, only it replaced
+old_dec=$(rec decode0)
+"$lc" restart decode0 >"$tmp/out" 2>"$tmp/err" || fail "restart decode0: $(cat "$tmp/err")"
+has out "decode0 restarted"
+[ "$(rec decode0)" != "$old_dec" ] && alive "$(rec decode0)" || fail "decode0 not restarted"
+alive "$old_dec" && fail "the old decode0 still runs"
+[ "$(grep -c -- '--node-id decode0 ' "$FAKE_DIR/args-decoded")" = 2 ] || fail "decode0 args: $(cat "$FAKE_DIR/args-decoded")"
+[ "$(grep -- '--node-id decode0 ' "$FAKE_DIR/args-decoded" | sort -u | wc -l)" = 1 ] ||
+  fail "decode0 restarted with other arguments"
+[ "$(rec routerd)" = "$new_router" ] || fail "restart decode0 touched routerd"
+pids=$(cut -d' ' -f1 "$tmp/state/pids")
+# an unknown name, no name
+"$lc" restart decode7 >"$tmp/out" 2>"$tmp/err"
+[ $? = 2 ] || fail "restart of an unknown daemon: exit status"
+has err 'no daemon named "decode7"'
+"$lc" restart >"$tmp/out" 2>"$tmp/err"
+[ $? = 2 ] || fail "restart without a name: exit status"
+"$lc" status >"$tmp/out" || fail "status after the restarts: $(cat "$tmp/out")"
+has out "4 of 4 running"
 
 # down: SIGTERM, SIGKILL for the stubborn one, the bystander untouched
 TANDEM_STOP_TIMEOUT=1 "$lc" down >"$tmp/out" 2>&1 || fail "down: exit status"
@@ -88,6 +140,25 @@ has out "not up"
 echo "$bystander 1 decode0" >"$tmp/state/pids"
 TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 alive "$bystander" || fail "down killed a recycled pid"
+
+# up again: routerd on the recorded ports
+"$lc" up --decode 2 --decode-ranks 2 >"$tmp/out" 2>"$tmp/err" || fail "up again: $(cat "$tmp/err")"
+[ "$(cat "$tmp/state/admin.url")" = "http://127.0.0.1:$port" ] || fail "up again: admin.url $(cat "$tmp/state/admin.url")"
+tail -n 1 "$FAKE_DIR/args-routerd" | grep -q -- "--http-listen 127.0.0.1:$port " ||
+  fail "up again did not ask for the recorded ports: $(tail -n 1 "$FAKE_DIR/args-routerd")"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+# ... unless another process holds them: then free ones, with a word about it
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); time.sleep(60)' "$port" &
+holder=$!
+sleep 0.3
+"$lc" up --decode 2 --decode-ranks 2 >"$tmp/out" 2>"$tmp/err" || fail "up with the ports taken: $(cat "$tmp/err")"
+has err "routerd did not start on the recorded ports"
+[ "$(cat "$tmp/state/admin.url")" != "http://127.0.0.1:$port" ] || fail "up with the ports taken kept them"
+grep -q "^http=127.0.0.1:$(cat "$FAKE_DIR/port")$" "$tmp/state/ports" || fail "new ports not recorded"
+kill "$holder" 2>/dev/null
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 
 # the router never sees every rank: up gives up, stops what it started
 status_with 3

@@ -1,14 +1,18 @@
 #!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 """tandemctl/tests/fake_admin.py — a stand-in for routerd's admin API, for the
 tandemctl tests: binds 127.0.0.1 port 0, writes the port to PORTFILE, checks the
-bearer key, and answers each "METHOD PATH" from ROUTES (a JSON file re-read on
-every request: {"GET /admin/status": [200, <json or raw string>, delay_s]});
-every request body is appended, one line each, to LOG. With a fifth argument
-"--ready", prints routerd's ready line on stderr (deploy/local-cluster tests)."""
+bearer key (not for /health, as routerd), and answers each "METHOD PATH" from
+ROUTES (a JSON file re-read on every request: {"GET /admin/status": [200,
+<json or raw string>, delay_s]});
+every request body is appended, one line each, to LOG. Further arguments:
+"--ready" prints routerd's ready line on stderr, "--port=N" binds port N
+instead of a free one (deploy/local-cluster tests)."""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 portfile, routes_path, key, log_path = sys.argv[1:5]
+flags = sys.argv[5:]
+port = int(next((f[7:] for f in flags if f.startswith("--port=")), "0"))
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
@@ -19,7 +23,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n).decode() if n else ""
         with open(log_path, "a") as f:
             f.write(f"{method} {self.path} {body}\n")
-        if self.headers.get("Authorization") != "Bearer " + key:
+        if self.path != "/health" and self.headers.get("Authorization") != "Bearer " + key:
             return self.send(401, {"error": {"message": "Incorrect API key provided.",
                                              "type": "invalid_request_error"}})
         with open(routes_path) as f:
@@ -45,12 +49,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.answer("POST")
 
-srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 srv.daemon_threads = True
 with open(portfile + ".tmp", "w") as f:
     f.write(str(srv.server_address[1]))
 os.rename(portfile + ".tmp", portfile)
-if sys.argv[5:6] == ["--ready"]:
+if "--ready" in flags:
     port = srv.server_address[1]
     print(f"routerd ready: http=127.0.0.1:{port} ctl=127.0.0.1:9 admin=127.0.0.1:{port}",
           file=sys.stderr, flush=True)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tandemctl/tests/tandemctl.sh — tandemctl against a fake admin API
-# (fake_admin.py): tables and --json, odd JSON, node commands and their
-# request bodies, 401 / 404 / unreachable / timeout / invalid JSON, usage
-# errors, and the defaults taken from the environment and the local-cluster
-# state directory.  Usage: tandemctl.sh TANDEMCTL FAKE_ADMIN_PY
+# (fake_admin.py): tables and --json, odd JSON, status sorted and a dead
+# rank's empty load, node commands and their request bodies, 401 / 404 /
+# unreachable / timeout / invalid JSON, the hint for the API port, usage
+# errors and help, and the defaults taken from the environment and the
+# local-cluster state directory.  Usage: tandemctl.sh TANDEMCTL FAKE_ADMIN_PY
 set -u
 ctl=$1 fake=$2
 tmp=$(mktemp -d)
@@ -168,6 +169,54 @@ routes <<'J'
 {"GET /admin/status": [200, {"nodes": []}]}
 J
 
+# status sorts: node name (natural order), role, rank id; a dead rank shows no load
+routes <<J
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "n10", "draining": false, "removing": false, "ranks": [$(rank decode 0 up 0 0 0 5 0)]},
+   {"node": "n2", "draining": false, "removing": false, "ranks": [
+     $(rank prefill 1 up 0 0 0 0 0), $(rank decode 1 up 0 0 0 5 0), $(rank prefill 0 up 0 0 0 0 0),
+     $(rank decode 0 up 1 0 3 2 1)]},
+   {"node": "m", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "dead", "incarnation": "00000000000000bb",
+      "engine": "synthetic", "inflight": 0, "load": null, "kv": null}]}]}]}
+J
+run 0 status
+grep -E '^(m|n2|n10) ' "$tmp/out" | awk '{print $1, $3, $4}' >"$tmp/order"
+printf '%s\n' "m decode 0" "n2 decode 0" "n2 decode 1" "n2 prefill 0" "n2 prefill 1" \
+  "n10 decode 0" | diff - "$tmp/order" >/dev/null || fail "status not sorted: $(cat "$tmp/out")"
+has out '^m +active +decode +0 +dead +- +- +- +- +0$'
+[ -s "$tmp/err" ] && fail "a dead rank's null load warned: $(cat "$tmp/err")"
+
+# --router at routerd's API port: a hint. Its /health says so (the key is refused
+# or /admin is not routed there); an older routerd's "Invalid URL" 404 says it too.
+routes <<'J'
+{"GET /health": [200, {"status": "ok", "listener": "api", "ready": true}]}
+J
+run 1 status
+has err 'hint: http://127.0.0.1:[0-9]+ is routerd.s OpenAI API listener \(http-listen\); --router wants its admin API listener'
+timeout 20 "$ctl" --router "$url" --admin-key-file "$tmp/wrong.key" drain n1 >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "wrong port, wrong key: exit status"
+has err 'refused the admin key \(HTTP 401\)'
+has err 'hint: .* is routerd.s OpenAI API listener'
+routes <<'J'
+{"GET /admin/status": [404, {"error": {"message": "Invalid URL (GET /admin/status)",
+   "type": "invalid_request_error", "param": null, "code": null}}]}
+J
+run 1 status
+has err 'hint: .* is routerd.s OpenAI API listener'
+# the admin port: a 404 for an unknown node gets no hint
+routes <<'J'
+{"GET /health": [200, {"status": "ok", "listener": "admin", "ready": true}],
+ "POST /admin/undrain": [404, {"error": {"message": "No node named 'nope' has registered.",
+    "type": "invalid_request_error", "param": "node", "code": "node_not_found"}}]}
+J
+run 1 undrain nope
+has err "No node named 'nope' has registered"
+hasnt err 'hint'
+routes <<'J'
+{"GET /admin/status": [200, {"nodes": []}]}
+J
+
 # usage errors: exit 2, nothing sent
 : >"$tmp/log"
 run 2 frobnicate
@@ -179,7 +228,26 @@ run 2 --timeout 0 status
 [ -s "$tmp/log" ] && fail "a usage error reached the router"
 "$ctl" --help >"$tmp/out" || fail "--help: exit status"
 has out '^  drain +NODE +stop sending'
+has out '^  help +\[CMD\] '
 has out '--admin-key-file'
+# help: global, per command (CMD --help, help CMD), nothing sent
+"$ctl" help >"$tmp/out" 2>"$tmp/err" || fail "help: exit status"
+has out '^usage: tandemctl \[options\] COMMAND'
+for args in "drain --help" "help drain" "--router $url drain n1 -h"; do
+  # shellcheck disable=SC2086 # split on purpose
+  "$ctl" $args >"$tmp/out" 2>"$tmp/err" || fail "$args: exit status"
+  has out '^usage: tandemctl \[options\] drain NODE$'
+  has out '^stop sending new requests'
+  hasnt out '^commands:'
+done
+"$ctl" remove --help >"$tmp/out" || fail "remove --help: exit status"
+has out 'registers again, as a'
+"$ctl" help nope >"$tmp/out" 2>"$tmp/err"
+[ $? = 2 ] || fail "help of an unknown command: exit status"
+has err 'unknown command "nope"'
+"$ctl" help drain undrain >"$tmp/out" 2>"$tmp/err"
+[ $? = 2 ] || fail "help with two commands: exit status"
+[ -s "$tmp/log" ] && fail "help reached the router: $(cat "$tmp/log")"
 
 # defaults: the environment, then the local-cluster state directory
 TANDEM_ROUTER=$url TANDEM_ADMIN_KEY_FILE=$tmp/admin.key "$ctl" status >"$tmp/out" 2>"$tmp/err" ||

@@ -3,7 +3,9 @@
  * over UCX shm): registration, a streamed request checked against the
  * engine, drain, SIGKILL mid-stream (the router sees the connection end
  * within 5 s; the restarted daemon registers with a new incarnation and
- * serves), SIGTERM mid-stream (Tokens ERROR, exit 0).
+ * serves), SIGTERM mid-stream: a drain (the request finishes, Admit is
+ * refused, exit 0), and with a short --drain-timeout (Tokens ERROR at the
+ * deadline, exit 0).
  * Usage: decoded-daemon PATH-TO-decoded */
 #include <fcntl.h>
 #include <inttypes.h>
@@ -93,14 +95,16 @@ rtr_send(rtr_t *r, Tandem__Envelope *env)
 }
 
 static pid_t
-daemon_start(rtr_t *r, const char *step_us)
+daemon_start(rtr_t *r, const char *step_us, const char *drain_timeout)
 {
-    char routers[64], step[64];
+    char routers[64], step[64], drain[64];
     snprintf(routers, sizeof(routers), "--routers=127.0.0.1:%u", td_ctl_listener_port(r->lst));
     snprintf(step, sizeof(step), "--synth-step-us=%s", step_us);
+    snprintf(drain, sizeof(drain), "--drain-timeout=%s", drain_timeout);
     char *argv[] = { (char *)r->exe, routers, "--secret-file", r->secret, "--node-id=dec-a",
                      "--ranks=1", "--kv-tokens=4096", "--max-batch=4", "--transports=shm,self",
-                     "--xfer-deadline-ms=300", "--log-level=warn", step, FK_ENGINE_ARGS, NULL };
+                     "--xfer-deadline-ms=300", "--log-level=warn", step, drain, FK_ENGINE_ARGS,
+                     NULL };
     pid_t pid = fork();
     if (pid == 0) {
         execv(r->exe, argv);
@@ -197,9 +201,9 @@ main(int argc, char **argv)
         return 1;
 
     /* 1. Registration and one streamed request. */
-    r->pid = daemon_start(r, "0");
+    r->pid = daemon_start(r, "0", "30s");
     CHECK(fk_run_until(r->base, registered, r, 10000));
-    fk_p_t fp1 = { 0 }, fp2 = { 0 }, fp3 = { 0 };
+    fk_p_t fp1 = { 0 }, fp2 = { 0 }, fp3 = { 0 }, fp4 = { 0 };
     if (r->reg != NULL) {
         CHECK_EQ_INT(r->reg->n_pools, r->e->layout->nsegs);
         CHECK_EQ_INT(r->reg->kv_tokens_total, 4096);
@@ -232,7 +236,7 @@ main(int argc, char **argv)
     kill(r->pid, SIGKILL);
     waitpid(r->pid, NULL, 0);
     fk_p_destroy(&fp1);
-    r->pid = daemon_start(r, "3000");
+    r->pid = daemon_start(r, "3000", "30s");
     r->registers = 0;
     uint64_t inc1 = r->incarnation;
     CHECK(fk_run_until(r->base, registered, r, 10000));
@@ -247,25 +251,53 @@ main(int argc, char **argv)
         waitpid(r->pid, NULL, 0);
         fk_p_destroy(&fp2);
 
-        /* 4. Restarted: a new incarnation, and it serves; SIGTERM mid-stream. */
+        /* 4. Restarted: a new incarnation, and it serves; SIGTERM mid-stream
+         * drains: Load says draining, an Admit is refused, the request
+         * finishes whole, the daemon exits 0. */
         r->registers = 0;
-        r->pid = daemon_start(r, "3000");
+        r->pid = daemon_start(r, "3000", "30s");
         CHECK(fk_run_until(r->base, registered, r, 10000));
         CHECK(r->incarnation != inc1 && r->incarnation != 0);
-        start_request(r, &fp3, 4, p, 16, 1000);
+        start_request(r, &fp3, 4, p, 16, 100);
         kill(r->pid, SIGTERM);
+        CHECK(fk_run_until(r->base, load_draining, r, 3000));
+        admit(r, 5, p, 16, 10);
+        const Tandem__Envelope *rej =
+            fk_router_find(&r->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, 5);
+        CHECK(rej != NULL && rej->admit_reject->code ==
+                                 TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING);
         CHECK(fk_run_until(r->base, conn_gone, r, 5000));
         int fin;
         const char *err;
-        int32_t got[1000];
-        fk_router_tokens(&r->rt, 4, got, 1000, &fin, &err);
-        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
-        CHECK(err != NULL && strstr(err, "shutting down") != NULL);
+        int32_t got[1000], want[1000];
+        size_t n = fk_router_tokens(&r->rt, 4, got, 1000, &fin, &err);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+        CHECK(n == 100 && fk_expect(r->e, p, 16, 100, want) == 100 &&
+              memcmp(got, want, sizeof(int32_t) * 100) == 0);
         int status = 0;
         waitpid(r->pid, &status, 0);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         r->pid = 0;
         fk_p_destroy(&fp3);
+
+        /* 5. A request longer than --drain-timeout: Tokens ERROR at the
+         * deadline, not before; exit 0. */
+        r->registers = 0;
+        r->pid = daemon_start(r, "3000", "300ms");
+        CHECK(fk_run_until(r->base, registered, r, 10000));
+        start_request(r, &fp4, 6, p, 16, 1000);
+        kill(r->pid, SIGTERM);
+        uint64_t t1 = td_testutil_now_ms();
+        CHECK(fk_run_until(r->base, conn_gone, r, 5000));
+        CHECK(td_testutil_now_ms() - t1 >= 250);
+        fk_router_tokens(&r->rt, 6, got, 1000, &fin, &err);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
+        CHECK(err != NULL && strstr(err, "shutting down") != NULL);
+        status = 0;
+        waitpid(r->pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        r->pid = 0;
+        fk_p_destroy(&fp4);
     }
     if (r->pid > 0) {
         kill(r->pid, SIGKILL);

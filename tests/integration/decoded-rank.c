@@ -694,7 +694,7 @@ main(void)
     td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .kv_tokens = KV_TOKENS,
                              .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
                              .grace_margin_ms = GRACE_MARGIN_MS };
-    td_drank_io_t io = { fk_router_send, fk_router_load, &rt };
+    td_drank_io_t io = { fk_router_send, fk_router_load, &rt, NULL };
     CHECK(t.e != NULL);
     if (t.e != NULL)
         CHECK_STATUS(td_xfer_create(t.base, &xc, &t.x), TD_OK);

@@ -2,8 +2,10 @@
  * (argv[1]): this process is its router (a td_ctl listener) and its decode
  * rank (a td_xfer receiver with one pool per KV segment). Both rank threads
  * register; requests run interleaved and every received KV byte, the KV
- * checksum of the terminal note and the first token are checked; a cancel, a router connection lost mid-prefill, and
- * SIGTERM mid-prefill each end with exactly one terminal note; exit 0. */
+ * checksum of the terminal note and the first token are checked; a cancel and a
+ * router connection lost mid-prefill each end with exactly one terminal note;
+ * SIGTERM mid-prefill drains (the task finishes, a new Prefill is refused);
+ * exit 0. */
 #include <errno.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -63,6 +65,7 @@ static struct {
     uint64_t next_block[16];
     td_ctl_conn_t *rank_conn[NRANKS];
     int registrations;
+    int draining_regs;      /* of them, Registers that say draining */
     req_t reqs[MAX_REQS];
     pid_t child;
 } g;
@@ -220,6 +223,7 @@ on_message(td_ctl_conn_t *c, const Tandem__Envelope *env, void *arg)
         send_env(c, &out);
         send_decode_peer(c);
         g.registrations++;
+        g.draining_regs += env->register_->draining;
     } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE) {
         const Tandem__PrefillDone *d = env->prefill_done;
         CHECK(d->req_id < MAX_REQS);
@@ -480,17 +484,23 @@ main(int argc, char **argv)
         CHECK(wait_for(&g.reqs[5].terminal, 1, 5000));
         CHECK(g.reqs[5].canceled);
         CHECK(wait_for(&g.registrations, NRANKS + 1, 10000));
-        /* 4. SIGTERM mid-prefill: the task is canceled, reported, and the
-         * process exits 0 */
+        /* 4. SIGTERM mid-prefill: a drain. Both ranks register again as
+         * draining; the task in hand finishes and is reported; a new
+         * Prefill is refused (PrefillDone canceled, a failed note); exit 0 */
         prefill(6, 1, 3000);
         wait_for(&never, 1, 100);
         kill(g.child, SIGTERM);
-        CHECK(wait_for(&g.reqs[6].done, 1, 10000) && wait_for(&g.reqs[6].terminal, 1, 5000));
+        CHECK(wait_for(&g.draining_regs, NRANKS, 5000));
+        prefill(7, 0, 20);
+        for (int i = 6; i < 8; i++)
+            CHECK(wait_for(&g.reqs[i].done, 1, 10000) && wait_for(&g.reqs[i].terminal, 1, 5000));
         CHECK(notify_has(nfd, "STOPPING=1"));
-        CHECK_STATUS(g.reqs[6].done_status, TD_ERR_CANCELED);
-        CHECK(g.reqs[6].canceled);
+        CHECK_STATUS(g.reqs[6].done_status, TD_OK);
+        CHECK(g.reqs[6].verified && g.reqs[6].sum_ok);
+        CHECK_STATUS(g.reqs[7].done_status, TD_ERR_CANCELED);
+        CHECK(g.reqs[7].failed);   /* refused: its note says why */
         wait_for(&never, 1, 100);   /* duplicates would arrive now */
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < 8; i++)
             CHECK_EQ_INT(g.reqs[i].terminal, 1);
     }
     int status = 0;

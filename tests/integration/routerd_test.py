@@ -518,7 +518,8 @@ def test_flood(c):
 
 
 def blocks_used(c):
-    return sum(r["kv"]["blocks_used"] for r in c.ranks() if r["role"] == "decode")
+    return sum(r["kv"]["blocks_used"] for r in c.ranks()
+               if r["role"] == "decode" and r["state"] != "dead")
 
 
 def requests_in_flight(c):

@@ -370,9 +370,12 @@ test_notify(struct event_base *base, const char *name)
     }
     CHECK(watchdogs >= 3 && watchdogs <= 6);
 
-    td_daemon_stopping(d);
+    td_daemon_stopping(d, 0);
     CHECK(notify_recv(fd, buf, sizeof(buf), 1000));
     CHECK_STR(buf, "STOPPING=1");
+    td_daemon_stopping(d, 45000);   /* the drain deadline extends the stop timeout */
+    CHECK(notify_recv(fd, buf, sizeof(buf), 1000));
+    CHECK_STR(buf, "STOPPING=1\nEXTEND_TIMEOUT_USEC=45000000");
     td_daemon_destroy(d);
     td_config_free(table, &cfg);
 
@@ -391,7 +394,7 @@ test_notify(struct event_base *base, const char *name)
     unsetenv("NOTIFY_SOCKET");
     CHECK_STATUS(daemon_make(base, &cfg, NULL, NULL, &d), TD_OK);
     td_daemon_ready(d, "x");
-    td_daemon_stopping(d);
+    td_daemon_stopping(d, 1000);
     CHECK(!notify_recv(fd, buf, sizeof(buf), 50));
     td_daemon_destroy(d);
     td_config_free(table, &cfg);

@@ -732,7 +732,8 @@ test_peer_gone(void)
 }
 
 /* A router goes away: its tasks are canceled with their notes, never
- * reported; a full queue refuses; stop cancels the rest and reports idle. */
+ * reported; a full queue refuses; stop lets the rest finish and reports
+ * idle; abort (the drain deadline) cancels what is left. */
 static void
 test_router_down_and_stop(void)
 {
@@ -759,10 +760,29 @@ test_router_down_and_stop(void)
     prefill(&e, 4, 10, ROUTER_B, 0, 0);    /* refused while stopping */
     run_until(&e, &e.idle, 1, 5000);
     CHECK_EQ_INT(e.idle, 1);
-    CHECK_EQ_INT(e.reqs[1].done, 1);   /* done or canceled, depending on timing */
-    CHECK_STATUS(e.reqs[3].done_status, TD_ERR_CANCELED);
+    /* stopping drains: the tasks in hand finish */
+    CHECK_STATUS(e.reqs[1].done_status, TD_OK);
+    CHECK_STATUS(e.reqs[3].done_status, TD_OK);
     CHECK_STATUS(e.reqs[4].done_status, TD_ERR_CANCELED);
     for (int i = 1; i <= 4; i++)
+        CHECK_EQ_INT(notes_of(&e, i), 1);
+    env_destroy(&e);
+
+    /* the drain deadline: abort cancels what is left, then idle */
+    if (env_create(&e, 4, 1, 150) != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 100, ROUTER_A, 0, 0);
+    prefill(&e, 1, 40, ROUTER_A, 0, 0);
+    td_prank_stop(e.rk);
+    CHECK_EQ_INT(e.idle, 0);
+    td_prank_abort(e.rk);
+    run_until(&e, &e.idle, 1, 5000);
+    CHECK_EQ_INT(e.idle, 1);
+    CHECK_STATUS(e.reqs[1].done_status, TD_ERR_CANCELED);   /* queued behind 0 */
+    CHECK_EQ_INT(e.reqs[0].done, 1);   /* done or canceled, depending on timing */
+    for (int i = 0; i <= 1; i++)
         CHECK_EQ_INT(notes_of(&e, i), 1);
     env_destroy(&e);
 }

@@ -931,23 +931,31 @@ test_cost(void)
     td_engine_config_free(&cfg);
     if (e == NULL)
         return;
-    /* Every call takes at least the modeled time; the fastest of a few takes
-     * less than 1.25 × (a shared machine may delay any one of them). */
+    /* Every call takes at least the modeled time. The fastest of several
+     * takes less than 1.9 x: a cost paid twice (or a sleep that overshoots by
+     * a whole model) fails every call, while a shared machine that delays one
+     * call, or several by less than that, passes. */
     make_prompt(tok, 100, e->vocab, 7);
     best = 1e9;
-    for (int i = 0; i < 4; i++) {
-        CHECK_STATUS(req_new(e, &sp, &req[i]), TD_OK);
+    for (int i = 0; i < 8; i++) {
+        td_engine_req_t *r;
+        CHECK_STATUS(req_new(e, &sp, &r), TD_OK);
         t0 = td_clock_ns();
-        CHECK_STATUS(td_engine_prefill(req[i], tok, 100, 1, verify_fn, NULL), TD_OK);
+        CHECK_STATUS(td_engine_prefill(r, tok, 100, 1, verify_fn, NULL), TD_OK);
         ms = (td_clock_ns() - t0) / 1e6;
         CHECK(ms >= 18.0);
         best = ms < best ? ms : best;
-        rows[i] = (td_engine_row_t){ .req = req[i], .token = 1 };
+        if (i < 4) {
+            req[i] = r;
+            rows[i] = (td_engine_row_t){ .req = r, .token = 1 };
+        } else {
+            req_free(r);
+        }
     }
-    printf("cost: prefill of 100 tokens x 6 layers at 30 us: %.2f ms (best of 4)\n", best);
-    CHECK(best < 18.0 * 1.25);
+    printf("cost: prefill of 100 tokens x 6 layers at 30 us: %.2f ms (best of 8)\n", best);
+    CHECK(best < 18.0 * 1.9);
     best = 1e9;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 6; i++) {
         t0 = td_clock_ns();
         CHECK_STATUS(td_engine_decode_step(e, rows, 4, NULL, NULL), TD_OK);
         ms = (td_clock_ns() - t0) / 1e6;
@@ -956,8 +964,8 @@ test_cost(void)
         for (int r = 0; r < 4; r++)
             rows[r].token = rows[r].next;
     }
-    printf("cost: decode step of 4 rows at 5 ms + 1 ms/row: %.2f ms (best of 3)\n", best);
-    CHECK(best < 9.0 * 1.25);
+    printf("cost: decode step of 4 rows at 5 ms + 1 ms/row: %.2f ms (best of 6)\n", best);
+    CHECK(best < 9.0 * 1.9);
     for (int i = 0; i < 4; i++)
         req_free(req[i]);
     td_engine_destroy(e);
