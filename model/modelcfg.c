@@ -1145,9 +1145,10 @@ td_modelcfg_destroy(td_modelcfg_t *cfg)
         return;
     for (size_t i = 0; i < CFG_NFIELDS; i++) {
         const cfg_field_t *f = &cfg_fields[i];
-        void *p = (char *)cfg + f->off;
-        if (f->off == SIZE_MAX)
+        void *p;
+        if (f->off == SIZE_MAX)   /* no field (layer_types): cfg + SIZE_MAX is undefined */
             continue;
+        p = (char *)cfg + f->off;
         if (f->type == F_STR)
             free(*(char **)p);
         else if (f->type == F_LIST || f->type == F_EOS)
@@ -1266,7 +1267,7 @@ list_json(const td_modelcfg_list_t *l)
 static json_t *
 field_json(const td_modelcfg_t *cfg, const cfg_field_t *f)
 {
-    const void *p = (const char *)cfg + f->off;
+    const void *p = f->off == SIZE_MAX ? NULL : (const char *)cfg + f->off;
 
     if (f->off == SIZE_MAX) {   /* layer_types */
         json_t *a = json_array();
