@@ -19,6 +19,8 @@
 
 #define MODELCFG_MAX_FILE (16u << 20)   /* a config.json larger than this is refused */
 #define MODELCFG_MAX_DIM  INT32_MAX     /* td_modelcfg_check's bound on every size */
+#define MODELCFG_MAX_LAYERS 65536       /* num_hidden_layers, num_nextn_predict_layers: the
+                                           per-layer schedules are built in memory */
 
 /* ---- Messages --------------------------------------------------------------
  * parse, check and require put why they refuse a config in the caller's err
@@ -710,9 +712,10 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
 
     if (n < 0)
         return cfg_fail(cx, "%snum_hidden_layers: %" PRId64 " must not be negative", cx->prefix, n);
-    if (n > MODELCFG_MAX_DIM || nn > MODELCFG_MAX_DIM)
+    if (n > MODELCFG_MAX_LAYERS || nn > MODELCFG_MAX_LAYERS)
         return cfg_fail(cx, "%snum_hidden_layers + num_nextn_predict_layers: %" PRId64 " + %" PRId64
-                        " is too large", cx->prefix, n, nn);
+                        " is too large (at most %d each)", cx->prefix, n, nn,
+                        MODELCFG_MAX_LAYERS);
 
     /* compress_ratios: the released schedule, or it scaled to n layers */
     if (!g->compress_ratios) {
@@ -1145,9 +1148,10 @@ td_modelcfg_destroy(td_modelcfg_t *cfg)
         return;
     for (size_t i = 0; i < CFG_NFIELDS; i++) {
         const cfg_field_t *f = &cfg_fields[i];
-        void *p = (char *)cfg + f->off;
-        if (f->off == SIZE_MAX)
+        void *p;
+        if (f->off == SIZE_MAX)   /* no field (layer_types): cfg + SIZE_MAX is undefined */
             continue;
+        p = (char *)cfg + f->off;
         if (f->type == F_STR)
             free(*(char **)p);
         else if (f->type == F_LIST || f->type == F_EOS)
@@ -1266,7 +1270,7 @@ list_json(const td_modelcfg_list_t *l)
 static json_t *
 field_json(const td_modelcfg_t *cfg, const cfg_field_t *f)
 {
-    const void *p = (const char *)cfg + f->off;
+    const void *p = f->off == SIZE_MAX ? NULL : (const char *)cfg + f->off;
 
     if (f->off == SIZE_MAX) {   /* layer_types */
         json_t *a = json_array();

@@ -37,6 +37,41 @@ utf8_trim_tail(char *s)
         s[i - 1] = '\0';
 }
 
+/* Length of the well-formed UTF-8 character at s (RFC 3629: no overlong
+ * forms, surrogates or code points above U+10FFFF, as jansson requires), or 0. */
+static size_t
+utf8_char_len(const unsigned char *s)
+{
+    unsigned char c = s[0];
+    size_t n = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+             : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+
+    for (size_t i = 1; i < n; i++) {
+        if (s[i] < (i == 1 ? lo : 0x80) || s[i] > (i == 1 ? hi : 0xBF))
+            return 0;
+    }
+    return n;
+}
+
+/* Replace each byte that is not part of a well-formed UTF-8 character by
+ * '?': text quoted from a request (jansson's parse errors quote the bytes
+ * where parsing stopped, possibly half a character) must not make the error
+ * unrepresentable as JSON. */
+static void
+utf8_scrub(char *s)
+{
+    for (unsigned char *p = (unsigned char *)s; *p;) {
+        size_t n = utf8_char_len(p);
+        if (n == 0) {
+            *p++ = '?';
+        } else {
+            p += n;
+        }
+    }
+}
+
 void
 td_openai_err_set(td_openai_err_t *e, int http, const char *type, const char *param,
                   const char *code, const char *fmt, ...)
@@ -45,13 +80,16 @@ td_openai_err_set(td_openai_err_t *e, int http, const char *type, const char *pa
     e->type = type;
     e->code = code;
     e->retry_after = 0;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    if (snprintf(e->param, sizeof e->param, "%s", param ? param : "") >= (int)sizeof e->param)
+        utf8_trim_tail(e->param);
+    utf8_scrub(e->param);
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
     if (n >= (int)sizeof e->message)
         utf8_trim_tail(e->message);
+    utf8_scrub(e->message);
 }
 
 void

@@ -326,6 +326,12 @@ test_parse_errors(void)
                 "compress_ratios[2]: expected an integer, got a float (2.5)");
     parse_fails("{\"model_type\": \"deepseek_v41\", \"text_config\": {\"gate_temp\": 1}}",
                 TD_ERR_INVALID, "text_config.gate_temp: expected a float, got an integer (1)");
+    /* a 30-byte config must not make the loader build schedules of millions
+     * of layers (found by tests/fuzz: seconds, and gigabytes further up) */
+    parse_fails("{\"num_hidden_layers\": 100000}", TD_ERR_INVALID,
+                "num_hidden_layers + num_nextn_predict_layers: 100000 + 3 is too large "
+                "(at most 65536 each)");
+    parse_fails("{\"num_nextn_predict_layers\": 2000000000}", TD_ERR_INVALID, "is too large");
     parse_fails("{\"num_hidden_layers\": 4, \"index_source_layer_ids\": [9],"
                 " \"compress_ratios\": [0, 2, 2, 1]}", TD_ERR_INVALID,
                 "index_source_layer_ids: [9]: 9 is out of range [0, 4)");

@@ -185,6 +185,10 @@ static const struct {
     { P, "{" M ",'prompt':'x','max_completion_tokens':5}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: max_completion_tokens" },
     { P, "{" M "," MSG "}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: messages" },
     { P, "{'model':'nope','prompt':'x'}", TD_ERR_NOT_FOUND, 404, NULL, "model_not_found", "`nope`" },
+    /* jansson quotes the bytes where it stopped: half of U+055E here (found by
+     * tests/fuzz: the error had no JSON form, and routerd answered 500) */
+    { C, "'\\\xd5\x9e", TD_ERR_INVALID, 400, NULL, NULL, "invalid escape near '\"\\?'" },
+    { C, "{'model\xe9':1}", TD_ERR_INVALID, 400, NULL, NULL, "We could not parse the JSON body" },
 };
 
 static void
@@ -753,6 +757,12 @@ test_models_and_errors(void)
         td_openai_err_set(&e, 400, IR, NULL, NULL, "%.*s%s", shift, "xx", big);
         check_err("long", &e, 400, IR, NULL, NULL, "\xc3\xa9");
     }
+
+    /* bytes that are not UTF-8 become '?', in the message and the param */
+    td_openai_err_set(&e, 400, IR, "messages[0].\xc3", NULL, "bad \xff byte, cut \xe2\x82");
+    check_err("not utf-8", &e, 400, IR, "messages[0].?", NULL, "bad ? byte, cut ??");
+    td_openai_err_set(&e, 400, IR, NULL, NULL, "%s", "surrogate \xed\xa0\x80, overlong \xc0\xaf, ok \xf0\x9f\x98\x80");
+    check_err("not utf-8", &e, 400, IR, NULL, NULL, "surrogate ???, overlong ??, ok \xf0\x9f\x98\x80");
 
     char id1[TD_OPENAI_ID_LEN], id2[TD_OPENAI_ID_LEN];
     CHECK_STATUS(td_openai_id_new(C, id1), TD_OK);

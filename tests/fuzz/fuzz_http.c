@@ -1,0 +1,261 @@
+/* tests/fuzz/fuzz_http.c — routerd's HTTP request path on raw bytes: each
+ * input is what a client sends on one connection to routerd's listener
+ * (routerd/http.c: evhttp's request parsing, the body limits, dispatch through
+ * a route table, the bearer-key check of routerd/apikeys.c), delivered in
+ * pieces over a UNIX socket added to that listener. The routes stand in for
+ * routerd's chat and completions routes up to scheduling: the body is parsed
+ * by the OpenAI parser (routerd/openai.c) and, for chat, rendered by the V4.1
+ * chat encoder and tokenized with the tiny checkpoint's tokenizer
+ * ($TD_FUZZ_TINY), completions through routerd's tokenizer layer; errors go
+ * out through td_http_refuse. With bit 7 of the first byte set, the rest is
+ * "request line and headers" FUZZ_SEP "body" and the harness adds a matching
+ * Content-Length, so that mutations of the body keep reaching the routes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "apikeys.h"
+#include "chat_prompt.h"
+#include "fuzz.h"
+#include "http.h"
+#include "metrics.h"
+#include "openai.h"
+#include "tok.h"
+#include "tok_bpe.h"
+#include "tokenizer.h"
+
+#define HTTP_MAX_BODY 8192u   /* small, so that 413s and evhttp's own cut-off are reached */
+
+typedef struct {
+    struct event_base *base;
+    struct evhttp *http;
+    td_http_site_t site;
+    td_metrics_t metrics;
+    td_apikeys_t *keys;
+    td_tok_t *tok;
+    const td_tokenizer_t *v41;
+    const char *models[2];
+    td_openai_cfg_t api;
+    struct sockaddr_un addr;
+    socklen_t addr_len;
+} fuzz_http_t;
+
+static fuzz_http_t H;
+
+/* What routerd does with a body before it schedules the request. */
+static void
+http_serve(struct evhttp_request *req, td_openai_kind_t kind)
+{
+    size_t len;
+    const char *body = td_http_body(req, &len);
+    td_openai_req_t *o = NULL;
+    td_openai_err_t e;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    td_status_t st;
+
+    memset(&e, 0, sizeof e);
+    st = td_openai_req_parse(&H.api, kind, body, len, &o, &e);
+    if (st != TD_OK) {
+        FUZZ_CHECK(o == NULL && e.http >= 400 && e.message[0]);
+        td_http_refuse(&H.metrics, req, &e);
+        return;
+    }
+    if (kind == TD_OPENAI_CHAT) {
+        td_chat_prompt_t *p = NULL;
+        td_chat_prompt_err_t ce;
+
+        memset(&ce, 0, sizeof ce);
+        st = td_chat_prompt_encode(o->body, NULL, &p, &ce);
+        if (st == TD_OK)
+            st = td_chat_prompt_ids(p, H.v41, &ids, &n);
+        else
+            td_openai_err_set(&e, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
+                              ce.code, "%s", ce.message);
+        td_chat_prompt_destroy(p);
+    } else {
+        st = td_tok_encode(H.tok, o->prompt, strlen(o->prompt), &ids, &n);
+    }
+    if (st == TD_OK) {
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK(ids[i] < H.tok->vocab_size);
+        td_http_reply_json(req, 200, json_pack("{s:I}", "prompt_tokens", (json_int_t)n));
+    } else {
+        if (e.http == 0)
+            td_openai_err_internal(&e, "could not encode the prompt");
+        td_http_refuse(&H.metrics, req, &e);
+    }
+    free(ids);
+    td_openai_req_destroy(o);
+}
+
+static void
+http_route_chat(struct evhttp_request *req, void *arg)
+{
+    http_serve(req, TD_OPENAI_CHAT);
+}
+
+static void
+http_route_completions(struct evhttp_request *req, void *arg)
+{
+    http_serve(req, TD_OPENAI_COMPLETION);
+}
+
+static void
+http_route_health(struct evhttp_request *req, void *arg)
+{
+    td_http_reply(req, 200, "text/plain", "ok\n", 3);
+}
+
+/* An admin-style body: {"node": "<name>"}. */
+static void
+http_route_field(struct evhttp_request *req, void *arg)
+{
+    char node[64];
+    td_openai_err_t e;
+
+    if (td_http_body_field(req, "node", node, sizeof node, &e) != TD_OK) {
+        td_http_refuse(&H.metrics, req, &e);
+        return;
+    }
+    FUZZ_CHECK(node[0] && strlen(node) < sizeof node);
+    td_http_reply(req, 200, "text/plain", node, strlen(node));
+}
+
+static const td_http_route_t http_routes[] = {
+    { "/v1/chat/completions", EVHTTP_REQ_POST, false, true, http_route_chat },
+    { "/v1/completions", EVHTTP_REQ_POST, false, true, http_route_completions },
+    { "/health", EVHTTP_REQ_GET, false, false, http_route_health },
+    { "/admin/drain", EVHTTP_REQ_POST, false, true, http_route_field },
+    { NULL, 0, false, false, NULL },
+};
+
+static void
+http_init(void)
+{
+    const char *tiny = fuzz_env_path("TD_FUZZ_TINY", "a tools/mk-tiny-model checkpoint");
+    char keys[] = "/tmp/td-fuzz-keys-XXXXXX";
+    int kfd = mkstemp(keys), lfd;
+    uint16_t port;
+
+    fuzz_log_quiet();
+    signal(SIGPIPE, SIG_IGN);
+    FUZZ_CHECK(kfd >= 0 && write(kfd, "# fuzz\nsk-fuzz\n", 15) == 15);
+    close(kfd);
+    FUZZ_CHECK(td_apikeys_load(keys, &H.keys) == TD_OK);
+    unlink(keys);
+    FUZZ_CHECK(td_tok_bpe_create(tiny, &H.tok) == TD_OK);
+    H.v41 = td_tok_bpe_tokenizer(H.tok);
+    H.models[0] = "tandem-fuzz";
+    H.api = (td_openai_cfg_t){ .models = H.models, .max_body = HTTP_MAX_BODY,
+                               .max_tokens_limit = 4096, .max_tokens_default = 16,
+                               .vocab = H.tok->vocab_size };
+    H.base = event_base_new();
+    FUZZ_CHECK(H.base != NULL);
+    H.site = (td_http_site_t){ .base = H.base, .routes = http_routes, .admin = false,
+                               .keys = H.keys, .metrics = &H.metrics,
+                               .max_body = HTTP_MAX_BODY, .request_timeout_ms = 60000,
+                               .arg = &H };
+    FUZZ_CHECK(td_http_listen(&H.site, "127.0.0.1:0", &H.http, &port) == TD_OK);
+
+    /* The same server on an abstract UNIX socket: no TCP handshake or
+     * TIME_WAIT per input. */
+    H.addr.sun_family = AF_UNIX;
+    H.addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                             (size_t)snprintf(H.addr.sun_path + 1, sizeof(H.addr.sun_path) - 1,
+                                              "td-fuzz-http-%d", (int)getpid()));
+    lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    FUZZ_CHECK(lfd >= 0);
+    FUZZ_CHECK(bind(lfd, (struct sockaddr *)&H.addr, H.addr_len) == 0 && listen(lfd, 16) == 0);
+    FUZZ_CHECK(evhttp_accept_socket_with_handle(H.http, lfd) != NULL);
+}
+
+/* Read what the server sent into rx; 0 once it closed. */
+static int
+http_drain(int fd, struct evbuffer *rx)
+{
+    char buf[4096];
+
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+
+        if (n > 0) {
+            evbuffer_add(rx, buf, (size_t)n);
+            continue;
+        }
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+    }
+}
+
+/* Nothing the client sent is the server's fault: no 500, and no error whose
+ * JSON could not be made (http.c then answers 500 "out of memory"). */
+static void
+http_check_replies(struct evbuffer *rx)
+{
+    static const char oom[] = "\r\n\r\nout of memory\n";
+    size_t n = evbuffer_get_length(rx);
+    const char *p = (const char *)evbuffer_pullup(rx, (ev_ssize_t)n);
+
+    FUZZ_CHECK(H.metrics.errors[TD_ERRREASON_INTERNAL] == 0);
+    FUZZ_CHECK(n == 0 || memmem(p, n, oom, sizeof oom - 1) == NULL);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_in_t in = { data, size };
+    uint8_t mode = fuzz_u8(&in);
+    size_t piece = mode & 0x7f;
+    struct evbuffer *tx = evbuffer_new(), *rx = evbuffer_new();
+    int fd, alive = 1, stuck = 0;
+
+    if (H.base == NULL)
+        http_init();
+    FUZZ_CHECK(tx != NULL && rx != NULL);
+    if (mode & 0x80) {
+        fuzz_in_t head = fuzz_piece(&in);
+
+        evbuffer_add(tx, head.p, head.n);
+        evbuffer_add_printf(tx, "Content-Length: %zu\r\n\r\n", in.n);
+    }
+    evbuffer_add(tx, in.p, in.n);
+
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FUZZ_CHECK(fd >= 0);
+    FUZZ_CHECK(connect(fd, (struct sockaddr *)&H.addr, H.addr_len) == 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    event_base_loop(H.base, EVLOOP_NONBLOCK);   /* accept */
+
+    while (alive && evbuffer_get_length(tx) > 0) {
+        size_t want = piece && piece < evbuffer_get_length(tx) ? piece : evbuffer_get_length(tx);
+        ssize_t n = send(fd, evbuffer_pullup(tx, (ev_ssize_t)want), want, MSG_NOSIGNAL);
+
+        if (n > 0)
+            evbuffer_drain(tx, (size_t)n);
+        else
+            FUZZ_CHECK(errno == EAGAIN || errno == EWOULDBLOCK || errno == EPIPE ||
+                       errno == ECONNRESET);
+        event_base_loop(H.base, EVLOOP_NONBLOCK);
+        event_base_loop(H.base, EVLOOP_NONBLOCK);
+        /* A server that stopped reading (a body over evhttp's limit) */
+        stuck = n > 0 ? 0 : stuck + 1;
+        alive = http_drain(fd, rx) && stuck < 16;
+    }
+    event_base_loop(H.base, EVLOOP_NONBLOCK);
+    http_drain(fd, rx);
+    close(fd);
+    /* The server reads the end of the connection and frees it. */
+    event_base_loop(H.base, EVLOOP_NONBLOCK);
+    event_base_loop(H.base, EVLOOP_NONBLOCK);
+    http_check_replies(rx);
+    evbuffer_free(tx);
+    evbuffer_free(rx);
+    return 0;
+}

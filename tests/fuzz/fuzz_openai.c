@@ -1,0 +1,174 @@
+/* tests/fuzz/fuzz_openai.c — routerd's OpenAI request parser
+ * (td_openai_req_parse) on arbitrary bodies of /v1/chat/completions and
+ * /v1/completions, and what a parsed request drives without a model: its stop
+ * strings (routerd/stop.c) over generated text fed in pieces, and that text as
+ * a stream chunk. Checks: a refusal's error is valid JSON; an accepted request
+ * keeps the documented bounds; the stop matcher's output does not depend on
+ * how the text is cut. Input: a byte of choices, the body, then optionally
+ * FUZZ_SEP and the generated text. */
+#include <jansson.h>
+#include <math.h>
+
+#include "buf.h"
+#include "fuzz.h"
+#include "openai.h"
+#include "stop.h"
+
+static const char *const openai_models[] = { "tandem-fuzz", "m", NULL };
+
+/* An error or response body (after "data: " for an SSE event) is one JSON object. */
+static void
+openai_check_json(const char *text, size_t len)
+{
+    json_error_t jerr;
+    json_t *j = json_loadb(text, len, JSON_ALLOW_NUL, &jerr);
+
+    if (j == NULL)
+        fprintf(stderr, "not JSON (%s): %.*s\n", jerr.text, (int)len, text);
+    FUZZ_CHECK(json_is_object(j));
+    json_decref(j);
+}
+
+static void
+openai_check_err(const td_openai_err_t *e)
+{
+    td_buf_t b = {0};
+
+    FUZZ_CHECK(e->http >= 400 && e->http < 600 && e->type && e->message[0]);
+    FUZZ_CHECK(td_openai_err_json(e, &b) == TD_OK);
+    openai_check_json(b.data, b.len);
+    td_buf_free(&b);
+}
+
+static void
+openai_check_req(const td_openai_cfg_t *cfg, const td_openai_req_t *r, td_openai_kind_t kind)
+{
+    FUZZ_CHECK(r->kind == kind && r->model && r->body);
+    if (kind == TD_OPENAI_CHAT) {
+        FUZZ_CHECK(r->nmsgs >= 1 && r->prompt == NULL);
+        for (size_t i = 0; i < r->nmsgs; i++) {
+            FUZZ_CHECK(r->msgs[i].content != NULL);
+            FUZZ_CHECK((r->msgs[i].role == TD_OPENAI_ROLE_TOOL) ==
+                       (r->msgs[i].tool_call_id != NULL));
+            (void)td_openai_role_str(r->msgs[i].role);
+        }
+        FUZZ_CHECK(r->top_logprobs <= TD_OPENAI_MAX_TOP_LOGPROBS);
+    } else {
+        FUZZ_CHECK(r->nmsgs == 0 && r->prompt != NULL);
+        FUZZ_CHECK(r->top_logprobs <= TD_OPENAI_MAX_COMPLETION_LOGPROBS);
+    }
+    FUZZ_CHECK(r->max_tokens >= 1 && r->max_tokens <= cfg->max_tokens_limit);
+    FUZZ_CHECK(r->temperature >= 0 && r->temperature <= 2);
+    FUZZ_CHECK(r->top_p > 0 && r->top_p <= 1);
+    FUZZ_CHECK(fabs(r->presence_penalty) <= 2 && fabs(r->frequency_penalty) <= 2);
+    FUZZ_CHECK(r->nstop <= TD_OPENAI_MAX_STOP && r->nbias <= TD_OPENAI_MAX_BIAS);
+    for (size_t i = 0; i < r->nstop; i++)
+        FUZZ_CHECK(r->stop[i] && r->stop[i][0]);
+    for (size_t i = 0; i < r->nbias; i++) {
+        FUZZ_CHECK(r->logit_bias[i].token >= 0);
+        FUZZ_CHECK(cfg->vocab == 0 || (uint32_t)r->logit_bias[i].token < cfg->vocab);
+        FUZZ_CHECK(r->logit_bias[i].bias >= -100 && r->logit_bias[i].bias <= 100);
+        for (size_t j = 0; j < i; j++)
+            FUZZ_CHECK(r->logit_bias[j].token != r->logit_bias[i].token);
+    }
+}
+
+/* The stop strings over text: fed in pieces of `piece` bytes, then at once. */
+static void
+openai_stops(const td_openai_req_t *r, const uint8_t *text, size_t len, size_t piece)
+{
+    td_buf_t whole = {0}, cut = {0};
+    bool mw = false, mc = false, m;
+    td_stop_t *s;
+
+    FUZZ_CHECK(td_stop_create((const char *const *)r->stop, r->nstop, &s) == TD_OK);
+    FUZZ_CHECK(td_stop_feed(s, (const char *)text, len, &whole, &mw) == TD_OK);
+    if (!mw)
+        FUZZ_CHECK(td_stop_flush(s, &whole) == TD_OK);
+    td_stop_destroy(s);
+
+    FUZZ_CHECK(td_stop_create((const char *const *)r->stop, r->nstop, &s) == TD_OK);
+    for (size_t off = 0; off < len && !mc; off += piece) {
+        size_t n = len - off < piece ? len - off : piece;
+
+        FUZZ_CHECK(td_stop_feed(s, (const char *)text + off, n, &cut, &m) == TD_OK);
+        mc = m;
+    }
+    if (!mc)
+        FUZZ_CHECK(td_stop_flush(s, &cut) == TD_OK);
+    td_stop_destroy(s);
+
+    FUZZ_CHECK(mw == mc && whole.len == cut.len);
+    FUZZ_CHECK(whole.len == 0 || memcmp(whole.data, cut.data, whole.len) == 0);
+    FUZZ_CHECK(mw || r->nstop || whole.len == len);
+    td_buf_free(&whole);
+    td_buf_free(&cut);
+}
+
+/* The text as the first chunk of a stream: one SSE event with a JSON object. */
+static void
+openai_chunk(const td_openai_req_t *r, const uint8_t *text, size_t len)
+{
+    td_openai_stream_t s = { .meta = { .kind = r->kind, .id = "chatcmpl-fuzz", .created = 1,
+                                       .model = r->model },
+                             .include_usage = r->include_usage };
+    td_buf_t b = {0};
+    td_status_t st = td_openai_stream_text(&s, (const char *)text, len, &b);
+
+    if (st == TD_OK) {
+        /* "data: <json>\n\n": compact JSON has no line break of its own */
+        char *end = b.len > 8 ? strstr(b.data, "\n\n") : NULL;
+
+        FUZZ_CHECK(end != NULL && end + 2 == b.data + b.len);
+        FUZZ_CHECK(memcmp(b.data, "data: ", 6) == 0 && memchr(b.data, '\n', b.len) == end);
+        openai_check_json(b.data + 6, (size_t)(end - b.data - 6));
+    }
+    td_buf_free(&b);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int init;
+    fuzz_in_t in = { data, size };
+    uint8_t c = fuzz_u8(&in);
+    td_openai_kind_t kind = c & 1 ? TD_OPENAI_COMPLETION : TD_OPENAI_CHAT;
+    td_openai_cfg_t cfg = { .models = openai_models,
+                            .max_body = c & 2 ? 64 : 1u << 20,
+                            .max_tokens_limit = c & 4 ? 1 : 4096,
+                            .max_tokens_default = c & 4 ? 1 : 16,
+                            .vocab = c & 8 ? 0 : 1000 };
+    size_t piece = (c >> 4) + 1;
+    fuzz_in_t body, text;
+    td_openai_req_t *r = NULL;
+    td_openai_err_t e;
+    char *copy;
+    td_status_t st;
+
+    if (!init) {
+        fuzz_log_quiet();
+        init = 1;
+    }
+    body = fuzz_piece(&in);
+    text = in;
+    /* The body as routerd hands it over: NUL-terminated, its own allocation. */
+    copy = malloc(body.n + 1);
+    FUZZ_CHECK(copy != NULL);
+    memcpy(copy, body.p, body.n);
+    copy[body.n] = '\0';
+    memset(&e, 0, sizeof e);
+    st = td_openai_req_parse(&cfg, kind, copy, body.n, &r, &e);
+    if (st == TD_OK) {
+        openai_check_req(&cfg, r, kind);
+        openai_stops(r, text.p, text.n, piece);
+        openai_chunk(r, text.p, text.n);
+        td_openai_req_destroy(r);
+    } else {
+        FUZZ_CHECK(r == NULL);
+        FUZZ_CHECK(st == TD_ERR_TOO_BIG || st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED ||
+                   st == TD_ERR_NOT_FOUND);
+        openai_check_err(&e);
+    }
+    free(copy);
+    return 0;
+}
