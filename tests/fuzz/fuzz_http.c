@@ -1,7 +1,8 @@
 /* tests/fuzz/fuzz_http.c — routerd's HTTP request path on raw bytes: each
  * input is what a client sends on one connection to routerd's listener
- * (routerd/http.c: evhttp's request parsing, the body limits, dispatch through
- * a route table, the bearer-key check of routerd/apikeys.c), delivered in
+ * (routerd/http.c and h1.c: head parsing and framing, chunked bodies, the
+ * body limits and byte budget, pipelining and keep-alive, dispatch through a
+ * route table, the bearer-key check of routerd/apikeys.c), delivered in
  * pieces over a UNIX socket added to that listener. The routes stand in for
  * routerd's chat and completions routes up to scheduling: the body is parsed
  * by the OpenAI parser (routerd/openai.c) and, for chat, rendered by the V4.1
@@ -19,7 +20,6 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/http.h>
 
 #include "apikeys.h"
 #include "chat_prompt.h"
@@ -31,12 +31,13 @@
 #include "tok_bpe.h"
 #include "tokenizer.h"
 
-#define HTTP_MAX_BODY 8192u   /* small, so that 413s and evhttp's own cut-off are reached */
+#define HTTP_MAX_BODY 8192u   /* small, so that 413s and the byte budget are reached */
 
 typedef struct {
     struct event_base *base;
-    struct evhttp *http;
+    td_http_listener_t *listener;
     td_http_site_t site;
+    td_http_budget_t budget;
     td_metrics_t metrics;
     td_apikeys_t *keys;
     td_tok_t *tok;
@@ -51,7 +52,7 @@ static fuzz_http_t H;
 
 /* What routerd does with a body before it schedules the request. */
 static void
-http_serve(struct evhttp_request *req, td_openai_kind_t kind)
+http_serve(td_http_req_t *req, td_openai_kind_t kind)
 {
     size_t len;
     const char *body = td_http_body(req, &len);
@@ -97,26 +98,26 @@ http_serve(struct evhttp_request *req, td_openai_kind_t kind)
 }
 
 static void
-http_route_chat(struct evhttp_request *req, void *arg)
+http_route_chat(td_http_req_t *req, void *arg)
 {
     http_serve(req, TD_OPENAI_CHAT);
 }
 
 static void
-http_route_completions(struct evhttp_request *req, void *arg)
+http_route_completions(td_http_req_t *req, void *arg)
 {
     http_serve(req, TD_OPENAI_COMPLETION);
 }
 
 static void
-http_route_health(struct evhttp_request *req, void *arg)
+http_route_health(td_http_req_t *req, void *arg)
 {
     td_http_reply(req, 200, "text/plain", "ok\n", 3);
 }
 
 /* An admin-style body: {"node": "<name>"}. */
 static void
-http_route_field(struct evhttp_request *req, void *arg)
+http_route_field(td_http_req_t *req, void *arg)
 {
     char node[64];
     td_openai_err_t e;
@@ -130,10 +131,10 @@ http_route_field(struct evhttp_request *req, void *arg)
 }
 
 static const td_http_route_t http_routes[] = {
-    { "/v1/chat/completions", EVHTTP_REQ_POST, false, true, http_route_chat },
-    { "/v1/completions", EVHTTP_REQ_POST, false, true, http_route_completions },
-    { "/health", EVHTTP_REQ_GET, false, false, http_route_health },
-    { "/admin/drain", EVHTTP_REQ_POST, false, true, http_route_field },
+    { "/v1/chat/completions", TD_H1_POST, false, true, http_route_chat },
+    { "/v1/completions", TD_H1_POST, false, true, http_route_completions },
+    { "/health", TD_H1_GET, false, false, http_route_health },
+    { "/admin/drain", TD_H1_POST, false, true, http_route_field },
     { NULL, 0, false, false, NULL },
 };
 
@@ -143,7 +144,6 @@ http_init(void)
     const char *tiny = fuzz_env_path("TD_FUZZ_TINY", "a tools/mk-tiny-model checkpoint");
     char keys[] = "/tmp/td-fuzz-keys-XXXXXX";
     int kfd = mkstemp(keys), lfd;
-    uint16_t port;
 
     fuzz_log_quiet();
     signal(SIGPIPE, SIG_IGN);
@@ -159,14 +159,18 @@ http_init(void)
                                .vocab = H.tok->vocab_size };
     H.base = event_base_new();
     FUZZ_CHECK(H.base != NULL);
+    /* A budget a little over one largest request, so that pipelined requests
+     * reach it. */
+    H.budget.max = TD_HTTP_MAX_HEAD + 2 * HTTP_MAX_BODY;
     H.site = (td_http_site_t){ .base = H.base, .routes = http_routes, .admin = false,
                                .keys = H.keys, .metrics = &H.metrics,
-                               .max_body = HTTP_MAX_BODY, .request_timeout_ms = 60000,
-                               .arg = &H };
-    FUZZ_CHECK(td_http_listen(&H.site, "127.0.0.1:0", &H.http, &port) == TD_OK);
+                               .max_body = HTTP_MAX_BODY, .max_conns = 8,
+                               .read_timeout_ms = 60000, .idle_timeout_ms = 60000,
+                               .write_timeout_ms = 60000, .retry_after_s = 1,
+                               .budget = &H.budget, .arg = &H };
 
-    /* The same server on an abstract UNIX socket: no TCP handshake or
-     * TIME_WAIT per input. */
+    /* The server on an abstract UNIX socket: no TCP handshake or TIME_WAIT
+     * per input. */
     H.addr.sun_family = AF_UNIX;
     H.addr_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
                              (size_t)snprintf(H.addr.sun_path + 1, sizeof(H.addr.sun_path) - 1,
@@ -174,7 +178,7 @@ http_init(void)
     lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     FUZZ_CHECK(lfd >= 0);
     FUZZ_CHECK(bind(lfd, (struct sockaddr *)&H.addr, H.addr_len) == 0 && listen(lfd, 16) == 0);
-    FUZZ_CHECK(evhttp_accept_socket_with_handle(H.http, lfd) != NULL);
+    FUZZ_CHECK(td_http_listen_fd(&H.site, lfd, &H.listener) == TD_OK);
 }
 
 /* Read what the server sent into rx; 0 once it closed. */
@@ -195,16 +199,21 @@ http_drain(int fd, struct evbuffer *rx)
 }
 
 /* Nothing the client sent is the server's fault: no 500, and no error whose
- * JSON could not be made (http.c then answers 500 "out of memory"). */
+ * JSON could not be made (http.c then answers 500 "out of memory"); every
+ * answer is HTTP/1.1 with a JSON or plain body. When every byte of the
+ * budget is back, no request is held. */
 static void
 http_check_replies(struct evbuffer *rx)
 {
     static const char oom[] = "\r\n\r\nout of memory\n";
+    static const char e500[] = "HTTP/1.1 500 ";
     size_t n = evbuffer_get_length(rx);
     const char *p = (const char *)evbuffer_pullup(rx, (ev_ssize_t)n);
 
     FUZZ_CHECK(H.metrics.errors[TD_ERRREASON_INTERNAL] == 0);
     FUZZ_CHECK(n == 0 || memmem(p, n, oom, sizeof oom - 1) == NULL);
+    FUZZ_CHECK(n == 0 || memmem(p, n, e500, sizeof e500 - 1) == NULL);
+    FUZZ_CHECK(n == 0 || (n >= 9 && memcmp(p, "HTTP/1.1 ", 9) == 0));
 }
 
 int
@@ -244,16 +253,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                        errno == ECONNRESET);
         event_base_loop(H.base, EVLOOP_NONBLOCK);
         event_base_loop(H.base, EVLOOP_NONBLOCK);
-        /* A server that stopped reading (a body over evhttp's limit) */
+        /* A server that stopped reading (over the budget, or closing) */
         stuck = n > 0 ? 0 : stuck + 1;
         alive = http_drain(fd, rx) && stuck < 16;
     }
     event_base_loop(H.base, EVLOOP_NONBLOCK);
     http_drain(fd, rx);
     close(fd);
-    /* The server reads the end of the connection and frees it. */
-    event_base_loop(H.base, EVLOOP_NONBLOCK);
-    event_base_loop(H.base, EVLOOP_NONBLOCK);
+    /* The server reads the end of the connection and frees it, and with it
+     * every byte it held of the budget. */
+    for (int i = 0; i < 4 && H.budget.used > 0; i++)
+        event_base_loop(H.base, EVLOOP_NONBLOCK);
+    FUZZ_CHECK(H.budget.used == 0);
     http_check_replies(rx);
     evbuffer_free(tx);
     evbuffer_free(rx);
