@@ -165,6 +165,7 @@ typedef struct {
     td_xfer_peer_t *peer;      /* NULL for this rank */
     uint64_t incarnation;
     int hello;                 /* its hello arrived: its pool is imported */
+    int lost;                  /* gone: its endpoint failed, or it gave up */
     /* its receive pool, from its hello */
     uint32_t peer_slots, peer_chunk;
     size_t inline_max;         /* a chunk up to this goes inside the message */
@@ -271,6 +272,19 @@ ucx_fail(ucx_comm_t *u, td_status_t st)
 /* Sending                                                                  */
 /* ======================================================================== */
 
+/* Rank s is gone (its endpoint failed, or it said it gave up). That fails
+ * the collective under way when it still needs s, and every later one (each
+ * needs every rank): ucx_lost_check. */
+static void
+ucx_rank_lost(ucx_comm_t *u, uint32_t s, const char *why)
+{
+    if (u->ranks[s].lost || u->state == UCX_CLOSING)
+        return;
+    u->ranks[s].lost = 1;
+    td_warn("%s rank %u/%u: rank %u is gone: %s", u->head.name, u->head.rank, u->head.size, s,
+            why);
+}
+
 /* xfer ids: kind (8 bits) | destination rank (16) | a counter (40). */
 static void
 ucx_on_sent(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
@@ -283,9 +297,12 @@ ucx_on_sent(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
         u->tx_inflight--;
     else
         u->ctl_inflight--;
-    if (status != TD_OK && u->state != UCX_CLOSING)
-        ucx_log_fail(u, status == TD_ERR_CANCELED ? TD_ERR_PEER : status,
-                     "message to rank %u failed: %s", to, td_status_str(status));
+    if (status == TD_OK || u->state == UCX_CLOSING)
+        return;
+    if (status == TD_ERR_PEER || status == TD_ERR_CANCELED)
+        ucx_rank_lost(u, to, "a message to it failed");   /* its source is free again */
+    else
+        ucx_log_fail(u, status, "message to rank %u failed: %s", to, td_status_str(status));
 }
 
 /* Send m (src and ack filled in here) to rank `to`. A DATA message's m->len
@@ -317,6 +334,10 @@ ucx_send(ucx_comm_t *u, uint32_t to, ucx_msg_t *m, const void *data)
                   (u->next_id++ & ((1ull << 40) - 1));
     td_status_t st = td_xfer_post(r->peer, id, ndescs ? &desc : NULL, ndescs, u->msg, plen, 0,
                                   ucx_on_sent, u);
+    if (st == TD_ERR_PEER) {
+        ucx_rank_lost(u, to, "its endpoint has failed");
+        return st;
+    }
     if (st != TD_OK) {
         ucx_log_fail(u, st, "message to rank %u refused: %s", to, td_status_str(st));
         return st;
@@ -343,7 +364,7 @@ ucx_send_more(ucx_comm_t *u)
 {
     for (uint32_t d = 0; d < u->head.size && u->fail == TD_OK; d++) {
         ucx_rank_t *r = &u->ranks[d];
-        if (d == u->head.rank)
+        if (d == u->head.rank || r->lost)
             continue;
         while (!r->tx_fin && u->fail == TD_OK && r->tx_next < r->tx_acked + r->peer_slots) {
             size_t left = r->tx_len - r->tx_sent;
@@ -362,7 +383,7 @@ ucx_send_more(ucx_comm_t *u)
             r->tx_sent += len;
             r->tx_fin = r->tx_sent == r->tx_len;
             if (ucx_send(u, d, &m, src) != TD_OK)
-                return;
+                break;
         }
     }
 }
@@ -376,7 +397,7 @@ ucx_send_acks(ucx_comm_t *u)
 {
     for (uint32_t s = 0; s < u->head.size && u->fail == TD_OK; s++) {
         ucx_rank_t *r = &u->ranks[s];
-        if (s == u->head.rank || r->rx_next == r->rx_told)
+        if (s == u->head.rank || r->lost || r->rx_next == r->rx_told)
             continue;
         if (!r->rx_fin || r->rx_next - r->rx_told >= u->slots) {
             ucx_msg_t m = { .kind = UCX_MSG_ACK };
@@ -397,7 +418,7 @@ ucx_tell_abort(ucx_comm_t *u, td_status_t st)
     u->told_abort = 1;
     for (uint32_t d = 0; d < u->head.size; d++) {
         ucx_rank_t *r = &u->ranks[d];
-        if (d == u->head.rank || r->peer == NULL || td_xfer_peer_failed(r->peer))
+        if (d == u->head.rank || r->peer == NULL || r->lost)
             continue;
         ucx_msg_t m = { .kind = UCX_MSG_ABORT, .len = (uint32_t)(int32_t)st };
         ucx_send(u, d, &m, NULL);
@@ -515,8 +536,10 @@ ucx_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
         break;
     case UCX_MSG_ABORT: {
         int32_t st = (int32_t)m.len;
-        ucx_log_fail(u, TD_ERR_PEER, "rank %u gave up: %s", m.src,
-                     st < TD_OK && st >= TD_ERR_INTERNAL ? td_status_str((td_status_t)st) : "?");
+        char why[64];
+        snprintf(why, sizeof(why), "it gave up (%s)",
+                 st < TD_OK && st >= TD_ERR_INTERNAL ? td_status_str((td_status_t)st) : "?");
+        ucx_rank_lost(u, m.src, why);
         break;
     }
     default:
@@ -530,7 +553,8 @@ ucx_on_peer_fail(td_xfer_t *x, td_xfer_peer_t *peer, td_status_t status, void *a
     ucx_comm_t *u = arg;
     for (uint32_t s = 0; s < u->head.size; s++)
         if (u->ranks[s].peer == peer)
-            ucx_log_fail(u, TD_ERR_PEER, "rank %u lost: %s", s, td_status_str(status));
+            ucx_rank_lost(u, s, status == TD_ERR_PEER ? "its endpoint failed" :
+                          td_status_str(status));
 }
 
 /* ======================================================================== */
@@ -753,6 +777,19 @@ ucx_log_timeout(ucx_comm_t *u)
                  u->head.deadline_ms, n ? who : "(sends in flight)");
 }
 
+/* A rank that is gone fails the collective while it still needs that rank:
+ * its segment, or room or a segment to send it (at the start: all of it). */
+static void
+ucx_lost_check(ucx_comm_t *u)
+{
+    for (uint32_t s = 0; s < u->head.size && u->fail == TD_OK; s++) {
+        const ucx_rank_t *r = &u->ranks[s];
+        if (r->lost && (!r->rx_fin || !r->tx_fin))
+            ucx_log_fail(u, TD_ERR_PEER, "%s #%" PRIu64 ": rank %u is gone",
+                         ucx_coll_names[u->cur.kind], u->seq, s);
+    }
+}
+
 /* Run the collective set up in u->cur to its end. A failure other than the
  * deadline is told to the other ranks. */
 static td_status_t
@@ -791,6 +828,7 @@ ucx_run(ucx_comm_t *u)
         ucx_take(u);
         ucx_send_acks(u);
         ucx_send_more(u);   /* acknowledgements may have come meanwhile */
+        ucx_lost_check(u);
         if (u->fail != TD_OK)
             break;
         if (ucx_coll_done(u)) {
@@ -1035,8 +1073,12 @@ ucx_connect(ucx_comm_t *u, const td_comm_ucx_peer_t *peers, uint64_t connect_ms)
     if (st != TD_OK)
         return st;
     uint64_t deadline = td_clock_ns() + connect_ms * 1000000u;
-    while (u->fail == TD_OK && !ucx_all_hellos(u) && td_clock_ns() < deadline)
+    while (u->fail == TD_OK && !ucx_all_hellos(u) && td_clock_ns() < deadline) {
         ucx_wait_once(u, deadline);
+        for (uint32_t s = 0; s < u->head.size && u->fail == TD_OK; s++)
+            if (u->ranks[s].lost)
+                ucx_log_fail(u, TD_ERR_PEER, "rank %u is gone before it answered", s);
+    }
     evtimer_del(u->ev_wake);
     if (u->fail != TD_OK)
         return u->fail;
