@@ -55,6 +55,7 @@
 #define UCX_MAX_SLOTS     64u
 #define UCX_ABORT_WAIT_MS 200u   /* an abort's messages: bounded push-out */
 #define UCX_QUIET_WAIT_MS 1000u  /* destroy: messages still in flight */
+#define UCX_MAX_WAIT_MS   (1ull << 40)   /* longer deadlines: this (35 years) */
 
 typedef enum {
     UCX_MSG_HELLO = 1,
@@ -180,7 +181,7 @@ typedef struct {
     uint64_t rx_told;          /* rx_next as last told to it */
     ucx_slot_t *slots;         /* [u->slots]: chunk c waits in slots[c % u->slots] */
     int rx_known, rx_fin;      /* this collective's segment from it */
-    size_t rx_total, rx_got, rx_at;   /* rx_at: where in recv (all-to-all) */
+    size_t rx_total, rx_got;
 } ucx_rank_t;
 
 /* The current collective's arguments. */
@@ -567,6 +568,13 @@ ucx_on_wake(evutil_socket_t fd, short what, void *arg)
     /* nothing: the loop returns and the waiter looks at the clock */
 }
 
+/* ms from now, as an absolute CLOCK_MONOTONIC deadline. */
+static uint64_t
+ucx_deadline(uint64_t ms)
+{
+    return td_clock_ns() + (ms < UCX_MAX_WAIT_MS ? ms : UCX_MAX_WAIT_MS) * 1000000u;
+}
+
 /* Run the loop once: until something happened, or until deadline_ns. */
 static void
 ucx_wait_once(ucx_comm_t *u, uint64_t deadline_ns)
@@ -578,11 +586,11 @@ ucx_wait_once(ucx_comm_t *u, uint64_t deadline_ns)
     event_base_loop(u->base, EVLOOP_ONCE);
 }
 
-/* Until nothing of ours is in flight, a failure, or ms. */
+/* Run the loop until nothing of ours is in flight, for at most ms. */
 static void
 ucx_wait_quiet(ucx_comm_t *u, uint64_t ms)
 {
-    uint64_t until = td_clock_ns() + ms * 1000000u;
+    uint64_t until = ucx_deadline(ms);
     while ((u->tx_inflight || u->ctl_inflight) && td_clock_ns() < until)
         ucx_wait_once(u, until);
     evtimer_del(u->ev_wake);
@@ -685,11 +693,12 @@ ucx_take(ucx_comm_t *u)
                     memmove(c->recv + (size_t)me * c->bytes, c->send, c->bytes);
                 break;
             case UCX_COLL_REDUCE_SCATTER:
-                ucx_reduce_chunk((float *)(void *)c->recv, c->send + (size_t)me * c->bytes,
-                                 c->bytes, me == 0);
+                if (c->bytes)
+                    ucx_reduce_chunk((float *)(void *)c->recv, c->send + (size_t)me * c->bytes,
+                                     c->bytes, me == 0);
                 break;
             case UCX_COLL_ALLTOALLV:
-                if (at + r->rx_total > c->recv_cap)
+                if (r->rx_total > c->recv_cap - at)
                     goto too_big;
                 if (r->rx_total)
                     memcpy(c->recv + at, r->tx_src, r->rx_total);
@@ -703,7 +712,7 @@ ucx_take(ucx_comm_t *u)
         if (c->kind == UCX_COLL_ALLTOALLV) {
             if (!r->rx_fin && ucx_head(u, s) == NULL && !r->rx_known)
                 return;   /* where later ranks' segments go is not known yet */
-            if (at + r->rx_total > c->recv_cap)
+            if (r->rx_total > c->recv_cap - at)   /* at <= recv_cap: checked before */
                 goto too_big;
             c->recv_bytes[s] = r->rx_total;
         }
@@ -796,7 +805,7 @@ static td_status_t
 ucx_run(ucx_comm_t *u)
 {
     uint32_t me = u->head.rank;
-    uint64_t deadline = td_clock_ns() + u->head.deadline_ms * 1000000u;
+    uint64_t deadline = ucx_deadline(u->head.deadline_ms);
 
     size_t prefix = 0;   /* all-to-all: where rank s's segment starts in send */
 
@@ -1072,7 +1081,7 @@ ucx_connect(ucx_comm_t *u, const td_comm_ucx_peer_t *peers, uint64_t connect_ms)
     free(hello);
     if (st != TD_OK)
         return st;
-    uint64_t deadline = td_clock_ns() + connect_ms * 1000000u;
+    uint64_t deadline = ucx_deadline(connect_ms);
     while (u->fail == TD_OK && !ucx_all_hellos(u) && td_clock_ns() < deadline) {
         ucx_wait_once(u, deadline);
         for (uint32_t s = 0; s < u->head.size && u->fail == TD_OK; s++)
