@@ -940,11 +940,18 @@ ucx_free(ucx_comm_t *u)
 {
     if (u->state != UCX_CLOSING)
         ucx_set_state(u, UCX_CLOSING, "destroy");
-    for (uint32_t s = 0; u->ranks && s < u->head.size; s++)
-        if (u->ranks[s].peer)
+    int peers = 0;
+    for (uint32_t s = 0; u->ranks && s < u->head.size; s++) {
+        if (u->ranks[s].peer) {
             td_xfer_peer_destroy(u->ranks[s].peer);
-    if (u->ranks)
-        td_xfer_progress(u->x);   /* the ended messages' callbacks, while u lives */
+            peers++;
+        }
+    }
+    /* The ended messages' callbacks, while u lives. Not before anything
+     * was connected: a refused create leaves x as it was, and progress here
+     * would hand the other ranks' first messages to this dead communicator. */
+    if (peers)
+        td_xfer_progress(u->x);
     td_xfer_set_note_handler(u->x, NULL, NULL);
     td_xfer_set_peer_fail_handler(u->x, NULL, NULL);
     if (u->ev_wake)

@@ -65,7 +65,10 @@ td_status_t td_comm_ucx_address(td_xfer_t *x, void **buf, size_t *len);
  * handshake: version, size, its receive pool) within cfg->connect_ms:
  * TD_ERR_TIMEOUT past it, TD_ERR_PEER when a rank's endpoint fails,
  * TD_ERR_PROTO for a malformed address or answer, TD_ERR_MISMATCH when a
- * rank counts another size. Nothing is left on x on failure. */
+ * rank counts another size. On failure nothing of the communicator is left
+ * on x; a create refused before it connected (bad arguments or addresses)
+ * may be tried again on x, any other failure needs a new engine (messages
+ * of the other ranks may have been taken in and lost). */
 td_status_t td_comm_ucx_create(td_xfer_t *x, uint32_t rank, uint32_t size,
                                const td_comm_ucx_peer_t *peers, const td_comm_opts_t *opts,
                                const td_comm_ucx_config_t *cfg, td_comm_t **out);

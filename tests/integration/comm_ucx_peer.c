@@ -466,6 +466,54 @@ mode_moe(td_comm_t *c)
     return 0;
 }
 
+/* ---- refused creates --------------------------------------------------------- */
+
+static void
+drop_line(td_log_level_t level, const char *line, void *arg)
+{
+}
+
+/* Bad arguments and malformed addresses are refused before anything is
+ * connected, and leave x as it was (the real create follows). */
+static void
+bad_creates(td_xfer_t *x, const td_comm_ucx_peer_t *peers, const td_comm_opts_t *opts,
+            const td_comm_ucx_config_t *cfg)
+{
+    uint32_t n = A.size, other = (A.rank + 1) % n;
+    td_comm_ucx_peer_t *bad = calloc(n, sizeof(*bad));
+    uint8_t *blob = malloc(peers[other].len);
+    td_comm_t *c = NULL;
+    td_comm_ucx_config_t odd = { .chunk_bytes = 5000 }, one = { .slots = 1 };
+
+    if (bad == NULL || blob == NULL)
+        return;
+    td_log_set_sink(drop_line, NULL);                  /* the refusals' own messages */
+    CHECK_STATUS(td_comm_ucx_create(x, n, n, peers, opts, cfg, &c), TD_ERR_INVALID);
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, NULL, opts, cfg, &c), TD_ERR_INVALID);
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, peers, opts, &odd, &c), TD_ERR_INVALID);
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, peers, opts, &one, &c), TD_ERR_INVALID);
+    memcpy(bad, peers, n * sizeof(*bad));
+    memcpy(blob, peers[other].addr, peers[other].len);
+    blob[0] ^= 0xff;                                   /* magic */
+    bad[other].addr = blob;
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, bad, opts, cfg, &c), TD_ERR_PROTO);
+    blob[0] ^= 0xff;
+    bad[other].len = 16;                               /* no worker address */
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, bad, opts, cfg, &c), TD_ERR_PROTO);
+    memset(blob + 8, 0, 8);                            /* incarnation 0 */
+    bad[other].len = peers[other].len;
+    CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, bad, opts, cfg, &c), TD_ERR_PROTO);
+    if (n > 1) {                                       /* this rank's own is another's */
+        memcpy(bad, peers, n * sizeof(*bad));
+        bad[A.rank] = peers[other];
+        CHECK_STATUS(td_comm_ucx_create(x, A.rank, n, bad, opts, cfg, &c), TD_ERR_INVALID);
+    }
+    CHECK(c == NULL);
+    td_log_set_sink(NULL, NULL);
+    free(bad);
+    free(blob);
+}
+
 /* ---- main --------------------------------------------------------------------- */
 
 static int
@@ -548,6 +596,8 @@ main(int argc, char **argv)
         goto out;
     td_comm_opts_t opts = { .deadline_ms = A.deadline_ms, .name = "test comm" };
     td_comm_ucx_config_t cfg = { .chunk_bytes = A.chunk, .slots = A.slots };
+    if (!strcmp(A.mode, "run"))
+        bad_creates(x, peers, &opts, &cfg);
     uint64_t t0 = td_testutil_now_us();
     CHECK_STATUS(td_comm_ucx_create(x, A.rank, A.size, peers, &opts, &cfg, &c), TD_OK);
     if (c == NULL)
