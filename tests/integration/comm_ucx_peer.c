@@ -11,6 +11,9 @@
  *           others must get TD_ERR_TIMEOUT after the deadline;
  *   toobig  rank 0 gives all-to-all #TOOBIG_AT too small a recv_cap: it gets
  *           TD_ERR_TOO_BIG, every other rank TD_ERR_PEER at once;
+ *   abort   rank 0 calls td_comm_abort instead of collective #TOOBIG_AT: the
+ *           others get TD_ERR_PEER at once, rank 0's later calls
+ *           TD_ERR_CANCELED;
  *   moe     the benchmark (bench/comm-ucx): MoE dispatch and combine as two
  *           all-to-alls per step, bytes on the wire against the theory.
  * Usage: comm_ucx_peer MODE DIR RANK SIZE [--tls T] [--iters N]
@@ -39,7 +42,7 @@
 
 #define STALL_AT    20     /* stall: the collective the last rank sleeps before */
 #define STALL_MS    3000
-#define TOOBIG_AT   15     /* toobig: the collective (an all-to-all) rank 0 gets wrong */
+#define TOOBIG_AT   15     /* toobig, abort: the collective (an all-to-all) rank 0 fails */
 #define ADDR_WAIT_S 60     /* for the other ranks' address files */
 #define MAX_SEG     (300u << 10)   /* run: the largest segment of one pair */
 
@@ -321,7 +324,7 @@ mode_run(td_comm_t *c)
     return 0;
 }
 
-/* ---- kill, stall, toobig: failures ------------------------------------------ */
+/* ---- kill, stall, toobig, abort: failures ----------------------------------- */
 
 /* Small all-to-alls and barriers until one fails; its status and when. */
 static int
@@ -349,6 +352,11 @@ mode_fail(td_comm_t *c)
         if (!strcmp(A.mode, "toobig") && A.rank == 0 && k == TOOBIG_AT)
             cap = 10;
         t = td_clock_ns();
+        if (!strcmp(A.mode, "abort") && A.rank == 0 && k == TOOBIG_AT) {
+            td_comm_abort(c, TD_ERR_CANCELED);
+            st = td_comm_status(c);
+            break;
+        }
         st = k % 2 ? td_comm_alltoallv(c, send, sb, recv, cap, rb) : td_comm_barrier(c);
         if (st != TD_OK)
             break;
@@ -559,7 +567,7 @@ parse_args(int argc, char **argv)
     }
     if ((argc - 5) % 2 || A.size == 0 || A.rank >= A.size || A.iters == 0 ||
         (strcmp(A.mode, "run") && strcmp(A.mode, "kill") && strcmp(A.mode, "stall") &&
-         strcmp(A.mode, "toobig") && strcmp(A.mode, "moe")))
+         strcmp(A.mode, "toobig") && strcmp(A.mode, "abort") && strcmp(A.mode, "moe")))
         return -1;
     return 0;
 }
@@ -568,7 +576,7 @@ int
 main(int argc, char **argv)
 {
     if (parse_args(argc, argv) != 0) {
-        fprintf(stderr, "usage: comm_ucx_peer run|kill|stall|toobig|moe DIR RANK SIZE "
+        fprintf(stderr, "usage: comm_ucx_peer run|kill|stall|toobig|abort|moe DIR RANK SIZE "
                 "[--tls T] [--iters N] [--deadline-ms MS] [--chunk B] [--slots K] "
                 "[--max-payload P] [--seed S] [--tokens T] [--topk K] [--hidden H] "
                 "[--experts E] [--warmup N]\n");
