@@ -188,6 +188,7 @@ typedef struct {
 typedef struct {
     ucx_coll_kind_t kind;
     const uint8_t *send;
+    const uint8_t *own;        /* reduce-scatter: this rank's contribution */
     size_t bytes;              /* all-gather: per rank; reduce-scatter: count x 4 */
     const size_t *send_bytes;  /* all-to-all */
     uint8_t *recv;
@@ -233,6 +234,8 @@ typedef struct {
     uint32_t chunk_bytes, slots, max_payload;
     ucx_rank_t *ranks;         /* [size] */
     uint8_t *msg;              /* [max_payload]: the message being built */
+    uint8_t *own;              /* [own_cap]: an in-place reduce-scatter's own part */
+    size_t own_cap;
     uint32_t hellos;           /* hellos received */
     uint64_t seq;              /* collectives started */
     uint64_t next_id;
@@ -610,13 +613,20 @@ ucx_head(ucx_comm_t *u, uint32_t s)
 
     if (r->rx_fin || !slot->full)
         return NULL;
-    if (slot->seq != u->seq || slot->coll != u->cur.kind || slot->chunk != r->rx_next ||
-        slot->off != r->rx_got || (r->rx_known && slot->total != r->rx_total)) {
-        ucx_log_fail(u, TD_ERR_PROTO, "%s #%" PRIu64 ": rank %u sent chunk %" PRIu64 " of %s #%"
-                     PRIu64 " (at %" PRIu64 " of %" PRIu64 "): the ranks do not call the "
-                     "same collectives", ucx_coll_names[u->cur.kind], u->seq, s, slot->chunk,
+    if (slot->seq != u->seq || slot->coll != u->cur.kind) {
+        ucx_log_fail(u, TD_ERR_MISMATCH, "%s #%" PRIu64 ": rank %u sent chunk %" PRIu64 " of %s #%"
+                     PRIu64 ": the ranks do not call the same collectives",
+                     ucx_coll_names[u->cur.kind], u->seq, s, slot->chunk,
                      slot->coll < UCX_COLL_ALLTOALLV + 1 ? ucx_coll_names[slot->coll] : "?",
-                     slot->seq, slot->off, slot->total);
+                     slot->seq);
+        return NULL;
+    }
+    if (slot->chunk != r->rx_next || slot->off != r->rx_got ||
+        (r->rx_known && slot->total != r->rx_total)) {
+        ucx_log_fail(u, TD_ERR_PROTO, "%s #%" PRIu64 ": rank %u sent chunk %" PRIu64 " at %"
+                     PRIu64 " of %" PRIu64 ", expected chunk %" PRIu64 " at %zu",
+                     ucx_coll_names[u->cur.kind], u->seq, s, slot->chunk, slot->off,
+                     slot->total, r->rx_next, r->rx_got);
         return NULL;
     }
     if (!r->rx_known) {
@@ -649,7 +659,7 @@ ucx_total_ok(ucx_comm_t *u, uint32_t s, size_t want)
 {
     if (u->ranks[s].rx_total == want)
         return 1;
-    ucx_log_fail(u, TD_ERR_PROTO, "%s #%" PRIu64 ": rank %u sends %zu bytes, this rank expects %zu",
+    ucx_log_fail(u, TD_ERR_MISMATCH, "%s #%" PRIu64 ": rank %u sends %zu bytes, this rank expects %zu",
                  ucx_coll_names[u->cur.kind], u->seq, s, u->ranks[s].rx_total, want);
     return 0;
 }
@@ -694,8 +704,7 @@ ucx_take(ucx_comm_t *u)
                 break;
             case UCX_COLL_REDUCE_SCATTER:
                 if (c->bytes)
-                    ucx_reduce_chunk((float *)(void *)c->recv, c->send + (size_t)me * c->bytes,
-                                     c->bytes, me == 0);
+                    ucx_reduce_chunk((float *)(void *)c->recv, c->own, c->bytes, me == 0);
                 break;
             case UCX_COLL_ALLTOALLV:
                 if (r->rx_total > c->recv_cap - at)
@@ -896,8 +905,28 @@ ucx_reduce_scatter_f32(td_comm_t *c, const float *send, size_t count, float *rec
         return ucx_bad_args(u, "reduce-scatter");
     u->cur = (ucx_coll_t){
         .kind = UCX_COLL_REDUCE_SCATTER, .send = (const uint8_t *)send,
+        .own = (const uint8_t *)(send + (size_t)c->rank * count),
         .bytes = count * sizeof(float), .recv = (uint8_t *)recv,
     };
+    /* In place (recv over this rank's own part of send): the sum of the
+     * ranks before it would overwrite that part before its turn, so it is
+     * kept aside first. */
+    const uint8_t *rb = u->cur.recv, *ob = u->cur.own;
+    size_t n = u->cur.bytes;
+    if (n && rb < ob + n && ob < rb + n) {
+        if (n > u->own_cap) {
+            uint8_t *p = realloc(u->own, n);
+            if (p == NULL) {
+                ucx_log_fail(u, TD_ERR_NOMEM, "reduce-scatter: %zu bytes to keep", n);
+                ucx_tell_abort(u, TD_ERR_NOMEM);
+                return TD_ERR_NOMEM;
+            }
+            u->own = p;
+            u->own_cap = n;
+        }
+        memcpy(u->own, ob, n);
+        u->cur.own = u->own;
+    }
     return ucx_run(u);
 }
 
@@ -961,6 +990,7 @@ ucx_free(ucx_comm_t *u)
         free(u->ranks[s].slots);
     free(u->ranks);
     free(u->msg);
+    free(u->own);
     free(u);
 }
 

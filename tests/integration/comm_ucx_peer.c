@@ -14,6 +14,9 @@
  *   abort   rank 0 calls td_comm_abort instead of collective #TOOBIG_AT: the
  *           others get TD_ERR_PEER at once, rank 0's later calls
  *           TD_ERR_CANCELED;
+ *   mismatch rank 0 calls a barrier where the others call all-to-all
+ *           #TOOBIG_AT: TD_ERR_MISMATCH (or TD_ERR_PEER, told by a rank that
+ *           saw it first);
  *   moe     the benchmark (bench/comm-ucx): MoE dispatch and combine as two
  *           all-to-alls per step, bytes on the wire against the theory.
  * Usage: comm_ucx_peer MODE DIR RANK SIZE [--tls T] [--iters N]
@@ -227,19 +230,20 @@ run_one(td_comm_t *c, uint64_t k, run_bufs_t *b)
         }
         return TD_OK;
     }
-    case 2: {   /* reduce-scatter against the sum in rank order */
+    case 2: {   /* reduce-scatter against the sum in rank order, in place one time in three */
         size_t count = rand_size(&g, MAX_SEG / sizeof(float));
+        float *recv = td_rng_next(&g) % 3 == 0 ? b->fsend + (size_t)me * count : b->frecv;
         for (size_t i = 0; i < (size_t)n * count; i++)
             b->fsend[i] = rs_value(k, me, i);
-        if ((st = td_comm_reduce_scatter_f32(c, b->fsend, count, b->frecv)) != TD_OK)
+        if ((st = td_comm_reduce_scatter_f32(c, b->fsend, count, recv)) != TD_OK)
             return st;
         for (size_t i = 0; i < count; i++) {
             float acc = rs_value(k, 0, (size_t)me * count + i);
             for (uint32_t s = 1; s < n; s++)
                 acc = acc + rs_value(k, s, (size_t)me * count + i);
-            if (memcmp(&acc, &b->frecv[i], sizeof(float)) != 0) {
+            if (memcmp(&acc, &recv[i], sizeof(float)) != 0) {
                 fprintf(stderr, "rank %u: reduce-scatter #%" PRIu64 ": element %zu is %a, the "
-                        "sum in rank order %a\n", me, k, i, b->frecv[i], acc);
+                        "sum in rank order %a\n", me, k, i, recv[i], acc);
                 td_check_failures++;
                 break;
             }
@@ -324,7 +328,7 @@ mode_run(td_comm_t *c)
     return 0;
 }
 
-/* ---- kill, stall, toobig, abort: failures ----------------------------------- */
+/* ---- kill, stall, toobig, abort, mismatch: failures -------------------------- */
 
 /* Small all-to-alls and barriers until one fails; its status and when. */
 static int
@@ -357,7 +361,10 @@ mode_fail(td_comm_t *c)
             st = td_comm_status(c);
             break;
         }
-        st = k % 2 ? td_comm_alltoallv(c, send, sb, recv, cap, rb) : td_comm_barrier(c);
+        int a2a = k % 2;
+        if (!strcmp(A.mode, "mismatch") && A.rank == 0 && k == TOOBIG_AT)
+            a2a = 0;
+        st = a2a ? td_comm_alltoallv(c, send, sb, recv, cap, rb) : td_comm_barrier(c);
         if (st != TD_OK)
             break;
     }
@@ -567,7 +574,8 @@ parse_args(int argc, char **argv)
     }
     if ((argc - 5) % 2 || A.size == 0 || A.rank >= A.size || A.iters == 0 ||
         (strcmp(A.mode, "run") && strcmp(A.mode, "kill") && strcmp(A.mode, "stall") &&
-         strcmp(A.mode, "toobig") && strcmp(A.mode, "abort") && strcmp(A.mode, "moe")))
+         strcmp(A.mode, "toobig") && strcmp(A.mode, "abort") && strcmp(A.mode, "mismatch") &&
+         strcmp(A.mode, "moe")))
         return -1;
     return 0;
 }
@@ -576,7 +584,7 @@ int
 main(int argc, char **argv)
 {
     if (parse_args(argc, argv) != 0) {
-        fprintf(stderr, "usage: comm_ucx_peer run|kill|stall|toobig|abort|moe DIR RANK SIZE "
+        fprintf(stderr, "usage: comm_ucx_peer run|kill|stall|toobig|abort|mismatch|moe DIR RANK SIZE "
                 "[--tls T] [--iters N] [--deadline-ms MS] [--chunk B] [--slots K] "
                 "[--max-payload P] [--seed S] [--tokens T] [--topk K] [--hidden H] "
                 "[--experts E] [--warmup N]\n");

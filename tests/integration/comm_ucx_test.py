@@ -6,7 +6,7 @@ they report. Every wait has a limit; on any failure the processes are
 killed and their output printed.
 
 Usage: comm_ucx_test.py MODE SIZE VARIANT PEER_EXE
-  MODE     run | kill | stall | toobig | abort (see comm_ucx_peer.c)
+  MODE     run | kill | stall | toobig | abort | mismatch (see comm_ucx_peer.c)
   VARIANT  shm (UCX shared memory), tcp (tcp over lo), small (shm with 4 KiB
            slots, 2 per rank and 1 KiB messages: segments in many chunks,
            puts and acknowledgements)"""
@@ -22,6 +22,7 @@ PEER = -11        # td_status_t values (common/status.h)
 TIMEOUT = -6
 TOO_BIG = -8
 CANCELED = -12
+MISMATCH = -10
 CLOSED = -5
 DETECT_S = 5.0    # a dead or failed rank is seen by the others within this
 DEADLINE_MS = 500  # stall: the collectives' deadline
@@ -79,7 +80,7 @@ def wait_all(procs, limit_s, outdir):
 
 
 def main():
-    if len(sys.argv) != 5 or sys.argv[1] not in ("run", "kill", "stall", "toobig", "abort") or \
+    if len(sys.argv) != 5 or sys.argv[1] not in ("run", "kill", "stall", "toobig", "abort", "mismatch") or \
             sys.argv[3] not in VARIANTS:
         print(__doc__)
         return 2
@@ -171,6 +172,12 @@ def check(mode, size, procs, outdir):
             elif code != TIMEOUT or not DEADLINE_MS <= took < DEADLINE_MS + 1500:
                 fail(f"rank {r}: status {code} after {took:.0f} ms, want timeout after "
                      f"{DEADLINE_MS} ms", procs, outdir)
+        elif mode == "mismatch":
+            # rank 0 sees the others' all-to-all chunks in its barrier; each
+            # other rank sees rank 0's barrier chunk, or first its abort
+            want = (MISMATCH,) if r == 0 else (MISMATCH, PEER)
+            if code not in want or took >= DETECT_S * 1000:
+                fail(f"rank {r}: status {code} after {took:.0f} ms, want {want}", procs, outdir)
         else:
             want = PEER if r else TOO_BIG if mode == "toobig" else CANCELED
             if code != want or (r != 0 and took >= DETECT_S * 1000):
