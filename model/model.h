@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "placement.h"
 #include "sample.h"
 #include "kernels.h"
 #include "modelcfg.h"
@@ -44,8 +45,8 @@ typedef struct {
     const float *ffn_norm;      /* [H] */
     td_kernels_mat_t *gate;     /* [E, H] */
     const float *gate_bias;     /* [E] */
-    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H] */
-    td_kernels_mat_t **w2;      /* [E] -> [H, I] */
+    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H]; NULL for experts another rank holds */
+    td_kernels_mat_t **w2;      /* [E] -> [H, I]; likewise */
     td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
     td_kernels_mat_t *sw2;      /* [H, I] */
     /* engram (engram layers) */
@@ -98,6 +99,10 @@ typedef struct {
     td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
     size_t nmats;
     size_t mat_bytes;           /* their bytes */
+
+    unsigned char *expert_held; /* [E] 1 where the routed expert's weights are loaded */
+    uint32_t experts_held;      /* how many (E unless loaded for one rank of a DEP group) */
+    size_t expert_bytes;        /* the loaded routed experts' prepared linears, bytes */
 } td_model_t;
 
 /* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
@@ -109,6 +114,21 @@ typedef struct {
  * requires). Errors are logged with the object they concern. */
 td_status_t td_model_load(const char *dir, td_model_t **out);
 void td_model_destroy(td_model_t *m);
+
+/* How to load: for one rank of a DEP group, only the routed experts the
+ * placement gives that rank are read (the others' w1/w2/w3 stay NULL and
+ * their bytes of the checkpoint are never touched); everything else — the
+ * attention, the router, the shared expert, the embedding and the head — is
+ * loaded whole on every rank. */
+typedef struct {
+    const td_placement_t *placement;   /* NULL: every expert */
+    uint32_t rank;                     /* < td_placement_ranks(placement) */
+} td_model_opts_t;
+
+/* td_model_load with opts (NULL: the same as td_model_load). A placement
+ * whose expert count is not the config's n_routed_experts, or a rank outside
+ * it: TD_ERR_INVALID, logged. */
+td_status_t td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out);
 
 /* The reference's compute_hash_multipliers for one engram layer: numpy's
  * default_rng(10007 * layer_id).integers(0, bound, max_ngram) with bound =
