@@ -840,6 +840,7 @@ struct td_forward_dep {
     size_t *first;              /* [size + 1] each source's first received slot */
     _Atomic uint64_t *expert_tokens;   /* [layers, E] rows run by this rank's experts */
     _Atomic uint64_t passes, tokens, dispatch_bytes, combine_bytes;
+    _Atomic uint64_t dispatch_remote, combine_remote;   /* of those, to other ranks */
 };
 
 /* The router for the pass's rows: ws->sexp / ws->swt get each token's
@@ -1030,6 +1031,8 @@ fw_dispatch(fw_t *f)
         total += d->sbytes[to];
     }
     atomic_fetch_add_explicit(&d->dispatch_bytes, total, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->dispatch_remote, total - d->sbytes[d->rank],
+                              memory_order_relaxed);
     return td_comm_alltoallv(d->comm, w->send, d->sbytes, w->recv, w->recv_cap, d->rbytes);
 }
 
@@ -1120,6 +1123,8 @@ fw_moe_dep(fw_t *f, uint32_t l)
         total += d->cbytes[src];
     }
     atomic_fetch_add_explicit(&d->combine_bytes, total, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->combine_remote, total - d->cbytes[d->rank],
+                              memory_order_relaxed);
     st = td_comm_alltoallv(d->comm, w->out, d->cbytes, w->back, N * K * H * sizeof(float),
                            d->rbytes);
     if (st != TD_OK)
@@ -1578,6 +1583,8 @@ td_forward_dep_create(const td_model_t *m, td_comm_t *comm, const td_placement_t
     atomic_init(&d->tokens, 0);
     atomic_init(&d->dispatch_bytes, 0);
     atomic_init(&d->combine_bytes, 0);
+    atomic_init(&d->dispatch_remote, 0);
+    atomic_init(&d->combine_remote, 0);
     *out = d;
     return TD_OK;
 nomem:
@@ -1625,6 +1632,8 @@ td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out)
     out->tokens = atomic_load_explicit(&d->tokens, memory_order_relaxed);
     out->dispatch_bytes = atomic_load_explicit(&d->dispatch_bytes, memory_order_relaxed);
     out->combine_bytes = atomic_load_explicit(&d->combine_bytes, memory_order_relaxed);
+    out->dispatch_remote = atomic_load_explicit(&d->dispatch_remote, memory_order_relaxed);
+    out->combine_remote = atomic_load_explicit(&d->combine_remote, memory_order_relaxed);
 }
 
 void

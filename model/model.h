@@ -236,6 +236,8 @@ typedef struct {
     uint64_t tokens;            /* rows of this rank's requests, over all passes */
     uint64_t dispatch_bytes;    /* records: count, (expert, weight) pairs, hidden vector */
     uint64_t combine_bytes;     /* expert output rows sent back */
+    uint64_t dispatch_remote;   /* of dispatch_bytes, those to other ranks */
+    uint64_t combine_remote;    /* of combine_bytes, those to other ranks */
 } td_forward_dep_stats_t;
 void td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out);
 

@@ -359,6 +359,11 @@ dep_run(ckpt_t *ck, const char *name, const dep_case_t *c)
         td_forward_dep_stats(deps[r], &ds);
         td_comm_stats(comm[r], &cs);
         CHECK_EQ_INT(ds.passes, prefill_steps() + DSTEPS);
+        /* what crossed to other ranks: the all-to-alls' remote segments and
+         * the all-gather of the row counts (8 bytes to each other rank a pass) */
+        CHECK(ds.dispatch_remote <= ds.dispatch_bytes && ds.combine_remote <= ds.combine_bytes);
+        CHECK_EQ_INT(cs.bytes_sent, ds.dispatch_remote + ds.combine_remote +
+                                        ds.passes * 8 * (n - 1));
         tokens += ds.tokens;
         dispatched += ds.dispatch_bytes;
         combined += ds.combine_bytes;
