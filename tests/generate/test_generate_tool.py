@@ -182,7 +182,7 @@ try:
         json.dump({"experts": 6, "ranks": [[0, 1, 5], [2, 3, 0], [4, 5, 1]]}, f)
     runs = [
         (tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens", "24", "--chunk", "4",
-                "--logprobs", "3", "--seed", "1"], [["--dep", "2"], ["--dep", "8"]]),
+                "--logprobs", "3", "--seed", "1"], [["--dep", "1"], ["--dep", "2"], ["--dep", "8"]]),
         (e6, ["--prompt", PROMPT, "--seed", "7", "--max-tokens", "24", "--chunk", "5",
               "--logprobs", "2"] + samp[:6],
          [["--dep", "4"], ["--dep", "3", "--requests", "5"], ["--dep", "3", "--placement", place],

@@ -318,10 +318,13 @@ dep_run(ckpt_t *ck, const char *name, const dep_case_t *c)
     td_logcap_stop();
     if (c->fail_layer) {
         /* the failing rank returns its own status, every other one the peer's */
-        for (uint32_t r = 0; r < n; r++)
-            CHECK_STATUS(runs[r].st, r == c->fail_rank ? TD_ERR_CANCELED : TD_ERR_PEER);
-        fprintf(stderr, "test_dep: %s: every rank stopped: %s\n", what,
-                td_check_failures ? "NO" : "yes");
+        int stopped = 1;
+        for (uint32_t r = 0; r < n; r++) {
+            td_status_t want = r == c->fail_rank ? TD_ERR_CANCELED : TD_ERR_PEER;
+            CHECK_STATUS(runs[r].st, want);
+            stopped &= runs[r].st == want;
+        }
+        fprintf(stderr, "test_dep: %s: every rank stopped: %s\n", what, stopped ? "yes" : "NO");
         goto out;
     }
     int ok = 1;
@@ -504,15 +507,16 @@ main(void)
     /* 16 experts top-4: 8, 4, 2 a rank */
     test_config("e16k4", "--preset tiny-noengram --experts 16 --topk 4 --init perturbed --seed 24",
                 c248, 3);
-    /* 6 experts top-3: 3, 3 / 2, 2, 1, 1 / 1, 1, 1, 1, 1, 1, 0, 0; then replicas from a
-     * file (rank 3 holds a replica of 5 and 2, rank 0 of 4, ...) and a rank that fails */
+    /* 6 experts top-3: a group of one (td_forward_dep sends nothing), 3, 3 / 2, 2, 1, 1 /
+     * 1, 1, 1, 1, 1, 1, 0, 0; then replicas from a file (rank 3 holds a replica of 5 and
+     * 2, rank 0 of 4, ...) and a rank that fails */
     static const dep_case_t c6[] = {
-        { 2, NULL, 0, 0 }, { 4, NULL, 0, 0 }, { 8, NULL, 0, 0 },
+        { 1, NULL, 0, 0 }, { 2, NULL, 0, 0 }, { 4, NULL, 0, 0 }, { 8, NULL, 0, 0 },
         { 4, "{\"experts\": 6, \"ranks\": [[0, 1, 4], [2, 3, 0], [4, 1], [5, 2, 0]]}", 0, 0 },
         { 3, "{\"ranks\": [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [5]]}", 0, 0 },
         { 4, NULL, 1, 3 },
     };
-    test_config("e6k3", "--experts 6 --topk 3 --init perturbed --seed 25", c6, 6);
+    test_config("e6k3", "--experts 6 --topk 3 --init perturbed --seed 25", c6, 7);
     test_refused();
 
     char cmd[PATH_MAX + 16];
