@@ -4,7 +4,7 @@
  * the NCCL communicator is aborted). ncclResult_t and cudaError_t become
  * td_status_t here, once. */
 #include <cuda_runtime_api.h>
-#include <nccl.h>   /* NCCL's: comm/ is not on this file's include path */
+#include <nccl.h>
 
 #include <limits.h>
 #include <stdbool.h>
@@ -15,7 +15,7 @@
 #include "clock.h"
 #include "comm.h"
 #include "log.h"
-#include "nccl.h"   /* ours, next to this file */
+#include "comm_nccl.h"
 
 _Static_assert(TD_COMM_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "TD_COMM_NCCL_ID_BYTES");
 _Static_assert(sizeof(size_t) == sizeof(uint64_t), "counts travel as ncclUint64");

@@ -6,7 +6,7 @@
 #include "comm.h"
 #include "rng.h"
 #include "status.h"
-#include "../../comm/nccl.h"   /* by its path: NCCL's header has the same name */
+#include "comm_nccl.h"
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>

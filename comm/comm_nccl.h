@@ -1,8 +1,6 @@
-/* comm/nccl.h — the communicator's NCCL backend (comm/nccl.c): one rank per
- * GPU, in any process; built only where the build has CUDA and NCCL (then
- * td_comm_nccl_dep defines TD_HAVE_NCCL). NCCL's own header has the same
- * name: a file that needs this one next to a CUDA include path includes it by
- * its path ("../../comm/nccl.h" from tests/gpu) or from comm/ itself.
+/* comm/comm_nccl.h — the communicator's NCCL backend (comm/nccl.c): one rank
+ * per GPU, in any process; built only where the build has CUDA and NCCL (then
+ * td_comm_nccl_dep defines TD_HAVE_NCCL).
  *
  * Differences from the interface in comm.h:
  * - send and recv of every collective are device memory on the rank's GPU;
