@@ -39,7 +39,8 @@ typedef struct {
 
 /* Rank threads of one process: a group is created once with its size, then
  * each rank thread takes its communicator from it. The group outlives its
- * communicators. */
+ * communicators. Destroying a rank's communicator takes the rank out of the
+ * group: the other ranks' later collectives return TD_ERR_PEER. */
 typedef struct td_comm_group_s td_comm_group_t;
 
 td_status_t td_comm_group_create(uint32_t size, const td_comm_opts_t *opts,

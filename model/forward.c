@@ -7,6 +7,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,9 +35,14 @@ typedef struct {
     int has_cand;
 } fw_shared_t;
 
+typedef struct fw_moe_ws fw_moe_ws_t;
+
 /* One forward call. */
 typedef struct {
     const td_model_t *m;
+    td_forward_dep_t *dep;    /* NULL: no DEP group */
+    fw_moe_ws_t *ws;          /* the MoE workspace */
+    size_t tall;              /* rows of every rank of the DEP group (N without one) */
     const td_modelcfg_t *c;
     const td_kernels_ops_t *k;
     td_forward_seq_t *seqs;
@@ -698,48 +704,166 @@ fw_attention(fw_t *f, uint32_t l)
     return TD_OK;
 }
 
-/* ---- MoE -------------------------------------------------------------------------------- */
+/* ---- MoE --------------------------------------------------------------------------------
+ * Four steps. The router (scores, bias, top-k, weights) runs on the token's
+ * rank. Dispatch sends each token's hidden vector once to every rank that
+ * holds one of its experts (td_placement_route picks the replica), with
+ * those experts and their weights. Each rank runs the experts it holds on
+ * what it received, grouped by expert. Combine sends every expert's output
+ * row back to the token's rank, which sums them in ascending expert id into
+ * a zeroed row and then adds the shared expert: the order of the one-rank
+ * pass. A row's expert output depends on that row and the expert's weights
+ * alone (linear_mat sums in an order fixed by the weights' shape, swiglu is
+ * per element), so it is the same bits on whatever rank and in whatever
+ * batch it runs, and DEPn gives the one-rank pass's bits. Without a DEP
+ * group (or with a group of one) there is nothing to send: the experts run
+ * on the pass's rows and add straight into y. */
 
+/* A workspace buffer, grown on demand, never shrunk. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} fw_buf_t;
+
+static void *
+fw_buf(fw_buf_t *b, size_t bytes)
+{
+    if (b->p == NULL || bytes > b->bytes) {
+        free(b->p);
+        b->p = malloc(bytes ? bytes : 1);
+        b->bytes = b->p != NULL ? bytes : 0;
+    }
+    return b->p;
+}
+
+enum {
+    FW_MB_SC, FW_MB_BIASED, FW_MB_WTS, FW_MB_IDX, FW_MB_SEXP, FW_MB_SWT, FW_MB_XE, FW_MB_YE,
+    FW_MB_GE, FW_MB_UE, FW_MB_WE, FW_MB_BUCKET, FW_MB_ORDER, FW_MB_SEND, FW_MB_RECV, FW_MB_AX,
+    FW_MB_AW, FW_MB_AE, FW_MB_OUT, FW_MB_BACK, FW_MB_SLOT, FW_MB_DEST, FW_MB_N
+};
+
+/* The MoE workspace of a pass: one forward's (td_forward), or kept by a DEP
+ * context from pass to pass. N = the pass's rows, R = rows one expert may
+ * get, S = expert slots run here. */
+struct fw_moe_ws {
+    fw_buf_t buf[FW_MB_N];
+    float *sc, *biased, *wts;   /* [N, E], [N, E], [N, K] router */
+    int64_t *idx;               /* [N, K] */
+    int32_t *sexp;              /* [N, K] each token's experts, ascending */
+    float *swt;                 /* [N, K] their weights */
+    float *xe, *ye, *ge, *ue;   /* [R, H], [R, H], [R, I], [R, I] one expert's rows */
+    float *we;                  /* [R] their weights */
+    size_t *bucket;             /* [2 E + 1] slots per expert: starts, then cursors */
+    size_t *order;              /* [S] slots grouped by expert */
+    /* DEP */
+    unsigned char *send, *recv; /* dispatch records out, in */
+    size_t recv_cap;
+    const float **ax;           /* [S] each received slot's hidden vector (in recv) */
+    float *aw;                  /* [S] its weight */
+    int32_t *ae;                /* [S] its expert */
+    size_t scap;                /* S's bound */
+    float *out;                 /* [S, H] expert outputs, in arrival order */
+    float *back;                /* [N * K, H] outputs back at the token's rank */
+    size_t *slot;               /* [N, K] each token's slot's row in back */
+    uint32_t *dest;             /* [N, K] each slot's rank */
+};
+
+static void
+fw_moe_ws_free(fw_moe_ws_t *w)
+{
+    for (size_t i = 0; i < FW_MB_N; i++)
+        free(w->buf[i].p);
+    memset(w, 0, sizeof(*w));
+}
+
+/* Size the workspace for a pass of N rows in a group whose ranks have tall
+ * rows in all (tall = N without a group), size ranks, held experts here. */
+static int
+fw_moe_ws_reserve(fw_moe_ws_t *w, const td_modelcfg_t *c, size_t N, size_t tall, size_t size,
+                  size_t held)
+{
+    size_t E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
+    size_t H = (size_t)c->hidden_size, I = (size_t)c->moe_intermediate_size;
+    size_t kh = K < held ? K : held, kd = K < size ? K : size;
+    size_t R = tall, S = size > 1 ? tall * kh : N * K;
+    fw_buf_t *b = w->buf;
+
+    w->sc = fw_buf(&b[FW_MB_SC], N * E * sizeof(float));
+    w->biased = fw_buf(&b[FW_MB_BIASED], N * E * sizeof(float));
+    w->wts = fw_buf(&b[FW_MB_WTS], N * K * sizeof(float));
+    w->idx = fw_buf(&b[FW_MB_IDX], N * K * sizeof(int64_t));
+    w->sexp = fw_buf(&b[FW_MB_SEXP], N * K * sizeof(int32_t));
+    w->swt = fw_buf(&b[FW_MB_SWT], N * K * sizeof(float));
+    w->xe = fw_buf(&b[FW_MB_XE], R * H * sizeof(float));
+    w->ye = fw_buf(&b[FW_MB_YE], (R > N ? R : N) * H * sizeof(float));
+    w->ge = fw_buf(&b[FW_MB_GE], (R > N ? R : N) * I * sizeof(float));
+    w->ue = fw_buf(&b[FW_MB_UE], (R > N ? R : N) * I * sizeof(float));
+    w->we = fw_buf(&b[FW_MB_WE], R * sizeof(float));
+    w->bucket = fw_buf(&b[FW_MB_BUCKET], (2 * E + 1) * sizeof(size_t));
+    w->order = fw_buf(&b[FW_MB_ORDER], S * sizeof(size_t));
+    w->scap = S;
+    if (w->sc == NULL || w->biased == NULL || w->wts == NULL || w->idx == NULL ||
+        w->sexp == NULL || w->swt == NULL || w->xe == NULL || w->ye == NULL || w->ge == NULL ||
+        w->ue == NULL || w->we == NULL || w->bucket == NULL || w->order == NULL)
+        return -1;
+    if (size <= 1)
+        return 0;
+    /* a record: a count, (expert, weight) per slot, the hidden vector; a
+     * token sends at most one to each rank */
+    w->send = fw_buf(&b[FW_MB_SEND], N * (kd * (4 + 4 * H) + 8 * K));
+    w->recv_cap = tall * (4 + 8 * kh + 4 * H);
+    w->recv = fw_buf(&b[FW_MB_RECV], w->recv_cap);
+    w->ax = fw_buf(&b[FW_MB_AX], S * sizeof(*w->ax));
+    w->aw = fw_buf(&b[FW_MB_AW], S * sizeof(float));
+    w->ae = fw_buf(&b[FW_MB_AE], S * sizeof(int32_t));
+    w->out = fw_buf(&b[FW_MB_OUT], S * H * sizeof(float));
+    w->back = fw_buf(&b[FW_MB_BACK], N * K * H * sizeof(float));
+    w->slot = fw_buf(&b[FW_MB_SLOT], N * K * sizeof(size_t));
+    w->dest = fw_buf(&b[FW_MB_DEST], N * K * sizeof(uint32_t));
+    if (w->send == NULL || w->recv == NULL || w->ax == NULL || w->aw == NULL ||
+        w->ae == NULL || w->out == NULL || w->back == NULL || w->slot == NULL ||
+        w->dest == NULL)
+        return -1;
+    return 0;
+}
+
+/* One rank's side of a DEP group (model.h). */
+struct td_forward_dep {
+    const td_model_t *m;
+    td_comm_t *comm;
+    const td_placement_t *p;
+    uint32_t rank, size, held;
+    fw_moe_ws_t ws;
+    uint64_t *ntok;             /* [size] each rank's rows this pass */
+    size_t *sbytes, *rbytes;    /* [size] dispatch bytes to / from each rank */
+    size_t *cbytes, *cback;     /* [size] combine bytes to each rank, expected from each */
+    size_t *first;              /* [size + 1] each source's first received slot */
+    _Atomic uint64_t *expert_tokens;   /* [layers, E] rows run by this rank's experts */
+    _Atomic uint64_t passes, tokens, dispatch_bytes, combine_bytes;
+    _Atomic uint64_t dispatch_remote, combine_remote;   /* of those, to other ranks */
+};
+
+/* The router for the pass's rows: ws->sexp / ws->swt get each token's
+ * experts in ascending id with their weights (the order of the sum). */
 static td_status_t
-fw_moe(fw_t *f, uint32_t l)
+fw_route(fw_t *f, const td_model_layer_t *L)
 {
     const td_modelcfg_t *c = f->c;
-    const td_model_layer_t *L = &f->m->layers[l];
-    size_t N = f->N, H = f->H, E = (size_t)c->n_routed_experts;
-    size_t K = (size_t)c->num_experts_per_tok, I = (size_t)c->moe_intermediate_size;
-    float *sc = NULL, *biased = NULL, *wts = NULL, *xe = NULL, *ge = NULL, *ue = NULL;
-    float *ye = NULL, *we = NULL;
-    int64_t *idx = NULL;
-    size_t *rows = NULL;
-    td_status_t st = TD_OK;
-    float limit = (float)c->swiglu_limit;
+    fw_moe_ws_t *w = f->ws;
+    size_t N = f->N, E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
+    float *sc = w->sc, *biased = w->biased, *wts = w->wts;
+    int64_t *idx = w->idx;
 
-    sc = malloc(N * E * sizeof(float));
-    biased = malloc(N * E * sizeof(float));
-    wts = malloc(N * K * sizeof(float));
-    idx = malloc(N * K * sizeof(int64_t));
-    xe = malloc(N * H * sizeof(float));
-    ye = malloc(N * H * sizeof(float));
-    ge = malloc(N * I * sizeof(float));
-    ue = malloc(N * I * sizeof(float));
-    we = malloc(N * sizeof(float));
-    rows = malloc(N * sizeof(size_t));
-    if (sc == NULL || biased == NULL || wts == NULL || idx == NULL || xe == NULL ||
-        ye == NULL || ge == NULL || ue == NULL || we == NULL || rows == NULL) {
-        st = fw_nomem(f, "experts");
-        goto out;
-    }
-
-    /* router: scores from the unbiased logits, selection with the bias */
-    FW_TRY(f->k->linear_mat(f->x, L->gate, sc, N));
-    FW_TRY(f->k->score(sc, N, E,
-                       strcmp(c->scoring_func, "sigmoid") == 0 ? TD_KERNELS_SCORE_SIGMOID
-                                                               : TD_KERNELS_SCORE_SQRTSOFTPLUS,
-                       (float)c->gate_temp));
+    /* scores from the unbiased logits, selection with the bias */
+    FW_CHECK(f->k->linear_mat(f->x, L->gate, sc, N));
+    FW_CHECK(f->k->score(sc, N, E,
+                         strcmp(c->scoring_func, "sigmoid") == 0 ? TD_KERNELS_SCORE_SIGMOID
+                                                                 : TD_KERNELS_SCORE_SQRTSOFTPLUS,
+                         (float)c->gate_temp));
     for (size_t r = 0; r < N; r++)
         for (size_t e = 0; e < E; e++)
             biased[r * E + e] = sc[r * E + e] + L->gate_bias[e];
-    FW_TRY(f->k->topk(biased, N, E, K, idx));
+    FW_CHECK(f->k->topk(biased, N, E, K, idx));
     for (size_t r = 0; r < N; r++) {
         float sum = 0.0f;
         for (size_t j = 0; j < K; j++) {
@@ -751,47 +875,284 @@ fw_moe(fw_t *f, uint32_t l)
                 wts[r * K + j] = wts[r * K + j] / (sum + 1e-20f);
             wts[r * K + j] *= (float)c->routed_scaling_factor;
         }
+        /* the token's experts in ascending id (insertion sort of K pairs) */
+        int32_t *se = w->sexp + r * K;
+        float *sw = w->swt + r * K;
+        for (size_t j = 0; j < K; j++) {
+            int32_t e = (int32_t)idx[r * K + j];
+            float v = wts[r * K + j];
+            size_t i = j;
+            for (; i > 0 && se[i - 1] > e; i--) {
+                se[i] = se[i - 1];
+                sw[i] = sw[i - 1];
+            }
+            se[i] = e;
+            sw[i] = v;
+        }
     }
+    return TD_OK;
+}
 
+/* Group n slots by expert (ae[i]: slot i's expert), stably: slots of
+ * expert e are order[bucket[e] .. bucket[e + 1]), in slot order. */
+static void
+fw_group(const int32_t *ae, size_t n, size_t E, size_t *bucket, size_t *order)
+{
+    size_t *cur = bucket + E + 1;
+
+    memset(bucket, 0, (E + 1) * sizeof(size_t));
+    for (size_t i = 0; i < n; i++)
+        bucket[(size_t)ae[i] + 1]++;
+    for (size_t e = 0; e < E; e++) {
+        bucket[e + 1] += bucket[e];
+        cur[e] = bucket[e];
+    }
+    for (size_t i = 0; i < n; i++)
+        order[cur[ae[i]]++] = i;
+}
+
+/* Expert e on the n rows gathered in ws->xe with weights ws->we: ws->ye. */
+static td_status_t
+fw_expert(const fw_t *f, const td_model_layer_t *L, size_t e, size_t n)
+{
+    fw_moe_ws_t *w = f->ws;
+    size_t I = (size_t)f->c->moe_intermediate_size;
+
+    FW_CHECK(f->k->linear_mat(w->xe, L->w1[e], w->ge, n));
+    FW_CHECK(f->k->linear_mat(w->xe, L->w3[e], w->ue, n));
+    FW_CHECK(f->k->swiglu(w->ge, w->ue, w->we, n, I, (float)f->c->swiglu_limit, w->ge));
+    FW_CHECK(f->k->linear_mat(w->ge, L->w2[e], w->ye, n));
+    return TD_OK;
+}
+
+/* The shared expert on the pass's rows, added to f->y. */
+static td_status_t
+fw_shared(fw_t *f, const td_model_layer_t *L)
+{
+    fw_moe_ws_t *w = f->ws;
+    size_t N = f->N, I = (size_t)f->c->moe_intermediate_size;
+
+    FW_CHECK(f->k->linear_mat(f->x, L->sw1, w->ge, N));
+    FW_CHECK(f->k->linear_mat(f->x, L->sw3, w->ue, N));
+    FW_CHECK(f->k->swiglu(w->ge, w->ue, NULL, N, I, (float)f->c->swiglu_limit, w->ge));
+    FW_CHECK(f->k->linear_mat(w->ge, L->sw2, w->ye, N));
+    FW_CHECK(f->k->add(f->y, w->ye, N * f->H));
+    return TD_OK;
+}
+
+static void
+fw_count(fw_t *f, uint32_t l, size_t e, size_t n)
+{
+    if (f->dep != NULL)
+        atomic_fetch_add_explicit(
+            &f->dep->expert_tokens[(size_t)l * (size_t)f->c->n_routed_experts + e], n,
+            memory_order_relaxed);
+}
+
+/* Every expert on the pass's own rows, added into y in ascending expert id. */
+static td_status_t
+fw_moe_local(fw_t *f, uint32_t l)
+{
+    const td_model_layer_t *L = &f->m->layers[l];
+    fw_moe_ws_t *w = f->ws;
+    size_t N = f->N, H = f->H, E = (size_t)f->c->n_routed_experts;
+    size_t K = (size_t)f->c->num_experts_per_tok;
+
+    fw_group(w->sexp, N * K, E, w->bucket, w->order);
     memset(f->y, 0, N * H * sizeof(float));
     for (size_t e = 0; e < E; e++) {
-        size_t ne = 0;
-        for (size_t r = 0; r < N; r++)
-            for (size_t j = 0; j < K; j++)
-                if ((size_t)idx[r * K + j] == e) {
-                    rows[ne] = r;
-                    we[ne] = wts[r * K + j];
-                    memcpy(xe + ne * H, f->x + r * H, H * sizeof(float));
-                    ne++;
-                }
-        if (ne == 0)
+        size_t n = w->bucket[e + 1] - w->bucket[e];
+        const size_t *sl = w->order + w->bucket[e];
+        if (n == 0)
             continue;
-        FW_TRY(f->k->linear_mat(xe, L->w1[e], ge, ne));
-        FW_TRY(f->k->linear_mat(xe, L->w3[e], ue, ne));
-        FW_TRY(f->k->swiglu(ge, ue, we, ne, I, limit, ge));
-        FW_TRY(f->k->linear_mat(ge, L->w2[e], ye, ne));
-        for (size_t i = 0; i < ne; i++)
-            FW_TRY(f->k->add(f->y + rows[i] * H, ye + i * H, H));
+        for (size_t i = 0; i < n; i++) {
+            memcpy(w->xe + i * H, f->x + sl[i] / K * H, H * sizeof(float));
+            w->we[i] = w->swt[sl[i]];
+        }
+        FW_CHECK(fw_expert(f, L, e, n));
+        for (size_t i = 0; i < n; i++)
+            FW_CHECK(f->k->add(f->y + sl[i] / K * H, w->ye + i * H, H));
+        fw_count(f, l, e, n);
     }
-    FW_TRY(f->k->linear_mat(f->x, L->sw1, ge, N));
-    FW_TRY(f->k->linear_mat(f->x, L->sw3, ue, N));
-    FW_TRY(f->k->swiglu(ge, ue, NULL, N, I, limit, ge));
-    FW_TRY(f->k->linear_mat(ge, L->sw2, ye, N));
-    FW_TRY(f->k->add(f->y, ye, N * H));
-    st = TD_OK;
+    return fw_shared(f, L);
+}
 
-out:
-    free(sc);
-    free(biased);
-    free(wts);
-    free(idx);
-    free(xe);
-    free(ye);
-    free(ge);
-    free(ue);
-    free(we);
-    free(rows);
-    return st;
+/* A dispatch record from a peer that breaks the format: its status. */
+static td_status_t
+fw_bad_record(const fw_t *f, uint32_t l, uint32_t src, const char *why)
+{
+    td_error("forward: layer %u: rank %u's dispatch to rank %u: %s", l, src, f->dep->rank, why);
+    return TD_ERR_PROTO;
+}
+
+/* Dispatch: pack the records of this rank's tokens, rank by rank, and
+ * exchange them. A record is u32 c, c x (i32 expert, f32 weight) in
+ * ascending expert id, then the H floats of the token's hidden vector; a
+ * token's records go out in row order. ws->slot says where each slot's
+ * output will be in what combine brings back (packed by rank, then in the
+ * order sent); dep->cback the bytes expected from each rank. */
+static td_status_t
+fw_dispatch(fw_t *f)
+{
+    td_forward_dep_t *d = f->dep;
+    fw_moe_ws_t *w = f->ws;
+    size_t N = f->N, H = f->H, K = (size_t)f->c->num_experts_per_tok;
+    unsigned char *p = w->send;
+    size_t slots = 0, total = 0;
+
+    for (size_t r = 0; r < N; r++)
+        for (size_t j = 0; j < K; j++)
+            w->dest[r * K + j] = td_placement_route(d->p, (uint32_t)w->sexp[r * K + j], d->rank,
+                                                    r);
+    for (uint32_t to = 0; to < d->size; to++) {
+        unsigned char *start = p;
+        size_t first = slots;
+        for (size_t r = 0; r < N; r++) {
+            uint32_t c = 0;
+            for (size_t j = 0; j < K; j++)
+                c += w->dest[r * K + j] == to;
+            if (c == 0)
+                continue;
+            memcpy(p, &c, 4);
+            p += 4;
+            for (size_t j = 0; j < K; j++) {
+                if (w->dest[r * K + j] != to)
+                    continue;
+                memcpy(p, &w->sexp[r * K + j], 4);
+                memcpy(p + 4, &w->swt[r * K + j], 4);
+                p += 8;
+                w->slot[r * K + j] = slots++;
+            }
+            memcpy(p, f->x + r * H, H * sizeof(float));
+            p += H * sizeof(float);
+        }
+        d->sbytes[to] = (size_t)(p - start);
+        d->cback[to] = (slots - first) * H * sizeof(float);
+        total += d->sbytes[to];
+    }
+    atomic_fetch_add_explicit(&d->dispatch_bytes, total, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->dispatch_remote, total - d->sbytes[d->rank],
+                              memory_order_relaxed);
+    return td_comm_alltoallv(d->comm, w->send, d->sbytes, w->recv, w->recv_cap, d->rbytes);
+}
+
+/* Read what dispatch brought: every slot's hidden vector, weight and
+ * expert (ws->ax, aw, ae), by source rank then in the order sent; checks
+ * every record (bytes from a peer). *nslots: the slots. */
+static td_status_t
+fw_receive(fw_t *f, uint32_t l, size_t *nslots)
+{
+    td_forward_dep_t *d = f->dep;
+    fw_moe_ws_t *w = f->ws;
+    size_t H = f->H, K = (size_t)f->c->num_experts_per_tok;
+    size_t E = (size_t)f->c->n_routed_experts, S = 0;
+    const unsigned char *q = w->recv;
+
+    for (uint32_t src = 0; src < d->size; src++) {
+        const unsigned char *end = q + d->rbytes[src];
+        d->first[src] = S;
+        while (q < end) {
+            uint32_t c;
+            if ((size_t)(end - q) < 4)
+                return fw_bad_record(f, l, src, "a truncated record");
+            memcpy(&c, q, 4);
+            if (c == 0 || c > K || (size_t)(end - q) < 4 + 8 * (size_t)c + 4 * H)
+                return fw_bad_record(f, l, src, "a record of a bad expert count or size");
+            if (S + c > w->scap)
+                return fw_bad_record(f, l, src, "more expert slots than its tokens can have");
+            const float *x = (const float *)(const void *)(q + 4 + 8 * (size_t)c);
+            for (uint32_t j = 0; j < c; j++) {
+                int32_t e;
+                memcpy(&e, q + 4 + 8 * (size_t)j, 4);
+                memcpy(&w->aw[S], q + 8 + 8 * (size_t)j, 4);
+                if (e < 0 || (size_t)e >= E || !f->m->expert_held[e] ||
+                    !td_placement_holds(d->p, d->rank, (uint32_t)e) ||
+                    (j > 0 && e <= w->ae[S - 1]))
+                    return fw_bad_record(f, l, src, "an expert this rank does not hold, or "
+                                         "experts out of order");
+                w->ae[S] = e;
+                w->ax[S] = x;
+                S++;
+            }
+            q += 4 + 8 * (size_t)c + 4 * H;
+        }
+    }
+    d->first[d->size] = S;
+    *nslots = S;
+    return TD_OK;
+}
+
+/* The four steps on one rank of a DEP group (f->N may be 0). */
+static td_status_t
+fw_moe_dep(fw_t *f, uint32_t l)
+{
+    const td_model_layer_t *L = &f->m->layers[l];
+    td_forward_dep_t *d = f->dep;
+    fw_moe_ws_t *w = f->ws;
+    size_t N = f->N, H = f->H, E = (size_t)f->c->n_routed_experts;
+    size_t K = (size_t)f->c->num_experts_per_tok, S = 0, total = 0;
+    td_status_t st;
+
+    if (N > 0)
+        FW_CHECK(fw_route(f, L));
+    st = fw_dispatch(f);
+    if (st != TD_OK)
+        return st;   /* the communicator logged why */
+    FW_CHECK(fw_receive(f, l, &S));
+
+    /* the experts this rank holds, on what came, grouped by expert */
+    fw_group(w->ae, S, E, w->bucket, w->order);
+    for (size_t e = 0; e < E; e++) {
+        size_t n = w->bucket[e + 1] - w->bucket[e];
+        const size_t *sl = w->order + w->bucket[e];
+        if (n == 0)
+            continue;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(w->xe + i * H, w->ax[sl[i]], H * sizeof(float));
+            w->we[i] = w->aw[sl[i]];
+        }
+        FW_CHECK(fw_expert(f, L, e, n));
+        for (size_t i = 0; i < n; i++)
+            memcpy(w->out + sl[i] * H, w->ye + i * H, H * sizeof(float));
+        fw_count(f, l, e, n);
+    }
+
+    /* combine: each source's outputs back, in the order it sent them */
+    for (uint32_t src = 0; src < d->size; src++) {
+        d->cbytes[src] = (d->first[src + 1] - d->first[src]) * H * sizeof(float);
+        total += d->cbytes[src];
+    }
+    atomic_fetch_add_explicit(&d->combine_bytes, total, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->combine_remote, total - d->cbytes[d->rank],
+                              memory_order_relaxed);
+    st = td_comm_alltoallv(d->comm, w->out, d->cbytes, w->back, N * K * H * sizeof(float),
+                           d->rbytes);
+    if (st != TD_OK)
+        return st;
+    for (uint32_t r = 0; r < d->size; r++)
+        if (d->rbytes[r] != d->cback[r]) {
+            td_error("forward: layer %u: rank %u sent %zu bytes of expert outputs back to rank "
+                     "%u, %zu expected", l, r, d->rbytes[r], d->rank, d->cback[r]);
+            return TD_ERR_PROTO;
+        }
+    if (N == 0)
+        return TD_OK;
+    memset(f->y, 0, N * H * sizeof(float));
+    for (size_t r = 0; r < N; r++)
+        for (size_t j = 0; j < K; j++)   /* ascending expert id: the one-rank order */
+            FW_CHECK(f->k->add(f->y + r * H, w->back + w->slot[r * K + j] * H, H));
+    return fw_shared(f, L);
+}
+
+static td_status_t
+fw_moe(fw_t *f, uint32_t l)
+{
+    if (f->dep != NULL && f->dep->size > 1)
+        return fw_moe_dep(f, l);
+    if (f->N == 0)
+        return TD_OK;
+    FW_CHECK(fw_route(f, &f->m->layers[l]));
+    return fw_moe_local(f, l);
 }
 
 /* ---- the layer and the model ----------------------------------------------------------- */
@@ -860,10 +1221,17 @@ fw_layer(fw_t *f, uint32_t l)
 }
 
 static td_status_t
-fw_check_args(const td_model_t *m, const td_forward_seq_t *seqs, size_t nseqs)
+fw_check_args(const td_model_t *m, const td_forward_dep_t *dep, const td_forward_seq_t *seqs,
+              size_t nseqs)
 {
     const td_modelcfg_t *c = m->cfg;
 
+    if ((dep == NULL || dep->size <= 1) && m->experts_held < (uint32_t)c->n_routed_experts) {
+        td_error("forward: the model holds %u of %lld experts (loaded for one rank of a DEP "
+                 "group): its passes go through td_forward_dep", m->experts_held,
+                 (long long)c->n_routed_experts);
+        return TD_ERR_INVALID;
+    }
     if (seqs == NULL || nseqs == 0) {
         td_error("forward: no sequences");
         return TD_ERR_INVALID;
@@ -1029,18 +1397,50 @@ fw_finish_caches(fw_t *f)
     }
 }
 
-td_status_t
-td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward_layer_fn fn,
-           void *arg)
+/* The rows of every rank of f's DEP group (an all-gather of each one's
+ * count): f->tall, the bound of what this rank's experts may get. */
+static td_status_t
+fw_dep_begin(fw_t *f)
+{
+    td_forward_dep_t *d = f->dep;
+    uint64_t mine = f->N;
+
+    f->tall = f->N;
+    if (d == NULL || d->size <= 1)
+        return TD_OK;
+    td_status_t st = td_comm_allgather(d->comm, &mine, sizeof(mine), d->ntok);
+    if (st != TD_OK)
+        return st;   /* the communicator logged why */
+    f->tall = 0;
+    for (uint32_t r = 0; r < d->size; r++) {
+        if (d->ntok[r] > (uint64_t)1 << 32) {
+            td_error("forward: rank %u of the DEP group announces %llu rows", r,
+                     (unsigned long long)d->ntok[r]);
+            return TD_ERR_PROTO;
+        }
+        f->tall += (size_t)d->ntok[r];
+    }
+    return TD_OK;
+}
+
+/* One pass: td_forward (dep NULL) or one rank's td_forward_dep (nseqs may
+ * then be 0: the rank only serves its experts at each MoE layer). */
+static td_status_t
+fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_t nseqs,
+       td_forward_layer_fn fn, void *arg)
 {
     fw_t f;
+    fw_moe_ws_t own;
     td_status_t st;
 
-    st = fw_check_args(m, seqs, nseqs);
+    memset(&f, 0, sizeof(f));
+    memset(&own, 0, sizeof(own));
+    st = nseqs > 0 || dep == NULL ? fw_check_args(m, dep, seqs, nseqs) : TD_OK;
     if (st != TD_OK)
         return st;
-    memset(&f, 0, sizeof(f));
     f.m = m;
+    f.dep = dep;
+    f.ws = dep != NULL ? &dep->ws : &own;
     f.c = m->cfg;
     f.k = m->ops;
     f.seqs = seqs;
@@ -1052,6 +1452,24 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward
     f.hd = (size_t)m->cfg->head_dim;
     f.nh = (size_t)m->cfg->num_attention_heads;
     f.rd = (size_t)m->cfg->qk_rope_head_dim;
+    st = fw_dep_begin(&f);
+    if (st != TD_OK)
+        goto out;
+    if (fw_moe_ws_reserve(f.ws, f.c, f.N, f.tall, dep != NULL ? dep->size : 1,
+                          dep != NULL ? dep->held : (size_t)m->cfg->n_routed_experts) != 0) {
+        st = fw_nomem(&f, "the experts' workspace");
+        goto out;
+    }
+    if (dep != NULL) {
+        atomic_fetch_add_explicit(&dep->passes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&dep->tokens, f.N, memory_order_relaxed);
+    }
+    if (f.N == 0) {   /* a rank of a DEP group without rows: its experts only */
+        for (uint32_t l = 0, nl = (uint32_t)m->cfg->num_hidden_layers; l < nl && st == TD_OK;
+             l++)
+            st = fw_moe(&f, l);
+        goto out;
+    }
     st = fw_alloc(&f);
     if (st != TD_OK) {
         fw_nomem(&f, "the pass's buffers");
@@ -1104,7 +1522,127 @@ td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward
 
 out:
     fw_free(&f);
+    fw_moe_ws_free(&own);
     return st;
+}
+
+td_status_t
+td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward_layer_fn fn,
+           void *arg)
+{
+    return fw_run(m, NULL, seqs, nseqs, fn, arg);
+}
+
+/* ---- DEPn: one rank's context ------------------------------------------------------------ */
+
+td_status_t
+td_forward_dep_create(const td_model_t *m, td_comm_t *comm, const td_placement_t *p,
+                      td_forward_dep_t **out)
+{
+    const td_modelcfg_t *c = m->cfg;
+    uint32_t E = (uint32_t)c->n_routed_experts, size = td_comm_size(comm);
+    uint32_t rank = td_comm_rank(comm);
+    size_t nl = (size_t)c->num_hidden_layers;
+
+    if (td_placement_experts(p) != E || td_placement_ranks(p) != size) {
+        td_error("forward: a placement of %u experts over %u ranks for a group of %u ranks and "
+                 "a model of %u experts", td_placement_experts(p), td_placement_ranks(p), size,
+                 E);
+        return TD_ERR_INVALID;
+    }
+    for (uint32_t e = 0; e < E; e++)
+        if (td_placement_holds(p, rank, e) && !m->expert_held[e]) {
+            td_error("forward: rank %u holds expert %u by the placement, but its model was "
+                     "loaded without it", rank, e);
+            return TD_ERR_INVALID;
+        }
+    td_forward_dep_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        goto nomem;
+    d->m = m;
+    d->comm = comm;
+    d->p = p;
+    d->rank = rank;
+    d->size = size;
+    d->held = td_placement_held(p, rank);
+    d->ntok = calloc(size, sizeof(*d->ntok));
+    d->sbytes = calloc(size, sizeof(size_t));
+    d->rbytes = calloc(size, sizeof(size_t));
+    d->cbytes = calloc(size, sizeof(size_t));
+    d->cback = calloc(size, sizeof(size_t));
+    d->first = calloc((size_t)size + 1, sizeof(size_t));
+    d->expert_tokens = calloc(nl * E, sizeof(*d->expert_tokens));
+    if (d->ntok == NULL || d->sbytes == NULL || d->rbytes == NULL || d->cbytes == NULL ||
+        d->cback == NULL || d->first == NULL || d->expert_tokens == NULL) {
+        td_forward_dep_destroy(d);
+        goto nomem;
+    }
+    for (size_t i = 0; i < nl * E; i++)
+        atomic_init(&d->expert_tokens[i], 0);
+    atomic_init(&d->passes, 0);
+    atomic_init(&d->tokens, 0);
+    atomic_init(&d->dispatch_bytes, 0);
+    atomic_init(&d->combine_bytes, 0);
+    atomic_init(&d->dispatch_remote, 0);
+    atomic_init(&d->combine_remote, 0);
+    *out = d;
+    return TD_OK;
+nomem:
+    td_error("forward: rank %u of %u: out of memory for the DEP context", rank, size);
+    return TD_ERR_NOMEM;
+}
+
+void
+td_forward_dep_destroy(td_forward_dep_t *d)
+{
+    if (d == NULL)
+        return;
+    fw_moe_ws_free(&d->ws);
+    free(d->ntok);
+    free(d->sbytes);
+    free(d->rbytes);
+    free(d->cbytes);
+    free(d->cback);
+    free(d->first);
+    free(d->expert_tokens);
+    free(d);
+}
+
+td_status_t
+td_forward_dep(td_forward_dep_t *d, td_forward_seq_t *seqs, size_t nseqs,
+               td_forward_layer_fn fn, void *arg)
+{
+    td_status_t st = td_comm_status(d->comm);
+
+    if (st != TD_OK) {
+        td_error("forward: rank %u of %u: the DEP group's communicator is broken (%s)",
+                 d->rank, d->size, td_status_str(st));
+        return st;
+    }
+    st = fw_run(d->m, d, seqs, nseqs, fn, arg);
+    if (st != TD_OK && d->size > 1)
+        td_comm_abort(d->comm, st);   /* the other ranks stop at their next collective */
+    return st;
+}
+
+void
+td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out)
+{
+    out->passes = atomic_load_explicit(&d->passes, memory_order_relaxed);
+    out->tokens = atomic_load_explicit(&d->tokens, memory_order_relaxed);
+    out->dispatch_bytes = atomic_load_explicit(&d->dispatch_bytes, memory_order_relaxed);
+    out->combine_bytes = atomic_load_explicit(&d->combine_bytes, memory_order_relaxed);
+    out->dispatch_remote = atomic_load_explicit(&d->dispatch_remote, memory_order_relaxed);
+    out->combine_remote = atomic_load_explicit(&d->combine_remote, memory_order_relaxed);
+}
+
+void
+td_forward_dep_expert_tokens(const td_forward_dep_t *d, uint64_t *out)
+{
+    size_t n = (size_t)d->m->cfg->num_hidden_layers * (size_t)d->m->cfg->n_routed_experts;
+
+    for (size_t i = 0; i < n; i++)
+        out[i] = atomic_load_explicit(&d->expert_tokens[i], memory_order_relaxed);
 }
 
 td_status_t

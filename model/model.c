@@ -365,9 +365,18 @@ model_tensor_bytes(const td_weights_bound_t *t)
     return (uint64_t)t->w->nbytes + (t->scale ? (uint64_t)t->scale->nbytes : 0);
 }
 
-/* Dequantize every tensor: the linears' weights one at a time into a scratch
- * buffer and on into prepared matrices (mat), the rest into the f32 arena
- * (ptr). */
+/* Whether the model keeps tensor e: all but the routed experts another rank
+ * holds (m->expert_held). */
+static bool
+model_keeps(const td_model_t *m, const td_weights_entry_t *e)
+{
+    return e->expert < 0 || m->expert_held[e->expert];
+}
+
+/* Dequantize every tensor the model keeps: the linears' weights one at a
+ * time into a scratch buffer and on into prepared matrices (mat), the rest
+ * into the f32 arena (ptr). Routed experts of other ranks are not read (their
+ * pages of the mapped checkpoint are never touched). */
 static td_status_t
 model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat,
                   td_progress_t *prog)
@@ -383,6 +392,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
             td_error("model: tensor '%s': %lld elements", s->entries[i].name, (long long)cnt);
             return TD_ERR_INVALID;
         }
+        if (!model_keeps(m, &s->entries[i]))
+            continue;
         if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
             total += (size_t)cnt;
         else if ((size_t)cnt > most)
@@ -404,6 +415,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         if (i > 0)
             td_progress_step(prog, i, bytes_done);
         bytes_done += model_tensor_bytes(&w->t[i]);
+        if (!model_keeps(m, e))
+            continue;
         size_t groups = model_linear_groups(m->cfg, e);
         int br = 0, bc = 0;
         if (e->format == TD_WEIGHTS_FP8_BLOCK) {
@@ -430,6 +443,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         if (st != TD_OK)
             break;   /* the op logged why */
         st = model_keep_mat(m, mat[i]);
+        if (st == TD_OK && e->expert >= 0)
+            m->expert_bytes += m->ops->mat_bytes(mat[i]);
     }
     free(scratch);
     return st;
@@ -476,6 +491,8 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     if (L->w1 == NULL || L->w2 == NULL || L->w3 == NULL)
         return model_nomem("the expert tables");
     for (size_t e = 0; e < E; e++) {
+        if (!m->expert_held[e])
+            continue;   /* another rank's */
         L->w1[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w1.weight", p, (long long)i, e);
         L->w2[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w2.weight", p, (long long)i, e);
         L->w3[e] = model_mat(b, "%s%lld.ffn.experts.%zu.w3.weight", p, (long long)i, e);
@@ -567,6 +584,37 @@ model_engram_init(td_model_t *m, const char *dir)
 td_status_t
 td_model_load(const char *dir, td_model_t **out)
 {
+    return td_model_load_opts(dir, NULL, out);
+}
+
+/* Which routed experts the model keeps: all, or those opts' placement gives
+ * its rank. */
+static td_status_t
+model_experts_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
+{
+    const td_modelcfg_t *c = m->cfg;
+    uint32_t E = (uint32_t)c->n_routed_experts;
+    const td_placement_t *p = opts ? opts->placement : NULL;
+
+    m->expert_held = calloc(E ? E : 1, 1);
+    if (m->expert_held == NULL)
+        return model_nomem("the expert table");
+    if (p != NULL && (td_placement_experts(p) != E || opts->rank >= td_placement_ranks(p))) {
+        td_error("model %s: a placement of %u experts over %u ranks for rank %u of a model "
+                 "with %u experts", dir, td_placement_experts(p), td_placement_ranks(p),
+                 opts->rank, E);
+        return TD_ERR_INVALID;
+    }
+    for (uint32_t e = 0; e < E; e++)
+        m->expert_held[e] = p == NULL || td_placement_holds(p, opts->rank, e);
+    for (uint32_t e = 0; e < E; e++)
+        m->experts_held += m->expert_held[e];
+    return TD_OK;
+}
+
+td_status_t
+td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+{
     td_model_t *m;
     td_weights_schema_t *schema = NULL;
     td_st_t *st_file = NULL;
@@ -596,6 +644,9 @@ td_model_load(const char *dir, td_model_t **out)
         st = TD_ERR_UNSUPPORTED;
         goto out;
     }
+    st = model_experts_init(m, dir, opts);
+    if (st != TD_OK)
+        goto out;
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     FILE *f = fopen(path, "rb");
     if (f != NULL) {
@@ -674,9 +725,11 @@ td_model_load(const char *dir, td_model_t **out)
         goto out;
     m->plan = plan;
     td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
-            "%zu MiB of linears", dir, (long long)c->num_hidden_layers,
-            (long long)c->hidden_size, (long long)c->vocab_size,
-            m->arena_floats * sizeof(float) >> 20, m->mat_bytes >> 20);
+            "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
+            (long long)c->num_hidden_layers, (long long)c->hidden_size,
+            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
+            m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
+            m->expert_bytes >> 20);
 
 out:
     if (loading)
@@ -707,6 +760,7 @@ td_model_destroy(td_model_t *m)
             free(m->layers[i].eg_qk);
         }
     free(m->layers);
+    free(m->expert_held);
     free(m->inv_freq_main);
     free(m->inv_freq_compress);
     free(m->engram.token_map);

@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "comm.h"
+#include "placement.h"
 #include "sample.h"
 #include "kernels.h"
 #include "modelcfg.h"
@@ -44,8 +46,8 @@ typedef struct {
     const float *ffn_norm;      /* [H] */
     td_kernels_mat_t *gate;     /* [E, H] */
     const float *gate_bias;     /* [E] */
-    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H] */
-    td_kernels_mat_t **w2;      /* [E] -> [H, I] */
+    td_kernels_mat_t **w1, **w3;/* [E] -> [I, H]; NULL for experts another rank holds */
+    td_kernels_mat_t **w2;      /* [E] -> [H, I]; likewise */
     td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
     td_kernels_mat_t *sw2;      /* [H, I] */
     /* engram (engram layers) */
@@ -98,6 +100,10 @@ typedef struct {
     td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
     size_t nmats;
     size_t mat_bytes;           /* their bytes */
+
+    unsigned char *expert_held; /* [E] 1 where the routed expert's weights are loaded */
+    uint32_t experts_held;      /* how many (E unless loaded for one rank of a DEP group) */
+    size_t expert_bytes;        /* the loaded routed experts' prepared linears, bytes */
 } td_model_t;
 
 /* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
@@ -109,6 +115,21 @@ typedef struct {
  * requires). Errors are logged with the object they concern. */
 td_status_t td_model_load(const char *dir, td_model_t **out);
 void td_model_destroy(td_model_t *m);
+
+/* How to load: for one rank of a DEP group, only the routed experts the
+ * placement gives that rank are read (the others' w1/w2/w3 stay NULL and
+ * their bytes of the checkpoint are never touched); everything else — the
+ * attention, the router, the shared expert, the embedding and the head — is
+ * loaded whole on every rank. */
+typedef struct {
+    const td_placement_t *placement;   /* NULL: every expert */
+    uint32_t rank;                     /* < td_placement_ranks(placement) */
+} td_model_opts_t;
+
+/* td_model_load with opts (NULL: the same as td_model_load). A placement
+ * whose expert count is not the config's n_routed_experts, or a rank outside
+ * it: TD_ERR_INVALID, logged. */
+td_status_t td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out);
 
 /* The reference's compute_hash_multipliers for one engram layer: numpy's
  * default_rng(10007 * layer_id).integers(0, bound, max_ngram) with bound =
@@ -168,6 +189,61 @@ td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t
  * appended to caches[i]; logits [n, vocab_size]. */
 td_status_t td_forward_decode(const td_model_t *m, td_cache_t *const *caches,
                               const int32_t *tokens, size_t n, float *logits);
+
+/* ---- expert parallelism: DEPn (model/forward.c, docs/dep.md) ------------------------------
+ * A DEP group of n ranks: attention and the dense layers data-parallel (a
+ * request lives on one rank, with its KV), the routed experts
+ * expert-parallel (each rank holds those the placement gives it: load its
+ * model with td_model_load_opts). At each MoE layer every token's hidden
+ * vector goes to the ranks holding its top-k experts and their outputs come
+ * back (td_comm_alltoallv, twice); the token's rank sums them in the order
+ * of the one-rank pass, so every rank's logits are td_forward's bit for bit.
+ * Every rank of the group runs each step's pass together (SPMD): the same
+ * number of td_forward_dep calls, a rank with no requests in a step passing
+ * nseqs = 0. */
+
+/* One rank's side of a group: its communicator, the group's placement, the
+ * MoE workspace kept from pass to pass (grown to the largest pass, never
+ * shrunk) and the counters. Owns the workspace and counters only: m, comm
+ * and p must outlive it. One thread at a time runs its passes; the counters
+ * may be read from any thread. */
+typedef struct td_forward_dep td_forward_dep_t;
+
+/* p must span td_comm_size(comm) ranks and m's n_routed_experts, and m
+ * must hold every expert p gives td_comm_rank(comm): TD_ERR_INVALID,
+ * logged, otherwise. */
+td_status_t td_forward_dep_create(const td_model_t *m, td_comm_t *comm, const td_placement_t *p,
+                                  td_forward_dep_t **out);
+void td_forward_dep_destroy(td_forward_dep_t *d);
+
+/* td_forward on this rank (the same arguments and results), or with
+ * nseqs = 0 (seqs may be NULL) this rank's part of a step it has no
+ * requests in: its experts serve the other ranks' tokens at every MoE
+ * layer. A pass begins with an all-gather of each rank's rows, which bounds
+ * the workspace. In a group of one nothing is sent: the pass is
+ * td_forward's. On any failure — this rank's (an argument, memory, a stop
+ * from fn) or the group's (a peer gone, a deadline: the communicator's
+ * status) — the communicator is aborted, so every rank's pass fails rather
+ * than waits; the group must then be made anew (comm.h). */
+td_status_t td_forward_dep(td_forward_dep_t *d, td_forward_seq_t *seqs, size_t nseqs,
+                           td_forward_layer_fn fn, void *arg);
+
+/* What a rank's passes moved: the bytes it put in all-to-all segments (its
+ * own segment included; td_comm_stats counts only what crossed to other
+ * ranks), for /metrics and bench/dep. */
+typedef struct {
+    uint64_t passes;            /* td_forward_dep calls that began */
+    uint64_t tokens;            /* rows of this rank's requests, over all passes */
+    uint64_t dispatch_bytes;    /* records: count, (expert, weight) pairs, hidden vector */
+    uint64_t combine_bytes;     /* expert output rows sent back */
+    uint64_t dispatch_remote;   /* of dispatch_bytes, those to other ranks */
+    uint64_t combine_remote;    /* of combine_bytes, those to other ranks */
+} td_forward_dep_stats_t;
+void td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out);
+
+/* The rows each expert of this rank ran, per layer, over all passes: out
+ * [num_hidden_layers, n_routed_experts] (0 for experts it does not hold). */
+void td_forward_dep_expert_tokens(const td_forward_dep_t *d, uint64_t *out);
 
 /* Add the end-of-sequence ids of a config alone to sp's stop tokens (those
  * already there are not repeated): config.json's eos_token_id (an int or a

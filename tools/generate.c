@@ -1,6 +1,7 @@
 /* tools/generate — text generation on one checkpoint in one process: an
  * OpenAI chat request (or a raw prompt) in, the model's reply streamed out
- * (model/model, engine/sample, text/chat), a summary on stderr. */
+ * (model/model, engine/sample, text/chat), a summary on stderr; with --dep N
+ * the forward pass runs as a DEP group of N rank threads (docs/dep.md). */
 #include "chat_prompt.h"
 #include "kvmem.h"
 #include "model.h"
@@ -20,6 +21,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,8 @@
 
 #define GEN_DEFAULT_MAX_TOKENS 256
 #define GEN_DEFAULT_CHUNK 256
+#define GEN_MAX_DEP 256
+#define GEN_MAX_REQUESTS 1024
 
 static void
 usage(FILE *f)
@@ -37,7 +41,7 @@ usage(FILE *f)
         "usage: generate [--model DIR] (--messages FILE|- | --prompt TEXT) [--max-tokens N]\n"
         "                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--no-stream]\n"
         "                [--thinking|--no-thinking] [--effort LEVEL] [--logprobs N] [--json]\n"
-        "                [--context N] [--chunk N]\n"
+        "                [--context N] [--chunk N] [--dep N [--placement FILE]] [--requests R]\n"
         "  Generate a reply with the DeepSeek-V4.1 checkpoint in DIR (default: $TANDEM_MODEL)\n"
         "  and stream its text to standard output; a summary goes to standard error.\n"
         "  --messages FILE  an OpenAI chat completion request, or a bare messages array\n"
@@ -60,8 +64,15 @@ usage(FILE *f)
         "  --context N      tokens the request may reach, prompt included (default: the\n"
         "                   config's max_position_embeddings)\n"
         "  --chunk N        prefill chunk in tokens (default %d)\n"
+        "  --dep N          run the model as a DEP group of N rank threads (1..%d): each\n"
+        "                   rank holds its share of the routed experts, the requests are\n"
+        "                   spread over the ranks; the same output bit for bit\n"
+        "  --placement FILE which rank holds which expert (JSON; default: contiguous ranges)\n"
+        "  --requests R     run R copies of the request side by side (1..%d; copy i on rank\n"
+        "                   i %% N, seeded S + i); only the first is printed (default 1)\n"
         "Errors print a message and exit 1; bad usage exits 2.\n",
-        GEN_DEFAULT_MAX_TOKENS, TD_SAMPLE_MAX_TOP, GEN_DEFAULT_CHUNK);
+        GEN_DEFAULT_MAX_TOKENS, TD_SAMPLE_MAX_TOP, GEN_DEFAULT_CHUNK, GEN_MAX_DEP,
+        GEN_MAX_REQUESTS);
 }
 
 /* ---- options -------------------------------------------------------------------- */
@@ -81,6 +92,9 @@ typedef struct {
     int64_t logprobs;             /* -1: not asked */
     uint64_t context;             /* 0: the config's */
     uint64_t chunk;
+    uint64_t dep;                 /* 0: no DEP group */
+    const char *placement;        /* NULL: contiguous ranges */
+    uint64_t requests;
 } gen_opts_t;
 
 /* 0, or 2 after a message (usage error); 1 for --help printed. */
@@ -90,7 +104,7 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
     enum {
         OPT_MODEL = 256, OPT_MESSAGES, OPT_PROMPT, OPT_MAX, OPT_TEMP, OPT_TOPP, OPT_TOPK,
         OPT_SEED, OPT_NOSTREAM, OPT_THINK, OPT_NOTHINK, OPT_EFFORT, OPT_LOGPROBS, OPT_JSON,
-        OPT_CONTEXT, OPT_CHUNK,
+        OPT_CONTEXT, OPT_CHUNK, OPT_DEP, OPT_PLACEMENT, OPT_REQUESTS,
     };
     static const struct option longopts[] = {
         { "model", required_argument, NULL, OPT_MODEL },
@@ -109,6 +123,9 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         { "json", no_argument, NULL, OPT_JSON },
         { "context", required_argument, NULL, OPT_CONTEXT },
         { "chunk", required_argument, NULL, OPT_CHUNK },
+        { "dep", required_argument, NULL, OPT_DEP },
+        { "placement", required_argument, NULL, OPT_PLACEMENT },
+        { "requests", required_argument, NULL, OPT_REQUESTS },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -120,6 +137,7 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         .model = getenv("TANDEM_MODEL"), .max_tokens = GEN_DEFAULT_MAX_TOKENS,
         .temperature = 1.0, .top_p = 1.0, .stream = true,
         .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
+        .requests = 1,
     };
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         td_status_t st = TD_OK;
@@ -172,6 +190,15 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
             st = td_config_parse_uint("--chunk", optarg, 1, 1u << 20, &o->chunk, err,
                                       sizeof(err));
             break;
+        case OPT_DEP:
+            st = td_config_parse_uint("--dep", optarg, 1, GEN_MAX_DEP, &o->dep, err,
+                                      sizeof(err));
+            break;
+        case OPT_PLACEMENT: o->placement = optarg; break;
+        case OPT_REQUESTS:
+            st = td_config_parse_uint("--requests", optarg, 1, GEN_MAX_REQUESTS, &o->requests,
+                                      err, sizeof(err));
+            break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -190,6 +217,10 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
     }
     if (o->prompt != NULL && o->chat_set) {
         fprintf(stderr, "generate: --thinking, --no-thinking and --effort go with --messages\n");
+        return 2;
+    }
+    if (o->placement != NULL && o->dep == 0) {
+        fprintf(stderr, "generate: --placement goes with --dep\n");
         return 2;
     }
     if (o->logprobs >= 0 && !o->json) {
@@ -336,6 +367,21 @@ out_delta(gen_out_t *g, const td_chat_reply_delta_t *d)
 
 /* ---- the generation ------------------------------------------------------------------ */
 
+typedef struct gen_rank gen_rank_t;
+
+/* One request of the run: request 0, or a copy of it decoded beside it
+ * (--requests), on rank i % nranks. */
+typedef struct {
+    uint32_t rank;
+    td_kvmem_t *mem;              /* its KV memory: this tool owns it (a daemon's pools would) */
+    td_cache_t cache;
+    float *logits;                /* [V] */
+    td_sample_params_t sp;        /* request 0's; a copy's seed is S + i */
+    int32_t token;                /* the last chosen: the next step's input */
+    size_t ngen;
+    bool done;
+} gen_req_t;
+
 typedef struct {
     const gen_opts_t *o;
     td_model_t *m;
@@ -357,7 +403,40 @@ typedef struct {
     json_t *logprobs;             /* per-token records for --no-stream --json, or NULL */
     const char *finish;
     double load_s, prefill_s, decode_s;
+
+    /* the ranks: one, this thread's, without --dep; else a DEP group of
+     * rank threads that step together (gen_step) */
+    gen_rank_t *ranks;            /* [nranks] */
+    uint32_t nranks;
+    td_placement_t *placement;    /* --dep */
+    td_comm_group_t *group;       /* --dep */
+    pthread_mutex_t mu;           /* the step hand-off (--dep) */
+    pthread_cond_t cv;
+    uint64_t step;                /* steps begun (under mu) */
+    uint32_t pending;             /* ranks still in the current step (under mu) */
+    bool quit;                    /* the rank threads stop (under mu) */
+
+    gen_req_t *reqs;              /* [nreq]: request 0 is the one printed */
+    size_t nreq;
+    size_t total_gen;             /* tokens generated by all of them */
+    td_sample_finish_t fin;       /* request 0's finish */
 } gen_t;
+
+/* One rank: its model (with --dep only its experts), communicator, DEP
+ * context, cpu pool and thread, and its part of the current step. */
+struct gen_rank {
+    gen_t *g;
+    uint32_t rank;
+    td_model_t *m;
+    td_comm_t *comm;              /* NULL without --dep */
+    td_forward_dep_t *dep;
+    td_kernels_cpu_pool_t *pool;
+    pthread_t th;
+    bool started;
+    td_forward_seq_t *seqs;       /* [nreq] this step's */
+    size_t nseqs;
+    td_status_t st;
+};
 
 /* The log-probabilities of a step as JSON (OpenAI's token / bytes / logprob). */
 static json_t *
@@ -556,73 +635,228 @@ gen_print_done(gen_t *g)
     out_json(&g->out, o);
 }
 
-/* Prefill in chunks, then decode until a stop token or the length limit. */
+/* ---- the ranks -------------------------------------------------------------------------- */
+
+/* A rank thread: waits for a step, runs its pass (with or without requests
+ * in it: every rank of the group takes part in every step), says it is done. */
+static void *
+gen_rank_main(void *arg)
+{
+    gen_rank_t *r = arg;
+    gen_t *g = r->g;
+    uint64_t seen = 0;
+
+    td_kernels_cpu_pool_bind(r->pool);
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (!g->quit && g->step == seen)
+            pthread_cond_wait(&g->cv, &g->mu);
+        bool quit = g->quit;
+        seen = g->step;
+        pthread_mutex_unlock(&g->mu);
+        if (quit)
+            break;
+        r->st = td_forward_dep(r->dep, r->seqs, r->nseqs, NULL, NULL);   /* logs why */
+        pthread_mutex_lock(&g->mu);
+        if (--g->pending == 0)
+            pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+    }
+    td_kernels_cpu_pool_bind(NULL);
+    return NULL;
+}
+
+/* Start the rank threads (--dep); 0, or -1 after a message. */
+static int
+gen_ranks_start(gen_t *g)
+{
+    for (uint32_t r = 0; g->group != NULL && r < g->nranks; r++) {
+        int e = pthread_create(&g->ranks[r].th, NULL, gen_rank_main, &g->ranks[r]);
+        if (e != 0) {
+            fprintf(stderr, "generate: rank %u: cannot start its thread: %s\n", r, strerror(e));
+            return -1;
+        }
+        g->ranks[r].started = true;
+    }
+    return 0;
+}
+
+static void
+gen_ranks_stop(gen_t *g)
+{
+    if (g->group == NULL)
+        return;
+    pthread_mutex_lock(&g->mu);
+    g->quit = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    for (uint32_t r = 0; r < g->nranks; r++)
+        if (g->ranks[r].started) {
+            pthread_join(g->ranks[r].th, NULL);
+            g->ranks[r].started = false;
+        }
+}
+
+/* Put n tokens of request i into the next step. */
+static void
+gen_add(gen_t *g, size_t i, const int32_t *tokens, size_t n)
+{
+    gen_req_t *q = &g->reqs[i];
+    gen_rank_t *r = &g->ranks[q->rank];
+
+    r->seqs[r->nseqs++] = (td_forward_seq_t){ &q->cache, tokens, n, q->logits, 0 };
+}
+
+/* One forward pass of every rank with what gen_add put in, then the step
+ * is emptied; 0, or -1 (the pass logged why). */
+static int
+gen_step(gen_t *g)
+{
+    int rc = 0;
+
+    if (g->group == NULL) {
+        gen_rank_t *r = &g->ranks[0];
+        if (r->nseqs > 0 && td_forward(r->m, r->seqs, r->nseqs, NULL, NULL) != TD_OK)
+            rc = -1;
+        r->nseqs = 0;
+        return rc;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->pending = g->nranks;
+    g->step++;
+    pthread_cond_broadcast(&g->cv);
+    while (g->pending > 0)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    for (uint32_t r = 0; r < g->nranks; r++) {
+        if (g->ranks[r].st != TD_OK)
+            rc = -1;
+        g->ranks[r].nseqs = 0;
+    }
+    return rc;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+/* Choose request i's token at position pos from its logits; request 0's is
+ * printed. 0, or -1 after a message. */
+static int
+gen_pick(gen_t *g, size_t i, uint64_t pos, uint64_t cap)
+{
+    gen_req_t *q = &g->reqs[i];
+    size_t V = (size_t)g->m->cfg->vocab_size;
+    uint32_t ntop = i == 0 && g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
+    td_sample_pick_t pk;
+
+    if (td_sample_pick(q->logits, V, &q->sp, pos, ntop, &pk) != TD_OK)   /* logs why */
+        return -1;
+    td_sample_finish_t fin = td_sample_finish(&q->sp, pk.token, q->ngen + 1, pos + 1, cap);
+    q->token = pk.token;
+    q->ngen++;
+    g->total_gen++;
+    if (i == 0) {
+        if (gen_emit(g, &pk, fin) != 0)
+            return -1;
+        if (fin == TD_SAMPLE_FINISH_NONE && g->parser != NULL &&
+            td_chat_reply_reader_stopped(g->parser))
+            fin = TD_SAMPLE_FINISH_STOP;
+        g->fin = fin;
+        if (g->out.failed)   /* nothing more can be shown: every request ends */
+            for (size_t j = 0; j < g->nreq; j++)
+                g->reqs[j].done = true;
+    }
+    if (fin != TD_SAMPLE_FINISH_NONE)
+        q->done = true;
+    return 0;
+}
+
+/* Prefill in chunks, then decode until every request has a stop token or
+ * reached the length limit; each step is one pass of every rank. */
 static int
 gen_run(gen_t *g)
 {
-    td_model_t *m = g->m;
-    size_t V = (size_t)m->cfg->vocab_size;
+    size_t V = (size_t)g->m->cfg->vocab_size;
     uint64_t cap = g->nprompt + g->sp.max_tokens;
-    td_kvmem_t *mem = NULL;
-    td_cache_t cache, *c = &cache;
-    float *logits = NULL;
     int32_t *in = NULL;
-    td_sample_pick_t pk;
-    td_sample_finish_t fin = TD_SAMPLE_FINISH_NONE;
-    uint32_t ntop = g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
     int rc = -1;
 
     if (cap > g->context)
         cap = g->context;
-    /* the request's KV memory: this tool owns it (a daemon's pools would) */
-    if (td_kvmem_create(m->plan->layout, cap, 0, &mem) != TD_OK ||   /* logs why */
-        td_cache_init(c, m->plan, &mem->kv) != TD_OK)
-        goto cleanup;
-    td_cache_reset(c);
-    logits = malloc(V * sizeof(float));
+    g->fin = TD_SAMPLE_FINISH_NONE;
+    g->nreq = (size_t)g->o->requests;
+    g->reqs = calloc(g->nreq, sizeof(*g->reqs));
     in = malloc(g->nprompt * sizeof(int32_t));
     g->ids = malloc((g->sp.max_tokens + 1) * sizeof(int32_t));
-    if (logits == NULL || in == NULL || g->ids == NULL) {
-        fprintf(stderr, "generate: out of memory\n");
-        goto cleanup;
+    if (g->reqs == NULL || in == NULL || g->ids == NULL)
+        goto nomem;
+    for (uint32_t r = 0; r < g->nranks; r++)
+        if ((g->ranks[r].seqs = calloc(g->nreq, sizeof(td_forward_seq_t))) == NULL)
+            goto nomem;
+    for (size_t i = 0; i < g->nreq; i++) {
+        gen_req_t *q = &g->reqs[i];
+        q->rank = (uint32_t)(i % g->nranks);
+        q->sp = g->sp;
+        q->sp.seed = g->sp.seed + i;
+        const td_model_t *m = g->ranks[q->rank].m;
+        if (td_kvmem_create(m->plan->layout, cap, 0, &q->mem) != TD_OK ||   /* logs why */
+            td_cache_init(&q->cache, m->plan, &q->mem->kv) != TD_OK)
+            goto cleanup;
+        td_cache_reset(&q->cache);
+        if ((q->logits = malloc(V * sizeof(float))) == NULL)
+            goto nomem;
     }
     for (size_t i = 0; i < g->nprompt; i++)
         in[i] = (int32_t)g->prompt[i];
+    if (gen_ranks_start(g) != 0)
+        goto cleanup;
 
     double t0 = td_clock_s();
     for (size_t at = 0; at < g->nprompt; at += g->o->chunk) {
         size_t n = g->nprompt - at < g->o->chunk ? g->nprompt - at : g->o->chunk;
-        if (td_forward_prefill(m, c, in + at, n, 0, logits) != TD_OK)   /* logs why */
+        for (size_t i = 0; i < g->nreq; i++)
+            gen_add(g, i, in + at, n);
+        if (gen_step(g) != 0)
             goto cleanup;
     }
     double t1 = td_clock_s();
     g->prefill_s = t1 - t0;
 
     uint64_t pos = g->nprompt;
+    for (size_t i = 0; i < g->nreq; i++)
+        if (gen_pick(g, i, pos, cap) != 0)
+            goto cleanup;
     for (;;) {
-        if (td_sample_pick(logits, V, &g->sp, pos, ntop, &pk) != TD_OK)   /* logs why */
-            goto cleanup;
-        fin = td_sample_finish(&g->sp, pk.token, g->ngen + 1, pos + 1, cap);
-        if (gen_emit(g, &pk, fin) != 0)
-            goto cleanup;
-        if (fin == TD_SAMPLE_FINISH_NONE && g->parser != NULL &&
-            td_chat_reply_reader_stopped(g->parser))
-            fin = TD_SAMPLE_FINISH_STOP;
-        if (fin != TD_SAMPLE_FINISH_NONE || g->out.failed)
+        size_t live = 0;
+        for (size_t i = 0; i < g->nreq; i++)
+            if (!g->reqs[i].done) {
+                gen_add(g, i, &g->reqs[i].token, 1);
+                live++;
+            }
+        if (live == 0)
             break;
-        td_cache_t *one[1] = { c };
-        if (td_forward_decode(m, one, &pk.token, 1, logits) != TD_OK)   /* logs why */
+        if (gen_step(g) != 0)
             goto cleanup;
         pos++;
+        for (size_t i = 0; i < g->nreq; i++)
+            if (!g->reqs[i].done && gen_pick(g, i, pos, cap) != 0)
+                goto cleanup;
     }
     g->decode_s = td_clock_s() - t1;
-    if (gen_finish(g, fin) != 0)
+    if (gen_finish(g, g->fin) != 0)
         goto cleanup;
     rc = 0;
+    goto cleanup;
+nomem:
+    fprintf(stderr, "generate: out of memory\n");
 cleanup:
+    gen_ranks_stop(g);
+    for (size_t i = 0; g->reqs != NULL && i < g->nreq; i++) {
+        free(g->reqs[i].logits);
+        td_kvmem_destroy(g->reqs[i].mem);
+    }
+    free(g->reqs);
+    g->reqs = NULL;
     free(in);
-    free(logits);
-    td_kvmem_destroy(mem);
     return rc;
 }
 
@@ -768,6 +1002,99 @@ gen_on_progress(td_progress_phase_t phase, const char *line, void *arg)
     fprintf(stderr, "generate: %s\n", line);
 }
 
+/* The model: one load without --dep; with --dep N, the placement, the
+ * communicator group and, for every rank, a load of its experts only, its
+ * communicator, DEP context and cpu pool (the cpu threads shared out). 0,
+ * or -1 after a message. */
+static int
+gen_load(gen_t *g)
+{
+    const gen_opts_t *o = g->o;
+    td_status_t st;
+
+    g->nranks = o->dep ? (uint32_t)o->dep : 1;
+    g->ranks = calloc(g->nranks, sizeof(*g->ranks));
+    if (g->ranks == NULL) {
+        fprintf(stderr, "generate: out of memory\n");
+        return -1;
+    }
+    for (uint32_t r = 0; r < g->nranks; r++) {
+        g->ranks[r].g = g;
+        g->ranks[r].rank = r;
+    }
+    if (o->dep == 0) {
+        st = td_model_load(o->model, &g->m);
+        if (st != TD_OK)
+            goto err_model;
+        g->ranks[0].m = g->m;
+        return 0;
+    }
+
+    /* the expert count, for the placement, from the config alone */
+    td_modelcfg_t *cfg = NULL;
+    st = td_modelcfg_load(o->model, &cfg);   /* logs why */
+    if (st != TD_OK)
+        goto err_model;
+    uint32_t E = (uint32_t)cfg->n_routed_experts;
+    td_modelcfg_destroy(cfg);
+    st = o->placement ? td_placement_load(o->placement, E, g->nranks, &g->placement)
+                      : td_placement_create_ranges(E, g->nranks, &g->placement);
+    if (st != TD_OK) {   /* logged with the reason */
+        if (o->placement)
+            fprintf(stderr, "generate: --placement %s: refused (%s)\n", o->placement,
+                    td_status_str(st));
+        return -1;
+    }
+    td_comm_opts_t co = { .name = "generate DEP" };
+    if (td_comm_group_create(g->nranks, &co, &g->group) != TD_OK ||   /* logs why */
+        pthread_mutex_init(&g->mu, NULL) != 0 || pthread_cond_init(&g->cv, NULL) != 0) {
+        fprintf(stderr, "generate: cannot make a DEP group of %u ranks\n", g->nranks);
+        return -1;
+    }
+    unsigned threads = td_kernels_cpu_threads() / g->nranks;
+    for (uint32_t r = 0; r < g->nranks; r++) {
+        gen_rank_t *k = &g->ranks[r];
+        td_model_opts_t mo = { g->placement, r };
+        st = td_model_load_opts(o->model, &mo, &k->m);
+        if (st != TD_OK)
+            goto err_model;
+        if (td_comm_cpu_create(g->group, r, &k->comm) != TD_OK ||
+            td_forward_dep_create(k->m, k->comm, g->placement, &k->dep) != TD_OK ||
+            td_kernels_cpu_pool_create(threads ? threads : 1, &k->pool) != TD_OK) {
+            fprintf(stderr, "generate: cannot set up rank %u of the DEP group\n", r);
+            return -1;   /* logged why */
+        }
+    }
+    g->m = g->ranks[0].m;
+    return 0;
+
+err_model:
+    fprintf(stderr, "generate: cannot load the model in %s: %s\n", o->model, td_status_str(st));
+    return -1;
+}
+
+static void
+gen_unload(gen_t *g)
+{
+    for (uint32_t r = 0; g->ranks != NULL && r < g->nranks; r++) {
+        gen_rank_t *k = &g->ranks[r];
+        td_forward_dep_destroy(k->dep);
+        td_comm_destroy(k->comm);
+        td_kernels_cpu_pool_destroy(k->pool);
+        if (k->m != g->m)
+            td_model_destroy(k->m);
+        free(k->seqs);
+    }
+    if (g->group != NULL) {
+        td_comm_group_destroy(g->group);
+        pthread_cond_destroy(&g->cv);
+        pthread_mutex_destroy(&g->mu);
+    }
+    free(g->ranks);
+    td_placement_destroy(g->placement);
+    td_model_destroy(g->m);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -792,13 +1119,10 @@ main(int argc, char **argv)
     double t0 = td_clock_s();
     bool progress_shown = false;
     td_progress_set_handler(gen_on_progress, &progress_shown);
-    td_status_t st = td_model_load(o.model, &g.m);
+    int loaded = gen_load(&g);
     td_progress_set_handler(NULL, NULL);
-    if (st != TD_OK) {
-        fprintf(stderr, "generate: cannot load the model in %s: %s\n", o.model,
-                td_status_str(st));
+    if (loaded != 0)
         goto cleanup;
-    }
     g.load_s = td_clock_s() - t0;
     if (gen_prepare(&g) != 0 || gen_run(&g) != 0)
         goto cleanup;
@@ -818,11 +1142,22 @@ main(int argc, char **argv)
     char how[40] = "greedy";
     if (!(g.sp.temperature == 0 || g.sp.top_k == 1))
         snprintf(how, sizeof(how), "seed %llu", (unsigned long long)g.sp.seed);
+    char group[160] = "";
+    if (o.dep || g.nreq > 1) {
+        double all = g.total_gen > g.nreq ? (double)(g.total_gen - g.nreq) : 0;
+        int n = snprintf(group, sizeof(group), ";");
+        if (o.dep)
+            n += snprintf(group + n, sizeof(group) - (size_t)n, " DEP %u (%s)", g.nranks,
+                          o.placement ? o.placement : "contiguous experts");
+        snprintf(group + n, sizeof(group) - (size_t)n, "%s %zu request%s, %zu tokens "
+                 "generated in all (%.1f tok/s)", o.dep ? "," : "", g.nreq,
+                 g.nreq == 1 ? "" : "s", g.total_gen, rate(all, g.decode_s));
+    }
     fprintf(stderr,
             "generate: %zu prompt tokens, prefill %.3f s (%.1f tok/s); %zu tokens generated, "
-            "decode %.3f s (%.1f tok/s); finish %s; %s\n",
+            "decode %.3f s (%.1f tok/s); finish %s; %s%s\n",
             g.nprompt, g.prefill_s, rate((double)g.nprompt, g.prefill_s), g.ngen, g.decode_s,
-            rate(ndec, g.decode_s), g.finish, how);
+            rate(ndec, g.decode_s), g.finish, how, group);
     rc = 0;
 cleanup:
     json_decref(g.logprobs);
@@ -832,6 +1167,6 @@ cleanup:
     free(g.prompt);
     td_chat_reply_reader_destroy(g.parser);
     td_chat_prompt_destroy(g.chat);
-    td_model_destroy(g.m);
+    gen_unload(&g);
     return rc;
 }

@@ -89,6 +89,8 @@ typedef struct {
     bool perturbed;            /* --init perturbed */
     const char *tokenizer;     /* NULL: generate one */
     uint64_t shard_mb;         /* 0: one file */
+    uint64_t experts, topk;    /* 0: the preset's */
+    mk_preset_t custom;        /* the preset with --experts / --topk applied */
     const char *outdir;
 } mk_opts_t;
 
@@ -98,9 +100,11 @@ mk_usage(FILE *f)
     fprintf(f,
             "usage: mk-tiny-model [--preset NAME] [--seed N] [--dtype f32|bf16]\n"
             "                     [--quant none|fp8|fp8+fp4] [--init reference|perturbed]\n"
-            "                     [--tokenizer tokenizer.json] [--shard-mb N] OUTDIR\n"
+            "                     [--tokenizer tokenizer.json] [--shard-mb N]\n"
+            "                     [--experts N] [--topk K] OUTDIR\n"
             "Writes a deterministic DeepSeek-V4.1 checkpoint: config.json, safetensors,\n"
-            "tokenizer.json and tokenizer_config.json. Presets:\n");
+            "tokenizer.json and tokenizer_config.json. --experts and --topk replace the\n"
+            "preset's routed experts per layer and experts per token. Presets:\n");
     for (size_t i = 0; i < sizeof(mk_presets) / sizeof(mk_presets[0]); i++)
         fprintf(f, "  %-14s %s%s\n", mk_presets[i].name, mk_presets[i].help,
                 i == 0 ? " (default)" : "");
@@ -117,6 +121,8 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
         { "init", required_argument, NULL, 'i' },
         { "tokenizer", required_argument, NULL, 't' },
         { "shard-mb", required_argument, NULL, 'm' },
+        { "experts", required_argument, NULL, 'e' },
+        { "topk", required_argument, NULL, 'k' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -185,6 +191,19 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
                 return 2;
             }
             break;
+        case 'e':
+            if (td_config_parse_uint("--experts", optarg, 1, 1024, &o->experts, NULL, 0) !=
+                TD_OK) {
+                fprintf(stderr, "mk-tiny-model: --experts %s: 1 .. 1024\n", optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            if (td_config_parse_uint("--topk", optarg, 1, 1024, &o->topk, NULL, 0) != TD_OK) {
+                fprintf(stderr, "mk-tiny-model: --topk %s: 1 .. 1024\n", optarg);
+                return 2;
+            }
+            break;
         case 'h':
             mk_usage(stdout);
             exit(0);
@@ -198,6 +217,19 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
         return 2;
     }
     o->outdir = argv[optind];
+    if (o->experts != 0 || o->topk != 0) {
+        o->custom = *o->preset;
+        if (o->experts != 0)
+            o->custom.experts = (int)o->experts;
+        if (o->topk != 0)
+            o->custom.topk = (int)o->topk;
+        if (o->custom.topk > o->custom.experts) {
+            fprintf(stderr, "mk-tiny-model: --topk %d is more than the %d experts\n",
+                    o->custom.topk, o->custom.experts);
+            return 2;
+        }
+        o->preset = &o->custom;
+    }
     return 0;
 }
 

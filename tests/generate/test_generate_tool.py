@@ -3,8 +3,10 @@
 # checkpoints: greedy ids equal the library's plain loop (generate_ref) for a
 # raw prompt and for chat requests, seeded sampling reproducible and equal to
 # the library's, --max-tokens, stop at the config's EOS, the context limit,
-# the output formats (JSON lines, text on a pipe and on a terminal), and the
-# exit codes and messages of bad input. Needs python3 only (no network).
+# the output formats (JSON lines, text on a pipe and on a terminal), --dep N
+# (a DEP group of rank threads: the same bytes out, also with copies spread
+# over the ranks and a placement file), and the exit codes and messages of
+# bad input. Needs python3 only (no network).
 # usage: test_generate_tool.py GENERATE GENERATE_REF MK_TINY_MODEL
 import json
 import os
@@ -164,6 +166,57 @@ try:
     rc, d, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--max-tokens", "4"])
     rc2, d2, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--max-tokens", "4"])
     check("no --seed: a random seed, reported", rc == rc2 == 0 and d["seed"] != d2["seed"])
+
+    # ---- --dep N: a DEP group of rank threads prints the same bytes -----------------------
+    def no_timing(out):
+        ls = lines(out)
+        for l in ls:
+            l.pop("timing", None)
+        return ls
+
+    e6 = os.path.join(tmp, "e6k3")
+    subprocess.run([MK, "--experts", "6", "--topk", "3", "--init", "perturbed", "--seed", "24",
+                    e6], check=True, capture_output=True)
+    place = os.path.join(tmp, "replicas.json")
+    with open(place, "w") as f:
+        json.dump({"experts": 6, "ranks": [[0, 1, 5], [2, 3, 0], [4, 5, 1]]}, f)
+    runs = [
+        (tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens", "24", "--chunk", "4",
+                "--logprobs", "3", "--seed", "1"], [["--dep", "1"], ["--dep", "2"], ["--dep", "8"]]),
+        (e6, ["--prompt", PROMPT, "--seed", "7", "--max-tokens", "24", "--chunk", "5",
+              "--logprobs", "2"] + samp[:6],
+         [["--dep", "4"], ["--dep", "3", "--requests", "5"], ["--dep", "3", "--placement", place],
+          ["--requests", "2"]]),
+        (tiny, ["--messages", msgs, "--temperature", "0", "--max-tokens", "20", "--seed", "1"],
+         [["--dep", "3"]]),
+    ]
+    for model, args, deps in runs:
+        rc, base, err = run(["--model", model, "--json"] + args)
+        check("%s %s: runs" % (os.path.basename(model), args[0]), rc == 0, err)
+        for dep in deps:
+            what = "%s %s %s" % (os.path.basename(model), args[0], " ".join(dep))
+            rc, out, err = run(["--model", model, "--json"] + args + dep)
+            check(what + ": the same JSON lines", rc == 0 and no_timing(out) == no_timing(base),
+                  err[-300:])
+            if "--dep" in dep:
+                n = dep[dep.index("--dep") + 1]
+                check(what + ": the summary names the group",
+                      re.search(r"; DEP %s \(" % n, err) is not None, err[-300:])
+    rc, out1, _ = run(["--model", tiny, "--prompt", PROMPT, "--temperature", "0",
+                       "--max-tokens", "12"])
+    rc2, out2, _ = run(["--model", tiny, "--prompt", PROMPT, "--temperature", "0",
+                        "--max-tokens", "12", "--dep", "4"])
+    check("--dep 4: the same text", rc == rc2 == 0 and out1 == out2 and len(out1) > 0)
+    bad_place = os.path.join(tmp, "bad-placement.json")
+    with open(bad_place, "w") as f:
+        f.write('{"ranks": [[0, 1, 2], [3, 4]]}')
+    rc, out, err = run(["--model", e6, "--prompt", "x", "--dep", "2", "--placement", bad_place])
+    check("a placement file without expert 5: refused with the reason",
+          rc == 1 and out == b"" and "placement %s: expert 5 is held by no rank" % bad_place
+          in err and "--placement %s: refused" % bad_place in err, err)
+    rc, out, err = run(["--model", e6, "--prompt", "x", "--dep", "3", "--placement", bad_place])
+    check("a placement file for another group size: refused",
+          rc == 1 and "\"ranks\" lists 2 ranks, the group has 3" in err, err)
 
     # ---- --max-tokens, --no-stream ------------------------------------------------------
     rc, done, toks, _ = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0",
@@ -328,6 +381,15 @@ try:
          "--messages"),
         ("an unknown option", ["--model", tiny, "--prompt", "x", "--bogus"], 2, "usage"),
         ("a stray argument", ["--model", tiny, "--prompt", "x", "extra"], 2, "extra"),
+        ("--dep 0", ["--model", tiny, "--prompt", "x", "--dep", "0"], 2, "--dep"),
+        ("--dep 257", ["--model", tiny, "--prompt", "x", "--dep", "257"], 2, "--dep"),
+        ("--requests 0", ["--model", tiny, "--prompt", "x", "--requests", "0"], 2,
+         "--requests"),
+        ("--placement without --dep", ["--model", tiny, "--prompt", "x", "--placement", msgs],
+         2, "--placement goes with --dep"),
+        ("a placement file that does not exist",
+         ["--model", tiny, "--prompt", "x", "--dep", "2", "--placement",
+          os.path.join(tmp, "nope.json")], 1, "No such file"),
     ]
     for what, args, code, msg in cases:
         rc, out, err = run(args)

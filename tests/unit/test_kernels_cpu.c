@@ -2,7 +2,9 @@
  * byte-by-byte reference: block sizes 1 B .. 1 MiB, random block tables,
  * partial blocks, strided spans, and rejected arguments that write nothing;
  * compute pools: two threads bound to their own pools run loops side by side
- * and get the results they get alone. */
+ * and get the results they get alone; a routed expert (linear_mat, swiglu,
+ * linear_mat) gives a row the same bits in a batch of any size as alone,
+ * which expert parallelism's bit-exactness rests on. */
 #include "check.h"
 #include "kernels.h"
 #include "logcap.h"
@@ -356,6 +358,129 @@ out:
     free(want);
 }
 
+/* ---- row-count independence -------------------------------------------------------- */
+
+/* One expert's weights, prepared: w1, w3 [I, H], w2 [H, I]. */
+typedef struct {
+    td_kernels_mat_t *w1, *w3, *w2;
+    size_t H, I;
+} expert_t;
+
+/* Weights in [-1, 1]; bf16: rounded to bf16 values (the prepared form is
+ * then bf16, as for a checkpoint's weights), else f32. */
+static td_kernels_mat_t *
+rand_mat(size_t n, size_t k, int bf16)
+{
+    float *w = malloc(n * k * sizeof(float));
+    td_kernels_mat_t *m = NULL;
+
+    if (w == NULL)
+        return NULL;
+    for (size_t i = 0; i < n * k; i++) {
+        w[i] = td_rng_range(&rng, -1.0f, 1.0f);
+        if (bf16) {
+            uint32_t u;
+            memcpy(&u, &w[i], 4);
+            u &= 0xFFFF0000u;
+            memcpy(&w[i], &u, 4);
+        }
+    }
+    CHECK_STATUS(td_kernels_cpu_ops()->mat_create(w, 1, n, k, &m), TD_OK);
+    free(w);
+    return m;
+}
+
+/* y [m, H] = w2 . swiglu(w1 . x, w3 . x) * wt, as the forward pass runs an expert. */
+static void
+expert_run(const expert_t *e, const float *x, const float *wt, size_t m, float *g, float *u,
+           float *y)
+{
+    const td_kernels_ops_t *k = td_kernels_cpu_ops();
+
+    CHECK_STATUS(k->linear_mat(x, e->w1, g, m), TD_OK);
+    CHECK_STATUS(k->linear_mat(x, e->w3, u, m), TD_OK);
+    CHECK_STATUS(k->swiglu(g, u, wt, m, e->I, 10.0f, g), TD_OK);
+    CHECK_STATUS(k->linear_mat(g, e->w2, y, m), TD_OK);
+}
+
+/* Each row of a batch of m rows, for every m of the list, equals that row
+ * run alone, bit for bit: the tiles, task splits and code paths linear_mat
+ * takes for a row count change nothing. The shapes: the tiny presets'
+ * experts (w1/w3 in the lanes order, w2 in panels) and the mid preset's
+ * (panels), with bf16 and f32 weights, and a router [16, H]. */
+static void
+test_rows_independent(void)
+{
+    static const struct {
+        size_t H, I;
+        int bf16;
+        size_t ms[48];   /* batch sizes, 0-terminated */
+    } cases[] = {
+        { 64, 32, 1, { 1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
+                       17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
+                       33, 34, 35, 36, 37, 38, 39, 40, 95, 96, 97, 192, 200, 0 } },
+        { 64, 32, 0, { 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 24, 25, 33, 96, 97, 200, 0 } },
+        { 1024, 256, 1, { 2, 3, 4, 5, 8, 12, 13, 16, 25, 96, 97, 130, 0 } },
+        { 1024, 256, 0, { 3, 13, 97, 0 } },
+    };
+    enum { MMAX = 200 };
+
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        size_t H = cases[c].H, I = cases[c].I, differ = 0, rows = 0;
+        expert_t e = { rand_mat(I, H, cases[c].bf16), rand_mat(I, H, cases[c].bf16),
+                       rand_mat(H, I, cases[c].bf16), H, I };
+        td_kernels_mat_t *gate = rand_mat(16, H, cases[c].bf16);
+        float *x = malloc(MMAX * H * sizeof(float)), *wt = malloc(MMAX * sizeof(float));
+        float *alone = malloc(MMAX * H * sizeof(float)), *y = malloc(MMAX * H * sizeof(float));
+        float *g = malloc(MMAX * I * sizeof(float)), *u = malloc(MMAX * I * sizeof(float));
+        float *ga = malloc(MMAX * 16 * sizeof(float)), *gb = malloc(MMAX * 16 * sizeof(float));
+        if (e.w1 == NULL || e.w3 == NULL || e.w2 == NULL || gate == NULL || x == NULL ||
+            wt == NULL || alone == NULL || y == NULL || g == NULL || u == NULL || ga == NULL ||
+            gb == NULL) {
+            td_check_failures++;
+            goto next;
+        }
+        for (size_t i = 0; i < MMAX * H; i++)
+            x[i] = td_rng_range(&rng, -2.0f, 2.0f);
+        for (size_t r = 0; r < MMAX; r++)
+            wt[r] = td_rng_range(&rng, 0.0f, 1.5f);
+        for (size_t r = 0; r < MMAX; r++) {
+            expert_run(&e, x + r * H, wt + r, 1, g, u, alone + r * H);
+            CHECK_STATUS(td_kernels_cpu_ops()->linear_mat(x + r * H, gate, ga + r * 16, 1), TD_OK);
+        }
+        size_t i = 0;
+        for (; cases[c].ms[i] != 0; i++) {
+            size_t m = cases[c].ms[i];
+            expert_run(&e, x, wt, m, g, u, y);
+            CHECK_STATUS(td_kernels_cpu_ops()->linear_mat(x, gate, gb, m), TD_OK);
+            for (size_t r = 0; r < m; r++, rows++) {
+                int same = memcmp(y + r * H, alone + r * H, H * sizeof(float)) == 0 &&
+                           memcmp(gb + r * 16, ga + r * 16, 16 * sizeof(float)) == 0;
+                if (!same && differ++ == 0)
+                    fprintf(stderr, "expert [%zu, %zu] %s: row %zu of a batch of %zu differs "
+                            "from the row alone\n", I, H, cases[c].bf16 ? "bf16" : "f32", r, m);
+            }
+        }
+        CHECK_EQ_INT(differ, 0);
+        fprintf(stderr, "test_kernels_cpu: expert [%zu, %zu] %s: %zu rows in batches of %zu "
+                "sizes: %s\n", I, H, cases[c].bf16 ? "bf16" : "f32", rows, (size_t)i,
+                differ ? "DIFFERENT" : "the same bits as alone");
+next:
+        td_kernels_cpu_ops()->mat_destroy(e.w1);
+        td_kernels_cpu_ops()->mat_destroy(e.w3);
+        td_kernels_cpu_ops()->mat_destroy(e.w2);
+        td_kernels_cpu_ops()->mat_destroy(gate);
+        free(x);
+        free(wt);
+        free(alone);
+        free(y);
+        free(g);
+        free(u);
+        free(ga);
+        free(gb);
+    }
+}
+
 int
 main(void)
 {
@@ -388,5 +513,6 @@ main(void)
             check_case(&cases[i]);
     check_rejects();
     test_pools();
+    test_rows_independent();
     return td_check_exit("test_kernels_cpu");
 }
