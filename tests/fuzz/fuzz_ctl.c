@@ -11,6 +11,7 @@
  * freed once the client is gone. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -93,9 +94,20 @@ ctl_client(void)
 
     FUZZ_CHECK(fd >= 0);
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        fprintf(stderr, "fuzz_ctl: connect to the listener: %s\n", strerror(errno));
+        /* A signal (libFuzzer's timer) interrupts connect, which goes on
+         * in the background: wait for it to end. */
+        struct pollfd p = { .fd = fd, .events = POLLOUT };
+        int err = errno;
+        socklen_t len = sizeof err;
+
+        while (err == EINTR && poll(&p, 1, -1) < 0 && errno == EINTR)
+            ;
+        if (err == EINTR && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
+            goto connected;
+        fprintf(stderr, "fuzz_ctl: connect to the listener: %s\n", strerror(err ? err : errno));
         abort();
     }
+connected:
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);

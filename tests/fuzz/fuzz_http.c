@@ -228,8 +228,9 @@ http_chunked_len(const char *p, size_t n)
 
 /* Nothing the client sent is the server's fault: what came back is a
  * sequence of whole HTTP/1.1 answers (the last one may be cut by the harness
- * closing early), none of them a 500, and no error whose JSON could not be
- * made (http.c then answers 500 "out of memory"). An answer to HEAD has no
+ * closing early; 100 Continue is a head alone), none of them a 500, and no
+ * error whose JSON could not be made (http.c then answers 500 "out of
+ * memory"). An answer to HEAD has no
  * body whatever its Content-Length says: when the client sent HEAD
  * somewhere, an answer followed at once by the next one is taken as that. */
 static void
@@ -248,6 +249,11 @@ http_check_replies(struct evbuffer *rx, bool sent_head)
             return;   /* cut */
         FUZZ_CHECK(memcmp(p + 9, "500", 3) != 0);
         head = (size_t)(end - p) + 4;
+        if (p[9] == '1') {   /* 100 Continue: a head alone */
+            p += head;
+            n -= head;
+            continue;
+        }
         cl = memmem(p, head, "\r\nContent-Length: ", 18);
         te = memmem(p, head, "\r\nTransfer-Encoding: chunked\r\n", 30);
         FUZZ_CHECK((cl == NULL) != (te == NULL));
