@@ -45,9 +45,10 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .trace_path = c->trace_file,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
+        .step = wr->stepping,
     };
     td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr, td_worker_rank_idle };
-    return td_drank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_drank_t **)out);
+    return td_drank_create(wr->base, wr->xfer, wr->engine, &rc, &io, (td_drank_t **)out);
 }
 
 static void

@@ -21,6 +21,122 @@ const td_engine_kind_t *const td_worker_engines[] = {
     NULL,
 };
 
+/* ---- Rank thread: a DEP group (--dep) ------------------------------------------------- */
+
+/* The compute thread's agreement for one step: an all-gather of each rank's
+ * word (bit 0: a pass to run, bit 1: leaving). */
+static td_status_t
+worker_dep_agree(void *arg, int work, int leaving, td_jobq_agreed_t *out)
+{
+    td_worker_rank_t *wr = arg;
+    uint32_t n = wr->w->nranks, words[TD_WORKER_RANKS_MAX];
+    uint32_t mine = (work ? 1u : 0u) | (leaving ? 2u : 0u);
+    td_status_t st;
+
+    /* The tests' fault: this rank fails at its fault_at-th step with work,
+     * as a rank whose thread failed would (the group must not hang). */
+    if (work && wr->fault_at != 0 && ++wr->fault_seen == wr->fault_at) {
+        td_warn("%s %u: TD_DEP_FAULT: failing the dep group at this rank's step %u",
+                wr->w->spec->rank_name, wr->id, wr->fault_at);
+        td_comm_abort(wr->comm, TD_ERR_INTERNAL);
+        return TD_ERR_INTERNAL;
+    }
+    st = td_comm_allgather(wr->comm, &mine, sizeof(mine), words);
+
+    if (st != TD_OK)
+        return st;
+    *out = (td_jobq_agreed_t){ .ranks = n };
+    for (uint32_t r = 0; r < n; r++) {
+        out->work += words[r] & 1u;
+        out->leaving += (words[r] >> 1) & 1u;
+    }
+    return TD_OK;
+}
+
+static void
+worker_dep_pass_empty(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)wr->engine->ops->pass_empty(wr->engine);   /* a failure breaks the group */
+}
+
+static uint64_t
+worker_dep_passes(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    return wr->engine->ops->passes(wr->engine);
+}
+
+/* Compute thread: the group broke; the rank's loop hears of it. */
+static void
+worker_dep_broken(void *arg, td_status_t st)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)st;
+    atomic_store(&wr->w->broken, 1);
+    event_active(wr->broken_ev, 0, 0);
+}
+
+static void worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how);
+
+/* Loop thread: with the group gone every pass fails at once, so the rank
+ * takes no more work (it reports itself draining), what it holds ends with
+ * the failure, and the process exits (1) once every rank has: the group
+ * must be made anew (comm.h). */
+static void
+worker_dep_on_broken(evutil_socket_t fd, short what, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)fd;
+    (void)what;
+    td_error("%s %u: its dep group broke (%s): taking no more work; the process exits once "
+             "every rank has ended what it holds", wr->w->spec->rank_name, wr->id,
+             td_status_str(td_comm_status(wr->comm)));
+    worker_rank_stop(wr->w, wr->id, TD_RANKS_STOP_DRAIN);
+}
+
+/* The rank's own engine (its experts) and its stepping. Logged. */
+static td_status_t
+worker_dep_setup(td_worker_rank_t *wr)
+{
+    td_worker_t *w = wr->w;
+    td_engine_group_t g = { w->comms[wr->id], w->spec->wcfg->placement };
+    td_status_t st;
+
+    wr->comm = w->comms[wr->id];
+    /* TD_DEP_FAULT=RANK:STEP (tests): rank RANK fails the group at its
+     * STEP-th step with work (docs/dep.md, "In the daemons"). */
+    const char *fault = getenv("TD_DEP_FAULT");
+    unsigned fr, fs;
+    if (fault != NULL && sscanf(fault, "%u:%u", &fr, &fs) == 2 && fr == wr->id)
+        wr->fault_at = fs;
+    wr->broken_ev = event_new(wr->base, -1, 0, worker_dep_on_broken, wr);
+    if (wr->broken_ev == NULL)
+        return TD_ERR_NOMEM;
+    st = td_engine_create_group(td_worker_engines, &w->spec->wcfg->engine, &g, &wr->own_engine);
+    if (st != TD_OK)
+        return st;
+    if (!td_engine_is_group(wr->own_engine)) {
+        td_error("%s %u: engine %s is not a dep group's rank", w->spec->rank_name, wr->id,
+                 wr->own_engine->name);
+        return TD_ERR_UNSUPPORTED;
+    }
+    wr->engine = wr->own_engine;
+    wr->step = (td_jobq_step_t){
+        .agree = worker_dep_agree,
+        .pass_empty = worker_dep_pass_empty,
+        .passes = worker_dep_passes,
+        .broken = worker_dep_broken,
+        .arg = wr,
+        .idle_ms = (uint32_t)w->spec->wcfg->dep_idle_ms,
+    };
+    return TD_OK;
+}
+
 /* The frames a rank queued just before leaving its loop get this long to go
  * out (PrefillDone, the last Tokens). */
 #define TD_WORKER_FLUSH_US 100000
@@ -152,8 +268,13 @@ worker_rank_teardown(void *arg, uint32_t id)
     td_link_destroy(wr->link);
     wr->link = NULL;
     if (wr->rank != NULL)
-        w->spec->rank_destroy(wr->rank);
+        w->spec->rank_destroy(wr->rank);   /* with --dep its compute thread left the group */
     wr->rank = NULL;
+    td_engine_destroy(wr->own_engine);
+    wr->own_engine = NULL;
+    if (wr->broken_ev != NULL)
+        event_free(wr->broken_ev);
+    wr->broken_ev = NULL;
     td_xfer_destroy(wr->xfer);
     wr->xfer = NULL;
     td_kernels_cpu_pool_destroy(wr->pool);   /* its compute thread has stopped */
@@ -213,7 +334,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     const td_worker_spec_t *spec = w->spec;
     td_worker_rank_t *wr = &w->ranks[id];
     td_status_t st;
-    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base };
+    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base, .engine = w->engine };
     const char *tls = spec->wcfg->transports;
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(w->d),
@@ -224,6 +345,11 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
         goto err;
     if ((st = td_kernels_cpu_pool_create(worker_compute_threads(w), &wr->pool)) != TD_OK)
         goto err;
+    if (w->group != NULL) {
+        if ((st = worker_dep_setup(wr)) != TD_OK)
+            goto err;
+        wr->stepping = &wr->step;
+    }
     if ((st = spec->rank_create(wr, &wr->rank)) != TD_OK)
         goto err;
     td_link_config_t lc;
@@ -239,6 +365,8 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
 
 err:
     td_error("%s %u: cannot start: %s", spec->rank_name, id, td_status_str(st));
+    if (w->comms != NULL)   /* the group's other ranks do not wait for this one */
+        td_comm_abort(w->comms[id], st);
     worker_rank_teardown(w, id);
     return st;
 }
@@ -314,9 +442,49 @@ worker_status(const td_worker_t *w)
     td_buf_printf(&b, "node %s, %u ranks, incarnation %016" PRIx64 ", routers %s",
                   td_daemon_node_id(w->d), w->nranks, td_daemon_incarnation(w->d),
                   w->spec->wcfg->routers);
+    if (w->group != NULL)
+        td_buf_printf(&b, ", dep group of %u ranks (%s)", w->nranks,
+                      w->spec->wcfg->placement[0] ? w->spec->wcfg->placement
+                                                  : "contiguous experts");
     if (w->spec->status)
         w->spec->status(w->spec->cfg, &b);
     return td_buf_take(&b, NULL);
+}
+
+/* --dep: the ranks' CPU communicator group and every rank's communicator,
+ * made before the rank threads so that a rank failing to start can take
+ * itself out of the group (td_comm_abort) and nobody waits for it. */
+static td_status_t
+worker_dep_group_create(td_worker_t *w)
+{
+    char name[64];
+    td_comm_opts_t co = { .deadline_ms = w->spec->wcfg->dep_deadline_ms, .name = name };
+    td_status_t st;
+
+    snprintf(name, sizeof(name), "%s dep group", w->spec->ident);
+    st = td_comm_group_create(w->nranks, &co, &w->group);   /* logs */
+    if (st != TD_OK)
+        return st;
+    w->comms = calloc(w->nranks, sizeof(*w->comms));
+    if (w->comms == NULL) {
+        td_error("%s: out of memory", w->spec->ident);
+        return TD_ERR_NOMEM;
+    }
+    for (uint32_t r = 0; r < w->nranks; r++)
+        if ((st = td_comm_cpu_create(w->group, r, &w->comms[r])) != TD_OK)
+            return st;
+    return TD_OK;
+}
+
+static void
+worker_dep_group_destroy(td_worker_t *w)
+{
+    for (uint32_t r = 0; w->comms != NULL && r < w->nranks; r++)
+        td_comm_destroy(w->comms[r]);
+    free(w->comms);
+    w->comms = NULL;
+    td_comm_group_destroy(w->group);
+    w->group = NULL;
 }
 
 int
@@ -346,13 +514,24 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         rc = 2;
         goto err_free_daemon;
     }
+    if (spec->wcfg->placement[0] && !spec->wcfg->dep) {
+        td_error("%s: --placement goes with --dep", spec->ident);
+        rc = 2;
+        goto err_free_daemon;
+    }
     td_progress_set_handler(worker_on_progress, w);
-    st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
+    /* With --dep each rank loads its own model (its experts: worker_dep_setup);
+     * the process needs the identity only (Hello, Register). */
+    st = spec->wcfg->dep
+             ? td_engine_create_identity(td_worker_engines, &spec->wcfg->engine, &w->engine)
+             : td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
     td_progress_set_handler(NULL, NULL);
     if (st != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
     w->nranks = (uint32_t)spec->wcfg->ranks;
+    if (spec->wcfg->dep && worker_dep_group_create(w) != TD_OK)
+        goto err_free_engine;
     w->ranks = calloc(w->nranks, sizeof(*w->ranks));
     if (!w->ranks) {
         td_error("%s: out of memory", spec->ident);
@@ -372,7 +551,11 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
     td_ranks_destroy(w->rs);
     td_info("%s: exiting", spec->ident);
 
+    if (atomic_load(&w->broken))
+        rc = 1;
+
 err_free_engine:
+    worker_dep_group_destroy(w);
     free(w->ranks);
     td_engine_destroy(w->engine);
 err_free_daemon:

@@ -3,7 +3,7 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model |
+kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail |
 cancel-compute | router-threads | shutdown | remove | local-cluster)"""
 import asyncio
 import http.client
@@ -945,6 +945,158 @@ def test_v41_model(c):
     check(not decode_log_lines(c, r"does not verify|refused by the engine|first token"),
           "decode rank complained: %r" % decode_log_lines(
               c, r"does not verify|refused by the engine|first token"))
+    c.wait_idle()
+
+
+# ---- 9b. DEP groups in the daemons (--dep) -------------------------------------------
+
+
+def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
+    """A tiny V4.1 checkpoint of 8 experts (mk-tiny-model), prefilld with
+    --dep over prefill_ranks rank threads (each its 8/R experts, every pass the
+    group's, ranks without a chunk joining with none), decoded with --dep or not:
+    requests sent at once so that some ranks step with work and others without.
+    Every greedy reply must be tools/generate's, token for token."""
+    build = c.build
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    c.up(prefill=1, decode=1, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
+         router=("--tokenizer", model),
+         prefill_flags=("--chunk-tokens", "8", "--dep", "--compute-threads", "1"),
+         decode_flags=(("--dep",) if decode_dep else ()) + ("--compute-threads", "1"))
+    check(re.search(r"dep group of %d ranks" % prefill_ranks, c.workers["prefill0"].text()),
+          "prefilld: no dep group in its ready line")
+    if decode_dep:
+        check(re.search(r"dep group of %d ranks" % decode_ranks, c.workers["decode0"].text()),
+              "decoded: no dep group in its ready line")
+
+    def generate(messages, max_tokens):
+        req = c.path("request-%d.json" % threading.get_ident())
+        with open(req, "w") as f:
+            json.dump({"messages": messages}, f)
+        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
+                            "--messages", req, "--temperature", "0", "--max-tokens",
+                            str(max_tokens), "--json", "--no-stream"],
+                           capture_output=True, timeout=60 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    prompts = [([{"role": "user", "content": " ".join(words[:i + 1]) * (1 + i % 3)}],
+                6 + 3 * i) for i in range(6)]
+    refs = [generate(m, n) for m, n in prompts]
+    client = c.client()
+    results = [None] * len(prompts)
+
+    def one(i):
+        messages, max_tokens = prompts[i]
+        body = {"model": "tandem-deepseek-v41", "messages": messages,
+                "max_tokens": max_tokens, "temperature": 0, "seed": 1}
+        try:
+            rsp = client.chat.completions.create(**body)
+            results[i] = (rsp.usage.prompt_tokens, rsp.usage.completion_tokens,
+                          rsp.choices[0].message.model_dump())
+        except Exception as e:  # reported below
+            results[i] = e
+
+    for rnd in range(2):   # twice: the second round finds the groups warm
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60 * SLOW)
+        for i, ref in enumerate(refs):
+            got = results[i]
+            what = "round %d, prompt %d (%d tokens)" % (rnd, i, len(ref["prompt_ids"]))
+            check(not isinstance(got, Exception) and got is not None, "%s: %r" % (what, got))
+            check(got[0] == len(ref["prompt_ids"]) and got[1] == len(ref["ids"]),
+                  "%s: %d prompt, %d reply tokens; generate: %d, %d" %
+                  (what, got[0], got[1], len(ref["prompt_ids"]), len(ref["ids"])))
+            want = {k: ref["message"].get(k) or "" for k in ("content", "reasoning_content")}
+            have = {k: got[2].get(k) or "" for k in ("content", "reasoning_content")}
+            check(have == want, "%s: %r, generate: %r" % (what, have, want))
+    return model
+
+
+def test_v41_dep(c):
+    """prefilld --dep with 4 ranks, decoded --dep with 2: greedy replies are
+    tools/generate's."""
+    v41_dep_check(c, 4, 2, True)
+    c.wait_idle()
+
+
+def test_v41_dep_fail(c):
+    """A prefill group (--dep, 4 ranks) one of whose ranks fails mid-prefill
+    (TD_DEP_FAULT, the tests' fault: rank 1 aborts the group at its 3rd step
+    with work): the other ranks' passes fail at once instead of waiting for
+    the deadline, every request in flight ends — with a reply or an error
+    naming the failure — within a few seconds, the group takes no more work
+    and prefilld exits 1 by itself; the decode side ends with every block
+    free. Then a fresh prefilld (no fault) serves a request correctly."""
+    build = c.build
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    os.environ["TD_DEP_FAULT"] = "1:3"
+    try:
+        c.up(prefill=1, decode=1, prefill_ranks=4, decode_ranks=1,
+             router=("--tokenizer", model, "--max-attempts", "2"),
+             prefill_flags=("--chunk-tokens", "4", "--dep", "--compute-threads", "1"))
+    finally:
+        del os.environ["TD_DEP_FAULT"]
+    client = c.client()
+    results = [None] * 8
+
+    def one(i):
+        body = {"model": "tandem-deepseek-v41", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "request %d " % i + "word " * 20}]}
+        t0 = time.time()
+        try:
+            rsp = client.chat.completions.create(**body)
+            results[i] = ("ok", rsp.choices[0].message.content, time.time() - t0)
+        except Exception as e:  # the failure under test
+            results[i] = ("error", str(e), time.time() - t0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30 * SLOW)
+    check(all(r is not None for r in results), "requests still open: %r" % results)
+    errors = [r for r in results if r[0] == "error"]
+    check(errors, "no request failed: %r" % results)
+    check(max(r[2] for r in results) < 10 * SLOW, "a request took %.1f s" %
+          max(r[2] for r in results))
+    p = c.workers["prefill0"]
+    text = p.text()
+    check("TD_DEP_FAULT" in text and "dep group broke" in text,
+          "prefilld did not report the broken group: %r" % text[-2000:])
+    check(not re.search(r"timed out|deadline", text), "a rank waited for the deadline")
+    try:
+        rc = p.p.wait(timeout=10 * SLOW)
+    except subprocess.TimeoutExpired:
+        raise Failure("prefilld still running after its group broke")
+    check(rc == 1, "prefilld exited %d, want 1" % rc)
+    p.killed = True   # its exit code is checked here
+    print("dep group failure: %d of %d requests failed, all ended within %.1f s, prefilld "
+          "exited %d %.1f s after the first request" % (len(errors), len(results),
+                                                       max(r[2] for r in results), rc,
+                                                       time.time() - t0))
+    c.wait_idle()
+    c.workers["prefill1"] = c.start_worker("prefilld", "prefill1", "--ranks", "4",
+                                           "--dep", "--compute-threads", "1")
+    c.wait(lambda: sum(r["role"] == "prefill" and r["state"] == "up" for r in c.ranks()) == 4,
+           "the new prefill group up")
+    rsp = client.chat.completions.create(
+        model="tandem-deepseek-v41", max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "after"}])
+    check(rsp.choices[0].finish_reason in ("stop", "length"), "after: %r" % rsp)
     c.wait_idle()
 
 
