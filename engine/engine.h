@@ -103,9 +103,10 @@ typedef struct {
      * daemons"). Every rank of the group makes the same number of passes:
      * each prefill and decode call above is one, and pass_empty is this
      * rank's part of a step it has no rows in (its experts serve the other
-     * ranks' tokens). passes counts the passes begun; expert_tokens adds
-     * each of the rank's experts' rows over every layer into out[E] (0 for
-     * the experts it does not hold) and returns E. */
+     * ranks' tokens). passes counts the passes begun; expert_tokens writes
+     * each routed expert's rows on this rank, summed over the layers, into
+     * out[min(E, cap)] (0 for the experts it does not hold) and returns E
+     * (cap 0: E only; any thread). */
     td_status_t (*pass_empty)(td_engine_t *e);
     uint64_t (*passes)(const td_engine_t *e);
     uint32_t (*expert_tokens)(const td_engine_t *e, uint64_t *out, uint32_t cap);

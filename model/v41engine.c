@@ -388,9 +388,11 @@ v41_expert_tokens(const td_engine_t *e, uint64_t *out, uint32_t cap)
     const v41_t *v = (const v41_t *)e;
     uint32_t E = (uint32_t)v->m->cfg->n_routed_experts;
     size_t L = (size_t)v->m->cfg->num_hidden_layers;
-    uint64_t *all = calloc(L * E, sizeof(*all));
+    uint64_t *all;
 
-    if (all == NULL)
+    if (cap == 0)
+        return E;   /* the size only */
+    if ((all = calloc(L * E, sizeof(*all))) == NULL)
         return 0;
     td_forward_dep_expert_tokens(v->dep, all);
     for (uint32_t x = 0; x < E && x < cap; x++) {

@@ -81,6 +81,7 @@ worker_dep_broken(void *arg, td_status_t st)
 }
 
 static void worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how);
+static void worker_dep_on_timer(evutil_socket_t fd, short what, void *arg);
 
 /* Loop thread: with the group gone every pass fails at once, so the rank
  * takes no more work (it reports itself draining), what it holds ends with
@@ -126,6 +127,14 @@ worker_dep_setup(td_worker_rank_t *wr)
         return TD_ERR_UNSUPPORTED;
     }
     wr->engine = wr->own_engine;
+    wr->nexperts = wr->engine->ops->expert_tokens(wr->engine, NULL, 0);
+    wr->experts = calloc(wr->nexperts ? wr->nexperts : 1, sizeof(*wr->experts));
+    wr->dep_timer = event_new(wr->base, -1, EV_PERSIST, worker_dep_on_timer, wr);
+    if (wr->experts == NULL || wr->dep_timer == NULL ||
+        event_add(wr->dep_timer, &(struct timeval){ 1, 0 }) != 0) {
+        td_error("%s %u: out of memory", w->spec->rank_name, wr->id);
+        return TD_ERR_NOMEM;
+    }
     wr->step = (td_jobq_step_t){
         .agree = worker_dep_agree,
         .pass_empty = worker_dep_pass_empty,
@@ -164,6 +173,37 @@ td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg)
     return td_link_send(wr->link, router, env);
 }
 
+/* --dep: the rank's Load with its group counters (per-expert rows, passes). */
+static void
+worker_dep_load_send(td_worker_rank_t *wr)
+{
+    Tandem__Load l = wr->load;
+    uint64_t passes = wr->engine->ops->passes(wr->engine);
+
+    l.n_expert_tokens = wr->engine->ops->expert_tokens(wr->engine, wr->experts, wr->nexperts);
+    if (l.n_expert_tokens > wr->nexperts)
+        l.n_expert_tokens = 0;   /* not sized for them: none sent */
+    l.expert_tokens = wr->experts;   /* read by the link until the next Load */
+    l.dep_passes = passes;
+    wr->passes_sent = passes;
+    td_link_load(wr->link, &l);
+}
+
+/* --dep, every second: a rank whose passes moved sends its counters again,
+ * also when its own load did not change (a rank serving only the others'
+ * tokens never does). */
+static void
+worker_dep_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)fd;
+    (void)what;
+    if (wr->link != NULL && wr->have_load &&
+        wr->engine->ops->passes(wr->engine) != wr->passes_sent)
+        worker_dep_load_send(wr);
+}
+
 void
 td_worker_rank_load(const Tandem__Load *load, void *arg)
 {
@@ -175,6 +215,12 @@ td_worker_rank_load(const Tandem__Load *load, void *arg)
         wr->draining = load->draining;
         worker_register(wr, &reg);
         (void)td_link_set_register(wr->link, &reg);
+    }
+    if (wr->own_engine != NULL) {
+        wr->load = *load;
+        wr->have_load = true;
+        worker_dep_load_send(wr);
+        return;
     }
     td_link_load(wr->link, load);
 }
@@ -270,6 +316,11 @@ worker_rank_teardown(void *arg, uint32_t id)
     if (wr->rank != NULL)
         w->spec->rank_destroy(wr->rank);   /* with --dep its compute thread left the group */
     wr->rank = NULL;
+    if (wr->dep_timer != NULL)
+        event_free(wr->dep_timer);
+    wr->dep_timer = NULL;
+    free(wr->experts);
+    wr->experts = NULL;
     td_engine_destroy(wr->own_engine);
     wr->own_engine = NULL;
     if (wr->broken_ev != NULL)

@@ -107,6 +107,12 @@ typedef struct {
     td_jobq_step_t step;
     struct event *broken_ev;     /* --dep: the group broke (from the compute thread) */
     uint32_t fault_at, fault_seen; /* --dep: TD_DEP_FAULT (tests; compute thread) */
+    Tandem__Load load;           /* --dep: the rank's last Load (scalars), sent again with */
+    bool have_load;              /*   the group's counters when they move (dep_timer) */
+    uint64_t *experts;           /*   [nexperts] the counters last sent (owned) */
+    uint32_t nexperts;
+    uint64_t passes_sent;
+    struct event *dep_timer;
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
     struct event *drain_ev;      /* SIGTERM's drain deadline, or NULL */

@@ -1018,6 +1018,42 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
             want = {k: ref["message"].get(k) or "" for k in ("content", "reasoning_content")}
             have = {k: got[2].get(k) or "" for k in ("content", "reasoning_content")}
             check(have == want, "%s: %r, generate: %r" % (what, have, want))
+    # Each group's counters (admin status, published with the ranks' Load):
+    # every rank made the same passes (SPMD), a rank's rows are only on the
+    # experts it holds (contiguous ranges), and the rows over all ranks are
+    # k x layers x the tokens the group ran: the prompts on the prefill side,
+    # each reply but its first token on the decode side.
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    cfg = cfg.get("text_config", cfg)
+    k, L, E = cfg["num_experts_per_tok"], cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    want_rows = {"prefill": 2 * k * L * sum(len(r["prompt_ids"]) for r in refs),
+                 "decode": 2 * k * L * sum(len(r["ids"]) - 1 for r in refs)}
+    groups = {"prefill": prefill_ranks}
+    if decode_dep:
+        groups["decode"] = decode_ranks
+    last = {}
+
+    def counters():
+        for role, n in groups.items():
+            ranks = [r for r in c.ranks() if r["role"] == role]
+            deps = [r.get("dep") for r in ranks]
+            last[role] = deps
+            if len(ranks) != n or not all(deps) or \
+                    sum(sum(d["expert_tokens"]) for d in deps) != want_rows[role] or \
+                    len(set(d["passes"] for d in deps)) != 1:
+                return False
+        return True
+    c.wait(counters, "the dep groups' counters: want %r" % want_rows, timeout=5)
+    for role, n in groups.items():
+        for r in [r for r in c.ranks() if r["role"] == role]:
+            et = r["dep"]["expert_tokens"]
+            held = range(r["rank"] * E // n, (r["rank"] + 1) * E // n)
+            check(len(et) == E and all(et[x] == 0 for x in range(E) if x not in held) and
+                  all(et[x] > 0 for x in held),
+                  "%s rank %d: rows per expert %r (holds %r)" % (role, r["rank"], et, list(held)))
+    m = c.metrics()
+    check(re.search(r'tandem_router_rank_expert_tokens\{node="prefill0",rank="0",'
+                    r'role="prefill",expert="0"\} [1-9]', m), "no expert rows in /metrics")
     return model
 
 
