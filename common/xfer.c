@@ -1000,6 +1000,18 @@ td_xfer_incarnation(const td_xfer_t *x)
     return x->incarnation;
 }
 
+struct event_base *
+td_xfer_base(const td_xfer_t *x)
+{
+    return x->base;
+}
+
+uint32_t
+td_xfer_max_payload(const td_xfer_t *x)
+{
+    return x->max_payload;
+}
+
 void
 td_xfer_stats(const td_xfer_t *x, td_xfer_stats_t *out)
 {

@@ -101,6 +101,10 @@ void td_xfer_set_peer_fail_handler(td_xfer_t *x, td_xfer_peer_fail_fn fn, void *
 td_status_t td_xfer_address(td_xfer_t *x, void **buf, size_t *len);
 
 uint64_t td_xfer_incarnation(const td_xfer_t *x);
+/* The loop the engine was created on. */
+struct event_base *td_xfer_base(const td_xfer_t *x);
+/* The largest payload a notification of this engine carries (and accepts). */
+uint32_t td_xfer_max_payload(const td_xfer_t *x);
 void td_xfer_stats(const td_xfer_t *x, td_xfer_stats_t *out);
 
 /* Drive progress once without waiting (the loop does this by itself; tests
