@@ -27,6 +27,7 @@ static const td_config_opt_t decoded_opts[] = {
                          "requests per rank holding kv at once (batch rows, fixed slots)"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
+    TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
     TD_CONFIG_OPT_END
 };
 

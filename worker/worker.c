@@ -29,7 +29,7 @@ static td_status_t
 worker_dep_agree(void *arg, int work, int leaving, td_jobq_agreed_t *out)
 {
     td_worker_rank_t *wr = arg;
-    uint32_t n = wr->w->nranks, words[TD_WORKER_RANKS_MAX];
+    uint32_t n = td_comm_size(wr->comm), words[256];
     uint32_t mine = (work ? 1u : 0u) | (leaving ? 2u : 0u);
     td_status_t st;
 
@@ -105,15 +105,33 @@ static td_status_t
 worker_dep_setup(td_worker_rank_t *wr)
 {
     td_worker_t *w = wr->w;
-    td_engine_group_t g = { w->comms[wr->id], w->spec->wcfg->placement };
+    const td_worker_opts_t *o = w->spec->wcfg;
     td_status_t st;
 
-    wr->comm = w->comms[wr->id];
+    if (o->domain_size > 0) {   /* a domain across processes: its rank's UCX communicator */
+        char name[64];
+        td_worker_domain_t d = { o->domain_id, o->domain_dir, (uint32_t)o->domain_size,
+                                 o->dep_deadline_ms };
+        td_comm_opts_t co = { .deadline_ms = o->dep_deadline_ms, .name = name };
+        td_xfer_config_t xc = {
+            .incarnation = td_daemon_incarnation(w->d),
+            .transports = o->transports[0] ? o->transports : NULL,
+            .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
+        };
+        snprintf(name, sizeof(name), "dep domain %s", o->domain_id);
+        st = td_worker_domain_create(&d, (uint32_t)o->domain_rank0 + wr->id, &xc, &co, &wr->dom);
+        if (st != TD_OK)
+            return st;
+        wr->comm = wr->dom.comm;
+    } else {
+        wr->comm = w->comms[wr->id];
+    }
+    td_engine_group_t g = { wr->comm, o->placement };
     /* TD_DEP_FAULT=RANK:STEP (tests): rank RANK fails the group at its
      * STEP-th step with work (docs/dep.md, "In the daemons"). */
     const char *fault = getenv("TD_DEP_FAULT");
     unsigned fr, fs;
-    if (fault != NULL && sscanf(fault, "%u:%u", &fr, &fs) == 2 && fr == wr->id)
+    if (fault != NULL && sscanf(fault, "%u:%u", &fr, &fs) == 2 && fr == td_comm_rank(wr->comm))
         wr->fault_at = fs;
     wr->broken_ev = event_new(wr->base, -1, 0, worker_dep_on_broken, wr);
     if (wr->broken_ev == NULL)
@@ -323,6 +341,7 @@ worker_rank_teardown(void *arg, uint32_t id)
     wr->experts = NULL;
     td_engine_destroy(wr->own_engine);
     wr->own_engine = NULL;
+    td_worker_domain_destroy(&wr->dom);   /* after the engine that borrowed it */
     if (wr->broken_ev != NULL)
         event_free(wr->broken_ev);
     wr->broken_ev = NULL;
@@ -396,7 +415,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
         goto err;
     if ((st = td_kernels_cpu_pool_create(worker_compute_threads(w), &wr->pool)) != TD_OK)
         goto err;
-    if (w->group != NULL) {
+    if (spec->wcfg->dep) {
         if ((st = worker_dep_setup(wr)) != TD_OK)
             goto err;
         wr->stepping = &wr->step;
@@ -418,6 +437,8 @@ err:
     td_error("%s %u: cannot start: %s", spec->rank_name, id, td_status_str(st));
     if (w->comms != NULL)   /* the group's other ranks do not wait for this one */
         td_comm_abort(w->comms[id], st);
+    else if (wr->dom.comm != NULL)
+        td_comm_abort(wr->dom.comm, st);
     worker_rank_teardown(w, id);
     return st;
 }
@@ -493,13 +514,46 @@ worker_status(const td_worker_t *w)
     td_buf_printf(&b, "node %s, %u ranks, incarnation %016" PRIx64 ", routers %s",
                   td_daemon_node_id(w->d), w->nranks, td_daemon_incarnation(w->d),
                   w->spec->wcfg->routers);
-    if (w->group != NULL)
+    const td_worker_opts_t *o = w->spec->wcfg;
+    if (o->dep && o->domain_size > 0)
+        td_buf_printf(&b, ", dep domain %s: ranks %llu..%llu of %llu (%s)", o->domain_id,
+                      (unsigned long long)o->domain_rank0,
+                      (unsigned long long)(o->domain_rank0 + w->nranks - 1),
+                      (unsigned long long)o->domain_size,
+                      o->placement[0] ? o->placement : "contiguous experts");
+    else if (o->dep)
         td_buf_printf(&b, ", dep group of %u ranks (%s)", w->nranks,
-                      w->spec->wcfg->placement[0] ? w->spec->wcfg->placement
-                                                  : "contiguous experts");
+                      o->placement[0] ? o->placement : "contiguous experts");
     if (w->spec->status)
         w->spec->status(w->spec->cfg, &b);
     return td_buf_take(&b, NULL);
+}
+
+/* The --dep options agree with each other and --ranks (logged). */
+static td_status_t
+worker_dep_check(const td_worker_spec_t *spec)
+{
+    const td_worker_opts_t *o = spec->wcfg;
+
+    if (o->placement[0] && !o->dep) {
+        td_error("%s: --placement goes with --dep", spec->ident);
+        return TD_ERR_INVALID;
+    }
+    if (o->domain_size == 0)
+        return TD_OK;
+    if (!o->dep || !o->domain_dir[0] || !o->domain_id[0] || strchr(o->domain_id, '/')) {
+        td_error("%s: --domain-size goes with --dep, --domain-dir and a --domain-id without "
+                 "'/'", spec->ident);
+        return TD_ERR_INVALID;
+    }
+    if (o->domain_rank0 + o->ranks > o->domain_size) {
+        td_error("%s: ranks %llu..%llu (--domain-rank0, --ranks) lie outside a domain of %llu",
+                 spec->ident, (unsigned long long)o->domain_rank0,
+                 (unsigned long long)(o->domain_rank0 + o->ranks - 1),
+                 (unsigned long long)o->domain_size);
+        return TD_ERR_INVALID;
+    }
+    return TD_OK;
 }
 
 /* --dep: the ranks' CPU communicator group and every rank's communicator,
@@ -565,8 +619,7 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         rc = 2;
         goto err_free_daemon;
     }
-    if (spec->wcfg->placement[0] && !spec->wcfg->dep) {
-        td_error("%s: --placement goes with --dep", spec->ident);
+    if ((st = worker_dep_check(spec)) != TD_OK) {
         rc = 2;
         goto err_free_daemon;
     }
@@ -581,7 +634,7 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
     w->nranks = (uint32_t)spec->wcfg->ranks;
-    if (spec->wcfg->dep && worker_dep_group_create(w) != TD_OK)
+    if (spec->wcfg->dep && spec->wcfg->domain_size == 0 && worker_dep_group_create(w) != TD_OK)
         goto err_free_engine;
     w->ranks = calloc(w->nranks, sizeof(*w->ranks));
     if (!w->ranks) {

@@ -15,6 +15,7 @@
 #include "buf.h"
 #include "comm.h"
 #include "config.h"
+#include "domain.h"
 #include "kernels.h"
 #include "daemon.h"
 #include "engine.h"
@@ -48,7 +49,25 @@ typedef struct {
     char *placement;             /*   its placement file; "": contiguous ranges */
     uint64_t dep_idle_ms;        /*   an idle group agrees again after this long */
     uint64_t dep_deadline_ms;    /*   deadline of each collective of the group */
+    uint64_t domain_size;        /* --dep across processes (decoded): ranks in the domain;
+                                    0: the group is this process's ranks */
+    uint64_t domain_rank0;       /*   this process's first rank in it */
+    char *domain_dir;            /*   where the processes exchange their ranks' addresses */
+    char *domain_id;             /*   names the domain's files there */
 } td_worker_opts_t;
+
+/* The options of a domain across processes (decoded only). */
+#define TD_WORKER_DOMAIN_OPTS(st, m)                                                      \
+    TD_CONFIG_OPT_UINT64("domain-size", st, m.domain_size, "0", 0, 256,                 \
+                         "with --dep: ranks in the decode domain, over every process "   \
+                         "(0: this process's ranks are the whole group)"),               \
+    TD_CONFIG_OPT_UINT64("domain-rank0", st, m.domain_rank0, "0", 0, 255,               \
+                         "with --domain-size: this process's first rank in the domain"), \
+    TD_CONFIG_OPT_STRING("domain-dir", st, m.domain_dir, "",                            \
+                         "with --domain-size: a directory every process of the domain "  \
+                         "sees; each rank writes its address there and reads the others'"), \
+    TD_CONFIG_OPT_STRING("domain-id", st, m.domain_id, "domain",                        \
+                         "with --domain-size: names the domain's files in --domain-dir")
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
     TD_DAEMON_CONFIG_OPTS(st, m.d),                                                     \
@@ -107,6 +126,7 @@ typedef struct {
     td_jobq_step_t step;
     struct event *broken_ev;     /* --dep: the group broke (from the compute thread) */
     uint32_t fault_at, fault_seen; /* --dep: TD_DEP_FAULT (tests; compute thread) */
+    td_worker_domain_comm_t dom; /* --domain-size: the rank's communicator over UCX (owned) */
     Tandem__Load load;           /* --dep: the rank's last Load (scalars), sent again with */
     bool have_load;              /*   the group's counters when they move (dep_timer) */
     uint64_t *experts;           /*   [nexperts] the counters last sent (owned) */

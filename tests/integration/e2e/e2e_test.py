@@ -3,7 +3,7 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail |
+kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail | v41-dep-domain | v41-dep-domain-kill |
 cancel-compute | router-threads | shutdown | remove | local-cluster)"""
 import asyncio
 import http.client
@@ -951,25 +951,35 @@ def test_v41_model(c):
 # ---- 9b. DEP groups in the daemons (--dep) -------------------------------------------
 
 
-def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
-    """A tiny V4.1 checkpoint of 8 experts (mk-tiny-model), prefilld with
-    --dep over prefill_ranks rank threads (each its 8/R experts, every pass the
-    group's, ranks without a chunk joining with none), decoded with --dep or not:
-    requests sent at once so that some ranks step with work and others without.
-    Every greedy reply must be tools/generate's, token for token."""
-    build = c.build
+def tiny_model(c):
+    """A tools/mk-tiny-model checkpoint (8 experts, top-2) as every process's engine."""
     model = c.path("tiny-model")
-    r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
+    r = subprocess.run([os.path.join(c.build, "tools", "mk-tiny-model"), model],
                        capture_output=True, timeout=60)
     check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
     c.engine = ["--engine", "deepseek-v41", "--model", model]
-    c.up(prefill=1, decode=1, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
-         router=("--tokenizer", model),
-         prefill_flags=("--chunk-tokens", "8", "--dep", "--compute-threads", "1"),
-         decode_flags=(("--dep",) if decode_dep else ()) + ("--compute-threads", "1"))
+    return model
+
+
+def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep, domain=None):
+    """A tiny V4.1 checkpoint of 8 experts (mk-tiny-model), prefilld with
+    --dep over prefill_ranks rank threads (each its 8/R experts, every pass the
+    group's, ranks without a chunk joining with none), decoded with --dep or not
+    (domain: {node: first rank} of decoded processes already started as one
+    domain): requests sent at once so that some ranks step with work and others
+    without. Every greedy reply must be tools/generate's, token for token."""
+    build = c.build
+    if domain is None:
+        model = tiny_model(c)
+        c.up(prefill=1, decode=1, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
+             router=("--tokenizer", model),
+             prefill_flags=("--chunk-tokens", "8", "--dep", "--compute-threads", "1"),
+             decode_flags=(("--dep",) if decode_dep else ()) + ("--compute-threads", "1"))
+        domain = {"decode0": 0}
+    model = c.path("tiny-model")
     check(re.search(r"dep group of %d ranks" % prefill_ranks, c.workers["prefill0"].text()),
           "prefilld: no dep group in its ready line")
-    if decode_dep:
+    if decode_dep and len(domain) == 1:
         check(re.search(r"dep group of %d ranks" % decode_ranks, c.workers["decode0"].text()),
               "decoded: no dep group in its ready line")
 
@@ -1029,8 +1039,10 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
     want_rows = {"prefill": 2 * k * L * sum(len(r["prompt_ids"]) for r in refs),
                  "decode": 2 * k * L * sum(len(r["ids"]) - 1 for r in refs)}
     groups = {"prefill": prefill_ranks}
+    first = {"prefill0": 0}
     if decode_dep:
-        groups["decode"] = decode_ranks
+        groups["decode"] = decode_ranks * len(domain)
+        first.update(domain)
     last = {}
 
     def counters():
@@ -1047,7 +1059,8 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
     for role, n in groups.items():
         for r in [r for r in c.ranks() if r["role"] == role]:
             et = r["dep"]["expert_tokens"]
-            held = range(r["rank"] * E // n, (r["rank"] + 1) * E // n)
+            dr = first[r["node"]] + r["rank"]   # the rank in its group
+            held = range(dr * E // n, (dr + 1) * E // n)
             check(len(et) == E and all(et[x] == 0 for x in range(E) if x not in held) and
                   all(et[x] > 0 for x in held),
                   "%s rank %d: rows per expert %r (holds %r)" % (role, r["rank"], et, list(held)))
@@ -1055,6 +1068,99 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep):
     check(re.search(r'tandem_router_rank_expert_tokens\{node="prefill0",rank="0",'
                     r'role="prefill",expert="0"\} [1-9]', m), "no expert rows in /metrics")
     return model
+
+
+def start_domain(c, nodes, ranks, *flags):
+    """decoded processes nodes[i] with `ranks` ranks each, one DEP domain of
+    len(nodes) x ranks ranks (address files in a fresh directory): started
+    together, each ready once the domain is whole. {node: first rank}."""
+    ddir = c.path("domain")
+    os.makedirs(ddir, exist_ok=True)
+    size = len(nodes) * ranks
+    for i, node in enumerate(nodes):
+        c.workers[node] = c.start_worker(
+            "decoded", node, "--ranks", str(ranks), "--dep", "--domain-size", str(size),
+            "--domain-rank0", str(i * ranks), "--domain-dir", ddir, "--domain-id", "d0",
+            "--compute-threads", "1", *flags, wait_ready=False)
+    for node in nodes:
+        c.wait(lambda: "decoded ready:" in c.workers[node].text() or
+               c.workers[node].p.poll() is not None, "%s ready" % node, timeout=30)
+        check(c.workers[node].p.poll() is None, "%s exited: %s" % (node, c.workers[node].text()[-800:]))
+        check(re.search(r"dep domain d0: ranks \d+\.\.\d+ of %d" % size, c.workers[node].text()),
+              "%s: no domain in its ready line" % node)
+    return {node: i * ranks for i, node in enumerate(nodes)}
+
+
+def test_v41_dep_domain(c):
+    """A decode domain of 8 ranks over 2 decoded processes (4 ranks each, one
+    expert a rank; --domain-size 8, the UCX communicator between them) behind
+    a prefill group of 2: greedy replies are tools/generate's, every rank of
+    the domain made the same passes, rows only on its expert."""
+    model = tiny_model(c)
+    c.start_router("--tokenizer", model)
+    c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "2", "--dep",
+                                            "--chunk-tokens", "8", "--compute-threads", "1")}
+    domain = start_domain(c, ["decode0", "decode1"], 4)
+    c.wait_ranks_up(2 + 8)
+    v41_dep_check(c, 2, 4, True, domain=domain)
+    c.wait_idle()
+
+
+def test_v41_dep_domain_kill(c):
+    """SIGKILL one decoded of a 2-process decode domain while streams run on
+    both: every stream ends with an error within 5 s of the kill (the other
+    process's ranks fail their next collective with the peer gone, not at the
+    deadline), the surviving decoded takes no more work and exits 1 by itself,
+    and nothing hangs: routerd ends with no request in flight."""
+    model = tiny_model(c)
+    c.start_router("--tokenizer", model, "--max-attempts", "1")
+    c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "1",
+                                            "--compute-threads", "1")}
+    start_domain(c, ["decode0", "decode1"], 2)
+    c.wait_ranks_up(1 + 4)
+    client = c.client()
+    n = 6
+    state = [{"tokens": 0, "end": None, "error": None} for _ in range(n)]
+
+    def one(i):
+        st = state[i]
+        try:
+            with client.chat.completions.create(
+                    model="tandem-deepseek-v41", max_tokens=900, temperature=0, stream=True,
+                    messages=[{"role": "user", "content": "stream %d" % i}]) as s:
+                for ch in s:
+                    for c0 in ch.choices:
+                        st["tokens"] += 1 if c0.delta.content or c0.finish_reason is None else 0
+        except Exception as e:  # the failure under test
+            st["error"] = str(e)
+        st["end"] = time.time()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    c.wait(lambda: all(st["tokens"] >= 2 for st in state) or
+           any(st["end"] for st in state), "every stream under way", timeout=20)
+    check(not any(st["end"] for st in state), "a stream ended before the kill: %r" % state)
+    t_kill = time.time()
+    c.workers["decode1"].kill()
+    for t in threads:
+        t.join(20 * SLOW)
+    check(not any(t.is_alive() for t in threads), "a stream still open 20 s after the kill")
+    ends = [st["end"] - t_kill for st in state]
+    check(all(st["error"] for st in state), "a stream ended without an error: %r" % state)
+    check(max(ends) < 5.0 * SLOW, "streams ended %.2f s after the kill (want < 5 s)" % max(ends))
+    d0 = c.workers["decode0"]
+    try:
+        rc = d0.p.wait(timeout=10 * SLOW)
+    except subprocess.TimeoutExpired:
+        raise Failure("decode0 still running after its domain broke")
+    check(rc == 1, "decode0 exited %d, want 1" % rc)
+    d0.killed = True   # its exit code is checked here
+    check("dep group broke" in d0.text(), "decode0 did not report the broken domain")
+    print("decode domain kill: %d streams ended with an error %.2f..%.2f s after the kill; "
+          "decode0 exited %d %.2f s after it" % (n, min(ends), max(ends), rc,
+                                                time.time() - t_kill))
+    c.wait(lambda: not c.requests(), "no request in flight", timeout=10)
 
 
 def test_v41_dep(c):
