@@ -6,6 +6,8 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ typedef struct jobq_item {
     uint64_t seq;             /* jobs: the order they were posted in */
     int is_long;              /* jobs: posted with td_jobq_post_long */
     int is_done;              /* a job's completion: the pending count drops */
+    int is_pass;              /* jobs: posted with td_jobq_post_pass */
 } jobq_item_t;
 
 typedef struct {
@@ -52,6 +55,9 @@ struct td_jobq_s {
     size_t pending;            /* loop thread's count: posted, done not yet run */
     td_jobq_run_fn on_start;
     void *start_arg;
+    int stepped;               /* a DEP group's compute thread: step below */
+    td_jobq_step_t step;
+    _Atomic uint64_t steps, steps_empty;
 };
 
 static void
@@ -146,6 +152,97 @@ jobq_main(void *p)
     return NULL;
 }
 
+/* The compute thread hands a finished job back. Called with mu held. */
+static void
+jobq_finish_locked(td_jobq_t *q, jobq_item_t *it)
+{
+    it->is_done = 1;
+    jobq_send_back_locked(q, it);
+}
+
+/* Wait on cv until ms have passed (or a signal). Called with mu held. */
+static void
+jobq_wait_ms(td_jobq_t *q, uint32_t ms)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&q->cv, &q->mu, &ts);
+}
+
+/* A DEP group's compute thread (jobq.h, td_jobq_step_t). */
+static void *
+jobq_main_stepped(void *p)
+{
+    td_jobq_t *q = p;
+    const td_jobq_step_t *sp = &q->step;
+    int broken = 0;
+
+    if (q->on_start != NULL)
+        q->on_start(q->start_arg);
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        jobq_item_t *it = q->stop ? NULL : jobq_take_locked(q);
+        int leaving = q->stop;
+        td_jobq_agreed_t ag = { 0, 0, 0 };
+        td_status_t st;
+
+        if (it != NULL && (!it->is_pass || broken)) {
+            /* not a pass, or a broken group: no agreement (a pass fails at once) */
+            pthread_mutex_unlock(&q->mu);
+            it->run(it->arg);
+            pthread_mutex_lock(&q->mu);
+            jobq_finish_locked(q, it);
+            continue;
+        }
+        if (broken) {
+            if (q->stop)
+                break;
+            pthread_cond_wait(&q->cv, &q->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&q->mu);
+        st = sp->agree(sp->arg, it != NULL, leaving, &ag);
+        if (st != TD_OK) {
+            broken = 1;
+            if (sp->broken != NULL)
+                sp->broken(sp->arg, st);
+        } else {
+            atomic_fetch_add_explicit(&q->steps, 1, memory_order_relaxed);
+        }
+        if (it != NULL) {
+            uint64_t before = sp->passes(sp->arg);
+
+            it->run(it->arg);
+            if (!broken && sp->passes(sp->arg) == before) {
+                /* it failed before its pass: the others are in theirs */
+                atomic_fetch_add_explicit(&q->steps_empty, 1, memory_order_relaxed);
+                sp->pass_empty(sp->arg);
+            }
+        } else if (!broken && ag.work > 0) {
+            atomic_fetch_add_explicit(&q->steps_empty, 1, memory_order_relaxed);
+            sp->pass_empty(sp->arg);
+        }
+        pthread_mutex_lock(&q->mu);
+        if (it != NULL)
+            jobq_finish_locked(q, it);
+        if (broken)
+            continue;
+        if (leaving && ag.leaving == ag.ranks)
+            break;   /* every rank leaves: nobody steps any more */
+        if (it == NULL && ag.work == 0 && (q->stop || q->jobs.head == NULL))
+            jobq_wait_ms(q, sp->idle_ms);   /* an idle group: no spinning */
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
 /* The loop side: run every message and completion that came back. */
 static void
 jobq_on_back(evutil_socket_t fd, short what, void *arg)
@@ -184,9 +281,10 @@ jobq_stop_threads(td_jobq_t *q)
     q->started = 0;
 }
 
-td_status_t
-td_jobq_create_pool(struct event_base *base, const char *name, unsigned nthreads,
-                    td_jobq_run_fn on_start, void *start_arg, td_jobq_t **out)
+static td_status_t
+jobq_create(struct event_base *base, const char *name, unsigned nthreads,
+            td_jobq_run_fn on_start, void *start_arg, const td_jobq_step_t *step,
+            td_jobq_t **out)
 {
     td_jobq_t *q;
     int rc;
@@ -206,8 +304,23 @@ td_jobq_create_pool(struct event_base *base, const char *name, unsigned nthreads
     q->long_max = nthreads > 1 ? nthreads - 1 : 1;
     q->on_start = on_start;
     q->start_arg = start_arg;
+    if (step != NULL) {
+        q->stepped = 1;
+        q->step = *step;
+        if (q->step.idle_ms < 1)
+            q->step.idle_ms = 1;
+    }
+    atomic_init(&q->steps, 0);
+    atomic_init(&q->steps_empty, 0);
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
+    {
+        pthread_condattr_t ca;
+
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&q->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (q->efd < 0) {
         td_error("jobq %s: eventfd: %s", name, strerror(errno));
@@ -221,7 +334,8 @@ td_jobq_create_pool(struct event_base *base, const char *name, unsigned nthreads
     for (unsigned i = 0; i < nthreads; i++) {
         char tname[16];
 
-        rc = pthread_create(&q->threads[i], NULL, jobq_main, q);
+        rc = pthread_create(&q->threads[i], NULL, q->stepped ? jobq_main_stepped : jobq_main,
+                            q);
         if (rc != 0) {
             td_error("jobq %s: cannot start thread %u: %s", name, i, strerror(rc));
             goto err_threads;
@@ -252,10 +366,24 @@ err_free:
 }
 
 td_status_t
+td_jobq_create_pool(struct event_base *base, const char *name, unsigned nthreads,
+                    td_jobq_run_fn on_start, void *start_arg, td_jobq_t **out)
+{
+    return jobq_create(base, name, nthreads, on_start, start_arg, NULL, out);
+}
+
+td_status_t
 td_jobq_create(struct event_base *base, const char *name, td_jobq_run_fn on_start,
                void *start_arg, td_jobq_t **out)
 {
-    return td_jobq_create_pool(base, name, 1, on_start, start_arg, out);
+    return jobq_create(base, name, 1, on_start, start_arg, NULL, out);
+}
+
+td_status_t
+td_jobq_create_stepped(struct event_base *base, const char *name, td_jobq_run_fn on_start,
+                       void *start_arg, const td_jobq_step_t *step, td_jobq_t **out)
+{
+    return jobq_create(base, name, 1, on_start, start_arg, step, out);
 }
 
 void
@@ -277,7 +405,8 @@ td_jobq_destroy(td_jobq_t *q)
 }
 
 static td_status_t
-jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int is_long)
+jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int is_long,
+          int is_pass)
 {
     jobq_item_t *it = calloc(1, sizeof(*it));
 
@@ -289,6 +418,7 @@ jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int
     it->fn = done;
     it->arg = arg;
     it->is_long = is_long && q->nthreads > 1;
+    it->is_pass = is_pass;
     q->pending++;
     pthread_mutex_lock(&q->mu);
     it->seq = q->seq++;
@@ -301,13 +431,26 @@ jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int
 td_status_t
 td_jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
 {
-    return jobq_post(q, run, done, arg, 0);
+    return jobq_post(q, run, done, arg, 0, 0);
+}
+
+td_status_t
+td_jobq_post_pass(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
+{
+    return jobq_post(q, run, done, arg, 0, 1);
+}
+
+void
+td_jobq_step_counts(const td_jobq_t *q, uint64_t *steps, uint64_t *empty)
+{
+    *steps = atomic_load_explicit(&q->steps, memory_order_relaxed);
+    *empty = atomic_load_explicit(&q->steps_empty, memory_order_relaxed);
 }
 
 td_status_t
 td_jobq_post_long(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg)
 {
-    return jobq_post(q, run, done, arg, 1);
+    return jobq_post(q, run, done, arg, 1, 0);
 }
 
 td_status_t

@@ -836,7 +836,7 @@ drank_step(td_drank_t *r)
     if (n == 0)
         return;
     r->nrows = n;
-    if (td_jobq_post(r->jq, drank_step_run, drank_step_done, r) != TD_OK) {
+    if (td_jobq_post_pass(r->jq, drank_step_run, drank_step_done, r) != TD_OK) {
         r->nrows = 0;
         return;   /* logged; the next schedule tries again */
     }
@@ -998,7 +998,9 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     }
     char name[16];
     snprintf(name, sizeof(name), "decode-c%u", cfg->rank_id);
-    st = td_jobq_create(base, name, drank_compute_start, r, &r->jq);
+    st = cfg->step != NULL
+             ? td_jobq_create_stepped(base, name, drank_compute_start, r, cfg->step, &r->jq)
+             : td_jobq_create(base, name, drank_compute_start, r, &r->jq);
     if (st != TD_OK)
         goto err_destroy;
     r->cfg.node_id = r->node_id;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "jobq.h"
 #include "kvpool.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -63,6 +64,9 @@ typedef struct {
      * NULL: nothing. */
     void (*compute_start)(void *arg);
     void *compute_arg;
+    /* A DEP group's rank (--dep): the compute thread steps with the group's
+     * (common/jobq.h; copied); NULL: it runs its jobs alone. */
+    const td_jobq_step_t *step;
 } td_drank_config_t;
 
 typedef struct {

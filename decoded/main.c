@@ -27,6 +27,7 @@ static const td_config_opt_t decoded_opts[] = {
                          "requests per rank holding kv at once (batch rows, fixed slots)"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
+    TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
     TD_CONFIG_OPT_END
 };
 
@@ -45,9 +46,10 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .trace_path = c->trace_file,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
+        .step = wr->stepping,
     };
     td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr, td_worker_rank_idle };
-    return td_drank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_drank_t **)out);
+    return td_drank_create(wr->base, wr->xfer, wr->engine, &rc, &io, (td_drank_t **)out);
 }
 
 static void

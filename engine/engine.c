@@ -17,6 +17,12 @@ td_engine_destroy(td_engine_t *e)
         e->ops->destroy(e);
 }
 
+int
+td_engine_is_group(const td_engine_t *e)
+{
+    return e->ops->pass_empty != NULL;
+}
+
 size_t
 td_engine_describe(const td_engine_t *e, char *buf, size_t len)
 {

@@ -99,6 +99,17 @@ typedef struct {
     /* The next-token distribution at the request's end; valid until the next
      * call on req. */
     td_status_t (*logits)(td_engine_req_t *req, td_sample_dist_t *out);
+    /* A rank of a DEP group only (NULL otherwise; docs/dep.md, "In the
+     * daemons"). Every rank of the group makes the same number of passes:
+     * each prefill and decode call above is one, and pass_empty is this
+     * rank's part of a step it has no rows in (its experts serve the other
+     * ranks' tokens). passes counts the passes begun; expert_tokens writes
+     * each routed expert's rows on this rank, summed over the layers, into
+     * out[min(E, cap)] (0 for the experts it does not hold) and returns E
+     * (cap 0: E only; any thread). */
+    td_status_t (*pass_empty)(td_engine_t *e);
+    uint64_t (*passes)(const td_engine_t *e);
+    uint32_t (*expert_tokens)(const td_engine_t *e, uint64_t *out, uint32_t cap);
 } td_engine_ops_t;
 
 struct td_engine {
@@ -115,6 +126,10 @@ struct td_engine {
 };
 
 void td_engine_destroy(td_engine_t *e);
+
+/* A rank of a DEP group (an engine made by td_engine_create_group): ops
+ * pass_empty, passes and expert_tokens are set. */
+int td_engine_is_group(const td_engine_t *e);
 
 /* "synthetic (not a model: keyed-hash tokens and KV), 40 layers, 890.0 B/token
  * paged + 2.9 MiB fixed per request, vocab 129280" — snprintf-like. */

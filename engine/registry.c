@@ -55,7 +55,7 @@ td_engine_kind_find(const td_engine_kind_t *const *kinds, const char *name)
 
 static td_status_t
 registry_create(const td_engine_kind_t *const *kinds, const td_engine_config_t *cfg, int run,
-                td_engine_t **out)
+                const td_engine_group_t *group, td_engine_t **out)
 {
     const char *name = cfg->engine ? cfg->engine : "";
     const td_engine_kind_t *k = td_engine_kind_find(kinds, name);
@@ -76,13 +76,20 @@ registry_create(const td_engine_kind_t *const *kinds, const td_engine_config_t *
         td_error("engine %s: this program carries its identity only, it cannot run it", name);
         return TD_ERR_UNSUPPORTED;
     }
-    st = run ? k->create(cfg, &e) : k->identity(cfg, &e);
+    if (group != NULL && k->create_group == NULL) {
+        td_error("engine %s: has no experts to share: it cannot run as a rank of a dep group",
+                 name);
+        return TD_ERR_UNSUPPORTED;
+    }
+    st = group != NULL ? k->create_group(cfg, group, &e)
+         : run         ? k->create(cfg, &e)
+                       : k->identity(cfg, &e);
     if (st != TD_OK)
         return st;
     td_engine_describe(e, desc, sizeof(desc));
     td_info("engine %s%s: %s, layout hash %016llx, fingerprint %016llx", e->name,
-            run ? "" : " (identity)", desc, (unsigned long long)e->layout->hash,
-            (unsigned long long)e->fingerprint);
+            group != NULL ? " (a dep group's rank)" : run ? "" : " (identity)", desc,
+            (unsigned long long)e->layout->hash, (unsigned long long)e->fingerprint);
     *out = e;
     return TD_OK;
 }
@@ -91,14 +98,21 @@ td_status_t
 td_engine_create(const td_engine_kind_t *const *kinds, const td_engine_config_t *cfg,
                  td_engine_t **out)
 {
-    return registry_create(kinds, cfg, 1, out);
+    return registry_create(kinds, cfg, 1, NULL, out);
 }
 
 td_status_t
 td_engine_create_identity(const td_engine_kind_t *const *kinds, const td_engine_config_t *cfg,
                           td_engine_t **out)
 {
-    return registry_create(kinds, cfg, 0, out);
+    return registry_create(kinds, cfg, 0, NULL, out);
+}
+
+td_status_t
+td_engine_create_group(const td_engine_kind_t *const *kinds, const td_engine_config_t *cfg,
+                       const td_engine_group_t *group, td_engine_t **out)
+{
+    return registry_create(kinds, cfg, 1, group, out);
 }
 
 /* ---- The synthetic engine's kind ---------------------------------------------- */

@@ -26,6 +26,15 @@ typedef struct {
                          "model directory (config.json, safetensors) of a real engine"), \
     TD_SYNTH_CONFIG_OPTS(st, m.synth)
 
+/* A rank of a DEP group: its communicator (td_comm_size ranks, this one
+ * td_comm_rank) and the placement of the experts. */
+struct td_comm_s;
+typedef struct {
+    struct td_comm_s *comm;    /* borrowed */
+    const char *placement;     /* a placement file (model/placement.h); NULL or "":
+                                  contiguous ranges */
+} td_engine_group_t;
+
 /* One engine. identity builds what a router needs (name, kind, layout,
  * vocabulary, context, fingerprint) without what running needs; requests on
  * it are TD_ERR_UNSUPPORTED. create builds it to run; NULL where the program
@@ -36,6 +45,12 @@ typedef struct {
     const char *options;       /* the options it reads: "synth-*", "model" */
     td_status_t (*identity)(const td_engine_config_t *cfg, td_engine_t **out);
     td_status_t (*create)(const td_engine_config_t *cfg, td_engine_t **out);
+    /* One rank of a DEP group (NULL: the engine has no experts to share):
+     * loads only the experts the placement gives the communicator's rank;
+     * its prefill and decode calls are that rank's passes (engine.h,
+     * pass_empty). Borrows group->comm, which must outlive it. */
+    td_status_t (*create_group)(const td_engine_config_t *cfg, const td_engine_group_t *group,
+                                td_engine_t **out);
 } td_engine_kind_t;
 
 /* The synthetic engine's kind (its identity is the engine itself). */
@@ -54,6 +69,12 @@ const td_engine_kind_t *td_engine_kind_find(const td_engine_kind_t *const *kinds
  * without create: TD_ERR_UNSUPPORTED. */
 td_status_t td_engine_create(const td_engine_kind_t *const *kinds, const td_engine_config_t *cfg,
                              td_engine_t **out);
+/* One rank of a DEP group of the engine cfg->engine names (see
+ * td_engine_kind_t.create_group). A kind without it: TD_ERR_UNSUPPORTED,
+ * logged. */
+td_status_t td_engine_create_group(const td_engine_kind_t *const *kinds,
+                                   const td_engine_config_t *cfg,
+                                   const td_engine_group_t *group, td_engine_t **out);
 /* The same engine's identity only (see td_engine_kind_t). */
 td_status_t td_engine_create_identity(const td_engine_kind_t *const *kinds,
                                       const td_engine_config_t *cfg, td_engine_t **out);

@@ -3,7 +3,9 @@
  * KV memory its caller gave (the engine's layout is the cache plan's), so
  * prefill writes every entry where it will be sent from, a layer's pieces
  * are named right after that layer runs, adopt takes received memory as it
- * is and decode appends into the same blocks. docs/engine.md. */
+ * is and decode appends into the same blocks. docs/engine.md.
+ * As one rank of a DEP group (create_group) it holds only its experts and
+ * every call is that rank's td_forward_dep pass (docs/dep.md). */
 #include "engine.h"
 #include "model.h"
 #include "v41engine.h"
@@ -14,6 +16,8 @@
 #include <string.h>
 
 #include "log.h"
+#include "modelcfg.h"
+#include "placement.h"
 
 typedef struct {
     td_engine_t base;
@@ -21,6 +25,8 @@ typedef struct {
     uint32_t *layer_first;     /* [layers + 1]: segments of layer L are
                                   [layer_first[L], layer_first[L + 1]) */
     uint32_t layer_most;       /* the most segments of one layer */
+    td_placement_t *placement; /* a DEP group's rank: the group's placement (owned) */
+    td_forward_dep_t *dep;     /*   and this rank's side of it (owned); NULL: no group */
     char kind[160];
 } v41_t;
 
@@ -42,31 +48,39 @@ v41_destroy(td_engine_t *e)
 {
     v41_t *v = (v41_t *)e;
 
+    td_forward_dep_destroy(v->dep);
     td_model_destroy(v->m);
+    td_placement_destroy(v->placement);
     free(v->layer_first);
     free(v);
 }
 
-static td_status_t
-v41_create(const td_engine_config_t *cfg, td_engine_t **out)
-{
-    const char *dir;
-    td_model_t *m = NULL;
-    v41_t *v = NULL;
-    td_status_t st = td_v41_model_dir(cfg, &dir);
+static const td_engine_ops_t v41_group_ops;
 
-    /* The model, then the engine around it. */
-    if (st == TD_OK)
-        st = td_model_load(dir, &m);
-    if (st == TD_OK && (v = calloc(1, sizeof(*v))) == NULL) {
+/* The engine around a loaded model (owned from here on, also on failure);
+ * with group, one rank of a DEP group (placement owned from here on too). */
+static td_status_t
+v41_wrap(const char *dir, td_model_t *m, td_placement_t *placement, td_comm_t *comm,
+         td_engine_t **out)
+{
+    v41_t *v = calloc(1, sizeof(*v));
+    td_status_t st;
+
+    if (v == NULL) {
         td_error("engine deepseek-v41: out of memory");
-        st = TD_ERR_NOMEM;
-    }
-    if (st != TD_OK) {
         td_model_destroy(m);
-        return st;
+        td_placement_destroy(placement);
+        return TD_ERR_NOMEM;
     }
     v->m = m;
+    v->placement = placement;
+    if (placement != NULL) {
+        st = td_forward_dep_create(m, comm, placement, &v->dep);   /* logs */
+        if (st != TD_OK) {
+            v41_destroy(&v->base);
+            return st;
+        }
+    }
     st = td_v41_identify(dir, m->cfg, m->plan, &v->base, v->kind, sizeof(v->kind));
     if (st != TD_OK) {
         v41_destroy(&v->base);
@@ -87,9 +101,60 @@ v41_create(const td_engine_config_t *cfg, td_engine_t **out)
         if (L > 0 && v->layer_first[L] - v->layer_first[L - 1] > v->layer_most)
             v->layer_most = v->layer_first[L] - v->layer_first[L - 1];
     }
-    v->base.ops = &v41_ops;
+    v->base.ops = v->dep != NULL ? &v41_group_ops : &v41_ops;
+    if (v->dep != NULL) {
+        size_t k = strlen(v->kind);
+        snprintf(v->kind + k, sizeof(v->kind) - k, ", dep rank %u of %u (%u experts)",
+                 td_comm_rank(comm), td_comm_size(comm), m->experts_held);
+    }
     *out = &v->base;
     return TD_OK;
+}
+
+static td_status_t
+v41_create(const td_engine_config_t *cfg, td_engine_t **out)
+{
+    const char *dir;
+    td_model_t *m = NULL;
+    td_status_t st = td_v41_model_dir(cfg, &dir);
+
+    /* The model, then the engine around it. */
+    if (st == TD_OK)
+        st = td_model_load(dir, &m);
+    if (st != TD_OK)
+        return st;
+    return v41_wrap(dir, m, NULL, NULL, out);
+}
+
+/* One rank of a DEP group: the placement (the expert count from the config
+ * alone), the rank's experts only, its side of the group. */
+static td_status_t
+v41_create_group(const td_engine_config_t *cfg, const td_engine_group_t *g, td_engine_t **out)
+{
+    const char *dir;
+    td_modelcfg_t *mc = NULL;
+    td_placement_t *p = NULL;
+    td_model_t *m = NULL;
+    uint32_t size = td_comm_size(g->comm), rank = td_comm_rank(g->comm), E;
+    td_status_t st = td_v41_model_dir(cfg, &dir);
+
+    if (st == TD_OK)
+        st = td_modelcfg_load(dir, &mc);   /* logs why */
+    if (st != TD_OK)
+        return st;
+    E = (uint32_t)mc->n_routed_experts;
+    td_modelcfg_destroy(mc);
+    st = g->placement != NULL && g->placement[0] != '\0'
+             ? td_placement_load(g->placement, E, size, &p)   /* logs the reason */
+             : td_placement_create_ranges(E, size, &p);
+    if (st != TD_OK)
+        return st;
+    st = td_model_load_opts(dir, &(td_model_opts_t){ p, rank }, &m);
+    if (st != TD_OK) {
+        td_placement_destroy(p);
+        return st;
+    }
+    return v41_wrap(dir, m, p, g->comm, out);
 }
 
 /* ---- Requests ------------------------------------------------------------------- */
@@ -165,21 +230,43 @@ typedef struct {
     td_engine_piece_t *pieces; /* [layer_most] */
     td_engine_layer_fn fn;
     void *arg;
+    td_status_t stopped;       /* a DEP group's rank: what fn stopped the pass with */
 } v41_hook_t;
 
 static td_status_t
 v41_layer_done(const td_forward_done_t *d, void *arg)
 {
-    const v41_hook_t *h = arg;
+    v41_hook_t *h = arg;
 
+    if (h->stopped != TD_OK)
+        return TD_OK;   /* a group's pass goes on without telling fn any more */
     for (size_t s = 0; s < d->nseqs; s++) {
         td_status_t st = v41_emit_layer(h->v, h->reqs[s], d->layer, d->p0[s],
                                         d->p0[s] + d->seqs[s].n, h->fixed, h->always,
                                         h->pieces, h->fn, h->arg);
+        if (st != TD_OK && h->v->dep != NULL) {
+            /* The other ranks' tokens need this rank's experts at every
+             * layer: a stop from fn (a cancel) cannot end a group's pass,
+             * it ends at the pass's end (and the request is unusable). */
+            h->stopped = st;
+            return TD_OK;
+        }
         if (st != TD_OK)
             return st;
     }
     return TD_OK;
+}
+
+/* One pass: td_forward, or this rank's td_forward_dep (which aborts the
+ * group's communicator when it fails). */
+static td_status_t
+v41_pass(const v41_t *v, td_forward_seq_t *seqs, size_t n, v41_hook_t *hook, int hooked)
+{
+    td_status_t st = v->dep != NULL
+                         ? td_forward_dep(v->dep, seqs, n, hooked ? v41_layer_done : NULL, hook)
+                         : td_forward(v->m, seqs, n, hooked ? v41_layer_done : NULL, hook);
+
+    return st == TD_OK ? hook->stopped : st;
 }
 
 static td_status_t
@@ -189,7 +276,7 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     v41_t *v = (v41_t *)req->engine;
     v41_req_t *r = (v41_req_t *)req;
     td_forward_seq_t seq = { &r->cache, tokens, n, r->logits, 0 };
-    v41_hook_t hook = { v, &r, last, 1, NULL, fn, arg };
+    v41_hook_t hook = { v, &r, last, 1, NULL, fn, arg, TD_OK };
     td_status_t st;
 
     hook.pieces = malloc((v->layer_most ? v->layer_most : 1) * sizeof(*hook.pieces));
@@ -201,7 +288,7 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     if (req->ntokens == 0)   /* the first chunk: empty rings, zero counters */
         td_cache_reset(&r->cache);
     req->ntokens += n;
-    st = td_forward(v->m, &seq, 1, v41_layer_done, &hook);   /* logs its failures */
+    st = v41_pass(v, &seq, 1, &hook, 1);   /* logs its failures */
     if (st == TD_OK)
         r->have_logits = 1;
     free(hook.pieces);
@@ -232,7 +319,7 @@ v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn f
     v41_t *v = (v41_t *)e;
     td_forward_seq_t *seqs = calloc(n, sizeof(*seqs));
     v41_req_t **reqs = calloc(n, sizeof(*reqs));
-    v41_hook_t hook = { v, NULL, 0, 0, NULL, fn, arg };
+    v41_hook_t hook = { v, NULL, 0, 0, NULL, fn, arg, TD_OK };
     td_status_t st = TD_ERR_NOMEM;
 
     hook.pieces = malloc((v->layer_most ? v->layer_most : 1) * sizeof(*hook.pieces));
@@ -250,7 +337,7 @@ v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn f
     }
     hook.reqs = reqs;
     /* the new entries land in each row's blocks; fn, if given, is told */
-    st = td_forward(v->m, seqs, n, fn != NULL ? v41_layer_done : NULL, &hook);   /* logs */
+    st = v41_pass(v, seqs, n, &hook, fn != NULL);   /* logs */
     if (st != TD_OK)
         goto cleanup;
     for (size_t i = 0; i < n; i++)
@@ -275,6 +362,48 @@ v41_logits(td_engine_req_t *req, td_sample_dist_t *out)
     return TD_OK;
 }
 
+/* ---- A DEP group's rank ----------------------------------------------------------- */
+
+static td_status_t
+v41_pass_empty(td_engine_t *e)
+{
+    v41_t *v = (v41_t *)e;
+
+    return td_forward_dep(v->dep, NULL, 0, NULL, NULL);   /* logs its failures */
+}
+
+static uint64_t
+v41_passes(const td_engine_t *e)
+{
+    const v41_t *v = (const v41_t *)e;
+    td_forward_dep_stats_t s;
+
+    td_forward_dep_stats(v->dep, &s);
+    return s.passes;
+}
+
+static uint32_t
+v41_expert_tokens(const td_engine_t *e, uint64_t *out, uint32_t cap)
+{
+    const v41_t *v = (const v41_t *)e;
+    uint32_t E = (uint32_t)v->m->cfg->n_routed_experts;
+    size_t L = (size_t)v->m->cfg->num_hidden_layers;
+    uint64_t *all;
+
+    if (cap == 0)
+        return E;   /* the size only */
+    if ((all = calloc(L * E, sizeof(*all))) == NULL)
+        return 0;
+    td_forward_dep_expert_tokens(v->dep, all);
+    for (uint32_t x = 0; x < E && x < cap; x++) {
+        out[x] = 0;
+        for (size_t l = 0; l < L; l++)
+            out[x] += all[l * E + x];
+    }
+    free(all);
+    return E;
+}
+
 static const td_engine_ops_t v41_ops = {
     .destroy = v41_destroy,
     .req_create = v41_req_create,
@@ -285,10 +414,24 @@ static const td_engine_ops_t v41_ops = {
     .logits = v41_logits,
 };
 
+static const td_engine_ops_t v41_group_ops = {
+    .destroy = v41_destroy,
+    .req_create = v41_req_create,
+    .req_destroy = v41_req_destroy,
+    .prefill = v41_prefill,
+    .adopt = v41_adopt,
+    .decode = v41_decode,
+    .logits = v41_logits,
+    .pass_empty = v41_pass_empty,
+    .passes = v41_passes,
+    .expert_tokens = v41_expert_tokens,
+};
+
 const td_engine_kind_t td_v41_kind = {
     .name = TD_V41_NAME,
     .help = TD_V41_HELP,
     .options = TD_V41_OPTIONS,
     .identity = td_v41_identity,
     .create = v41_create,
+    .create_group = v41_create_group,
 };

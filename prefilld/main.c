@@ -56,9 +56,10 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .hold_layers = !c->layer_streaming,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
+        .step = wr->stepping,
     };
     td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr };
-    return td_prank_create(wr->base, wr->xfer, wr->w->engine, &rc, &io, (td_prank_t **)out);
+    return td_prank_create(wr->base, wr->xfer, wr->engine, &rc, &io, (td_prank_t **)out);
 }
 
 static void

@@ -773,7 +773,7 @@ prank_schedule(td_prank_t *rk)
                                                              : rk->cfg.chunk_tokens;
     t->chunk_last = t->pos + t->chunk_n == t->ntokens;
     t->chunk_t0 = td_clock_ns();
-    if (td_jobq_post(rk->jq, task_chunk_run, task_chunk_done, t) != TD_OK) {
+    if (td_jobq_post_pass(rk->jq, task_chunk_run, task_chunk_done, t) != TD_OK) {
         task_fail(t, TD_ERR_NOMEM, "cannot hand the chunk to the compute thread");
         task_finish_engine(t);
         return;
@@ -1095,7 +1095,9 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         setvbuf(rk->trace, NULL, _IOLBF, 0);
     }
     snprintf(name, sizeof(name), "prefill-c%u", cfg->rank_id);
-    st = td_jobq_create(base, name, prank_compute_start, rk, &rk->jq);
+    st = cfg->step != NULL
+             ? td_jobq_create_stepped(base, name, prank_compute_start, rk, cfg->step, &rk->jq)
+             : td_jobq_create(base, name, prank_compute_start, rk, &rk->jq);
     if (st != TD_OK)
         goto err_destroy;
     td_xfer_set_peer_fail_handler(xfer, prank_on_peer_fail, rk);

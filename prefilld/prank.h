@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "jobq.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
@@ -38,6 +39,9 @@ typedef struct {
      * NULL: nothing. */
     void (*compute_start)(void *arg);
     void *compute_arg;
+    /* A DEP group's rank (--dep): the compute thread steps with the group's
+     * (common/jobq.h; copied); NULL: it runs its jobs alone. */
+    const td_jobq_step_t *step;
 } td_prank_config_t;
 
 typedef struct {

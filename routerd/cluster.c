@@ -44,6 +44,7 @@ rank_free(td_rrank_t *rk)
 {
     if (rk->reg)
         tandem__register__free_unpacked(rk->reg, NULL);
+    free(rk->expert_tokens);
     free(rk);
 }
 
@@ -223,6 +224,7 @@ rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
     rk->conn = NULL;
     /* its last Load says nothing about a rank that is gone */
     memset(&rk->load, 0, sizeof rk->load);
+    rk->n_expert_tokens = 0;
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
     c->hold++;   /* rk stays while its requests let go of it */
@@ -275,6 +277,7 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     rk->conn = conn;
     rk->incarnation = peer->incarnation;
     memset(&rk->load, 0, sizeof rk->load);
+    rk->n_expert_tokens = 0;
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
     rk->refused = false;
@@ -358,6 +361,18 @@ on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
     rk->load = *ld;
     rk->load.base.unknown_fields = NULL;
     rk->load.base.n_unknown_fields = 0;
+    rk->load.expert_tokens = NULL;   /* the message's: copied below */
+    rk->load.n_expert_tokens = 0;
+    if (ld->n_expert_tokens != rk->n_expert_tokens) {
+        uint64_t *e = realloc(rk->expert_tokens, (ld->n_expert_tokens ? ld->n_expert_tokens
+                                                                       : 1) * sizeof(*e));
+        if (e != NULL) {
+            rk->expert_tokens = e;
+            rk->n_expert_tokens = ld->n_expert_tokens;
+        }
+    }
+    if (rk->n_expert_tokens == ld->n_expert_tokens && ld->n_expert_tokens > 0)
+        memcpy(rk->expert_tokens, ld->expert_tokens, ld->n_expert_tokens * sizeof(uint64_t));
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
     rk->refused = false;

@@ -1,5 +1,6 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
- * ranks (role, state, incarnation, load, KV used/free, in flight), and the
+ * ranks (role, state, incarnation, load, KV used/free, in flight, a DEP
+ * group's rank's passes and rows per expert), and the
  * admission queue (length, bounds, waits). */
 #include "router.h"
 #include "route.h"
@@ -13,7 +14,7 @@ rank_json(const td_rrank_t *rk)
 {
     const Tandem__Load *l = &rk->load;
     td_rrank_state_t st = td_rrank_state(rk);
-    json_t *load = NULL, *kv = NULL;
+    json_t *load = NULL, *kv = NULL, *dep = NULL;
     char inc[17];
 
     if (st != TD_RRANK_DEAD) {
@@ -24,16 +25,28 @@ rank_json(const td_rrank_t *rk)
                        "blocks_free", (json_int_t)l->kv_blocks_free,
                        "tokens_used", (json_int_t)l->kv_tokens_used,
                        "tokens_free", (json_int_t)l->kv_tokens_free);
+        if (l->dep_passes > 0 || rk->n_expert_tokens > 0) {   /* a DEP group's rank */
+            json_t *e = json_array();
+            for (size_t i = 0; e && i < rk->n_expert_tokens; i++)
+                json_array_append_new(e, json_integer((json_int_t)rk->expert_tokens[i]));
+            dep = json_pack("{s:I, s:o}", "passes", (json_int_t)l->dep_passes,
+                            "expert_tokens", e ? e : json_null());
+        }
     }
     snprintf(inc, sizeof inc, "%016" PRIx64, rk->incarnation);
-    return json_pack("{s:I, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}",
-                     "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),
-                     "state", td_rrank_state_str(st),
-                     "incarnation", inc, "engine", rk->reg ? rk->reg->engine_name : "",
-                     "max_context", (json_int_t)(rk->reg ? rk->reg->max_context : 0),
-                     "max_batch", (json_int_t)(rk->reg ? rk->reg->max_batch : 0),
-                     "inflight", (json_int_t)rk->inflight,
-                     "load", load ? load : json_null(), "kv", kv ? kv : json_null());
+    json_t *o = json_pack("{s:I, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}",
+                          "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),
+                          "state", td_rrank_state_str(st),
+                          "incarnation", inc, "engine", rk->reg ? rk->reg->engine_name : "",
+                          "max_context", (json_int_t)(rk->reg ? rk->reg->max_context : 0),
+                          "max_batch", (json_int_t)(rk->reg ? rk->reg->max_batch : 0),
+                          "inflight", (json_int_t)rk->inflight,
+                          "load", load ? load : json_null(), "kv", kv ? kv : json_null());
+    if (dep != NULL && o != NULL)
+        (void)json_object_set_new(o, "dep", dep);   /* only a DEP group's rank has it */
+    else if (dep != NULL)
+        json_decref(dep);
+    return o;
 }
 
 /* The admission queue: waiting now, its bounds, the longest wait now and

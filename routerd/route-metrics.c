@@ -1,6 +1,6 @@
 /* routerd/route-metrics.c — GET /metrics: the router's counters and
  * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
- * depth, running, in flight), requests in flight by state and the admission
+ * depth, running, in flight, a DEP group's rank's rows per expert), requests in flight by state and the admission
  * queue's length and oldest wait. */
 #include "router.h"
 #include "route.h"
@@ -31,10 +31,17 @@ rank_gauges(td_router_t *r, td_buf_t *out)
         { "tandem_router_rank_running", "requests running at a rank" },
         { "tandem_router_rank_inflight", "this router's requests bound to a rank" },
         { "tandem_router_rank_up", "1 when the rank takes requests, else 0" },
+        { "tandem_router_rank_expert_tokens",
+          "a dep group's rank: rows each routed expert ran there, all layers, since it started" },
     };
     td_status_t st = TD_OK;
 
+    bool dep = false;   /* a DEP group's rank among them: its expert rows */
+    for (const td_rrank_t *rk = r->cluster.ranks; rk; rk = rk->next)
+        dep = dep || rk->n_expert_tokens > 0;
     for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
+        if (i == 6 && !dep)
+            break;
         st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
         for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
             char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
@@ -64,9 +71,14 @@ rank_gauges(td_router_t *r, td_buf_t *out)
             case 4:
                 st = td_buf_printf(out, "%s{%s} %u\n", g[i].name, lbl, rk->inflight);
                 break;
-            default:
+            case 5:
                 st = td_buf_printf(out, "%s{%s} %d\n", g[i].name, lbl,
                                    td_rrank_state(rk) == TD_RRANK_UP);
+                break;
+            default:
+                for (size_t x = 0; st == TD_OK && x < rk->n_expert_tokens; x++)
+                    st = td_buf_printf(out, "%s{%s,expert=\"%zu\"} %llu\n", g[i].name, lbl, x,
+                                       (unsigned long long)rk->expert_tokens[x]);
                 break;
             }
         }

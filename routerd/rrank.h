@@ -38,6 +38,8 @@ typedef struct td_rrank_s {
     td_ctl_conn_t *conn;        /* NULL once the connection ended */
     Tandem__Register *reg;      /* own unpacked copy; NULL until registered */
     Tandem__Load load;          /* latest Load (scalars only) */
+    uint64_t *expert_tokens;    /* its expert_tokens (own copy; a DEP group's rank) */
+    size_t n_expert_tokens;
     uint64_t pend_tokens;       /* KV tokens / prompt tokens we sent since that Load */
     uint32_t pend_reqs;         /* requests we sent since that Load */
     uint32_t inflight;          /* our requests bound to this rank */

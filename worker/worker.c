@@ -21,6 +21,149 @@ const td_engine_kind_t *const td_worker_engines[] = {
     NULL,
 };
 
+/* ---- Rank thread: a DEP group (--dep) ------------------------------------------------- */
+
+/* The compute thread's agreement for one step: an all-gather of each rank's
+ * word (bit 0: a pass to run, bit 1: leaving). */
+static td_status_t
+worker_dep_agree(void *arg, int work, int leaving, td_jobq_agreed_t *out)
+{
+    td_worker_rank_t *wr = arg;
+    uint32_t n = td_comm_size(wr->comm), words[256];
+    uint32_t mine = (work ? 1u : 0u) | (leaving ? 2u : 0u);
+    td_status_t st;
+
+    /* The tests' fault: this rank fails at its fault_at-th step with work,
+     * as a rank whose thread failed would (the group must not hang). */
+    if (work && wr->fault_at != 0 && ++wr->fault_seen == wr->fault_at) {
+        td_warn("%s %u: TD_DEP_FAULT: failing the dep group at this rank's step %u",
+                wr->w->spec->rank_name, wr->id, wr->fault_at);
+        td_comm_abort(wr->comm, TD_ERR_INTERNAL);
+        return TD_ERR_INTERNAL;
+    }
+    st = td_comm_allgather(wr->comm, &mine, sizeof(mine), words);
+
+    if (st != TD_OK)
+        return st;
+    *out = (td_jobq_agreed_t){ .ranks = n };
+    for (uint32_t r = 0; r < n; r++) {
+        out->work += words[r] & 1u;
+        out->leaving += (words[r] >> 1) & 1u;
+    }
+    return TD_OK;
+}
+
+static void
+worker_dep_pass_empty(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)wr->engine->ops->pass_empty(wr->engine);   /* a failure breaks the group */
+}
+
+static uint64_t
+worker_dep_passes(void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    return wr->engine->ops->passes(wr->engine);
+}
+
+/* Compute thread: the group broke; the rank's loop hears of it. */
+static void
+worker_dep_broken(void *arg, td_status_t st)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)st;
+    atomic_store(&wr->w->broken, 1);
+    event_active(wr->broken_ev, 0, 0);
+}
+
+static void worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how);
+static void worker_dep_on_timer(evutil_socket_t fd, short what, void *arg);
+
+/* Loop thread: with the group gone every pass fails at once, so the rank
+ * takes no more work (it reports itself draining), what it holds ends with
+ * the failure, and the process exits (1) once every rank has: the group
+ * must be made anew (comm.h). */
+static void
+worker_dep_on_broken(evutil_socket_t fd, short what, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)fd;
+    (void)what;
+    td_error("%s %u: its dep group broke (%s): taking no more work; the process exits once "
+             "every rank has ended what it holds", wr->w->spec->rank_name, wr->id,
+             td_status_str(td_comm_status(wr->comm)));
+    worker_rank_stop(wr->w, wr->id, TD_RANKS_STOP_DRAIN);
+}
+
+/* The rank's own engine (its experts) and its stepping. Logged. */
+static td_status_t
+worker_dep_setup(td_worker_rank_t *wr)
+{
+    td_worker_t *w = wr->w;
+    const td_worker_opts_t *o = w->spec->wcfg;
+    td_status_t st;
+
+    if (o->domain_size > 0) {   /* a domain across processes: its rank's UCX communicator */
+        char name[64];
+        td_worker_domain_t d = { o->domain_id, o->domain_dir, (uint32_t)o->domain_size,
+                                 o->dep_deadline_ms };
+        td_comm_opts_t co = { .deadline_ms = o->dep_deadline_ms, .name = name };
+        td_xfer_config_t xc = {
+            .incarnation = td_daemon_incarnation(w->d),
+            .transports = o->transports[0] ? o->transports : NULL,
+            .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
+        };
+        snprintf(name, sizeof(name), "dep domain %s", o->domain_id);
+        st = td_worker_domain_create(&d, (uint32_t)o->domain_rank0 + wr->id, &xc, &co, &wr->dom);
+        if (st != TD_OK)
+            return st;
+        wr->comm = wr->dom.comm;
+    } else {
+        wr->comm = w->comms[wr->id];
+    }
+    td_engine_group_t g = { wr->comm, o->placement };
+    /* TD_DEP_FAULT=RANK:STEP (tests): rank RANK fails the group at its
+     * STEP-th step with work (docs/dep.md, "In the daemons"). */
+    const char *fault = getenv("TD_DEP_FAULT");
+    unsigned fr, fs;
+    if (fault != NULL && sscanf(fault, "%u:%u", &fr, &fs) == 2 && fr == td_comm_rank(wr->comm))
+        wr->fault_at = fs;
+    wr->broken_ev = event_new(wr->base, -1, 0, worker_dep_on_broken, wr);
+    if (wr->broken_ev == NULL)
+        return TD_ERR_NOMEM;
+    st = td_engine_create_group(td_worker_engines, &w->spec->wcfg->engine, &g, &wr->own_engine);
+    if (st != TD_OK)
+        return st;
+    if (!td_engine_is_group(wr->own_engine)) {
+        td_error("%s %u: engine %s is not a dep group's rank", w->spec->rank_name, wr->id,
+                 wr->own_engine->name);
+        return TD_ERR_UNSUPPORTED;
+    }
+    wr->engine = wr->own_engine;
+    wr->nexperts = wr->engine->ops->expert_tokens(wr->engine, NULL, 0);
+    wr->experts = calloc(wr->nexperts ? wr->nexperts : 1, sizeof(*wr->experts));
+    wr->dep_timer = event_new(wr->base, -1, EV_PERSIST, worker_dep_on_timer, wr);
+    if (wr->experts == NULL || wr->dep_timer == NULL ||
+        event_add(wr->dep_timer, &(struct timeval){ 1, 0 }) != 0) {
+        td_error("%s %u: out of memory", w->spec->rank_name, wr->id);
+        return TD_ERR_NOMEM;
+    }
+    wr->step = (td_jobq_step_t){
+        .agree = worker_dep_agree,
+        .pass_empty = worker_dep_pass_empty,
+        .passes = worker_dep_passes,
+        .broken = worker_dep_broken,
+        .arg = wr,
+        .idle_ms = (uint32_t)w->spec->wcfg->dep_idle_ms,
+    };
+    return TD_OK;
+}
+
 /* The frames a rank queued just before leaving its loop get this long to go
  * out (PrefillDone, the last Tokens). */
 #define TD_WORKER_FLUSH_US 100000
@@ -48,6 +191,37 @@ td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg)
     return td_link_send(wr->link, router, env);
 }
 
+/* --dep: the rank's Load with its group counters (per-expert rows, passes). */
+static void
+worker_dep_load_send(td_worker_rank_t *wr)
+{
+    Tandem__Load l = wr->load;
+    uint64_t passes = wr->engine->ops->passes(wr->engine);
+
+    l.n_expert_tokens = wr->engine->ops->expert_tokens(wr->engine, wr->experts, wr->nexperts);
+    if (l.n_expert_tokens > wr->nexperts)
+        l.n_expert_tokens = 0;   /* not sized for them: none sent */
+    l.expert_tokens = wr->experts;   /* read by the link until the next Load */
+    l.dep_passes = passes;
+    wr->passes_sent = passes;
+    td_link_load(wr->link, &l);
+}
+
+/* --dep, every second: a rank whose passes moved sends its counters again,
+ * also when its own load did not change (a rank serving only the others'
+ * tokens never does). */
+static void
+worker_dep_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    (void)fd;
+    (void)what;
+    if (wr->link != NULL && wr->have_load &&
+        wr->engine->ops->passes(wr->engine) != wr->passes_sent)
+        worker_dep_load_send(wr);
+}
+
 void
 td_worker_rank_load(const Tandem__Load *load, void *arg)
 {
@@ -59,6 +233,12 @@ td_worker_rank_load(const Tandem__Load *load, void *arg)
         wr->draining = load->draining;
         worker_register(wr, &reg);
         (void)td_link_set_register(wr->link, &reg);
+    }
+    if (wr->own_engine != NULL) {
+        wr->load = *load;
+        wr->have_load = true;
+        worker_dep_load_send(wr);
+        return;
     }
     td_link_load(wr->link, load);
 }
@@ -152,8 +332,19 @@ worker_rank_teardown(void *arg, uint32_t id)
     td_link_destroy(wr->link);
     wr->link = NULL;
     if (wr->rank != NULL)
-        w->spec->rank_destroy(wr->rank);
+        w->spec->rank_destroy(wr->rank);   /* with --dep its compute thread left the group */
     wr->rank = NULL;
+    if (wr->dep_timer != NULL)
+        event_free(wr->dep_timer);
+    wr->dep_timer = NULL;
+    free(wr->experts);
+    wr->experts = NULL;
+    td_engine_destroy(wr->own_engine);
+    wr->own_engine = NULL;
+    td_worker_domain_destroy(&wr->dom);   /* after the engine that borrowed it */
+    if (wr->broken_ev != NULL)
+        event_free(wr->broken_ev);
+    wr->broken_ev = NULL;
     td_xfer_destroy(wr->xfer);
     wr->xfer = NULL;
     td_kernels_cpu_pool_destroy(wr->pool);   /* its compute thread has stopped */
@@ -213,7 +404,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     const td_worker_spec_t *spec = w->spec;
     td_worker_rank_t *wr = &w->ranks[id];
     td_status_t st;
-    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base };
+    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base, .engine = w->engine };
     const char *tls = spec->wcfg->transports;
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(w->d),
@@ -224,6 +415,11 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
         goto err;
     if ((st = td_kernels_cpu_pool_create(worker_compute_threads(w), &wr->pool)) != TD_OK)
         goto err;
+    if (spec->wcfg->dep) {
+        if ((st = worker_dep_setup(wr)) != TD_OK)
+            goto err;
+        wr->stepping = &wr->step;
+    }
     if ((st = spec->rank_create(wr, &wr->rank)) != TD_OK)
         goto err;
     td_link_config_t lc;
@@ -239,6 +435,10 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
 
 err:
     td_error("%s %u: cannot start: %s", spec->rank_name, id, td_status_str(st));
+    if (w->comms != NULL)   /* the group's other ranks do not wait for this one */
+        td_comm_abort(w->comms[id], st);
+    else if (wr->dom.comm != NULL)
+        td_comm_abort(wr->dom.comm, st);
     worker_rank_teardown(w, id);
     return st;
 }
@@ -314,9 +514,82 @@ worker_status(const td_worker_t *w)
     td_buf_printf(&b, "node %s, %u ranks, incarnation %016" PRIx64 ", routers %s",
                   td_daemon_node_id(w->d), w->nranks, td_daemon_incarnation(w->d),
                   w->spec->wcfg->routers);
+    const td_worker_opts_t *o = w->spec->wcfg;
+    if (o->dep && o->domain_size > 0)
+        td_buf_printf(&b, ", dep domain %s: ranks %llu..%llu of %llu (%s)", o->domain_id,
+                      (unsigned long long)o->domain_rank0,
+                      (unsigned long long)(o->domain_rank0 + w->nranks - 1),
+                      (unsigned long long)o->domain_size,
+                      o->placement[0] ? o->placement : "contiguous experts");
+    else if (o->dep)
+        td_buf_printf(&b, ", dep group of %u ranks (%s)", w->nranks,
+                      o->placement[0] ? o->placement : "contiguous experts");
     if (w->spec->status)
         w->spec->status(w->spec->cfg, &b);
     return td_buf_take(&b, NULL);
+}
+
+/* The --dep options agree with each other and --ranks (logged). */
+static td_status_t
+worker_dep_check(const td_worker_spec_t *spec)
+{
+    const td_worker_opts_t *o = spec->wcfg;
+
+    if (o->placement[0] && !o->dep) {
+        td_error("%s: --placement goes with --dep", spec->ident);
+        return TD_ERR_INVALID;
+    }
+    if (o->domain_size == 0)
+        return TD_OK;
+    if (!o->dep || !o->domain_dir[0] || !o->domain_id[0] || strchr(o->domain_id, '/')) {
+        td_error("%s: --domain-size goes with --dep, --domain-dir and a --domain-id without "
+                 "'/'", spec->ident);
+        return TD_ERR_INVALID;
+    }
+    if (o->domain_rank0 + o->ranks > o->domain_size) {
+        td_error("%s: ranks %llu..%llu (--domain-rank0, --ranks) lie outside a domain of %llu",
+                 spec->ident, (unsigned long long)o->domain_rank0,
+                 (unsigned long long)(o->domain_rank0 + o->ranks - 1),
+                 (unsigned long long)o->domain_size);
+        return TD_ERR_INVALID;
+    }
+    return TD_OK;
+}
+
+/* --dep: the ranks' CPU communicator group and every rank's communicator,
+ * made before the rank threads so that a rank failing to start can take
+ * itself out of the group (td_comm_abort) and nobody waits for it. */
+static td_status_t
+worker_dep_group_create(td_worker_t *w)
+{
+    char name[64];
+    td_comm_opts_t co = { .deadline_ms = w->spec->wcfg->dep_deadline_ms, .name = name };
+    td_status_t st;
+
+    snprintf(name, sizeof(name), "%s dep group", w->spec->ident);
+    st = td_comm_group_create(w->nranks, &co, &w->group);   /* logs */
+    if (st != TD_OK)
+        return st;
+    w->comms = calloc(w->nranks, sizeof(*w->comms));
+    if (w->comms == NULL) {
+        td_error("%s: out of memory", w->spec->ident);
+        return TD_ERR_NOMEM;
+    }
+    for (uint32_t r = 0; r < w->nranks; r++)
+        if ((st = td_comm_cpu_create(w->group, r, &w->comms[r])) != TD_OK)
+            return st;
+    return TD_OK;
+}
+
+static void
+worker_dep_group_destroy(td_worker_t *w)
+{
+    for (uint32_t r = 0; w->comms != NULL && r < w->nranks; r++)
+        td_comm_destroy(w->comms[r]);
+    free(w->comms);
+    w->comms = NULL;
+    td_comm_group_destroy(w->group);
+    w->group = NULL;
 }
 
 int
@@ -346,13 +619,23 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
         rc = 2;
         goto err_free_daemon;
     }
+    if ((st = worker_dep_check(spec)) != TD_OK) {
+        rc = 2;
+        goto err_free_daemon;
+    }
     td_progress_set_handler(worker_on_progress, w);
-    st = td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
+    /* With --dep each rank loads its own model (its experts: worker_dep_setup);
+     * the process needs the identity only (Hello, Register). */
+    st = spec->wcfg->dep
+             ? td_engine_create_identity(td_worker_engines, &spec->wcfg->engine, &w->engine)
+             : td_engine_create(td_worker_engines, &spec->wcfg->engine, &w->engine);
     td_progress_set_handler(NULL, NULL);
     if (st != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
     w->nranks = (uint32_t)spec->wcfg->ranks;
+    if (spec->wcfg->dep && spec->wcfg->domain_size == 0 && worker_dep_group_create(w) != TD_OK)
+        goto err_free_engine;
     w->ranks = calloc(w->nranks, sizeof(*w->ranks));
     if (!w->ranks) {
         td_error("%s: out of memory", spec->ident);
@@ -372,7 +655,11 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
     td_ranks_destroy(w->rs);
     td_info("%s: exiting", spec->ident);
 
+    if (atomic_load(&w->broken))
+        rc = 1;
+
 err_free_engine:
+    worker_dep_group_destroy(w);
     free(w->ranks);
     td_engine_destroy(w->engine);
 err_free_daemon:

@@ -7,15 +7,19 @@
 #ifndef TD_WORKER_H
 #define TD_WORKER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "buf.h"
+#include "comm.h"
 #include "config.h"
+#include "domain.h"
 #include "kernels.h"
 #include "daemon.h"
 #include "engine.h"
+#include "jobq.h"
 #include "link.h"
 #include "netif.h"
 #include "ranks.h"
@@ -41,7 +45,29 @@ typedef struct {
     uint64_t heartbeat_ms;       /* control heartbeats to the routers */
     uint64_t compute_threads;    /* per rank; 0: the CPUs shared among the ranks */
     uint64_t drain_timeout_ms;   /* SIGTERM: work in hand gets this long to finish */
+    bool dep;                    /* the ranks are one DEP group (docs/dep.md, "In the daemons") */
+    char *placement;             /*   its placement file; "": contiguous ranges */
+    uint64_t dep_idle_ms;        /*   an idle group agrees again after this long */
+    uint64_t dep_deadline_ms;    /*   deadline of each collective of the group */
+    uint64_t domain_size;        /* --dep across processes (decoded): ranks in the domain;
+                                    0: the group is this process's ranks */
+    uint64_t domain_rank0;       /*   this process's first rank in it */
+    char *domain_dir;            /*   where the processes exchange their ranks' addresses */
+    char *domain_id;             /*   names the domain's files there */
 } td_worker_opts_t;
+
+/* The options of a domain across processes (decoded only). */
+#define TD_WORKER_DOMAIN_OPTS(st, m)                                                      \
+    TD_CONFIG_OPT_UINT64("domain-size", st, m.domain_size, "0", 0, 256,                 \
+                         "with --dep: ranks in the decode domain, over every process "   \
+                         "(0: this process's ranks are the whole group)"),               \
+    TD_CONFIG_OPT_UINT64("domain-rank0", st, m.domain_rank0, "0", 0, 255,               \
+                         "with --domain-size: this process's first rank in the domain"), \
+    TD_CONFIG_OPT_STRING("domain-dir", st, m.domain_dir, "",                            \
+                         "with --domain-size: a directory every process of the domain "  \
+                         "sees; each rank writes its address there and reads the others'"), \
+    TD_CONFIG_OPT_STRING("domain-id", st, m.domain_id, "domain",                        \
+                         "with --domain-size: names the domain's files in --domain-dir")
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
     TD_DAEMON_CONFIG_OPTS(st, m.d),                                                     \
@@ -66,7 +92,19 @@ typedef struct {
                          "divided among the ranks, or $TD_CPU_THREADS)"),                \
     TD_CONFIG_OPT_DURATION("drain-timeout", st, m.drain_timeout_ms, "30s", 0, 3600000,  \
                            "on SIGTERM the ranks take no new work and what they hold "   \
-                           "gets this long to finish; then it ends with an error")
+                           "gets this long to finish; then it ends with an error"),      \
+    TD_CONFIG_OPT_BOOL("dep", st, m.dep, "false",                                       \
+                       "the ranks form one dep group: each loads only its experts and "  \
+                       "every forward pass is the group's (deepseek-v41 only)"),         \
+    TD_CONFIG_OPT_STRING("placement", st, m.placement, "",                              \
+                         "with --dep: which rank holds which expert, a json file "      \
+                         "(default: contiguous ranges)"),                               \
+    TD_CONFIG_OPT_DURATION("dep-idle", st, m.dep_idle_ms, "2ms", 1, 1000,               \
+                           "with --dep: an idle group checks for work this often "      \
+                           "(the most a new request waits for the group to step)"),     \
+    TD_CONFIG_OPT_DURATION("dep-deadline", st, m.dep_deadline_ms, "60s", 100, 3600000,  \
+                           "with --dep: deadline of each collective of the group (it "  \
+                           "must cover the spread of the ranks' model load times)")
 
 typedef struct td_worker_s td_worker_t;
 
@@ -80,6 +118,21 @@ typedef struct {
     td_xfer_t *xfer;             /* the rank's UCX worker */
     td_link_t *link;             /* its routers */
     td_kernels_cpu_pool_t *pool; /* its compute threads (cpu backend) */
+    td_engine_t *engine;         /* the engine its rank runs: w->engine, or with --dep
+                                    own_engine (its experts, its side of the group) */
+    td_engine_t *own_engine;     /* --dep: owned */
+    td_comm_t *comm;             /* --dep: its communicator (w->comms[id]) */
+    const td_jobq_step_t *stepping; /* --dep: &step, the compute thread's stepping; else NULL */
+    td_jobq_step_t step;
+    struct event *broken_ev;     /* --dep: the group broke (from the compute thread) */
+    uint32_t fault_at, fault_seen; /* --dep: TD_DEP_FAULT (tests; compute thread) */
+    td_worker_domain_comm_t dom; /* --domain-size: the rank's communicator over UCX (owned) */
+    Tandem__Load load;           /* --dep: the rank's last Load (scalars), sent again with */
+    bool have_load;              /*   the group's counters when they move (dep_timer) */
+    uint64_t *experts;           /*   [nexperts] the counters last sent (owned) */
+    uint32_t nexperts;
+    uint64_t passes_sent;
+    struct event *dep_timer;
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
     struct event *drain_ev;      /* SIGTERM's drain deadline, or NULL */
@@ -131,6 +184,9 @@ struct td_worker_s {
     td_worker_rank_t *ranks;     /* [nranks] */
     uint32_t nranks;
     td_ranks_t *rs;              /* the rank threads */
+    td_comm_group_t *group;      /* --dep: the ranks' group, and each rank's */
+    td_comm_t **comms;           /*   communicator [nranks] */
+    _Atomic int broken;          /* --dep: the group broke (exit code 1) */
 };
 
 /* The whole of main(): parse argv, require --routers, create the engine and

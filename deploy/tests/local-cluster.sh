@@ -160,6 +160,20 @@ grep -q "^http=127.0.0.1:$(cat "$FAKE_DIR/port")$" "$tmp/state/ports" || fail "n
 kill "$holder" 2>/dev/null
 TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 
+# --prefill-dep / --decode-dep: the workers get --dep
+status_with 4
+"$lc" up --prefill-ranks 2 --prefill-dep --decode 1 --decode-ranks 2 --decode-dep >"$tmp/out" \
+  2>"$tmp/err" || fail "up with dep groups: $(cat "$tmp/err")"
+tail -n 1 "$FAKE_DIR/args-prefilld" | grep -q -- "--ranks 2 --dep" ||
+  fail "prefilld args with --prefill-dep: $(tail -n 1 "$FAKE_DIR/args-prefilld")"
+tail -n 1 "$FAKE_DIR/args-decoded" | grep -q -- "--ranks 2 --dep" ||
+  fail "decoded args with --decode-dep: $(tail -n 1 "$FAKE_DIR/args-decoded")"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+status_with 5
+"$lc" up --decode 2 --decode-ranks 2 >/dev/null 2>&1 || fail "up without dep"
+grep -q -- "--dep" <(tail -n 2 "$FAKE_DIR/args-decoded") && fail "--dep without --decode-dep"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+
 # the router never sees every rank: up gives up, stops what it started
 status_with 3
 "$lc" up --decode 2 --decode-ranks 2 >"$tmp/out" 2>"$tmp/err"

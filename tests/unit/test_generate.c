@@ -9,6 +9,7 @@
  * context. Every cache lives in KV memory whose blocks are scattered. */
 #include "cache.h"
 #include "check.h"
+#include "comm.h"
 #include "logcap.h"
 #include "testkv.h"
 #include "engine.h"
@@ -26,6 +27,7 @@
 
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1213,6 +1215,152 @@ test_request_memory(const char *name, const char *args)
     td_engine_destroy(e);
 }
 
+/* ---- the engine as a DEP group's rank (create_group) -------------------------------- */
+
+enum { GP = 21, GR = 2 };
+
+typedef struct {
+    const char *dir;
+    td_comm_t *comm;
+    int32_t prompt[GP];
+    const float *want;         /* [vocab]: the one-rank engine's logits after the prompt */
+    td_status_t st_cancel, st_pass;
+    int same;
+    uint64_t passes;
+} grank_t;
+
+static void *
+grank_main(void *arg)
+{
+    grank_t *g = arg;
+    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
+    td_engine_config_t cfg;
+    td_engine_t *e = NULL;
+    td_engine_group_t grp = { g->comm, NULL };
+    td_sample_params_t sp = td_sample_params_greedy();
+
+    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
+    free(cfg.engine);
+    free(cfg.model);
+    cfg.engine = strdup("deepseek-v41");
+    cfg.model = strdup(g->dir);
+    CHECK_STATUS(td_engine_create_group(kinds, &cfg, &grp, &e), TD_OK);
+    td_engine_config_free(&cfg);
+    if (e == NULL) {
+        td_comm_abort(g->comm, TD_ERR_INVALID);
+        return NULL;
+    }
+    CHECK(td_engine_is_group(e));
+    if (td_comm_rank(g->comm) == 0) {
+        /* a cancel at layer 2 ends the request, not the group's pass */
+        td_kvmem_t *mc = NULL, *ma = NULL;
+        td_engine_req_t *c = NULL, *a = NULL;
+        told_t t = { .cancel_layer = 2, .last_layer = -1 };
+        td_sample_dist_t d;
+
+        CHECK_STATUS(td_kvmem_create(e->layout, GP + 1, kv_seed++, &mc), TD_OK);
+        CHECK_STATUS(td_kvmem_create(e->layout, GP + 1, kv_seed++, &ma), TD_OK);
+        if (mc != NULL && ma != NULL && td_engine_req_create(e, &sp, &mc->kv, &c) == TD_OK &&
+            td_engine_req_create(e, &sp, &ma->kv, &a) == TD_OK) {
+            g->st_cancel = td_engine_prefill(c, g->prompt, GP, 1, told_fn, &t);
+            CHECK_EQ_INT(t.calls, 3);   /* layers 0, 1, 2: told no more after the stop */
+            t = (told_t){ .cancel_layer = -1, .last_layer = -1 };
+            g->st_pass = td_engine_prefill(a, g->prompt, GP, 1, told_fn, &t);
+            g->same = td_engine_logits(a, &d) == TD_OK &&
+                      memcmp(d.logits, g->want, d.n * sizeof(float)) == 0;
+        }
+        td_engine_req_destroy(c);
+        td_engine_req_destroy(a);
+        td_kvmem_destroy(mc);
+        td_kvmem_destroy(ma);
+    } else {
+        g->st_cancel = e->ops->pass_empty(e);
+        g->st_pass = e->ops->pass_empty(e);
+        g->same = 1;
+    }
+    g->passes = e->ops->passes(e);
+    uint64_t et[64] = { 0 }, sum = 0;
+    uint32_t E = e->ops->expert_tokens(e, et, 64);
+    for (uint32_t x = 0; x < E && x < 64; x++)
+        sum += et[x];
+    CHECK(E > 0 && sum > 0);   /* every rank's experts took some of rank 0's rows */
+    td_engine_destroy(e);
+    return NULL;
+}
+
+/* Two ranks of a group, rank 0 with the requests: a layer callback's stop
+ * (a cancel) fails that request only — the group's pass runs to its end and
+ * the communicator stays whole — and the next request's logits are the
+ * one-rank engine's bit for bit; both ranks made the same passes. The
+ * synthetic engine cannot be a group's rank. */
+static void
+test_v41_group(const char *name, const char *args)
+{
+    char dir[PATH_MAX + 64];
+    td_engine_t *one = NULL;
+    td_engine_req_t *r = NULL;
+    td_kvmem_t *m = NULL;
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_dist_t d;
+    td_comm_group_t *cg = NULL;
+    grank_t gr[GR];
+    pthread_t th[GR];
+
+    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+        return;
+    one = v41_engine(dir);
+    if (one == NULL)
+        return;
+    memset(gr, 0, sizeof(gr));
+    for (int i = 0; i < GP; i++)
+        gr[0].prompt[i] = (int32_t)(td_rng_next(&rng) % one->vocab);
+    CHECK_STATUS(td_kvmem_create(one->layout, GP + 1, kv_seed++, &m), TD_OK);
+    CHECK_STATUS(td_engine_req_create(one, &sp, &m->kv, &r), TD_OK);
+    told_t t1 = { .cancel_layer = -1, .last_layer = -1 };
+    CHECK_STATUS(td_engine_prefill(r, gr[0].prompt, GP, 1, told_fn, &t1), TD_OK);
+    if (td_engine_logits(r, &d) != TD_OK) {
+        td_check_failures++;
+        goto out;
+    }
+    gr[0].want = d.logits;
+    CHECK_STATUS(td_comm_group_create(GR, &(td_comm_opts_t){ 20000, "test group" }, &cg),
+                 TD_OK);
+    for (int i = 0; i < GR; i++) {
+        gr[i].dir = dir;
+        CHECK_STATUS(td_comm_cpu_create(cg, (uint32_t)i, &gr[i].comm), TD_OK);
+    }
+    for (int i = 0; i < GR; i++)
+        pthread_create(&th[i], NULL, grank_main, &gr[i]);
+    for (int i = 0; i < GR; i++)
+        pthread_join(th[i], NULL);
+    CHECK_STATUS(gr[0].st_cancel, TD_ERR_CANCELED);
+    CHECK_STATUS(gr[1].st_cancel, TD_OK);
+    CHECK_STATUS(gr[0].st_pass, TD_OK);
+    CHECK_STATUS(gr[1].st_pass, TD_OK);
+    CHECK(gr[0].same);
+    CHECK_EQ_INT(gr[0].passes, 2);
+    CHECK_EQ_INT(gr[1].passes, 2);
+    for (int i = 0; i < GR; i++) {
+        CHECK_STATUS(td_comm_status(gr[i].comm), TD_OK);
+        td_comm_destroy(gr[i].comm);
+    }
+    td_comm_group_destroy(cg);
+out:
+    td_engine_req_destroy(r);
+    td_kvmem_destroy(m);
+    td_engine_destroy(one);
+
+    /* an engine without experts to share */
+    static const td_engine_kind_t *const synth[] = { &td_synth_kind, NULL };
+    td_engine_config_t cfg;
+    td_engine_t *e = NULL;
+    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
+    CHECK_STATUS(td_engine_create_group(synth, &cfg, &(td_engine_group_t){ NULL, NULL }, &e),
+                 TD_ERR_UNSUPPORTED);
+    CHECK(e == NULL);
+    td_engine_config_free(&cfg);
+}
+
 int
 main(void)
 {
@@ -1244,6 +1392,7 @@ main(void)
     test_v41_engine("engine", "--dtype f32 --init perturbed --seed 16");
     test_v41_engine("engine-noengram", "--preset tiny-noengram --init perturbed --seed 17");
     test_request_memory("memory", "--init perturbed --seed 18");
+    test_v41_group("group", "--dtype f32 --init perturbed --seed 19");
 
     char cmd[PATH_MAX + 16];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

@@ -3,7 +3,7 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model |
+kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail | v41-dep-domain | v41-dep-domain-kill |
 cancel-compute | router-threads | shutdown | remove | local-cluster)"""
 import asyncio
 import http.client
@@ -945,6 +945,335 @@ def test_v41_model(c):
     check(not decode_log_lines(c, r"does not verify|refused by the engine|first token"),
           "decode rank complained: %r" % decode_log_lines(
               c, r"does not verify|refused by the engine|first token"))
+    c.wait_idle()
+
+
+# ---- 9b. DEP groups in the daemons (--dep) -------------------------------------------
+
+
+def tiny_model(c):
+    """A tools/mk-tiny-model checkpoint (8 experts, top-2) as every process's engine."""
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(c.build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    return model
+
+
+def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep, domain=None):
+    """A tiny V4.1 checkpoint of 8 experts (mk-tiny-model), prefilld with
+    --dep over prefill_ranks rank threads (each its 8/R experts, every pass the
+    group's, ranks without a chunk joining with none), decoded with --dep or not
+    (domain: {node: first rank} of decoded processes already started as one
+    domain): requests sent at once so that some ranks step with work and others
+    without. Every greedy reply must be tools/generate's, token for token."""
+    build = c.build
+    if domain is None:
+        model = tiny_model(c)
+        c.up(prefill=1, decode=1, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
+             router=("--tokenizer", model),
+             prefill_flags=("--chunk-tokens", "8", "--dep", "--compute-threads", "1"),
+             decode_flags=(("--dep",) if decode_dep else ()) + ("--compute-threads", "1"))
+        domain = {"decode0": 0}
+    model = c.path("tiny-model")
+    check(re.search(r"dep group of %d ranks" % prefill_ranks, c.workers["prefill0"].text()),
+          "prefilld: no dep group in its ready line")
+    if decode_dep and len(domain) == 1:
+        check(re.search(r"dep group of %d ranks" % decode_ranks, c.workers["decode0"].text()),
+              "decoded: no dep group in its ready line")
+
+    def generate(messages, max_tokens):
+        req = c.path("request-%d.json" % threading.get_ident())
+        with open(req, "w") as f:
+            json.dump({"messages": messages}, f)
+        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
+                            "--messages", req, "--temperature", "0", "--max-tokens",
+                            str(max_tokens), "--json", "--no-stream"],
+                           capture_output=True, timeout=60 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    prompts = [([{"role": "user", "content": " ".join(words[:i + 1]) * (1 + i % 3)}],
+                6 + 3 * i) for i in range(6)]
+    refs = [generate(m, n) for m, n in prompts]
+    client = c.client()
+    results = [None] * len(prompts)
+
+    def one(i):
+        messages, max_tokens = prompts[i]
+        body = {"model": "tandem-deepseek-v41", "messages": messages,
+                "max_tokens": max_tokens, "temperature": 0, "seed": 1}
+        try:
+            rsp = client.chat.completions.create(**body)
+            results[i] = (rsp.usage.prompt_tokens, rsp.usage.completion_tokens,
+                          rsp.choices[0].message.model_dump())
+        except Exception as e:  # reported below
+            results[i] = e
+
+    for rnd in range(2):   # twice: the second round finds the groups warm
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60 * SLOW)
+        for i, ref in enumerate(refs):
+            got = results[i]
+            what = "round %d, prompt %d (%d tokens)" % (rnd, i, len(ref["prompt_ids"]))
+            check(not isinstance(got, Exception) and got is not None, "%s: %r" % (what, got))
+            check(got[0] == len(ref["prompt_ids"]) and got[1] == len(ref["ids"]),
+                  "%s: %d prompt, %d reply tokens; generate: %d, %d" %
+                  (what, got[0], got[1], len(ref["prompt_ids"]), len(ref["ids"])))
+            want = {k: ref["message"].get(k) or "" for k in ("content", "reasoning_content")}
+            have = {k: got[2].get(k) or "" for k in ("content", "reasoning_content")}
+            check(have == want, "%s: %r, generate: %r" % (what, have, want))
+    # Each group's counters (admin status, published with the ranks' Load):
+    # every rank made the same passes (SPMD), a rank's rows are only on the
+    # experts it holds (contiguous ranges), and the rows over all ranks are
+    # k x layers x the tokens the group ran: the prompts on the prefill side,
+    # each reply but its first token on the decode side.
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    cfg = cfg.get("text_config", cfg)
+    k, L, E = cfg["num_experts_per_tok"], cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    want_rows = {"prefill": 2 * k * L * sum(len(r["prompt_ids"]) for r in refs),
+                 "decode": 2 * k * L * sum(len(r["ids"]) - 1 for r in refs)}
+    groups = {"prefill": prefill_ranks}
+    first = {"prefill0": 0}
+    if decode_dep:
+        groups["decode"] = decode_ranks * len(domain)
+        first.update(domain)
+    last = {}
+
+    def counters():
+        for role, n in groups.items():
+            ranks = [r for r in c.ranks() if r["role"] == role]
+            deps = [r.get("dep") for r in ranks]
+            last[role] = deps
+            if len(ranks) != n or not all(deps) or \
+                    sum(sum(d["expert_tokens"]) for d in deps) != want_rows[role] or \
+                    len(set(d["passes"] for d in deps)) != 1:
+                return False
+        return True
+    c.wait(counters, "the dep groups' counters: want %r" % want_rows, timeout=5)
+    for role, n in groups.items():
+        for r in [r for r in c.ranks() if r["role"] == role]:
+            et = r["dep"]["expert_tokens"]
+            dr = first[r["node"]] + r["rank"]   # the rank in its group
+            held = range(dr * E // n, (dr + 1) * E // n)
+            check(len(et) == E and all(et[x] == 0 for x in range(E) if x not in held) and
+                  all(et[x] > 0 for x in held),
+                  "%s rank %d: rows per expert %r (holds %r)" % (role, r["rank"], et, list(held)))
+    m = c.metrics()
+    check(re.search(r'tandem_router_rank_expert_tokens\{node="prefill0",rank="0",'
+                    r'role="prefill",expert="0"\} [1-9]', m), "no expert rows in /metrics")
+    return model
+
+
+def start_domain(c, nodes, ranks, *flags):
+    """decoded processes nodes[i] with `ranks` ranks each, one DEP domain of
+    len(nodes) x ranks ranks (address files in a fresh directory): started
+    together, each ready once the domain is whole. {node: first rank}."""
+    ddir = c.path("domain")
+    os.makedirs(ddir, exist_ok=True)
+    size = len(nodes) * ranks
+    for i, node in enumerate(nodes):
+        c.workers[node] = c.start_worker(
+            "decoded", node, "--ranks", str(ranks), "--dep", "--domain-size", str(size),
+            "--domain-rank0", str(i * ranks), "--domain-dir", ddir, "--domain-id", "d0",
+            "--compute-threads", "1", *flags, wait_ready=False)
+    for node in nodes:
+        c.wait(lambda: "decoded ready:" in c.workers[node].text() or
+               c.workers[node].p.poll() is not None, "%s ready" % node, timeout=30)
+        check(c.workers[node].p.poll() is None, "%s exited: %s" % (node, c.workers[node].text()[-800:]))
+        check(re.search(r"dep domain d0: ranks \d+\.\.\d+ of %d" % size, c.workers[node].text()),
+              "%s: no domain in its ready line" % node)
+    return {node: i * ranks for i, node in enumerate(nodes)}
+
+
+def test_v41_dep_domain(c):
+    """A decode domain of 8 ranks over 2 decoded processes (4 ranks each, one
+    expert a rank; --domain-size 8, the UCX communicator between them) behind
+    a prefill group of 2: greedy replies are tools/generate's, every rank of
+    the domain made the same passes, rows only on its expert."""
+    model = tiny_model(c)
+    c.start_router("--tokenizer", model)
+    c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "2", "--dep",
+                                            "--chunk-tokens", "8", "--compute-threads", "1")}
+    domain = start_domain(c, ["decode0", "decode1"], 4)
+    c.wait_ranks_up(2 + 8)
+    v41_dep_check(c, 2, 4, True, domain=domain)
+    c.wait_idle()
+
+
+def test_v41_dep_domain_kill(c):
+    """SIGKILL one decoded of a 2-process decode domain while streams run on
+    both: every stream ends with an error within 5 s of the kill (the other
+    process's ranks fail their next collective with the peer gone, not at the
+    deadline), the surviving decoded takes no more work and exits 1 by itself,
+    and nothing hangs: routerd ends with no request in flight."""
+    model = tiny_model(c)
+    c.start_router("--tokenizer", model, "--max-attempts", "1")
+    c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "1",
+                                            "--compute-threads", "1")}
+    start_domain(c, ["decode0", "decode1"], 2)
+    c.wait_ranks_up(1 + 4)
+    client = c.client()
+    n = 6
+    state = [{"tokens": 0, "end": None, "error": None} for _ in range(n)]
+
+    def one(i):
+        st = state[i]
+        try:
+            with client.chat.completions.create(
+                    model="tandem-deepseek-v41", max_tokens=900, temperature=0, stream=True,
+                    messages=[{"role": "user", "content": "stream %d" % i}]) as s:
+                for ch in s:
+                    for c0 in ch.choices:
+                        st["tokens"] += 1 if c0.delta.content or c0.finish_reason is None else 0
+        except Exception as e:  # the failure under test
+            st["error"] = str(e)
+        st["end"] = time.time()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    c.wait(lambda: all(st["tokens"] >= 2 for st in state) or
+           any(st["end"] for st in state), "every stream under way", timeout=20)
+    check(not any(st["end"] for st in state), "a stream ended before the kill: %r" % state)
+    t_kill = time.time()
+    c.workers["decode1"].kill()
+    for t in threads:
+        t.join(20 * SLOW)
+    check(not any(t.is_alive() for t in threads), "a stream still open 20 s after the kill")
+    ends = [st["end"] - t_kill for st in state]
+    check(all(st["error"] for st in state), "a stream ended without an error: %r" % state)
+    check(max(ends) < 5.0 * SLOW, "streams ended %.2f s after the kill (want < 5 s)" % max(ends))
+    d0 = c.workers["decode0"]
+    try:
+        rc = d0.p.wait(timeout=10 * SLOW)
+    except subprocess.TimeoutExpired:
+        raise Failure("decode0 still running after its domain broke")
+    check(rc == 1, "decode0 exited %d, want 1" % rc)
+    d0.killed = True   # its exit code is checked here
+    check("dep group broke" in d0.text(), "decode0 did not report the broken domain")
+    print("decode domain kill: %d streams ended with an error %.2f..%.2f s after the kill; "
+          "decode0 exited %d %.2f s after it" % (n, min(ends), max(ends), rc,
+                                                time.time() - t_kill))
+    c.wait(lambda: not c.requests(), "no request in flight", timeout=10)
+
+
+def test_v41_dep(c):
+    """prefilld --dep with 4 ranks, decoded --dep with 2: greedy replies are
+    tools/generate's. Then SIGTERM to decoded while streams run: its ranks
+    drain together (a rank whose streams ended keeps joining the others'
+    steps until every rank leaves), every stream finishes normally and
+    decoded exits 0."""
+    v41_dep_check(c, 4, 2, True)
+    c.wait_idle()
+    client = c.client()
+    state = [{"tokens": 0, "finish": None, "error": None} for _ in range(4)]
+
+    def one(i):
+        st = state[i]
+        try:
+            with client.chat.completions.create(
+                    model="tandem-deepseek-v41", max_tokens=150 + 100 * i, temperature=0,
+                    stream=True, messages=[{"role": "user", "content": "drain %d" % i}]) as s:
+                for ch in s:
+                    for c0 in ch.choices:
+                        st["tokens"] += 1
+                        st["finish"] = c0.finish_reason or st["finish"]
+        except Exception as e:  # reported below
+            st["error"] = str(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(state))]
+    for t in threads:
+        t.start()
+    c.wait(lambda: all(st["tokens"] >= 2 for st in state) or
+           any(st["finish"] or st["error"] for st in state), "every stream under way")
+    d = c.workers["decode0"]
+    d.p.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60 * SLOW)
+    check(all(st["finish"] in ("stop", "length") and not st["error"] for st in state),
+          "streams across decoded's drain: %r" % state)
+    try:
+        rc = d.p.wait(timeout=20 * SLOW)
+    except subprocess.TimeoutExpired:
+        raise Failure("decoded --dep did not exit after its drain")
+    check(rc == 0, "decoded --dep exited %d after its drain" % rc)
+
+
+def test_v41_dep_fail(c):
+    """A prefill group (--dep, 4 ranks) one of whose ranks fails mid-prefill
+    (TD_DEP_FAULT, the tests' fault: rank 1 aborts the group at its 3rd step
+    with work): the other ranks' passes fail at once instead of waiting for
+    the deadline, every request in flight ends — with a reply or an error
+    naming the failure — within a few seconds, the group takes no more work
+    and prefilld exits 1 by itself; the decode side ends with every block
+    free. Then a fresh prefilld (no fault) serves a request correctly."""
+    build = c.build
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    os.environ["TD_DEP_FAULT"] = "1:3"
+    try:
+        c.up(prefill=1, decode=1, prefill_ranks=4, decode_ranks=1,
+             router=("--tokenizer", model, "--max-attempts", "2"),
+             prefill_flags=("--chunk-tokens", "4", "--dep", "--compute-threads", "1"))
+    finally:
+        del os.environ["TD_DEP_FAULT"]
+    client = c.client()
+    results = [None] * 8
+
+    def one(i):
+        body = {"model": "tandem-deepseek-v41", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "request %d " % i + "word " * 20}]}
+        t0 = time.time()
+        try:
+            rsp = client.chat.completions.create(**body)
+            results[i] = ("ok", rsp.choices[0].message.content, time.time() - t0)
+        except Exception as e:  # the failure under test
+            results[i] = ("error", str(e), time.time() - t0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30 * SLOW)
+    check(all(r is not None for r in results), "requests still open: %r" % results)
+    errors = [r for r in results if r[0] == "error"]
+    check(errors, "no request failed: %r" % results)
+    check(max(r[2] for r in results) < 10 * SLOW, "a request took %.1f s" %
+          max(r[2] for r in results))
+    p = c.workers["prefill0"]
+    text = p.text()
+    check("TD_DEP_FAULT" in text and "dep group broke" in text,
+          "prefilld did not report the broken group: %r" % text[-2000:])
+    check(not re.search(r"no collective from rank|timed out", text), "a rank waited for the deadline")
+    try:
+        rc = p.p.wait(timeout=10 * SLOW)
+    except subprocess.TimeoutExpired:
+        raise Failure("prefilld still running after its group broke")
+    check(rc == 1, "prefilld exited %d, want 1" % rc)
+    p.killed = True   # its exit code is checked here
+    print("dep group failure: %d of %d requests failed, all ended within %.1f s, prefilld "
+          "exited %d %.1f s after the first request" % (len(errors), len(results),
+                                                       max(r[2] for r in results), rc,
+                                                       time.time() - t0))
+    c.wait_idle()
+    c.workers["prefill1"] = c.start_worker("prefilld", "prefill1", "--ranks", "4",
+                                           "--dep", "--compute-threads", "1")
+    c.wait(lambda: sum(r["role"] == "prefill" and r["state"] == "up" for r in c.ranks()) == 4,
+           "the new prefill group up")
+    rsp = client.chat.completions.create(
+        model="tandem-deepseek-v41", max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "after"}])
+    check(rsp.choices[0].finish_reason in ("stop", "length"), "after: %r" % rsp)
     c.wait_idle()
 
 

@@ -1,0 +1,46 @@
+/* worker/domain.h — a DEP domain across worker processes (decoded
+ * --domain-size): each rank's communicator over UCX, the ranks' addresses
+ * exchanged through a directory (DIR/ID.addr.RANK, written whole by rename).
+ * docs/dep.md, "A domain across processes". */
+#ifndef TD_WORKER_DOMAIN_H
+#define TD_WORKER_DOMAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "ucx.h"
+#include "xfer.h"
+
+struct event_base;
+
+typedef struct {
+    const char *id;         /* names the domain's files */
+    const char *dir;        /* where every process of the domain reads and writes them */
+    uint32_t size;          /* ranks in the domain */
+    uint64_t wait_ms;       /* for the other ranks' addresses, then their handshake */
+} td_worker_domain_t;
+
+/* One rank's communicator and what it runs on (owned together). */
+typedef struct {
+    struct event_base *base;
+    td_xfer_t *x;
+    td_comm_t *comm;
+    char path[4200];        /* its address file, removed by destroy; "": none */
+} td_worker_domain_comm_t;
+
+/* Rank `rank` of domain d: its own transfer engine (xc) on its own event
+ * base, its address in DIR/ID.addr.RANK, every other rank's read from there
+ * (waiting up to d->wait_ms), the UCX communicator. Blocks until every rank
+ * has answered or the wait is over (TD_ERR_TIMEOUT). Logged. */
+td_status_t td_worker_domain_create(const td_worker_domain_t *d, uint32_t rank,
+                                    const td_xfer_config_t *xc, const td_comm_opts_t *opts,
+                                    td_worker_domain_comm_t *out);
+/* The communicator, then its engine and base, and its address file (a
+ * zeroed one: nothing). A process killed leaves its files: a domain starts
+ * again in an emptied directory (or under another id). */
+void td_worker_domain_destroy(td_worker_domain_comm_t *dc);
+/* DIR/ID.addr.RANK. */
+void td_worker_domain_path(const td_worker_domain_t *d, uint32_t rank, char *out, size_t len);
+
+#endif
