@@ -1,10 +1,10 @@
 /* routerd/rsched.c — choosing ranks for a request: a decode rank with free KV
  * and a free batch row and the least load (within a DEP domain, the most free
  * KV), a prefill rank with the fewest queued tokens; draining, joining and
- * dead ranks are skipped. Load is the
- * rank's latest Load plus what this router sent it since (pend_*), so a burst
- * does not pile onto one rank; when no rank has room, whether one ever could
- * decides between waiting and refusing. */
+ * dead ranks are skipped. Load is the rank's latest Load plus what this
+ * router sent it since (pend_*), so a burst does not pile onto one rank; when
+ * no rank has room, whether one ever could decides between waiting and
+ * refusing. */
 #include "rsched.h"
 
 static bool
