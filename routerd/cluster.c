@@ -322,6 +322,11 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
                           "decode rank registered with max_batch 0");
         return;
     }
+    const char *why;
+    if (!td_rrank_dep_valid(reg, &why)) {
+        td_ctl_conn_close(rk->conn, TANDEM__REJECT_CODE__REJECT_PROTO, why);
+        return;
+    }
     if (register_copy(reg, &cp) != TD_OK) {
         td_ctl_conn_close(rk->conn, TANDEM__REJECT_CODE__REJECT_UNSPECIFIED,
                           "router out of memory for the registration");
@@ -334,9 +339,13 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
         rk->load.kv_tokens_free = cp->kv_tokens_total;
         rk->load.draining = cp->draining;
     }
-    td_info("%s: registered: engine %s, max context %llu, kv tokens %llu, max batch %u%s",
+    char dep[128] = "";
+    if (cp->dep_size > 0)
+        snprintf(dep, sizeof dep, ", dep group %s rank %u of %u", cp->dep_domain, cp->dep_rank,
+                 cp->dep_size);
+    td_info("%s: registered: engine %s, max context %llu, kv tokens %llu, max batch %u%s%s",
             td_ctl_conn_name(rk->conn), cp->engine_name, (unsigned long long)cp->max_context,
-            (unsigned long long)cp->kv_tokens_total, cp->max_batch,
+            (unsigned long long)cp->kv_tokens_total, cp->max_batch, dep,
             cp->draining ? ", draining" : "");
     ok.router_id = c->router_id;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REGISTERED;

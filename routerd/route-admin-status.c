@@ -1,12 +1,31 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
  * ranks (role, state, incarnation, load, KV used/free, in flight, a DEP
- * group's rank's passes and rows per expert), and the
+ * group's rank's group, passes and rows per expert), and the
  * admission queue (length, bounds, waits). */
 #include "router.h"
 #include "route.h"
 
 #include <inttypes.h>
 #include <jansson.h>
+
+/* A DEP group's rank: its group ({domain, size, rank}; null from a worker
+ * that did not say), the passes it made and its rows per expert (null for a
+ * dead rank, as its load). */
+static json_t *
+dep_json(const td_rrank_t *rk, bool dead)
+{
+    uint32_t size = td_rrank_dep_size(rk);
+    json_t *e = dead ? NULL : json_array();
+
+    for (size_t i = 0; e && i < rk->n_expert_tokens; i++)
+        json_array_append_new(e, json_integer((json_int_t)rk->expert_tokens[i]));
+    return json_pack("{s:o, s:o, s:o, s:o, s:o}",
+                     "domain", size ? json_string(rk->reg->dep_domain) : json_null(),
+                     "size", size ? json_integer(size) : json_null(),
+                     "rank", size ? json_integer(rk->reg->dep_rank) : json_null(),
+                     "passes", dead ? json_null() : json_integer((json_int_t)rk->load.dep_passes),
+                     "expert_tokens", e ? e : json_null());
+}
 
 /* A dead rank's load and KV are null: its last figures no longer hold. */
 static json_t *
@@ -25,14 +44,9 @@ rank_json(const td_rrank_t *rk)
                        "blocks_free", (json_int_t)l->kv_blocks_free,
                        "tokens_used", (json_int_t)l->kv_tokens_used,
                        "tokens_free", (json_int_t)l->kv_tokens_free);
-        if (l->dep_passes > 0 || rk->n_expert_tokens > 0) {   /* a DEP group's rank */
-            json_t *e = json_array();
-            for (size_t i = 0; e && i < rk->n_expert_tokens; i++)
-                json_array_append_new(e, json_integer((json_int_t)rk->expert_tokens[i]));
-            dep = json_pack("{s:I, s:o}", "passes", (json_int_t)l->dep_passes,
-                            "expert_tokens", e ? e : json_null());
-        }
     }
+    if (td_rrank_dep_size(rk) > 0 || l->dep_passes > 0 || rk->n_expert_tokens > 0)
+        dep = dep_json(rk, st == TD_RRANK_DEAD);   /* a DEP group's rank */
     snprintf(inc, sizeof inc, "%016" PRIx64, rk->incarnation);
     json_t *o = json_pack("{s:I, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}",
                           "rank", (json_int_t)rk->rank_id, "role", td_hello_role_str(rk->role),

@@ -1,6 +1,9 @@
 /* routerd/rrank.c — one worker rank as routerd sees it: its state from its
- * connection, registration and draining, and sending it a message. */
+ * connection, registration and draining, the DEP group it belongs to, and
+ * sending it a message. */
 #include "rrank.h"
+
+#include <string.h>
 
 #include "log.h"
 
@@ -25,6 +28,41 @@ td_rrank_state(const td_rrank_t *rk)
     if (rk->node->draining || rk->load.draining || rk->reg->draining)
         return TD_RRANK_DRAINING;
     return TD_RRANK_UP;
+}
+
+uint32_t
+td_rrank_dep_size(const td_rrank_t *rk)
+{
+    return rk->reg ? rk->reg->dep_size : 0;
+}
+
+bool
+td_rrank_same_dep(const td_rrank_t *a, const td_rrank_t *b)
+{
+    return td_rrank_dep_size(a) > 0 && td_rrank_dep_size(b) > 0 && a->role == b->role &&
+           strcmp(a->reg->dep_domain, b->reg->dep_domain) == 0;
+}
+
+bool
+td_rrank_dep_valid(const Tandem__Register *reg, const char **why)
+{
+    const char *d = reg->dep_domain ? reg->dep_domain : "";
+    size_t n = strlen(d);
+
+    if (reg->dep_size == 0)
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (d[i] < ' ' || d[i] > '~')
+            n = 0;
+    if (n == 0 || n > TD_HELLO_NODE_ID_MAX) {
+        *why = "dep domain must be 1..64 printable bytes";
+        return false;
+    }
+    if (reg->dep_rank >= reg->dep_size) {
+        *why = "dep rank outside its group";
+        return false;
+    }
+    return true;
 }
 
 td_status_t

@@ -50,6 +50,15 @@ typedef struct td_rrank_s {
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);
 const char *td_rrank_state_str(td_rrank_state_t st);
 
+/* A DEP group's rank: the size of its group (Register's dep_size), 0 for
+ * any other rank and before it registered. */
+uint32_t td_rrank_dep_size(const td_rrank_t *rk);
+/* Whether a and b are ranks of one DEP group (same role and dep_domain). */
+bool td_rrank_same_dep(const td_rrank_t *a, const td_rrank_t *b);
+/* Whether a Register's DEP fields hold (none, or a domain of 1..64 printable
+ * bytes and a rank below the size); why not in why. */
+bool td_rrank_dep_valid(const Tandem__Register *reg, const char **why);
+
 /* Queue one message to rk: TD_ERR_CLOSED when its connection has ended, else
  * what td_ctl_conn_send says. A failure is logged here (once); callers only
  * decide what to do about it. */

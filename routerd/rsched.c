@@ -1,9 +1,10 @@
 /* routerd/rsched.c — choosing ranks for a request: a decode rank with free KV
- * and a free batch row and the least load, a prefill rank with the fewest
- * queued tokens; draining, joining and dead ranks are skipped. Load is the
- * rank's latest Load plus what this router sent it since (pend_*), so a burst
- * does not pile onto one rank; when no rank has room, whether one ever could
- * decides between waiting and refusing. */
+ * and a free batch row and the least load (within a DEP domain, the most free
+ * KV), a prefill rank with the fewest queued tokens; draining, joining and
+ * dead ranks are skipped. Load is the rank's latest Load plus what this
+ * router sent it since (pend_*), so a burst does not pile onto one rank; when
+ * no rank has room, whether one ever could decides between waiting and
+ * refusing. */
 #include "rsched.h"
 
 static bool
@@ -73,12 +74,67 @@ td_rsched_longest(const td_rrank_t *ranks)
     return most;
 }
 
+/* A decode rank's room: free KV tokens (the last Load less what this router
+ * sent since) and batch rows in use (every admitted request holds one until
+ * it ends: running + queued + sent since). */
+typedef struct {
+    uint64_t free_tok;
+    uint64_t load;
+} rsched_room_t;
+
+static rsched_room_t
+decode_room(const td_rrank_t *rk)
+{
+    return (rsched_room_t){
+        .free_tok = rk->load.kv_tokens_free > rk->pend_tokens
+                    ? rk->load.kv_tokens_free - rk->pend_tokens : 0,
+        .load = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs,
+    };
+}
+
+/* Whether an up decode rank that could hold need tokens and was not tried
+ * has room for them now: free KV, a free row, no refusal since its Load. */
+static bool
+decode_fits(const td_rrank_t *rk, uint64_t need, rsched_room_t room)
+{
+    return !rk->refused && room.free_tok >= need && room.load < rk->reg->max_batch;
+}
+
+/* Whether rk, with room for need tokens, is the one its DEP domain offers:
+ * the ranks of a domain step together whatever their rows, so within one the
+ * rank with the most free KV (then the fewest rows, then the first in the
+ * table) takes the request. */
+static bool
+domain_offers(td_rrank_t *ranks, const td_rrank_t *rk, rsched_room_t room, uint64_t need,
+              const uint64_t *tried, size_t ntried)
+{
+    bool before = true;   /* o comes before rk in the table */
+
+    for (const td_rrank_t *o = ranks; o; o = o->next) {
+        if (o == rk) {
+            before = false;
+            continue;
+        }
+        if (!td_rrank_same_dep(o, rk) || !takes_requests(o, TANDEM__ROLE__ROLE_DECODE) ||
+            !could_hold(o, need) || was_tried(o, tried, ntried))
+            continue;
+        rsched_room_t r = decode_room(o);
+        if (!decode_fits(o, need, r))
+            continue;
+        if (r.free_tok > room.free_tok ||
+            (r.free_tok == room.free_tok && (r.load < room.load ||
+                                             (r.load == room.load && before))))
+            return false;
+    }
+    return true;
+}
+
 td_rsched_fit_t
 td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried, size_t ntried,
                       td_rrank_t **out)
 {
     td_rrank_t *best = NULL;
-    uint64_t best_load = 0, best_free = 0;
+    rsched_room_t best_room = { 0, 0 };
     bool up = false, holds = false, untried = false;
 
     for (td_rrank_t *rk = ranks; rk; rk = rk->next) {
@@ -91,16 +147,17 @@ td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried, s
         if (was_tried(rk, tried, ntried))
             continue;
         untried = true;
-        uint64_t free_tok = rk->load.kv_tokens_free > rk->pend_tokens
-                            ? rk->load.kv_tokens_free - rk->pend_tokens : 0;
-        /* every admitted request holds a batch row until it ends */
-        uint64_t load = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs;
-        if (rk->refused || free_tok < need || load >= rk->reg->max_batch)
+        rsched_room_t room = decode_room(rk);
+        if (!decode_fits(rk, need, room))
             continue;
-        if (!best || load < best_load || (load == best_load && free_tok > best_free)) {
+        if (td_rrank_dep_size(rk) > 0 && !domain_offers(ranks, rk, room, need, tried, ntried))
+            continue;
+        /* the least loaded, then the most free KV; a domain competes with
+         * the rank it offers */
+        if (!best || room.load < best_room.load ||
+            (room.load == best_room.load && room.free_tok > best_room.free_tok)) {
             best = rk;
-            best_load = load;
-            best_free = free_tok;
+            best_room = room;
         }
     }
     if (best) {

@@ -28,7 +28,10 @@ const char *td_rsched_fit_str(td_rsched_fit_t f);
 /* Decode rank for need tokens (prompt + max_tokens), skipping the
  * incarnations tried[ntried]: of those with free KV for need and a free batch
  * row (the last Load less what this router sent since) and that did not turn
- * a request away since that Load, the least loaded. */
+ * a request away since that Load, the least loaded, then the one with the
+ * most free KV. The ranks of one DEP domain (Register's dep_domain) step
+ * together, so a domain offers only its rank with the most free KV (then the
+ * fewest rows), which competes with the other ranks by the same rule. */
 td_rsched_fit_t td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried,
                                       size_t ntried, td_rrank_t **out);
 

@@ -171,17 +171,26 @@ worker_dep_setup(td_worker_rank_t *wr)
 
 /* ---- Rank thread: the routers ------------------------------------------------------ */
 
-/* Register: the engine, draining, and what the daemon adds. */
+/* Register: the engine, draining, the DEP group the rank belongs to (its
+ * domain's id across processes, else the node id; its index there), and what
+ * the daemon adds. */
 static void
 worker_register(td_worker_rank_t *wr, Tandem__Register *reg)
 {
     const td_engine_t *e = wr->w->engine;
+    const td_worker_opts_t *o = wr->w->spec->wcfg;
     tandem__register__init(reg);
     reg->engine_name = (char *)e->name;
     reg->engine_kind = (char *)e->kind;
     reg->vocab_size = e->vocab;
     reg->max_context = e->max_context;
     reg->draining = wr->draining;
+    if (o->dep) {
+        bool domain = o->domain_size > 0;
+        reg->dep_domain = domain ? o->domain_id : (char *)td_daemon_node_id(wr->w->d);
+        reg->dep_size = domain ? (uint32_t)o->domain_size : wr->w->nranks;
+        reg->dep_rank = (domain ? (uint32_t)o->domain_rank0 : 0) + wr->id;
+    }
     wr->w->spec->rank_register(wr->rank, reg);
 }
 

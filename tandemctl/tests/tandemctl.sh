@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tandemctl/tests/tandemctl.sh — tandemctl against a fake admin API
 # (fake_admin.py): tables and --json, odd JSON, status sorted and a dead
-# rank's empty load, node commands and their request bodies, 401 / 404 /
+# rank's empty load, DEP groups (the DEP column and the groups' table), node commands and their request bodies, 401 / 404 /
 # unreachable / timeout / invalid JSON, the hint for the API port, usage
 # errors and help, and the defaults taken from the environment and the
 # local-cluster state directory.  Usage: tandemctl.sh TANDEMCTL FAKE_ADMIN_PY
@@ -186,6 +186,67 @@ printf '%s\n' "m decode 0" "n2 decode 0" "n2 decode 1" "n2 prefill 0" "n2 prefil
   "n10 decode 0" | diff - "$tmp/order" >/dev/null || fail "status not sorted: $(cat "$tmp/out")"
 has out '^m +active +decode +0 +dead +- +- +- +- +0$'
 [ -s "$tmp/err" ] && fail "a dead rank's null load warned: $(cat "$tmp/err")"
+
+# DEP groups: a DEP column (DOMAIN:RANK/SIZE) on their ranks, "-" on the others,
+# and a table of the groups: state, nodes with their ranks in the group, passes,
+# rows. A rank with no group name (an older router's "dep") has no DEP cell.
+deprank() { # deprank ROLE RANK STATE DOMAIN DRANK SIZE PASSES ROWS — a DEP group's rank json
+  printf '{"rank": %s, "role": "%s", "state": "%s", "inflight": 0, "load": {"running": 0,
+    "queued": 0}, "kv": {"blocks_used": 0, "blocks_free": 9}, "dep": {"domain": "%s",
+    "size": %s, "rank": %s, "passes": %s, "expert_tokens": %s}}' "$2" "$1" "$3" "$4" "$6" "$5" "$7" "$8"
+}
+routes <<J
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "d10", "draining": false, "removing": false, "ranks": [
+     $(deprank decode 1 up d0 3 4 12 '[0, 0, 5, 6]'), $(deprank decode 0 up d0 2 4 12 '[0, 1, 5, 6]')]},
+   {"node": "d2", "draining": false, "removing": false, "ranks": [
+     $(deprank decode 0 up d0 0 4 11 '[7, 1, 0, 0]'),
+     {"rank": 1, "role": "decode", "state": "dead", "inflight": 0, "load": null, "kv": null,
+      "dep": {"domain": "d0", "size": 4, "rank": 1, "passes": null, "expert_tokens": null}}]},
+   {"node": "p0", "draining": false, "removing": false, "ranks": [
+     $(deprank prefill 0 up p0 0 2 40 '[3, 3]'), $(deprank prefill 1 up p0 1 2 40 '[0, 3]')]},
+   {"node": "x", "draining": false, "removing": false, "ranks": [
+     $(deprank decode 0 up e1 0 8 5 '[]'), $(deprank decode 1 draining e1 2 8 5 '[]')]},
+   {"node": "old", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "up", "inflight": 0, "load": {"running": 0,
+      "queued": 0}, "kv": {"blocks_used": 0, "blocks_free": 9},
+      "dep": {"passes": 3, "expert_tokens": [1]}}]},
+   {"node": "n", "draining": false, "removing": false, "ranks": [$(rank decode 0 up 0 0 0 5 0)]}]}]}
+J
+run 0 status
+has out '^NODE +NODE-STATE +ROLE +RANK +STATE +RUNNING +QUEUED +KV-USED +KV-FREE +IN-FLIGHT +DEP$'
+has out '^d2 +active +decode +0 +up +0 +0 +0 +9 +0 +d0:0/4$'
+has out '^d2 +active +decode +1 +dead +- +- +- +- +0 +d0:1/4$'
+has out '^d10 +active +decode +1 +up +0 +0 +0 +9 +0 +d0:3/4$'
+has out '^p0 +active +prefill +1 +up +0 +0 +0 +9 +0 +p0:1/2$'
+has out '^n +active +decode +0 +up +0 +0 +0 +5 +0 +-$'
+has out '^old +active +decode +0 +up +0 +0 +0 +9 +0 +-$'
+has out '^6 nodes, 10 ranks, 0 requests in flight$'
+has out '^DEP-GROUP +ROLE +SIZE +STATE +NODES +PASSES +EXPERT-ROWS$'
+has out '^d0 +decode +4 +3 up, 1 dead +d2\[0-1\],d10\[2-3\] +11\.\.12 +31$'
+has out '^e1 +decode +8 +1 up, 1 draining, 6 missing +x\[0,2\] +5 +-$'
+has out '^p0 +prefill +2 +up +p0\[0-1\] +40 +9$'
+grep -A9 '^DEP-GROUP' "$tmp/out" | awk '{print $1}' | tr '\n' ' ' | grep -qx 'DEP-GROUP d0 e1 p0 ' ||
+  fail "dep groups not sorted by name: $(cat "$tmp/out")"
+[ -s "$tmp/err" ] && fail "status of dep groups wrote to stderr: $(cat "$tmp/err")"
+run 0 status --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["nodes"][0]["ranks"][0]["dep"]["domain"]=="d0"' \
+  "$tmp/out" || fail "status --json lacks the dep group"
+# odd dep fields: "?" and a warning, never a crash
+routes <<'J'
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "n", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "up", "inflight": 0, "load": null, "kv": null,
+      "dep": {"domain": "d", "size": "two", "passes": [], "expert_tokens": 4}},
+     {"rank": 1, "role": "decode", "state": "up", "inflight": 0, "load": null, "kv": null,
+      "dep": {"domain": 5}}]}]}]}
+J
+run 0 status
+has out '^n +active +decode +0 +up +- +- +- +- +0 +d:\?/two$'
+has out '^n +active +decode +1 +up +- +- +- +- +0 +-$'
+has out '^d +decode +two +1 up +n\[\] +- +-$'
+has err 'warning: status: node #0 rank #0: column DEP: field "rank" missing'
+has err 'warning: status: node #0 rank #1: field "dep.domain" has the wrong type'
 
 # --router at routerd's API port: a hint. Its /health says so (the key is refused
 # or /admin is not routed there); an older routerd's "Invalid URL" 404 says it too.

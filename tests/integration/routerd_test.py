@@ -2,7 +2,7 @@
 """tests/integration/routerd_test.py — black-box tests of routerd: a real
 routerd on free loopback ports, fake worker ranks (rtr_fake_worker) on its
 control port, checked over HTTP. usage: routerd_test.py TEST ROUTERD WORKER
-TEST: api | ctl | flow | cancel | failure | auth | queue | order | flood. Every
+TEST: api | ctl | flow | cancel | failure | auth | queue | order | flood | domain. Every
 process is stopped by its pid."""
 import concurrent.futures
 import http.client
@@ -647,6 +647,56 @@ def test_failure(c):
     _, _, m = request(c.http, "GET", "/metrics")
     check(re.search(rb'errors_total\{reason="decode_failed"\} 1\b', m),
           "decode_failed not counted")
+
+
+def test_domain(c):
+    """Decode ranks of one DEP domain (Register's dep_domain): the status
+    shows each rank's domain, size and index; requests go to the domain's rank
+    with the most free KV even when it holds more of them (its ranks step
+    together anyway), while ranks of no domain still take the least loaded;
+    a Register naming a rank outside its domain is refused."""
+    c.start_router()
+    c.start_worker("p", "--role", "prefill")
+    small = c.start_worker("da", "--role", "decode", "--dep", "d0:0:2", "--kv-blocks", "20",
+                           "--tok-ms", "50")
+    big = c.start_worker("db", "--role", "decode", "--dep", "d0:1:2", "--tok-ms", "50")
+    c.wait_up(3)
+    dep = {r["node"]: r.get("dep") for r in c.ranks()}
+    check(dep["p"] is None, "a rank of no domain has dep: %r" % dep["p"])
+    check(dep["da"] == {"domain": "d0", "size": 2, "rank": 0, "passes": 0, "expert_tokens": []}
+          and dep["db"]["rank"] == 1, "dep of the domain's ranks: %r" % dep)
+    check(re.search(r"registered: .*, dep group d0 rank 1 of 2", open(c.rlog).read()),
+          "the registration log names the group")
+
+    def burst(n, a, b):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+            res = list(pool.map(lambda i: chat(c.http, content="d%d" % i, max_tokens=30),
+                                range(n)))
+        check(all(st == 200 for st, _, _ in res), "burst: %r" % [st for st, _, _ in res])
+        return [open(w.out).read().count("admit ") for w in (a, b)]
+
+    # da has 1280 free KV tokens, db 64000: every request goes to db, though
+    # without the domain the second would go to da (fewer requests).
+    got = burst(4, small, big)
+    check(got == [0, 4], "domain: admits at da, db: %r, wanted [0, 4]" % got)
+    c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "the burst done")
+
+    # The same ranks without a domain: the least loaded first, as before.
+    for w in (small, big):
+        w.send_signal(signal.SIGTERM)
+        w.wait(timeout=10)
+    na = c.start_worker("na", "--role", "decode", "--kv-blocks", "20", "--tok-ms", "50")
+    nb = c.start_worker("nb", "--role", "decode", "--tok-ms", "50")
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks()
+                       if r["node"] in ("na", "nb")) == 2, "na, nb up")
+    got = burst(4, na, nb)
+    check(got == [2, 2], "no domain: admits at na, nb: %r, wanted [2, 2]" % got)
+
+    # A rank outside its domain: refused, with the reason in both logs.
+    bad = c.start_worker("bad", "--role", "decode", "--dep", "d0:2:2")
+    c.wait(lambda: "dep rank outside its group" in open(bad.err).read(), "the refusal")
+    check(not any(r["node"] == "bad" and r["state"] == "up" for r in c.ranks()),
+          "the bad rank is up")
 
 
 def test_auth(c):

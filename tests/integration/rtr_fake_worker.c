@@ -7,11 +7,14 @@
  * full decoded does). Misbehaviours on
  * request: --admit-delay-ms answers Admit late; --prefill-done-early sends a
  * PrefillDone (failed) from the prefill rank as soon as the decode rank gets
- * the Admit, before any Prefill could have been sent.
+ * the Admit, before any Prefill could have been sent. --dep ID:RANK:SIZE
+ * registers its ranks as rank RANK of the DEP domain ID of SIZE ranks;
+ * --kv-blocks N sizes its KV (64 tokens a block). A decode rank without
+ * the prefill rank (--role decode) decodes from its AdmitOk on.
  * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
  *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early]
- *        [--max-batch N] */
+ *        [--max-batch N] [--dep ID:RANK:SIZE] [--kv-blocks N] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -31,7 +34,6 @@ static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 
 #define TEXT "the quick brown fox jumps over the lazy dog "
 #define MAXREQ 256
-#define BLOCKS 1000
 
 typedef struct {
     uint64_t id;            /* 0: free slot */
@@ -49,6 +51,7 @@ typedef struct {
     uint32_t tok_ms;
     uint32_t admit_delay_ms;
     uint32_t max_batch;     /* requests held at once (<= MAXREQ) */
+    uint32_t blocks;        /* KV blocks of 64 tokens (--kv-blocks, default 1000) */
     bool reject;
     bool prefill_hang;      /* never answer Prefill (a rank stuck mid-prefill) */
     bool prefill_done_early;
@@ -83,7 +86,7 @@ send_load(void)
     Tandem__Load ld = TANDEM__LOAD__INIT;
 
     ld.kv_blocks_used = held();
-    ld.kv_blocks_free = BLOCKS - ld.kv_blocks_used;
+    ld.kv_blocks_free = F.blocks > ld.kv_blocks_used ? F.blocks - ld.kv_blocks_used : 0;
     ld.kv_tokens_used = ld.kv_blocks_used * 64;
     /* as decoded: the longest request that fits now, 0 with no row free */
     ld.kv_tokens_free = ld.kv_blocks_used < F.max_batch ? ld.kv_blocks_free * 64 : 0;
@@ -128,6 +131,11 @@ admit_ok(fake_req_t *q)
     out.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
     out.admit_ok = &ok;
     dsend(&out);
+    if (!F.plink) {   /* --role decode: no prefill rank of ours to hear from */
+        struct timeval now = { 0, 0 };
+        q->prefilled = true;
+        evtimer_add(q->tick, &now);
+    }
 }
 
 /* What a buggy prefill rank might send: a PrefillDone for a request it was
@@ -293,9 +301,12 @@ main(int argc, char **argv)
         { "role", 1, 0, 'o' }, { "reject", 0, 0, 'j' }, { "tok-ms", 1, 0, 't' },
         { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' },
         { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' },
-        { "bad-token", 1, 0, 'b' }, { "max-batch", 1, 0, 'm' }, { 0, 0, 0, 0 },
+        { "bad-token", 1, 0, 'b' }, { "max-batch", 1, 0, 'm' }, { "dep", 1, 0, 'd' },
+        { "kv-blocks", 1, 0, 'k' }, { 0, 0, 0, 0 },
     };
     const char *router = NULL, *secret_file = NULL, *role = "both";
+    char dep_domain[65] = "";
+    unsigned dep_rank = 0, dep_size = 0;
     uint64_t max_context = 1u << 20;
     char secret[256];
     td_engine_config_t ecfg;
@@ -308,6 +319,7 @@ main(int argc, char **argv)
     F.tok_ms = 2;
     F.max_batch = MAXREQ;
     F.bad_token = -1;
+    F.blocks = 1000;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
         case 'r': router = optarg; break;
@@ -322,6 +334,11 @@ main(int argc, char **argv)
         case 'e': F.prefill_done_early = true; break;
         case 'b': F.bad_token = (int32_t)atoi(optarg); break;
         case 'm': F.max_batch = (uint32_t)atoi(optarg); break;
+        case 'd':
+            if (sscanf(optarg, "%64[^:]:%u:%u", dep_domain, &dep_rank, &dep_size) != 3)
+                return 2;
+            break;
+        case 'k': F.blocks = (uint32_t)atoi(optarg); break;
         default: return 2;
         }
     }
@@ -354,8 +371,11 @@ main(int argc, char **argv)
     reg.engine_kind = "fake worker";
     reg.vocab_size = eng->vocab;
     reg.max_context = max_context;
-    reg.kv_tokens_total = BLOCKS * 64;
+    reg.kv_tokens_total = (uint64_t)F.blocks * 64;
     reg.max_batch = F.max_batch;
+    reg.dep_domain = dep_domain;
+    reg.dep_size = dep_size;
+    reg.dep_rank = dep_rank;
     if (strcmp(role, "prefill") != 0) {
         h.on_message = on_decode_msg;
         if (td_link_create(F.base, &lc, &reg, &h, &F.dlink) != TD_OK)
