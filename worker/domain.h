@@ -1,6 +1,7 @@
 /* worker/domain.h — a DEP domain across worker processes (decoded
  * --domain-size): each rank's communicator over UCX, the ranks' addresses
- * exchanged through a directory (DIR/ID.addr.RANK, written whole by rename).
+ * exchanged through a directory (DIR/ID.addr.RANK, written whole by rename,
+ * a header line naming the writer, then the address).
  * docs/dep.md, "A domain across processes". */
 #ifndef TD_WORKER_DOMAIN_H
 #define TD_WORKER_DOMAIN_H
@@ -37,9 +38,15 @@ td_status_t td_worker_domain_create(const td_worker_domain_t *d, uint32_t rank,
                                     const td_xfer_config_t *xc, const td_comm_opts_t *opts,
                                     td_worker_domain_comm_t *out);
 /* The communicator, then its engine and base, and its address file (a
- * zeroed one: nothing). A process killed leaves its files: a domain starts
- * again in an emptied directory (or under another id). */
+ * zeroed one: nothing). A process killed leaves its files; each names its
+ * writer (pid, start time, boot id, host), and create ignores a file whose
+ * writer ran on this host and is gone, so a domain restarts in the same
+ * directory under the same id. */
 void td_worker_domain_destroy(td_worker_domain_comm_t *dc);
+/* Remove the rank's address file now (if it is still this process's), so
+ * that a restarted domain does not find this broken one's address; the
+ * communicator stays. Done when the domain breaks, and by destroy. */
+void td_worker_domain_withdraw(td_worker_domain_comm_t *dc);
 /* DIR/ID.addr.RANK. */
 void td_worker_domain_path(const td_worker_domain_t *d, uint32_t rank, char *out, size_t len);
 

@@ -97,6 +97,7 @@ worker_dep_on_broken(evutil_socket_t fd, short what, void *arg)
     td_error("%s %u: its dep group broke (%s): taking no more work; the process exits once "
              "every rank has ended what it holds", wr->w->spec->rank_name, wr->id,
              td_status_str(td_comm_status(wr->comm)));
+    td_worker_domain_withdraw(&wr->dom);   /* a restarted domain must not find this address */
     worker_rank_stop(wr->w, wr->id, TD_RANKS_STOP_DRAIN);
 }
 

@@ -3,7 +3,9 @@
 # daemons (fake-daemon, the fake admin API) and the real tandemctl: a missing
 # binary, up (keys, ports from the ready line, registration wait, what it
 # prints), refusing a second up, status, the ports and command lines recorded,
-# restart of routerd (same ports, workers untouched) and of a worker, down
+# restart of routerd (same ports, workers untouched) and of a worker, a
+# decode domain over 2 decoded (--decode-domain: the domain flags, restart of
+# one member restarts both), down
 # stopping exactly its own processes (SIGKILL for one that ignores SIGTERM;
 # an unrelated process and a recycled pid untouched), a second up on the
 # recorded ports (or free ones when those are taken), a registration timeout
@@ -172,6 +174,47 @@ TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 status_with 5
 "$lc" up --decode 2 --decode-ranks 2 >/dev/null 2>&1 || fail "up without dep"
 grep -q -- "--dep" <(tail -n 2 "$FAKE_DIR/args-decoded") && fail "--dep without --decode-dep"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+
+# --decode-domain: the decoded's ranks form one domain (size M*R, rank0 i*R,
+# the state dir's domain/); restart of a member restarts every member
+status_with 7
+"$lc" up --prefill-ranks 3 --prefill-dep --decode 2 --decode-ranks 2 --decode-domain >"$tmp/out" \
+  2>"$tmp/err" || fail "up with a decode domain: $(cat "$tmp/err")"
+has out "2 decoded x 2 ranks \(one dep domain of 4 ranks\)"
+tail -n 1 "$FAKE_DIR/args-prefilld" | grep -q -- "--ranks 3 --dep$" ||
+  fail "prefilld args with --prefill-dep: $(tail -n 1 "$FAKE_DIR/args-prefilld")"
+for i in 0 1; do
+  grep -q -- "--node-id decode$i --routers 127.0.0.1:9 --ranks 2 --dep --domain-size 4 --domain-rank0 $((2 * i)) --domain-dir $tmp/state/domain --domain-id decode$" \
+    <(tail -n 2 "$FAKE_DIR/args-decoded") || fail "decode$i args in a domain: $(tail -n 2 "$FAKE_DIR/args-decoded")"
+done
+[ -d "$tmp/state/domain" ] || fail "no domain directory"
+old0=$(rec decode0) old1=$(rec decode1) oldp=$(rec prefill0) oldr=$(rec routerd)
+kill -KILL "$old1"   # a member dies; the other would exit by itself, here it is stopped
+"$lc" restart decode1 >"$tmp/out" 2>"$tmp/err" || fail "restart decode1 of the domain: $(cat "$tmp/err")"
+has out "decode1 is in the decode domain: restarting decode0 decode1"
+has out "decode0 restarted \(pid [0-9]+\)"
+has out "decode1 restarted \(pid [0-9]+\)"
+for n in decode0 decode1; do
+  [ -n "$(rec $n)" ] && alive "$(rec $n)" || fail "$n not running after the domain's restart"
+done
+[ "$(rec decode0)" != "$old0" ] && [ "$(rec decode1)" != "$old1" ] || fail "the domain was not restarted whole"
+alive "$old0" && fail "the old decode0 still runs"
+[ "$(rec prefill0)" = "$oldp" ] && [ "$(rec routerd)" = "$oldr" ] || fail "the domain's restart touched others"
+tail -n 2 "$FAKE_DIR/args-decoded" | grep -c -- "--domain-size 4" | grep -qx 2 ||
+  fail "the domain restarted with other arguments: $(tail -n 2 "$FAKE_DIR/args-decoded")"
+"$lc" restart prefill0 >"$tmp/out" 2>"$tmp/err" || fail "restart prefill0 beside a domain: $(cat "$tmp/err")"
+grep -q "decode" "$tmp/out" && fail "restart prefill0 restarted decoded: $(cat "$tmp/out")"
+"$lc" status >"$tmp/out" || fail "status after the domain's restart: $(cat "$tmp/out")"
+has out "4 of 4 running"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+# without --decode-domain: no domain, restart of one decoded is that one
+status_with 5
+"$lc" up --decode 2 --decode-ranks 2 --decode-dep >/dev/null 2>&1 || fail "up with decode groups"
+grep -q -- "--domain" <(tail -n 2 "$FAKE_DIR/args-decoded") && fail "--domain-* without --decode-domain"
+old0=$(rec decode0)
+"$lc" restart decode1 >"$tmp/out" 2>&1 || fail "restart decode1 of a group: $(cat "$tmp/out")"
+[ "$(rec decode0)" = "$old0" ] || fail "restart decode1 without a domain restarted decode0"
 TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 
 # the router never sees every rank: up gives up, stops what it started
