@@ -689,8 +689,10 @@ def test_domain(c):
     nb = c.start_worker("nb", "--role", "decode", "--tok-ms", "50")
     c.wait(lambda: sum(r["state"] == "up" for r in c.ranks()
                        if r["node"] in ("na", "nb")) == 2, "na, nb up")
+    # (2/2 when the four overlap fully; on a loaded machine 1/3 was seen. The
+    # domain's rule would give 0/4.)
     got = burst(4, na, nb)
-    check(got == [2, 2], "no domain: admits at na, nb: %r, wanted [2, 2]" % got)
+    check(sum(got) == 4 and got[0] >= 1, "no domain: admits at na, nb: %r, wanted na >= 1" % got)
 
     # A rank outside its domain: refused, with the reason in both logs.
     bad = c.start_worker("bad", "--role", "decode", "--dep", "d0:2:2")
