@@ -1432,6 +1432,7 @@ fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_
     fw_t f;
     fw_moe_ws_t own;
     td_status_t st;
+    bool counted = false;
 
     memset(&f, 0, sizeof(f));
     memset(&own, 0, sizeof(own));
@@ -1461,7 +1462,7 @@ fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_
         goto out;
     }
     if (dep != NULL) {
-        atomic_fetch_add_explicit(&dep->passes, 1, memory_order_relaxed);
+        counted = true;   /* the pass is counted at its end, below */
         atomic_fetch_add_explicit(&dep->tokens, f.N, memory_order_relaxed);
     }
     if (f.N == 0) {   /* a rank of a DEP group without rows: its experts only */
@@ -1521,6 +1522,11 @@ fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_
     st = fw_logits(&f);
 
 out:
+    /* After its rows are in the per-expert counters: a reader that sees the
+     * count of passes (acquire) sees every row of those passes, and the last
+     * pass's rows are always followed by a change of the count. */
+    if (counted)
+        atomic_fetch_add_explicit(&dep->passes, 1, memory_order_release);
     fw_free(&f);
     fw_moe_ws_free(&own);
     return st;
@@ -1628,7 +1634,7 @@ td_forward_dep(td_forward_dep_t *d, td_forward_seq_t *seqs, size_t nseqs,
 void
 td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out)
 {
-    out->passes = atomic_load_explicit(&d->passes, memory_order_relaxed);
+    out->passes = atomic_load_explicit(&d->passes, memory_order_acquire);
     out->tokens = atomic_load_explicit(&d->tokens, memory_order_relaxed);
     out->dispatch_bytes = atomic_load_explicit(&d->dispatch_bytes, memory_order_relaxed);
     out->combine_bytes = atomic_load_explicit(&d->combine_bytes, memory_order_relaxed);
