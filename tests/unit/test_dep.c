@@ -32,22 +32,6 @@ static char tmpdir[] = "/tmp/test_dep.XXXXXX";
 static char tool[PATH_MAX + 32];
 static uint64_t kv_seed = 700;
 
-/* Write a checkpoint into tmpdir/name; dir gets its path. */
-static int
-make_checkpoint(const char *name, const char *args, char *dir, size_t len)
-{
-    char cmd[3 * PATH_MAX + 200];
-
-    snprintf(dir, len, "%s/%s", tmpdir, name);
-    snprintf(cmd, sizeof(cmd), "'%s' %s '%s' >/dev/null", tool, args, dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "failed: %s\n", cmd);
-        td_check_failures++;
-        return -1;
-    }
-    return 0;
-}
-
 /* ---- the schedule -----------------------------------------------------------------------
  * R requests with prompts of lens[i] tokens, prefilled in chunks of
  * chunk[i] (every request with prompt left takes its next chunk in each
@@ -405,7 +389,7 @@ test_config(const char *name, const char *args, const dep_case_t *cases, size_t 
     td_model_t *full = NULL;
     ckpt_t ck = { 0 };
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     CHECK_STATUS(td_model_load(dir, &full), TD_OK);
     if (full == NULL)
@@ -434,8 +418,9 @@ test_refused(void)
     td_comm_t *c0 = NULL;
     td_forward_dep_t *d = NULL;
 
-    if (make_checkpoint("refused", "--preset tiny-noengram --experts 6 --topk 3", dir,
-                        sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, "refused",
+                             "--preset tiny-noengram --experts 6 --topk 3", dir,
+                             sizeof(dir)) != 0)
         return;
     CHECK_STATUS(td_placement_create_ranges(6, 4, &p4), TD_OK);
     CHECK_STATUS(td_placement_create_ranges(8, 4, &p8), TD_OK);

@@ -631,22 +631,6 @@ find_tool(void)
     return td_testutil_build_tool("TD_MK_TINY_MODEL", "mk-tiny-model", tool, sizeof(tool));
 }
 
-/* Write a checkpoint into tmpdir/name; *dir gets its path. */
-static int
-make_checkpoint(const char *name, const char *args, char *dir, size_t len)
-{
-    char cmd[3 * PATH_MAX + 200];
-
-    snprintf(dir, len, "%s/%s", tmpdir, name);
-    snprintf(cmd, sizeof(cmd), "'%s' %s '%s' >/dev/null", tool, args, dir);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "failed: %s\n", cmd);
-        td_check_failures++;
-        return -1;
-    }
-    return 0;
-}
-
 static td_rng_t rng = { .state = TD_RNG_GAMMA };
 
 /* Every cache of this test at other shuffled places (tests/unit/testkv.h). */
@@ -701,7 +685,7 @@ test_batch_invariance(const char *name, const char *args)
     int32_t prompt[R][MAXP], next[R];
     int same = 1;
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     CHECK_STATUS(td_model_load(dir, &m), TD_OK);
     if (m == NULL)
@@ -775,7 +759,7 @@ test_cache_handoff(const char *name, const char *args)
     size_t size = 0, want = 0;
     int same = 1;
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     snprintf(path, sizeof(path), "%s/%s.cache", tmpdir, name);
     CHECK_STATUS(td_model_load(dir, &a), TD_OK);
@@ -974,7 +958,7 @@ test_v41_engine(const char *name, const char *args)
     told_t t;
     int nfixed, same = 1;
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     e = v41_engine(dir);
     CHECK_STATUS(td_model_load(dir, &m), TD_OK);   /* the reference: another instance */
@@ -1196,7 +1180,7 @@ test_request_memory(const char *name, const char *args)
     unsigned threads = td_kernels_cpu_threads();
     size_t kv_short = 0, kv_long = 0, h_short, h_long;
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     e = v41_engine(dir);
     if (e == NULL)
@@ -1306,7 +1290,7 @@ test_v41_group(const char *name, const char *args)
     grank_t gr[GR];
     pthread_t th[GR];
 
-    if (make_checkpoint(name, args, dir, sizeof(dir)) != 0)
+    if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
     one = v41_engine(dir);
     if (one == NULL)

@@ -1,6 +1,7 @@
 /* tests/unit/testutil.h — small helpers the C tests share (next to check.h):
- * the clock in us and ms, whole-buffer socket I/O that gives up after 10 s, and
- * finding a tool of the build the test belongs to. */
+ * the clock in us and ms, whole-buffer socket I/O that gives up after 10 s,
+ * finding a tool of the build the test belongs to, and making a checkpoint
+ * with it. */
 #ifndef TD_TESTUTIL_H
 #define TD_TESTUTIL_H
 
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "clock.h"
 
 /* common/clock.h's monotonic clock in microseconds and milliseconds. */
@@ -77,6 +79,25 @@ td_testutil_build_tool(const char *env, const char *name, char *out, size_t len)
     }
     snprintf(out, len, "%s/tools/%s", exe, name);
     return access(out, X_OK) == 0;
+}
+
+/* Write a checkpoint with the mk-tiny-model tool (found by
+ * td_testutil_build_tool) and its args into root/name; dir (len bytes) gets
+ * its path. 0, or -1 with the command printed and counted as a failure. */
+static inline int
+td_testutil_mk_model(const char *tool, const char *root, const char *name, const char *args,
+                     char *dir, size_t len)
+{
+    char cmd[3 * PATH_MAX + 200];
+
+    snprintf(dir, len, "%s/%s", root, name);
+    snprintf(cmd, sizeof(cmd), "'%s' %s '%s' >/dev/null", tool, args, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "failed: %s\n", cmd);
+        td_check_failures++;
+        return -1;
+    }
+    return 0;
 }
 
 #endif
