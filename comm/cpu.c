@@ -298,6 +298,45 @@ cpu_deadline(const cpu_comm_t *cc)
 
 /* ---- The collectives ------------------------------------------------------------------ */
 
+/* A collective where every rank gives the same size: publish send (n units)
+ * and wait for every rank; one that gave another n fails the collective for
+ * the whole group (TD_ERR_MISMATCH). */
+static td_status_t
+cpu_publish_equal(cpu_comm_t *cc, const void *send, size_t n, const char *what,
+                  const char *unit)
+{
+    td_comm_group_t *g = cc->g;
+    uint64_t phase;
+    td_status_t st;
+
+    cc->me->send = send;
+    cc->me->bytes = n;
+    st = group_wait(g, cc, cpu_deadline(cc), WAIT_BOUNDED, &phase);
+    if (st != TD_OK)
+        return st;
+    for (uint32_t r = 0; r < g->size; r++) {
+        if (g->slots[r].bytes != n) {
+            td_error("%s rank %u/%u: %s of %zu %s, rank %u gave %zu", g->name, cc->head.rank,
+                     cc->head.size, what, n, unit, r, g->slots[r].bytes);
+            return cpu_finish(cc, TD_ERR_MISMATCH);
+        }
+    }
+    return TD_OK;
+}
+
+/* Its end: bytes_each went to, and came from, each other rank. */
+static td_status_t
+cpu_finish_equal(cpu_comm_t *cc, size_t bytes_each)
+{
+    td_status_t st = cpu_finish(cc, TD_OK);
+
+    if (st == TD_OK) {
+        cc->head.stats.bytes_sent += (uint64_t)bytes_each * (cc->g->size - 1);
+        cc->head.stats.bytes_recv += (uint64_t)bytes_each * (cc->g->size - 1);
+    }
+    return st;
+}
+
 static td_status_t
 cpu_barrier(td_comm_t *c)
 {
@@ -312,21 +351,10 @@ cpu_allgather(td_comm_t *c, const void *send, size_t bytes, void *recv)
 {
     cpu_comm_t *cc = (cpu_comm_t *)c;
     td_comm_group_t *g = cc->g;
-    uint64_t phase;
-    td_status_t st;
+    td_status_t st = cpu_publish_equal(cc, send, bytes, "all-gather", "bytes");
 
-    cc->me->send = send;
-    cc->me->bytes = bytes;
-    st = group_wait(g, cc, cpu_deadline(cc), WAIT_BOUNDED, &phase);
     if (st != TD_OK)
         return st;
-    for (uint32_t r = 0; r < g->size; r++) {
-        if (g->slots[r].bytes != bytes) {
-            td_error("%s rank %u/%u: all-gather of %zu bytes, rank %u gave %zu", g->name,
-                     c->rank, c->size, bytes, r, g->slots[r].bytes);
-            return cpu_finish(cc, TD_ERR_MISMATCH);
-        }
-    }
     for (uint32_t r = 0; r < g->size; r++) {
         unsigned char *to = (unsigned char *)recv + (size_t)r * bytes;
 
@@ -335,12 +363,7 @@ cpu_allgather(td_comm_t *c, const void *send, size_t bytes, void *recv)
         else if (to != send)
             memmove(to, send, bytes);
     }
-    st = cpu_finish(cc, TD_OK);
-    if (st == TD_OK) {
-        c->stats.bytes_sent += (uint64_t)bytes * (g->size - 1);
-        c->stats.bytes_recv += (uint64_t)bytes * (g->size - 1);
-    }
-    return st;
+    return cpu_finish_equal(cc, bytes);
 }
 
 /* recv[i] = rank 0's + rank 1's + ... segment `rank`, summed in that order,
@@ -369,29 +392,12 @@ static td_status_t
 cpu_reduce_scatter_f32(td_comm_t *c, const float *send, size_t count, float *recv)
 {
     cpu_comm_t *cc = (cpu_comm_t *)c;
-    td_comm_group_t *g = cc->g;
-    uint64_t phase;
-    td_status_t st;
+    td_status_t st = cpu_publish_equal(cc, send, count, "reduce-scatter", "floats");
 
-    cc->me->send = send;
-    cc->me->bytes = count;
-    st = group_wait(g, cc, cpu_deadline(cc), WAIT_BOUNDED, &phase);
     if (st != TD_OK)
         return st;
-    for (uint32_t r = 0; r < g->size; r++) {
-        if (g->slots[r].bytes != count) {
-            td_error("%s rank %u/%u: reduce-scatter of %zu floats, rank %u gave %zu",
-                     g->name, c->rank, c->size, count, r, g->slots[r].bytes);
-            return cpu_finish(cc, TD_ERR_MISMATCH);
-        }
-    }
-    cpu_sum_segments(g, c->rank, count, recv);
-    st = cpu_finish(cc, TD_OK);
-    if (st == TD_OK) {
-        c->stats.bytes_sent += (uint64_t)count * sizeof(float) * (g->size - 1);
-        c->stats.bytes_recv += (uint64_t)count * sizeof(float) * (g->size - 1);
-    }
-    return st;
+    cpu_sum_segments(cc->g, c->rank, count, recv);
+    return cpu_finish_equal(cc, count * sizeof(float));
 }
 
 static td_status_t
