@@ -1,6 +1,6 @@
-/* comm/comm.c — the backend-independent half of the communicator: argument
- * checks, the broken state (after a failure every call returns it), the
- * counters, and the call into the backend's table. */
+/* comm/comm.c — the backend-independent half of the communicator: the
+ * broken state (after a failure every call returns it, logged once), the
+ * count of collectives, and the call into the backend's table. */
 #include <stdio.h>
 #include <string.h>
 
