@@ -12,11 +12,11 @@ import resource
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from routerd_test import (ADMIN_KEY, KEY, Cluster, Stream, chat, check, check_error,  # noqa: E402
+import routerd_test  # noqa: E402
+from routerd_test import (ADMIN_KEY, KEY, Stream, chat, check, check_error,  # noqa: E402
                           fail, request)
 
 CHAT = json.dumps({"model": "tandem-synthetic", "max_tokens": 10,
@@ -477,25 +477,5 @@ def test_fdlimit(c):
     check("accepting again" in open(c.rlog).read(), "no end of the episode logged")
 
 
-def main():
-    name, routerd, worker = sys.argv[1:4]
-    with tempfile.TemporaryDirectory() as tmp:
-        c = Cluster(routerd, worker, tmp)
-        try:
-            globals()["test_" + name](c)
-            bad = c.stop()
-            check(not bad, "; ".join(bad))
-        except AssertionError as e:
-            print("FAIL: %s" % e)
-            for f in sorted(os.listdir(tmp)):
-                if f.endswith((".log", ".err", ".out")):
-                    print("---- %s (tail)\n%s" % (f, open(os.path.join(tmp, f)).read()[-3000:]))
-            return 1
-        finally:
-            c.stop()
-    print("ok")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(routerd_test.main(globals()))
