@@ -211,14 +211,11 @@ def check_synth_logprobs(client):
 # ---- 2. 200 concurrent streams over 2 prefilld x 2 decoded -------------------------------
 
 
-def test_load(c):
-    n = 200
-    c.up(prefill=2, decode=2, decode_ranks=2,
-         decode_flags=["--max-batch", "64", "--kv-tokens", "8192", "--log-level", "debug",
-                       "--synth-step-us", "2000"])
-    bodies = [chat_body("request %d %s" % (i, "abc" * (i % 23)), 8 + i % 25, 1000 + i,
-                        temperature=0.9) for i in range(n)]
-    live = {"now": 0, "max": 0}
+async def stream_chats(c, bodies, live=None):
+    """Every body as a streamed chat at once, through one client without
+    retries; per body (text, finish reason, usage) or the exception. live, if
+    given, gets the streams open now and at most ({"now", "max"})."""
+    live = {"now": 0, "max": 0} if live is None else live
 
     async def one(client, body):
         text, finish, usage = "", None, None
@@ -238,13 +235,20 @@ def test_load(c):
             await s.close()
         return text, finish, usage
 
-    async def all_of_them():
-        async with c.async_client() as client:
-            return await asyncio.gather(*(one(client, b) for b in bodies),
-                                        return_exceptions=True)
+    async with c.async_client() as client:   # max_retries=0
+        return await asyncio.gather(*(one(client, b) for b in bodies), return_exceptions=True)
 
+
+def test_load(c):
+    n = 200
+    c.up(prefill=2, decode=2, decode_ranks=2,
+         decode_flags=["--max-batch", "64", "--kv-tokens", "8192", "--log-level", "debug",
+                       "--synth-step-us", "2000"])
+    bodies = [chat_body("request %d %s" % (i, "abc" * (i % 23)), 8 + i % 25, 1000 + i,
+                        temperature=0.9) for i in range(n)]
+    live = {"now": 0, "max": 0}
     t0 = time.time()
-    results = asyncio.run(all_of_them())
+    results = asyncio.run(stream_chats(c, bodies, live))
     took = time.time() - t0
     for i, (b, r) in enumerate(zip(bodies, results)):
         check(not isinstance(r, BaseException), "request %d: %r" % (i, r))
@@ -288,28 +292,8 @@ def test_queue(c):
     bodies = [chat_body("queued %d %s" % (i, "q" * (i % 19)), 8 + i % 25, 3000 + i,
                         temperature=0.7) for i in range(n)]
 
-    async def one(client, body):
-        text, finish, usage = "", None, None
-        s = await client.chat.completions.create(**body, stream=True,
-                                                 stream_options={"include_usage": True})
-        try:
-            async for ch in s:
-                if ch.usage:
-                    usage = ch.usage
-                for ci in ch.choices:
-                    text += ci.delta.content or ""
-                    finish = ci.finish_reason or finish
-        finally:
-            await s.close()
-        return text, finish, usage
-
-    async def all_of_them():
-        async with c.async_client() as client:   # max_retries=0
-            return await asyncio.gather(*(one(client, b) for b in bodies),
-                                        return_exceptions=True)
-
     t0 = time.time()
-    results = asyncio.run(all_of_them())
+    results = asyncio.run(stream_chats(c, bodies))
     took = time.time() - t0
     errors = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
     check(not errors, "%d of %d streams failed, the first: %r" % (len(errors), n,
