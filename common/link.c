@@ -595,6 +595,17 @@ td_link_send(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env)
     return td_ctl_conn_send(r->conn, env);
 }
 
+size_t
+td_link_broadcast(td_link_t *l, const Tandem__Envelope *env)
+{
+    size_t sent = 0;
+
+    for (size_t i = 0; i < l->n; i++)
+        if (l->routers[i].state == LINK_R_UP && td_ctl_conn_send(l->routers[i].conn, env) == TD_OK)
+            sent++;
+    return sent;
+}
+
 void
 td_link_load(td_link_t *l, const Tandem__Load *load)
 {

@@ -56,6 +56,9 @@ td_status_t td_link_set_register(td_link_t *l, const Tandem__Register *reg);
 /* Send to one router; TD_ERR_STATE when that router is not up. */
 td_status_t td_link_send(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env);
 
+/* Send to every router that is up; how many took it. */
+size_t td_link_broadcast(td_link_t *l, const Tandem__Envelope *env);
+
 /* Publish the current load to every router that is up (coalesced). */
 void td_link_load(td_link_t *l, const Tandem__Load *load);
 

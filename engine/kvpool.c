@@ -1,6 +1,7 @@
 /* engine/kvpool.c — block accounting of a rank's KV pools: free
  * queues (FIFO) per paged segment, one slot allocator shared by the fixed
- * segments, a state (free / reserved by a reservation) per block, counters. */
+ * segments, per paged block its holders (reservations sharing it, and the
+ * prefix cache's hold), counters. */
 #include "kvpool.h"
 
 #include <assert.h>
@@ -14,7 +15,11 @@ typedef struct {
     uint64_t nfree;               /* paged: entries of free[] in use */
     uint64_t free_head;           /* paged: index of the oldest free block */
     uint64_t *free;               /* paged: ring of free block ids, oldest first */
-    const td_kvpool_res_t **state; /* [nblocks] paged: holder or NULL (free) */
+    uint32_t *refs;               /* [nblocks] paged: reservations holding it + its cache
+                                     hold; 0: free */
+    uint64_t *owner;              /* [nblocks] paged: the reservation that took it from
+                                     the free queue (0 once only the cache holds it) */
+    uint8_t *held;                /* [nblocks] paged: the prefix cache holds it */
 } td_kvpool_seg_t;
 
 struct td_kvpool_s {
@@ -32,6 +37,7 @@ struct td_kvpool_s {
     uint64_t tokens_used;
     uint64_t blocks_total;
     uint64_t blocks_used;
+    uint64_t blocks_held;         /* paged blocks the cache holds */
 };
 
 static void
@@ -80,8 +86,10 @@ td_kvpool_create(const td_layout_t *layout, uint64_t kv_tokens, uint32_t slots,
             ps->nblocks = 1;
         ps->block_bytes = (uint64_t)layout->block_entries * seg->entry_bytes;
         ps->free = calloc(ps->nblocks, sizeof(*ps->free));
-        ps->state = calloc(ps->nblocks, sizeof(*ps->state));
-        if (ps->free == NULL || ps->state == NULL)
+        ps->refs = calloc(ps->nblocks, sizeof(*ps->refs));
+        ps->owner = calloc(ps->nblocks, sizeof(*ps->owner));
+        ps->held = calloc(ps->nblocks, sizeof(*ps->held));
+        if (ps->free == NULL || ps->refs == NULL || ps->owner == NULL || ps->held == NULL)
             goto err_free;
         for (uint64_t b = 0; b < ps->nblocks; b++)
             ps->free[b] = b;   /* block 0 first */
@@ -106,7 +114,9 @@ td_kvpool_destroy(td_kvpool_t *kp)
     if (kp->segs != NULL) {
         for (uint32_t s = 0; s < kp->layout->nsegs; s++) {
             free(kp->segs[s].free);
-            free(kp->segs[s].state);
+            free(kp->segs[s].refs);
+            free(kp->segs[s].owner);
+            free(kp->segs[s].held);
         }
     }
     free(kp->segs);
@@ -174,9 +184,45 @@ kvpool_view(const td_kvpool_t *kp, td_kvpool_res_t *res, uint8_t *mem)
     res->kv.fixed = fixed;
 }
 
+/* Take one reference on paged block b of segment s (from the free queue
+ * when it has none). */
+static void
+kvpool_ref(td_kvpool_t *kp, uint32_t s, uint64_t b, uint64_t owner)
+{
+    td_kvpool_seg_t *ps = &kp->segs[s];
+
+    if (ps->refs[b]++ == 0) {
+        ps->owner[b] = owner;
+        kp->blocks_used++;
+    }
+}
+
+/* Drop one reference on paged block b of segment s; the last returns it to
+ * the free queue. */
+static void
+kvpool_unref(td_kvpool_t *kp, uint32_t s, uint64_t b)
+{
+    td_kvpool_seg_t *ps = &kp->segs[s];
+
+    assert(b < ps->nblocks && ps->refs[b] > 0);
+    if (--ps->refs[b] > 0)
+        return;
+    ps->owner[b] = 0;
+    ps->free[(ps->free_head + ps->nfree++) % ps->nblocks] = b;
+    kp->blocks_used--;
+}
+
 td_status_t
 td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_res_t **out,
                   const char **why)
+{
+    return td_kvpool_reserve_prefix(kp, owner, ntokens, NULL, NULL, out, why);
+}
+
+td_status_t
+td_kvpool_reserve_prefix(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens,
+                         const uint64_t *nprefix, const uint64_t *const *prefix,
+                         td_kvpool_res_t **out, const char **why)
 {
     const td_layout_t *l = kp->layout;
     uint64_t need_total = 0;
@@ -188,7 +234,11 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
         if (l->segs[s].kind != TD_LAYOUT_PAGED)
             continue;
         uint64_t need = td_layout_blocks(l, &l->segs[s], ntokens);
-        if (need > kp->segs[s].nfree) {
+        uint64_t shared = nprefix != NULL ? nprefix[s] : 0;
+        assert(shared <= need);
+        for (uint64_t i = 0; i < shared; i++)
+            assert(prefix[s][i] < kp->segs[s].nblocks && kp->segs[s].refs[prefix[s][i]] > 0);
+        if (need - shared > kp->segs[s].nfree) {
             *why = "not enough free kv blocks";
             return TD_ERR_BUSY;
         }
@@ -222,6 +272,7 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
     kp->slots_used++;
     for (uint32_t s = 0; s < l->nsegs; s++) {
         td_kvpool_seg_t *ps = &kp->segs[s];
+        uint64_t shared = nprefix != NULL && l->segs[s].kind == TD_LAYOUT_PAGED ? nprefix[s] : 0;
         res->blocks[s] = ids;
         if (l->segs[s].kind == TD_LAYOUT_FIXED) {
             res->nblocks[s] = 1;
@@ -231,18 +282,23 @@ td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens, td_kvpool_r
         }
         res->nblocks[s] = td_layout_blocks(l, &l->segs[s], ntokens);
         for (uint64_t i = 0; i < res->nblocks[s]; i++) {
-            uint64_t b = ps->free[ps->free_head];
-            ps->free_head = (ps->free_head + 1) % ps->nblocks;
-            ps->nfree--;
-            assert(ps->state[b] == NULL);
-            ps->state[b] = res;
+            uint64_t b;
+            if (i < shared) {
+                b = prefix[s][i];
+            } else {
+                b = ps->free[ps->free_head];
+                ps->free_head = (ps->free_head + 1) % ps->nblocks;
+                ps->nfree--;
+                assert(ps->refs[b] == 0);
+            }
+            kvpool_ref(kp, s, b, owner);
             ids[i] = b;
         }
         ids += res->nblocks[s];
     }
     if (kp->bases != NULL)
         kvpool_view(kp, res, (uint8_t *)ids);
-    kp->blocks_used += need_total + kp->nfixed;
+    kp->blocks_used += kp->nfixed;
     kp->tokens_used += ntokens;
     kvpool_assert_totals(kp);
     *out = res;
@@ -253,29 +309,67 @@ void
 td_kvpool_release(td_kvpool_t *kp, td_kvpool_res_t *res)
 {
     const td_layout_t *l = kp->layout;
-    uint64_t freed = 0;
     for (uint32_t s = 0; s < l->nsegs; s++) {
-        td_kvpool_seg_t *ps = &kp->segs[s];
         if (l->segs[s].kind == TD_LAYOUT_FIXED)
             continue;
-        for (uint64_t i = 0; i < res->nblocks[s]; i++) {
-            uint64_t b = res->blocks[s][i];
-            assert(b < ps->nblocks && ps->state[b] == res);
-            ps->state[b] = NULL;
-            ps->free[(ps->free_head + ps->nfree++) % ps->nblocks] = b;
-        }
-        freed += res->nblocks[s];
+        for (uint64_t i = 0; i < res->nblocks[s]; i++)
+            kvpool_unref(kp, s, res->blocks[s][i]);
     }
     assert(kp->slot_state[res->slot] == res);
     kp->slot_state[res->slot] = NULL;
     kp->slot_free[(kp->slot_free_head + kp->nslot_free++) % kp->slots] = res->slot;
     kp->slots_used--;
-    freed += kp->nfixed;
-    assert(kp->blocks_used >= freed && kp->tokens_used >= res->ntokens);
-    kp->blocks_used -= freed;
+    assert(kp->blocks_used >= kp->nfixed && kp->tokens_used >= res->ntokens);
+    kp->blocks_used -= kp->nfixed;
     kp->tokens_used -= res->ntokens;
     kvpool_assert_totals(kp);
     free(res);
+}
+
+void
+td_kvpool_hold(td_kvpool_t *kp, uint32_t seg, uint64_t block)
+{
+    td_kvpool_seg_t *ps = &kp->segs[seg];
+
+    assert(kp->layout->segs[seg].kind == TD_LAYOUT_PAGED && block < ps->nblocks);
+    assert(ps->refs[block] > 0 && !ps->held[block]);
+    ps->held[block] = 1;
+    ps->refs[block]++;
+    kp->blocks_held++;
+}
+
+void
+td_kvpool_unhold(td_kvpool_t *kp, uint32_t seg, uint64_t block)
+{
+    td_kvpool_seg_t *ps = &kp->segs[seg];
+
+    assert(kp->layout->segs[seg].kind == TD_LAYOUT_PAGED && block < ps->nblocks);
+    assert(ps->held[block]);
+    ps->held[block] = 0;
+    kp->blocks_held--;
+    kvpool_unref(kp, seg, block);
+}
+
+uint32_t
+td_kvpool_block_refs(const td_kvpool_t *kp, uint32_t seg, uint64_t block)
+{
+    assert(kp->layout->segs[seg].kind == TD_LAYOUT_PAGED && block < kp->segs[seg].nblocks);
+    return kp->segs[seg].refs[block];
+}
+
+uint64_t
+td_kvpool_seg_free(const td_kvpool_t *kp, uint32_t seg)
+{
+    assert(seg < kp->layout->nsegs);
+    return kp->layout->segs[seg].kind == TD_LAYOUT_PAGED ? kp->segs[seg].nfree
+                                                         : kp->nslot_free;
+}
+
+uint8_t *
+td_kvpool_block_mem(const td_kvpool_t *kp, uint32_t seg, uint64_t block)
+{
+    assert(seg < kp->layout->nsegs && block < kp->segs[seg].nblocks);
+    return kp->bases != NULL ? kp->bases[seg] + block * kp->segs[seg].block_bytes : NULL;
 }
 
 void
@@ -300,6 +394,7 @@ td_kvpool_counts(const td_kvpool_t *kp, td_kvpool_counts_t *out)
         .tokens_free = fits,
         .slots_total = kp->slots,
         .slots_used = kp->slots_used,
+        .blocks_held = kp->blocks_held,
     };
 }
 
@@ -308,17 +403,16 @@ td_kvpool_block_owner(const td_kvpool_t *kp, uint32_t seg, uint64_t block)
 {
     const td_kvpool_res_t *res;
     assert(seg < kp->layout->nsegs && block < kp->segs[seg].nblocks);
-    if (kp->layout->segs[seg].kind == TD_LAYOUT_FIXED)
-        res = kp->slot_state[block];
-    else
-        res = kp->segs[seg].state[block];
+    if (kp->layout->segs[seg].kind != TD_LAYOUT_FIXED)
+        return kp->segs[seg].owner[block];
+    res = kp->slot_state[block];
     return res ? res->owner : 0;
 }
 
 td_status_t
 td_kvpool_check(const td_kvpool_t *kp)
 {
-    uint64_t used = 0;
+    uint64_t used = 0, held = 0;
     uint32_t slots = 0;
     for (uint32_t i = 0; i < kp->slots; i++)
         slots += kp->slot_state[i] != NULL;
@@ -327,9 +421,17 @@ td_kvpool_check(const td_kvpool_t *kp)
         const td_kvpool_seg_t *ps = &kp->segs[s];
         if (kp->layout->segs[s].kind == TD_LAYOUT_FIXED)
             continue;
-        uint64_t seg_used = 0;
-        for (uint64_t b = 0; b < ps->nblocks; b++)
-            seg_used += ps->state[b] != NULL;
+        uint64_t seg_used = 0, seg_held = 0;
+        for (uint64_t b = 0; b < ps->nblocks; b++) {
+            seg_used += ps->refs[b] != 0;
+            seg_held += ps->held[b];
+            if (ps->held[b] && ps->refs[b] == 0) {
+                td_error("kv pool: segment %u block %llu: held by the cache with no reference",
+                         s, (unsigned long long)b);
+                return TD_ERR_INTERNAL;
+            }
+        }
+        held += seg_held;
         if (seg_used + ps->nfree != ps->nblocks) {
             td_error("kv pool: segment %u: %llu blocks reserved + %llu free != %llu", s,
                      (unsigned long long)seg_used, (unsigned long long)ps->nfree,
@@ -337,6 +439,11 @@ td_kvpool_check(const td_kvpool_t *kp)
             return TD_ERR_INTERNAL;
         }
         used += seg_used;
+    }
+    if (held != kp->blocks_held) {
+        td_error("kv pool: %llu blocks held by the cache, counter %llu",
+                 (unsigned long long)held, (unsigned long long)kp->blocks_held);
+        return TD_ERR_INTERNAL;
     }
     if (used != kp->blocks_used || slots != kp->slots_used) {
         td_error("kv pool: block states say %llu used (%u slots), counters %llu (%u slots)",

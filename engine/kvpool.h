@@ -42,6 +42,7 @@ typedef struct {
     uint64_t tokens_free;    /* the longest request (prompt + max_tokens) that fits now */
     uint32_t slots_total;
     uint32_t slots_used;
+    uint64_t blocks_held;    /* paged blocks the prefix cache holds (td_kvpool_hold) */
 } td_kvpool_counts_t;
 
 /* Size the pools: every paged segment gets the blocks kv_tokens tokens need,
@@ -66,11 +67,35 @@ uint64_t td_kvpool_seg_block_bytes(const td_kvpool_t *kp, uint32_t seg);
  * not logged, in *why: a static string). */
 td_status_t td_kvpool_reserve(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens,
                               td_kvpool_res_t **out, const char **why);
-/* Free the reservation's blocks (each must be reserved by it: asserted). */
+/* td_kvpool_reserve whose first blocks are shared: for each paged segment
+ * s, its first nprefix[s] blocks are prefix[s][0..nprefix[s]) (blocks in use:
+ * a prefix cache's, td_kvpool_hold), which the reservation references
+ * instead of taking free ones; the rest come from the free queue. nprefix
+ * NULL: none (td_kvpool_reserve). Shared blocks must be read only to
+ * everyone: the caller writes only past them. */
+td_status_t td_kvpool_reserve_prefix(td_kvpool_t *kp, uint64_t owner, uint64_t ntokens,
+                                     const uint64_t *nprefix, const uint64_t *const *prefix,
+                                     td_kvpool_res_t **out, const char **why);
+/* Drop the reservation's references: a block goes back to the free queue
+ * when nothing else (another reservation, the cache) holds it. */
 void td_kvpool_release(td_kvpool_t *kp, td_kvpool_res_t *res);
 
+/* The prefix cache's hold on paged block `block` of segment seg, which a
+ * reservation holds now: the block stays in use after that reservation is
+ * released, until td_kvpool_unhold. At most one hold per block (asserted). */
+void td_kvpool_hold(td_kvpool_t *kp, uint32_t seg, uint64_t block);
+void td_kvpool_unhold(td_kvpool_t *kp, uint32_t seg, uint64_t block);
+/* References on a paged block: reservations sharing it plus 1 when held. */
+uint32_t td_kvpool_block_refs(const td_kvpool_t *kp, uint32_t seg, uint64_t block);
+/* Free blocks of a paged segment (a fixed one: free slots). */
+uint64_t td_kvpool_seg_free(const td_kvpool_t *kp, uint32_t seg);
+/* Where a block lies (NULL before td_kvpool_set_memory). */
+uint8_t *td_kvpool_block_mem(const td_kvpool_t *kp, uint32_t seg, uint64_t block);
+
 void td_kvpool_counts(const td_kvpool_t *kp, td_kvpool_counts_t *out);
-/* The owner of a block (0 when free), for tests and the admin view. */
+/* The owner of a block (0 when free or held by the cache alone), for tests
+ * and the admin view: a paged block's is the reservation that took it from
+ * the free queue. */
 uint64_t td_kvpool_block_owner(const td_kvpool_t *kp, uint32_t seg, uint64_t block);
 /* Walk every block state and check them against the counters: TD_OK or
  * TD_ERR_INTERNAL (logged). */

@@ -1,8 +1,9 @@
 /* tests/unit/test_kvpool.c — KV block accounting (engine/kvpool.c): pool
  * geometry from the layout, all-or-nothing reservations, block states,
  * counters, the used + free == total invariant under random churn, FIFO
- * reuse of freed blocks, and the view of a reservation's blocks in the pool's
- * memory. */
+ * reuse of freed blocks, the view of a reservation's blocks in the pool's
+ * memory, and blocks shared by reference (a prefix cache's hold, prefix
+ * reservations). */
 #include "kvpool.h"
 
 #include <stdlib.h>
@@ -295,11 +296,74 @@ out:
         free(mem[s]);
 }
 
+/* A prefix cache's blocks: held past their reservation, shared by later
+ * reservations, free only when the last holder lets go. */
+static void
+test_shared(const td_layout_t *l)
+{
+    td_kvpool_t *kp = NULL;
+    td_kvpool_res_t *a = NULL, *b = NULL, *c = NULL;
+    td_kvpool_counts_t n;
+    const char *why = NULL;
+
+    CHECK_STATUS(td_kvpool_create(l, 32, 3, &kp), TD_OK);   /* seg 0: 8 blocks, seg 1: 4 */
+    if (kp == NULL)
+        return;
+    /* a: 16 tokens = 4 + 2 blocks; the cache holds the first 2 + 1 */
+    CHECK_STATUS(td_kvpool_reserve(kp, 1, 16, &a, &why), TD_OK);
+    td_kvpool_hold(kp, 0, a->blocks[0][0]);
+    td_kvpool_hold(kp, 0, a->blocks[0][1]);
+    td_kvpool_hold(kp, 1, a->blocks[1][0]);
+    CHECK_EQ_INT(td_kvpool_block_refs(kp, 0, a->blocks[0][0]), 2);
+    uint64_t h0[2] = { a->blocks[0][0], a->blocks[0][1] }, h1[1] = { a->blocks[1][0] };
+    td_kvpool_release(kp, a);
+    td_kvpool_counts(kp, &n);
+    CHECK_EQ_INT(n.blocks_used, 3);   /* the held ones stay */
+    CHECK_EQ_INT(n.blocks_held, 3);
+    CHECK_EQ_INT(td_kvpool_block_owner(kp, 0, h0[0]), 1);   /* still the first taker's */
+    CHECK_EQ_INT(td_kvpool_seg_free(kp, 0), 6);
+    CHECK_STATUS(td_kvpool_check(kp), TD_OK);
+    /* b and c share them: 24 tokens = 6 + 3 blocks, 2 + 1 of them shared */
+    uint64_t np[3] = { 2, 1, 0 };
+    const uint64_t *pp[3] = { h0, h1, NULL };
+    CHECK_STATUS(td_kvpool_reserve_prefix(kp, 2, 24, np, pp, &b, &why), TD_OK);
+    CHECK_STATUS(td_kvpool_reserve_prefix(kp, 3, 16, np, pp, &c, &why), TD_OK);
+    if (b == NULL || c == NULL)
+        goto out;
+    CHECK_EQ_INT(b->blocks[0][0], h0[0]);
+    CHECK_EQ_INT(b->blocks[0][1], h0[1]);
+    CHECK_EQ_INT(b->blocks[1][0], h1[0]);
+    CHECK(b->blocks[0][2] != h0[0] && b->blocks[0][2] != h0[1]);
+    CHECK_EQ_INT(td_kvpool_block_refs(kp, 0, h0[0]), 3);
+    CHECK_EQ_INT(td_kvpool_seg_free(kp, 0), 0);   /* 8 - 2 held - 4 b - 2 c */
+    /* not enough fresh blocks: nothing taken */
+    td_kvpool_res_t *d = NULL;
+    CHECK_STATUS(td_kvpool_reserve_prefix(kp, 4, 12, np, pp, &d, &why), TD_ERR_BUSY);
+    CHECK_STATUS(td_kvpool_check(kp), TD_OK);
+    /* the cache lets go while b and c still read them: they stay */
+    td_kvpool_unhold(kp, 0, h0[0]);
+    td_kvpool_unhold(kp, 0, h0[1]);
+    td_kvpool_unhold(kp, 1, h1[0]);
+    CHECK_EQ_INT(td_kvpool_block_refs(kp, 0, h0[0]), 2);
+    td_kvpool_release(kp, b);
+    CHECK_EQ_INT(td_kvpool_block_refs(kp, 0, h0[0]), 1);
+    td_kvpool_release(kp, c);
+    td_kvpool_counts(kp, &n);
+    CHECK_EQ_INT(n.blocks_used, 0);
+    CHECK_EQ_INT(n.blocks_held, 0);
+    CHECK_EQ_INT(td_kvpool_seg_free(kp, 0), 8);
+    CHECK_EQ_INT(td_kvpool_block_owner(kp, 0, h0[0]), 0);
+out:
+    CHECK_STATUS(td_kvpool_check(kp), TD_OK);
+    td_kvpool_destroy(kp);
+}
+
 int
 main(void)
 {
     td_layout_t *l = small_layout();
     if (l != NULL) {
+        test_shared(l);
         test_geometry(l);
         test_reserve_release(l);
         test_churn(l);
