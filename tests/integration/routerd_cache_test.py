@@ -57,8 +57,7 @@ def lbl(node):
 
 def test_place(c):
     pa, pb = start(c)
-    check(re.search(r"prefill rank pa/0 .*registered: .*prefix cache blocks of 16 tokens",
-                    open(c.rlog).read()) or "prefix cache blocks of 16 tokens" in open(c.rlog).read(),
+    check("prefix cache blocks of 16 tokens" in open(c.rlog).read(),
           "the registration log names the cache")
     c.wait(lambda: cache_of(c, "pa")["blocks_tracked"] == 12, "pa's 12 blocks tracked")
     check(cache_of(c, "pb")["blocks_tracked"] == 0, "pb tracks blocks")
@@ -156,7 +155,7 @@ def test_junk(c):
           "pc: %r, pa %r, pb %r" % (prefills(pc), prefills(pa), prefills(pb)))
     check(metric(c.http, "tandem_router_rank_cache_predicted_tokens_total" + lbl("pc")) == 80,
           "predicted with the cap")
-    check(c.routerd and all(p.poll() is None for p in c.procs), "a process died")
+    check(all(p.poll() is None for p in c.procs), "a process died")
 
 
 if __name__ == "__main__":
