@@ -1,6 +1,7 @@
 /* routerd/cluster.c — membership: the control listener worker ranks connect
  * to, the table of nodes and ranks (registration, load, draining, death),
- * DecodePeer news to prefill ranks, and admin drain / undrain / remove.
+ * DecodePeer news to prefill ranks, the prefill ranks' cache blocks
+ * (CacheEvent, CacheFlush), and admin drain / undrain / remove.
  * Messages about requests and lost ranks go to the handlers (cluster.h). */
 #include "cluster.h"
 
@@ -45,6 +46,7 @@ rank_free(td_rrank_t *rk)
     if (rk->reg)
         tandem__register__free_unpacked(rk->reg, NULL);
     free(rk->expert_tokens);
+    td_rcache_fini(&rk->cache);
     free(rk);
 }
 
@@ -227,6 +229,8 @@ rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
     rk->n_expert_tokens = 0;
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
+    rk->has_cache_stats = false;
+    td_rcache_clear(&rk->cache, true);   /* a rank that comes back announces again */
     c->hold++;   /* rk stays while its requests let go of it */
     if (c->h.on_rank_lost)
         c->h.on_rank_lost(c, rk, c->h.arg);
@@ -267,6 +271,7 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
         rk->node = n;
         rk->rank_id = peer->rank_id;
         rk->role = peer->role;
+        td_rcache_init(&rk->cache, c->cache_max_blocks);
         rk->next = c->ranks;
         c->ranks = rk;
     }
@@ -281,6 +286,8 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
     rk->refused = false;
+    rk->has_cache_stats = false;
+    td_rcache_clear(&rk->cache, true);
     td_info("%s: connected (incarnation %016llx)", td_ctl_conn_name(conn),
             (unsigned long long)peer->incarnation);
     return;
@@ -332,6 +339,8 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
                           "router out of memory for the registration");
         return;
     }
+    if (rk->reg && rk->reg->cache_block_tokens != cp->cache_block_tokens)
+        td_rcache_clear(&rk->cache, false);   /* blocks of another size: other hashes */
     if (rk->reg)
         tandem__register__free_unpacked(rk->reg, NULL);
     rk->reg = cp;
@@ -343,9 +352,13 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
     if (cp->dep_size > 0)
         snprintf(dep, sizeof dep, ", dep group %s rank %u of %u", cp->dep_domain, cp->dep_rank,
                  cp->dep_size);
-    td_info("%s: registered: engine %s, max context %llu, kv tokens %llu, max batch %u%s%s",
+    char cache[64] = "";
+    if (td_rrank_cache_block(rk) > 0)
+        snprintf(cache, sizeof cache, ", prefix cache blocks of %u tokens",
+                 td_rrank_cache_block(rk));
+    td_info("%s: registered: engine %s, max context %llu, kv tokens %llu, max batch %u%s%s%s",
             td_ctl_conn_name(rk->conn), cp->engine_name, (unsigned long long)cp->max_context,
-            (unsigned long long)cp->kv_tokens_total, cp->max_batch, dep,
+            (unsigned long long)cp->kv_tokens_total, cp->max_batch, dep, cache,
             cp->draining ? ", draining" : "");
     ok.router_id = c->router_id;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_REGISTERED;
@@ -372,6 +385,13 @@ on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
     rk->load.base.n_unknown_fields = 0;
     rk->load.expert_tokens = NULL;   /* the message's: copied below */
     rk->load.n_expert_tokens = 0;
+    rk->load.cache = NULL;           /* the message's: its scalars copied here */
+    rk->has_cache_stats = ld->cache != NULL;
+    if (ld->cache) {
+        rk->cache_stats = *ld->cache;
+        rk->cache_stats.base.unknown_fields = NULL;
+        rk->cache_stats.base.n_unknown_fields = 0;
+    }
     if (ld->n_expert_tokens != rk->n_expert_tokens) {
         uint64_t *e = realloc(rk->expert_tokens, (ld->n_expert_tokens ? ld->n_expert_tokens
                                                                        : 1) * sizeof(*e));
@@ -389,6 +409,68 @@ on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
              td_ctl_conn_name(rk->conn), (unsigned long long)ld->kv_tokens_used,
              (unsigned long long)ld->kv_tokens_free, ld->running, ld->queued);
     capacity_changed(c);
+}
+
+/* A prefill rank's CacheEvent: applied to its set of blocks; one that
+ * cannot be trusted empties the set (logged here, the connection stays). */
+static void
+on_cache_event(td_rrank_t *rk, const Tandem__CacheEvent *ev)
+{
+    td_rcache_event_t e = { .seq = ev->seq, .cleared = ev->cleared, .added = ev->added,
+                            .nadded = ev->n_added, .removed = ev->removed,
+                            .nremoved = ev->n_removed };
+    const char *why = "";
+    td_status_t st;
+
+    if (td_rrank_cache_block(rk) == 0) {
+        td_warn("%s: cache event from a rank without a prefix cache (a %s rank, cache block "
+                "tokens 0): ignored", td_ctl_conn_name(rk->conn), td_hello_role_str(rk->role));
+        return;
+    }
+    st = td_rcache_apply(&rk->cache, &e, &why);
+    if (st == TD_ERR_PROTO)
+        td_warn("%s: cache event %llu malformed (%s): its cache blocks forgotten",
+                td_ctl_conn_name(rk->conn), (unsigned long long)ev->seq, why);
+    else if (st == TD_ERR_TOO_BIG)
+        td_warn("%s: more than %zu cache blocks announced (cache-max-blocks): the rest are "
+                "not tracked until its cache is cleared", td_ctl_conn_name(rk->conn),
+                rk->cache.max);
+    else if (st != TD_OK)
+        td_warn("%s: cache event %llu: %s: its cache blocks forgotten",
+                td_ctl_conn_name(rk->conn), (unsigned long long)ev->seq, td_status_str(st));
+    td_trace("%s: cache event %llu: cleared %d, +%zu -%zu, %zu blocks", td_ctl_conn_name(rk->conn),
+             (unsigned long long)ev->seq, ev->cleared, ev->n_added, ev->n_removed, rk->cache.n);
+}
+
+static void
+cache_flush_send(td_rrank_t *rk, const char *reason)
+{
+    Tandem__CacheFlush fl = TANDEM__CACHE_FLUSH__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    fl.reason = (char *)reason;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CACHE_FLUSH;
+    env.cache_flush = &fl;
+    (void)td_rrank_send(rk, &env);
+}
+
+td_status_t
+td_cluster_node_cache_flush(td_cluster_t *c, const char *name, const char *reason,
+                            unsigned *sent)
+{
+    td_rrank_node_t *n = node_find(c, name);
+    unsigned k = 0;
+
+    if (!n)
+        return TD_ERR_NOT_FOUND;
+    for (td_rrank_t *rk = c->ranks; rk; rk = rk->next)
+        if (rk->node == n && rk->conn && td_rrank_cache_block(rk) > 0) {
+            cache_flush_send(rk, reason);
+            k++;
+        }
+    td_info("node %s: cache flush sent to %u prefill ranks by the operator", n->name, k);
+    *sent = k;
+    return TD_OK;
 }
 
 static void
@@ -411,6 +493,9 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     switch (env->payload_case) {
     case TANDEM__ENVELOPE__PAYLOAD_LOAD:
         on_load(c, rk, env->load);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_CACHE_EVENT:
+        on_cache_event(rk, env->cache_event);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:
@@ -458,6 +543,7 @@ td_cluster_init(td_cluster_t *c, struct event_base *base, const td_cluster_confi
     memset(c, 0, sizeof *c);
     c->h = *h;
     snprintf(c->router_id, sizeof c->router_id, "%s", cfg->router_id);
+    c->cache_max_blocks = cfg->cache_max_blocks;
     return td_ctl_listener_create(base, &cfg->ctl, &ch, cfg->host, cfg->port, &c->lst);
 }
 

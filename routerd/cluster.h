@@ -1,7 +1,8 @@
 /* routerd/cluster.h — membership: the control listener worker ranks connect
  * to and the table of their nodes and ranks (registration, load, draining,
- * death), DecodePeer news to prefill ranks, and admin drain / undrain /
- * remove. What concerns requests leaves through the handlers it was given
+ * death), DecodePeer news to prefill ranks, the prefill ranks' announced
+ * cache blocks (CacheEvent) and admin drain / undrain / remove / cache
+ * flush. What concerns requests leaves through the handlers it was given
  * (as common/link.h's do): the cluster knows no request.
  * Ownership: the cluster owns its listener, every node and rank; a rank
  * stays valid until no request is bound to it (td_cluster_rank_release). */
@@ -39,6 +40,7 @@ typedef struct {
     const char *host;           /* control listener address; port 0: a free one */
     uint16_t port;
     const char *router_id;      /* sent in Registered (copied) */
+    size_t cache_max_blocks;    /* cache block hashes kept per prefill rank */
 } td_cluster_config_t;
 
 /* Read by the admin and metrics routes; changed only by cluster.c. */
@@ -49,6 +51,7 @@ struct td_cluster_s {
     td_rrank_t *ranks;
     td_rrank_node_t *nodes;
     unsigned hold;      /* > 0: no node is forgotten (a rank is being torn down) */
+    size_t cache_max_blocks;
 };
 
 /* Start listening (failures are logged where they happen). */
@@ -60,6 +63,11 @@ uint16_t td_cluster_port(const td_cluster_t *c);
 /* Admin: drain / undrain / remove a node (TD_ERR_NOT_FOUND when unknown). */
 td_status_t td_cluster_node_drain(td_cluster_t *c, const char *name, bool draining);
 td_status_t td_cluster_node_remove(td_cluster_t *c, const char *name);
+/* Admin: CacheFlush (reason) to every connected prefill rank of the node
+ * that has a prefix cache; *sent: how many got it. TD_ERR_NOT_FOUND when
+ * the node is unknown. */
+td_status_t td_cluster_node_cache_flush(td_cluster_t *c, const char *name, const char *reason,
+                                        unsigned *sent);
 
 /* A request is bound to rk / let go of it; a removed node is forgotten once
  * none of its ranks holds a request. */

@@ -18,6 +18,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "chainhash.h"
 #include "log.h"
 #include "net.h"
 #include "netif.h"
@@ -83,6 +84,14 @@ static const td_config_opt_t router_opts[] = {
                          "seconds in the retry-after header of a 503"),
     TD_CONFIG_OPT_UINT64("max-attempts", ST, max_attempts, "4", 1, TD_RSCHED_MAX_TRIED,
                          "admissions tried per request (decode rejects, lost ranks)"),
+    /* KV-aware prefill placement (docs/kvrouting.md) */
+    TD_CONFIG_OPT_DOUBLE("cache-weight", ST, cache_weight, "1.0", 0.0, 1000.0,
+                         "prefill placement: a rank's cost is its queued tokens plus the "
+                         "prompt's tokens less this times the prompt tokens its prefix cache "
+                         "holds (0: by load only)"),
+    TD_CONFIG_OPT_UINT64("cache-max-blocks", ST, cache_max_blocks, "4194304", 0, 1ull << 30,
+                         "cache block hashes tracked per prefill rank; beyond it the rest of "
+                         "a rank's announced blocks are not tracked (logged once)"),
     /* admission: the queue, and the control port's unauthenticated connections */
     TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
                          "requests that may wait for a decode rank with room; more get 503 "
@@ -365,7 +374,9 @@ router_init(td_router_t *r)
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids,
                              .text_threads = router_text_threads(cfg),
-                             .text_inline_max = cfg->text_inline_max };
+                             .text_inline_max = cfg->text_inline_max,
+                             .cache_weight = cfg->cache_weight,
+                             .cache_seed = td_chain_seed(r->fingerprint, r->kv_layout_hash) };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;
@@ -383,6 +394,7 @@ router_init(td_router_t *r)
     cc.ctl.max_unauth = (uint32_t)cfg->ctl_max_unauth;
     cc.ctl.max_unauth_per_source = (uint32_t)cfg->ctl_max_unauth_per_source;
     cc.router_id = r->router_id;
+    cc.cache_max_blocks = (size_t)cfg->cache_max_blocks;
     st = td_net_addr_parse(cfg->ctl_listen, ctl_host, sizeof ctl_host, &cc.port);   /* logs */
     if (st != TD_OK)
         return st;

@@ -1228,9 +1228,15 @@ finish_str(td_openai_finish_t f)
 static json_t *
 usage_obj(const td_openai_usage_t *u)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
-                     "completion_tokens", (json_int_t)u->completion_tokens, "total_tokens",
-                     (json_int_t)u->prompt_tokens + (json_int_t)u->completion_tokens);
+    json_t *o = json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)u->prompt_tokens,
+                          "completion_tokens", (json_int_t)u->completion_tokens, "total_tokens",
+                          (json_int_t)u->prompt_tokens + (json_int_t)u->completion_tokens);
+
+    if (o && u->cached_tokens > 0)   /* served from a prefix cache (docs/kvrouting.md) */
+        (void)json_object_set_new(o, "prompt_tokens_details",
+                                  json_pack("{s:I}", "cached_tokens",
+                                            (json_int_t)u->cached_tokens));
+    return o;
 }
 
 /* The fields every response object starts with. */

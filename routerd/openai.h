@@ -183,6 +183,7 @@ typedef struct {
 typedef struct {
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
+    uint32_t cached_tokens;   /* > 0: prompt_tokens_details.cached_tokens */
 } td_openai_usage_t;
 
 #define TD_OPENAI_ID_LEN 48

@@ -1,7 +1,7 @@
 /* routerd/route-admin-status.c — GET /admin/status: every node with its
  * ranks (role, state, incarnation, load, KV used/free, in flight, a DEP
- * group's rank's group, passes and rows per expert), and the
- * admission queue (length, bounds, waits). */
+ * group's rank's group, passes and rows per expert, a prefill rank's prefix
+ * cache), and the admission queue (length, bounds, waits). */
 #include "router.h"
 #include "route.h"
 
@@ -25,6 +25,44 @@ dep_json(const td_rrank_t *rk, bool dead)
                      "rank", size ? json_integer(rk->reg->dep_rank) : json_null(),
                      "passes", dead ? json_null() : json_integer((json_int_t)rk->load.dep_passes),
                      "expert_tokens", e ? e : json_null());
+}
+
+/* A prefill rank's prefix cache (docs/kvrouting.md), or null without one:
+ * its block size, the blocks this router tracks, its last Load's figures
+ * ("stats", null until one came or once it is dead) and this router's
+ * placements on it. */
+static json_t *
+cache_json(const td_rrank_t *rk, bool dead)
+{
+    const Tandem__CacheStats *s = &rk->cache_stats;
+    const td_rrank_cache_counters_t *k = &rk->cache_ctr;
+    json_t *stats = NULL;
+
+    if (td_rrank_cache_block(rk) == 0)
+        return json_null();
+    if (!dead && rk->has_cache_stats)
+        stats = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                          "pool_blocks", (json_int_t)s->pool_blocks,
+                          "pool_bytes", (json_int_t)s->pool_bytes,
+                          "host_bytes", (json_int_t)s->host_bytes,
+                          "host_budget", (json_int_t)s->host_budget,
+                          "ssd_bytes", (json_int_t)s->ssd_bytes,
+                          "ssd_budget", (json_int_t)s->ssd_budget,
+                          "lookup_tokens", (json_int_t)s->lookup_tokens,
+                          "hit_pool_tokens", (json_int_t)s->hit_pool_tokens,
+                          "hit_host_tokens", (json_int_t)s->hit_host_tokens,
+                          "hit_ssd_tokens", (json_int_t)s->hit_ssd_tokens,
+                          "computed_tokens", (json_int_t)s->computed_tokens,
+                          "replay_tokens", (json_int_t)s->replay_tokens);
+    return json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I}",
+                     "block_tokens", (json_int_t)td_rrank_cache_block(rk),
+                     "blocks_tracked", (json_int_t)rk->cache.n,
+                     "stats", stats ? stats : json_null(),
+                     "placed", (json_int_t)k->placed,
+                     "prompt_tokens", (json_int_t)k->prompt_tokens,
+                     "predicted_cached_tokens", (json_int_t)k->predicted_cached,
+                     "reported_cached_tokens", (json_int_t)k->reported_cached,
+                     "placed_by_cache", (json_int_t)k->by_cache);
 }
 
 /* A dead rank's load and KV are null: its last figures no longer hold. */
@@ -60,6 +98,8 @@ rank_json(const td_rrank_t *rk)
         (void)json_object_set_new(o, "dep", dep);   /* only a DEP group's rank has it */
     else if (dep != NULL)
         json_decref(dep);
+    if (o != NULL && rk->role == TANDEM__ROLE__ROLE_PREFILL)
+        (void)json_object_set_new(o, "cache", cache_json(rk, st == TD_RRANK_DEAD));
     return o;
 }
 

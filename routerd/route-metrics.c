@@ -1,10 +1,13 @@
 /* routerd/route-metrics.c — GET /metrics: the router's counters and
  * histograms, plus per-rank gauges (KV blocks and tokens used/free, queue
- * depth, running, in flight, a DEP group's rank's rows per expert), requests in flight by state and the admission
- * queue's length and oldest wait. */
+ * depth, running, in flight, a DEP group's rank's rows per expert), a
+ * prefill rank's prefix cache (its figures and this router's placements on
+ * it), requests in flight by state and the admission queue's length and
+ * oldest wait. */
 #include "router.h"
 #include "route.h"
 
+#include <stddef.h>
 #include <string.h>
 
 /* A label value with '"' and '\' escaped (node ids are printable ASCII). */
@@ -86,6 +89,94 @@ rank_gauges(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* The prefix cache of each prefill rank (docs/kvrouting.md): what its
+ * last Load said (ranks that sent CacheStats), and this router's placements
+ * on every prefill rank. kind 0: the rank's, with a tier or kind label per
+ * value; 1: the router's. */
+static td_status_t
+cache_metrics(td_router_t *r, td_buf_t *out)
+{
+#define CS(f) offsetof(Tandem__CacheStats, f)
+#define CC(f) offsetof(td_rrank_cache_counters_t, f)
+    static const struct {
+        const char *name, *type, *help, *label;
+        int kind;
+        size_t n, off[3];
+        const char *val[3];
+    } m[] = {
+        { "tandem_router_rank_cache_bytes", "gauge",
+          "bytes a prefill rank's prefix cache holds per tier", "tier", 0, 3,
+          { CS(pool_bytes), CS(host_bytes), CS(ssd_bytes) }, { "pool", "host", "ssd" } },
+        { "tandem_router_rank_cache_budget_bytes", "gauge",
+          "a prefill rank's prefix cache budget per tier", "tier", 0, 2,
+          { CS(host_budget), CS(ssd_budget) }, { "host", "ssd" } },
+        { "tandem_router_rank_cache_pool_blocks", "gauge",
+          "cache blocks a prefill rank holds in its kv pool", NULL, 0, 1, { CS(pool_blocks) }, { NULL } },
+        { "tandem_router_rank_cache_lookup_tokens_total", "counter",
+          "prompt tokens a prefill rank looked up in its prefix cache", NULL, 0, 1,
+          { CS(lookup_tokens) }, { NULL } },
+        { "tandem_router_rank_cache_hit_tokens_total", "counter",
+          "prompt tokens a prefill rank found in its prefix cache, per tier", "tier", 0, 3,
+          { CS(hit_pool_tokens), CS(hit_host_tokens), CS(hit_ssd_tokens) },
+          { "pool", "host", "ssd" } },
+        { "tandem_router_rank_cache_computed_tokens_total", "counter",
+          "tokens a prefill rank computed (replay included)", NULL, 0, 1,
+          { CS(computed_tokens) }, { NULL } },
+        { "tandem_router_rank_cache_replay_tokens_total", "counter",
+          "tokens a prefill rank replayed to rebuild cached state", NULL, 0, 1,
+          { CS(replay_tokens) }, { NULL } },
+        { "tandem_router_rank_prefill_placed_total", "counter",
+          "prefills this router sent a prefill rank", NULL, 1, 1, { CC(placed) }, { NULL } },
+        { "tandem_router_rank_prefill_prompt_tokens_total", "counter",
+          "prompt tokens of the prefills this router sent a prefill rank", NULL, 1, 1,
+          { CC(prompt_tokens) }, { NULL } },
+        { "tandem_router_rank_cache_predicted_tokens_total", "counter",
+          "prompt tokens this router expected cached at a prefill rank when it chose it",
+          NULL, 1, 1, { CC(predicted_cached) }, { NULL } },
+        { "tandem_router_rank_cache_reported_tokens_total", "counter",
+          "prompt tokens a prefill rank said it served from its cache (prefill done)", NULL, 1,
+          1, { CC(reported_cached) }, { NULL } },
+        { "tandem_router_rank_placed_by_cache_total", "counter",
+          "prefills placed on a rank the load-only rule would not have chosen", NULL, 1, 1,
+          { CC(by_cache) }, { NULL } },
+    };
+#undef CS
+#undef CC
+    td_status_t st = TD_OK;
+    bool any_stats = false, any_prefill = false;
+
+    for (const td_rrank_t *rk = r->cluster.ranks; rk; rk = rk->next) {
+        any_stats = any_stats || rk->has_cache_stats;
+        any_prefill = any_prefill || rk->role == TANDEM__ROLE__ROLE_PREFILL;
+    }
+    for (size_t i = 0; st == TD_OK && i < sizeof m / sizeof m[0]; i++) {
+        if (m[i].kind == 0 ? !any_stats : !any_prefill)
+            continue;
+        st = td_metrics_header(out, m[i].name, m[i].type, m[i].help);
+        for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+            const char *base = m[i].kind == 0 ? (const char *)&rk->cache_stats
+                                              : (const char *)&rk->cache_ctr;
+            char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
+            if (rk->role != TANDEM__ROLE__ROLE_PREFILL || (m[i].kind == 0 && !rk->has_cache_stats))
+                continue;
+            label_escape(node, sizeof node, rk->node->name);
+            snprintf(lbl, sizeof lbl, "node=\"%s\",rank=\"%u\",role=\"prefill\"", node,
+                     rk->rank_id);
+            for (size_t v = 0; st == TD_OK && v < m[i].n; v++) {
+                uint64_t x;
+                memcpy(&x, base + m[i].off[v], sizeof x);
+                if (m[i].label)
+                    st = td_buf_printf(out, "%s{%s,%s=\"%s\"} %llu\n", m[i].name, lbl,
+                                       m[i].label, m[i].val[v], (unsigned long long)x);
+                else
+                    st = td_buf_printf(out, "%s{%s} %llu\n", m[i].name, lbl,
+                                       (unsigned long long)x);
+            }
+        }
+    }
+    return st;
+}
+
 /* The admission queue now (its waits are the queue_wait histogram). */
 static td_status_t
 queue_gauges(td_router_t *r, td_buf_t *out)
@@ -122,6 +213,8 @@ td_route_metrics(td_http_req_t *req, void *router)
 
     if (st == TD_OK)
         st = rank_gauges(r, &out);
+    if (st == TD_OK)
+        st = cache_metrics(r, &out);
     if (st == TD_OK)
         st = td_metrics_header(&out, "tandem_router_requests_in_flight", "gauge",
                                "this router's requests in flight by state (its queue)");

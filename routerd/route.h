@@ -19,5 +19,6 @@ void td_route_admin_remove(td_http_req_t *req, void *router);
 void td_route_admin_requests(td_http_req_t *req, void *router);
 void td_route_admin_cancel(td_http_req_t *req, void *router);
 void td_route_admin_config(td_http_req_t *req, void *router);
+void td_route_admin_cache_flush(td_http_req_t *req, void *router);
 
 #endif

@@ -19,5 +19,6 @@ const td_http_route_t td_routes[] = {
     { "/admin/requests", TD_H1_GET, true, true, td_route_admin_requests },
     { "/admin/cancel", TD_H1_POST, true, true, td_route_admin_cancel },
     { "/admin/config", TD_H1_GET, true, true, td_route_admin_config },
+    { "/admin/cache/flush", TD_H1_POST, true, true, td_route_admin_cache_flush },
     { NULL, 0, false, false, NULL },
 };

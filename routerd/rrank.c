@@ -83,3 +83,9 @@ td_rrank_send(td_rrank_t *rk, const Tandem__Envelope *env)
                 (int)env->payload_case, td_status_str(st));
     return st;
 }
+
+uint32_t
+td_rrank_cache_block(const td_rrank_t *rk)
+{
+    return rk->reg && rk->role == TANDEM__ROLE__ROLE_PREFILL ? rk->reg->cache_block_tokens : 0;
+}

@@ -11,6 +11,7 @@
 
 #include "ctl.h"
 #include "hello.h"
+#include "rcache.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 
@@ -29,6 +30,19 @@ typedef struct td_rrank_node_s {
     bool removing;      /* admin remove: forgotten once nothing is in flight */
 } td_rrank_node_t;
 
+/* Since the router started: Prefills this router sent a prefill rank, their
+ * prompt tokens, the tokens it expected cached there when it chose the rank,
+ * the tokens the rank said it served from its cache (PrefillDone), and the
+ * placements where the cache changed the choice (the load-only rule would
+ * have chosen another rank). */
+typedef struct {
+    uint64_t placed;
+    uint64_t prompt_tokens;
+    uint64_t predicted_cached;
+    uint64_t reported_cached;
+    uint64_t by_cache;
+} td_rrank_cache_counters_t;
+
 typedef struct td_rrank_s {
     struct td_rrank_s *next;
     td_rrank_node_t *node;
@@ -45,6 +59,13 @@ typedef struct td_rrank_s {
     uint32_t inflight;          /* our requests bound to this rank */
     bool refused;               /* answered NO_CAPACITY since that Load: not chosen
                                    again until the next one */
+    /* A prefill rank's prefix cache (docs/kvrouting.md): the blocks it
+     * announced (empty without a cache: Register's cache_block_tokens 0),
+     * its latest Load's CacheStats and this router's placements on it. */
+    td_rcache_t cache;
+    Tandem__CacheStats cache_stats;   /* scalars; valid when has_cache_stats */
+    bool has_cache_stats;
+    td_rrank_cache_counters_t cache_ctr;
 } td_rrank_t;
 
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);
@@ -63,5 +84,9 @@ bool td_rrank_dep_valid(const Tandem__Register *reg, const char **why);
  * what td_ctl_conn_send says. A failure is logged here (once); callers only
  * decide what to do about it. */
 td_status_t td_rrank_send(td_rrank_t *rk, const Tandem__Envelope *env);
+
+/* A prefill rank's cache block size in tokens (Register's
+ * cache_block_tokens): 0 without a prefix cache or before it registered. */
+uint32_t td_rrank_cache_block(const td_rrank_t *rk);
 
 #endif

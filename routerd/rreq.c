@@ -44,6 +44,9 @@ struct td_rreq_s {
     char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
     int32_t *prompt;
     size_t nprompt;
+    td_rcache_prompt_t cprompt;     /* the prompt's cache block hashes, per block size */
+    uint64_t pred_cached;           /* this attempt's prefill rank: the prefix expected cached */
+    bool pred_by_cache;             /*   chosen for its cache over the load-only choice */
     td_rrank_t *decode, *prefill;   /* bound ranks (td_cluster_rank_bind) */
     uint64_t tried[TD_RSCHED_MAX_TRIED];   /* decode incarnations that refused */
     size_t ntried;
@@ -317,6 +320,7 @@ request_release(td_rreq_t *q)
     td_rtext_destroy(q->text);
     free(q->wbias);
     free(q->wbiasp);
+    td_rcache_prompt_fini(&q->cprompt);
     free(q->prompt);
     free(q);
 }
@@ -522,6 +526,7 @@ admit_try(td_rreq_t *q)
     }
     for (;;) {
         td_rrank_t *p, *d = NULL;
+        td_rsched_prefill_t pick;
         td_rsched_fit_t fit;
 
         if (q->attempts - q->bounced >= t->cfg.max_attempts ||
@@ -531,7 +536,8 @@ admit_try(td_rreq_t *q)
             request_fail(q, TD_ERRREASON_NO_CAPACITY, &e);
             return false;
         }
-        p = td_rsched_pick_prefill(t->cfg.cluster->ranks);
+        pick = td_rsched_pick_prefill(t->cfg.cluster->ranks, &q->cprompt, t->cfg.cache_weight);
+        p = pick.rank;
         fit = p ? td_rsched_pick_decode(t->cfg.cluster->ranks, need, q->tried, q->ntried, &d)
                 : TD_RSCHED_NONE;
         /* a request not in the queue goes behind the ones waiting before it */
@@ -564,6 +570,8 @@ admit_try(td_rreq_t *q)
         }
         q->attempts++;
         q->prefill_sent = false;
+        q->pred_cached = pick.cached_tokens;
+        q->pred_by_cache = pick.by_cache;
         bind_rank(q, &q->decode, d);
         bind_rank(q, &q->prefill, p);
 
@@ -746,8 +754,14 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         return;
     }
     q->prefill_sent = true;
-    q->prefill->pend_tokens += q->nprompt;
+    /* the prefill work it was sent: the prompt less what its cache holds */
+    q->prefill->pend_tokens += q->nprompt - q->pred_cached;
     q->prefill->pend_reqs++;
+    td_rrank_cache_counters_t *cc = &q->prefill->cache_ctr;
+    cc->placed++;
+    cc->prompt_tokens += q->nprompt;
+    cc->predicted_cached += q->pred_cached;
+    cc->by_cache += q->pred_by_cache;
     set_state(q, TD_RREQ_PREFILLING, "prefill sent");
     if (q->oreq->stream && q->http && !q->streaming)
         stream_start(q);
@@ -783,6 +797,10 @@ on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     char what[300];
 
     if (pd->status == TD_OK) {
+        rk->cache_ctr.reported_cached += pd->cached_tokens;
+        if (pd->cached_tokens > 0)   /* for the usage's prompt_tokens_details */
+            td_rtext_push_cached(q->text, pd->cached_tokens < q->nprompt ? pd->cached_tokens
+                                                                         : q->nprompt);
         t->cfg.metrics->kv_bytes_moved +=
             (uint64_t)(t->cfg.kv_bytes_per_token * (double)q->nprompt) + t->cfg.kv_fixed_bytes;
         unbind_rank(q, &q->prefill);   /* P holds nothing of it any more */
@@ -893,6 +911,7 @@ text_prompt_done(void *arg)
     }
     q->oreq = td_rtext_req(q->text);
     q->prompt = td_rtext_take_prompt(q->text, &q->nprompt);
+    td_rcache_prompt_init(&q->cprompt, q->t->cfg.cache_seed, q->prompt, q->nprompt);
     serve_prompt(q);
 }
 

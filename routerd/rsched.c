@@ -1,6 +1,7 @@
 /* routerd/rsched.c — choosing ranks for a request: a decode rank with free KV
  * and a free batch row and the least load (within a DEP domain, the most free
- * KV), a prefill rank with the fewest queued tokens; draining, joining and
+ * KV), a prefill rank with the least prefill work left (queued tokens plus
+ * the prompt's uncached tokens, docs/kvrouting.md); draining, joining and
  * dead ranks are skipped. Load is the rank's latest Load plus what this
  * router sent it since (pend_*), so a burst does not pile onto one rank; when
  * no rank has room, whether one ever could decides between waiting and
@@ -13,22 +14,53 @@ takes_requests(const td_rrank_t *rk, Tandem__Role role)
     return rk->role == role && td_rrank_state(rk) == TD_RRANK_UP;
 }
 
-td_rrank_t *
-td_rsched_pick_prefill(td_rrank_t *ranks)
+/* The prefix of prompt rk's cache holds, in tokens (whole blocks). */
+static uint64_t
+cached_prefix(const td_rrank_t *rk, td_rcache_prompt_t *prompt)
 {
-    td_rrank_t *best = NULL;
-    uint64_t best_q = 0;
+    uint32_t g = td_rrank_cache_block(rk);
+    const uint64_t *h;
+    size_t n;
+
+    if (g == 0 || rk->cache.n == 0)
+        return 0;
+    h = td_rcache_prompt_hashes(prompt, g, &n);
+    return (uint64_t)td_rcache_prefix(&rk->cache, h, n) * g;
+}
+
+/* Whether a (cost ca, inflight) goes before the best so far (cost cb). */
+static bool
+prefill_better(const td_rrank_t *a, double ca, const td_rrank_t *b, double cb)
+{
+    return !b || ca < cb || (ca == cb && a->inflight < b->inflight);
+}
+
+td_rsched_prefill_t
+td_rsched_pick_prefill(td_rrank_t *ranks, td_rcache_prompt_t *prompt, double weight)
+{
+    td_rsched_prefill_t out = { NULL, 0, false };
+    td_rrank_t *by_load = NULL;
+    double best_cost = 0, load_cost = 0;
+    double ntok = prompt ? (double)prompt->ntokens : 0;
 
     for (td_rrank_t *rk = ranks; rk; rk = rk->next) {
         if (!takes_requests(rk, TANDEM__ROLE__ROLE_PREFILL))
             continue;
-        uint64_t q = rk->load.queued_tokens + rk->pend_tokens;
-        if (!best || q < best_q || (q == best_q && rk->inflight < best->inflight)) {
-            best = rk;
-            best_q = q;
+        double q = (double)(rk->load.queued_tokens + rk->pend_tokens);
+        uint64_t cached = prompt && weight > 0 ? cached_prefix(rk, prompt) : 0;
+        double cost = q + ntok - weight * (double)cached;
+        if (prefill_better(rk, q, by_load, load_cost)) {
+            by_load = rk;
+            load_cost = q;
+        }
+        if (prefill_better(rk, cost, out.rank, best_cost)) {
+            out.rank = rk;
+            out.cached_tokens = cached;
+            best_cost = cost;
         }
     }
-    return best;
+    out.by_cache = out.rank != by_load;
+    return out;
 }
 
 static bool

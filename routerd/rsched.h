@@ -1,6 +1,7 @@
 /* routerd/rsched.h — choosing the ranks of a request from the rank table:
- * only up ranks, a decode rank with room, a prefill rank with the shortest
- * queue. Reads the table, changes nothing. */
+ * only up ranks, a decode rank with room, a prefill rank with the least
+ * prefill work (its queue, less what its prefix cache holds of the prompt).
+ * Reads the table, changes nothing. */
 #ifndef TD_ROUTERD_RSCHED_H
 #define TD_ROUTERD_RSCHED_H
 
@@ -8,13 +9,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rcache.h"
 #include "rrank.h"
 
 /* Decode incarnations one request may skip (and so its admissions, at most). */
 #define TD_RSCHED_MAX_TRIED 16
 
-/* Prefill rank in the list ranks with the fewest queued tokens, or NULL. */
-td_rrank_t *td_rsched_pick_prefill(td_rrank_t *ranks);
+/* The prefill rank chosen for a prompt. */
+typedef struct {
+    td_rrank_t *rank;           /* NULL: no prefill rank is up */
+    uint64_t cached_tokens;     /* of the prompt, the prefix its cache holds (expected) */
+    bool by_cache;              /* the load-only rule would have chosen another rank */
+} td_rsched_prefill_t;
+
+/* Prefill rank for prompt (NULL, or weight 0: by load only) with the least
+ *   cost = queued tokens + prompt tokens - weight * cached tokens
+ * where queued tokens are its last Load's plus those this router sent it
+ * since, and cached tokens the prompt's longest prefix of whole blocks that
+ * its announced cache blocks hold (block hashes computed once per block
+ * size); ties: the fewest requests bound, then the first in the table.
+ * Without a cache anywhere this is the load-only rule. */
+td_rsched_prefill_t td_rsched_pick_prefill(td_rrank_t *ranks, td_rcache_prompt_t *prompt,
+                                           double weight);
 /* Whether a request can have a decode rank now, later, or never. */
 typedef enum {
     TD_RSCHED_FITS = 0,   /* *out: a rank with room now */

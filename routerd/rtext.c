@@ -34,6 +34,7 @@ typedef struct {
     td_openai_finish_t finish;
     bool by_us;
     size_t weight;
+    uint64_t cached;        /* > 0: prompt tokens the prefill rank served from its cache */
 } rtext_batch_t;
 
 struct td_rtext_s {
@@ -53,6 +54,7 @@ struct td_rtext_s {
     td_openai_logprobs_t *lp;       /* the logprobs not sent yet, or NULL: none asked */
     td_openai_stream_t stream;
     uint32_t ntokens;               /* completion tokens decoded */
+    uint64_t cached;                /* prompt tokens served from a prefix cache (usage) */
     bool ended;                     /* the reply is complete: nothing more is decoded */
     td_buf_t text;                  /* no stream: the answer so far */
     td_buf_t piece;                 /* scratch: decoded text of one message */
@@ -365,6 +367,12 @@ td_rtext_push_end(td_rtext_t *x, td_openai_finish_t finish, bool by_us)
     x->inbox.weight++;
 }
 
+void
+td_rtext_push_cached(td_rtext_t *x, uint64_t n)
+{
+    x->inbox.cached = n;
+}
+
 size_t
 td_rtext_tokens_take(td_rtext_t *x)
 {
@@ -376,6 +384,7 @@ td_rtext_tokens_take(td_rtext_t *x)
     x->inbox = t;
     x->inbox.n = x->inbox.ntops = x->inbox.nmsgs = x->inbox.weight = 0;
     x->inbox.end = false;
+    x->inbox.cached = 0;
     return w;
 }
 
@@ -508,7 +517,7 @@ tokens_message(td_rtext_t *x, size_t from, size_t to, size_t *top_at, bool *matc
 static td_status_t
 tokens_finish(td_rtext_t *x, td_openai_finish_t finish, bool by_us)
 {
-    td_openai_usage_t usage = { (uint32_t)x->nprompt, x->ntokens };
+    td_openai_usage_t usage = { (uint32_t)x->nprompt, x->ntokens, (uint32_t)x->cached };
     td_status_t st;
 
     td_buf_reset(&x->rel);
@@ -569,6 +578,8 @@ td_rtext_tokens_run(td_rtext_t *x)
     td_status_t st = TD_OK;
 
     memset(&x->res, 0, sizeof x->res);
+    if (b->cached > 0)
+        x->cached = b->cached;
     if (x->ended || canceled(x))
         return;
     for (size_t m = 0; m < b->nmsgs && st == TD_OK && !matched && !canceled(x); m++) {

@@ -93,6 +93,9 @@ td_status_t td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n,
 /* The reply ends after what was pushed: finish from the rank, or by_us
  * (max_tokens reached). Loop thread, a job may run. */
 void td_rtext_push_end(td_rtext_t *x, td_openai_finish_t finish, bool by_us);
+/* The prefill rank served n prompt tokens from its prefix cache: the usage
+ * says so (prompt_tokens_details.cached_tokens). Loop thread, a job may run. */
+void td_rtext_push_cached(td_rtext_t *x, uint64_t n);
 /* Hand what was pushed to the next job; returns its weight, tokens times (1
  * + alternatives each), with 1 for the end of the reply: 0 means nothing
  * to do. Loop thread, no job running. */

@@ -1,6 +1,7 @@
 /* tandemctl/cmd-status.c — `status`: one line per rank the router knows, with
  * its node, role, state, load, KV blocks used/free and requests in flight
- * (and its DEP group and index there, when some rank has one), sorted by node
+ * (and its prefix cache, when some prefill rank has one; its DEP group and
+ * index there, when some rank has one), sorted by node
  * name, role and rank id; then the router's requests in flight, its admission
  * queue, and one line per DEP group. */
 #include "tandemctl.h"
@@ -15,11 +16,14 @@
  * {"requests_in_flight", "nodes": [{"node", "draining", "removing",
  *   "ranks": [{"rank", "role", "state", "inflight", "load": {"running",
  *   "queued", ...} | null, "kv": {"blocks_used", "blocks_free", ...} | null
- *   [, "dep": {"domain", "size", "rank", "passes", "expert_tokens"}]}]}]}
+ *   [, "dep": {"domain", "size", "rank", "passes", "expert_tokens"}]
+ *   [, "cache": {"stats": {"pool_bytes", ...} | null, ...} | null]}]}]}
  * (load and kv are null for a dead rank: its last figures no longer hold;
  * dep only on a DEP group's rank, its passes and rows null when it is dead)
  * The outer object of a row is the node's summary built below, with the
- * rank's "dep" cell; the DEP column is shown only when some rank has one. */
+ * rank's "dep" and "cache" cells; the CACHE column is shown only when some
+ * prefill rank has a prefix cache, the DEP column only when some rank has a
+ * DEP group. */
 static const tdctl_col_t status_cols[] = {
     { "NODE", "node", true },
     { "NODE-STATE", "state", true },
@@ -31,9 +35,12 @@ static const tdctl_col_t status_cols[] = {
     { "KV-USED", "kv.blocks_used", false },
     { "KV-FREE", "kv.blocks_free", false },
     { "IN-FLIGHT", "inflight", false },
-    { "DEP", "dep", true },   /* last: only when some rank is a DEP group's */
+    { "CACHE", "cache", true },   /* only when some prefill rank has a prefix cache */
+    { "DEP", "dep", true },       /* last: only when some rank is a DEP group's */
 };
-#define STATUS_NCOLS (sizeof(status_cols) / sizeof(status_cols[0]))
+#define STATUS_COL_CACHE (STATUS_NCOLS_ - 2)
+#define STATUS_NCOLS_ (sizeof(status_cols) / sizeof(status_cols[0]))
+#define STATUS_NCOLS STATUS_NCOLS_
 
 /* {"node", "state": removing | draining | active | ?} for one node. */
 static json_t *
@@ -49,7 +56,7 @@ status_node_summary(tdctl_t *ctl, const json_t *node, const char *ctx)
         ctl->warnings++;
         td_warn("%s: fields \"draining\" and \"removing\" should be booleans", ctx);
     }
-    json_t *sum = json_pack("{s:s, s:s}", "state", state, "dep", "-");
+    json_t *sum = json_pack("{s:s, s:s, s:s}", "state", state, "dep", "-", "cache", "-");
     const json_t *name = json_object_get(node, "node");
     if (sum != NULL && name != NULL && json_object_set(sum, "node", (json_t *)name) != 0) {
         json_decref(sum);
@@ -331,7 +338,10 @@ static td_status_t
 status_render(tdctl_t *ctl, const json_t *ans)
 {
     td_status_t st = TD_ERR_NOMEM;
-    size_t i, j, nranks = 0, cap = 0, ncols = STATUS_NCOLS - 1;
+    size_t i, j, nranks = 0, cap = 0;
+    bool any_dep = false, any_cache = false;
+    tdctl_col_t cols[STATUS_NCOLS];
+    size_t ncols = 0;
     const json_t *node, *rank;
     const json_t *nodes = tdctl_out_array(ctl, ans, "nodes", "status");
     json_t *sums = json_array();   /* owns the node summaries and rows' own ones */
@@ -365,25 +375,41 @@ status_render(tdctl_t *ctl, const json_t *ans)
         qsort(rows, nranks, sizeof(*rows), status_row_cmp);
     if ((deps = calloc(nranks ? nranks : 1, sizeof(*deps))) == NULL)
         goto err_nomem;
-    for (i = 0; i < nranks; i++) {   /* a group's rank: its own summary, with its DEP cell */
-        char ctx[64], cell[128];
+    /* a group's rank, a prefill rank with a cache: its own summary, with its
+     * DEP and CACHE cells */
+    for (i = 0; i < nranks; i++) {
+        char ctx[64], cell[128], cache[160];
+        const json_t *c = json_object_get(rows[i].rank, "cache");
         snprintf(ctx, sizeof(ctx), "status: node #%zu rank #%zu", rows[i].ni, rows[i].ri);
-        if ((deps[i] = status_dep(ctl, rows[i].rank, ctx)) == NULL)
+        deps[i] = status_dep(ctl, rows[i].rank, ctx);
+        if (deps[i] == NULL && !json_is_object(c))
             continue;
-        status_dep_cell(ctl, deps[i], ctx, cell, sizeof(cell));
         json_t *own = json_copy((json_t *)rows[i].sum);
-        if (own == NULL || json_array_append_new(sums, own) != 0 ||
-            json_object_set_new(own, "dep", json_string(cell)) != 0)
+        if (own == NULL || json_array_append_new(sums, own) != 0)
             goto err_nomem;
+        if (deps[i] != NULL) {
+            status_dep_cell(ctl, deps[i], ctx, cell, sizeof(cell));
+            if (json_object_set_new(own, "dep", json_string(cell)) != 0)
+                goto err_nomem;
+            any_dep = true;
+        }
+        if (json_is_object(c)) {
+            tdctl_out_cache(c, cache, sizeof(cache));
+            if (json_object_set_new(own, "cache", json_string(cache)) != 0)
+                goto err_nomem;
+            any_cache = true;
+        }
         rows[i].sum = own;
-        ncols = STATUS_NCOLS;
     }
-    if ((t = tdctl_out_table_create(status_cols, ncols)) == NULL)
+    for (i = 0; i < STATUS_NCOLS; i++)
+        if ((i != STATUS_COL_CACHE || any_cache) && (i != STATUS_NCOLS - 1 || any_dep))
+            cols[ncols++] = status_cols[i];
+    if ((t = tdctl_out_table_create(cols, ncols)) == NULL)
         goto err_nomem;
     for (i = 0; i < nranks; i++) {
         char ctx[64];
         snprintf(ctx, sizeof(ctx), "status: node #%zu rank #%zu", rows[i].ni, rows[i].ri);
-        if (tdctl_out_row(ctl, t, status_cols, ncols, rows[i].sum, rows[i].rank, ctx) != TD_OK)
+        if (tdctl_out_row(ctl, t, cols, ncols, rows[i].sum, rows[i].rank, ctx) != TD_OK)
             goto err_nomem;
     }
     char inflight[32];
@@ -422,6 +448,10 @@ const tdctl_cmd_entry_t tdctl_cmd_status_entry = {
                "(joining, up, draining, dead). RUNNING and QUEUED are requests, KV-USED\n"
                "and KV-FREE blocks, from the rank's latest load report; a dead rank\n"
                "shows \"-\" there. IN-FLIGHT counts this router's requests bound to it.\n"
+               "CACHE, shown when some prefill rank has a prefix cache, is that cache from\n"
+               "the rank's latest report: bytes in its kv pool, host and ssd tiers and the\n"
+               "share of looked-up prompt tokens found (\"-\": no cache; `tandemctl cache`\n"
+               "has more).\n"
                "DEP, shown when some rank belongs to a DEP group (--dep), is the group and\n"
                "the rank's index in it, DOMAIN:RANK/SIZE (a decode domain's --domain-id,\n"
                "else the node). A last table has one line per group: its size, its ranks'\n"

@@ -12,6 +12,7 @@ const tdctl_cmd_entry_t *const tdctl_cmds_table[] = {
     &tdctl_cmd_requests_entry,
     &tdctl_cmd_cancel_entry,
     &tdctl_cmd_config_entry,
+    &tdctl_cmd_cache_entry,
     NULL,
 };
 

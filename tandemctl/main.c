@@ -295,12 +295,14 @@ main(int argc, char **argv)
         td_error("unknown command \"%s\" (tandemctl help lists them)", argv[1]);
         goto out_free_opts;
     }
-    if (npos - 1 != cmd->nargs) {
+    if (npos - 1 < cmd->nargs || npos - 1 > (cmd->nargs_max > cmd->nargs ? cmd->nargs_max
+                                                                       : cmd->nargs)) {
         td_error("usage: tandemctl %s%s%s (tandemctl %s --help)", cmd->name,
                  cmd->args[0] ? " " : "", cmd->args, cmd->name);
         goto out_free_opts;
     }
     rc = 1;
+    ctl.nargs = npos - 1;
     if (main_setup(&ctl) != TD_OK || cmd->exec(&ctl, argv + 2) != TD_OK)
         goto out_free_opts;
     if (fflush(stdout) != 0) {

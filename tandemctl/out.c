@@ -150,6 +150,64 @@ tdctl_table_print(const tdctl_table_t *t, FILE *out)
 }
 
 void
+tdctl_out_bytes(uint64_t v, char *buf, size_t len)
+{
+    static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
+    double x = (double)v;
+    size_t u = 0;
+
+    if (v < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", v);
+        return;
+    }
+    x /= 1024;
+    while (x >= 1024 && u + 1 < sizeof units / sizeof units[0]) {
+        x /= 1024;
+        u++;
+    }
+    if (x < 100 && x != (double)(uint64_t)x)
+        snprintf(buf, len, "%.1f %s", x, units[u]);
+    else
+        snprintf(buf, len, "%.0f %s", x, units[u]);
+}
+
+/* An integer field of o as uint64 (0 when absent or not a non-negative
+ * integer: the callers print "?" for a missing stats object, not fields). */
+static uint64_t
+out_u64(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+
+    return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v)
+                                                           : 0;
+}
+
+void
+tdctl_out_cache(const json_t *cache, char *buf, size_t len)
+{
+    const json_t *s = json_object_get(cache, "stats");
+    char pool[32], host[32], ssd[32], hit[16] = "-";
+
+    if (!json_is_object(cache)) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    if (!json_is_object(s)) {
+        snprintf(buf, len, "no report yet");
+        return;
+    }
+    uint64_t lookup = out_u64(s, "lookup_tokens");
+    uint64_t hits = out_u64(s, "hit_pool_tokens") + out_u64(s, "hit_host_tokens") +
+                    out_u64(s, "hit_ssd_tokens");
+    tdctl_out_bytes(out_u64(s, "pool_bytes"), pool, sizeof pool);
+    tdctl_out_bytes(out_u64(s, "host_bytes"), host, sizeof host);
+    tdctl_out_bytes(out_u64(s, "ssd_bytes"), ssd, sizeof ssd);
+    if (lookup > 0)
+        snprintf(hit, sizeof hit, "%.0f%%", 100.0 * (double)hits / (double)lookup);
+    snprintf(buf, len, "%s pool / %s host / %s ssd, hit %s", pool, host, ssd, hit);
+}
+
+void
 tdctl_out_json(const json_t *j)
 {
     json_dumpf(j, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);

@@ -26,17 +26,20 @@ typedef struct {
     tdctl_opts_t opts;
     char *admin_key;       /* bearer key, read from the key file */
     unsigned warnings;     /* odd fields met while printing */
+    int nargs;             /* the command's arguments (between its nargs and nargs_max) */
 } tdctl_t;
 
 /* A command: name, argument synopsis, one line of help, more lines for
- * `tandemctl CMD --help` (NULL: none), exact argument count, and the
- * function run with args[0 .. nargs-1]. */
+ * `tandemctl CMD --help` (NULL: none), argument count (exact, or nargs to
+ * nargs_max when nargs_max is above it), and the function run with
+ * args[0 .. ctl->nargs-1]. */
 typedef struct {
     const char *name;
     const char *args;
     const char *help;
     const char *details;
     int nargs;
+    int nargs_max;
     td_status_t (*exec)(tdctl_t *ctl, char **args);
 } tdctl_cmd_entry_t;
 
@@ -47,6 +50,7 @@ extern const tdctl_cmd_entry_t tdctl_cmd_remove_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_requests_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_cancel_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_config_entry;
+extern const tdctl_cmd_entry_t tdctl_cmd_cache_entry;
 
 /* cmds.c: the table (NULL-terminated) and lookup by name. */
 extern const tdctl_cmd_entry_t *const tdctl_cmds_table[];
@@ -111,6 +115,14 @@ tdctl_table_t *tdctl_out_table_create(const tdctl_col_t *cols, size_t ncols);
 td_status_t tdctl_out_row(tdctl_t *ctl, tdctl_table_t *t, const tdctl_col_t *cols,
                           size_t ncols, const json_t *outer, const json_t *inner,
                           const char *ctx);
+
+/* Bytes as "512 B", "12.3 MiB", "40 MiB", "1.2 GiB". */
+void tdctl_out_bytes(uint64_t v, char *buf, size_t len);
+/* A prefill rank's "cache" object of /admin/status as one cell:
+ * "12.3 MiB pool / 40 MiB host / 1.2 GiB ssd, hit 56%" (hits over lookups
+ * in every tier); "-" for null (no prefix cache) or anything not an object,
+ * "no report yet" before its first Load. */
+void tdctl_out_cache(const json_t *cache, char *buf, size_t len);
 
 /* Print the JSON answer for --json (indented, sorted keys, newline). */
 void tdctl_out_json(const json_t *j);

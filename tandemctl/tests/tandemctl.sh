@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tandemctl/tests/tandemctl.sh — tandemctl against a fake admin API
 # (fake_admin.py): tables and --json, odd JSON, status sorted and a dead
-# rank's empty load, DEP groups (the DEP column and the groups' table), node commands and their request bodies, 401 / 404 /
+# rank's empty load, DEP groups (the DEP column and the groups' table), prefix
+# caches (the CACHE column, `cache`, `cache flush`), node commands and their request bodies, 401 / 404 /
 # unreachable / timeout / invalid JSON, the hint for the API port, usage
 # errors and help, and the defaults taken from the environment and the
 # local-cluster state directory.  Usage: tandemctl.sh TANDEMCTL FAKE_ADMIN_PY
@@ -247,6 +248,65 @@ has out '^n +active +decode +1 +up +- +- +- +- +0 +-$'
 has out '^d +decode +two +1 up +n\[\] +- +-$'
 has err 'warning: status: node #0 rank #0: column DEP: field "rank" missing'
 has err 'warning: status: node #0 rank #1: field "dep.domain" has the wrong type'
+
+# prefix caches: the CACHE column (only when some prefill rank has one), `cache`,
+# `cache flush NODE` and its body, an unknown node's 404, usage errors
+routes <<'J'
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "p", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "prefill", "state": "up", "inflight": 1,
+      "load": {"running": 0, "queued": 0, "queued_tokens": 0}, "kv": null,
+      "cache": {"block_tokens": 64, "blocks_tracked": 12, "placed": 9, "prompt_tokens": 900,
+        "predicted_cached_tokens": 512, "reported_cached_tokens": 448, "placed_by_cache": 3,
+        "stats": {"pool_blocks": 3, "pool_bytes": 12897485, "host_bytes": 41943040,
+          "host_budget": 1073741824, "ssd_bytes": 1288490189, "ssd_budget": 0,
+          "lookup_tokens": 100, "hit_pool_tokens": 40, "hit_host_tokens": 10,
+          "hit_ssd_tokens": 6, "computed_tokens": 44, "replay_tokens": 0}}},
+     {"rank": 1, "role": "prefill", "state": "joining", "inflight": 0, "load": null,
+      "kv": null, "cache": {"block_tokens": 64, "blocks_tracked": 0, "placed": 0,
+        "prompt_tokens": 0, "predicted_cached_tokens": 0, "reported_cached_tokens": 0,
+        "placed_by_cache": 0, "stats": null}},
+     {"rank": 2, "role": "prefill", "state": "up", "inflight": 0, "load": null, "kv": null,
+      "cache": null}]},
+   {"node": "d", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "up", "inflight": 0, "load": null, "kv": null}]}]}],
+ "POST /admin/cache/flush": [200, {"node": "p", "status": "flushing", "ranks": 2}]}
+J
+run 0 status
+has out '^NODE +NODE-STATE +ROLE +RANK +STATE +RUNNING +QUEUED +KV-USED +KV-FREE +IN-FLIGHT +CACHE$'
+has out '^p +active +prefill +0 +up +0 +0 +- +- +1 +12.3 MiB pool / 40 MiB host / 1.2 GiB ssd, hit 56%$'
+has out '^p +active +prefill +1 +joining +- +- +- +- +0 +no report yet$'
+has out '^p +active +prefill +2 +up +- +- +- +- +0 +-$'
+has out '^d +active +decode +0 +up +- +- +- +- +0 +-$'
+[ -s "$tmp/err" ] && fail "status with caches wrote to stderr: $(cat "$tmp/err")"
+run 0 cache
+has out '^NODE +RANK +STATE +BLOCK +TRACKED +CACHE +PLACED +BY-CACHE +PROMPT-TOK +EXPECTED +REPORTED$'
+has out '^p +0 +up +64 +12 +12.3 MiB pool / 40 MiB host / 1.2 GiB ssd, hit 56% +9 +3 +900 +512 +448$'
+has out '^p +1 +joining +64 +0 +no report yet +0 +0 +0 +0 +0$'
+hasnt out '^p +2 '
+[ -s "$tmp/err" ] && fail "cache wrote to stderr: $(cat "$tmp/err")"
+run 0 cache status
+has out '^p +0 +up +64 +12 '
+: >"$tmp/log"
+run 0 cache flush p
+has out '^node p: flushing$'
+grep -qxF 'POST /admin/cache/flush {"node":"p"}' "$tmp/log" || fail "cache flush sent: $(cat "$tmp/log")"
+run 0 cache flush p --json
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["ranks"]==2' "$tmp/out" ||
+  fail "cache flush --json"
+run 1 cache flush
+has err 'usage: tandemctl cache \[status \| flush NODE\]'
+run 1 cache clear p
+has err 'usage: tandemctl cache'
+run 2 cache flush p q   # more arguments than any form takes: a usage error of main
+run 0 cache --help
+has out 'cache flush NODE'
+routes <<'J'
+{"POST /admin/cache/flush": [404, {"error": {"message": "No node named 'nope' has registered.",
+   "type": "invalid_request_error", "param": "node", "code": "node_not_found"}}]}
+J
+run 1 cache flush nope
+has err "flush the cache of node nope: No node named 'nope' has registered. \\(HTTP 404\\)"
 
 # --router at routerd's API port: a hint. Its /health says so (the key is refused
 # or /admin is not routed there); an older routerd's "Invalid URL" 404 says it too.

@@ -11,10 +11,19 @@
  * registers its ranks as rank RANK of the DEP domain ID of SIZE ranks;
  * --kv-blocks N sizes its KV (64 tokens a block). A decode rank without
  * the prefill rank (--role decode) decodes from its AdmitOk on.
+ * A prefix cache (docs/kvrouting.md): --cache-block G registers the prefill
+ * rank with cache blocks of G tokens; --cache-prompt TEXT makes it hold the
+ * whole blocks of TEXT's bytes (routerd's byte tokens), announced in a
+ * CacheEvent once up; its PrefillDone reports the prompt's prefix it holds
+ * as cached_tokens and its Load the CacheStats; a CacheFlush (printed)
+ * empties it and is answered with a cleared event. --cache-junk follows the
+ * announcement with malformed events (a skipped seq, a 0 hash).
+ * --queued-tokens N: the prefill rank's Load says N tokens wait there.
  * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
  *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early]
- *        [--max-batch N] [--dep ID:RANK:SIZE] [--kv-blocks N] */
+ *        [--max-batch N] [--dep ID:RANK:SIZE] [--kv-blocks N]
+ *        [--cache-block G] [--cache-prompt TEXT] [--cache-junk] [--queued-tokens N] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -24,6 +33,7 @@
 
 #include <event2/event.h>
 
+#include "chainhash.h"
 #include "daemon.h"
 #include "engine.h"
 #include "registry.h"
@@ -57,6 +67,15 @@ typedef struct {
     bool prefill_done_early;
     int32_t bad_token;      /* >= 0: the third token sent is this id (--bad-token) */
     char node[65];
+    /* the prefill rank's prefix cache (--cache-block) */
+    uint32_t cache_block;   /* G; 0: none */
+    uint64_t seed;          /* td_chain_seed of its model and layout */
+    uint64_t held[256];     /* [nheld] the blocks it holds */
+    size_t nheld;
+    uint64_t cache_seq;     /* the last CacheEvent's seq on this connection */
+    bool cache_junk;
+    uint64_t queued_tokens; /* its Load's queued_tokens */
+    Tandem__CacheStats cstats;
 } fake_t;
 
 static fake_t F;
@@ -93,6 +112,52 @@ send_load(void)
     ld.running = (uint32_t)ld.kv_blocks_used;
     if (F.dlink)
         td_link_load(F.dlink, &ld);
+}
+
+/* The prefill rank's Load: --queued-tokens and its CacheStats. */
+static void
+send_prefill_load(void)
+{
+    static Tandem__Load ld;   /* td_link_load keeps a shallow copy: cache points here */
+
+    tandem__load__init(&ld);
+    ld.queued_tokens = F.queued_tokens;
+    F.cstats.pool_blocks = F.nheld;
+    F.cstats.pool_bytes = F.nheld * 4096;
+    F.cstats.host_bytes = 1u << 20;
+    F.cstats.host_budget = 64u << 20;
+    F.cstats.ssd_budget = 1u << 30;
+    ld.cache = F.cache_block ? &F.cstats : NULL;
+    if (F.plink)
+        td_link_load(F.plink, &ld);
+}
+
+static void
+cache_event(bool cleared, const uint64_t *added, size_t nadded, uint64_t seq)
+{
+    Tandem__CacheEvent ev = TANDEM__CACHE_EVENT__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    ev.seq = seq;
+    ev.cleared = cleared;
+    ev.added = (uint64_t *)added;
+    ev.n_added = nadded;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CACHE_EVENT;
+    env.cache_event = &ev;
+    if (F.prouter)
+        (void)td_link_send(F.plink, F.prouter, &env);
+}
+
+/* Of the prompt, the tokens in whole blocks it holds from the first. */
+static uint64_t
+cache_prefix(const int32_t *tokens, size_t n)
+{
+    uint64_t h[256];
+    size_t nh = td_chain_hashes(F.seed, tokens, n, F.cache_block, h, 256), k = 0;
+
+    while (k < nh && k < F.nheld && h[k] == F.held[k])
+        k++;
+    return (uint64_t)k * F.cache_block;
 }
 
 static void
@@ -249,6 +314,16 @@ on_prefill_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, v
 
         pd.req_id = env->prefill->req_id;
         pd.first_token = (unsigned char)TEXT[0];
+        if (F.cache_block) {
+            pd.cached_tokens = cache_prefix(env->prefill->tokens, env->prefill->n_tokens);
+            pd.computed_tokens = env->prefill->n_tokens - pd.cached_tokens;
+            F.cstats.lookup_tokens += env->prefill->n_tokens;
+            F.cstats.hit_pool_tokens += pd.cached_tokens;
+            F.cstats.computed_tokens += pd.computed_tokens;
+        }
+        printf("prefill %016" PRIx64 " tokens=%zu cached=%" PRIu64 "\n", pd.req_id,
+               env->prefill->n_tokens, pd.cached_tokens);
+        fflush(stdout);
         out.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
         out.prefill_done = &pd;
         (void)td_link_send(l, r, &out);
@@ -256,6 +331,13 @@ on_prefill_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, v
             q->prefilled = true;
             evtimer_add(q->tick, &now);
         }
+        send_prefill_load();
+    } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_CACHE_FLUSH) {
+        printf("cache_flush %s\n", env->cache_flush->reason);
+        fflush(stdout);
+        F.nheld = 0;
+        cache_event(true, NULL, 0, ++F.cache_seq);
+        send_prefill_load();
     } else if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER) {
         printf("decode_peer %s/%u gone=%d\n", env->decode_peer->node_id,
                env->decode_peer->rank_id, env->decode_peer->gone);
@@ -274,6 +356,19 @@ on_up(td_link_t *l, td_link_router_t *r, void *arg)
     fflush(stdout);
     if (l == F.dlink)
         send_load();
+    if (l == F.plink && F.cache_block) {   /* a new connection: everything it holds */
+        F.cache_seq = 0;
+        cache_event(true, F.held, F.nheld, ++F.cache_seq);
+        if (F.cache_junk) {
+            uint64_t zero = 0;
+            cache_event(false, F.held, F.nheld, F.cache_seq + 5);   /* seq skipped */
+            cache_event(false, &zero, 1, F.cache_seq + 6);          /* a 0 hash */
+            cache_event(false, F.held, F.nheld, 1);                 /* seq backwards */
+            F.cache_seq = 1;
+        }
+    }
+    if (l == F.plink)
+        send_prefill_load();
 }
 
 static void
@@ -302,8 +397,11 @@ main(int argc, char **argv)
         { "max-context", 1, 0, 'c' }, { "prefill-hang", 0, 0, 'h' },
         { "admit-delay-ms", 1, 0, 'a' }, { "prefill-done-early", 0, 0, 'e' },
         { "bad-token", 1, 0, 'b' }, { "max-batch", 1, 0, 'm' }, { "dep", 1, 0, 'd' },
-        { "kv-blocks", 1, 0, 'k' }, { 0, 0, 0, 0 },
+        { "kv-blocks", 1, 0, 'k' }, { "cache-block", 1, 0, 'G' },
+        { "cache-prompt", 1, 0, 'P' }, { "cache-junk", 0, 0, 'J' },
+        { "queued-tokens", 1, 0, 'Q' }, { 0, 0, 0, 0 },
     };
+    const char *cache_prompt = "";
     const char *router = NULL, *secret_file = NULL, *role = "both";
     char dep_domain[65] = "";
     unsigned dep_rank = 0, dep_size = 0;
@@ -339,6 +437,10 @@ main(int argc, char **argv)
                 return 2;
             break;
         case 'k': F.blocks = (uint32_t)atoi(optarg); break;
+        case 'G': F.cache_block = (uint32_t)atoi(optarg); break;
+        case 'P': cache_prompt = optarg; break;
+        case 'J': F.cache_junk = true; break;
+        case 'Q': F.queued_tokens = strtoull(optarg, NULL, 10); break;
         default: return 2;
         }
     }
@@ -355,6 +457,18 @@ main(int argc, char **argv)
     if (td_engine_create(test_engines, &ecfg, &eng) != TD_OK)
         return 1;
     snprintf(fp, sizeof fp, "%016" PRIx64, eng->fingerprint);
+    F.seed = td_chain_seed(fp, eng->layout->hash);
+    tandem__cache_stats__init(&F.cstats);
+    if (F.cache_block) {   /* the blocks of --cache-prompt, as routerd tokenizes it */
+        size_t n = strlen(cache_prompt);
+        int32_t *tok = malloc((n ? n : 1) * sizeof *tok);
+        if (!tok)
+            return 1;
+        for (size_t i = 0; i < n; i++)
+            tok[i] = (unsigned char)cache_prompt[i];
+        F.nheld = td_chain_hashes(F.seed, tok, n, F.cache_block, F.held, 256);
+        free(tok);
+    }
     signal(SIGPIPE, SIG_IGN);
     F.base = event_base_new();
     struct event *sig = evsignal_new(F.base, SIGTERM, on_signal, NULL);
@@ -376,6 +490,7 @@ main(int argc, char **argv)
     reg.dep_domain = dep_domain;
     reg.dep_size = dep_size;
     reg.dep_rank = dep_rank;
+    reg.cache_block_tokens = F.cache_block;
     if (strcmp(role, "prefill") != 0) {
         h.on_message = on_decode_msg;
         if (td_link_create(F.base, &lc, &reg, &h, &F.dlink) != TD_OK)

@@ -434,7 +434,7 @@ static void
 test_responses(void)
 {
     td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem", NULL };
-    td_openai_usage_t u = { 12, 5 };
+    td_openai_usage_t u = { 12, 5, 0 };
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
@@ -456,6 +456,22 @@ test_responses(void)
     CHECK_STR(json_string_value(json_object_get(c, "text")), "abc");
     CHECK(json_object_get(c, "message") == NULL);
     check_usage(json_object_get(o, "usage"), 12, 5);
+    /* nothing served from a prefix cache: no prompt_tokens_details */
+    CHECK(json_object_get(json_object_get(o, "usage"), "prompt_tokens_details") == NULL);
+    json_decref(o);
+
+    /* served from a prefix cache: usage.prompt_tokens_details.cached_tokens */
+    td_buf_reset(&out);
+    td_openai_usage_t uc = { 12, 5, 8 };
+    CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_STOP, &uc, &out), TD_OK);
+    o = json_loads(out.data ? out.data : "", 0, NULL);
+    CHECK(o != NULL);
+    json_t *uo = json_object_get(o, "usage");
+    CHECK_EQ_INT(json_object_size(uo), 4);
+    CHECK_EQ_INT(json_integer_value(json_object_get(uo, "prompt_tokens")), 12);
+    CHECK_EQ_INT(json_integer_value(json_object_get(uo, "total_tokens")), 17);
+    CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(uo, "prompt_tokens_details"),
+                                                    "cached_tokens")), 8);
     json_decref(o);
 
     /* invalid UTF-8 text is refused, not emitted as broken JSON */
@@ -500,7 +516,7 @@ static void
 test_chat_stream(bool include_usage)
 {
     td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem", NULL }, include_usage, false };
-    td_openai_usage_t u = { 4, 2 };
+    td_openai_usage_t u = { 4, 2, 0 };
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_text(&s, "Hel", 3, &out), TD_OK);
     CHECK_STATUS(td_openai_stream_text(&s, "lo", 2, &out), TD_OK);
@@ -556,7 +572,7 @@ test_streams(void)
     td_buf_t out = {0};
     CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
-    td_openai_usage_t u = { 1, 0 };
+    td_openai_usage_t u = { 1, 0, 0 };
     CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     char *p[8];
     size_t n = sse_payloads(out.data, p, 8);
@@ -627,7 +643,7 @@ test_logprobs_json(void)
     td_openai_logprobs_t *lp = NULL;
     td_openai_token_lp_t t1 = { "Hi", 2, -0.5 }, t2 = { "\xe4\xbd", 2, -INFINITY };
     td_openai_token_lp_t alts[2] = { { "Hi", 2, -0.5 }, { " a", 2, -1.25 } };
-    td_openai_usage_t u = { 3, 2 };
+    td_openai_usage_t u = { 3, 2, 0 };
     td_buf_t out = {0};
 
     CHECK_STATUS(td_openai_logprobs_create(C, &lp), TD_OK);

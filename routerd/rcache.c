@@ -1,0 +1,208 @@
+/* routerd/rcache.c — a prefill rank's announced cache blocks as a hash set
+ * (linear probing, backward-shift deletion, grown to stay at most half
+ * full), CacheEvents applied to it, longest cached prefixes, and a prompt's
+ * block hashes per block size (rcache.h). */
+#include "rcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainhash.h"
+
+void
+td_rcache_init(td_rcache_t *c, size_t max)
+{
+    memset(c, 0, sizeof *c);
+    c->max = max;
+}
+
+void
+td_rcache_fini(td_rcache_t *c)
+{
+    free(c->slots);
+    memset(c, 0, sizeof *c);
+}
+
+void
+td_rcache_clear(td_rcache_t *c, bool seq_too)
+{
+    free(c->slots);   /* a set that was large gives its memory back */
+    c->slots = NULL;
+    c->cap = 0;
+    c->n = 0;
+    c->over = false;
+    if (seq_too)
+        c->seq = 0;
+}
+
+static size_t
+slot_of(const td_rcache_t *c, uint64_t h)
+{
+    size_t m = c->cap - 1, i = (size_t)h & m;
+
+    while (c->slots[i] != 0 && c->slots[i] != h)
+        i = (i + 1) & m;
+    return i;
+}
+
+bool
+td_rcache_has(const td_rcache_t *c, uint64_t h)
+{
+    return c->cap > 0 && h != 0 && c->slots[slot_of(c, h)] == h;
+}
+
+size_t
+td_rcache_prefix(const td_rcache_t *c, const uint64_t *h, size_t n)
+{
+    size_t i = 0;
+
+    while (i < n && td_rcache_has(c, h[i]))
+        i++;
+    return i;
+}
+
+static td_status_t
+grow(td_rcache_t *c)
+{
+    size_t cap = c->cap ? c->cap * 2 : 1024;
+    uint64_t *s = calloc(cap, sizeof *s), *old = c->slots;
+    size_t oldcap = c->cap;
+
+    if (!s)
+        return TD_ERR_NOMEM;
+    c->slots = s;
+    c->cap = cap;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i] != 0)
+            c->slots[slot_of(c, old[i])] = old[i];
+    free(old);
+    return TD_OK;
+}
+
+/* Add h; TD_ERR_TOO_BIG when the set is at max (h not kept). */
+static td_status_t
+add(td_rcache_t *c, uint64_t h)
+{
+    td_status_t st;
+
+    if (c->cap > 0 && c->slots[slot_of(c, h)] == h)
+        return TD_OK;
+    if (c->n >= c->max)
+        return TD_ERR_TOO_BIG;
+    if ((c->n + 1) * 2 > c->cap && (st = grow(c)) != TD_OK)
+        return st;
+    c->slots[slot_of(c, h)] = h;
+    c->n++;
+    return TD_OK;
+}
+
+static void
+del(td_rcache_t *c, uint64_t h)
+{
+    size_t m, i, j;
+
+    if (c->cap == 0)
+        return;
+    m = c->cap - 1;
+    i = slot_of(c, h);
+    if (c->slots[i] != h)
+        return;
+    /* backward shift: move up every later entry of the run whose home is
+     * not cyclically within (i, j] */
+    for (j = i;;) {
+        j = (j + 1) & m;
+        if (c->slots[j] == 0)
+            break;
+        size_t k = (size_t)c->slots[j] & m;
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+            continue;
+        c->slots[i] = c->slots[j];
+        i = j;
+    }
+    c->slots[i] = 0;
+    c->n--;
+}
+
+td_status_t
+td_rcache_apply(td_rcache_t *c, const td_rcache_event_t *ev, const char **why)
+{
+    bool was_over = c->over;
+    td_status_t st = TD_OK;
+
+    if (ev->seq != c->seq + 1) {
+        *why = ev->seq <= c->seq ? "seq went backwards" : "seq skipped events";
+        td_rcache_clear(c, false);
+        c->seq = ev->seq;
+        return TD_ERR_PROTO;
+    }
+    c->seq = ev->seq;
+    if (ev->cleared) {
+        td_rcache_clear(c, false);
+        was_over = false;
+    }
+    for (size_t i = 0; i < ev->nadded; i++) {
+        if (ev->added[i] == 0) {
+            *why = "hash 0 added";
+            td_rcache_clear(c, false);
+            return TD_ERR_PROTO;
+        }
+        st = add(c, ev->added[i]);
+        if (st == TD_ERR_TOO_BIG) {
+            c->over = true;
+        } else if (st != TD_OK) {
+            td_rcache_clear(c, false);
+            return st;
+        }
+    }
+    for (size_t i = 0; i < ev->nremoved; i++)
+        if (ev->removed[i] != 0)
+            del(c, ev->removed[i]);
+    return c->over && !was_over ? TD_ERR_TOO_BIG : TD_OK;
+}
+
+/* ======================================================================= */
+/* A prompt's hashes                                                         */
+/* ======================================================================= */
+
+void
+td_rcache_prompt_init(td_rcache_prompt_t *p, uint64_t seed, const int32_t *tokens,
+                      size_t ntokens)
+{
+    memset(p, 0, sizeof *p);
+    p->seed = seed;
+    p->tokens = tokens;
+    p->ntokens = ntokens;
+}
+
+void
+td_rcache_prompt_fini(td_rcache_prompt_t *p)
+{
+    for (size_t i = 0; i < TD_RCACHE_PROMPT_SIZES; i++)
+        free(p->by[i].h);
+    memset(p, 0, sizeof *p);
+}
+
+const uint64_t *
+td_rcache_prompt_hashes(td_rcache_prompt_t *p, uint32_t g, size_t *n)
+{
+    size_t i, nb = g ? p->ntokens / g : 0;
+
+    *n = 0;
+    if (nb == 0)
+        return NULL;
+    for (i = 0; i < TD_RCACHE_PROMPT_SIZES; i++)
+        if (p->by[i].g == g || p->by[i].g == 0)
+            break;
+    if (i == TD_RCACHE_PROMPT_SIZES)   /* more sizes than slots: the last is recomputed */
+        i = TD_RCACHE_PROMPT_SIZES - 1;
+    if (p->by[i].g != g) {
+        uint64_t *h = realloc(p->by[i].h, nb * sizeof *h);
+        if (!h)
+            return NULL;
+        p->by[i].h = h;
+        p->by[i].g = g;
+        p->by[i].n = td_chain_hashes(p->seed, p->tokens, p->ntokens, g, h, nb);
+    }
+    *n = p->by[i].n;
+    return p->by[i].h;
+}
