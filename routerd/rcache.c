@@ -129,7 +129,10 @@ td_rcache_apply(td_rcache_t *c, const td_rcache_event_t *ev, const char **why)
     bool was_over = c->over;
     td_status_t st = TD_OK;
 
-    if (ev->seq != c->seq + 1) {
+    /* a cleared event replaces everything: it may follow a gap (the rank
+     * numbers its events over all its routers; one that joined late starts
+     * from its first full list) */
+    if (ev->seq != c->seq + 1 && !(ev->cleared && ev->seq > c->seq)) {
         *why = ev->seq <= c->seq ? "seq went backwards" : "seq skipped events";
         td_rcache_clear(c, false);
         c->seq = ev->seq;

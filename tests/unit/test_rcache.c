@@ -42,6 +42,9 @@ test_events(void)
         { 4, false, { 22, 0, 0 }, { 0, 0 }, TD_OK, 1, 22, 21 },    /* goes on after it */
         { 9, false, { 23, 0, 0 }, { 0, 0 }, TD_ERR_PROTO, 0, 0, 22 },  /* seq skipped */
         { 2, false, { 23, 0, 0 }, { 0, 0 }, TD_ERR_PROTO, 0, 0, 22 },  /* backwards */
+        { 14, true, { 30, 31, 0 }, { 0, 0 }, TD_OK, 2, 31, 23 },    /* a full list skips */
+        { 15, false, { 0, 0, 0 }, { 30, 0 }, TD_OK, 1, 31, 30 },
+        { 15, true, { 32, 0, 0 }, { 0, 0 }, TD_ERR_PROTO, 0, 0, 32 },  /* but not back */
     };
     td_rcache_t c;
 
