@@ -82,7 +82,8 @@ typedef struct {
     void (*req_destroy)(td_engine_req_t *req);
     /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`:
      * this is the prompt's final chunk, so fixed segments come out too. The
-     * first chunk resets the fixed segments (empty rings, zero counters). */
+     * first chunk (ntokens 0) resets the fixed segments (empty rings, zero
+     * counters); after seek and replay, prefill continues their state. */
     td_status_t (*prefill)(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                            td_engine_layer_fn fn, void *arg);
     /* Take over a request whose prefill ran elsewhere: its KV memory holds
