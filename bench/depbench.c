@@ -262,9 +262,9 @@ db_rank_main(void *arg)
         for (size_t i = k->rank; i < R; i += r->n)
             k->seqs[k->nseqs++] = s == 0 ? (td_forward_seq_t){ &r->caches[i], r->prompts[i],
                                                                (size_t)o->prompt,
-                                                               r->logits + i * V, 0 }
+                                                               r->logits + i * V, 0, 0 }
                                          : (td_forward_seq_t){ &r->caches[i], &r->next[i], 1,
-                                                               r->logits + i * V, 0 };
+                                                               r->logits + i * V, 0, 0 };
         pthread_barrier_wait(&r->bar);
         if (s == r->first && k->dep != NULL) {
             td_comm_stats(k->comm, &k->c0);

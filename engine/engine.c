@@ -167,6 +167,65 @@ td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
     return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n));
 }
 
+/* ---- Bounded replay ------------------------------------------------------------ */
+
+uint64_t
+td_engine_replay_bound(const td_engine_t *e)
+{
+    return e->ops->replay_bound != NULL ? e->ops->replay_bound(e) : 0;
+}
+
+static td_status_t
+engine_no_replay(const td_engine_req_t *req, const char *what)
+{
+    td_error("engine %s: cannot %s (no bounded replay)", req->engine->name, what);
+    return TD_ERR_UNSUPPORTED;
+}
+
+td_status_t
+td_engine_seek(td_engine_req_t *req, const int32_t *tokens, uint64_t pos)
+{
+    td_status_t st;
+
+    if (req->engine->ops->seek == NULL)
+        return engine_no_replay(req, "seek");
+    if (req->ntokens != 0) {
+        td_error("engine %s: seek in a request that has tokens", req->engine->name);
+        return TD_ERR_STATE;
+    }
+    st = engine_check_append(req, tokens, (size_t)pos);
+    if (st != TD_OK)
+        return st;
+    return engine_prompt_done(req, req->engine->ops->seek(req, tokens, pos));
+}
+
+td_status_t
+td_engine_replay(td_engine_req_t *req, const int32_t *tokens, size_t n, uint64_t frozen)
+{
+    td_status_t st;
+
+    if (req->engine->ops->replay == NULL)
+        return engine_no_replay(req, "replay");
+    if (n == 0) {
+        td_error("engine %s: replay needs tokens", req->engine->name);
+        return TD_ERR_INVALID;
+    }
+    if (req->ntokens != req->prompt) {
+        td_error("engine %s: replay after decode", req->engine->name);
+        return TD_ERR_STATE;
+    }
+    if (frozen < req->ntokens || n > frozen - req->ntokens) {
+        td_error("engine %s: replay of %zu tokens at %llu crosses the frozen prefix of %llu",
+                 req->engine->name, n, (unsigned long long)req->ntokens,
+                 (unsigned long long)frozen);
+        return TD_ERR_RANGE;
+    }
+    st = engine_check_append(req, tokens, n);
+    if (st != TD_OK)
+        return st;
+    return engine_prompt_done(req, req->engine->ops->replay(req, tokens, n, frozen));
+}
+
 td_status_t
 td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out)
 {

@@ -1,7 +1,8 @@
 /* engine/engine.h — what the daemons see of a model: its KV layout, chunked
  * prefill that tells the caller after each layer which entries of the
  * request's KV it finished, adoption of a request prefilled elsewhere, one
- * decode step over a batch, and sampling. A request's KV lives in memory the
+ * decode step over a batch, sampling, and the bounded replay that rebuilds a
+ * request's fixed state at the end of a cached prefix. A request's KV lives in memory the
  * caller owns (a rank's pools, td_layout_kv_t): the engine reads and writes
  * it there and keeps no copy. Nothing model-specific leaks out: every engine
  * ("synthetic", "deepseek-v41") is an ops table.
@@ -81,7 +82,8 @@ typedef struct {
     void (*req_destroy)(td_engine_req_t *req);
     /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`:
      * this is the prompt's final chunk, so fixed segments come out too. The
-     * first chunk resets the fixed segments (empty rings, zero counters). */
+     * first chunk (ntokens 0) resets the fixed segments (empty rings, zero
+     * counters); after seek and replay, prefill continues their state. */
     td_status_t (*prefill)(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                            td_engine_layer_fn fn, void *arg);
     /* Take over a request whose prefill ran elsewhere: its KV memory holds
@@ -110,6 +112,19 @@ typedef struct {
     td_status_t (*pass_empty)(td_engine_t *e);
     uint64_t (*passes)(const td_engine_t *e);
     uint32_t (*expert_tokens)(const td_engine_t *e, uint64_t *out, uint32_t cap);
+    /* Bounded replay (docs/kvcache.md, "Replay bound"); all three NULL for
+     * an engine that cannot. seek: the fresh request's state placed at
+     * position pos of tokens[0..pos) with no forward pass: fixed segments
+     * empty but for what needs none (the engram look-back of the last
+     * tokens, the counters). replay: one prefill pass of tokens[0..n) at
+     * req->ntokens (a DEP rank's one pass) that computes, writes and reports
+     * no paged entry whose tokens all lie below frozen and reads those from
+     * the KV memory as they are; the first chunk of a fresh request resets
+     * its state as prefill's does. replay_bound: the engine's B (>= 1). */
+    td_status_t (*seek)(td_engine_req_t *req, const int32_t *tokens, uint64_t pos);
+    td_status_t (*replay)(td_engine_req_t *req, const int32_t *tokens, size_t n,
+                          uint64_t frozen);
+    uint64_t (*replay_bound)(const td_engine_t *e);
 } td_engine_ops_t;
 
 struct td_engine {
@@ -152,6 +167,35 @@ td_status_t td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_
 /* Adopt a prompt prefilled elsewhere whose KV arrived in the request's KV
  * memory (see ops.adopt). */
 td_status_t td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n);
+/* ---- Bounded replay (docs/kvcache.md, "Replay bound") --------------------------
+ * A request whose paged entries of a prompt prefix tokens[0..p) are given
+ * (a prefix cache's shared blocks, read-only) rebuilds the fixed state at p
+ * (window rings, partial groups, engram look-back, counters) bit for bit as
+ * a cold prefill of tokens[0..p) leaves it: td_engine_seek(req, tokens, s)
+ * with s = p - B (0 when p < B, B = td_engine_replay_bound), then
+ * td_engine_replay of tokens[s..p) with frozen = p, in one chunk or several;
+ * td_engine_prefill then continues with tokens[p..] as it would after the
+ * cold prefill (same logits, same entries). Neither call writes a paged
+ * entry below p. An engine without replay answers both with
+ * TD_ERR_UNSUPPORTED (logged) and its bound is 0. */
+
+/* B: the fewest tokens whose replay gives the fixed state at every p >= B
+ * exactly; 0: the engine cannot replay. */
+uint64_t td_engine_replay_bound(const td_engine_t *e);
+/* Place a fresh request (no tokens yet) at position pos of tokens[0..pos)
+ * with nothing computed: fixed segments empty, the engram look-back holding
+ * tokens[pos - E..pos), counters pos; ntokens and prompt become pos.
+ * TD_ERR_STATE for a request with tokens; tokens outside the vocabulary or
+ * pos past the capacity: TD_ERR_INVALID / TD_ERR_RANGE. */
+td_status_t td_engine_seek(td_engine_req_t *req, const int32_t *tokens, uint64_t pos);
+/* One prefill chunk of tokens[0..n) (n >= 1) continuing at req->ntokens,
+ * one forward pass, no layer callback, no logits: every paged entry whose
+ * tokens all lie below frozen is neither written nor reported and is read
+ * as the KV memory holds it. req->ntokens + n <= frozen (TD_ERR_RANGE);
+ * after a decode step: TD_ERR_STATE. A failure makes the request unusable. */
+td_status_t td_engine_replay(td_engine_req_t *req, const int32_t *tokens, size_t n,
+                             uint64_t frozen);
+
 /* Take `token`, sampled elsewhere (the prefill rank), as the token at the
  * request's end: the finish it brings under the request's sampling.
  * TD_ERR_INVALID for a token outside the vocabulary. */

@@ -1,6 +1,7 @@
 /* model/cache.c — the per-request cache of the DeepSeek-V4.1 forward pass as
  * a view of the caller's KV memory laid out by the cache plan (cacheplan.c):
- * reset, the token counter, and checking a state written elsewhere. */
+ * reset, placing an empty state at a position (replay), the token counter,
+ * and checking a state written elsewhere. */
 #include "cache.h"
 
 #include <string.h>
@@ -28,6 +29,22 @@ td_cache_reset(td_cache_t *c)
     for (uint32_t s = 0; s < l->nsegs; s++)
         if (l->segs[s].kind == TD_LAYOUT_FIXED)
             memset(td_cache_fixed(c, s), 0, td_layout_seg_bytes(&l->segs[s], 0));
+}
+
+void
+td_cache_seek(td_cache_t *c, const int32_t *tokens, uint64_t pos)
+{
+    const td_cache_plan_t *p = c->plan;
+
+    td_cache_reset(c);
+    if (p->engram >= 0) {
+        unsigned char *ring = td_cache_fixed(c, (uint32_t)p->engram);
+
+        /* slot s holds the latest token t < pos with t % slots == s */
+        for (uint64_t t = pos > p->engram_slots ? pos - p->engram_slots : 0; t < pos; t++)
+            memcpy(ring + t % p->engram_slots * sizeof(int32_t), &tokens[t], sizeof(int32_t));
+    }
+    td_cache_set_tokens(c, pos);
 }
 
 uint64_t

@@ -30,6 +30,12 @@ td_status_t td_cache_init(td_cache_t *c, const td_cache_plan_t *p, const td_layo
  * they are read again). */
 void td_cache_reset(td_cache_t *c);
 
+/* The empty state placed at position pos of tokens[0..pos) (a bounded
+ * replay's start): every fixed segment zero but the engram look-back, which
+ * holds the last of those tokens as td_cache_check wants them, and the
+ * counters, pos. Paged entries are not touched. */
+void td_cache_seek(td_cache_t *c, const int32_t *tokens, uint64_t pos);
+
 /* Tokens seen (the counters segment). */
 uint64_t td_cache_tokens(const td_cache_t *c);
 void td_cache_set_tokens(td_cache_t *c, uint64_t n);

@@ -262,8 +262,9 @@ fw_engram(fw_t *f, uint32_t l)
 /* ---- compressor and indexer (CSA2) -------------------------------------------------- */
 
 /* The kv source layer l for request s: pool the groups that complete in this
- * call, publish their indexer keys and compressed KV into the cache, and hand
- * the group the running compressed KV. */
+ * call, publish their indexer keys and compressed KV into the cache (but for
+ * the frozen ones, which the cache holds already), and hand the group the
+ * running compressed KV, which every layer reads from the cache. */
 static td_status_t
 fw_compress(fw_t *f, uint32_t l, size_t s)
 {
@@ -275,7 +276,8 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
     fw_shared_t *sh = &f->sh[s];
     size_t n = f->seqs[s].n, r0 = f->row0[s], hd = f->hd, r = (size_t)cl->ratio;
     uint64_t p0 = f->p0[s], e0 = p0 / r;
-    size_t G, b = 0;
+    uint64_t ef = f->seqs[s].frozen / r;   /* entries below ef are frozen */
+    size_t G, g0, b = 0;
     float *lat = NULL, *kvb = NULL, *gb = NULL, *tmp = NULL;
     int64_t *gpos = NULL;
     td_status_t st = TD_OK;
@@ -289,7 +291,8 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
             st = fw_nomem(f, "compressor");
             goto out;
         }
-        memcpy(lat, f->ckv + r0 * hd, G * hd * sizeof(float));
+        g0 = ef > e0 ? (size_t)(ef - e0 < G ? ef - e0 : G) : 0;
+        memcpy(lat + g0 * hd, f->ckv + (r0 + g0) * hd, (G - g0) * hd * sizeof(float));
         for (size_t i = 0; i < G; i++)
             gpos[i] = (int64_t)(p0 + i);
     } else {
@@ -312,8 +315,10 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         }
         memcpy(kvb + b * hd, f->ckv + r0 * hd, n * hd * sizeof(float));
         memcpy(gb + b * hd, f->cg + r0 * hd, n * hd * sizeof(float));
-        if (G > 0)
-            FW_TRY(f->k->gate_pool(kvb, gb, G, r, hd, lat));
+        g0 = ef > e0 ? (size_t)(ef - e0 < G ? ef - e0 : G) : 0;
+        if (G > g0)
+            FW_TRY(f->k->gate_pool(kvb + g0 * r * hd, gb + g0 * r * hd, G - g0, r, hd,
+                                   lat + g0 * hd));
         /* a ring of r slots: token t in slot t % r (buffer row j is token
          * e0 * r + j), so the open group's tokens sit in slots 0, 1, ... */
         for (size_t j = tot > r ? tot - r : 0; j < tot; j++) {
@@ -325,26 +330,30 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
             gpos[g] = (int64_t)((e0 + g) * r);
     }
 
-    if (G > 0) {
-        FW_TRY(f->k->rmsnorm(lat, L->cmp_norm, eps, G, hd, lat));
+    if (G > g0) {   /* the groups [g0, G) (every op is row by row: the same bits) */
+        size_t ng = G - g0;
+        float *lg = lat + g0 * hd;
+        const int64_t *pg = gpos + g0;
+        FW_TRY(f->k->rmsnorm(lg, L->cmp_norm, eps, ng, hd, lg));
         if (cl->owns_index_k) {
             size_t idh = (size_t)f->c->index_head_dim;
-            tmp = malloc(G * (idh > hd ? idh : hd) * sizeof(float));
+            tmp = malloc(ng * (idh > hd ? idh : hd) * sizeof(float));
             if (tmp == NULL) {
                 st = fw_nomem(f, "compressor");
                 goto out;
             }
-            FW_TRY(f->k->linear_mat(lat, L->idx_wk, tmp, G));
-            FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, G, idh, tmp));
-            FW_TRY(f->k->rope(tmp, G, 1, idh, f->rd, gpos, f->m->inv_freq_compress,
+            FW_TRY(f->k->linear_mat(lg, L->idx_wk, tmp, ng));
+            FW_TRY(f->k->rmsnorm(tmp, L->idx_k_norm, eps, ng, idh, tmp));
+            FW_TRY(f->k->rope(tmp, ng, 1, idh, f->rd, pg, f->m->inv_freq_compress,
                               f->m->rope_scale_compress, 0));
-            st = fw_store_seg(f, plan->index_fmt, (uint32_t)idh, tmp, G, cache, sg->index, e0);
+            st = fw_store_seg(f, plan->index_fmt, (uint32_t)idh, tmp, ng, cache, sg->index,
+                              e0 + g0);
             if (st != TD_OK)
                 goto out;
         }
-        FW_TRY(f->k->rope(lat, G, 1, hd, f->rd, gpos, f->m->inv_freq_compress,
+        FW_TRY(f->k->rope(lg, ng, 1, hd, f->rd, pg, f->m->inv_freq_compress,
                           f->m->rope_scale_compress, 0));
-        st = fw_store_seg(f, plan->kv_fmt, (uint32_t)hd, lat, G, cache, sg->kv, e0);
+        st = fw_store_seg(f, plan->kv_fmt, (uint32_t)hd, lg, ng, cache, sg->kv, e0 + g0);
         if (st != TD_OK)
             goto out;
     }
@@ -1655,7 +1664,7 @@ td_status_t
 td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens, size_t n,
                    int all_logits, float *logits)
 {
-    td_forward_seq_t s = { c, tokens, n, logits, all_logits };
+    td_forward_seq_t s = { c, tokens, n, logits, all_logits, 0 };
     return td_forward(m, &s, 1, NULL, NULL);
 }
 

@@ -143,13 +143,17 @@ td_status_t td_model_hash_multipliers(uint64_t layer_id, uint32_t max_ngram,
 
 /* One request's part of a forward call: n tokens appended at the cache's
  * position. logits: NULL (none), or [n, vocab_size] with all_logits, else
- * [1, vocab_size] (the last position). */
+ * [1, vocab_size] (the last position). frozen: the paged entries (compressed
+ * KV, indexer keys) whose tokens all lie below it are the cache's as they
+ * are (a cached prefix, read-only): the pass neither computes nor writes
+ * them and reads them from the cache like every entry (0: none). */
 typedef struct {
     td_cache_t *cache;
     const int32_t *tokens;      /* [n] */
     size_t n;                   /* >= 1 */
     float *logits;
     int all_logits;
+    uint64_t frozen;
 } td_forward_seq_t;
 
 /* What one layer of a pass finished, for every sequence s: the layer's

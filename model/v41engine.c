@@ -3,7 +3,8 @@
  * KV memory its caller gave (the engine's layout is the cache plan's), so
  * prefill writes every entry where it will be sent from, a layer's pieces
  * are named right after that layer runs, adopt takes received memory as it
- * is and decode appends into the same blocks. docs/engine.md.
+ * is, decode appends into the same blocks and a bounded replay rebuilds
+ * the fixed state over a cached prefix's blocks. docs/engine.md.
  * As one rank of a DEP group (create_group) it holds only its experts and
  * every call is that rank's td_forward_dep pass (docs/dep.md). */
 #include "engine.h"
@@ -25,6 +26,7 @@ typedef struct {
     uint32_t *layer_first;     /* [layers + 1]: segments of layer L are
                                   [layer_first[L], layer_first[L + 1]) */
     uint32_t layer_most;       /* the most segments of one layer */
+    uint64_t replay_bound;     /* docs/kvcache.md, "Replay bound" */
     td_placement_t *placement; /* a DEP group's rank: the group's placement (owned) */
     td_forward_dep_t *dep;     /*   and this rank's side of it (owned); NULL: no group */
     char kind[160];
@@ -56,6 +58,28 @@ v41_destroy(td_engine_t *e)
 }
 
 static const td_engine_ops_t v41_group_ops;
+
+/* The replay bound of a plan (docs/kvcache.md, "Replay bound"): with w
+ * window slots, the fixed state of layer l (its w window keys, its r
+ * partial-group slots) is computed from layer l - 1's output, which is exact
+ * only l windows after the replay's start; so B = max over the layers of
+ * l * w + max(w, r_l) (r_l = 0 for a layer without a partial group). */
+static uint64_t
+v41_bound(const td_cache_plan_t *p)
+{
+    uint64_t w = p->window_slots, b = 0;
+
+    for (uint32_t l = 0; l < p->nlayers; l++) {
+        uint64_t r = 0, need;
+
+        if (p->layers[l].partial >= 0)
+            r = p->layout->segs[p->layers[l].partial].entries;
+        need = (uint64_t)l * w + (r > w ? r : w);
+        if (need > b)
+            b = need;
+    }
+    return b;
+}
 
 /* The engine around a loaded model (owned from here on, also on failure);
  * with group, one rank of a DEP group (placement owned from here on too). */
@@ -101,6 +125,7 @@ v41_wrap(const char *dir, td_model_t *m, td_placement_t *placement, td_comm_t *c
         if (L > 0 && v->layer_first[L] - v->layer_first[L - 1] > v->layer_most)
             v->layer_most = v->layer_first[L] - v->layer_first[L - 1];
     }
+    v->replay_bound = v41_bound(m->plan);
     v->base.ops = v->dep != NULL ? &v41_group_ops : &v41_ops;
     if (v->dep != NULL) {
         size_t k = strlen(v->kind);
@@ -275,7 +300,7 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
 {
     v41_t *v = (v41_t *)req->engine;
     v41_req_t *r = (v41_req_t *)req;
-    td_forward_seq_t seq = { &r->cache, tokens, n, r->logits, 0 };
+    td_forward_seq_t seq = { &r->cache, tokens, n, r->logits, 0, 0 };
     v41_hook_t hook = { v, &r, last, 1, NULL, fn, arg, TD_OK };
     td_status_t st;
 
@@ -293,6 +318,40 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
         r->have_logits = 1;
     free(hook.pieces);
     return st;
+}
+
+/* Bounded replay: the empty state at pos (td_cache_seek), then passes that
+ * leave the frozen prefix's paged entries as the memory holds them. */
+static td_status_t
+v41_seek(td_engine_req_t *req, const int32_t *tokens, uint64_t pos)
+{
+    v41_req_t *r = (v41_req_t *)req;
+
+    td_cache_seek(&r->cache, tokens, pos);
+    req->ntokens = pos;
+    r->have_logits = 0;
+    return TD_OK;
+}
+
+static td_status_t
+v41_replay(td_engine_req_t *req, const int32_t *tokens, size_t n, uint64_t frozen)
+{
+    v41_t *v = (v41_t *)req->engine;
+    v41_req_t *r = (v41_req_t *)req;
+    td_forward_seq_t seq = { &r->cache, tokens, n, NULL, 0, frozen };
+    v41_hook_t hook = { v, &r, 0, 0, NULL, NULL, NULL, TD_OK };
+
+    r->have_logits = 0;
+    if (req->ntokens == 0)   /* as prefill's first chunk */
+        td_cache_reset(&r->cache);
+    req->ntokens += n;
+    return v41_pass(v, &seq, 1, &hook, 0);   /* logs its failures */
+}
+
+static uint64_t
+v41_replay_bound(const td_engine_t *e)
+{
+    return ((const v41_t *)e)->replay_bound;
 }
 
 /* The KV memory already holds the state after the prompt (received): it is
@@ -331,7 +390,7 @@ v41_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn f
         v41_req_t *r = (v41_req_t *)rows[i].req;
 
         reqs[i] = r;
-        seqs[i] = (td_forward_seq_t){ &r->cache, &rows[i].token, 1, r->logits, 0 };
+        seqs[i] = (td_forward_seq_t){ &r->cache, &rows[i].token, 1, r->logits, 0, 0 };
         r->have_logits = 0;
         r->base.ntokens++;
     }
@@ -412,6 +471,9 @@ static const td_engine_ops_t v41_ops = {
     .adopt = v41_adopt,
     .decode = v41_decode,
     .logits = v41_logits,
+    .seek = v41_seek,
+    .replay = v41_replay,
+    .replay_bound = v41_replay_bound,
 };
 
 static const td_engine_ops_t v41_group_ops = {
@@ -422,6 +484,9 @@ static const td_engine_ops_t v41_group_ops = {
     .adopt = v41_adopt,
     .decode = v41_decode,
     .logits = v41_logits,
+    .seek = v41_seek,
+    .replay = v41_replay,
+    .replay_bound = v41_replay_bound,
     .pass_empty = v41_pass_empty,
     .passes = v41_passes,
     .expert_tokens = v41_expert_tokens,

@@ -704,7 +704,7 @@ gen_add(gen_t *g, size_t i, const int32_t *tokens, size_t n)
     gen_req_t *q = &g->reqs[i];
     gen_rank_t *r = &g->ranks[q->rank];
 
-    r->seqs[r->nseqs++] = (td_forward_seq_t){ &q->cache, tokens, n, q->logits, 0 };
+    r->seqs[r->nseqs++] = (td_forward_seq_t){ &q->cache, tokens, n, q->logits, 0, 0 };
 }
 
 /* One forward pass of every rank with what gen_add put in, then the step

@@ -266,6 +266,15 @@ synth_emit_layer(synth_t *s, synth_req_t *r, uint32_t L, uint64_t n0, int with_f
     return fn(&r->base, L, r->pieces, np, arg);
 }
 
+/* A fresh request's rings are empty. */
+static void
+synth_reset_fixed(const synth_t *s, td_engine_req_t *req)
+{
+    for (uint32_t i = 0; i < s->layout->nsegs; i++)
+        if (s->layout->segs[i].kind == TD_LAYOUT_FIXED)
+            memset(req->kv.fixed[i], 0, td_layout_seg_bytes(&s->layout->segs[i], 0));
+}
+
 static td_status_t
 synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
               td_engine_layer_fn fn, void *arg)
@@ -276,9 +285,7 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     td_status_t st;
 
     if (n0 == 0)   /* a fresh request's rings are empty */
-        for (uint32_t i = 0; i < s->layout->nsegs; i++)
-            if (s->layout->segs[i].kind == TD_LAYOUT_FIXED)
-                memset(req->kv.fixed[i], 0, td_layout_seg_bytes(&s->layout->segs[i], 0));
+        synth_reset_fixed(s, req);
     st = synth_append(r, tokens, n);
     if (st != TD_OK)
         return st;
@@ -291,6 +298,93 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     return TD_OK;
 }
 
+/* ---- Bounded replay -------------------------------------------------------------
+ * Every byte is a hash of the prefix up to its token, and the prefix hashes
+ * come from the tokens alone: seek computes them (no KV), a replay chunk
+ * writes the fixed segments whole, so one replayed token rebuilds the state
+ * exactly (the bound is 1). As adopt does, replay checks the frozen paged
+ * entries its tokens complete: a cache that hands out wrong bytes is caught. */
+
+static td_status_t
+synth_seek(td_engine_req_t *req, const int32_t *tokens, uint64_t pos)
+{
+    synth_t *s = (synth_t *)req->engine;
+
+    synth_reset_fixed(s, req);
+    return synth_append((synth_req_t *)req, tokens, (size_t)pos);
+}
+
+/* Entries [first, end) of segment seg (paged, or a fixed one's slots) hold
+ * what this engine computes for them at the request's length;
+ * TD_ERR_MISMATCH, logged with what: "<what> kv differs: ...". */
+static td_status_t
+synth_check_entries(const synth_t *s, const synth_req_t *r, uint32_t seg, uint64_t first,
+                    uint64_t end, const char *what)
+{
+    const td_layout_seg_t *sg = &s->layout->segs[seg];
+    unsigned char *want = malloc(sg->entry_bytes);
+
+    if (want == NULL)
+        return TD_ERR_NOMEM;
+    for (uint64_t e = first; e < end; e++) {
+        const unsigned char *got = td_layout_kv_entry(&r->base.kv, seg, e);
+
+        synth_seg_bytes(s, r, seg, e, 1, want);
+        if (memcmp(want, got, sg->entry_bytes) != 0) {
+            uint32_t b = 0;
+
+            while (want[b] == got[b])
+                b++;
+            td_error("engine synthetic: %s kv differs: segment %s entry %llu byte %u", what,
+                     sg->name, (unsigned long long)e, b);
+            free(want);
+            return TD_ERR_MISMATCH;
+        }
+    }
+    free(want);
+    return TD_OK;
+}
+
+static td_status_t
+synth_replay(td_engine_req_t *req, const int32_t *tokens, size_t n, uint64_t frozen)
+{
+    synth_t *s = (synth_t *)req->engine;
+    synth_req_t *r = (synth_req_t *)req;
+    uint64_t n0 = req->ntokens, deadline = td_clock_ns();
+    td_status_t st;
+
+    if (n0 == 0)
+        synth_reset_fixed(s, req);
+    st = synth_append(r, tokens, n);
+    if (st != TD_OK)
+        return st;
+    td_clock_wait(&deadline, s->prefill_us * (double)n * s->layout->layers);
+    for (uint32_t i = 0; i < s->layout->nsegs; i++) {
+        const td_layout_seg_t *sg = &s->layout->segs[i];
+        uint64_t end = td_layout_entries(sg, req->ntokens), fz = frozen / sg->ratio;
+
+        if (sg->kind == TD_LAYOUT_FIXED) {
+            synth_seg_store(s, r, i, 0, sg->entries);
+            continue;
+        }
+        /* the entries this chunk completes: frozen ones are read, the rest
+         * (none while ntokens <= frozen) written */
+        uint64_t first = td_layout_entries(sg, n0), mid = fz < first ? first : fz < end ? fz : end;
+        st = synth_check_entries(s, r, i, first, mid, "replay: the cached prefix's");
+        if (st != TD_OK)
+            return st;
+        synth_seg_store(s, r, i, mid, end - mid);
+    }
+    return TD_OK;
+}
+
+static uint64_t
+synth_replay_bound(const td_engine_t *e)
+{
+    (void)e;
+    return 1;
+}
+
 /* The received state must be exactly what this engine computes for the
  * prompt: every complete paged entry and every fixed segment. */
 static td_status_t
@@ -299,42 +393,11 @@ synth_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
     synth_t *s = (synth_t *)req->engine;
     synth_req_t *r = (synth_req_t *)req;
     td_status_t st = synth_append(r, tokens, n);
-    unsigned char *want = NULL;
-    size_t cap = 0;
 
-    if (st != TD_OK)
-        return st;
-    for (uint32_t i = 0; i < s->layout->nsegs; i++) {
-        const td_layout_seg_t *sg = &s->layout->segs[i];
-        uint64_t count = td_layout_entries(sg, n);
-
-        if (sg->entry_bytes > cap) {
-            unsigned char *w = realloc(want, sg->entry_bytes);
-            if (w == NULL) {
-                free(want);
-                return TD_ERR_NOMEM;
-            }
-            want = w;
-            cap = sg->entry_bytes;
-        }
-        for (uint64_t e = 0; e < count; e++) {
-            const unsigned char *got = td_layout_kv_entry(&req->kv, i, e);
-
-            synth_seg_bytes(s, r, i, e, 1, want);
-            if (memcmp(want, got, sg->entry_bytes) != 0) {
-                uint32_t b = 0;
-
-                while (want[b] == got[b])
-                    b++;
-                td_error("engine synthetic: adopt: received kv differs: segment %s entry "
-                         "%llu byte %u", sg->name, (unsigned long long)e, b);
-                free(want);
-                return TD_ERR_MISMATCH;
-            }
-        }
-    }
-    free(want);
-    return TD_OK;
+    for (uint32_t i = 0; st == TD_OK && i < s->layout->nsegs; i++)
+        st = synth_check_entries(s, r, i, 0, td_layout_entries(&s->layout->segs[i], n),
+                                 "adopt: received");
+    return st;
 }
 
 static td_status_t
@@ -470,4 +533,7 @@ static const td_engine_ops_t synth_ops = {
     .adopt = synth_adopt,
     .decode = synth_decode,
     .logits = synth_logits,
+    .seek = synth_seek,
+    .replay = synth_replay,
+    .replay_bound = synth_replay_bound,
 };

@@ -138,7 +138,7 @@ rank_main(void *arg)
                 continue;
             size_t k = lens[i] - at < chunk[i] ? lens[i] - at : chunk[i];
             seqs[n++] = (td_forward_seq_t){ &rr->caches[i], prompts[i] + at, k,
-                                            rr->out->pre[i] + at * V, 1 };
+                                            rr->out->pre[i] + at * V, 1, 0 };
         }
         rr->st = run_pass(rr, seqs, n, step);
         if (rr->st != TD_OK)
@@ -153,7 +153,7 @@ rank_main(void *arg)
                 continue;
             rr->out->tok[i][d] = next[i];
             seqs[n++] = (td_forward_seq_t){ &rr->caches[i], &rr->out->tok[i][d], 1,
-                                            rr->out->dec[i] + d * V, 0 };
+                                            rr->out->dec[i] + d * V, 0, 0 };
         }
         rr->st = run_pass(rr, seqs, n, step);
         if (rr->st != TD_OK)

@@ -868,7 +868,7 @@ test_consistency(const char *name, const char *args)
      * with it the pass gives the same logits */
     {
         hook_t h = { m, 0, -1, 0, 0 };
-        td_forward_seq_t sq = { &c, tok, T, got, 1 };
+        td_forward_seq_t sq = { &c, tok, T, got, 1, 0 };
         uint64_t want = 0;
 
         td_cache_reset(&c);
