@@ -19,6 +19,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "xxh64.h"
 
@@ -34,6 +35,7 @@
 #define MAX_G         (1u << 20)
 #define MAX_PART      (1ull << 40)
 #define NAME_LEN      32
+#define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
 enum { OFF_CSUM = 8, OFF_VERSION = 16, OFF_G = 20, OFF_LAYOUT = 24, OFF_SEED = 32,
        OFF_HASH = 40, OFF_PARENT = 48, OFF_END = 56, OFF_PAYLOAD = 64, OFF_SNAP = 72 };
@@ -233,6 +235,7 @@ map_init(map_t *m)
 
 /* ---- The object ------------------------------------------------------------- */
 typedef struct ent ent_t;
+typedef struct rbatch rbatch_t;
 typedef struct {
     ent_t *prev, *next;
 } link_t;
@@ -248,6 +251,7 @@ struct ent {                    /* one hash held by the host tier, the SSD tier 
     bool ssd;                   /* its file is in the SSD index */
     uint32_t ssd_g;
     uint64_t ssd_bytes, ssd_payload, ssd_snapshot, ssd_gen;
+    uint64_t ssd_mtime_ns;      /* td_clock_ns when its mtime was last set by us */
     link_t sl;                  /* in the SSD LRU while ssd */
 };
 
@@ -291,6 +295,15 @@ struct td_kvtier {
     uint64_t gen;               /* SSD entries made so far */
     uint64_t disk_bytes;        /* index + temp file + files not yet deleted */
     td_kvtier_stats_t st;
+
+    /* the reader threads of get_many (rmu: rb, rb_seq, rstop, helpers) */
+    pthread_t *readers;
+    uint32_t nreaders;
+    pthread_mutex_t rmu, rbusy;
+    pthread_cond_t rwork, rdone;
+    rbatch_t *rb;
+    uint64_t rb_seq;
+    bool rstop;
 };
 
 static void
@@ -459,6 +472,7 @@ ssd_index(td_kvtier_t *kt, ent_t *e, uint32_t g, uint64_t bytes, uint64_t payloa
     e->ssd_payload = payload;
     e->ssd_snapshot = snapshot;
     e->ssd_gen = ++kt->gen;
+    e->ssd_mtime_ns = td_clock_ns();
     lru_append(&kt->ssd_lru, e, slink);
     kt->st.ssd_bytes += bytes;
     kt->st.ssd_records++;
@@ -883,6 +897,8 @@ cleanup:
 }
 
 /* ---- Create and destroy ----------------------------------------------------- */
+static void *reader_main(void *arg);   /* below, with get_many */
+
 static td_status_t
 ssd_open(td_kvtier_t *kt)
 {
@@ -932,6 +948,11 @@ kt_free(td_kvtier_t *kt)
         close(kt->lockfd);
     if (kt->dirfd >= 0)
         close(kt->dirfd);
+    free(kt->readers);
+    pthread_cond_destroy(&kt->rdone);
+    pthread_cond_destroy(&kt->rwork);
+    pthread_mutex_destroy(&kt->rbusy);
+    pthread_mutex_destroy(&kt->rmu);
     pthread_cond_destroy(&kt->idle);
     pthread_cond_destroy(&kt->work);
     pthread_mutex_destroy(&kt->mu);
@@ -944,6 +965,7 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
 {
     td_kvtier_t *kt = calloc(1, sizeof(*kt));
     td_status_t st;
+    int rc;
 
     if (kt == NULL)
         return TD_ERR_NOMEM;
@@ -955,6 +977,10 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     pthread_mutex_init(&kt->mu, NULL);
     pthread_cond_init(&kt->work, NULL);
     pthread_cond_init(&kt->idle, NULL);
+    pthread_mutex_init(&kt->rmu, NULL);
+    pthread_mutex_init(&kt->rbusy, NULL);
+    pthread_cond_init(&kt->rwork, NULL);
+    pthread_cond_init(&kt->rdone, NULL);
     if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK)
         goto err_free;
     if (cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0') {
@@ -964,19 +990,35 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
         }
         if ((st = ssd_open(kt)) != TD_OK)
             goto err_free;
-        int rc = pthread_create(&kt->io, NULL, io_main, kt);
+        rc = pthread_create(&kt->io, NULL, io_main, kt);
         if (rc != 0) {
             td_error("kvtier %s: cannot start the IO thread: %s", kt->dir, strerror(rc));
             st = td_status_from_errno(rc);
             goto err_free;
         }
         kt->io_started = true;
+        if (cfg->read_threads > 0 &&
+            (kt->readers = calloc(cfg->read_threads, sizeof(*kt->readers))) == NULL) {
+            st = TD_ERR_NOMEM;
+            goto err_stop;
+        }
+        for (uint32_t i = 0; i < cfg->read_threads; i++) {
+            if ((rc = pthread_create(&kt->readers[i], NULL, reader_main, kt)) != 0) {
+                td_error("kvtier %s: cannot start a reader thread: %s", kt->dir, strerror(rc));
+                st = td_status_from_errno(rc);
+                goto err_stop;
+            }
+            kt->nreaders++;
+        }
     }
     kt->st.host_budget = cfg->host_budget;
     kt->st.ssd_budget = kt->dir != NULL ? cfg->ssd_budget : 0;
     *out = kt;
     return TD_OK;
 
+err_stop:
+    td_kvtier_destroy(kt);
+    return st;
 err_free:
     kt_free(kt);
     return st;
@@ -987,6 +1029,12 @@ td_kvtier_destroy(td_kvtier_t *kt)
 {
     if (kt == NULL)
         return;
+    pthread_mutex_lock(&kt->rmu);
+    kt->rstop = true;
+    pthread_cond_broadcast(&kt->rwork);
+    pthread_mutex_unlock(&kt->rmu);
+    for (uint32_t i = 0; i < kt->nreaders; i++)
+        pthread_join(kt->readers[i], NULL);
     if (kt->io_started) {
         pthread_mutex_lock(&kt->mu);
         kt->stop = true;
@@ -1162,7 +1210,6 @@ get_ssd(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
     int32_t stack_tokens[512];
     int32_t *tokens = stack_tokens;
     const char *why = NULL;
-    struct stat sb;
     bool foreign;
     td_status_t st = TD_ERR_NOT_FOUND;
 
@@ -1191,20 +1238,23 @@ get_ssd(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
         close(fd);
         return TD_ERR_NOMEM;
     }
-    struct iovec iov[4] = {
+    uint8_t extra;   /* a byte past the end: a longer file reads into it */
+    struct iovec iov[5] = {
         { hdr, HDR_BYTES }, { tokens, (size_t)eg * 4 }, { out->payload, payload },
-        { out->snapshot, snap },
+        { out->snapshot, snap }, { &extra, 1 },
     };
     ssize_t r;
 
-    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != bytes) {
-        why = "size differs from the index (truncated or replaced)";
-    } else {
-        do
-            r = preadv(fd, iov, snap > 0 ? 4 : 3, 0);
-        while (r < 0 && errno == EINTR);
-        if (r < 0 || (uint64_t)r != bytes)
-            why = "short read";
+    if (snap == 0)
+        iov[3] = iov[4];
+    do
+        r = preadv(fd, iov, snap > 0 ? 5 : 4, 0);
+    while (r < 0 && errno == EINTR);
+    {
+        if (r < 0)
+            why = "read failed";
+        else if ((uint64_t)r != bytes)
+            why = "size differs from the index (truncated or replaced)";
         else if ((why = hdr_check(kt, hdr, hash, bytes, &foreign)) != NULL)
             ;
         else if (get_le32(hdr + OFF_G) != eg || get_le64(hdr + OFF_PAYLOAD) != payload ||
@@ -1222,7 +1272,16 @@ get_ssd(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
         ssd_reject(kt, hash, gen, false);
         goto cleanup;
     }
-    futimens(fd, NULL);   /* the LRU order a restart sees; best effort */
+    pthread_mutex_lock(&kt->mu);
+    ent_t *te = ent_find(kt, hash);
+    uint64_t now = td_clock_ns();
+    bool touch = te != NULL && te->ssd_gen == gen && now - te->ssd_mtime_ns > MTIME_EVERY_NS;
+
+    if (touch)
+        te->ssd_mtime_ns = now;
+    pthread_mutex_unlock(&kt->mu);
+    if (touch)
+        futimens(fd, NULL);   /* the LRU order a restart sees; best effort */
     close(fd);
     out->payload_bytes = payload;
     out->snapshot_bytes = snap;
@@ -1318,57 +1377,131 @@ td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens, uint
     return get_one(kt, hash, expect_tokens, block_tokens, out, -1);
 }
 
+/* ---- Chains: get_many, with the reader threads ------------------------------
+ * A batch's blocks are claimed one at a time, first to open each SSD file and
+ * start its readahead (POSIX_FADV_WILLNEED: the device sees the whole chain at
+ * once), then to read and check it; the caller and the reader threads claim
+ * alike. fds[i]: -1 not opened yet, -2 taken by the block's reader, else the
+ * opened file the reader takes. One batch at a time uses the threads; a
+ * second caller meanwhile reads its chain alone. */
+struct rbatch {
+    const uint64_t *hashes;
+    const int32_t *tokens;
+    uint32_t g;
+    td_kvtier_out_t *outs;
+    td_status_t *sts;
+    _Atomic int *fds;
+    size_t n;
+    _Atomic size_t next_open, next_read;
+    int helpers;                /* reader threads inside, under rmu */
+};
+
+static void
+rbatch_work(td_kvtier_t *kt, rbatch_t *b)
+{
+    size_t i;
+
+    while ((i = atomic_fetch_add(&b->next_open, 1)) < b->n) {
+        char name[NAME_LEN];
+        bool on_ssd;
+        int fd, none = -1;
+
+        pthread_mutex_lock(&kt->mu);
+        ent_t *e = ent_find(kt, b->hashes[i]);
+
+        on_ssd = e != NULL && e->host == NULL && e->ssd;
+        pthread_mutex_unlock(&kt->mu);
+        if (!on_ssd)
+            continue;
+        rec_name(name, b->hashes[i], ".kvb");
+        if ((fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC)) < 0)
+            continue;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        if (!atomic_compare_exchange_strong(&b->fds[i], &none, fd))
+            close(fd);   /* its reader came first */
+    }
+    while ((i = atomic_fetch_add(&b->next_read, 1)) < b->n) {
+        int fd = atomic_exchange(&b->fds[i], -2);
+
+        b->sts[i] = get_one(kt, b->hashes[i], b->tokens + i * b->g, b->g, &b->outs[i],
+                            fd >= 0 ? fd : -1);
+    }
+}
+
+static void *
+reader_main(void *arg)
+{
+    td_kvtier_t *kt = arg;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&kt->rmu);
+    for (;;) {
+        while (!kt->rstop && (kt->rb == NULL || kt->rb_seq == seen))
+            pthread_cond_wait(&kt->rwork, &kt->rmu);
+        if (kt->rstop)
+            break;
+        rbatch_t *b = kt->rb;
+
+        seen = kt->rb_seq;
+        b->helpers++;
+        pthread_mutex_unlock(&kt->rmu);
+        rbatch_work(kt, b);
+        pthread_mutex_lock(&kt->rmu);
+        if (--b->helpers == 0)
+            pthread_cond_broadcast(&kt->rdone);
+    }
+    pthread_mutex_unlock(&kt->rmu);
+    return NULL;
+}
+
 td_status_t
 td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int32_t *expect_tokens,
                    uint32_t block_tokens, td_kvtier_out_t *outs, size_t *n_hit)
 {
-    int stack_fds[64];
-    int *fds = n <= 64 ? stack_fds : malloc(n * sizeof(*fds));
+    _Atomic int stack_fds[64];
+    td_status_t stack_sts[64];
+    _Atomic int *fds = n <= 64 ? stack_fds : malloc(n * sizeof(*fds));
+    td_status_t *sts = n <= 64 ? stack_sts : malloc(n * sizeof(*sts));
+    rbatch_t b = { hashes, expect_tokens, block_tokens, outs, sts, fds, n, 0, 0, 0 };
     td_status_t st = TD_OK;
+    bool shared = false;
     size_t i;
 
     *n_hit = 0;
-    if (fds == NULL)
-        return TD_ERR_NOMEM;
-    /* start every SSD read first: the device sees them all at once */
-    for (i = 0; i < n; i++) {
-        bool held, on_ssd;
-
-        fds[i] = -1;
-        pthread_mutex_lock(&kt->mu);
-        ent_t *e = ent_find(kt, hashes[i]);
-
-        held = e != NULL;
-        on_ssd = held && e->host == NULL && e->ssd;
-        pthread_mutex_unlock(&kt->mu);
-        if (!held)
-            break;
-        if (!on_ssd)
-            continue;
-        char name[NAME_LEN];
-
-        rec_name(name, hashes[i], ".kvb");
-        fds[i] = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC);
-        if (fds[i] >= 0)
-            posix_fadvise(fds[i], 0, 0, POSIX_FADV_WILLNEED);
+    if (fds == NULL || sts == NULL) {
+        st = TD_ERR_NOMEM;
+        goto cleanup;
     }
-    size_t opened = i;
-
-    for (i = 0; i < n; i++) {
-        st = get_one(kt, hashes[i], expect_tokens + i * block_tokens, block_tokens, &outs[i],
-                     i < opened ? fds[i] : -1);
-        if (i < opened)
-            fds[i] = -1;   /* get_one closed it */
-        if (st != TD_OK)
-            break;
+    for (i = 0; i < n; i++)
+        atomic_init(&fds[i], -1);
+    if (kt->nreaders > 0 && n > 1 && pthread_mutex_trylock(&kt->rbusy) == 0) {
+        shared = true;
+        pthread_mutex_lock(&kt->rmu);
+        kt->rb = &b;
+        kt->rb_seq++;
+        pthread_cond_broadcast(&kt->rwork);
+        pthread_mutex_unlock(&kt->rmu);
     }
+    rbatch_work(kt, &b);
+    if (shared) {
+        pthread_mutex_lock(&kt->rmu);
+        kt->rb = NULL;
+        while (b.helpers > 0)
+            pthread_cond_wait(&kt->rdone, &kt->rmu);
+        pthread_mutex_unlock(&kt->rmu);
+        pthread_mutex_unlock(&kt->rbusy);
+    }
+    for (i = 0; i < n && sts[i] == TD_OK; i++)
+        ;
     *n_hit = i;
-    for (size_t k = i + 1; k < opened; k++)
-        if (fds[k] >= 0)
-            close(fds[k]);
+    if (i < n && sts[i] != TD_ERR_NOT_FOUND)
+        st = sts[i];
+cleanup:
     if (fds != stack_fds)
         free(fds);
-    return st == TD_ERR_NOT_FOUND ? TD_OK : st;
+    if (sts != stack_sts)
+        free(sts);
+    return st;
 }
 
 /* ---- Flush, events, stats --------------------------------------------------- */

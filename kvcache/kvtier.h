@@ -47,6 +47,8 @@ typedef struct {
                                * not written to SSD (writes_dropped); 0: 256 */
     bool ssd_fsync;           /* fsync each file before its rename (default off:
                                * a crash may leave a bad file, which a read rejects) */
+    uint32_t read_threads;    /* threads that read a get_many chain along with its
+                               * caller (0: the caller alone); docs/kvtier.md */
 } td_kvtier_config_t;
 
 /* Where get/get_many put one record. The caller gives buffers of the sizes
@@ -102,9 +104,10 @@ td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_
                           uint32_t block_tokens, td_kvtier_out_t *out);
 
 /* get for a chain of n blocks: hashes[n], expect_tokens[n * block_tokens],
- * outs[n]. Starts the reads of all SSD files first (readahead), then checks
- * them in order; stops at the first miss. *n_hit: how many leading blocks
- * were read. TD_OK, or the first error other than a miss. */
+ * outs[n]. Starts the reads of all SSD files first (readahead), then reads
+ * and checks them, on the caller and the reader threads. *n_hit: how many
+ * leading blocks were read (blocks after a miss may have been read too).
+ * TD_OK, or the error of the first block that failed other than a miss. */
 td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n,
                                const int32_t *expect_tokens, uint32_t block_tokens,
                                td_kvtier_out_t *outs, size_t *n_hit);
