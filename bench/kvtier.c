@@ -44,9 +44,10 @@ kvtierbench_usage(FILE *f)
         "  --snapshot B        snapshot bytes (default 139264) ...\n"
         "  --snapshot-every K  ... on one record of every K (default 8; 0: none)\n"
         "  --block-tokens G    tokens per block (default 128)\n"
-        "  --chain A:B         blocks per get_many, uniform in [A, B] (default 16:64)\n"
+        "  --chain A:B         blocks per put_many and per get_many, uniform in [A, B],\n"
+        "                      drawn apart for the two (default 16:64; B at most 256)\n"
         "  --passes N          passes of ours, dd, dd direct, each cold; medians (default 5)\n"
-        "  --read-threads N    the tier's reader threads (default 2)\n"
+        "  --read-threads N    the tier's reader threads (default 3)\n"
         "  --keep              leave the files\n"
         "Output: kvtier what=ours|dd|dd-direct pass=P bytes=B s=S mbps=M, then the medians\n"
         "and ratio=R, the median of the passes' ours / the faster dd.\n");
@@ -130,7 +131,7 @@ kvtierbench_parse_chain(const char *s, kvtierbench_opts_t *o)
 int
 main(int argc, char **argv)
 {
-    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 2, 0 };
+    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 3, 0 };
     static const struct option longopts[] = {
         { "dir", required_argument, NULL, 'd' },
         { "records", required_argument, NULL, 'n' },
@@ -171,7 +172,8 @@ main(int argc, char **argv)
         default: kvtierbench_usage(stderr); return 2;
         }
     }
-    if (o.records == 0 || o.payload == 0 || o.block_tokens == 0 || o.passes == 0) {
+    if (o.records == 0 || o.payload == 0 || o.block_tokens == 0 || o.passes == 0 ||
+        o.chain_max > 256) {
         kvtierbench_usage(stderr);
         return 2;
     }
@@ -191,12 +193,13 @@ main(int argc, char **argv)
     uint32_t cmax = o.chain_max;
     uint8_t *outbuf = malloc(cmax * (o.payload + o.snapshot));
     td_kvtier_out_t *outs = calloc(cmax, sizeof(*outs));
+    td_kvrec_t *recs = calloc(cmax, sizeof(*recs));
     td_kvtier_t *kt = NULL;
     td_kvtier_config_t cfg = { .host_budget = 0, .ssd_dir = o.dir, .ssd_budget = UINT64_MAX / 2,
-                               .layout_hash = 1, .seed = 2, .queue_cap = 64,
+                               .layout_hash = 1, .seed = 2, .queue_cap = 256,
                                .read_threads = o.read_threads };
 
-    if (!tokens || !hashes || !payload || !snapshot || !outbuf || !outs)
+    if (!tokens || !hashes || !payload || !snapshot || !outbuf || !outs || !recs)
         goto cleanup;
     for (uint64_t i = 0; i < n * g; i++)
         tokens[i] = (int32_t)(i * 2654435761u % 129280);
@@ -207,29 +210,41 @@ main(int argc, char **argv)
     td_chain_hashes(2, tokens, n * g, (uint32_t)g, hashes, n);
     if (td_kvtier_create(&cfg, &kt) != TD_OK)
         goto cleanup;
-    uint64_t t0 = td_clock_ns();
-    for (uint64_t i = 0; i < n; i++) {
-        bool snap = o.snapshot_every && o.snapshot > 0 && i % o.snapshot_every == o.snapshot_every - 1;
-        td_kvrec_t r = { hashes[i], i ? hashes[i - 1] : 2, (i + 1) * g, (uint32_t)g,
-                         tokens + i * g, payload, o.payload, snap ? snapshot : NULL,
-                         snap ? o.snapshot : 0 };
+    /* put batches of 16..64 (chain lengths drawn apart from the reads' ones) */
+    uint64_t t0 = td_clock_ns(), wrng = 12345;
+    for (uint64_t i = 0; i < n;) {
+        wrng = wrng * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t k = o.chain_min + (wrng >> 33) % (o.chain_max - o.chain_min + 1);
         td_kvtier_stats_t st;
 
-        for (;;) {   /* keep the queue from dropping: wait when it is full */
+        if (k > n - i)
+            k = n - i;
+        for (uint64_t j = 0; j < k; j++) {
+            uint64_t b = i + j;
+            bool snap = o.snapshot_every && o.snapshot > 0 &&
+                        b % o.snapshot_every == o.snapshot_every - 1;
+
+            recs[j] = (td_kvrec_t){ hashes[b], b ? hashes[b - 1] : 2, (b + 1) * g, (uint32_t)g,
+                                    tokens + b * g, payload, o.payload, snap ? snapshot : NULL,
+                                    snap ? o.snapshot : 0 };
+        }
+        for (;;) {   /* keep the queue from dropping: wait while it is full */
             td_kvtier_stats(kt, &st);
-            if (st.queued < cfg.queue_cap)
+            if (st.queued + k <= cfg.queue_cap)
                 break;
             usleep(200);
         }
-        if (td_kvtier_put(kt, &r) != TD_OK)
+        if (td_kvtier_put_many(kt, recs, k) != TD_OK)
             goto cleanup;
+        i += k;
     }
     td_kvtier_wait_idle(kt);
     double wsec = (double)(td_clock_ns() - t0) / 1e9;
     td_kvtier_stats_t st;
     td_kvtier_stats(kt, &st);
-    printf("kvtier write records=%" PRIu64 " bytes=%" PRIu64 " s=%.3f mbps=%.1f dropped=%" PRIu64 "\n",
-           st.ssd_records, st.ssd_bytes, wsec, (double)st.ssd_bytes / wsec / 1e6, st.writes_dropped);
+    printf("kvtier write records=%" PRIu64 " files=%" PRIu64 " bytes=%" PRIu64
+           " s=%.3f mbps=%.1f dropped=%" PRIu64 "\n", st.ssd_records, st.ssd_files, st.ssd_bytes,
+           wsec, (double)st.ssd_bytes / wsec / 1e6, st.writes_dropped);
     if (st.ssd_records != n) {
         fprintf(stderr, "kvtier: %" PRIu64 " of %" PRIu64 " records on SSD\n", st.ssd_records, n);
         goto cleanup;
@@ -346,6 +361,7 @@ cleanup:
     free(ddd);
     free(dd);
     free(ours);
+    free(recs);
     free(outs);
     free(outbuf);
     free(snapshot);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,17 +25,26 @@
 #include "xxh64.h"
 
 /* ---- File format -----------------------------------------------------------
- * <hash:016x>.kvb: an 80-byte header, tokens [G] (int32 LE), payload, snapshot.
- * Header (little-endian): magic "TDKVBLK1", checksum u64, version u32, G u32,
+ * <name:016x>.kvb holds the records of one put batch (name: the first one's
+ * hash): a 40-byte file header, a table of 40-byte entries, the records.
+ * File header (little-endian): magic "TDKVPAK1", table checksum u64 (XXH64 of
+ * bytes [16, 40 + 40n)), version u32, n u32, layout_hash, seed (u64).
+ * Table entry: hash, offset, payload_bytes, snapshot_bytes (u64), G u32, 0 u32.
+ * Record at its offset: an 80-byte header, tokens [G] (int32 LE), payload,
+ * snapshot. Header: magic "TDKVBLK1", checksum u64, version u32, G u32,
  * layout_hash, seed, hash, parent, end, payload_bytes, snapshot_bytes (u64).
  * checksum: XXH64 chained through its seed over header[16, 80), tokens,
- * payload, snapshot. Temp files: <hash:016x>.tmp, renamed into place. */
+ * payload, snapshot. Temp files: <name:016x>.tmp, renamed into place. */
 #define HDR_BYTES     80
 #define KV_MAGIC      "TDKVBLK1"
 #define KV_VERSION    1u
 #define MAX_G         (1u << 20)
 #define MAX_PART      (1ull << 40)
 #define NAME_LEN      32
+#define PACK_MAGIC    "TDKVPAK1"
+#define PACK_HDR      40
+#define PACK_ENT      40
+#define PACK_MAX      256u   /* records per file at most */
 #define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
 enum { OFF_CSUM = 8, OFF_VERSION = 16, OFF_G = 20, OFF_LAYOUT = 24, OFF_SEED = 32,
@@ -235,7 +245,28 @@ map_init(map_t *m)
 
 /* ---- The object ------------------------------------------------------------- */
 typedef struct ent ent_t;
+typedef struct kfile kfile_t;
 typedef struct rbatch rbatch_t;
+
+typedef struct {
+    uint8_t *p;                 /* aligned for O_DIRECT */
+    uint64_t cap;
+} rbuf_t;
+
+struct kfile {                  /* one file of the SSD tier: the records of one put batch */
+    uint64_t name;              /* its first record's hash: <name:016x>.kvb */
+    uint64_t bytes;             /* its size */
+    uint64_t gen;               /* files indexed before it, + 1: a reader's check */
+    uint64_t mtime_ns;          /* td_clock_ns when its mtime was last set by us */
+    kfile_t *prev, *next;       /* SSD LRU */
+    uint32_t nrec;
+    uint64_t hashes[];          /* [nrec] its records */
+};
+
+typedef struct {
+    kfile_t *head, *tail;       /* head: least recently used */
+} flru_t;
+
 typedef struct {
     ent_t *prev, *next;
 } link_t;
@@ -248,11 +279,10 @@ struct ent {                    /* one hash held by the host tier, the SSD tier 
     mnode_t node;               /* key: the hash */
     blob_t *host;               /* the host copy, or NULL */
     link_t hl;                  /* in the host LRU while host != NULL */
-    bool ssd;                   /* its file is in the SSD index */
-    uint32_t ssd_g;
-    uint64_t ssd_bytes, ssd_payload, ssd_snapshot, ssd_gen;
-    uint64_t ssd_mtime_ns;      /* td_clock_ns when its mtime was last set by us */
-    link_t sl;                  /* in the SSD LRU while ssd */
+    kfile_t *file;              /* the SSD file holding it, or NULL */
+    uint64_t off;               /* its record's offset in file */
+    uint32_t g;                 /* the record's sizes (while file != NULL) */
+    uint64_t payload, snapshot;
 };
 
 typedef struct evnode {         /* a hash's net change since the last drain */
@@ -266,11 +296,11 @@ enum { JOB_WRITE, JOB_DELETE };
 typedef struct job {
     struct job *next;
     int kind;
-    uint64_t hash;
-    blob_t *blob;               /* JOB_WRITE: the record (one count) */
+    uint64_t name;              /* JOB_DELETE: the file */
     uint64_t bytes;             /* JOB_DELETE: counted in disk_bytes until unlinked */
-    uint64_t parent, end;       /* JOB_WRITE: header fields */
     uint64_t epoch;             /* JOB_WRITE: flushes before it was queued */
+    uint32_t n;                 /* JOB_WRITE: records, one count each */
+    blob_t *blobs[];            /* [n] */
 } job_t;
 
 struct td_kvtier {
@@ -285,14 +315,15 @@ struct td_kvtier {
     bool io_started, stop, stalled, busy;
 
     map_t index;                /* ent_t by hash */
-    lru_t host_lru, ssd_lru;
+    lru_t host_lru;
+    flru_t ssd_lru;
     map_t evmap;                /* evnode_t by hash */
     evnode_t *ev_head, *ev_tail;
 
     job_t *q_head, *q_tail;
-    uint64_t q_writes;          /* JOB_WRITE in the queue */
+    uint64_t q_writes;          /* records in the queue's JOB_WRITEs */
     uint64_t epoch;             /* flushes so far */
-    uint64_t gen;               /* SSD entries made so far */
+    uint64_t gen;               /* files indexed so far */
     uint64_t disk_bytes;        /* index + temp file + files not yet deleted */
     td_kvtier_stats_t st;
 
@@ -304,47 +335,149 @@ struct td_kvtier {
     rbatch_t *rb;
     uint64_t rb_seq;
     bool rstop;
+    rbuf_t bufs[8];             /* run buffers kept for reuse (rmu) */
+    uint32_t nbufs;
 };
 
-static void
-lru_append(lru_t *l, ent_t *e, link_t *(*lk)(ent_t *))
+/* What is wrong with a record's header (expected: block `hash` of `bytes`),
+ * or NULL; sets *foreign for a well-formed header of another layout or seed. */
+static const char *
+hdr_check(const td_kvtier_t *kt, const uint8_t *h, uint64_t hash, uint64_t bytes,
+          bool *foreign)
 {
-    lk(e)->prev = l->tail;
-    lk(e)->next = NULL;
+    uint32_t g = get_le32(h + OFF_G);
+    uint64_t payload = get_le64(h + OFF_PAYLOAD), snap = get_le64(h + OFF_SNAP);
+
+    *foreign = false;
+    if (memcmp(h, KV_MAGIC, 8) != 0)
+        return "bad magic";
+    if (get_le32(h + OFF_VERSION) != KV_VERSION)
+        return "unknown version";
+    if (g == 0 || g > MAX_G || payload == 0 || payload > MAX_PART || snap > MAX_PART)
+        return "sizes out of range";
+    if (rec_file_bytes(g, payload, snap) != bytes)
+        return "sizes differ from the file's table";
+    if (get_le64(h + OFF_HASH) != hash)
+        return "holds another block";
+    if (get_le64(h + OFF_LAYOUT) != kt->cfg.layout_hash || get_le64(h + OFF_SEED) != kt->cfg.seed) {
+        *foreign = true;
+        return "foreign (another layout hash or seed)";
+    }
+    return NULL;
+}
+
+
+static void
+pack_hdr_fill(const td_kvtier_t *kt, uint8_t *tab, uint32_t n)
+{
+    memcpy(tab, PACK_MAGIC, 8);
+    put_le32(tab + 16, KV_VERSION);
+    put_le32(tab + 20, n);
+    put_le64(tab + 24, kt->cfg.layout_hash);
+    put_le64(tab + 32, kt->cfg.seed);
+    put_le64(tab + 8, td_xxh64(tab + 16, PACK_HDR - 16 + (size_t)n * PACK_ENT, 0));
+}
+
+/* What is wrong with a file header, or NULL (*foreign: another layout/seed). */
+static const char *
+pack_hdr_check(const td_kvtier_t *kt, const uint8_t *h, bool *foreign)
+{
+    uint32_t n = get_le32(h + 20);
+
+    *foreign = false;
+    if (memcmp(h, PACK_MAGIC, 8) != 0)
+        return "bad magic";
+    if (get_le32(h + 16) != KV_VERSION)
+        return "unknown version";
+    if (n == 0 || n > PACK_MAX)
+        return "record count out of range";
+    if (get_le64(h + 24) != kt->cfg.layout_hash || get_le64(h + 32) != kt->cfg.seed) {
+        *foreign = true;
+        return "foreign (another layout hash or seed)";
+    }
+    return NULL;
+}
+
+static void
+lru_append(lru_t *l, ent_t *e)
+{
+    e->hl.prev = l->tail;
+    e->hl.next = NULL;
     if (l->tail != NULL)
-        lk(l->tail)->next = e;
+        l->tail->hl.next = e;
     else
         l->head = e;
     l->tail = e;
 }
 
 static void
-lru_unlink(lru_t *l, ent_t *e, link_t *(*lk)(ent_t *))
+lru_unlink(lru_t *l, ent_t *e)
 {
-    if (lk(e)->prev != NULL)
-        lk(lk(e)->prev)->next = lk(e)->next;
+    if (e->hl.prev != NULL)
+        e->hl.prev->hl.next = e->hl.next;
     else
-        l->head = lk(e)->next;
-    if (lk(e)->next != NULL)
-        lk(lk(e)->next)->prev = lk(e)->prev;
+        l->head = e->hl.next;
+    if (e->hl.next != NULL)
+        e->hl.next->hl.prev = e->hl.prev;
     else
-        l->tail = lk(e)->prev;
-    lk(e)->prev = lk(e)->next = NULL;
+        l->tail = e->hl.prev;
+    e->hl.prev = e->hl.next = NULL;
 }
 
-static link_t *hlink(ent_t *e) { return &e->hl; }
-static link_t *slink(ent_t *e) { return &e->sl; }
-
 static void
-lru_touch(lru_t *l, ent_t *e, link_t *(*lk)(ent_t *))
+lru_touch(lru_t *l, ent_t *e)
 {
     if (l->tail != e) {
-        lru_unlink(l, e, lk);
-        lru_append(l, e, lk);
+        lru_unlink(l, e);
+        lru_append(l, e);
+    }
+}
+
+static void
+flru_append(flru_t *l, kfile_t *f)
+{
+    f->prev = l->tail;
+    f->next = NULL;
+    if (l->tail != NULL)
+        l->tail->next = f;
+    else
+        l->head = f;
+    l->tail = f;
+}
+
+static void
+flru_unlink(flru_t *l, kfile_t *f)
+{
+    if (f->prev != NULL)
+        f->prev->next = f->next;
+    else
+        l->head = f->next;
+    if (f->next != NULL)
+        f->next->prev = f->prev;
+    else
+        l->tail = f->prev;
+    f->prev = f->next = NULL;
+}
+
+static void
+flru_touch(flru_t *l, kfile_t *f)
+{
+    if (l->tail != f) {
+        flru_unlink(l, f);
+        flru_append(l, f);
     }
 }
 
 /* ---- Events (under mu) ------------------------------------------------------ */
+static void
+ev_unlink(td_kvtier_t *kt, evnode_t *ev)
+{
+    map_remove(&kt->evmap, &ev->node);
+    if (ev->prev != NULL) ev->prev->next = ev->next; else kt->ev_head = ev->next;
+    if (ev->next != NULL) ev->next->prev = ev->prev; else kt->ev_tail = ev->prev;
+    free(ev);
+}
+
 static void
 ev_push(td_kvtier_t *kt, uint64_t hash, int d)
 {
@@ -352,12 +485,8 @@ ev_push(td_kvtier_t *kt, uint64_t hash, int d)
 
     if (ev != NULL) {
         ev->net += d;
-        if (ev->net != 0)
-            return;
-        map_remove(&kt->evmap, &ev->node);
-        if (ev->prev != NULL) ev->prev->next = ev->next; else kt->ev_head = ev->next;
-        if (ev->next != NULL) ev->next->prev = ev->prev; else kt->ev_tail = ev->prev;
-        free(ev);
+        if (ev->net == 0)
+            ev_unlink(kt, ev);
         return;
     }
     ev = calloc(1, sizeof(*ev));
@@ -376,12 +505,8 @@ ev_push(td_kvtier_t *kt, uint64_t hash, int d)
 static void
 ev_clear(td_kvtier_t *kt)
 {
-    for (evnode_t *ev = kt->ev_head, *next; ev != NULL; ev = next) {
-        next = ev->next;
-        map_remove(&kt->evmap, &ev->node);
-        free(ev);
-    }
-    kt->ev_head = kt->ev_tail = NULL;
+    while (kt->ev_head != NULL)
+        ev_unlink(kt, kt->ev_head);
 }
 
 /* ---- Entries (under mu) ----------------------------------------------------- */
@@ -412,7 +537,7 @@ ent_get(td_kvtier_t *kt, uint64_t hash)
 static void
 ent_release_if_empty(td_kvtier_t *kt, ent_t *e)
 {
-    if (e->host != NULL || e->ssd)
+    if (e->host != NULL || e->file != NULL)
         return;
     map_remove(&kt->index, &e->node);
     ev_push(kt, e->node.key, -1);
@@ -422,7 +547,7 @@ ent_release_if_empty(td_kvtier_t *kt, ent_t *e)
 static void
 host_drop(td_kvtier_t *kt, ent_t *e)
 {
-    lru_unlink(&kt->host_lru, e, hlink);
+    lru_unlink(&kt->host_lru, e);
     kt->st.host_bytes -= e->host->bytes;
     kt->st.host_records--;
     blob_unref(e->host);
@@ -441,41 +566,57 @@ host_insert(td_kvtier_t *kt, uint64_t hash, blob_t *b)
         ent_t *v = kt->host_lru.head;
 
         host_drop(kt, v);
-        if (v != e)
-            ent_release_if_empty(kt, v);
+        ent_release_if_empty(kt, v);
     }
     if (e == NULL && (e = ent_get(kt, hash)) == NULL)
         return;
     e->host = blob_ref(b);
-    lru_append(&kt->host_lru, e, hlink);
+    lru_append(&kt->host_lru, e);
     kt->st.host_bytes += b->bytes;
     kt->st.host_records++;
 }
 
-/* Takes e's file out of the SSD index; its bytes stay in disk_bytes. */
+/* A new file in the SSD index (and its records' entries). */
 static void
-ssd_unindex(td_kvtier_t *kt, ent_t *e)
+file_index(td_kvtier_t *kt, kfile_t *f, const uint64_t *offs, const uint32_t *gs,
+           const uint64_t *payloads, const uint64_t *snaps)
 {
-    lru_unlink(&kt->ssd_lru, e, slink);
-    e->ssd = false;
-    kt->st.ssd_bytes -= e->ssd_bytes;
-    kt->st.ssd_records--;
+    f->gen = ++kt->gen;
+    f->mtime_ns = td_clock_ns();
+    flru_append(&kt->ssd_lru, f);
+    kt->st.ssd_bytes += f->bytes;
+    kt->st.ssd_files++;
+    for (uint32_t i = 0; i < f->nrec; i++) {
+        ent_t *e = ent_get(kt, f->hashes[i]);
+
+        if (e == NULL || e->file != NULL)
+            continue;   /* out of memory, or held by another file: that one serves it */
+        e->file = f;
+        e->off = offs[i];
+        e->g = gs[i];
+        e->payload = payloads[i];
+        e->snapshot = snaps[i];
+        kt->st.ssd_records++;
+    }
 }
 
+/* Takes f out of the SSD index with its records; its bytes stay in
+ * disk_bytes; the caller frees f. */
 static void
-ssd_index(td_kvtier_t *kt, ent_t *e, uint32_t g, uint64_t bytes, uint64_t payload,
-          uint64_t snapshot)
+file_unindex(td_kvtier_t *kt, kfile_t *f)
 {
-    e->ssd = true;
-    e->ssd_g = g;
-    e->ssd_bytes = bytes;
-    e->ssd_payload = payload;
-    e->ssd_snapshot = snapshot;
-    e->ssd_gen = ++kt->gen;
-    e->ssd_mtime_ns = td_clock_ns();
-    lru_append(&kt->ssd_lru, e, slink);
-    kt->st.ssd_bytes += bytes;
-    kt->st.ssd_records++;
+    flru_unlink(&kt->ssd_lru, f);
+    kt->st.ssd_bytes -= f->bytes;
+    kt->st.ssd_files--;
+    for (uint32_t i = 0; i < f->nrec; i++) {
+        ent_t *e = ent_find(kt, f->hashes[i]);
+
+        if (e == NULL || e->file != f)
+            continue;
+        e->file = NULL;
+        kt->st.ssd_records--;
+        ent_release_if_empty(kt, e);
+    }
 }
 
 static void
@@ -490,123 +631,144 @@ queue_push(td_kvtier_t *kt, job_t *j)
         kt->q_head = j;
     kt->q_tail = j;
     if (j->kind == JOB_WRITE)
-        kt->q_writes++;
+        kt->q_writes += j->n;
     if (was_empty)
         pthread_cond_signal(&kt->work);
 }
 
-/* Queues the deletion of e's file (j: a job the caller allocated, or NULL:
- * the file stays and its bytes stay counted; logged). */
+/* Takes f out of the index and queues its deletion (j: a job the caller
+ * allocated, or NULL: the file stays and its bytes stay counted; logged). */
 static void
-ssd_doom(td_kvtier_t *kt, ent_t *e, job_t *j)
+file_doom(td_kvtier_t *kt, kfile_t *f, job_t *j)
 {
-    uint64_t hash = e->node.key, bytes = e->ssd_bytes;
-
-    ssd_unindex(kt, e);
+    file_unindex(kt, f);
     if (j == NULL) {
-        td_error("kvtier %s: block %016" PRIx64 ": cannot queue its deletion: out of memory",
-                 kt->dir, hash);
-        return;
+        td_error("kvtier %s: file %016" PRIx64 ": cannot queue its deletion: out of memory",
+                 kt->dir, f->name);
+    } else {
+        memset(j, 0, sizeof(*j));
+        j->kind = JOB_DELETE;
+        j->name = f->name;
+        j->bytes = f->bytes;
+        queue_push(kt, j);
     }
-    memset(j, 0, sizeof(*j));
-    j->kind = JOB_DELETE;
-    j->hash = hash;
-    j->bytes = bytes;
-    queue_push(kt, j);
+    free(f);
 }
 
 /* ---- The IO thread ---------------------------------------------------------- */
 static void
-io_unlink(td_kvtier_t *kt, uint64_t hash)
+io_unlink(td_kvtier_t *kt, uint64_t name)
 {
-    char name[NAME_LEN];
+    char nm[NAME_LEN];
 
-    rec_name(name, hash, ".kvb");
-    if (unlinkat(kt->dirfd, name, 0) != 0 && errno != ENOENT)
-        td_log_every(TD_LOG_WARN, 10000, "kvtier %s: %s: unlink failed: %s", kt->dir, name,
+    rec_name(nm, name, ".kvb");
+    if (unlinkat(kt->dirfd, nm, 0) != 0 && errno != ENOENT)
+        td_log_every(TD_LOG_WARN, 10000, "kvtier %s: %s: unlink failed: %s", kt->dir, nm,
                      strerror(errno));
 }
 
-/* Writes j's record to <hash>.tmp and renames it into place. */
+/* Writes the records blobs[n] as file `name` (a temp file renamed into
+ * place): the file header and table, then per record its header with the
+ * checksum and the blob's bytes. tab: the header and table, filled here. */
 static td_status_t
-io_write_file(td_kvtier_t *kt, const job_t *j)
+io_write_file(td_kvtier_t *kt, uint64_t name, blob_t *const *blobs, uint32_t n, uint8_t *tab,
+              uint64_t bytes)
 {
-    const blob_t *b = j->blob;
-    char tmp[NAME_LEN], name[NAME_LEN];
-    uint8_t hdr[HDR_BYTES];
-    td_status_t st = TD_ERR_IO;
-    uint64_t done = 0;
-    int fd;
+    char tmp[NAME_LEN], nm[NAME_LEN];
+    uint8_t (*hdrs)[HDR_BYTES] = malloc((size_t)n * HDR_BYTES);
+    struct iovec *iov = malloc((1 + 2 * (size_t)n) * sizeof(*iov));
+    uint64_t tab_bytes = PACK_HDR + (uint64_t)n * PACK_ENT, off = tab_bytes, done = 0;
+    int fd = -1, niov = 0, err = 0;
 
-    hdr_fill(hdr, &kt->cfg, j->hash, j->parent, j->end, b->g, b->payload_bytes,
-             b->snapshot_bytes);
-    put_le64(hdr + OFF_CSUM, rec_checksum(hdr, blob_tokens(b), b->g, blob_payload(b),
-                                          b->payload_bytes, blob_snapshot(b),
-                                          b->snapshot_bytes));
-    rec_name(tmp, j->hash, ".tmp");
-    rec_name(name, j->hash, ".kvb");
+    rec_name(tmp, name, ".tmp");
+    rec_name(nm, name, ".kvb");
+    if (hdrs == NULL || iov == NULL) {
+        err = ENOMEM;
+        goto cleanup;
+    }
+    iov[niov++] = (struct iovec){ tab, tab_bytes };
+    for (uint32_t i = 0; i < n; i++) {
+        const blob_t *b = blobs[i];
+        uint8_t *e = tab + PACK_HDR + (size_t)i * PACK_ENT;
+
+        memcpy(hdrs[i], b->data, HDR_BYTES);
+        put_le64(hdrs[i] + OFF_CSUM, rec_checksum(hdrs[i], blob_tokens(b), b->g, blob_payload(b),
+                                                  b->payload_bytes, blob_snapshot(b),
+                                                  b->snapshot_bytes));
+        put_le64(e, get_le64(b->data + OFF_HASH));
+        put_le64(e + 8, off);
+        put_le64(e + 16, b->payload_bytes);
+        put_le64(e + 24, b->snapshot_bytes);
+        put_le32(e + 32, b->g);
+        put_le32(e + 36, 0);
+        iov[niov++] = (struct iovec){ hdrs[i], HDR_BYTES };
+        iov[niov++] = (struct iovec){ (void *)(b->data + HDR_BYTES), b->bytes - HDR_BYTES };
+        off += b->bytes;
+    }
+    pack_hdr_fill(kt, tab, n);
     fd = openat(kt->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        goto fail;
-    while (done < b->bytes) {
-        struct iovec iov[2];
-        int n = 0;
-        ssize_t w;
+    if (fd < 0) {
+        err = errno;
+        goto cleanup;
+    }
+    for (int first = 0; done < bytes;) {
+        int cnt = niov - first < IOV_MAX ? niov - first : IOV_MAX;
+        ssize_t w = pwritev(fd, iov + first, cnt, (off_t)done);
 
-        if (done < HDR_BYTES)
-            iov[n++] = (struct iovec){ hdr + done, HDR_BYTES - done };
-        uint64_t off = done < HDR_BYTES ? HDR_BYTES : done;
-        iov[n++] = (struct iovec){ (void *)(b->data + off), b->bytes - off };
-        w = pwritev(fd, iov, n, (off_t)done);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
-            goto err_close;
+        if (w <= 0) {
+            err = w < 0 ? errno : EIO;
+            goto cleanup;
+        }
         done += (uint64_t)w;
+        while (first < niov && (uint64_t)w >= iov[first].iov_len) {   /* skip what was written */
+            w -= (ssize_t)iov[first].iov_len;
+            first++;
+        }
+        if (first < niov && w > 0) {
+            iov[first].iov_base = (uint8_t *)iov[first].iov_base + w;
+            iov[first].iov_len -= (size_t)w;
+        }
     }
-    if (kt->cfg.ssd_fsync && fsync(fd) != 0)
-        goto err_close;
+    if (kt->cfg.ssd_fsync && fsync(fd) != 0) {
+        err = errno;
+        goto cleanup;
+    }
     if (close(fd) != 0) {
         fd = -1;
-        goto err_unlink;
+        err = errno;
+        goto cleanup;
     }
     fd = -1;
-    if (renameat(kt->dirfd, tmp, kt->dirfd, name) != 0)
-        goto err_unlink;
-    return TD_OK;
-
-err_close:
-    st = td_status_from_errno(errno);
-    close(fd);
-err_unlink:
-    if (st == TD_ERR_IO)
-        st = td_status_from_errno(errno);
-    unlinkat(kt->dirfd, tmp, 0);
-fail:
-    td_log_every(TD_LOG_WARN, 10000, "kvtier %s: %s: write failed: %s", kt->dir, name,
-                 strerror(errno));
-    return st != TD_OK ? st : TD_ERR_IO;
+    if (renameat(kt->dirfd, tmp, kt->dirfd, nm) != 0)
+        err = errno;
+cleanup:
+    if (fd >= 0)
+        close(fd);
+    if (err != 0) {
+        unlinkat(kt->dirfd, tmp, 0);
+        td_log_every(TD_LOG_WARN, 10000, "kvtier %s: %s: write failed: %s", kt->dir, nm,
+                     strerror(err));
+    }
+    free(iov);
+    free(hdrs);
+    return err == 0 ? TD_OK : td_status_from_errno(err);
 }
 
-/* Deletes files until b->bytes more fit within the budget, then writes j.
- * Called and returns with mu held. */
-static void
-io_write(td_kvtier_t *kt, job_t *j)
+/* Deletes files until `need` more bytes fit within the budget: the least
+ * recently used, then (if still short) the queued deletions. Called and
+ * returns with mu held; false when they do not fit. */
+static bool
+io_make_room(td_kvtier_t *kt, uint64_t need)
 {
-    uint64_t need = j->blob->bytes, freeing = 0;
+    uint64_t freeing = 0;
     size_t nv = 0, cap = 0;
     uint64_t *victims = NULL;
     job_t *dels = NULL;
-    ent_t *e = ent_find(kt, j->hash);
 
-    if ((e != NULL && e->ssd) || j->epoch != kt->epoch)
-        return;
-    if (need > kt->cfg.ssd_budget) {
-        kt->st.writes_dropped++;
-        return;
-    }
     while (kt->disk_bytes - freeing + need > kt->cfg.ssd_budget && kt->ssd_lru.head != NULL) {
-        ent_t *v = kt->ssd_lru.head;
+        kfile_t *v = kt->ssd_lru.head;
 
         if (nv == cap) {
             size_t ncap = cap ? cap * 2 : 16;
@@ -617,38 +779,38 @@ io_write(td_kvtier_t *kt, job_t *j)
             victims = nvict;
             cap = ncap;
         }
-        victims[nv++] = v->node.key;
-        freeing += v->ssd_bytes;
-        ssd_unindex(kt, v);
-        ent_release_if_empty(kt, v);
+        victims[nv++] = v->name;
+        freeing += v->bytes;
+        file_unindex(kt, v);
+        free(v);
     }
     if (kt->disk_bytes - freeing + need > kt->cfg.ssd_budget) {
-        /* the rest is queued deletions: do them now */
-        for (job_t **p = &kt->q_head; *p != NULL;) {
+        job_t **p = &kt->q_head;
+
+        kt->q_tail = NULL;
+        while (*p != NULL) {
             job_t *d = *p;
 
             if (d->kind != JOB_DELETE) {
+                kt->q_tail = d;
                 p = &d->next;
                 continue;
             }
             *p = d->next;
-            if (kt->q_tail == d)
-                kt->q_tail = NULL;
             d->next = dels;
             dels = d;
             freeing += d->bytes;
         }
-        if (kt->q_tail == NULL)   /* recompute the tail */
-            for (job_t *q = kt->q_head; q != NULL; q = q->next)
-                kt->q_tail = q;
     }
-    pthread_mutex_unlock(&kt->mu);
-    for (size_t i = 0; i < nv; i++)
-        io_unlink(kt, victims[i]);
-    for (job_t *d = dels; d != NULL; d = d->next)
-        io_unlink(kt, d->hash);
-    pthread_mutex_lock(&kt->mu);
-    kt->disk_bytes -= freeing;
+    if (nv > 0 || dels != NULL) {
+        pthread_mutex_unlock(&kt->mu);
+        for (size_t i = 0; i < nv; i++)
+            io_unlink(kt, victims[i]);
+        for (job_t *d = dels; d != NULL; d = d->next)
+            io_unlink(kt, d->name);
+        pthread_mutex_lock(&kt->mu);
+        kt->disk_bytes -= freeing;
+    }
     free(victims);
     while (dels != NULL) {
         job_t *d = dels;
@@ -656,37 +818,86 @@ io_write(td_kvtier_t *kt, job_t *j)
         dels = d->next;
         free(d);
     }
-    if (kt->disk_bytes + need > kt->cfg.ssd_budget) {
-        kt->st.writes_dropped++;   /* not reached: only this thread adds to disk_bytes */
-        return;
+    return kt->disk_bytes + need <= kt->cfg.ssd_budget;
+}
+
+/* Writes a job's records not on SSD yet as one file. mu held. */
+static void
+io_write(td_kvtier_t *kt, job_t *j)
+{
+    blob_t **keep = malloc(j->n * sizeof(*keep));
+    uint64_t *offs = malloc(j->n * sizeof(*offs)), *pays = malloc(j->n * sizeof(*pays));
+    uint64_t *snaps = malloc(j->n * sizeof(*snaps));
+    uint32_t *gs = malloc(j->n * sizeof(*gs));
+    uint8_t *tab = NULL;
+    kfile_t *f = NULL;
+    uint32_t k = 0;
+    uint64_t need, name;
+
+    if (keep == NULL || offs == NULL || pays == NULL || snaps == NULL || gs == NULL)
+        goto dropped;
+    if (j->epoch != kt->epoch)
+        goto cleanup;
+    for (uint32_t i = 0; i < j->n; i++) {
+        uint64_t h = get_le64(j->blobs[i]->data + OFF_HASH);
+        ent_t *e = ent_find(kt, h);
+        bool dup = e != NULL && e->file != NULL;
+
+        for (uint32_t m = 0; m < k && !dup; m++)
+            dup = get_le64(keep[m]->data + OFF_HASH) == h;
+        if (!dup)
+            keep[k++] = j->blobs[i];
     }
-    kt->disk_bytes += need;
+    if (k == 0)
+        goto cleanup;
+    need = PACK_HDR + (uint64_t)k * PACK_ENT;
+    for (uint32_t i = 0; i < k; i++) {
+        offs[i] = need;
+        pays[i] = keep[i]->payload_bytes;
+        snaps[i] = keep[i]->snapshot_bytes;
+        gs[i] = keep[i]->g;
+        need += keep[i]->bytes;
+    }
+    name = get_le64(keep[0]->data + OFF_HASH);
+    if (need > kt->cfg.ssd_budget || !io_make_room(kt, need))
+        goto dropped;
+    if ((tab = malloc(PACK_HDR + (size_t)k * PACK_ENT)) == NULL ||
+        (f = malloc(sizeof(*f) + k * sizeof(uint64_t))) == NULL)
+        goto dropped;
+    kt->disk_bytes += need;   /* the temp file counts from its first byte */
     pthread_mutex_unlock(&kt->mu);
-    td_status_t st = io_write_file(kt, j);
+    td_status_t st = io_write_file(kt, name, keep, k, tab, need);
     pthread_mutex_lock(&kt->mu);
     if (st != TD_OK) {
         kt->disk_bytes -= need;
-        kt->st.writes_dropped++;
-        return;
+        goto dropped;
     }
     kt->st.bytes_written += need;
-    e = ent_find(kt, j->hash);
-    if (j->epoch != kt->epoch || (e != NULL && e->ssd)) {
-        /* flushed while it was written */
+    if (j->epoch != kt->epoch) {   /* flushed while it was written */
         pthread_mutex_unlock(&kt->mu);
-        io_unlink(kt, j->hash);
+        io_unlink(kt, name);
         pthread_mutex_lock(&kt->mu);
         kt->disk_bytes -= need;
-        return;
+        goto cleanup;
     }
-    if ((e = ent_get(kt, j->hash)) == NULL) {
-        pthread_mutex_unlock(&kt->mu);
-        io_unlink(kt, j->hash);
-        pthread_mutex_lock(&kt->mu);
-        kt->disk_bytes -= need;
-        return;
-    }
-    ssd_index(kt, e, j->blob->g, need, j->blob->payload_bytes, j->blob->snapshot_bytes);
+    f->name = name;
+    f->bytes = need;
+    f->nrec = k;
+    for (uint32_t i = 0; i < k; i++)
+        f->hashes[i] = get_le64(keep[i]->data + OFF_HASH);
+    file_index(kt, f, offs, gs, pays, snaps);
+    f = NULL;
+    goto cleanup;
+dropped:
+    kt->st.writes_dropped += k > 0 ? k : j->n;
+cleanup:
+    free(f);
+    free(tab);
+    free(gs);
+    free(snaps);
+    free(pays);
+    free(offs);
+    free(keep);
 }
 
 static void *
@@ -711,13 +922,14 @@ io_main(void *arg)
         kt->busy = true;
         if (j->kind == JOB_DELETE) {
             pthread_mutex_unlock(&kt->mu);
-            io_unlink(kt, j->hash);
+            io_unlink(kt, j->name);
             pthread_mutex_lock(&kt->mu);
             kt->disk_bytes -= j->bytes;
         } else {
-            kt->q_writes--;
+            kt->q_writes -= j->n;
             io_write(kt, j);
-            blob_unref(j->blob);
+            for (uint32_t i = 0; i < j->n; i++)
+                blob_unref(j->blobs[i]);
         }
         free(j);
     }
@@ -729,8 +941,9 @@ io_main(void *arg)
 
 /* ---- Startup scan ----------------------------------------------------------- */
 typedef struct {
-    uint64_t hash, bytes, payload, snapshot;
-    uint32_t g;
+    kfile_t *f;
+    uint64_t *offs, *pays, *snaps;
+    uint32_t *gs;
     struct timespec mtime;
 } found_t;
 
@@ -744,6 +957,16 @@ found_cmp(const void *a, const void *b)
     if (x->mtime.tv_nsec != y->mtime.tv_nsec)
         return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
     return 0;
+}
+
+static void
+found_free(found_t *fd)
+{
+    free(fd->f);
+    free(fd->offs);
+    free(fd->pays);
+    free(fd->snaps);
+    free(fd->gs);
 }
 
 /* Parses "<16 hex>" + ext; true with *hash. */
@@ -767,31 +990,76 @@ name_parse(const char *name, const char *ext, uint64_t *hash)
     return true;
 }
 
-/* What is wrong with a header for file `hash` of file_bytes, or NULL; sets
- * *foreign for a well-formed header of another layout or seed. */
+/* Reads and checks the header and table of an open file `name` of `size`
+ * bytes into *out; what is wrong, or NULL. *foreign: another layout/seed. */
 static const char *
-hdr_check(const td_kvtier_t *kt, const uint8_t *h, uint64_t hash, uint64_t file_bytes,
-          bool *foreign)
+scan_file(td_kvtier_t *kt, int fd, uint64_t name, uint64_t size, found_t *out, bool *foreign)
 {
-    uint32_t g = get_le32(h + OFF_G);
-    uint64_t payload = get_le64(h + OFF_PAYLOAD), snap = get_le64(h + OFF_SNAP);
+    uint8_t hdr[PACK_HDR];
+    uint8_t *tab = NULL;
+    uint32_t n;
+    uint64_t tab_bytes, off;
+    const char *why = NULL;
 
     *foreign = false;
-    if (memcmp(h, KV_MAGIC, 8) != 0)
-        return "bad magic";
-    if (get_le32(h + OFF_VERSION) != KV_VERSION)
-        return "unknown version";
-    if (g == 0 || g > MAX_G || payload == 0 || payload > MAX_PART || snap > MAX_PART)
-        return "sizes out of range";
-    if (rec_file_bytes(g, payload, snap) != file_bytes)
-        return "sizes differ from the file's size (truncated?)";
-    if (get_le64(h + OFF_HASH) != hash)
-        return "holds another block (hash differs from its name)";
-    if (get_le64(h + OFF_LAYOUT) != kt->cfg.layout_hash || get_le64(h + OFF_SEED) != kt->cfg.seed) {
-        *foreign = true;
-        return "foreign (another layout hash or seed)";
+    if (size < PACK_HDR)
+        return "shorter than a header";
+    if (pread(fd, hdr, PACK_HDR, 0) != PACK_HDR)
+        return "header read failed";
+    if ((why = pack_hdr_check(kt, hdr, foreign)) != NULL)
+        return why;
+    n = get_le32(hdr + 20);
+    tab_bytes = PACK_HDR + (uint64_t)n * PACK_ENT;
+    if (tab_bytes > size)
+        return "table longer than the file (truncated?)";
+    if ((tab = malloc(tab_bytes)) == NULL)
+        return "out of memory";
+    out->f = malloc(sizeof(*out->f) + n * sizeof(uint64_t));
+    out->offs = malloc(n * sizeof(uint64_t));
+    out->pays = malloc(n * sizeof(uint64_t));
+    out->snaps = malloc(n * sizeof(uint64_t));
+    out->gs = malloc(n * sizeof(uint32_t));
+    if (!out->f || !out->offs || !out->pays || !out->snaps || !out->gs) {
+        why = "out of memory";
+        goto cleanup;
     }
-    return NULL;
+    if (pread(fd, tab, tab_bytes, 0) != (ssize_t)tab_bytes) {
+        why = "table read failed";
+        goto cleanup;
+    }
+    if (td_xxh64(tab + 16, tab_bytes - 16, 0) != get_le64(tab + 8)) {
+        why = "table checksum mismatch";
+        goto cleanup;
+    }
+    off = tab_bytes;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *e = tab + PACK_HDR + (size_t)i * PACK_ENT;
+        uint64_t h = get_le64(e), pay = get_le64(e + 16), snap = get_le64(e + 24);
+        uint32_t g = get_le32(e + 32);
+
+        if (h == 0 || g == 0 || g > MAX_G || pay == 0 || pay > MAX_PART || snap > MAX_PART ||
+            get_le64(e + 8) != off || (i == 0 && h != name)) {
+            why = i == 0 && h != name ? "holds another block (hash differs from its name)"
+                                      : "table entry out of range";
+            goto cleanup;
+        }
+        out->f->hashes[i] = h;
+        out->offs[i] = off;
+        out->pays[i] = pay;
+        out->snaps[i] = snap;
+        out->gs[i] = g;
+        off += rec_file_bytes(g, pay, snap);
+    }
+    if (off != size) {
+        why = "sizes differ from the file's size (truncated?)";
+        goto cleanup;
+    }
+    out->f->name = name;
+    out->f->bytes = size;
+    out->f->nrec = n;
+cleanup:
+    free(tab);
+    return why;
 }
 
 static td_status_t
@@ -812,85 +1080,75 @@ scan_dir(td_kvtier_t *kt)
     }
     while ((de = readdir(d)) != NULL) {
         const char *nm = de->d_name;
-        uint8_t h[HDR_BYTES];
-        uint64_t hash;
+        uint64_t name;
         struct stat sb;
         const char *why = NULL;
-        bool foreign;
+        bool foreign = false;
+        found_t one = { 0 };
         int fd;
 
         if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0 || strcmp(nm, "LOCK") == 0)
             continue;
-        if (name_parse(nm, ".tmp", &hash)) {
+        if (name_parse(nm, ".tmp", &name)) {
             td_info("kvtier %s: %s: unfinished write; deleted", kt->dir, nm);
             unlinkat(kt->dirfd, nm, 0);
             continue;
         }
-        if (!name_parse(nm, ".kvb", &hash)) {
+        if (!name_parse(nm, ".kvb", &name)) {
             td_warn("kvtier %s: %s: not a cache file; left alone", kt->dir, nm);
             continue;
         }
         fd = openat(kt->dirfd, nm, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0 || fstat(fd, &sb) != 0) {
+        if (fd < 0 || fstat(fd, &sb) != 0)
             why = "cannot open";
-        } else if (!S_ISREG(sb.st_mode)) {
+        else if (!S_ISREG(sb.st_mode))
             why = "not a regular file";
-        } else if ((uint64_t)sb.st_size < HDR_BYTES) {
-            why = "shorter than a header";
-        } else if (pread(fd, h, HDR_BYTES, 0) != HDR_BYTES) {
-            why = "header read failed";
-        } else {
-            why = hdr_check(kt, h, hash, (uint64_t)sb.st_size, &foreign);
-        }
+        else
+            why = scan_file(kt, fd, name, (uint64_t)sb.st_size, &one, &foreign);
         if (fd >= 0)
             close(fd);
+        if (why == NULL && n == cap) {
+            size_t ncap = cap ? cap * 2 : 256;
+            found_t *nf = realloc(found, ncap * sizeof(*found));
+
+            if (nf == NULL) {
+                why = "out of memory";
+            } else {
+                found = nf;
+                cap = ncap;
+            }
+        }
         if (why != NULL) {
+            found_free(&one);
             td_warn("kvtier %s: %s: %s; deleted", kt->dir, nm, why);
             kt->st.corrupt++;
             unlinkat(kt->dirfd, nm, 0);
             deleted++;
             continue;
         }
-        if (n == cap) {
-            size_t ncap = cap ? cap * 2 : 256;
-            found_t *nf = realloc(found, ncap * sizeof(*found));
-
-            if (nf == NULL) {
-                td_error("kvtier %s: scan: out of memory", kt->dir);
-                st = TD_ERR_NOMEM;
-                goto cleanup;
-            }
-            found = nf;
-            cap = ncap;
-        }
-        found[n++] = (found_t){ hash, (uint64_t)sb.st_size, get_le64(h + OFF_PAYLOAD),
-                                get_le64(h + OFF_SNAP), get_le32(h + OFF_G), sb.st_mtim };
+        one.mtime = sb.st_mtim;
+        found[n++] = one;
     }
     if (n > 1)
         qsort(found, n, sizeof(*found), found_cmp);
     for (size_t i = 0; i < n; i++) {
-        ent_t *e = ent_get(kt, found[i].hash);
-
-        if (e == NULL) {
-            st = TD_ERR_NOMEM;
-            goto cleanup;
-        }
-        ssd_index(kt, e, found[i].g, found[i].bytes, found[i].payload, found[i].snapshot);
-        kt->disk_bytes += found[i].bytes;
+        file_index(kt, found[i].f, found[i].offs, found[i].gs, found[i].pays, found[i].snaps);
+        kt->disk_bytes += found[i].f->bytes;
+        found[i].f = NULL;
+        found_free(&found[i]);
     }
     while (kt->disk_bytes > kt->cfg.ssd_budget) {
-        ent_t *v = kt->ssd_lru.head;
-        uint64_t hash = v->node.key, bytes = v->ssd_bytes;
+        kfile_t *v = kt->ssd_lru.head;
 
-        ssd_unindex(kt, v);
-        ent_release_if_empty(kt, v);
-        io_unlink(kt, hash);
-        kt->disk_bytes -= bytes;
+        file_unindex(kt, v);
+        io_unlink(kt, v->name);
+        kt->disk_bytes -= v->bytes;
+        free(v);
         deleted++;
     }
-    td_info("kvtier %s: %" PRIu64 " records of %" PRIu64 " bytes found, %zu files deleted",
-            kt->dir, kt->st.ssd_records, kt->st.ssd_bytes, deleted);
-cleanup:
+    td_info("kvtier %s: %" PRIu64 " records in %" PRIu64 " files of %" PRIu64
+            " bytes found, %zu files deleted", kt->dir, kt->st.ssd_records, kt->st.ssd_files,
+            kt->st.ssd_bytes, deleted);
     free(found);
     closedir(d);
     return st;
@@ -928,8 +1186,13 @@ kt_free(td_kvtier_t *kt)
 {
     for (job_t *j = kt->q_head, *next; j != NULL; j = next) {
         next = j->next;
-        blob_unref(j->blob);
+        for (uint32_t i = 0; j->kind == JOB_WRITE && i < j->n; i++)
+            blob_unref(j->blobs[i]);
         free(j);
+    }
+    for (kfile_t *f = kt->ssd_lru.head, *next; f != NULL; f = next) {
+        next = f->next;
+        free(f);
     }
     if (kt->index.b != NULL)
         for (size_t i = 0; i < kt->index.nb; i++)
@@ -948,6 +1211,8 @@ kt_free(td_kvtier_t *kt)
         close(kt->lockfd);
     if (kt->dirfd >= 0)
         close(kt->dirfd);
+    for (uint32_t i = 0; i < kt->nbufs; i++)
+        free(kt->bufs[i].p);
     free(kt->readers);
     pthread_cond_destroy(&kt->rdone);
     pthread_cond_destroy(&kt->rwork);
@@ -973,6 +1238,10 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     kt->cfg.ssd_dir = NULL;
     if (kt->cfg.queue_cap == 0)
         kt->cfg.queue_cap = 256;
+    if (kt->cfg.pack_records == 0)
+        kt->cfg.pack_records = 64;
+    if (kt->cfg.pack_records > PACK_MAX)
+        kt->cfg.pack_records = PACK_MAX;
     kt->dirfd = kt->lockfd = -1;
     pthread_mutex_init(&kt->mu, NULL);
     pthread_cond_init(&kt->work, NULL);
@@ -983,7 +1252,9 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     pthread_cond_init(&kt->rdone, NULL);
     if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK)
         goto err_free;
+    kt->st.host_budget = cfg->host_budget;
     if (cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0') {
+        kt->st.ssd_budget = cfg->ssd_budget;
         if ((kt->dir = strdup(cfg->ssd_dir)) == NULL) {
             st = TD_ERR_NOMEM;
             goto err_free;
@@ -1011,8 +1282,6 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
             kt->nreaders++;
         }
     }
-    kt->st.host_budget = cfg->host_budget;
-    kt->st.ssd_budget = kt->dir != NULL ? cfg->ssd_budget : 0;
     *out = kt;
     return TD_OK;
 
@@ -1050,84 +1319,125 @@ td_kvtier_destroy(td_kvtier_t *kt)
 static bool
 rec_valid(const td_kvrec_t *r)
 {
-    return r != NULL && r->hash != 0 && r->block_tokens > 0 && r->block_tokens <= MAX_G &&
+    return r->hash != 0 && r->block_tokens > 0 && r->block_tokens <= MAX_G &&
            r->tokens != NULL && r->payload != NULL && r->payload_bytes > 0 &&
            r->payload_bytes <= MAX_PART && r->snapshot_bytes <= MAX_PART &&
            (r->snapshot == NULL) == (r->snapshot_bytes == 0);
 }
 
-td_status_t
-td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec)
+static blob_t *
+blob_of(td_kvtier_t *kt, const td_kvrec_t *rec)
 {
-    blob_t *b = NULL;
+    blob_t *b = blob_alloc(rec->block_tokens, rec->payload_bytes, rec->snapshot_bytes);
+
+    if (b == NULL)
+        return NULL;
+    hdr_fill(b->data, &kt->cfg, rec->hash, rec->parent, rec->end, rec->block_tokens,
+             rec->payload_bytes, rec->snapshot_bytes);
+    memcpy(b->data + HDR_BYTES, rec->tokens, (size_t)rec->block_tokens * 4);
+    memcpy((uint8_t *)blob_payload(b), rec->payload, rec->payload_bytes);
+    if (rec->snapshot_bytes > 0)
+        memcpy((uint8_t *)blob_snapshot(b), rec->snapshot, rec->snapshot_bytes);
+    return b;
+}
+
+/* put_many for at most pack_records records: one file. */
+static td_status_t
+put_pack(td_kvtier_t *kt, const td_kvrec_t *recs, uint32_t n)
+{
+    blob_t *blobs[PACK_MAX] = { NULL };
+    bool want_host[PACK_MAX], want_ssd[PACK_MAX];
+    uint32_t nssd = 0;
     job_t *j = NULL;
-    bool want_host, want_ssd;
-    uint64_t bytes;
+    td_status_t st = TD_OK;
 
-    if (!rec_valid(rec)) {
-        td_warn("kvtier: put of a malformed record (block %016" PRIx64 ")",
-                rec != NULL ? rec->hash : 0);
-        return TD_ERR_INVALID;
-    }
-    bytes = rec_file_bytes(rec->block_tokens, rec->payload_bytes, rec->snapshot_bytes);
     pthread_mutex_lock(&kt->mu);
-    ent_t *e = ent_find(kt, rec->hash);
+    for (uint32_t i = 0; i < n; i++) {
+        const td_kvrec_t *r = &recs[i];
+        uint64_t bytes = rec_file_bytes(r->block_tokens, r->payload_bytes, r->snapshot_bytes);
+        ent_t *e = ent_find(kt, r->hash);
 
-    if (e != NULL && e->host != NULL)
-        lru_touch(&kt->host_lru, e, hlink);
-    if (e != NULL && e->ssd)
-        lru_touch(&kt->ssd_lru, e, slink);
-    want_host = !(e != NULL && e->host != NULL) && bytes <= kt->cfg.host_budget;
-    want_ssd = kt->dir != NULL && !(e != NULL && e->ssd);
-    if (want_ssd && (kt->q_writes >= kt->cfg.queue_cap || bytes > kt->cfg.ssd_budget)) {
-        kt->st.writes_dropped++;
-        want_ssd = false;
+        if (e != NULL && e->host != NULL)
+            lru_touch(&kt->host_lru, e);
+        if (e != NULL && e->file != NULL)
+            flru_touch(&kt->ssd_lru, e->file);
+        want_host[i] = !(e != NULL && e->host != NULL) && bytes <= kt->cfg.host_budget;
+        want_ssd[i] = kt->dir != NULL && !(e != NULL && e->file != NULL);
+        if (want_ssd[i] && e != NULL && e->host != NULL)
+            blobs[i] = blob_ref(e->host);
+        nssd += want_ssd[i];
     }
-    if (want_ssd && e != NULL && e->host != NULL)
-        b = blob_ref(e->host);
+    if (nssd > 0 && kt->q_writes + nssd > kt->cfg.queue_cap) {
+        kt->st.writes_dropped += nssd;
+        for (uint32_t i = 0; i < n; i++)
+            want_ssd[i] = false;
+        nssd = 0;
+    }
     pthread_mutex_unlock(&kt->mu);
-    if (!want_host && !want_ssd)
-        return TD_OK;
 
-    if (b == NULL) {
-        if ((b = blob_alloc(rec->block_tokens, rec->payload_bytes, rec->snapshot_bytes)) == NULL)
+    for (uint32_t i = 0; i < n; i++)
+        if (blobs[i] == NULL && (want_host[i] || want_ssd[i]) &&
+            (blobs[i] = blob_of(kt, &recs[i])) == NULL)
             goto err_nomem;
-        hdr_fill(b->data, &kt->cfg, rec->hash, rec->parent, rec->end, rec->block_tokens,
-                 rec->payload_bytes, rec->snapshot_bytes);
-        memcpy(b->data + HDR_BYTES, rec->tokens, (size_t)rec->block_tokens * 4);
-        memcpy((uint8_t *)blob_payload(b), rec->payload, rec->payload_bytes);
-        if (rec->snapshot_bytes > 0)
-            memcpy((uint8_t *)blob_snapshot(b), rec->snapshot, rec->snapshot_bytes);
-    }
-    if (want_ssd && (j = calloc(1, sizeof(*j))) == NULL)
+    if (nssd > 0 && (j = calloc(1, sizeof(*j) + nssd * sizeof(blob_t *))) == NULL)
         goto err_nomem;
 
     pthread_mutex_lock(&kt->mu);
-    if (want_host)
-        host_insert(kt, rec->hash, b);
-    if (want_ssd) {
-        if (kt->q_writes >= kt->cfg.queue_cap) {
-            kt->st.writes_dropped++;
+    for (uint32_t i = 0; i < n; i++)
+        if (want_host[i])
+            host_insert(kt, recs[i].hash, blobs[i]);
+    if (j != NULL) {
+        if (kt->q_writes + nssd > kt->cfg.queue_cap) {
+            kt->st.writes_dropped += nssd;
             free(j);
         } else {
             j->kind = JOB_WRITE;
-            j->hash = rec->hash;
-            j->blob = blob_ref(b);
-            j->parent = rec->parent;
-            j->end = rec->end;
             j->epoch = kt->epoch;
+            for (uint32_t i = 0; i < n; i++)
+                if (want_ssd[i])
+                    j->blobs[j->n++] = blob_ref(blobs[i]);
             queue_push(kt, j);
         }
     }
     pthread_mutex_unlock(&kt->mu);
-    blob_unref(b);
-    return TD_OK;
+    goto cleanup;
 
 err_nomem:
-    blob_unref(b);
     td_log_every(TD_LOG_ERROR, 10000, "kvtier: block %016" PRIx64 ": put: out of memory",
-                 rec->hash);
-    return TD_ERR_NOMEM;
+                 recs[0].hash);
+    st = TD_ERR_NOMEM;
+cleanup:
+    for (uint32_t i = 0; i < n; i++)
+        blob_unref(blobs[i]);
+    return st;
+}
+
+td_status_t
+td_kvtier_put_many(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!rec_valid(&recs[i])) {
+            td_warn("kvtier: put of a malformed record (block %016" PRIx64 ")", recs[i].hash);
+            return TD_ERR_INVALID;
+        }
+    for (size_t i = 0; i < n; i += kt->cfg.pack_records) {
+        size_t k = n - i < kt->cfg.pack_records ? n - i : kt->cfg.pack_records;
+        td_status_t st = put_pack(kt, recs + i, (uint32_t)k);
+
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec)
+{
+    if (rec == NULL) {
+        td_warn("kvtier: put of no record");
+        return TD_ERR_INVALID;
+    }
+    return td_kvtier_put_many(kt, rec, 1);
 }
 
 unsigned
@@ -1139,12 +1449,24 @@ td_kvtier_has(td_kvtier_t *kt, uint64_t hash)
     ent_t *e = ent_find(kt, hash);
 
     if (e != NULL)
-        tiers = (e->host != NULL ? TD_KVTIER_HOST : 0) | (e->ssd ? TD_KVTIER_SSD : 0);
+        tiers = (e->host != NULL ? TD_KVTIER_HOST : 0) | (e->file != NULL ? TD_KVTIER_SSD : 0);
     pthread_mutex_unlock(&kt->mu);
     return tiers;
 }
 
 /* ---- Get -------------------------------------------------------------------- */
+static bool
+out_fits(const td_kvtier_out_t *out, uint64_t payload, uint64_t snap, uint64_t hash)
+{
+    if (payload <= out->payload_cap && snap <= out->snapshot_cap &&
+        (snap == 0 || out->snapshot != NULL))
+        return true;
+    td_warn("kvtier: block %016" PRIx64 ": record of %" PRIu64 "+%" PRIu64
+            " bytes: the caller's buffers hold %" PRIu64 "+%" PRIu64, hash, payload, snap,
+            out->payload_cap, out->snapshot_cap);
+    return false;
+}
+
 static td_status_t
 get_host(td_kvtier_t *kt, blob_t *b, uint64_t hash, const int32_t *expect, uint32_t g,
          td_kvtier_out_t *out)
@@ -1169,11 +1491,14 @@ get_host(td_kvtier_t *kt, blob_t *b, uint64_t hash, const int32_t *expect, uint3
     out->payload_bytes = b->payload_bytes;
     out->snapshot_bytes = b->snapshot_bytes;
     out->tier = TD_KVTIER_HOST;
+    pthread_mutex_lock(&kt->mu);
+    kt->st.hits_host++;
+    pthread_mutex_unlock(&kt->mu);
     return TD_OK;
 }
 
-/* Drops the SSD entry of hash made at gen (if it is still that one): the file
- * is queued for deletion, or (gone) its bytes leave the count. mu not held. */
+/* Drops the SSD file made at gen (if it is still indexed): queued for
+ * deletion, or (gone) its bytes leave the count. mu not held. */
 static void
 ssd_reject(td_kvtier_t *kt, uint64_t hash, uint64_t gen, bool gone)
 {
@@ -1185,48 +1510,116 @@ ssd_reject(td_kvtier_t *kt, uint64_t hash, uint64_t gen, bool gone)
     if (!gone)
         kt->st.corrupt++;
     kt->st.misses++;
-    if (e != NULL && e->ssd && e->ssd_gen == gen) {
+    if (e != NULL && e->file != NULL && e->file->gen == gen) {
+        kfile_t *f = e->file;
+
         if (gone) {
-            ssd_unindex(kt, e);
-            kt->disk_bytes -= e->ssd_bytes;
+            file_unindex(kt, f);
+            kt->disk_bytes -= f->bytes;
+            free(f);
         } else {
-            ssd_doom(kt, e, j);
+            file_doom(kt, f, j);
             j = NULL;
         }
-        ent_release_if_empty(kt, e);
     }
     pthread_mutex_unlock(&kt->mu);
     free(j);
 }
 
-/* Reads hash's file (fd: opened already, or -1) into out and checks it. */
+/* A block's place on SSD, copied under mu. */
+typedef struct {
+    uint64_t name, gen, off, payload, snap;
+    uint32_t g;
+} where_t;
+
+/* Checks a record read from SSD (hdr, tokens: copies or the read buffer;
+ * out: payload and snapshot filled; why: a read failure or NULL) against
+ * w and the expected tokens; on success promotes it to the host tier (and
+ * sets the file's mtime through fd at most once a minute). */
+static td_status_t
+ssd_finish(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
+           td_kvtier_out_t *out, const where_t *w, const uint8_t *hdr, const void *tokens,
+           const char *why, int fd)
+{
+    uint64_t bytes = rec_file_bytes(w->g, w->payload, w->snap);
+    char name[NAME_LEN];
+    bool foreign, touch = false;
+    blob_t *b = NULL;
+
+    rec_name(name, w->name, ".kvb");
+    if (why != NULL)
+        ;
+    else if ((why = hdr_check(kt, hdr, hash, bytes, &foreign)) != NULL)
+        ;
+    else if (get_le32(hdr + OFF_G) != w->g || get_le64(hdr + OFF_PAYLOAD) != w->payload ||
+             get_le64(hdr + OFF_SNAP) != w->snap)
+        why = "sizes differ from the file's table";
+    else if (rec_checksum(hdr, tokens, w->g, out->payload, w->payload, out->snapshot, w->snap) !=
+             get_le64(hdr + OFF_CSUM))
+        why = "checksum mismatch";
+    else if (w->g != g || memcmp(tokens, expect, (size_t)g * 4) != 0)
+        why = "holds other tokens (hash collision)";
+    if (why != NULL) {
+        td_warn("kvtier %s: %s: block %016" PRIx64 " at %" PRIu64 ": %s; file deleted", kt->dir,
+                name, hash, w->off, why);
+        ssd_reject(kt, hash, w->gen, false);
+        return TD_ERR_NOT_FOUND;
+    }
+    out->payload_bytes = w->payload;
+    out->snapshot_bytes = w->snap;
+    out->tier = TD_KVTIER_SSD;
+    if (bytes <= kt->cfg.host_budget && (b = blob_alloc(w->g, w->payload, w->snap)) != NULL) {
+        memcpy(b->data, hdr, HDR_BYTES);
+        memcpy(b->data + HDR_BYTES, tokens, (size_t)w->g * 4);
+        memcpy((uint8_t *)blob_payload(b), out->payload, w->payload);
+        if (w->snap > 0)
+            memcpy((uint8_t *)blob_snapshot(b), out->snapshot, w->snap);
+    }
+    pthread_mutex_lock(&kt->mu);
+    ent_t *e = ent_find(kt, hash);
+
+    if (e != NULL && e->file != NULL && e->file->gen == w->gen) {
+        uint64_t now = td_clock_ns();
+
+        flru_touch(&kt->ssd_lru, e->file);
+        if (now - e->file->mtime_ns > MTIME_EVERY_NS) {
+            e->file->mtime_ns = now;
+            touch = true;
+        }
+    }
+    kt->st.hits_ssd++;
+    kt->st.bytes_read += bytes;
+    if (b != NULL)
+        host_insert(kt, hash, b);
+    pthread_mutex_unlock(&kt->mu);
+    blob_unref(b);
+    if (touch && fd >= 0)
+        futimens(fd, NULL);   /* the LRU order a restart sees; best effort */
+    return TD_OK;
+}
+
+/* Reads hash's record from its file into out and checks it. */
 static td_status_t
 get_ssd(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
-        td_kvtier_out_t *out, int fd, uint32_t eg, uint64_t bytes, uint64_t payload,
-        uint64_t snap, uint64_t gen)
+        td_kvtier_out_t *out, const where_t *w)
 {
     char name[NAME_LEN];
     uint8_t hdr[HDR_BYTES];
     int32_t stack_tokens[512];
     int32_t *tokens = stack_tokens;
+    uint64_t bytes = rec_file_bytes(w->g, w->payload, w->snap);
     const char *why = NULL;
-    bool foreign;
-    td_status_t st = TD_ERR_NOT_FOUND;
+    td_status_t st;
+    ssize_t r;
+    int fd;
 
-    rec_name(name, hash, ".kvb");
-    if (payload > out->payload_cap || snap > out->snapshot_cap || (snap > 0 && out->snapshot == NULL)) {
-        td_warn("kvtier %s: %s: record of %" PRIu64 "+%" PRIu64 " bytes: the caller's buffers hold %"
-                PRIu64 "+%" PRIu64, kt->dir, name, payload, snap, out->payload_cap, out->snapshot_cap);
-        if (fd >= 0)
-            close(fd);
-        return TD_ERR_TOO_BIG;
-    }
-    if (fd < 0 && (fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC)) < 0) {
+    rec_name(name, w->name, ".kvb");
+    if ((fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC)) < 0) {
         int err = errno;
 
         td_warn("kvtier %s: %s: cannot open: %s", kt->dir, name, strerror(err));
         if (err == ENOENT) {
-            ssd_reject(kt, hash, gen, true);
+            ssd_reject(kt, hash, w->gen, true);
         } else {
             pthread_mutex_lock(&kt->mu);
             kt->st.misses++;
@@ -1234,198 +1627,220 @@ get_ssd(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
         }
         return TD_ERR_NOT_FOUND;
     }
-    if (eg > 512 && (tokens = malloc((size_t)eg * 4)) == NULL) {
+    if (w->g > 512 && (tokens = malloc((size_t)w->g * 4)) == NULL) {
         close(fd);
         return TD_ERR_NOMEM;
     }
-    uint8_t extra;   /* a byte past the end: a longer file reads into it */
-    struct iovec iov[5] = {
-        { hdr, HDR_BYTES }, { tokens, (size_t)eg * 4 }, { out->payload, payload },
-        { out->snapshot, snap }, { &extra, 1 },
+    struct iovec iov[4] = {
+        { hdr, HDR_BYTES }, { tokens, (size_t)w->g * 4 }, { out->payload, w->payload },
+        { out->snapshot, w->snap },
     };
-    ssize_t r;
 
-    if (snap == 0)
-        iov[3] = iov[4];
     do
-        r = preadv(fd, iov, snap > 0 ? 5 : 4, 0);
+        r = preadv(fd, iov, w->snap > 0 ? 4 : 3, (off_t)w->off);
     while (r < 0 && errno == EINTR);
-    {
-        if (r < 0)
-            why = "read failed";
-        else if ((uint64_t)r != bytes)
-            why = "size differs from the index (truncated or replaced)";
-        else if ((why = hdr_check(kt, hdr, hash, bytes, &foreign)) != NULL)
-            ;
-        else if (get_le32(hdr + OFF_G) != eg || get_le64(hdr + OFF_PAYLOAD) != payload ||
-                 get_le64(hdr + OFF_SNAP) != snap)
-            why = "sizes differ from the index";
-        else if (rec_checksum(hdr, tokens, eg, out->payload, payload, out->snapshot, snap) !=
-                 get_le64(hdr + OFF_CSUM))
-            why = "checksum mismatch";
-        else if (eg != g || memcmp(tokens, expect, (size_t)g * 4) != 0)
-            why = "holds other tokens (hash collision)";
-    }
-    if (why != NULL) {
-        td_warn("kvtier %s: %s: %s; deleted", kt->dir, name, why);
-        close(fd);
-        ssd_reject(kt, hash, gen, false);
-        goto cleanup;
-    }
-    pthread_mutex_lock(&kt->mu);
-    ent_t *te = ent_find(kt, hash);
-    uint64_t now = td_clock_ns();
-    bool touch = te != NULL && te->ssd_gen == gen && now - te->ssd_mtime_ns > MTIME_EVERY_NS;
-
-    if (touch)
-        te->ssd_mtime_ns = now;
-    pthread_mutex_unlock(&kt->mu);
-    if (touch)
-        futimens(fd, NULL);   /* the LRU order a restart sees; best effort */
+    if (r < 0)
+        why = "read failed";
+    else if ((uint64_t)r != bytes)
+        why = "short read (truncated)";
+    st = ssd_finish(kt, hash, expect, g, out, w, hdr, tokens, why, fd);
     close(fd);
-    out->payload_bytes = payload;
-    out->snapshot_bytes = snap;
-    out->tier = TD_KVTIER_SSD;
-
-    blob_t *b = NULL;
-
-    if (bytes <= kt->cfg.host_budget && (b = blob_alloc(eg, payload, snap)) != NULL) {
-        memcpy(b->data, hdr, HDR_BYTES);
-        memcpy(b->data + HDR_BYTES, tokens, (size_t)eg * 4);
-        memcpy((uint8_t *)blob_payload(b), out->payload, payload);
-        if (snap > 0)
-            memcpy((uint8_t *)blob_snapshot(b), out->snapshot, snap);
-    }
-    pthread_mutex_lock(&kt->mu);
-    ent_t *e = ent_find(kt, hash);
-
-    if (e != NULL && e->ssd && e->ssd_gen == gen)
-        lru_touch(&kt->ssd_lru, e, slink);
-    kt->st.hits_ssd++;
-    kt->st.bytes_read += bytes;
-    if (b != NULL)
-        host_insert(kt, hash, b);
-    pthread_mutex_unlock(&kt->mu);
-    blob_unref(b);
-    st = TD_OK;
-cleanup:
     if (tokens != stack_tokens)
         free(tokens);
     return st;
 }
 
-/* One block: host, else SSD (fd: its file opened already, or -1). */
-static td_status_t
-get_one(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
-        td_kvtier_out_t *out, int fd)
+/* Where hash is: its host copy (*host, one count) or its SSD record (*w);
+ * false when neither (counted as a miss unless quiet). */
+static bool
+get_where(td_kvtier_t *kt, uint64_t hash, blob_t **host, where_t *w, bool quiet)
 {
-    blob_t *b = NULL;
-    uint32_t eg = 0;
-    uint64_t bytes = 0, payload = 0, snap = 0, gen = 0;
+    bool found = true;
 
+    *host = NULL;
     pthread_mutex_lock(&kt->mu);
     ent_t *e = ent_find(kt, hash);
 
     if (e != NULL && e->host != NULL) {
-        b = blob_ref(e->host);
-        lru_touch(&kt->host_lru, e, hlink);
-    } else if (e != NULL && e->ssd) {
-        eg = e->ssd_g;
-        bytes = e->ssd_bytes;
-        payload = e->ssd_payload;
-        snap = e->ssd_snapshot;
-        gen = e->ssd_gen;
+        *host = blob_ref(e->host);
+        lru_touch(&kt->host_lru, e);
+    } else if (e != NULL && e->file != NULL) {
+        *w = (where_t){ e->file->name, e->file->gen, e->off, e->payload, e->snapshot, e->g };
     } else {
-        kt->st.misses++;
+        kt->st.misses += !quiet;
+        found = false;
     }
     pthread_mutex_unlock(&kt->mu);
+    return found;
+}
 
+/* A block of a chain read ahead: its record's bytes in a run's buffer. */
+typedef struct {
+    const uint8_t *rec;         /* NULL: not read ahead (or past the end of the file) */
+    uint64_t gen;               /* its file's gen when read */
+    int fd;                     /* the run's file */
+} pre_t;
+
+/* One block: host, else SSD (pre: read ahead by get_many, or NULL). */
+static td_status_t
+get_one(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
+        td_kvtier_out_t *out, const pre_t *pre)
+{
+    blob_t *b;
+    where_t w;
+    td_status_t st;
+
+    if (!get_where(kt, hash, &b, &w, false))
+        return TD_ERR_NOT_FOUND;
     if (b != NULL) {
-        td_status_t st;
-
-        if (fd >= 0)
-            close(fd);
-        if (b->payload_bytes > out->payload_cap || b->snapshot_bytes > out->snapshot_cap ||
-            (b->snapshot_bytes > 0 && out->snapshot == NULL)) {
-            td_warn("kvtier: block %016" PRIx64 ": record of %" PRIu64 "+%" PRIu64
-                    " bytes: the caller's buffers hold %" PRIu64 "+%" PRIu64, hash,
-                    b->payload_bytes, b->snapshot_bytes, out->payload_cap, out->snapshot_cap);
-            st = TD_ERR_TOO_BIG;
-        } else {
-            st = get_host(kt, b, hash, expect, g, out);
-            if (st == TD_OK) {
-                pthread_mutex_lock(&kt->mu);
-                kt->st.hits_host++;
-                pthread_mutex_unlock(&kt->mu);
-            }
-        }
+        st = out_fits(out, b->payload_bytes, b->snapshot_bytes, hash)
+                 ? get_host(kt, b, hash, expect, g, out)
+                 : TD_ERR_TOO_BIG;
         blob_unref(b);
         return st;
     }
-    if (gen == 0) {
-        if (fd >= 0)
-            close(fd);
-        return TD_ERR_NOT_FOUND;
-    }
-    return get_ssd(kt, hash, expect, g, out, fd, eg, bytes, payload, snap, gen);
+    if (!out_fits(out, w.payload, w.snap, hash))
+        return TD_ERR_TOO_BIG;
+    if (pre == NULL || pre->rec == NULL || pre->gen != w.gen)
+        return get_ssd(kt, hash, expect, g, out, &w);
+    /* from the run's buffer */
+    memcpy(out->payload, pre->rec + HDR_BYTES + (size_t)w.g * 4, w.payload);
+    if (w.snap > 0)
+        memcpy(out->snapshot, pre->rec + HDR_BYTES + (size_t)w.g * 4 + w.payload, w.snap);
+    return ssd_finish(kt, hash, expect, g, out, &w, pre->rec, pre->rec + HDR_BYTES, NULL,
+                      pre->fd);
 }
 
 td_status_t
 td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens, uint32_t block_tokens,
               td_kvtier_out_t *out)
 {
-    return get_one(kt, hash, expect_tokens, block_tokens, out, -1);
+    return get_one(kt, hash, expect_tokens, block_tokens, out, NULL);
 }
 
 /* ---- Chains: get_many, with the reader threads ------------------------------
- * A batch's blocks are claimed one at a time, first to open each SSD file and
- * start its readahead (POSIX_FADV_WILLNEED: the device sees the whole chain at
- * once), then to read and check it; the caller and the reader threads claim
- * alike. fds[i]: -1 not opened yet, -2 taken by the block's reader, else the
- * opened file the reader takes. One batch at a time uses the threads; a
- * second caller meanwhile reads its chain alone. */
+ * The chain's SSD blocks come in runs of consecutive blocks of one file (a
+ * put batch), up to RUN_MAX bytes each; the caller and the reader threads
+ * claim runs, read each with one O_DIRECT read of its span (aligned; a plain
+ * read where the file system refuses O_DIRECT) into a buffer kept for reuse,
+ * then check its blocks and copy them out. No page cache: the host tier is the cache, and a cold read goes
+ * at the device's large-read speed. A block whose run could not be read is
+ * read on its own (which finds and reports what is wrong). One batch at a
+ * time uses the threads; a second caller meanwhile reads its chain alone. */
+#define RUN_ALIGN 4096u
+#define RUN_MAX   (1u << 20)
+#define RUN_BUFS  8           /* buffers kept for reuse */
+
+typedef struct {
+    uint64_t name, gen;         /* the file */
+    uint64_t lo, hi;            /* the span of the run's records, aligned */
+    size_t first, last;         /* its blocks: [first, last] of the chain */
+    uint8_t *buf;               /* [cap >= hi - lo] read, or NULL */
+    uint64_t cap;
+    uint64_t got;               /* bytes read */
+    int fd;
+} run_t;
+
 struct rbatch {
     const uint64_t *hashes;
     const int32_t *tokens;
     uint32_t g;
     td_kvtier_out_t *outs;
     td_status_t *sts;
-    _Atomic int *fds;
-    size_t n;
-    _Atomic size_t next_open, next_read;
+    pre_t *pre;                 /* [n] */
+    where_t *w;                 /* [n] */
+    run_t *runs;
+    size_t n, nruns;
+    _Atomic size_t next_run, next;
     int helpers;                /* reader threads inside, under rmu */
 };
 
+static void
+run_read(td_kvtier_t *kt, run_t *r)
+{
+    char name[NAME_LEN];
+    ssize_t got;
+
+    rec_name(name, r->name, ".kvb");
+    r->fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (r->fd < 0 && errno == EINVAL)
+        r->fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0)
+        return;
+    pthread_mutex_lock(&kt->rmu);   /* a kept buffer, else a new one */
+    for (uint32_t i = 0; i < kt->nbufs; i++)
+        if (kt->bufs[i].cap >= r->hi - r->lo) {
+            r->buf = kt->bufs[i].p;
+            r->cap = kt->bufs[i].cap;
+            kt->bufs[i] = kt->bufs[--kt->nbufs];
+            break;
+        }
+    pthread_mutex_unlock(&kt->rmu);
+    if (r->buf == NULL) {
+        r->cap = r->hi - r->lo > RUN_MAX ? r->hi - r->lo : RUN_MAX;
+        if (posix_memalign((void **)&r->buf, RUN_ALIGN, r->cap) != 0) {
+            r->buf = NULL;
+            return;
+        }
+    }
+    do
+        got = pread(r->fd, r->buf, r->hi - r->lo, (off_t)r->lo);
+    while (got < 0 && errno == EINTR);
+    if (got < 0 && errno == EINVAL) {   /* O_DIRECT refused after all: plain */
+        close(r->fd);
+        r->fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC);
+        got = r->fd < 0 ? -1 : pread(r->fd, r->buf, r->hi - r->lo, (off_t)r->lo);
+    }
+    r->got = got > 0 ? (uint64_t)got : 0;
+}
+
+/* Gives r's buffer back (kept while fewer than RUN_BUFS are) and closes it. */
+static void
+run_done(td_kvtier_t *kt, run_t *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+    if (r->buf == NULL)
+        return;
+    pthread_mutex_lock(&kt->rmu);
+    if (kt->nbufs < RUN_BUFS) {
+        kt->bufs[kt->nbufs++] = (rbuf_t){ r->buf, r->cap };
+        r->buf = NULL;
+    }
+    pthread_mutex_unlock(&kt->rmu);
+    free(r->buf);
+    r->buf = NULL;
+}
+
+/* Claims runs (read, then check and copy out their blocks), then the blocks
+ * in no run (host tier, misses). */
 static void
 rbatch_work(td_kvtier_t *kt, rbatch_t *b)
 {
     size_t i;
 
-    while ((i = atomic_fetch_add(&b->next_open, 1)) < b->n) {
-        char name[NAME_LEN];
-        bool on_ssd;
-        int fd, none = -1;
+    while ((i = atomic_fetch_add(&b->next_run, 1)) < b->nruns) {
+        run_t *r = &b->runs[i];
 
-        pthread_mutex_lock(&kt->mu);
-        ent_t *e = ent_find(kt, b->hashes[i]);
+        run_read(kt, r);
+        for (size_t k = r->first; k <= r->last; k++) {
+            const where_t *w = &b->w[k];
+            uint64_t end = w->off + rec_file_bytes(w->g, w->payload, w->snap);
 
-        on_ssd = e != NULL && e->host == NULL && e->ssd;
-        pthread_mutex_unlock(&kt->mu);
-        if (!on_ssd)
-            continue;
-        rec_name(name, b->hashes[i], ".kvb");
-        if ((fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC)) < 0)
-            continue;
-        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-        if (!atomic_compare_exchange_strong(&b->fds[i], &none, fd))
-            close(fd);   /* its reader came first */
+            if (r->buf != NULL && end <= r->lo + r->got) {
+                b->pre[k].rec = r->buf + (w->off - r->lo);
+                b->pre[k].fd = r->fd;
+            }
+            b->sts[k] = get_one(kt, b->hashes[k], b->tokens + k * b->g, b->g, &b->outs[k],
+                                &b->pre[k]);
+        }
+        run_done(kt, r);
     }
-    while ((i = atomic_fetch_add(&b->next_read, 1)) < b->n) {
-        int fd = atomic_exchange(&b->fds[i], -2);
-
-        b->sts[i] = get_one(kt, b->hashes[i], b->tokens + i * b->g, b->g, &b->outs[i],
-                            fd >= 0 ? fd : -1);
-    }
+    while ((i = atomic_fetch_add(&b->next, 1)) < b->n)
+        if (b->pre[i].gen == 0)
+            b->sts[i] = get_one(kt, b->hashes[i], b->tokens + i * b->g, b->g, &b->outs[i],
+                                NULL);
 }
 
 static void *
@@ -1454,26 +1869,64 @@ reader_main(void *arg)
     return NULL;
 }
 
+/* The runs of the chain's SSD blocks (consecutive blocks of one file). */
+static size_t
+chain_runs(td_kvtier_t *kt, rbatch_t *b)
+{
+    size_t nruns = 0;
+
+    for (size_t i = 0; i < b->n; i++) {
+        blob_t *host;
+        where_t *w = &b->w[i];
+
+        b->pre[i] = (pre_t){ NULL, 0, -1 };
+        if (!get_where(kt, b->hashes[i], &host, w, true) || host != NULL) {
+            blob_unref(host);
+            continue;
+        }
+        uint64_t lo = w->off & ~(uint64_t)(RUN_ALIGN - 1);
+        uint64_t hi = w->off + rec_file_bytes(w->g, w->payload, w->snap);
+
+        hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
+        b->pre[i].gen = w->gen;
+        run_t *r = nruns > 0 ? &b->runs[nruns - 1] : NULL;
+
+        if (r != NULL && r->name == w->name && r->gen == w->gen && r->last + 1 == i &&
+            hi - (lo < r->lo ? lo : r->lo) <= RUN_MAX) {
+            r->lo = lo < r->lo ? lo : r->lo;
+            r->hi = hi > r->hi ? hi : r->hi;
+            r->last = i;
+            continue;
+        }
+        b->runs[nruns++] = (run_t){ w->name, w->gen, lo, hi, i, i, NULL, 0, 0, -1 };
+    }
+    return nruns;
+}
+
 td_status_t
 td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int32_t *expect_tokens,
                    uint32_t block_tokens, td_kvtier_out_t *outs, size_t *n_hit)
 {
-    _Atomic int stack_fds[64];
-    td_status_t stack_sts[64];
-    _Atomic int *fds = n <= 64 ? stack_fds : malloc(n * sizeof(*fds));
-    td_status_t *sts = n <= 64 ? stack_sts : malloc(n * sizeof(*sts));
-    rbatch_t b = { hashes, expect_tokens, block_tokens, outs, sts, fds, n, 0, 0, 0 };
+    rbatch_t b = { hashes, expect_tokens, block_tokens, outs, NULL, NULL, NULL, NULL, n, 0,
+                   0, 0, 0 };
     td_status_t st = TD_OK;
     bool shared = false;
     size_t i;
 
     *n_hit = 0;
-    if (fds == NULL || sts == NULL) {
+    b.sts = malloc(n * sizeof(*b.sts));
+    b.pre = malloc(n * sizeof(*b.pre));
+    b.w = malloc(n * sizeof(*b.w));
+    b.runs = malloc(n * sizeof(*b.runs));
+    if (n > 0 && (!b.sts || !b.pre || !b.w || !b.runs)) {
         st = TD_ERR_NOMEM;
         goto cleanup;
     }
-    for (i = 0; i < n; i++)
-        atomic_init(&fds[i], -1);
+    if (kt->dir != NULL)
+        b.nruns = chain_runs(kt, &b);
+    else
+        for (i = 0; i < n; i++)
+            b.pre[i] = (pre_t){ NULL, 0, -1 };
     if (kt->nreaders > 0 && n > 1 && pthread_mutex_trylock(&kt->rbusy) == 0) {
         shared = true;
         pthread_mutex_lock(&kt->rmu);
@@ -1491,16 +1944,16 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
         pthread_mutex_unlock(&kt->rmu);
         pthread_mutex_unlock(&kt->rbusy);
     }
-    for (i = 0; i < n && sts[i] == TD_OK; i++)
+    for (i = 0; i < n && b.sts[i] == TD_OK; i++)
         ;
     *n_hit = i;
-    if (i < n && sts[i] != TD_ERR_NOT_FOUND)
-        st = sts[i];
+    if (i < n && b.sts[i] != TD_ERR_NOT_FOUND)
+        st = b.sts[i];
 cleanup:
-    if (fds != stack_fds)
-        free(fds);
-    if (sts != stack_sts)
-        free(sts);
+    free(b.runs);
+    free(b.w);
+    free(b.pre);
+    free(b.sts);
     return st;
 }
 
@@ -1510,33 +1963,29 @@ td_kvtier_flush(td_kvtier_t *kt)
 {
     pthread_mutex_lock(&kt->mu);
     kt->epoch++;
+    kt->q_tail = NULL;
     for (job_t **p = &kt->q_head; *p != NULL;) {
         job_t *j = *p;
 
         if (j->kind == JOB_WRITE) {
             *p = j->next;
-            blob_unref(j->blob);
+            kt->q_writes -= j->n;
+            for (uint32_t i = 0; i < j->n; i++)
+                blob_unref(j->blobs[i]);
             free(j);
-            kt->q_writes--;
         } else {
+            kt->q_tail = j;
             p = &j->next;
         }
     }
-    kt->q_tail = NULL;
-    for (job_t *q = kt->q_head; q != NULL; q = q->next)
-        kt->q_tail = q;
     while (kt->host_lru.head != NULL) {
         ent_t *e = kt->host_lru.head;
 
         host_drop(kt, e);
         ent_release_if_empty(kt, e);
     }
-    while (kt->ssd_lru.head != NULL) {
-        ent_t *e = kt->ssd_lru.head;
-
-        ssd_doom(kt, e, malloc(sizeof(job_t)));
-        ent_release_if_empty(kt, e);
-    }
+    while (kt->ssd_lru.head != NULL)
+        file_doom(kt, kt->ssd_lru.head, malloc(sizeof(job_t)));
     pthread_mutex_unlock(&kt->mu);
     td_info("kvtier %s: flushed", kt->dir != NULL ? kt->dir : "(host only)");
 }
@@ -1559,10 +2008,7 @@ td_kvtier_drain_events(td_kvtier_t *kt, uint64_t *added, size_t added_cap, size_
             st = TD_INPROGRESS;
             continue;
         }
-        map_remove(&kt->evmap, &ev->node);
-        if (ev->prev != NULL) ev->prev->next = ev->next; else kt->ev_head = ev->next;
-        if (ev->next != NULL) ev->next->prev = ev->prev; else kt->ev_tail = ev->prev;
-        free(ev);
+        ev_unlink(kt, ev);
     }
     pthread_mutex_unlock(&kt->mu);
     *n_added = na;

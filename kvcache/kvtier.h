@@ -47,6 +47,8 @@ typedef struct {
                                * not written to SSD (writes_dropped); 0: 256 */
     bool ssd_fsync;           /* fsync each file before its rename (default off:
                                * a crash may leave a bad file, which a read rejects) */
+    uint32_t pack_records;    /* records of one put_many per SSD file at most (0: 64;
+                               * at most 256); eviction is per file */
     uint32_t read_threads;    /* threads that read a get_many chain along with its
                                * caller (0: the caller alone); docs/kvtier.md */
 } td_kvtier_config_t;
@@ -65,7 +67,7 @@ typedef struct {
 
 typedef struct {
     uint64_t host_bytes, host_records, host_budget;
-    uint64_t ssd_bytes, ssd_records, ssd_budget;  /* ssd_bytes: files in the index */
+    uint64_t ssd_bytes, ssd_records, ssd_files, ssd_budget;  /* ssd_bytes: files in the index */
     uint64_t ssd_disk_bytes;      /* bytes on disk: index + temp + not yet deleted */
     uint64_t queued;              /* records waiting for write-back */
     uint64_t hits_host, hits_ssd, misses;
@@ -92,13 +94,19 @@ void td_kvtier_destroy(td_kvtier_t *kt);
  * waits for IO. TD_ERR_INVALID for a malformed record. */
 td_status_t td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec);
 
+/* put for a batch of n records, consecutive blocks of one prompt as a
+ * prefill makes them: on SSD they share a file (pack_records at most each),
+ * so a later chain read is one large read. The records already on SSD are
+ * left out of the file. A full queue drops the whole batch's write-back. */
+td_status_t td_kvtier_put_many(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n);
+
 /* TD_KVTIER_HOST | TD_KVTIER_SSD for the tiers that hold hash; no IO. */
 unsigned td_kvtier_has(td_kvtier_t *kt, uint64_t hash);
 
 /* Reads the record of hash (host first, else SSD, which promotes it to the
  * host tier), checks it (checksum, header, tokens == expect_tokens[block_tokens])
- * and copies it into *out. TD_ERR_NOT_FOUND on a miss; a bad file is logged,
- * deleted and a miss. TD_ERR_TOO_BIG when out's buffers are too small (the
+ * and copies it into *out. TD_ERR_NOT_FOUND on a miss; a bad record is
+ * logged and a miss, and its file is deleted (with the file's other records). TD_ERR_TOO_BIG when out's buffers are too small (the
  * record is kept). */
 td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens,
                           uint32_t block_tokens, td_kvtier_out_t *out);

@@ -85,10 +85,19 @@ chain_free(trec_t *t, size_t n)
     free(t);
 }
 
+/* A record's bytes (the host tier's measure), and a file of it alone. */
 static uint64_t
 rec_bytes(const trec_t *t)
 {
     return 80 + G * 4 + t->rec.payload_bytes + t->rec.snapshot_bytes;
+}
+
+#define FILE_OVERHEAD(n) (40 + 40 * (uint64_t)(n))
+
+static uint64_t
+file_bytes(const trec_t *t)
+{
+    return FILE_OVERHEAD(1) + rec_bytes(t);
 }
 
 /* Reads t's block back and compares; the status of get. */
@@ -195,6 +204,15 @@ tier_make(uint64_t host_budget, const char *dir, uint64_t ssd_budget)
     return kt;
 }
 
+static bool
+has_hash(const uint64_t *v, size_t n, uint64_t h)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == h)
+            return true;
+    return false;
+}
+
 /* ---- Tests ------------------------------------------------------------------ */
 static void
 test_xxh64(void)
@@ -292,7 +310,7 @@ test_ssd_and_both(void)
         outs[i] = (td_kvtier_out_t){ pl[i], sizeof(pl[i]), sn[i], sizeof(sn[i]), 0, 0, 0 };
     }
     size_t files = 0;
-    CHECK_EQ_INT(dir_bytes(dir, &files), 8 * 80 + 8 * G * 4 + 8 * 1000 + 2 * 100);
+    CHECK_EQ_INT(dir_bytes(dir, &files), 8 * (80 + 80) + 8 * G * 4 + 8 * 1000 + 2 * 100);
     CHECK_EQ_INT(files, 8);
     /* a chain in one call; stops at the first miss */
     CHECK_STATUS(td_kvtier_get_many(kt, hashes, 8, toks, G, outs, &nhit), TD_OK);
@@ -336,7 +354,7 @@ test_budgets_lru(void)
 {
     char dir[256];
     trec_t *t = chain_make(30, 700);
-    uint64_t ssd_budget = 5 * rec_bytes(&t[0]) + 500, host_budget = 3 * rec_bytes(&t[0]);
+    uint64_t ssd_budget = 5 * file_bytes(&t[0]) + 500, host_budget = 3 * rec_bytes(&t[0]);
 
     dir_path(dir, sizeof(dir), "budget");
     td_kvtier_t *kt = tier_make(host_budget, dir, ssd_budget);
@@ -410,14 +428,14 @@ test_restart(void)
         file_of(p, sizeof(p), dir, t[i].rec.hash);
         CHECK(utimensat(AT_FDCWD, p, ts, 0) == 0);
     }
-    kt = tier_make(0, dir, 4 * rec_bytes(&t[0]) + 250);
+    kt = tier_make(0, dir, 4 * file_bytes(&t[0]) + 250);
     CHECK_EQ_INT(td_kvtier_has(kt, t[3].rec.hash), 0);
     CHECK_EQ_INT(td_kvtier_has(kt, t[0].rec.hash), 0);
     CHECK(!file_exists(dir, t[3].rec.hash));
     for (int i = 1; i < 6; i++)
         if (i != 3)
             CHECK_EQ_INT(td_kvtier_has(kt, t[i].rec.hash), TD_KVTIER_SSD);
-    CHECK(dir_bytes(dir, NULL) <= 4 * rec_bytes(&t[0]) + 250);
+    CHECK(dir_bytes(dir, NULL) <= 4 * file_bytes(&t[0]) + 250);
     /* a second object on the same directory is refused */
     td_kvtier_config_t cfg = { .ssd_dir = dir, .ssd_budget = 1 << 20 };
     td_kvtier_t *other = NULL;
@@ -494,7 +512,7 @@ test_faults(void)
     /* a flipped payload byte */
     file_of(p, sizeof(p), dir, t[0].rec.hash);
     n = file_read(p, buf, sizeof(buf));
-    buf[80 + G * 4 + 17] ^= 0x40;
+    buf[FILE_OVERHEAD(1) + 80 + G * 4 + 17] ^= 0x40;
     file_write(p, buf, n);
     fault_expect(kt, dir, &t[0], "checksum mismatch");
     /* truncated */
@@ -524,7 +542,7 @@ test_faults(void)
     /* zero length */
     file_of(p, sizeof(p), dir, t[6].rec.hash);
     file_write(p, buf, 0);
-    fault_expect(kt, dir, &t[6], "size differs");
+    fault_expect(kt, dir, &t[6], "truncated");
     /* a foreign file: the same block written with another layout hash */
     td_kvtier_config_t fcfg = { .ssd_dir = dir2, .ssd_budget = 1 << 20, .layout_hash = 7,
                                 .seed = SEED };
@@ -592,6 +610,123 @@ test_faults(void)
     chain_free(t, 12);
 }
 
+/* put_many packs a batch into one file; chains read back; eviction and a
+ * bad record cost the whole file; restart finds packed files. */
+static void
+test_pack(void)
+{
+    char dir[256];
+    trec_t *t = chain_make(30, 600);
+    uint64_t hashes[30], add[64], rem[64];
+    int32_t toks[30 * G];
+    td_kvrec_t recs[30];
+    static uint8_t pl[30][4096], sn[30][256];
+    td_kvtier_out_t outs[30];
+    size_t files = 0, nhit = 0, na, nr;
+    uint64_t f1 = FILE_OVERHEAD(10), f2 = FILE_OVERHEAD(8);
+
+    for (int i = 0; i < 30; i++) {
+        hashes[i] = t[i].rec.hash;
+        recs[i] = t[i].rec;
+        memcpy(toks + i * G, t[i].tokens, sizeof(t[i].tokens));
+        outs[i] = (td_kvtier_out_t){ pl[i], sizeof(pl[i]), sn[i], sizeof(sn[i]), 0, 0, 0 };
+        if (i < 10)
+            f1 += rec_bytes(&t[i]);
+        else if (i < 18)
+            f2 += rec_bytes(&t[i]);
+    }
+    dir_path(dir, sizeof(dir), "pack");
+    td_kvtier_config_t cfg = { .ssd_dir = dir, .ssd_budget = f1 + f2, .layout_hash = LAYOUT,
+                               .seed = SEED, .read_threads = 2 };
+    td_kvtier_t *kt = NULL;
+
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 10), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_EQ_INT(dir_bytes(dir, &files), f1);
+    CHECK_EQ_INT(files, 1);
+    CHECK(file_exists(dir, hashes[0]));
+    CHECK_STATUS(td_kvtier_get_many(kt, hashes, 10, toks, G, outs, &nhit), TD_OK);
+    CHECK_EQ_INT(nhit, 10);
+    for (int i = 0; i < 10; i++) {
+        CHECK_EQ_INT(outs[i].tier, TD_KVTIER_SSD);
+        CHECK(memcmp(pl[i], t[i].payload, 600) == 0);
+        CHECK_EQ_INT(outs[i].snapshot_bytes, t[i].rec.snapshot_bytes);
+        if (t[i].rec.snapshot_bytes > 0)
+            CHECK(memcmp(sn[i], t[i].snapshot, 100) == 0);
+    }
+    /* records on SSD already stay out of the next file */
+    CHECK_STATUS(td_kvtier_put_many(kt, recs + 8, 10), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_EQ_INT(dir_bytes(dir, &files), f1 + f2);
+    CHECK_EQ_INT(files, 2);
+    CHECK(file_exists(dir, hashes[10]));
+    td_kvtier_stats_t s;
+    td_kvtier_stats(kt, &s);
+    CHECK_EQ_INT(s.ssd_records, 18);
+    CHECK_EQ_INT(s.ssd_files, 2);
+    /* restart: both files, every record */
+    td_kvtier_destroy(kt);
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    CHECK_STATUS(td_kvtier_get_many(kt, hashes, 20, toks, G, outs, &nhit), TD_OK);
+    CHECK_EQ_INT(nhit, 18);
+    for (int i = 0; i < 18; i++)
+        CHECK(memcmp(pl[i], t[i].payload, 600) == 0);
+    /* eviction is per file: the first file's ten leave together (the second
+     * read last: the threads read the runs in any order) */
+    CHECK_STATUS(get_check(kt, &t[12], NULL), TD_OK);
+    td_kvtier_drain_events(kt, add, 64, &na, rem, 64, &nr);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs + 20, 4), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK(dir_bytes(dir, NULL) <= f1 + f2);
+    CHECK_STATUS(td_kvtier_drain_events(kt, add, 64, &na, rem, 64, &nr), TD_OK);
+    CHECK_EQ_INT(na, 4);
+    CHECK_EQ_INT(nr, 10);
+    for (int i = 0; i < 10; i++)
+        CHECK(has_hash(rem, nr, hashes[i]));
+    CHECK_EQ_INT(td_kvtier_has(kt, hashes[12]), TD_KVTIER_SSD);
+    /* a bad record in the middle: a miss, and its file goes */
+    char p[512];
+    static uint8_t buf[16384];
+    file_of(p, sizeof(p), dir, hashes[10]);
+    size_t n = 0;
+    FILE *fp = fopen(p, "r+b");
+    CHECK(fp != NULL);
+    if (fp != NULL) {
+        n = fread(buf, 1, sizeof(buf), fp);
+        buf[n - 700] ^= 1;   /* in record 16 or 17 */
+        fseek(fp, 0, SEEK_SET);
+        CHECK(fwrite(buf, 1, n, fp) == n);
+        fclose(fp);
+    }
+    td_logcap_reset();
+    CHECK_STATUS(td_kvtier_get_many(kt, hashes + 10, 8, toks + 10 * G, G, outs, &nhit), TD_OK);
+    CHECK(nhit >= 6 && nhit < 8);
+    CHECK(strstr(td_logcap.last, "checksum mismatch") != NULL);
+    td_kvtier_wait_idle(kt);
+    CHECK(!file_exists(dir, hashes[10]));
+    CHECK_EQ_INT(td_kvtier_has(kt, hashes[12]), 0);
+    td_kvtier_stats(kt, &s);
+    CHECK_EQ_INT(s.ssd_files, 1);
+    CHECK_EQ_INT(dir_bytes(dir, NULL), s.ssd_bytes);
+    td_kvtier_destroy(kt);
+
+    /* pack_records splits a batch */
+    cfg.pack_records = 4;
+    cfg.ssd_budget = 1 << 20;
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    td_kvtier_flush(kt);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 10), TD_OK);
+    td_kvtier_wait_idle(kt);
+    dir_bytes(dir, &files);
+    CHECK_EQ_INT(files, 3);
+    CHECK_STATUS(td_kvtier_get_many(kt, hashes, 10, toks, G, outs, &nhit), TD_OK);
+    CHECK_EQ_INT(nhit, 10);
+    td_kvtier_destroy(kt);
+    dir_rm(dir);
+    chain_free(t, 30);
+}
+
 /* With the IO thread stalled, puts return at once and a full queue drops. */
 static void
 test_stall(void)
@@ -650,10 +785,17 @@ conc_putter(void *arg)
 {
     conc_t *c = arg;
 
+    td_kvrec_t recs[6];
+
     for (int round = 0; round < 3; round++)
-        for (int i = 0; i < CONC_N; i++)
-            if (td_kvtier_put(c->kt, &c->t[i].rec) != TD_OK)
+        for (int i = 0; i < CONC_N; i += 6) {
+            for (int k = 0; k < 6; k++)
+                recs[k] = c->t[i + k].rec;
+            if (round == 1 ? td_kvtier_put_many(c->kt, recs, 6) != TD_OK
+                           : td_kvtier_put(c->kt, &c->t[i].rec) != TD_OK ||
+                             td_kvtier_put_many(c->kt, recs + 1, 5) != TD_OK)
                 c->bad++;
+        }
     return NULL;
 }
 
@@ -675,6 +817,24 @@ conc_getter(void *arg)
             c->bad++;
         if (k % 50 == 0)
             td_kvtier_flush(c->kt);
+        if (k % 3 == 0) {   /* a chain of 5 */
+            static uint8_t cpl[5][4096], csn[5][256];
+            td_kvtier_out_t outs[5];
+            uint64_t hs[5];
+            int32_t toks[5 * G];
+            size_t first = (size_t)(k * 11) % (CONC_N - 5), hit = 0;
+
+            for (int m = 0; m < 5; m++) {
+                hs[m] = c->t[first + m].rec.hash;
+                memcpy(toks + m * G, c->t[first + m].tokens, sizeof(c->t[0].tokens));
+                outs[m] = (td_kvtier_out_t){ cpl[m], sizeof(cpl[m]), csn[m], sizeof(csn[m]), 0, 0, 0 };
+            }
+            if (td_kvtier_get_many(c->kt, hs, 5, toks, G, outs, &hit) != TD_OK)
+                c->bad++;
+            for (size_t m = 0; m < hit; m++)
+                if (memcmp(cpl[m], c->t[first + m].payload, c->t[first + m].rec.payload_bytes) != 0)
+                    c->bad++;
+        }
     }
     return NULL;
 }
@@ -688,7 +848,10 @@ test_concurrent(void)
     pthread_t a, b;
 
     dir_path(dir, sizeof(dir), "conc");
-    c.kt = tier_make(10 * rec_bytes(&t[0]), dir, 20 * rec_bytes(&t[0]));
+    td_kvtier_config_t cfg = { .host_budget = 10 * rec_bytes(&t[0]), .ssd_dir = dir,
+                               .ssd_budget = 20 * file_bytes(&t[0]), .layout_hash = LAYOUT,
+                               .seed = SEED, .read_threads = 2 };
+    CHECK_STATUS(td_kvtier_create(&cfg, &c.kt), TD_OK);
     pthread_create(&a, NULL, conc_putter, &c);
     pthread_create(&b, NULL, conc_getter, &c);
     pthread_join(a, NULL);
@@ -697,7 +860,7 @@ test_concurrent(void)
     td_kvtier_wait_idle(c.kt);
     td_kvtier_stats_t s;
     td_kvtier_stats(c.kt, &s);
-    CHECK(dir_bytes(dir, NULL) <= 20 * rec_bytes(&t[0]));
+    CHECK(dir_bytes(dir, NULL) <= 20 * file_bytes(&t[0]));
     CHECK_EQ_INT(dir_bytes(dir, NULL), s.ssd_bytes);
     CHECK(s.host_bytes <= 10 * rec_bytes(&t[0]));
     td_kvtier_destroy(c.kt);
@@ -706,14 +869,6 @@ test_concurrent(void)
 }
 
 /* ---- Events ------------------------------------------------------------------ */
-static bool
-has_hash(const uint64_t *v, size_t n, uint64_t h)
-{
-    for (size_t i = 0; i < n; i++)
-        if (v[i] == h)
-            return true;
-    return false;
-}
 
 static void
 test_events(void)
@@ -749,7 +904,7 @@ test_events(void)
 
     /* SSD eviction; a hash in both tiers leaves when it leaves both; flush */
     dir_path(dir, sizeof(dir), "events");
-    kt = tier_make(rec_bytes(&t[0]), dir, 2 * rec_bytes(&t[0]) + 100);
+    kt = tier_make(rec_bytes(&t[0]), dir, 2 * file_bytes(&t[0]) + 100);
     CHECK_STATUS(td_kvtier_put(kt, &t[0].rec), TD_OK);
     CHECK_STATUS(td_kvtier_put(kt, &t[1].rec), TD_OK);   /* host: 0 out, on SSD still */
     td_kvtier_wait_idle(kt);
@@ -791,6 +946,7 @@ main(void)
     test_budgets_lru();
     test_restart();
     test_faults();
+    test_pack();
     test_stall();
     test_concurrent();
     test_events();
