@@ -47,7 +47,7 @@ kvtierbench_usage(FILE *f)
         "  --chain A:B         blocks per put_many and per get_many, uniform in [A, B],\n"
         "                      drawn apart for the two (default 16:64; B at most 256)\n"
         "  --passes N          passes of ours, dd, dd direct, each cold; medians (default 5)\n"
-        "  --read-threads N    the tier's reader threads (default 3)\n"
+        "  --read-threads N    the tier's reader threads (default 4)\n"
         "  --keep              leave the files\n"
         "Output: kvtier what=ours|dd|dd-direct pass=P bytes=B s=S mbps=M, then the medians\n"
         "and ratio=R, the median of the passes' ours / the faster dd.\n");
@@ -131,7 +131,7 @@ kvtierbench_parse_chain(const char *s, kvtierbench_opts_t *o)
 int
 main(int argc, char **argv)
 {
-    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 3, 0 };
+    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 4, 0 };
     static const struct option longopts[] = {
         { "dir", required_argument, NULL, 'd' },
         { "records", required_argument, NULL, 'n' },

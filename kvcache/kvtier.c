@@ -1,8 +1,9 @@
 /* kvcache/kvtier.c — the host and SSD tiers of the prefix cache (kvtier.h):
- * one index of entries by chain hash (each in the host LRU, the SSD LRU or
- * both), an IO thread that writes records back and deletes files, and the
- * checked reads. One mutex guards the index, the queue, the events and the
- * counters; no IO happens under it. File format: docs/kvtier.md. */
+ * one index of entries by chain hash (each in the host LRU, in an SSD file of
+ * the file LRU, or both), an IO thread that writes put batches as files and
+ * deletes files, reader threads for chains, and the checked reads. One mutex
+ * (mu) guards the index, the queue, the events and the counters; no IO
+ * happens under it. File format: docs/kvtier.md. */
 #include "kvtier.h"
 
 #include <dirent.h>
@@ -15,8 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/aio_abi.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -45,6 +48,11 @@
 #define PACK_HDR      40
 #define PACK_ENT      40
 #define PACK_MAX      256u   /* records per file at most */
+/* get_many's reads: runs of a chain's blocks in one file */
+#define RUN_ALIGN 4096u
+#define RUN_MAX   (1u << 18)
+#define RUN_BUFS  32          /* buffers kept for reuse */
+#define AIO_DEPTH 64          /* runs in flight at most */
 #define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
 enum { OFF_CSUM = 8, OFF_VERSION = 16, OFF_G = 20, OFF_LAYOUT = 24, OFF_SEED = 32,
@@ -335,8 +343,10 @@ struct td_kvtier {
     rbatch_t *rb;
     uint64_t rb_seq;
     bool rstop;
-    rbuf_t bufs[8];             /* run buffers kept for reuse (rmu) */
+    rbuf_t bufs[32];            /* run buffers kept for reuse (rmu): RUN_BUFS */
     uint32_t nbufs;
+    aio_context_t aio;          /* Linux AIO for get_many's reads, or 0 */
+    pthread_mutex_t aio_mu;     /* one chain at a time uses it */
 };
 
 /* What is wrong with a record's header (expected: block `hash` of `bytes`),
@@ -1213,6 +1223,9 @@ kt_free(td_kvtier_t *kt)
         close(kt->dirfd);
     for (uint32_t i = 0; i < kt->nbufs; i++)
         free(kt->bufs[i].p);
+    if (kt->aio != 0)
+        syscall(SYS_io_destroy, kt->aio);
+    pthread_mutex_destroy(&kt->aio_mu);
     free(kt->readers);
     pthread_cond_destroy(&kt->rdone);
     pthread_cond_destroy(&kt->rwork);
@@ -1250,6 +1263,7 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     pthread_mutex_init(&kt->rbusy, NULL);
     pthread_cond_init(&kt->rwork, NULL);
     pthread_cond_init(&kt->rdone, NULL);
+    pthread_mutex_init(&kt->aio_mu, NULL);
     if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK)
         goto err_free;
     kt->st.host_budget = cfg->host_budget;
@@ -1268,6 +1282,11 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
             goto err_free;
         }
         kt->io_started = true;
+        if (syscall(SYS_io_setup, (long)AIO_DEPTH, &kt->aio) != 0) {
+            td_info("kvtier %s: no Linux AIO (%s): chains are read by threads", kt->dir,
+                    strerror(errno));
+            kt->aio = 0;
+        }
         if (cfg->read_threads > 0 &&
             (kt->readers = calloc(cfg->read_threads, sizeof(*kt->readers))) == NULL) {
             st = TD_ERR_NOMEM;
@@ -1727,9 +1746,6 @@ td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens, uint
  * at the device's large-read speed. A block whose run could not be read is
  * read on its own (which finds and reports what is wrong). One batch at a
  * time uses the threads; a second caller meanwhile reads its chain alone. */
-#define RUN_ALIGN 4096u
-#define RUN_MAX   (1u << 20)
-#define RUN_BUFS  8           /* buffers kept for reuse */
 
 typedef struct {
     uint64_t name, gen;         /* the file */
@@ -1739,6 +1755,7 @@ typedef struct {
     uint64_t cap;
     uint64_t got;               /* bytes read */
     int fd;
+    bool direct;                /* fd is O_DIRECT */
 } run_t;
 
 struct rbatch {
@@ -1755,18 +1772,20 @@ struct rbatch {
     int helpers;                /* reader threads inside, under rmu */
 };
 
-static void
-run_read(td_kvtier_t *kt, run_t *r)
+/* Opens r's file (O_DIRECT where the file system takes it: r->direct) and
+ * takes a buffer for it; false when either failed. */
+static bool
+run_open(td_kvtier_t *kt, run_t *r)
 {
     char name[NAME_LEN];
-    ssize_t got;
 
     rec_name(name, r->name, ".kvb");
     r->fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    r->direct = r->fd >= 0;
     if (r->fd < 0 && errno == EINVAL)
         r->fd = openat(kt->dirfd, name, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0)
-        return;
+        return false;
     pthread_mutex_lock(&kt->rmu);   /* a kept buffer, else a new one */
     for (uint32_t i = 0; i < kt->nbufs; i++)
         if (kt->bufs[i].cap >= r->hi - r->lo) {
@@ -1780,9 +1799,20 @@ run_read(td_kvtier_t *kt, run_t *r)
         r->cap = r->hi - r->lo > RUN_MAX ? r->hi - r->lo : RUN_MAX;
         if (posix_memalign((void **)&r->buf, RUN_ALIGN, r->cap) != 0) {
             r->buf = NULL;
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+/* Reads r's span into its buffer (plain where O_DIRECT is refused). */
+static void
+run_pread(td_kvtier_t *kt, run_t *r)
+{
+    char name[NAME_LEN];
+    ssize_t got;
+
+    rec_name(name, r->name, ".kvb");
     do
         got = pread(r->fd, r->buf, r->hi - r->lo, (off_t)r->lo);
     while (got < 0 && errno == EINTR);
@@ -1813,6 +1843,107 @@ run_done(td_kvtier_t *kt, run_t *r)
     r->buf = NULL;
 }
 
+/* Checks and copies out a read run's blocks, then gives the run back. */
+static void
+run_finish(td_kvtier_t *kt, rbatch_t *b, run_t *r)
+{
+    for (size_t k = r->first; k <= r->last; k++) {
+        const where_t *w = &b->w[k];
+        uint64_t end = w->off + rec_file_bytes(w->g, w->payload, w->snap);
+
+        if (r->buf != NULL && end <= r->lo + r->got) {
+            b->pre[k].rec = r->buf + (w->off - r->lo);
+            b->pre[k].fd = r->fd;
+        }
+        b->sts[k] = get_one(kt, b->hashes[k], b->tokens + k * b->g, b->g, &b->outs[k],
+                            &b->pre[k]);
+    }
+    run_done(kt, r);
+}
+
+/* All of a chain's runs in flight at once with Linux AIO (io_submit of
+ * O_DIRECT reads), each checked as it completes, on the caller; false when
+ * the AIO context is missing or busy with another chain (nothing done). */
+static bool
+chain_aio(td_kvtier_t *kt, rbatch_t *b)
+{
+    struct iocb *cbs, **ptrs;
+    struct io_event ev[32];
+    size_t nsub = 0, next = 0, pending = 0;
+
+    if (kt->aio == 0 || b->nruns == 0 || pthread_mutex_trylock(&kt->aio_mu) != 0)
+        return false;
+    cbs = calloc(b->nruns, sizeof(*cbs));
+    ptrs = calloc(b->nruns, sizeof(*ptrs));
+    if (cbs == NULL || ptrs == NULL) {
+        free(cbs);
+        free(ptrs);
+        pthread_mutex_unlock(&kt->aio_mu);
+        return false;
+    }
+    for (size_t i = 0; i < b->nruns; i++) {
+        run_t *r = &b->runs[i];
+
+        if (!run_open(kt, r) || !r->direct) {   /* read in place, now */
+            if (r->buf != NULL)
+                run_pread(kt, r);
+            run_finish(kt, b, r);
+            continue;
+        }
+        cbs[nsub] = (struct iocb){ .aio_data = i, .aio_lio_opcode = IOCB_CMD_PREAD,
+                                   .aio_fildes = (uint32_t)r->fd,
+                                   .aio_buf = (uint64_t)(uintptr_t)r->buf,
+                                   .aio_nbytes = r->hi - r->lo, .aio_offset = (int64_t)r->lo };
+        ptrs[nsub] = &cbs[nsub];
+        nsub++;
+    }
+    while (next < nsub || pending > 0) {
+        if (next < nsub && pending < AIO_DEPTH) {
+            size_t want = nsub - next < AIO_DEPTH - pending ? nsub - next : AIO_DEPTH - pending;
+            long got = syscall(SYS_io_submit, kt->aio, (long)want, ptrs + next);
+
+            if (got > 0) {
+                next += (size_t)got;
+                pending += (size_t)got;
+            } else if (pending == 0) {   /* refused: read the rest in place */
+                for (; next < nsub; next++) {
+                    run_t *r = &b->runs[cbs[next].aio_data];
+
+                    run_pread(kt, r);
+                    run_finish(kt, b, r);
+                }
+                break;
+            }
+        }
+        if (pending == 0)
+            continue;
+        long n = syscall(SYS_io_getevents, kt->aio, 1L, (long)(sizeof(ev) / sizeof(ev[0])), ev,
+                         NULL);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {   /* cannot happen with a good context; the runs stay unread */
+            td_log_every(TD_LOG_ERROR, 10000, "kvtier %s: io_getevents: %s", kt->dir,
+                         strerror(errno));
+            break;
+        }
+        for (long e = 0; e < n; e++) {
+            run_t *r = &b->runs[ev[e].data];
+
+            pending--;
+            if (ev[e].res == -EINVAL)
+                run_pread(kt, r);   /* O_DIRECT refused at read time */
+            else
+                r->got = ev[e].res > 0 ? (uint64_t)ev[e].res : 0;
+            run_finish(kt, b, r);
+        }
+    }
+    free(ptrs);
+    free(cbs);
+    pthread_mutex_unlock(&kt->aio_mu);
+    return true;
+}
+
 /* Claims runs (read, then check and copy out their blocks), then the blocks
  * in no run (host tier, misses). */
 static void
@@ -1823,19 +1954,9 @@ rbatch_work(td_kvtier_t *kt, rbatch_t *b)
     while ((i = atomic_fetch_add(&b->next_run, 1)) < b->nruns) {
         run_t *r = &b->runs[i];
 
-        run_read(kt, r);
-        for (size_t k = r->first; k <= r->last; k++) {
-            const where_t *w = &b->w[k];
-            uint64_t end = w->off + rec_file_bytes(w->g, w->payload, w->snap);
-
-            if (r->buf != NULL && end <= r->lo + r->got) {
-                b->pre[k].rec = r->buf + (w->off - r->lo);
-                b->pre[k].fd = r->fd;
-            }
-            b->sts[k] = get_one(kt, b->hashes[k], b->tokens + k * b->g, b->g, &b->outs[k],
-                                &b->pre[k]);
-        }
-        run_done(kt, r);
+        if (run_open(kt, r))
+            run_pread(kt, r);
+        run_finish(kt, b, r);
     }
     while ((i = atomic_fetch_add(&b->next, 1)) < b->n)
         if (b->pre[i].gen == 0)
@@ -1898,7 +2019,7 @@ chain_runs(td_kvtier_t *kt, rbatch_t *b)
             r->last = i;
             continue;
         }
-        b->runs[nruns++] = (run_t){ w->name, w->gen, lo, hi, i, i, NULL, 0, 0, -1 };
+        b->runs[nruns++] = (run_t){ w->name, w->gen, lo, hi, i, i, NULL, 0, 0, -1, false };
     }
     return nruns;
 }
@@ -1910,7 +2031,7 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
     rbatch_t b = { hashes, expect_tokens, block_tokens, outs, NULL, NULL, NULL, NULL, n, 0,
                    0, 0, 0 };
     td_status_t st = TD_OK;
-    bool shared = false;
+    bool shared = false, aio_done;
     size_t i;
 
     *n_hit = 0;
@@ -1927,7 +2048,13 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
     else
         for (i = 0; i < n; i++)
             b.pre[i] = (pre_t){ NULL, 0, -1 };
-    if (kt->nreaders > 0 && n > 1 && pthread_mutex_trylock(&kt->rbusy) == 0) {
+    aio_done = chain_aio(kt, &b);
+    if (aio_done) {
+        for (i = 0; i < n; i++)   /* the blocks in no run */
+            if (b.pre[i].gen == 0)
+                b.sts[i] = get_one(kt, hashes[i], expect_tokens + i * block_tokens, block_tokens,
+                                   &outs[i], NULL);
+    } else if (kt->nreaders > 0 && n > 1 && pthread_mutex_trylock(&kt->rbusy) == 0) {
         shared = true;
         pthread_mutex_lock(&kt->rmu);
         kt->rb = &b;
@@ -1935,7 +2062,8 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
         pthread_cond_broadcast(&kt->rwork);
         pthread_mutex_unlock(&kt->rmu);
     }
-    rbatch_work(kt, &b);
+    if (!aio_done)
+        rbatch_work(kt, &b);
     if (shared) {
         pthread_mutex_lock(&kt->rmu);
         kt->rb = NULL;

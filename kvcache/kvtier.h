@@ -1,7 +1,8 @@
 /* kvcache/kvtier.h — the two lower tiers of a prefill rank's prefix cache:
- * a host-memory LRU and an SSD directory of one file per cache block, written
- * back by the tier's own IO thread. Records are keyed by the block's chain
- * hash (common/chainhash.h) and checked on every read (docs/kvtier.md).
+ * a host-memory LRU and an SSD directory of files, one per put batch of
+ * cache blocks, written back by the tier's own IO thread. Records are keyed
+ * by the block's chain hash (common/chainhash.h) and checked on every read
+ * (docs/kvtier.md).
  *
  * One td_kvtier_t per prefill rank. Thread-safety: every call may come from
  * any thread. put, has, drain_events, snapshot and stats never do IO (they
@@ -40,7 +41,7 @@ typedef struct {
     uint64_t host_budget;     /* bytes of host memory for records; 0: no host tier */
     const char *ssd_dir;      /* NULL or "": no SSD tier; created (0700) if missing;
                                * one directory per rank (held with flock) */
-    uint64_t ssd_budget;      /* bytes of record files (st_size), temp files included */
+    uint64_t ssd_budget;      /* bytes of cache files (st_size), temp files included */
     uint64_t layout_hash;     /* a file whose header has another layout or seed */
     uint64_t seed;            /*   is foreign: deleted at create, a miss at get */
     uint32_t queue_cap;       /* records queued for write-back; when full, a put is
@@ -79,19 +80,23 @@ typedef struct {
 
 typedef struct td_kvtier td_kvtier_t;
 
-/* Scans cfg->ssd_dir (header reads only): well-formed files of this layout
- * and seed enter the SSD index, oldest mtime first evicted; malformed and
- * foreign record files and leftover temp files are logged and deleted; other
- * names are left alone. Evicts to the budget, starts the IO thread. */
+/* Scans cfg->ssd_dir (each file's header and table only): well-formed files
+ * of this layout and seed enter the SSD index, oldest mtime first evicted;
+ * malformed and foreign cache files and leftover temp files are logged and
+ * deleted; other names are left alone (and not counted). Evicts to the
+ * budget, starts the IO thread and the reader threads. */
 td_status_t td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out);
 
-/* Finishes the queued writes and deletions, stops the IO thread, frees
- * everything. Files stay: a create on the same directory finds them. */
+/* Finishes the queued writes (at most queue_cap records) and deletions,
+ * stops the threads, frees everything. Files stay: a create on the same
+ * directory finds them. */
 void td_kvtier_destroy(td_kvtier_t *kt);
 
 /* Copies rec into the host tier (LRU-evicting to its budget; a record bigger
- * than the budget is not kept) and queues it for write-back to SSD. Never
- * waits for IO. TD_ERR_INVALID for a malformed record. */
+ * than the budget is not kept) and queues it for write-back to SSD (a file of
+ * its own) unless the SSD tier has it. Never waits for IO; takes the mutex
+ * briefly. TD_ERR_INVALID for a malformed record. A record is held (has,
+ * events) once in the host tier or written, not while queued. */
 td_status_t td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec);
 
 /* put for a batch of n records, consecutive blocks of one prompt as a
@@ -106,16 +111,17 @@ unsigned td_kvtier_has(td_kvtier_t *kt, uint64_t hash);
 /* Reads the record of hash (host first, else SSD, which promotes it to the
  * host tier), checks it (checksum, header, tokens == expect_tokens[block_tokens])
  * and copies it into *out. TD_ERR_NOT_FOUND on a miss; a bad record is
- * logged and a miss, and its file is deleted (with the file's other records). TD_ERR_TOO_BIG when out's buffers are too small (the
- * record is kept). */
+ * logged and a miss, and its file is deleted with the file's other records.
+ * TD_ERR_TOO_BIG when out's buffers are too small (the record is kept). */
 td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens,
                           uint32_t block_tokens, td_kvtier_out_t *out);
 
 /* get for a chain of n blocks: hashes[n], expect_tokens[n * block_tokens],
- * outs[n]. Starts the reads of all SSD files first (readahead), then reads
- * and checks them, on the caller and the reader threads. *n_hit: how many
- * leading blocks were read (blocks after a miss may have been read too).
- * TD_OK, or the error of the first block that failed other than a miss. */
+ * outs[n]. The SSD blocks are read in runs (consecutive blocks of one file,
+ * up to 256 KiB), one O_DIRECT read each, on the caller and the reader threads,
+ * then checked as get does. *n_hit: how many leading blocks were read
+ * (blocks after a miss may have been read too). TD_OK, or the error of the
+ * first block that failed other than a miss. */
 td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n,
                                const int32_t *expect_tokens, uint32_t block_tokens,
                                td_kvtier_out_t *outs, size_t *n_hit);
