@@ -51,7 +51,8 @@ typedef struct {
     uint32_t pack_records;    /* records of one put_many per SSD file at most (0: 64;
                                * at most 256); eviction is per file */
     uint32_t read_threads;    /* threads that read a get_many chain along with its
-                               * caller (0: the caller alone); docs/kvtier.md */
+                               * caller where Linux AIO is missing or busy with
+                               * another chain (0: the caller alone); docs/kvtier.md */
 } td_kvtier_config_t;
 
 /* Where get/get_many put one record. The caller gives buffers of the sizes
@@ -118,8 +119,8 @@ td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_
 
 /* get for a chain of n blocks: hashes[n], expect_tokens[n * block_tokens],
  * outs[n]. The SSD blocks are read in runs (consecutive blocks of one file,
- * up to 256 KiB), one O_DIRECT read each, on the caller and the reader threads,
- * then checked as get does. *n_hit: how many leading blocks were read
+ * up to 256 KiB), one O_DIRECT read each, all in flight at once with Linux
+ * AIO (else on the caller and the reader threads), then checked as get does. *n_hit: how many leading blocks were read
  * (blocks after a miss may have been read too). TD_OK, or the error of the
  * first block that failed other than a miss. */
 td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n,

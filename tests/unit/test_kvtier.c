@@ -1,7 +1,8 @@
 /* tests/unit/test_kvtier.c — the prefix cache's host and SSD tiers
  * (kvcache/kvtier.c): round trips, LRU order, budgets measured on disk,
- * restart, damaged and foreign files, put with a stalled IO thread, two
- * threads at once, and the index events; plus the checksum against libxxhash. */
+ * restart, damaged and foreign files, put_many's packed files, put with a
+ * stalled IO thread, a putter and two chain readers at once, and the index
+ * events; plus the checksum against libxxhash. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -772,7 +773,7 @@ test_stall(void)
     chain_free(t, 10);
 }
 
-/* ---- Two threads ------------------------------------------------------------- */
+/* ---- Three threads: a putter, two readers ----------------------------------- */
 #define CONC_N 120
 typedef struct {
     td_kvtier_t *kt;
@@ -818,7 +819,7 @@ conc_getter(void *arg)
         if (k % 50 == 0)
             td_kvtier_flush(c->kt);
         if (k % 3 == 0) {   /* a chain of 5 */
-            static uint8_t cpl[5][4096], csn[5][256];
+            uint8_t cpl[5][4096], csn[5][256];
             td_kvtier_out_t outs[5];
             uint64_t hs[5];
             int32_t toks[5 * G];
@@ -845,18 +846,23 @@ test_concurrent(void)
     char dir[256];
     trec_t *t = chain_make(CONC_N, 1500);
     conc_t c = { NULL, t, 0 };
-    pthread_t a, b;
+    pthread_t a, b, b2;
 
     dir_path(dir, sizeof(dir), "conc");
     td_kvtier_config_t cfg = { .host_budget = 10 * rec_bytes(&t[0]), .ssd_dir = dir,
                                .ssd_budget = 20 * file_bytes(&t[0]), .layout_hash = LAYOUT,
                                .seed = SEED, .read_threads = 2 };
     CHECK_STATUS(td_kvtier_create(&cfg, &c.kt), TD_OK);
+    conc_t c2 = c;   /* a second reader: two chains at once (one on AIO, one on the threads) */
+
     pthread_create(&a, NULL, conc_putter, &c);
     pthread_create(&b, NULL, conc_getter, &c);
+    pthread_create(&b2, NULL, conc_getter, &c2);
     pthread_join(a, NULL);
     pthread_join(b, NULL);
+    pthread_join(b2, NULL);
     CHECK_EQ_INT(c.bad, 0);
+    CHECK_EQ_INT(c2.bad, 0);
     td_kvtier_wait_idle(c.kt);
     td_kvtier_stats_t s;
     td_kvtier_stats(c.kt, &s);
