@@ -1121,12 +1121,18 @@ scan_dir(td_kvtier_t *kt)
             size_t ncap = cap ? cap * 2 : 256;
             found_t *nf = realloc(found, ncap * sizeof(*found));
 
-            if (nf == NULL) {
-                why = "out of memory";
-            } else {
-                found = nf;
-                cap = ncap;
+            if (nf == NULL) {   /* the file is fine: left for a later start */
+                td_error("kvtier %s: %s: out of memory; left out of the index", kt->dir, nm);
+                found_free(&one);
+                continue;
             }
+            found = nf;
+            cap = ncap;
+        }
+        if (why != NULL && strcmp(why, "out of memory") == 0) {
+            td_error("kvtier %s: %s: out of memory; left out of the index", kt->dir, nm);
+            found_free(&one);
+            continue;
         }
         if (why != NULL) {
             found_free(&one);
