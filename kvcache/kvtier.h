@@ -120,9 +120,10 @@ td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_
 /* get for a chain of n blocks: hashes[n], expect_tokens[n * block_tokens],
  * outs[n]. The SSD blocks are read in runs (consecutive blocks of one file,
  * up to 256 KiB), one O_DIRECT read each, all in flight at once with Linux
- * AIO (else on the caller and the reader threads), then checked as get does. *n_hit: how many leading blocks were read
- * (blocks after a miss may have been read too). TD_OK, or the error of the
- * first block that failed other than a miss. */
+ * AIO (else on the caller and the reader threads), then checked as get
+ * does. *n_hit: how many leading blocks were read (blocks after a miss may
+ * have been read too). TD_OK, or the error of the first block that failed
+ * other than a miss. */
 td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n,
                                const int32_t *expect_tokens, uint32_t block_tokens,
                                td_kvtier_out_t *outs, size_t *n_hit);
