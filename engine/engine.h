@@ -45,6 +45,11 @@ typedef td_status_t (*td_engine_layer_fn)(td_engine_req_t *req, uint32_t layer,
                                           const td_engine_piece_t *pieces, size_t npieces,
                                           void *arg);
 
+/* prefill's `last`. */
+#define TD_ENGINE_CHUNK_MORE 0   /* more chunks follow */
+#define TD_ENGINE_CHUNK_LAST 1   /* the prompt's final chunk */
+#define TD_ENGINE_CHUNK_KEEP 2   /* more follow; the fixed state stays in memory */
+
 /* ---- The engine ---------------------------------------------------------------- */
 
 /* A request's state. Callers read these fields; only engine code writes them.
@@ -80,10 +85,13 @@ typedef struct {
      * identity-only engine (requests: TD_ERR_UNSUPPORTED). */
     td_status_t (*req_create)(td_engine_t *e, const td_layout_kv_t *kv, td_engine_req_t **out);
     void (*req_destroy)(td_engine_req_t *req);
-    /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`:
-     * this is the prompt's final chunk, so fixed segments come out too. The
-     * first chunk (ntokens 0) resets the fixed segments (empty rings, zero
-     * counters); after seek and replay, prefill continues their state. */
+    /* Append tokens[0..n) (n >= 1) and run them through every layer; `last`
+     * (TD_ENGINE_CHUNK_*): LAST, this is the prompt's final chunk, so fixed
+     * segments come out too; KEEP, more follow, but the fixed segments in the
+     * KV memory must hold the state after this chunk when it returns (the
+     * caller copies them: a prefix cache's snapshot). The first chunk
+     * (ntokens 0) resets the fixed segments (empty rings, zero counters);
+     * after seek and replay, prefill continues their state. */
     td_status_t (*prefill)(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
                            td_engine_layer_fn fn, void *arg);
     /* Take over a request whose prefill ran elsewhere: its KV memory holds

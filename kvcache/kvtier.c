@@ -1366,9 +1366,10 @@ blob_of(td_kvtier_t *kt, const td_kvrec_t *rec)
     return b;
 }
 
-/* put_many for at most pack_records records: one file. */
+/* put_many for at most pack_records records, into the tiers of the mask:
+ * one file. */
 static td_status_t
-put_pack(td_kvtier_t *kt, const td_kvrec_t *recs, uint32_t n)
+put_pack(td_kvtier_t *kt, const td_kvrec_t *recs, uint32_t n, unsigned tiers)
 {
     blob_t *blobs[PACK_MAX] = { NULL };
     bool want_host[PACK_MAX], want_ssd[PACK_MAX];
@@ -1386,8 +1387,10 @@ put_pack(td_kvtier_t *kt, const td_kvrec_t *recs, uint32_t n)
             lru_touch(&kt->host_lru, e);
         if (e != NULL && e->file != NULL)
             flru_touch(&kt->ssd_lru, e->file);
-        want_host[i] = !(e != NULL && e->host != NULL) && bytes <= kt->cfg.host_budget;
-        want_ssd[i] = kt->dir != NULL && !(e != NULL && e->file != NULL);
+        want_host[i] = (tiers & TD_KVTIER_HOST) && !(e != NULL && e->host != NULL) &&
+                       bytes <= kt->cfg.host_budget;
+        want_ssd[i] = (tiers & TD_KVTIER_SSD) && kt->dir != NULL &&
+                      !(e != NULL && e->file != NULL);
         if (want_ssd[i] && e != NULL && e->host != NULL)
             blobs[i] = blob_ref(e->host);
         nssd += want_ssd[i];
@@ -1440,6 +1443,12 @@ cleanup:
 td_status_t
 td_kvtier_put_many(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n)
 {
+    return td_kvtier_put_many_to(kt, recs, n, TD_KVTIER_HOST | TD_KVTIER_SSD);
+}
+
+td_status_t
+td_kvtier_put_many_to(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n, unsigned tiers)
+{
     for (size_t i = 0; i < n; i++)
         if (!rec_valid(&recs[i])) {
             td_warn("kvtier: put of a malformed record (block %016" PRIx64 ")", recs[i].hash);
@@ -1447,7 +1456,7 @@ td_kvtier_put_many(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n)
         }
     for (size_t i = 0; i < n; i += kt->cfg.pack_records) {
         size_t k = n - i < kt->cfg.pack_records ? n - i : kt->cfg.pack_records;
-        td_status_t st = put_pack(kt, recs + i, (uint32_t)k);
+        td_status_t st = put_pack(kt, recs + i, (uint32_t)k, tiers);
 
         if (st != TD_OK)
             return st;

@@ -105,6 +105,11 @@ td_status_t td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec);
  * so a later chain read is one large read. The records already on SSD are
  * left out of the file. A full queue drops the whole batch's write-back. */
 td_status_t td_kvtier_put_many(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n);
+/* put_many into the tiers of the mask only (TD_KVTIER_HOST, TD_KVTIER_SSD):
+ * a prefix cache writes its new blocks back to SSD while its pool holds them,
+ * and moves them to the host tier only when the pool lets them go. */
+td_status_t td_kvtier_put_many_to(td_kvtier_t *kt, const td_kvrec_t *recs, size_t n,
+                                  unsigned tiers);
 
 /* TD_KVTIER_HOST | TD_KVTIER_SSD for the tiers that hold hash; no IO. */
 unsigned td_kvtier_has(td_kvtier_t *kt, uint64_t hash);

@@ -301,7 +301,8 @@ v41_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     v41_t *v = (v41_t *)req->engine;
     v41_req_t *r = (v41_req_t *)req;
     td_forward_seq_t seq = { &r->cache, tokens, n, r->logits, 0, 0 };
-    v41_hook_t hook = { v, &r, last, 1, NULL, fn, arg, TD_OK };
+    /* its rings are in the KV memory after every chunk: KEEP is MORE here */
+    v41_hook_t hook = { v, &r, last == TD_ENGINE_CHUNK_LAST, 1, NULL, fn, arg, TD_OK };
     td_status_t st;
 
     hook.pieces = malloc((v->layer_most ? v->layer_most : 1) * sizeof(*hook.pieces));

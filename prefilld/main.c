@@ -4,7 +4,9 @@
  * links and task queue; SIGTERM ends every task with its terminal
  * notification before the process exits. docs/prefilld.md. */
 #include <inttypes.h>
+#include <stdio.h>
 
+#include "chainhash.h"
 #include "prank.h"
 #include "worker.h"
 
@@ -16,6 +18,12 @@ typedef struct {
     uint64_t kv_tokens;
     char *trace_file;
     bool layer_streaming;
+    uint64_t cache_blocks;
+    uint64_t cache_block_tokens;
+    uint64_t cache_host_bytes;
+    char *cache_dir;
+    uint64_t cache_ssd_bytes;
+    bool cache_snapshots;
 } prefilld_config_t;
 
 static const td_config_opt_t prefilld_opts[] = {
@@ -36,6 +44,23 @@ static const td_config_opt_t prefilld_opts[] = {
     TD_CONFIG_OPT_BOOL("layer-streaming", prefilld_config_t, layer_streaming, "true",
                        "put each layer's kv as soon as it is computed (false: when the "
                        "whole chunk is, for comparison)"),
+    TD_CONFIG_OPT_UINT64("cache-blocks", prefilld_config_t, cache_blocks, "0", 0, 1ull << 24,
+                         "prefix cache: cache blocks kept in each rank's kv pool, which grows "
+                         "by that many blocks (0: no prefix cache; docs/kvcache.md)"),
+    TD_CONFIG_OPT_UINT64("cache-block-tokens", prefilld_config_t, cache_block_tokens, "0", 0,
+                         1 << 20, "prefix cache: tokens per cache block, a multiple of the "
+                         "smallest the kv layout shares whole (0: that smallest)"),
+    TD_CONFIG_OPT_SIZE("cache-host-bytes", prefilld_config_t, cache_host_bytes, "0", 0, 0,
+                       "prefix cache: host-memory tier per rank (blocks evicted from the "
+                       "pool; 0: none)"),
+    TD_CONFIG_OPT_STRING("cache-dir", prefilld_config_t, cache_dir, "",
+                         "prefix cache: ssd tier directory (each rank in DIR/rank<N>; it "
+                         "survives restarts; \"\": none)"),
+    TD_CONFIG_OPT_SIZE("cache-ssd-bytes", prefilld_config_t, cache_ssd_bytes, "1G", 0, 0,
+                       "prefix cache: ssd tier budget per rank"),
+    TD_CONFIG_OPT_BOOL("cache-snapshots", prefilld_config_t, cache_snapshots, "true",
+                       "prefix cache: keep the fixed kv state at each prompt's last block "
+                       "end, so that the next turn needs no replay"),
     TD_CONFIG_OPT_END
 };
 
@@ -45,6 +70,13 @@ static td_status_t
 prefilld_rank_create(td_worker_rank_t *wr, void **out)
 {
     const prefilld_config_t *c = &prefilld_cfg;
+    char dir[4096] = "";
+
+    if (c->cache_blocks > 0 && c->cache_dir != NULL && c->cache_dir[0] != '\0' &&
+        (size_t)snprintf(dir, sizeof(dir), "%s/rank%u", c->cache_dir, wr->id) >= sizeof(dir)) {
+        td_error("prefilld: --cache-dir %s: path too long", c->cache_dir);
+        return TD_ERR_INVALID;
+    }
     td_prank_config_t rc = {
         .rank_id = wr->id,
         .chunk_tokens = c->chunk_tokens,
@@ -57,8 +89,18 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
         .step = wr->stepping,
+        .cache = {
+            .block_tokens = (uint32_t)c->cache_block_tokens,
+            .max_blocks = c->cache_blocks,
+            .seed = td_chain_seed(wr->w->fingerprint, wr->engine->layout->hash),
+            .host_bytes = c->cache_host_bytes,
+            .ssd_dir = dir,
+            .ssd_bytes = c->cache_ssd_bytes,
+            .snapshots = c->cache_snapshots,
+        },
     };
-    td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr };
+    td_prank_io_t io = { td_worker_rank_send, td_worker_rank_load, td_worker_rank_idle, wr,
+                         td_worker_rank_broadcast };
     return td_prank_create(wr->base, wr->xfer, wr->engine, &rc, &io, (td_prank_t **)out);
 }
 
@@ -72,6 +114,12 @@ static void
 prefilld_rank_register(void *rank, Tandem__Register *reg)
 {
     td_prank_register_fill(rank, reg);
+}
+
+static void
+prefilld_rank_router_up(void *rank, void *router)
+{
+    td_prank_on_router_up(rank, router);
 }
 
 static void
@@ -119,6 +167,7 @@ static const td_worker_spec_t prefilld_spec = {
     .rank_create = prefilld_rank_create,
     .rank_destroy = prefilld_rank_destroy,
     .rank_register = prefilld_rank_register,
+    .rank_router_up = prefilld_rank_router_up,
     .rank_message = prefilld_rank_message,
     .rank_router_down = prefilld_rank_router_down,
     .rank_stop = prefilld_rank_stop,

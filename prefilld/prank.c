@@ -22,6 +22,7 @@
 #include "kvpool.h"
 #include "log.h"
 #include "wire.h"
+#include "chainhash.h"
 
 #ifndef TAILQ_FOREACH_SAFE   /* glibc's sys/queue.h lacks it */
 #define TAILQ_FOREACH_SAFE(var, head, field, tvar)                       \
@@ -115,6 +116,18 @@ typedef struct task {
     uint64_t chunk_t0;           /* ns: the chunk was handed to the compute thread */
     atomic_int stop;
     struct prank_layer_msg *held, **held_tail; /* cfg.hold_layers: this chunk's layers */
+    /* The prefix cache (rk->pc): the prompt's chain of block hashes, its
+     * cached prefix (from the start to the end: its pool blocks stay
+     * pinned), what the hit's job gave, and the fixed state kept at
+     * snap_end, the last block end of the prompt (docs/kvcache.md). */
+    uint64_t *hashes;            /* [ntokens / G] */
+    td_pcache_hit_t *hit;
+    int hit_pending;             /* its job (load, restore, replay) has not run */
+    uint64_t hit_pos;            /* tokens the job made valid (compute thread) */
+    uint64_t cached;             /* prompt tokens the cache gave */
+    uint64_t replayed;           /* tokens replayed to rebuild the fixed state */
+    uint64_t snap_end;           /* 0: no snapshot kept */
+    uint8_t *snap;
 } task_t;
 
 /* One layer of a chunk, computed: what the compute thread tells the loop. */
@@ -145,6 +158,10 @@ struct td_prank_s {
     int stopping, draining, closing;
     td_prank_stats_t stats;
     Tandem__Load last_load;
+    td_pcache_t *pc;             /* the prefix cache, or NULL */
+    struct event *cache_ev;      /* its events to the routers, every 50 ms */
+    uint64_t cache_seq;
+    Tandem__CacheStats cache_stats; /* what the last Load carried */
 };
 
 static void task_try_terminal(task_t *t);
@@ -250,8 +267,12 @@ task_free(task_t *t)
 {
     if (t->req)
         td_engine_req_destroy(t->req);
+    if (t->hit)
+        td_pcache_hit_free(t->rk->pc, t->hit);
     if (t->res)
         td_kvpool_release(t->rk->kp, t->res);
+    free(t->hashes);
+    free(t->snap);
     td_kvmap_destroy(t->map);
     free(t->tokens);
     free(t);
@@ -260,13 +281,15 @@ task_free(task_t *t)
 /* PrefillDone to the router; a failure to send is logged here. */
 static void
 prank_send_done(td_prank_t *rk, void *router, uint64_t req_id, td_status_t st,
-                const char *reason, int32_t first_token)
+                const char *reason, int32_t first_token, uint64_t cached, uint64_t computed)
 {
     Tandem__PrefillDone msg = TANDEM__PREFILL_DONE__INIT;
     msg.req_id = req_id;
     msg.status = st;
     msg.reason = (char *)reason;
     msg.first_token = first_token;
+    msg.cached_tokens = cached;
+    msg.computed_tokens = computed;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE;
     env.prefill_done = &msg;
@@ -286,11 +309,14 @@ task_end(task_t *t)
                                           : TASK_DONE;
     task_set_state(t, end);
     td_status_t st = end == TASK_CANCELED ? TD_ERR_CANCELED : t->status;
+    uint64_t computed = t->ntokens - t->cached + t->replayed;
     if (end == TASK_DONE) {
         rk->stats.done++;
-        td_info("prefill rank %u: req %016" PRIx64 ": done, %" PRIu64 " tokens in %u chunks, "
-                "first token %d", rk->cfg.rank_id, t->req_id, t->ntokens, t->chunks,
-                (int)t->first_token);
+        if (rk->pc != NULL)
+            td_pcache_count(rk->pc, t->ntokens, t->hit, computed, t->replayed);
+        td_info("prefill rank %u: req %016" PRIx64 ": done, %" PRIu64 " tokens in %u chunks "
+                "(%" PRIu64 " cached, %" PRIu64 " replayed), first token %d", rk->cfg.rank_id,
+                t->req_id, t->ntokens, t->chunks, t->cached, t->replayed, (int)t->first_token);
     } else {
         if (end == TASK_FAILED)
             rk->stats.failed++;
@@ -301,7 +327,8 @@ task_end(task_t *t)
     }
     if (t->router && !rk->closing)
         prank_send_done(rk, t->router, t->req_id, st, end == TASK_DONE ? "" : t->reason,
-                        end == TASK_DONE ? t->first_token : 0);
+                        end == TASK_DONE ? t->first_token : 0, t->cached,
+                        end == TASK_DONE ? computed : 0);
     TAILQ_REMOVE(&rk->tasks, t, all);
     task_free(t);   /* its blocks return: no transfer reads them any more */
     rk->stats.live--;
@@ -690,9 +717,15 @@ task_chunk_run(void *arg)
 
     if (t->req == NULL)
         st = td_engine_req_create(rk->e, &t->sampling, &t->res->kv, &t->req);
+    int snap = t->snap_end != 0 && t->pos + t->chunk_n == t->snap_end && t->snap == NULL;
     if (st == TD_OK)
-        st = td_engine_prefill(t->req, t->tokens + t->pos, t->chunk_n, t->chunk_last,
+        st = td_engine_prefill(t->req, t->tokens + t->pos, t->chunk_n,
+                               t->chunk_last ? TD_ENGINE_CHUNK_LAST
+                               : snap        ? TD_ENGINE_CHUNK_KEEP
+                                             : TD_ENGINE_CHUNK_MORE,
                                task_on_layer, t);
+    if (st == TD_OK && snap)
+        t->snap = td_pcache_snapshot(rk->pc, &t->res->kv);   /* the state at a block end */
     if (st == TD_OK && t->chunk_last) {
         td_sample_finish_t fin;
         st = td_engine_sample_pick(t->req, &t->first_pick, &fin);
@@ -729,6 +762,11 @@ task_chunk_done(void *arg)
         task_finish_engine(t);
     } else if (t->chunk_last) {
         t->pos += t->chunk_n;
+        if (rk->pc != NULL) {   /* its whole blocks are final now: the cache takes them */
+            td_pcache_insert(rk->pc, t->tokens, t->ntokens, t->hashes, t->res, t->snap,
+                             t->snap_end);
+            t->snap = NULL;
+        }
         task_finish_engine(t);
     } else {
         t->pos += t->chunk_n;
@@ -739,17 +777,146 @@ task_chunk_done(void *arg)
     prank_publish_load(rk);
 }
 
+/* Compute thread: the task's cached prefix. Its tier blocks are read into
+ * the task's own blocks, its KV goes to the decode rank like a computed
+ * layer's, and its fixed state comes back from a snapshot or by replaying
+ * at most the engine's bound before the prefix end (docs/kvcache.md). */
+static void
+task_hit_run(void *arg)
+{
+    task_t *t = arg;
+    td_prank_t *rk = t->rk;
+    const td_layout_t *l = rk->e->layout;
+    uint64_t p, from, bound = td_engine_replay_bound(rk->e);
+    td_engine_piece_t *pieces = NULL;
+    td_status_t st;
+
+    t->hit_pos = 0;
+    st = td_engine_req_create(rk->e, &t->sampling, &t->res->kv, &t->req);
+    if (st != TD_OK)
+        goto out;
+    td_pcache_load(rk->pc, t->hit, t->tokens, &t->res->kv);
+    p = t->hit->loaded * td_pcache_block(rk->pc);
+    if (p == 0)
+        goto out;   /* nothing could be read: a cold prefill */
+    /* the prefix's paged entries, layer by layer, as if just computed */
+    if ((pieces = calloc(l->nsegs, sizeof(*pieces))) == NULL) {
+        st = TD_ERR_NOMEM;
+        goto out;
+    }
+    for (uint32_t L = 0, s = 0; L < l->layers && st == TD_OK; L++) {
+        size_t n = 0;
+
+        for (; s < l->nsegs && l->segs[s].layer == L; s++)
+            if (l->segs[s].kind == TD_LAYOUT_PAGED && td_layout_entries(&l->segs[s], p) > 0)
+                pieces[n++] = (td_engine_piece_t){ s, 0, td_layout_entries(&l->segs[s], p) };
+        st = task_on_layer(t->req, L, pieces, n, t);
+    }
+    if (st != TD_OK)
+        goto out;
+    if (t->hit->snap_end > 0) {
+        from = t->hit->snap_end;
+        st = td_engine_adopt(t->req, t->tokens, from);
+    } else {
+        from = p > bound ? p - bound : 0;
+        st = td_engine_seek(t->req, t->tokens, from);
+    }
+    if (st == TD_OK && p > from)
+        st = td_engine_replay(t->req, t->tokens + from, p - from, p);
+    if (st != TD_OK)
+        goto out;
+    t->replayed = p - from;
+    t->cached = p;
+    t->hit_pos = p;
+    if (t->snap_end == p && t->snap == NULL)
+        t->snap = td_pcache_snapshot(rk->pc, &t->res->kv);
+out:
+    free(pieces);
+    t->chunk_st = st;
+}
+
+/* Loop thread: the hit's job came back; the chunks go on from its end. */
+static void
+task_hit_done(void *arg)
+{
+    task_t *t = arg;
+    td_prank_t *rk = t->rk;
+    td_status_t st = t->chunk_st;
+
+    rk->computing = NULL;
+    if (rk->closing)
+        return;
+    t->hit_pending = 0;
+    prank_trace(rk, "hit req=%016" PRIx64 " cached=%" PRIu64 " replayed=%" PRIu64
+                " start=%" PRIu64 " end=%" PRIu64 " status=%d", t->req_id, t->cached, t->replayed,
+                t->chunk_t0, td_clock_ns(), (int)st);
+    if (st != TD_OK || t->canceled || t->status != TD_OK) {
+        if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))
+            task_fail(t, st, "prefix cache hit: %s", td_status_str(st));
+        task_finish_engine(t);
+    } else {
+        t->pos = t->hit_pos;
+        TAILQ_REMOVE(&rk->runq, t, run);
+        TAILQ_INSERT_TAIL(&rk->runq, t, run);
+    }
+    prank_schedule(rk);
+    prank_publish_load(rk);
+}
+
+/* With the prefix cache: the prompt's cached prefix shares its pool blocks
+ * (the rest are the task's own), and cached blocks nobody uses make room
+ * when the pool is short. */
+static td_status_t
+task_reserve_cached(task_t *t)
+{
+    td_prank_t *rk = t->rk;
+    const td_layout_t *l = rk->e->layout;
+    const char *why = NULL;
+    td_status_t st;
+    uint64_t *need;
+
+    if (t->hit == NULL)
+        (void)td_pcache_lookup(rk->pc, t->tokens, t->ntokens, t->hashes, &t->hit);
+    st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens,
+                                  t->hit != NULL ? t->hit->nprefix : NULL,
+                                  t->hit != NULL ? (const uint64_t *const *)t->hit->prefix : NULL,
+                                  &t->res, &why);
+    if (st != TD_ERR_BUSY || (need = calloc(l->nsegs, sizeof(*need))) == NULL)
+        return st;
+    for (uint32_t s = 0; s < l->nsegs; s++)
+        if (l->segs[s].kind == TD_LAYOUT_PAGED)
+            need[s] = td_layout_blocks(l, &l->segs[s], t->ntokens) -
+                      (t->hit != NULL ? t->hit->nprefix[s] : 0);
+    if (td_pcache_make_room(rk->pc, need))
+        st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens,
+                                      t->hit != NULL ? t->hit->nprefix : NULL,
+                                      t->hit != NULL ? (const uint64_t *const *)t->hit->prefix
+                                                     : NULL,
+                                      &t->res, &why);
+    free(need);
+    return st;
+}
+
 /* A queued task may start once a run slot and its blocks are free. */
 static int
 task_try_start(task_t *t)
 {
     td_prank_t *rk = t->rk;
     const char *why = NULL;
+    td_status_t st;
 
     if (rk->running >= rk->cfg.max_running)
         return 0;
-    if (td_kvpool_reserve(rk->kp, t->req_id, t->ntokens, &t->res, &why) != TD_OK)
+    st = rk->pc != NULL ? task_reserve_cached(t)
+                        : td_kvpool_reserve(rk->kp, t->req_id, t->ntokens, &t->res, &why);
+    if (st != TD_OK) {
+        if (t->hit != NULL) {   /* looked up again when it can start: the cache moves */
+            td_pcache_hit_free(rk->pc, t->hit);
+            t->hit = NULL;
+        }
         return 0;   /* busy: it waits for a task to end and free blocks */
+    }
+    t->hit_pending = t->hit != NULL;
     task_set_state(t, TASK_RUNNING);
     return 1;
 }
@@ -769,8 +936,20 @@ prank_schedule(td_prank_t *rk)
             break;
     if (t == NULL)
         return;
+    if (t->hit_pending) {   /* its cached prefix first: one job, at most one pass */
+        t->chunk_t0 = td_clock_ns();
+        if (td_jobq_post_pass(rk->jq, task_hit_run, task_hit_done, t) != TD_OK) {
+            task_fail(t, TD_ERR_NOMEM, "cannot hand the cache hit to the compute thread");
+            task_finish_engine(t);
+            return;
+        }
+        rk->computing = t;
+        return;
+    }
     t->chunk_n = t->ntokens - t->pos < rk->cfg.chunk_tokens ? t->ntokens - t->pos
                                                              : rk->cfg.chunk_tokens;
+    if (t->snap_end > t->pos && t->snap_end < t->pos + t->chunk_n)
+        t->chunk_n = t->snap_end - t->pos;   /* a chunk ends where the snapshot is taken */
     t->chunk_last = t->pos + t->chunk_n == t->ntokens;
     t->chunk_t0 = td_clock_ns();
     if (td_jobq_post_pass(rk->jq, task_chunk_run, task_chunk_done, t) != TD_OK) {
@@ -863,7 +1042,7 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         td_warn("prefill rank %u: req %016" PRIx64 ": prefill refused: already here",
                 rk->cfg.rank_id, msg->req_id);
         prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
-                        "duplicate prefill: the request is already on this rank", 0);
+                        "duplicate prefill: the request is already on this rank", 0, 0, 0);
         return;
     }
     task_t *t = calloc(1, sizeof(*t));
@@ -881,6 +1060,22 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     t->state = TASK_QUEUED;
     t->ntokens = msg->n_tokens;
     memcpy(t->tokens, msg->tokens, msg->n_tokens * sizeof(int32_t));
+    if (rk->pc != NULL) {   /* its chain of block hashes, once */
+        uint32_t G = td_pcache_block(rk->pc);
+        size_t nh = (size_t)(t->ntokens / G);
+
+        if ((t->hashes = malloc((nh ? nh : 1) * sizeof(uint64_t))) == NULL) {
+            td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
+                     msg->req_id);
+            free(t->tokens);
+            free(t);
+            return;
+        }
+        (void)td_chain_hashes(rk->cfg.cache.seed, t->tokens, t->ntokens, G, t->hashes, nh);
+        /* the state where the longest hit of this prompt or a longer one
+         * ends: the last block end before its last token */
+        t->snap_end = rk->cfg.cache.snapshots && t->ntokens > 0 ? (t->ntokens - 1) / G * G : 0;
+    }
     task_sampling(t, msg->sampling);
     TAILQ_INSERT_TAIL(&rk->tasks, t, all);
     TAILQ_INSERT_TAIL(&rk->runq, t, run);
@@ -964,6 +1159,17 @@ td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         prank_drain(rk, env->drain->draining);
         break;
+    case TANDEM__ENVELOPE__PAYLOAD_CACHE_FLUSH:
+        if (rk->pc == NULL) {
+            td_info("prefill rank %u: cache flush asked: this rank has no prefix cache",
+                    rk->cfg.rank_id);
+            break;
+        }
+        td_info("prefill rank %u: cache flush asked by the router (%s)", rk->cfg.rank_id,
+                env->cache_flush->reason && env->cache_flush->reason[0] ? env->cache_flush->reason
+                                                                        : "no reason given");
+        td_pcache_flush(rk->pc);
+        break;
     default:
         td_debug("prefill rank %u: message %d ignored", rk->cfg.rank_id, (int)env->payload_case);
         break;
@@ -999,6 +1205,8 @@ td_prank_load(const td_prank_t *rk, Tandem__Load *out)
     out->queued_tokens = prank_queued_tokens(rk);
     out->running = rk->stats.live - out->queued;
     out->draining = rk->draining || rk->stopping;
+    if (rk->pc != NULL)
+        out->cache = (Tandem__CacheStats *)&rk->cache_stats;   /* the rank's: it outlives the Load */
 }
 
 void
@@ -1011,6 +1219,55 @@ void
 td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg)
 {
     reg->xfer_deadline_ms = rk->cfg.deadline_ms;
+    reg->cache_block_tokens = rk->pc != NULL ? td_pcache_block(rk->pc) : 0;
+}
+
+void
+td_prank_on_router_up(td_prank_t *rk, void *router)
+{
+    (void)router;
+    if (rk->pc != NULL)
+        td_pcache_resync(rk->pc);   /* every router gets the whole list at the next tick */
+}
+
+/* Every 50 ms: the cache's news to the routers, and its figures in Load
+ * when they moved. */
+static void
+prank_cache_tick(evutil_socket_t fd, short what, void *arg)
+{
+    td_prank_t *rk = arg;
+    Tandem__CacheStats cs = TANDEM__CACHE_STATS__INIT;
+    Tandem__CacheEvent ev = TANDEM__CACHE_EVENT__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    const uint64_t *added, *removed;
+    size_t nadded, nremoved;
+    int cleared;
+
+    (void)fd;
+    (void)what;
+    if (rk->closing)
+        return;
+    td_pcache_events(rk->pc, &cleared, &added, &nadded, &removed, &nremoved);
+    if ((cleared || nadded > 0 || nremoved > 0) && rk->io.broadcast != NULL) {
+        ev.seq = ++rk->cache_seq;
+        ev.cleared = cleared;
+        ev.added = (uint64_t *)added;
+        ev.n_added = nadded;
+        ev.removed = (uint64_t *)removed;
+        ev.n_removed = nremoved;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CACHE_EVENT;
+        env.cache_event = &ev;
+        rk->io.broadcast(&env, rk->io.arg);
+    }
+    td_pcache_stats(rk->pc, &cs);
+    if (memcmp(&cs, &rk->cache_stats, sizeof(cs)) != 0) {
+        Tandem__Load l;
+
+        rk->cache_stats = cs;
+        td_prank_load(rk, &l);
+        if (rk->io.load != NULL)
+            rk->io.load(&l, rk->io.arg);
+    }
 }
 
 /* ---- Lifetime ----------------------------------------------------------------------- */
@@ -1033,12 +1290,14 @@ prank_pools_create(td_prank_t *rk)
     const td_layout_t *l = rk->e->layout;
     uint8_t **bases = calloc(l->nsegs, sizeof(*bases));
     td_status_t st = TD_ERR_NOMEM;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, pool_tokens = rk->cfg.kv_tokens;
 
+    if (rk->cfg.cache.max_blocks > 0)   /* room for the cached blocks too */
+        pool_tokens += rk->cfg.cache.max_blocks * rk->cfg.cache.block_tokens;
     rk->pools = calloc(l->nsegs, sizeof(*rk->pools));
     if (bases == NULL || rk->pools == NULL)
         goto out;
-    st = td_kvpool_create(l, rk->cfg.kv_tokens, rk->cfg.max_running, &rk->kp);
+    st = td_kvpool_create(l, pool_tokens, rk->cfg.max_running, &rk->kp);
     if (st != TD_OK)
         goto out;
     for (uint32_t s = 0; s < l->nsegs; s++) {
@@ -1051,8 +1310,9 @@ prank_pools_create(td_prank_t *rk)
         bytes += bb * nb;
     }
     td_kvpool_set_memory(rk->kp, bases);
-    td_info("prefill rank %u: kv pool of %" PRIu64 " tokens, %.1f MiB, %u run slots",
-            rk->cfg.rank_id, rk->cfg.kv_tokens, (double)bytes / (1 << 20), rk->cfg.max_running);
+    td_info("prefill rank %u: kv pool of %" PRIu64 " tokens (%" PRIu64 " of them for the prefix "
+            "cache), %.1f MiB, %u run slots", rk->cfg.rank_id, pool_tokens,
+            pool_tokens - rk->cfg.kv_tokens, (double)bytes / (1 << 20), rk->cfg.max_running);
 out:
     free(bases);
     return st;
@@ -1080,9 +1340,36 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
     tandem__load__init(&rk->last_load);
+    if (cfg->cache.max_blocks > 0) {
+        rk->cfg.cache.rank_id = cfg->rank_id;
+        rk->cfg.cache.replay_bound = td_engine_replay_bound(engine);
+        if (rk->cfg.cache.block_tokens == 0)
+            rk->cfg.cache.block_tokens = td_pcache_block_tokens(engine->layout);
+        if (rk->cfg.cache.replay_bound == 0) {
+            td_error("prefill rank %u: prefix cache: engine %s cannot replay a prefix "
+                     "(--cache-blocks needs one that can)", cfg->rank_id, engine->name);
+            st = TD_ERR_UNSUPPORTED;
+            goto err_destroy;
+        }
+    }
     st = prank_pools_create(rk);
     if (st != TD_OK)
         goto err_destroy;
+    if (cfg->cache.max_blocks > 0) {
+        struct timeval tick = { 0, 50000 };
+
+        st = td_pcache_create(&rk->cfg.cache, engine->layout, rk->kp, &rk->pc);   /* logs */
+        rk->cfg.cache.ssd_dir = NULL;   /* the caller's: copied by the tier */
+        if (st != TD_OK)
+            goto err_destroy;
+        tandem__cache_stats__init(&rk->cache_stats);
+        rk->cache_ev = event_new(base, -1, EV_PERSIST, prank_cache_tick, rk);
+        if (rk->cache_ev == NULL || event_add(rk->cache_ev, &tick) != 0) {
+            td_error("prefill rank %u: prefix cache: cannot start its timer", cfg->rank_id);
+            st = TD_ERR_NOMEM;
+            goto err_destroy;
+        }
+    }
     if (cfg->trace_path != NULL && cfg->trace_path[0] != '\0') {
         char path[4096];
         snprintf(path, sizeof(path), "%s.%u", cfg->trace_path, cfg->rank_id);
@@ -1159,6 +1446,9 @@ td_prank_destroy(td_prank_t *rk)
         TAILQ_REMOVE(&rk->tasks, t, all);
         task_free(t);
     }
+    if (rk->cache_ev != NULL)
+        event_free(rk->cache_ev);
+    td_pcache_destroy(rk->pc);   /* after the tasks: nothing pins a block now */
     if (rk->pools != NULL)
         for (uint32_t s = 0; s < rk->e->layout->nsegs; s++)
             td_xfer_pool_destroy(rk->pools[s]);

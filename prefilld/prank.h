@@ -16,6 +16,7 @@
 
 #include "engine.h"
 #include "jobq.h"
+#include "pcache.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "xfer.h"
@@ -42,6 +43,10 @@ typedef struct {
     /* A DEP group's rank (--dep): the compute thread steps with the group's
      * (common/jobq.h; copied); NULL: it runs its jobs alone. */
     const td_jobq_step_t *step;
+    /* The prefix cache (pcache.h; cache.max_blocks 0: none). The pool grows
+     * by max_blocks × block_tokens tokens for it; rank_id, seed and
+     * replay_bound are filled by the rank. */
+    td_pcache_config_t cache;
 } td_prank_config_t;
 
 typedef struct {
@@ -53,6 +58,8 @@ typedef struct {
     /* After td_prank_stop: the last task has ended (called from the loop). */
     void (*idle)(void *arg);
     void *arg;
+    /* One message (CacheEvent) to every router that is up; NULL: none. */
+    void (*broadcast)(const Tandem__Envelope *env, void *arg);
 } td_prank_io_t;
 
 /* Counters for tests and logs; all since create. */
@@ -77,13 +84,17 @@ td_status_t td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_
  * first, so no block they read is freed under UCX) and closes the peers. */
 void td_prank_destroy(td_prank_t *rk);
 
-/* What this rank adds to its Register: its transfer deadline. */
+/* What this rank adds to its Register: its transfer deadline, its cache
+ * block size. */
 void td_prank_register_fill(const td_prank_t *rk, Tandem__Register *reg);
 
 /* One message from a router: Prefill, Cancel, DecodePeer, Drain (others are
  * ignored). Copied as needed. A Prefill for a request this rank already holds
  * for that router is answered PrefillDone{invalid} and changes nothing. */
 void td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env);
+/* A router took this rank's registration: it gets the prefix cache's whole
+ * content (CacheEvent, cleared). */
+void td_prank_on_router_up(td_prank_t *rk, void *router);
 /* The router's connection ended: its tasks are canceled (each still ends with
  * its terminal notification to the decode rank) and never reported to it. */
 void td_prank_on_router_down(td_prank_t *rk, void *router);

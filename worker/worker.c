@@ -254,6 +254,15 @@ td_worker_rank_load(const Tandem__Load *load, void *arg)
 }
 
 void
+td_worker_rank_broadcast(const Tandem__Envelope *env, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+
+    if (wr->link != NULL)
+        (void)td_link_broadcast(wr->link, env);
+}
+
+void
 td_worker_rank_idle(void *arg)
 {
     td_worker_rank_t *wr = arg;
@@ -268,6 +277,15 @@ worker_on_message(td_link_t *l, td_link_router_t *router, const Tandem__Envelope
     td_worker_rank_t *wr = arg;
     (void)l;
     wr->w->spec->rank_message(wr->rank, router, env);
+}
+
+static void
+worker_on_up(td_link_t *l, td_link_router_t *router, void *arg)
+{
+    td_worker_rank_t *wr = arg;
+    (void)l;
+    if (wr->w->spec->rank_router_up != NULL)
+        wr->w->spec->rank_router_up(wr->rank, router);
 }
 
 static void
@@ -436,7 +454,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     worker_link_config(wr, &lc);
     Tandem__Register reg;
     worker_register(wr, &reg);
-    td_link_handlers_t lh = { NULL, worker_on_message, worker_on_down, wr };
+    td_link_handlers_t lh = { worker_on_up, worker_on_message, worker_on_down, wr };
     if ((st = td_link_create(base, &lc, &reg, &lh, &wr->link)) != TD_OK)
         goto err;
     if (spec->rank_started)

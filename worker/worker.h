@@ -156,6 +156,8 @@ typedef struct {
     void (*rank_register)(void *rank, Tandem__Register *reg);
     /* After the link is created (NULL: nothing to do). */
     void (*rank_started)(void *rank);
+    /* A router took the rank's registration (NULL: nothing to do). */
+    void (*rank_router_up)(void *rank, void *router);
     /* A router's message (Admit, Prefill, Cancel, Drain, DecodePeer, ...). */
     void (*rank_message)(void *rank, void *router, const Tandem__Envelope *env);
     /* That router's connection ended (the link logged why). */
@@ -216,5 +218,7 @@ uint64_t td_worker_stop_bound_ms(const td_worker_spec_t *spec);
 td_status_t td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg);
 void td_worker_rank_load(const Tandem__Load *load, void *arg);
 void td_worker_rank_idle(void *arg);
+/* One message to every router that is up (prefilld's CacheEvent). */
+void td_worker_rank_broadcast(const Tandem__Envelope *env, void *arg);
 
 #endif

@@ -233,8 +233,8 @@ synth_append(synth_req_t *r, const int32_t *tokens, size_t n)
 
 /* The pieces layer L owes after the sequence grew from n0 to its current
  * length: paged entries completed since n0, and (with_fixed) every fixed
- * segment whole, written into the KV memory. Calls fn (when given) when there
- * are pieces or `always`. */
+ * segment whole, written into the KV memory (with_fixed 2: written, not
+ * reported). Calls fn (when given) when there are pieces or `always`. */
 static td_status_t
 synth_emit_layer(synth_t *s, synth_req_t *r, uint32_t L, uint64_t n0, int with_fixed,
                  int always, td_engine_layer_fn fn, void *arg)
@@ -259,6 +259,8 @@ synth_emit_layer(synth_t *s, synth_req_t *r, uint32_t L, uint64_t n0, int with_f
             continue;
         p->seg = i;
         synth_seg_store(s, r, i, p->first, p->count);
+        if (with_fixed == 2 && sg->kind == TD_LAYOUT_FIXED)
+            continue;   /* kept in memory, not reported */
         np++;
     }
     if (fn == NULL || (np == 0 && !always))
@@ -291,6 +293,8 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
         return st;
     for (uint32_t L = 0; L < s->layout->layers; L++) {
         td_clock_wait(&deadline, s->prefill_us * (double)n);
+        /* fixed segments: stored and reported with the last chunk, stored
+         * only with KEEP (2), not touched otherwise (cheaper) */
         st = synth_emit_layer(s, r, L, n0, last, 1, fn, arg);
         if (st != TD_OK)
             return st;

@@ -2,14 +2,21 @@
  * fake decode rank in the same process: a td_xfer receiver with one pool per
  * KV segment whose every received byte is checked with td_synth_kv_verify;
  * interleaved requests, cancel (queued, running), a bad KvDest, a decode rank
- * gone mid-transfer, router loss, a full queue and stop. Also prefilld/kvmap.c. */
+ * gone mid-transfer, router loss, a full queue and stop; the prefix cache
+ * (prefilld/pcache.c): hits that share pool blocks, rebuild the fixed state
+ * and put exactly the KV a cold prefill gives. Also prefilld/kvmap.c. */
 #include <event2/event.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "kvmem.h"
+#include "logcap.h"
 #include "testutil.h"
 #include "engine.h"
 #include "registry.h"
@@ -39,6 +46,7 @@ typedef struct {
     int done;               /* PrefillDone received */
     td_status_t done_status;
     int32_t done_token;
+    uint64_t done_cached, done_computed;
     int done_order;
     void *router;
 } req_t;
@@ -67,6 +75,9 @@ static struct {
     const char *sources;
     double prefill_us;
 } engine_shape = { 4, "1:2,3:1", 0 };
+
+/* The rank's prefix cache (max_blocks 0: none); test_cache sets it. */
+static td_pcache_config_t env_cache;
 
 static void
 run_until(env_t *e, const int *flag, int want, int timeout_ms)
@@ -201,6 +212,8 @@ on_send(void *router, const Tandem__Envelope *env, void *arg)
     r->done++;
     r->done_status = msg->status;
     r->done_token = msg->first_token;
+    r->done_cached = msg->cached_tokens;
+    r->done_computed = msg->computed_tokens;
     r->done_order = ++e->ndone;
     CHECK(router == r->router);
     return TD_OK;
@@ -293,8 +306,8 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
     }
     td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
                             .max_queued_tokens = max_queued, .deadline_ms = deadline_ms,
-                            .kv_tokens = 8192 };
-    td_prank_io_t io = { on_send, NULL, on_idle, e };
+                            .kv_tokens = 8192, .cache = env_cache };
+    td_prank_io_t io = { on_send, NULL, on_idle, e, NULL };
     if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
@@ -340,12 +353,13 @@ send_prefill(env_t *e, void *router, const Tandem__Prefill *m)
  * rank would. drop_blocks: give every paged segment one block too few;
  * bad_block: point a paged block outside the pool. */
 static void
-prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
+prefill_tokens(env_t *e, int i, const int32_t *tokens, size_t n, void *router, int drop_blocks,
+               int bad_block)
 {
     const td_layout_t *l = e->check->layout;
     e->prompts[i] = malloc(n * sizeof(int32_t));
     for (size_t k = 0; k < n; k++)
-        e->prompts[i][k] = (int32_t)((k * 7 + (size_t)i * 13) % 1000);
+        e->prompts[i][k] = tokens != NULL ? tokens[k] : (int32_t)((k * 7 + (size_t)i * 13) % 1000);
     e->lens[i] = n;
     e->reqs[i].router = router;
     Tandem__SegDest *sdp[MAX_SEGS];
@@ -379,6 +393,12 @@ prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
     m.tokens = e->prompts[i];
     m.dest = &d;
     send_prefill(e, router, &m);
+}
+
+static void
+prefill(env_t *e, int i, size_t n, void *router, int drop_blocks, int bad_block)
+{
+    prefill_tokens(e, i, NULL, n, router, drop_blocks, bad_block);
 }
 
 static void
@@ -938,10 +958,225 @@ test_fail_between_chunks(void)
     env_destroy(&e);
 }
 
+/* The prefix cache on the synthetic engine (blocks of 8 tokens here): a
+ * repeated prompt and one sharing its first blocks reuse them (pool hits,
+ * the fixed state from a snapshot or by replay), and the decode side
+ * receives, byte for byte, what a cold prefill puts; a flush empties it; no
+ * block stays shared or pinned at the end. */
+static void
+test_cache(void)
+{
+    env_t e;
+    int32_t a[40], b[37];
+
+    env_cache = (td_pcache_config_t){ .max_blocks = 16, .snapshots = 1 };
+    if (env_create(&e, 8, 2, 0) != 0) {
+        CHECK(!"env");
+        env_cache.max_blocks = 0;
+        return;
+    }
+    env_cache.max_blocks = 0;
+    for (int k = 0; k < 40; k++)
+        a[k] = (int32_t)((k * 31 + 7) % 1000);
+    for (int k = 0; k < 37; k++)
+        b[k] = k < 24 ? a[k] : (int32_t)((k * 11 + 500) % 1000);
+    /* 0: cold; 1: the same prompt (4 of its 5 blocks: one token is left to
+     * compute); 2: its first 3 blocks, then other tokens */
+    prefill_tokens(&e, 0, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 1);
+    prefill_tokens(&e, 1, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 2);
+    prefill_tokens(&e, 2, b, 37, ROUTER_A, 0, 0);
+    wait_done(&e, 3);
+    /* 3: after a flush, cold again */
+    Tandem__CacheFlush fl = TANDEM__CACHE_FLUSH__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CACHE_FLUSH;
+    env.cache_flush = &fl;
+    td_prank_on_message(e.rk, ROUTER_A, &env);
+    prefill_tokens(&e, 3, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 4);
+    static const uint64_t cached[4] = { 0, 32, 24, 0 };
+    for (int i = 0; i < 4; i++) {
+        req_t *r = &e.reqs[i];
+
+        CHECK_EQ_INT(r->done, 1);
+        CHECK_STATUS(r->done_status, TD_OK);
+        CHECK_EQ_INT(notes_of(&e, i), 1);
+        CHECK(r->verified);
+        CHECK(r->sum_ok);
+        CHECK_EQ_INT(r->done_token, r->first_token);
+        CHECK_EQ_INT(r->done_cached, cached[i]);
+        /* computed: the uncached suffix plus at most the replay bound */
+        CHECK(r->done_computed >= e.lens[i] - cached[i]);
+        CHECK(r->done_computed <= e.lens[i] - cached[i] + td_engine_replay_bound(e.engine));
+    }
+    CHECK_EQ_INT(e.reqs[1].first_token, e.reqs[0].first_token);
+    CHECK_EQ_INT(e.reqs[3].first_token, e.reqs[0].first_token);
+    /* request 1's prefix ended at the snapshot request 0 left: no replay */
+    CHECK_EQ_INT(e.reqs[1].done_computed, 8);
+    Tandem__Load load;
+    run_for(&e, 120);   /* the cache's figures move with its 50 ms tick */
+    td_prank_load(e.rk, &load);
+    CHECK(load.cache != NULL);
+    if (load.cache != NULL) {
+        CHECK_EQ_INT(load.cache->pool_blocks, 5);   /* request 3's blocks */
+        CHECK_EQ_INT(load.cache->lookup_tokens, 40 + 40 + 37 + 40);
+    }
+    env_destroy(&e);
+}
+
+/* Prompt a (40 tokens) on a fresh rank with cache cfg: its PrefillDone's
+ * cached tokens, once the decode side verified every byte; st: the rank's
+ * cache figures after it. */
+static uint64_t
+cache_round(const td_pcache_config_t *cfg, const int32_t *a, Tandem__CacheStats *st)
+{
+    env_t e;
+    uint64_t cached = UINT64_MAX;
+
+    env_cache = *cfg;
+    if (env_create(&e, 8, 2, 0) != 0) {
+        CHECK(!"env");
+        env_cache.max_blocks = 0;
+        return cached;
+    }
+    env_cache.max_blocks = 0;
+    prefill_tokens(&e, 0, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_OK);
+    CHECK_EQ_INT(notes_of(&e, 0), 1);
+    CHECK(e.reqs[0].verified);
+    CHECK(e.reqs[0].sum_ok);
+    cached = e.reqs[0].done_cached;
+    run_for(&e, 120);
+    if (st != NULL) {
+        Tandem__Load load;
+        td_prank_load(e.rk, &load);
+        if (load.cache != NULL)
+            *st = *load.cache;
+    }
+    env_destroy(&e);   /* the tier finishes its writes */
+    return cached;
+}
+
+/* The files of the SSD tier's directory (its record packs). */
+static int
+cache_files(const char *dir, char names[][300], int cap)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+
+    while (d != NULL && (de = readdir(d)) != NULL)
+        if (strstr(de->d_name, ".kvb") != NULL && n < cap)
+            snprintf(names[n++], 300, "%s/%s", dir, de->d_name);
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* The lower tiers behind a rank: blocks the pool let go are hit in the host
+ * tier; blocks written back to SSD are hit by a new rank on the same
+ * directory (a restart); a corrupted or truncated file is a miss with a log
+ * line and the answer is still the cold prefill's, byte for byte. */
+static void
+test_cache_tiers(void)
+{
+    char dir[] = "/tmp/td-pcache-XXXXXX", names[8][300];
+    int32_t a[40], b[40];
+    Tandem__CacheStats st;
+
+    for (int k = 0; k < 40; k++) {
+        a[k] = (int32_t)((k * 31 + 7) % 1000);
+        b[k] = (int32_t)((k * 17 + 300) % 1000);
+    }
+    /* host: a pool of 5 blocks; b's evict a's, which come back from memory */
+    td_pcache_config_t host = { .max_blocks = 5, .snapshots = 1, .host_bytes = 64 << 20 };
+    env_t e;
+    env_cache = host;
+    if (env_create(&e, 8, 2, 0) != 0) {
+        CHECK(!"env");
+        env_cache.max_blocks = 0;
+        return;
+    }
+    env_cache.max_blocks = 0;
+    prefill_tokens(&e, 0, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 1);
+    prefill_tokens(&e, 1, b, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 2);
+    prefill_tokens(&e, 2, a, 40, ROUTER_A, 0, 0);
+    wait_done(&e, 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK_STATUS(e.reqs[i].done_status, TD_OK);
+        CHECK(e.reqs[i].verified);
+        CHECK(e.reqs[i].sum_ok);
+    }
+    CHECK_EQ_INT(e.reqs[2].done_cached, 32);
+    CHECK_EQ_INT(e.reqs[2].first_token, e.reqs[0].first_token);
+    run_for(&e, 120);
+    Tandem__Load load;
+    td_prank_load(e.rk, &load);
+    CHECK(load.cache != NULL && load.cache->hit_host_tokens == 32 &&
+          load.cache->hit_pool_tokens == 0);
+    env_destroy(&e);
+
+    /* ssd: written back by the first rank, hit by the next on the directory */
+    CHECK(mkdtemp(dir) != NULL);
+    td_pcache_config_t ssd = { .max_blocks = 16, .snapshots = 1, .ssd_dir = dir,
+                               .ssd_bytes = 16 << 20 };
+    CHECK_EQ_INT(cache_round(&ssd, a, NULL), 0);
+    CHECK(cache_files(dir, names, 8) >= 1);
+    memset(&st, 0, sizeof(st));
+    CHECK_EQ_INT(cache_round(&ssd, a, &st), 32);
+    CHECK_EQ_INT(st.hit_ssd_tokens, 32);
+
+    /* a flipped byte, then a cut file: misses with a log line, right answers */
+    for (int fault = 0; fault < 2; fault++) {
+        int n = cache_files(dir, names, 8);
+
+        CHECK(n >= 1);
+        for (int i = 0; i < n; i++) {
+            int fd = open(names[i], O_RDWR);
+            off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : 0;
+            unsigned char c = 0;
+
+            /* a pack of 5 records (docs/kvtier.md): a 40-byte header and a
+             * table of 5 × 40, then the first record (80-byte header, 8
+             * tokens, its payload from byte 392): damage that one, which
+             * every hit of prompt a reads */
+            CHECK(fd >= 0 && size > 420);
+            if (fault == 0 && pread(fd, &c, 1, 400) == 1) {
+                c ^= 0x5a;
+                CHECK(pwrite(fd, &c, 1, 400) == 1);
+            } else if (fault == 1) {
+                CHECK(ftruncate(fd, 300) == 0);
+            }
+            if (fd >= 0)
+                close(fd);
+        }
+        td_logcap_start();
+        td_logcap_reset();
+        CHECK_EQ_INT(cache_round(&ssd, a, NULL), 0);
+        CHECK(strstr(td_logcap.last, "kvtier") != NULL);
+        td_logcap_stop();
+        /* the bad file is gone; this round wrote the prompt back again */
+        CHECK_EQ_INT(cache_round(&ssd, a, NULL), 32);
+    }
+    for (int i = 0, n = cache_files(dir, names, 8); i < n; i++)
+        unlink(names[i]);
+    char lock[300];
+    snprintf(lock, sizeof(lock), "%s/LOCK", dir);
+    unlink(lock);
+    CHECK(rmdir(dir) == 0);
+}
+
 int
 main(void)
 {
     td_log_set_level(TD_LOG_WARN);
+    test_cache();
+    test_cache_tiers();
     test_kvmap();
     test_interleaved();
     test_cancel();
