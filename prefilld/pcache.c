@@ -743,6 +743,13 @@ td_pcache_stats(const td_pcache_t *c, Tandem__CacheStats *st)
     st->hit_ssd_tokens = c->hit_tokens[TD_PCACHE_SSD];
     st->computed_tokens = c->computed;
     st->replay_tokens = c->replayed;
+    for (const pc_node_t *nd = TAILQ_FIRST(&c->lru); nd != NULL; nd = TAILQ_NEXT(nd, lru)) {
+        st->pinned_blocks += nd->pins > 0;
+        st->shared_blocks += !pc_node_idle(c, nd);
+    }
+    td_kvpool_counts_t kc;   /* blocks in use that the cache does not hold */
+    td_kvpool_counts(c->kp, &kc);
+    st->reserved_blocks = kc.blocks_used - kc.blocks_held;
     if (c->tier != NULL) {
         td_kvtier_stats_t ts = { 0 };
 

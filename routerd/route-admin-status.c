@@ -41,7 +41,8 @@ cache_json(const td_rrank_t *rk, bool dead)
     if (td_rrank_cache_block(rk) == 0)
         return json_null();
     if (!dead && rk->has_cache_stats)
-        stats = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+        stats = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+                          " s:I, s:I}",
                           "pool_blocks", (json_int_t)s->pool_blocks,
                           "pool_bytes", (json_int_t)s->pool_bytes,
                           "host_bytes", (json_int_t)s->host_bytes,
@@ -53,7 +54,10 @@ cache_json(const td_rrank_t *rk, bool dead)
                           "hit_host_tokens", (json_int_t)s->hit_host_tokens,
                           "hit_ssd_tokens", (json_int_t)s->hit_ssd_tokens,
                           "computed_tokens", (json_int_t)s->computed_tokens,
-                          "replay_tokens", (json_int_t)s->replay_tokens);
+                          "replay_tokens", (json_int_t)s->replay_tokens,
+                          "pinned_blocks", (json_int_t)s->pinned_blocks,
+                          "shared_blocks", (json_int_t)s->shared_blocks,
+                          "reserved_blocks", (json_int_t)s->reserved_blocks);
     return json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I}",
                      "block_tokens", (json_int_t)td_rrank_cache_block(rk),
                      "blocks_tracked", (json_int_t)rk->cache.n,

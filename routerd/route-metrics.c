@@ -125,6 +125,11 @@ cache_metrics(td_router_t *r, td_buf_t *out)
         { "tandem_router_rank_cache_replay_tokens_total", "counter",
           "tokens a prefill rank replayed to rebuild cached state", NULL, 0, 1,
           { CS(replay_tokens) }, { NULL } },
+        { "tandem_router_rank_cache_in_use_blocks", "gauge",
+          "a prefill rank's cache blocks in use by requests in flight (0 when idle): pinned "
+          "by hits, shared by reservations, and the pool blocks reserved besides", "what", 0, 3,
+          { CS(pinned_blocks), CS(shared_blocks), CS(reserved_blocks) },
+          { "pinned", "shared", "reserved" } },
         { "tandem_router_rank_prefill_placed_total", "counter",
           "prefills this router sent a prefill rank", NULL, 1, 1, { CC(placed) }, { NULL } },
         { "tandem_router_rank_prefill_prompt_tokens_total", "counter",

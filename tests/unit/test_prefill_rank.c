@@ -1022,6 +1022,9 @@ test_cache(void)
     if (load.cache != NULL) {
         CHECK_EQ_INT(load.cache->pool_blocks, 5);   /* request 3's blocks */
         CHECK_EQ_INT(load.cache->lookup_tokens, 40 + 40 + 37 + 40);
+        CHECK_EQ_INT(load.cache->pinned_blocks, 0);   /* nothing in use at the end */
+        CHECK_EQ_INT(load.cache->shared_blocks, 0);
+        CHECK_EQ_INT(load.cache->reserved_blocks, 0);
     }
     env_destroy(&e);
 }
