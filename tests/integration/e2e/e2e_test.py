@@ -2028,7 +2028,14 @@ def test_v41_kvcache(c):
         full[name] = (n - 1) // G * G
 
     def step(name, what, want_cached=None):
+        ndone = len(prefill_done_lines(c))
         got, cached = ask(msgs[name])
+        # the client's cached_tokens is the prefill rank's own count
+        c.wait(lambda: len(prefill_done_lines(c)) > ndone, "the prefill done line", timeout=5)
+        n, p_cached, _ = prefill_done_lines(c)[-1]
+        check(n == got["prompt_tokens"] and cached == p_cached,
+              "%s %s: usage says %d cached of %d, the prefill rank %d of %d" %
+              (name, what, cached, got["prompt_tokens"], p_cached, n))
         check(got == ref[name], "%s %s: reply %r, tools/generate %r" % (name, what, got, ref[name]))
         if name in cold:
             check(got == cold[name], "%s %s: reply differs from the cold one" % (name, what))
