@@ -4,7 +4,8 @@ cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
 kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail | v41-dep-domain | v41-dep-domain-kill |
-cancel-compute | router-threads | shutdown | remove | local-cluster)"""
+cancel-compute | router-threads | shutdown | remove | local-cluster | v41-kvcache |
+kvcache-pressure)"""
 import asyncio
 import http.client
 import json
@@ -1914,6 +1915,359 @@ def test_local_cluster(c):
 
 
 # ---- main ----------------------------------------------------------------------------
+
+
+# ---- 14. the prefix cache: exactness in every tier, restart, faults, budgets ---------
+
+
+def metric_sum(c, name, **labels):
+    """The sum of a metric's samples whose labels include labels (0 if none)."""
+    total = 0
+    for line in c.metrics().splitlines():
+        m = re.match(r"%s\{([^}]*)\} (\d+)$" % re.escape(name), line)
+        if m and all('%s="%s"' % kv in m.group(1) for kv in labels.items()):
+            total += int(m.group(2))
+    return total
+
+
+def prefill_cache(c):
+    """The prefill ranks' cache objects in /admin/status (up ones only)."""
+    return [r["cache"] for r in c.ranks() if r["role"] == "prefill" and r["state"] == "up"]
+
+
+def wait_cache_idle(c):
+    """Every prefill rank's last CacheStats: no block pinned, shared or reserved."""
+    def idle():
+        caches = prefill_cache(c)
+        return caches and all(k and k["stats"] and k["stats"]["pinned_blocks"] == 0 and
+                              k["stats"]["shared_blocks"] == 0 and
+                              k["stats"]["reserved_blocks"] == 0 for k in caches)
+    try:
+        c.wait(idle, "prefill cache blocks released", timeout=10)
+    except Failure as e:
+        raise Failure("%s: %r" % (e, [k and k["stats"] for k in prefill_cache(c)]))
+
+
+def prefill_done_lines(c):
+    """(tokens, cached, replayed) of every prefill done line, all incarnations."""
+    out = []
+    for p in c.procs_all:
+        if p.name.startswith("prefill"):
+            out += [tuple(map(int, m)) for m in re.findall(
+                r"req [0-9a-f]+: done, (\d+) tokens in \d+ chunks \((\d+) cached, "
+                r"(\d+) replayed\)", p.text())]
+    return out
+
+
+def test_v41_kvcache(c):
+    """The prefix cache on the tiny V4.1 checkpoint (G = 128): a reply is the
+    cold one and tools/generate's, logprobs bit for bit, after a cold prefill,
+    a pool hit, a host hit, an SSD hit after a restart, and with the SSD
+    files flipped, truncated, swapped or joined by garbage; computed tokens
+    within the replay bound; nothing left in use at the end."""
+    model = tiny_model(c)
+    cdir = c.path("kvcache")
+    rdir = os.path.join(cdir, "rank0")
+    os.mkdir(cdir)   # prefilld makes rankN, not its parent
+    # 6 cache blocks in the pool: two prompts of 3 blocks push out a third.
+    flags = ["--cache-blocks", "6", "--cache-host-bytes", "64M", "--cache-dir", cdir,
+             "--cache-ssd-bytes", "256M", "--chunk-tokens", "64"]
+    c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model),
+         prefill_flags=flags)
+    m = re.search(r"prefix cache: blocks of (\d+) tokens.*replay bound (\d+) tokens",
+                  c.workers["prefill0"].text())
+    check(m, "prefilld logs no prefix cache line")
+    G, B = int(m.group(1)), int(m.group(2))
+    check(G == 128 and B > 0, "cache block %d tokens, replay bound %d" % (G, B))
+    client = c.client()
+
+    def generate_lp(messages):
+        req = c.path("request.json")
+        with open(req, "w") as f:
+            json.dump({"messages": messages}, f)
+        r = subprocess.run([os.path.join(c.build, "tools", "generate"), "--model", model,
+                            "--messages", req, "--temperature", "0", "--max-tokens", "8",
+                            "--logprobs", "3", "--json", "--no-stream"],
+                           capture_output=True, timeout=60 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        g = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        return {"content": g["message"].get("content") or "",
+                "reasoning_content": g["message"].get("reasoning_content") or "",
+                "finish": g["finish_reason"], "prompt_tokens": len(g["prompt_ids"]),
+                "completion_tokens": len(g["ids"]),
+                "logprobs": [(t["logprob"], [(a["bytes"], a["logprob"]) for a in
+                                             t["top_logprobs"]]) for t in g["tokens"]]}
+
+    def ask(messages):
+        rsp = client.chat.completions.create(
+            model="tandem-deepseek-v41", messages=messages, max_tokens=8, temperature=0,
+            seed=1, logprobs=True, top_logprobs=3)
+        msg = rsp.choices[0].message.model_dump()
+        det = rsp.usage.prompt_tokens_details
+        cached = (det.cached_tokens or 0) if det is not None else 0
+        return {"content": msg.get("content") or "",
+                "reasoning_content": msg.get("reasoning_content") or "",
+                "finish": rsp.choices[0].finish_reason,
+                "prompt_tokens": rsp.usage.prompt_tokens,
+                "completion_tokens": rsp.usage.completion_tokens,
+                "logprobs": [(e.logprob, [(t.bytes, t.logprob) for t in e.top_logprobs])
+                             for e in rsp.choices[0].logprobs.content]}, cached
+
+    # Four unrelated prompts of 300-500 tokens (3 cache blocks each).
+    names = ["A", "B", "F1", "F2"]
+    msgs, ref, cold, full = {}, {}, {}, {}
+    for k, name in enumerate(names):
+        words = " ".join("%s%d %s" % (("kappa", "sigma", "omega", "delta")[k], i,
+                                      ("river", "stone", "cloud", "ember")[(i + k) % 4])
+                         for i in range(40))
+        msgs[name] = [{"role": "system", "content": "Prompt %s." % name},
+                      {"role": "user", "content": words}]
+        ref[name] = generate_lp(msgs[name])
+        n = ref[name]["prompt_tokens"]
+        check(300 <= n <= 500, "prompt %s: %d tokens, not 300-500" % (name, n))
+        full[name] = (n - 1) // G * G
+
+    def step(name, what, want_cached=None):
+        ndone = len(prefill_done_lines(c))
+        got, cached = ask(msgs[name])
+        # the client's cached_tokens is the prefill rank's own count
+        c.wait(lambda: len(prefill_done_lines(c)) > ndone, "the prefill done line", timeout=5)
+        n, p_cached, _ = prefill_done_lines(c)[-1]
+        check(n == got["prompt_tokens"] and cached == p_cached,
+              "%s %s: usage says %d cached of %d, the prefill rank %d of %d" %
+              (name, what, cached, got["prompt_tokens"], p_cached, n))
+        check(got == ref[name], "%s %s: reply %r, tools/generate %r" % (name, what, got, ref[name]))
+        if name in cold:
+            check(got == cold[name], "%s %s: reply differs from the cold one" % (name, what))
+        if want_cached is not None:
+            check(cached == want_cached, "%s %s: %d cached tokens, expected %d" %
+                  (name, what, cached, want_cached))
+        check(cached % G == 0 and 0 <= cached <= full[name],
+              "%s %s: %d cached tokens" % (name, what, cached))
+        print("%s %s: %d prompt tokens, %d cached" % (name, what, got["prompt_tokens"], cached))
+        return cached
+
+    def tier_hits(tier):
+        return metric_sum(c, "tandem_router_rank_cache_hit_tokens_total", tier=tier)
+
+    def wait_tier(tier, want):
+        c.wait(lambda: tier_hits(tier) >= want, "tier %s hits to reach %d (%d)" %
+               (tier, want, tier_hits(tier)), timeout=5)
+
+    # 1. cold, 2. a pool hit
+    step("A", "cold", 0)
+    cold["A"] = ref["A"]
+    pool0 = tier_hits("pool")
+    step("A", "again (pool)", full["A"])
+    wait_tier("pool", pool0 + full["A"])
+    # 3. B, F1 and F2 push A's blocks out of the 6-block pool into the host tier
+    for name in ("B", "F1", "F2"):
+        step(name, "cold", 0)
+        cold[name] = ref[name]
+    host0 = tier_hits("host")
+    step("A", "from the host tier", full["A"])
+    wait_tier("host", host0 + full["A"])
+    check(tier_hits("host") == host0 + full["A"], "host hits %d, expected %d" %
+          (tier_hits("host"), host0 + full["A"]))
+
+    def restart(what):
+        p = c.workers["prefill0"]
+        p.p.send_signal(signal.SIGTERM)
+        rc = p.p.wait(timeout=20 * SLOW)
+        check(rc == 0, "prefilld exited %d at SIGTERM (%s)" % (rc, what))
+        c.procs.remove(p)
+        c.wait(lambda: not any(r["role"] == "prefill" and r["state"] == "up"
+                               for r in c.ranks()), "the prefill rank down", timeout=10)
+        return p
+
+    def start():
+        c.workers["prefill0"] = c.start_worker("prefilld", "prefill0", "--ranks", "1", *flags)
+        c.wait_ranks_up(2)
+        # the new process's first CacheStats
+        c.wait(lambda: all(k and k["stats"] for k in prefill_cache(c)), "cache stats")
+
+    # 4. a restart: the host tier is gone, the SSD files are read back
+    restart("restart")
+    start()
+    ssd0 = tier_hits("ssd")
+    step("A", "after a restart (ssd)", full["A"])
+    wait_tier("ssd", ssd0 + full["A"])
+    step("B", "after a restart (ssd)", full["B"])
+
+    # 5. faults: each run damages every file (or two), restarts, asks every prompt
+    def files():
+        return sorted(f for f in os.listdir(rdir) if re.fullmatch(r"[0-9a-f]{16}\.kvb", f))
+
+    def flip(path):
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            for off in (size // 2, size - 9):
+                f.seek(off)
+                b = f.read(1)
+                f.seek(off)
+                f.write(bytes([b[0] ^ 0x5a]))
+
+    def truncate(path):
+        os.truncate(path, os.path.getsize(path) * 2 // 3)
+
+    for run in ("flip", "truncate", "swap"):
+        p = restart(run)
+        damaged = files()
+        check(len(damaged) >= 2, "%s: %d cache files in %s" % (run, len(damaged), rdir))
+        if run == "swap":
+            damaged = damaged[:2]
+            a, b = (os.path.join(rdir, f) for f in damaged)
+            os.rename(a, a + ".x")
+            os.rename(b, a)
+            os.rename(a + ".x", b)
+            with open(os.path.join(rdir, "junk.kvb"), "wb") as f:
+                f.write(b"not a cache file " * 100)
+        else:
+            for f in damaged:
+                (flip if run == "flip" else truncate)(os.path.join(rdir, f))
+        start()
+        hits = {name: step(name, "after %s" % run) for name in names}
+        p = c.workers["prefill0"]
+        check(p.p.poll() is None, "%s: prefilld exited" % run)
+        log = [line for line in p.text().splitlines() if "kvtier" in line]
+        for f in damaged:
+            check(any(f in line for line in log), "%s: no kvtier line about %s: %r" %
+                  (run, f, log))
+        if run != "swap":   # every file damaged: no whole hit
+            check(all(v < full[k] for k, v in hits.items()), "%s: a whole hit: %r" % (run, hits))
+        if run == "swap":
+            check(any("junk.kvb" in line for line in log), "no kvtier line about junk.kvb")
+            check(os.path.exists(os.path.join(rdir, "junk.kvb")), "junk.kvb deleted")
+            check(sum(v == 0 for v in hits.values()) >= 2, "swapped files hit: %r" % hits)
+            check(sum(v == full[k] for k, v in hits.items()) >= 1, "no whole hit: %r" % hits)
+        print("%s: %d files damaged, hits %r" % (run, len(damaged), hits))
+
+    # computed tokens: the suffix plus at most B replayed
+    done = prefill_done_lines(c)
+    check(done, "no prefill done lines")
+    for n, cached, replayed in done:
+        check(replayed <= B, "%d replayed tokens (%d cached of %d), bound %d" %
+              (replayed, cached, n, B))
+    check(any(cached > 0 for _, cached, _ in done), "no cached tokens in the prefill log")
+    check(any(replayed > 0 for _, _, replayed in done), "no hit was rebuilt by replay")
+    # 6. nothing left in use
+    c.wait_idle()
+    wait_cache_idle(c)
+
+
+def test_kvcache_pressure(c):
+    """The prefix cache's budgets under a long mixed load (synthetic engine):
+    300 requests, 8 at a time, on 40 shared prefixes (some hotter) with random suffixes and
+    unrelated prompts, so that every tier evicts. Polled every 100 ms: the
+    cache files' bytes on disk (os.stat) within the SSD budget, the host
+    tier's bytes within its budget, the pool's blocks within --cache-blocks.
+    Every reply is the synthetic engine's; every tier hits; nothing is left
+    pinned, shared or reserved."""
+    import random
+    cdir = c.path("kvcache")
+    rdir = os.path.join(cdir, "rank0")
+    os.mkdir(cdir)
+    POOL, HOST, SSD = 200, 1024 * 1024, 8 * 1024 * 1024
+    # a small fixed state (the snapshot a prompt keeps: ~7 KiB, not ~100)
+    c.engine = ENGINE + ["--kv-window", "16", "--kv-window-entry-bytes", "64",
+                         "--kv-partial-entry-bytes", "256"]
+    c.up(prefill=1, decode=1, decode_ranks=1,
+         prefill_flags=["--cache-blocks", str(POOL), "--cache-host-bytes", str(HOST),
+                        "--cache-dir", cdir, "--cache-ssd-bytes", str(SSD)])
+    m = re.search(r"prefix cache: blocks of (\d+) tokens \(([\d.]+) KiB of kv, snapshot "
+                  r"([\d.]+) KiB\)", c.workers["prefill0"].text())
+    check(m, "prefilld logs no prefix cache line")
+    G = int(m.group(1))
+    print("cache block %s tokens, %s KiB of kv, snapshot %s KiB" % m.groups())
+    rng = random.Random(41)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 "
+    prefixes = ["".join(rng.choice(alphabet) for _ in range(G * rng.randint(4, 7)))
+                for _ in range(40)]
+    weights = [1 / (k + 1) ** 0.5 for k in range(len(prefixes))]   # some hotter
+    bodies = []
+    for i in range(300):
+        if rng.random() < 0.3:     # unrelated
+            text = "".join(rng.choice(alphabet) for _ in range(G * rng.randint(6, 12)))
+        else:
+            text = rng.choices(prefixes, weights)[0] + "".join(rng.choice(alphabet)
+                                                  for _ in range(rng.randint(1, 4 * G)))
+        bodies.append(chat_body(text, rng.randint(2, 6), 1000 + i))
+
+    seen = {"disk": 0, "host": 0, "pool": 0, "polls": 0}
+    errors, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                disk = 0
+                for f in os.listdir(rdir):
+                    try:
+                        disk += os.stat(os.path.join(rdir, f)).st_size
+                    except FileNotFoundError:
+                        pass
+                seen["disk"] = max(seen["disk"], disk)
+                if disk > SSD:
+                    errors.append("%d bytes on disk, budget %d" % (disk, SSD))
+                for k in prefill_cache(c):
+                    s = k and k["stats"]
+                    if not s:
+                        continue
+                    seen["host"] = max(seen["host"], s["host_bytes"])
+                    seen["pool"] = max(seen["pool"], s["pool_blocks"])
+                    if s["host_bytes"] > s["host_budget"] or s["host_budget"] != HOST:
+                        errors.append("host tier %d bytes, budget %d" % (s["host_bytes"],
+                                                                         s["host_budget"]))
+                    if s["pool_blocks"] > POOL:
+                        errors.append("%d cache blocks in the pool" % s["pool_blocks"])
+                seen["polls"] += 1
+            except Exception as e:   # noqa: BLE001 — reported below
+                errors.append("poll: %s: %s" % (type(e).__name__, e))
+            stop.wait(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    work, lock, failed, done = list(enumerate(bodies)), threading.Lock(), [], [0]
+
+    def worker():
+        client = c.client()
+        while True:
+            with lock:
+                if not work:
+                    return
+                i, body = work.pop(0)
+            try:
+                Expect.chat(body).check("request %d" % i, *run_chat(client, body, i % 2 == 0))
+                with lock:
+                    done[0] += 1
+            except Exception as e:   # noqa: BLE001 — reported below
+                failed.append("request %d: %s: %s" % (i, type(e).__name__, e))
+
+    t0 = time.time()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120 * SLOW)
+        check(not t.is_alive(), "a request hangs")
+    print("300 requests in %.1f s" % (time.time() - t0))
+    c.wait_idle()
+    wait_cache_idle(c)
+    stop.set()
+    poller.join()
+    check(not failed, "%d requests failed: %s" % (len(failed), "; ".join(failed[:5])))
+    check(done[0] == len(bodies), "%d of %d requests done" % (done[0], len(bodies)))
+    check(not errors, "budgets: %s" % "; ".join(errors[:5]))
+    check(seen["polls"] >= 10, "only %d polls" % seen["polls"])
+    hits = {t: metric_sum(c, "tandem_router_rank_cache_hit_tokens_total", tier=t)
+            for t in ("pool", "host", "ssd")}
+    print("most seen: %r; hit tokens %r" % (seen, hits))
+    check(all(hits.values()), "a tier never hit: %r" % hits)
+    # every tier full at some point: each had to evict
+    check(seen["pool"] == POOL, "the pool never filled: %r" % seen)
+    check(seen["host"] > HOST // 2 and seen["disk"] > SSD // 2, "tiers never filled: %r" % seen)
+    st = prefill_cache(c)[0]["stats"]
+    check(st["pool_blocks"] <= POOL and st["host_bytes"] <= HOST and st["ssd_bytes"] <= SSD,
+          "at the end: %r" % st)
 
 
 def main():
