@@ -3,8 +3,11 @@
  * shared by N rank threads, each with its own event loop, UCX worker, router
  * links and task queue; SIGTERM ends every task with its terminal
  * notification before the process exits. docs/prefilld.md. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 
 #include "chainhash.h"
 #include "prank.h"
@@ -72,10 +75,16 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
     const prefilld_config_t *c = &prefilld_cfg;
     char dir[4096] = "";
 
-    if (c->cache_blocks > 0 && c->cache_dir != NULL && c->cache_dir[0] != '\0' &&
-        (size_t)snprintf(dir, sizeof(dir), "%s/rank%u", c->cache_dir, wr->id) >= sizeof(dir)) {
-        td_error("prefilld: --cache-dir %s: path too long", c->cache_dir);
-        return TD_ERR_INVALID;
+    if (c->cache_blocks > 0 && c->cache_dir != NULL && c->cache_dir[0] != '\0') {
+        if ((size_t)snprintf(dir, sizeof(dir), "%s/rank%u", c->cache_dir, wr->id) >= sizeof(dir)) {
+            td_error("prefilld: --cache-dir %s: path too long", c->cache_dir);
+            return TD_ERR_INVALID;
+        }
+        if (mkdir(c->cache_dir, 0700) != 0 && errno != EEXIST) {   /* the tier makes rankN */
+            td_error("prefilld: --cache-dir %s: cannot create it: %s", c->cache_dir,
+                     strerror(errno));
+            return TD_ERR_IO;
+        }
     }
     td_prank_config_t rc = {
         .rank_id = wr->id,

@@ -190,10 +190,15 @@ pc_node_drop(td_pcache_t *c, pc_node_t *nd, int demote)
     assert(*pp == nd && nd->pins == 0);
     if (demote && c->tier != NULL && c->scratch != NULL) {
         td_kvrec_t r;
+        /* to the host tier; to SSD again if its file is gone (evicted for
+         * budget, or deleted with a bad neighbour while this block was read) */
+        unsigned to = TD_KVTIER_HOST | (td_kvtier_has(c->tier, nd->hash) & TD_KVTIER_SSD
+                                            ? 0u
+                                            : (unsigned)TD_KVTIER_SSD);
 
         pc_gather(c, nd, c->scratch);
         pc_record(c, nd, c->scratch, &r);
-        (void)td_kvtier_put_many_to(c->tier, &r, 1, TD_KVTIER_HOST);   /* the SSD has it */
+        (void)td_kvtier_put_many_to(c->tier, &r, 1, to);
     }
     *pp = nd->hnext;
     TAILQ_REMOVE(&c->lru, nd, lru);

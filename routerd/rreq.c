@@ -58,6 +58,10 @@ struct td_rreq_s {
     bool streaming;                 /* 200 and the first chunk went out */
     td_rtext_t *text;               /* its text work: parse, prompt, tokens to text */
     bool text_busy;                 /* a job of text is queued or running */
+    bool end_held;                  /* D ended the reply before P's PrefillDone: the end
+                                       waits for it (its cached count is in the usage) */
+    td_openai_finish_t held_finish; /*   the end's finish reason, */
+    bool held_by_us;                /*   and whether the router cut it */
     bool text_end;                  /* the end of the reply was pushed to text */
     bool ended;                     /* answered and out of the table: freed once
                                        text_busy is false */
@@ -789,6 +793,20 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     admit_next(q);
 }
 
+static void text_kick(td_rreq_t *q);
+
+/* The prefill rank let go of the request (PrefillDone, or it was lost): a
+ * reply end held for it goes to the text work now. */
+static void
+end_release(td_rreq_t *q)
+{
+    if (!q->end_held)
+        return;
+    q->end_held = false;
+    td_rtext_push_end(q->text, q->held_finish, q->held_by_us);
+    text_kick(q);
+}
+
 static void
 on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
@@ -804,6 +822,7 @@ on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         t->cfg.metrics->kv_bytes_moved +=
             (uint64_t)(t->cfg.kv_bytes_per_token * (double)q->nprompt) + t->cfg.kv_fixed_bytes;
         unbind_rank(q, &q->prefill);   /* P holds nothing of it any more */
+        end_release(q);
         return;
     }
     snprintf(what, sizeof what, "prefill failed at %s/%u: %s (%s)", rk->node->name, rk->rank_id,
@@ -813,6 +832,7 @@ on_prefill_done(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     } else {   /* decoding already: D has the KV; the failure came late */
         td_info("request %016" PRIx64 ": %s; decoding goes on", q->id, what);
         unbind_rank(q, &q->prefill);
+        end_release(q);
     }
 }
 
@@ -862,7 +882,6 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
  * free for the others. 64 KiB take about 3 ms to parse, encode and tokenize. */
 #define TEXT_LONG_BODY (64u << 10)
 
-static void text_kick(td_rreq_t *q);
 static void serve_prompt(td_rreq_t *q);
 
 static void
@@ -1020,11 +1039,16 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         return;
     }
     if (tk->finish != TANDEM__FINISH__FINISH_NONE || q->ntokens >= q->oreq->max_tokens) {
+        td_openai_finish_t finish = tk->finish != TANDEM__FINISH__FINISH_NONE
+                                        ? finish_of(tk->finish) : TD_OPENAI_FINISH_LENGTH;
         q->text_end = true;
-        td_rtext_push_end(q->text,
-                          tk->finish != TANDEM__FINISH__FINISH_NONE ? finish_of(tk->finish)
-                                                                    : TD_OPENAI_FINISH_LENGTH,
-                          tk->finish == TANDEM__FINISH__FINISH_NONE);
+        if (q->prefill != NULL) {   /* PrefillDone not in yet: its cached count is wanted */
+            q->end_held = true;
+            q->held_finish = finish;
+            q->held_by_us = tk->finish == TANDEM__FINISH__FINISH_NONE;
+        } else {
+            td_rtext_push_end(q->text, finish, tk->finish == TANDEM__FINISH__FINISH_NONE);
+        }
     }
     text_kick(q);
 }
@@ -1120,6 +1144,8 @@ td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
             unbind_rank(q, &q->prefill);
             if (q->state == TD_RREQ_ADMITTING || q->state == TD_RREQ_PREFILLING)
                 retry_or_fail(q, TD_ERRREASON_RANK_LOST, what);
+            else
+                end_release(q);
         }
         q = next;
     }
