@@ -502,6 +502,51 @@ field_messages(parse_t *p, const char *key, const json_t *v)
     return TD_OK;
 }
 
+/* A token-id prompt at param (prompt, or prompt[0] of an array of arrays):
+ * every id an integer in [0, vocab) (vocab 0: below 2^31), kept as given. */
+static td_status_t
+get_token_ids(parse_t *p, const char *param, const json_t *v)
+{
+    size_t n = json_array_size(v);
+    uint64_t limit = p->cfg->vocab ? p->cfg->vocab : (uint64_t)INT32_MAX + 1;
+    int32_t *ids;
+
+    if (n == 0)
+        return empty_array(p, param);
+    if ((ids = malloc(n * sizeof *ids)) == NULL)
+        return nomem(p);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(v, i);
+        td_openai_param_t pp;
+        param_fmt(pp, "%s[%zu]", param, i);
+        if (!json_is_integer(x)) {
+            free(ids);
+            return bad_type(p, pp, "an integer (a token id)", x);
+        }
+        json_int_t id = json_integer_value(x);
+        if (id < 0 || (uint64_t)id >= limit) {
+            free(ids);
+            if (p->cfg->vocab)
+                td_openai_err_set(p->e, 400, INVALID_REQUEST, pp, "invalid_value",
+                                  "Invalid '%s': token id %lld is outside the vocabulary of "
+                                  "this model (ids 0 to %u).", pp, (long long)id,
+                                  p->cfg->vocab - 1);
+            else
+                td_openai_err_set(p->e, 400, INVALID_REQUEST, pp, "invalid_value",
+                                  "Invalid '%s': token id %lld is not a token id (0 to %d).",
+                                  pp, (long long)id, INT32_MAX);
+            return TD_ERR_INVALID;
+        }
+        ids[i] = (int32_t)id;
+    }
+    p->req->prompt_ids = ids;
+    p->req->nprompt_ids = n;
+    p->has_body = true;
+    return TD_OK;
+}
+
+/* A string, an array of one string, an array of token ids, or an array of
+ * one array of token ids; more than one prompt (a batch) is refused. */
 static td_status_t
 field_prompt(parse_t *p, const char *key, const json_t *v)
 {
@@ -509,17 +554,20 @@ field_prompt(parse_t *p, const char *key, const json_t *v)
         if (json_array_size(v) == 0)
             return empty_array(p, key);
         const json_t *first = json_array_get(v, 0);
-        if (json_is_integer(first) || json_is_array(first))
-            return unsupported(p, key, "token-id prompts are not supported by this server; "
-                                       "send the prompt as text.");
+        if (json_is_integer(first))
+            return get_token_ids(p, key, v);
         if (json_array_size(v) > 1)
-            return unsupported(p, key, "batched prompts are not supported by this server; "
-                                       "send one prompt per request.");
+            return unsupported(p, key, "batched prompts (more than one prompt in an array) "
+                                       "are not supported by this server; send one prompt "
+                                       "per request.");
+        if (json_is_array(first))
+            return get_token_ids(p, "prompt[0]", first);
         if (!json_is_string(first))
-            return bad_type(p, "prompt[0]", "a string", first);
+            return bad_type(p, "prompt[0]", "a string or an array of token ids", first);
         v = first;
     } else if (!json_is_string(v)) {
-        return bad_type(p, key, "a string or an array of one string", v);
+        return bad_type(p, key, "a string, an array of one string or an array of token ids",
+                        v);
     }
     p->has_body = true;
     return get_string(p, key, v, &p->req->prompt);
@@ -1003,6 +1051,7 @@ td_openai_req_destroy(td_openai_req_t *req)
     free(req->logit_bias);
     free(req->model);
     free(req->prompt);
+    free(req->prompt_ids);
     free(req->tools);
     free(req->tool_choice);
     json_decref(req->body);

@@ -63,7 +63,10 @@ typedef struct {
     char *model;
     td_openai_msg_t *msgs;    /* chat: nmsgs >= 1 */
     size_t nmsgs;
-    char *prompt;             /* completion: the prompt text */
+    char *prompt;             /* completion: the prompt text, or NULL when ... */
+    int32_t *prompt_ids;      /* ... it was given as token ids: [nprompt_ids], each in
+                                 [0, cfg vocab); NULL for a text prompt */
+    size_t nprompt_ids;
     bool stream;
     bool include_usage;       /* stream_options.include_usage */
     uint32_t max_tokens;      /* max_tokens / max_completion_tokens, or the default */
@@ -93,7 +96,8 @@ typedef struct {
     size_t max_body;              /* a larger body gets 413 */
     uint32_t max_tokens_limit;    /* largest max_tokens accepted (>= 1) */
     uint32_t max_tokens_default;  /* max_tokens when the request has none */
-    uint32_t vocab;               /* logit_bias token ids must be below it (0: unchecked) */
+    uint32_t vocab;               /* logit_bias and token-id prompt ids must be below it
+                                     (0: unchecked) */
 } td_openai_cfg_t;
 
 /* ---- Errors ---------------------------------------------------------- */

@@ -226,6 +226,22 @@ chat_prompt_tokens(td_rtext_t *x)
     return TD_OK;
 }
 
+/* A completion whose prompt came as token ids (checked against the
+ * vocabulary by the parser): taken as they are, nothing tokenized. */
+static td_status_t
+prompt_given_ids(td_rtext_t *x)
+{
+    size_t n = x->oreq->nprompt_ids;
+
+    if ((x->prompt = malloc(n * sizeof *x->prompt)) == NULL) {
+        res_fail(x, TD_ERR_NOMEM, "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    memcpy(x->prompt, x->oreq->prompt_ids, n * sizeof *x->prompt);
+    x->nprompt = n;
+    return TD_OK;
+}
+
 static td_status_t
 prompt_tokens(td_rtext_t *x)
 {
@@ -236,6 +252,8 @@ prompt_tokens(td_rtext_t *x)
 
     if (x->cfg->v41 && x->oreq->kind == TD_OPENAI_CHAT)
         return chat_prompt_tokens(x);
+    if (x->oreq->prompt_ids)
+        return prompt_given_ids(x);
     st = prompt_text(x->oreq, &text);
     if (st == TD_OK)
         st = td_tok_encode(x->cfg->tok, text.data ? text.data : "", text.len, &ids, &n);

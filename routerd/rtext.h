@@ -70,8 +70,9 @@ size_t td_rtext_body_len(const td_rtext_t *x);
 /* ---- The prompt ---------------------------------------------------------- */
 
 /* The job: parse and validate the body, encode the chat (V4.1 format) or
- * take the prompt text, tokenize it; set up the stop matcher, the reply
- * reader, the log-probabilities and the stream's metadata. */
+ * take the prompt text, tokenize it (a completion's token-id prompt is taken
+ * as it is); set up the stop matcher, the reply reader, the
+ * log-probabilities and the stream's metadata. */
 void td_rtext_prompt_run(td_rtext_t *x);
 /* After it succeeded: the parsed request (x's: valid while x lives, read by
  * both sides, changed by neither but for the seed, which the text work does

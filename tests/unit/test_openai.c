@@ -170,11 +170,18 @@ static const struct {
     { C, "{" M "," MSG ",'presence_penalty':2.5}", TD_ERR_INVALID, 400, "presence_penalty", "decimal_above_max_value", "<= 2" },
     { C, "{" M "," MSG ",'user':5}", TD_ERR_INVALID, 400, "user", "invalid_type", "expected a string" },
     { P, "{" M "}", TD_ERR_INVALID, 400, "prompt", "missing_required_parameter", "'prompt'" },
-    { P, "{" M ",'prompt':[1,2,3]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "token-id prompts are not supported" },
-    { P, "{" M ",'prompt':[[1,2]]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "token-id prompts" },
     { P, "{" M ",'prompt':['a','b']}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "batched prompts" },
+    { P, "{" M ",'prompt':[[1,2],[3]]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "batched prompts" },
+    { P, "{" M ",'prompt':['a',[3]]}", TD_ERR_UNSUPPORTED, 400, "prompt", "unsupported_value", "batched prompts" },
     { P, "{" M ",'prompt':[]}", TD_ERR_INVALID, 400, "prompt", "empty_array", "empty array" },
-    { P, "{" M ",'prompt':5}", TD_ERR_INVALID, 400, "prompt", "invalid_type", "expected a string or an array of one string" },
+    { P, "{" M ",'prompt':[[]]}", TD_ERR_INVALID, 400, "prompt[0]", "empty_array", "Invalid 'prompt[0]': empty array" },
+    { P, "{" M ",'prompt':[1,2,'x']}", TD_ERR_INVALID, 400, "prompt[2]", "invalid_type", "Invalid type for 'prompt[2]': expected an integer (a token id), but got a string" },
+    { P, "{" M ",'prompt':[1,2.5]}", TD_ERR_INVALID, 400, "prompt[1]", "invalid_type", "expected an integer (a token id), but got a decimal" },
+    { P, "{" M ",'prompt':[[1,[2]]]}", TD_ERR_INVALID, 400, "prompt[0][1]", "invalid_type", "got an array" },
+    { P, "{" M ",'prompt':[0,-1]}", TD_ERR_INVALID, 400, "prompt[1]", "invalid_value", "Invalid 'prompt[1]': token id -1 is not a token id (0 to 2147483647)" },
+    { P, "{" M ",'prompt':[2147483648]}", TD_ERR_INVALID, 400, "prompt[0]", "invalid_value", "token id 2147483648 is not a token id" },
+    { P, "{" M ",'prompt':[{}]}", TD_ERR_INVALID, 400, "prompt[0]", "invalid_type", "expected a string or an array of token ids, but got an object" },
+    { P, "{" M ",'prompt':5}", TD_ERR_INVALID, 400, "prompt", "invalid_type", "expected a string, an array of one string or an array of token ids" },
     { P, "{" M ",'prompt':'x','echo':true}", TD_ERR_UNSUPPORTED, 400, "echo", "unsupported_value", "echo is not supported" },
     { P, "{" M ",'prompt':'x','logprobs':6}", TD_ERR_INVALID, 400, "logprobs", "integer_above_max_value", "Expected a value <= 5, but got 6" },
     { P, "{" M ",'prompt':'x','logprobs':true}", TD_ERR_INVALID, 400, "logprobs", "invalid_type", "expected an integer" },
@@ -388,6 +395,58 @@ test_good_completion(void)
     r = parse_ok(P, "{" M ",'prompt':['only one \\u00e9']}");
     if (r) {
         CHECK_STR(r->prompt, "only one \xc3\xa9");
+        td_openai_req_destroy(r);
+    }
+}
+
+/* A prompt given as token ids: kept as given, each checked against the
+ * vocabulary when the server knows it (the error names the index and value). */
+static void
+test_token_prompt(void)
+{
+    static const struct {
+        const char *body;
+        size_t n;
+        int32_t ids[4];
+        const char *param, *substr;   /* NULL: accepted */
+    } cases[] = {
+        { "{" M ",'prompt':[5,0,99,7]}", 4, { 5, 0, 99, 7 }, NULL, NULL },
+        { "{" M ",'prompt':[[99]],'max_tokens':2}", 1, { 99 }, NULL, NULL },
+        { "{" M ",'prompt':[3,100]}", 0, {0}, "prompt[1]",
+          "Invalid 'prompt[1]': token id 100 is outside the vocabulary of this model (ids 0 to 99)." },
+        { "{" M ",'prompt':[[1,2,-5]]}", 0, {0}, "prompt[0][2]",
+          "token id -5 is outside the vocabulary of this model (ids 0 to 99)" },
+        { "{" M ",'prompt':[99999999999]}", 0, {0}, "prompt[0]", "token id 99999999999 is outside" },
+    };
+    td_openai_cfg_t vc = cfg;
+    vc.vocab = 100;
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *body = body_of(cases[i].body);
+        td_openai_req_t *r = NULL;
+        td_openai_err_t e;
+        memset(&e, 0, sizeof e);
+        td_status_t st = td_openai_req_parse(&vc, P, body, strlen(body), &r, &e);
+        if (cases[i].param) {
+            CHECK_STATUS(st, TD_ERR_INVALID);
+            CHECK(r == NULL);
+            check_err(body, &e, 400, IR, cases[i].param, "invalid_value", cases[i].substr);
+        } else {
+            CHECK_STATUS(st, TD_OK);
+            if (r) {
+                CHECK(r->prompt == NULL);
+                CHECK_EQ_INT(r->nprompt_ids, cases[i].n);
+                CHECK(r->prompt_ids != NULL && memcmp(r->prompt_ids, cases[i].ids,
+                                                      cases[i].n * sizeof(int32_t)) == 0);
+            }
+        }
+        td_openai_req_destroy(r);
+        free(body);
+    }
+    /* a text prompt has no ids */
+    td_openai_req_t *r = parse_ok(P, "{" M ",'prompt':'abc'}");
+    if (r) {
+        CHECK(r->prompt_ids == NULL && r->nprompt_ids == 0);
         td_openai_req_destroy(r);
     }
 }
@@ -1183,6 +1242,7 @@ main(void)
     test_oversized_body();
     test_good_chat();
     test_good_completion();
+    test_token_prompt();
     test_good_logprobs_bias();
     test_responses();
     test_logprobs_json();

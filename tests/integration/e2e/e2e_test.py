@@ -3,9 +3,9 @@
 cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
-kill-decode | kill-prefill | bad-input | drain | v41-chat | v41-model | v41-dep | v41-dep-fail | v41-dep-domain | v41-dep-domain-kill |
-cancel-compute | router-threads | shutdown | remove | local-cluster | v41-kvcache |
-kvcache-pressure)"""
+kill-decode | kill-prefill | bad-input | token-prompt | drain | v41-chat | v41-model | v41-dep |
+v41-dep-fail | v41-dep-domain | v41-dep-domain-kill | cancel-compute | router-threads | shutdown |
+remove | local-cluster | v41-kvcache | kvcache-pressure)"""
 import asyncio
 import http.client
 import json
@@ -22,7 +22,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import (ADMIN_KEY, ENGINE, KEY, MODEL, SLOW, SYNTH_KEY, SYNTH_VOCAB,  # noqa: E402
-                     Cluster, Expect, Failure, check, control_probe, http_call, kv_bytes, synth)
+                     Cluster, Expect, Failure, check, control_probe, detok, http_call, kv_bytes,
+                     synth)
 from cluster import chat_prompt as cluster_chat_prompt  # noqa: E402
 
 import deepseek_tokenizer  # noqa: E402
@@ -668,6 +669,82 @@ def test_bad_input(c):
           "ctl_peer with protocol 99: %r %r" % (r.stdout, r.stderr[-500:]))
     c.wait(lambda: re.search(r"(?i)version", c.router.text()), "routerd's log of the version")
     Expect.chat(ok).check("after the rejected peers", *run_chat(client, ok, False))
+    c.wait_idle()
+
+
+def test_token_prompt(c):
+    """/v1/completions with the prompt as token ids: served as those ids (the
+    same answer as the text that tokenizes to them, usage.prompt_tokens the
+    array's length), through the byte-level stand-in and through a V4.1
+    tokenizer; ids outside the vocabulary, empty arrays and batches get 400s
+    that name the index and value."""
+    post = lambda body: http_call(c.http, "POST", "/v1/completions", body)   # noqa: E731
+
+    def served(what, ids, text_body, vocab, detok_fn):
+        """ids as the prompt, plain, as [ids] and streamed; text_body (the
+        text that tokenizes to ids) answers the same."""
+        client = c.client()
+        base = {"model": MODEL, "max_tokens": 7, "seed": 4, "temperature": 0.8}
+        out = synth.tokens(SYNTH_KEY, vocab, ids, base["max_tokens"] - 1,
+                           temperature=0.8, seed=4)
+        want = detok_fn(out)
+        for prompt, stream in ((ids, False), ([ids], False), (ids, True)):
+            text, finish, usage = run_completion(client, dict(base, prompt=prompt), stream)
+            check(text == want, "%s: text %r, expected %r" % (what, text, want))
+            check(finish == "length", "%s: finish %r" % (what, finish))
+            check((usage.prompt_tokens, usage.completion_tokens) == (len(ids), 7),
+                  "%s: usage %r, expected %d prompt tokens" % (what, usage, len(ids)))
+        text, _, usage = run_completion(client, dict(base, prompt=text_body), False)
+        check(text == want and usage.prompt_tokens == len(ids),
+              "%s: the text prompt answered %r (%d tokens), the ids %r (%d)"
+              % (what, text, usage.prompt_tokens, want, len(ids)))
+
+    def refused(vocab):
+        ok = {"model": MODEL, "max_tokens": 2}
+        for prompt, param, code, words in (
+                ([5, vocab - 1, vocab], "prompt[2]", "invalid_value",
+                 ["'prompt[2]'", "token id %d" % vocab, "ids 0 to %d" % (vocab - 1)]),
+                ([[1, -1]], "prompt[0][1]", "invalid_value", ["token id -1"]),
+                ([1, "a"], "prompt[1]", "invalid_type", ["expected an integer"]),
+                ([1, 2.5], "prompt[1]", "invalid_type", ["got a decimal"]),
+                ([], "prompt", "empty_array", ["empty array"]),
+                ([[]], "prompt[0]", "empty_array", ["empty array"]),
+                ([[1, 2], [3]], "prompt", "unsupported_value", ["batched prompts"]),
+                (["a", "b"], "prompt", "unsupported_value", ["batched prompts"])):
+            st, _, data = post(dict(ok, prompt=prompt))
+            e = error_json(st, data, 400, code)
+            check(e["param"] == param and all(w in e["message"] for w in words),
+                  "prompt %r: error %r, wanted param %s and %r" % (prompt, e, param, words))
+        try:
+            c.client().completions.create(model=MODEL, prompt=[vocab], max_tokens=2)
+            raise Failure("no error for a token id outside the vocabulary")
+        except openai.BadRequestError as e:
+            check("outside the vocabulary" in str(e.body), "error body %r" % e.body)
+
+    # The byte-level stand-in: ids are bytes (vocabulary 256).
+    c.up(prefill=1, decode=1, decode_ranks=1)
+    text = "Once upon a time, \u00e9"
+    served("bytes", list(text.encode()), text, SYNTH_VOCAB, detok)
+    refused(SYNTH_VOCAB)
+    bad = c.stop()
+    check(not bad, "; ".join(bad))
+
+    # A V4.1 tokenizer (tools/mk-tiny-model) in routerd, the synthetic engine
+    # with its vocabulary.
+    model = c.path("tiny-model")
+    run_tool(c.build, "mk-tiny-model", model)
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["text_config"]["vocab_size"]
+    c.engine = [x if i == 0 or c.engine[i - 1] != "--synth-vocab" else str(vocab)
+                for i, x in enumerate(c.engine)]
+    c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model))
+    text = "Sag mal: h\u00e9llo, the tokenizer"
+    ids = [int(x) for x in run_tool(c.build, "tokenize", "--tokenizer", model, "--no-special",
+                                    text).split()]
+    served("v41", ids, text, vocab,
+           lambda out: run_tool(c.build, "tokenize", "--tokenizer", model, "--decode",
+                                "--no-special", data=" ".join(map(str, out))))
+    refused(vocab)
     c.wait_idle()
 
 
