@@ -921,9 +921,26 @@ task_try_start(task_t *t)
     return 1;
 }
 
+/* Work left to a task, in tokens: its prompt past what is prefilled, less
+ * what its cache hit (not loaded yet) is about to give. */
+static uint64_t
+task_left(const task_t *t)
+{
+    uint64_t left = t->ntokens - t->pos;
+
+    if (t->hit_pending && t->hit != NULL) {
+        uint64_t hit = t->hit->nblocks * td_pcache_block(t->rk->pc);
+        left = hit < left ? left - hit : 0;
+    }
+    return left;
+}
+
 /* Hand the next chunk to the compute thread, if it is free: the first task
- * in the run queue that is running, or queued and able to start. Finished
- * chunks go to the back, so running tasks take turns chunk by chunk. */
+ * in the run queue whose work left fits in one chunk (a short prompt, or a
+ * cache hit's suffix: it is done at once instead of waiting a turn behind
+ * every long prompt), else the first that is running, or queued and able to
+ * start. Finished chunks go to the back, so running tasks take turns chunk
+ * by chunk; a long prompt waits only while short ones keep coming. */
 static void
 prank_schedule(td_prank_t *rk)
 {
@@ -932,8 +949,13 @@ prank_schedule(td_prank_t *rk)
     if (rk->computing != NULL || rk->closing)
         return;
     TAILQ_FOREACH(t, &rk->runq, run)
-        if (t->state == TASK_RUNNING || task_try_start(t))
+        if (task_left(t) <= rk->cfg.chunk_tokens &&
+            (t->state == TASK_RUNNING || task_try_start(t)))
             break;
+    if (t == NULL)
+        TAILQ_FOREACH(t, &rk->runq, run)
+            if (t->state == TASK_RUNNING || task_try_start(t))
+                break;
     if (t == NULL)
         return;
     if (t->hit_pending) {   /* its cached prefix first: one job, at most one pass */
