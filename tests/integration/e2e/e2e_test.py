@@ -1124,7 +1124,9 @@ def test_v41_dep_domain_kill(c):
     both: every stream ends with an error within 5 s of the kill (the other
     process's ranks fail their next collective with the peer gone, not at the
     deadline), the surviving decoded takes no more work and exits 1 by itself,
-    and nothing hangs: routerd ends with no request in flight."""
+    and nothing hangs: routerd ends with no request in flight. Then both
+    processes started again come up as the domain again through routerd's
+    exchange and answer."""
     model = tiny_model(c)
     c.start_router("--tokenizer", model, "--max-attempts", "1")
     c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "1",
@@ -1174,6 +1176,18 @@ def test_v41_dep_domain_kill(c):
           "decode0 exited %d %.2f s after it" % (n, min(ends), max(ends), rc,
                                                 time.time() - t_kill))
     c.wait(lambda: not c.requests(), "no request in flight", timeout=10)
+    # Both processes started again: the domain comes back through routerd
+    # (no dead incarnation's address is handed out) and answers.
+    t_restart = time.time()
+    start_domain(c, ["decode0", "decode1"], 2)
+    c.wait_ranks_up(1 + 4)
+    r = client.chat.completions.create(model="tandem-deepseek-v41", max_tokens=4, temperature=0,
+                                       messages=[{"role": "user", "content": "again"}])
+    check(r.choices[0].finish_reason in ("length", "stop"), "after the restart: %r" % r)
+    check(c.router.text().count("dep domain d0: all 4 ranks joined") == 2,
+          "routerd did not assemble the domain twice")
+    print("decode domain restarted through routerd: answering %.2f s after the start" %
+          (time.time() - t_restart))
 
 
 def test_v41_dep(c):
