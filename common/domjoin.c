@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 
+#include "fsm.h"
 #include "hello.h"
 #include "link.h"
 #include "log.h"
@@ -52,6 +53,17 @@ static const char *const domjoin_state_names[] = {
     [DOMJOIN_PAUSED] = "paused", [DOMJOIN_DONE] = "done",
 };
 
+static const uint32_t domjoin_state_next[] = {
+    [DOMJOIN_CONNECTING] = TD_FSM_BIT(DOMJOIN_CONNECTING) | TD_FSM_BIT(DOMJOIN_WAITING) |
+                           TD_FSM_BIT(DOMJOIN_PAUSED) | TD_FSM_BIT(DOMJOIN_DONE),
+    [DOMJOIN_WAITING] = TD_FSM_BIT(DOMJOIN_PAUSED) | TD_FSM_BIT(DOMJOIN_DONE),
+    [DOMJOIN_PAUSED] = TD_FSM_BIT(DOMJOIN_CONNECTING) | TD_FSM_BIT(DOMJOIN_DONE),
+    [DOMJOIN_DONE] = 0,
+};
+
+static const td_fsm_t domjoin_fsm = { "dep domain join", domjoin_state_names,
+                                      domjoin_state_next, 4 };
+
 typedef struct {
     const td_domjoin_config_t *cfg;
     const void *addr;
@@ -70,9 +82,7 @@ typedef struct {
 static void
 domjoin_set_state(domjoin_t *j, domjoin_state_t to)
 {
-    td_debug("dep domain %s: rank %u: join %s -> %s", j->cfg->id, j->cfg->rank,
-             domjoin_state_names[j->state], domjoin_state_names[to]);
-    j->state = to;
+    j->state = td_fsm_step(&domjoin_fsm, j->cfg->rank, j->state, to, j->cfg->id);
 }
 
 static void
@@ -257,6 +267,8 @@ domjoin_on_deadline(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
+    if (j->state == DOMJOIN_DONE)
+        return;
     if (j->state == DOMJOIN_WAITING)
         td_error("dep domain %s: rank %u: the domain's %u ranks did not all join at router %s "
                  "within %llu ms", j->cfg->id, j->cfg->rank, j->cfg->size,
