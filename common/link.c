@@ -461,6 +461,27 @@ link_routers_parse(td_link_t *l, const char *list)
 }
 
 td_status_t
+td_link_routers_resolve(const char *routers, td_link_addr_t **out, size_t *n_out)
+{
+    const char *p = routers;
+    size_t n = link_routers_count(routers);
+    td_link_addr_t *a;
+
+    if (n == 0)
+        return TD_ERR_INVALID;
+    if ((a = calloc(n, sizeof(*a))) == NULL)
+        return TD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (link_router_next(routers, i, &p, a[i].name, sizeof(a[i].name), &a[i].addrs) != TD_OK) {
+            free(a);
+            return TD_ERR_INVALID;
+        }
+    *out = a;
+    *n_out = n;
+    return TD_OK;
+}
+
+td_status_t
 td_link_routers_netif(const char *routers, char *ifname, size_t len)
 {
     const char *p = routers;

@@ -69,6 +69,18 @@ void td_link_load(td_link_t *l, const Tandem__Load *load);
  * such interface: TD_ERR_NOT_FOUND, not logged. May resolve names: start-up. */
 td_status_t td_link_routers_netif(const char *routers, char *ifname, size_t len);
 
+/* One router of a list as td_link_create takes it: "host:port" and its
+ * resolved addresses. */
+typedef struct {
+    char name[TD_NET_HOST_MAX + 8];
+    td_net_addrs_t addrs;
+} td_link_addr_t;
+
+/* Parse and resolve "host:port[,host:port...]" as td_link_create does:
+ * *out (the caller frees it) holds *n routers, in the list's order. A bad
+ * list: TD_ERR_INVALID, logged. May resolve names: start-up. */
+td_status_t td_link_routers_resolve(const char *routers, td_link_addr_t **out, size_t *n);
+
 /* "host:port" of the router, for logs. */
 const char *td_link_router_name(const td_link_router_t *r);
 size_t td_link_routers_up(const td_link_t *l);

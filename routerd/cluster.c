@@ -1,7 +1,9 @@
 /* routerd/cluster.c — membership: the control listener worker ranks connect
  * to, the table of nodes and ranks (registration, load, draining, death),
  * DecodePeer news to prefill ranks, the prefill ranks' cache blocks
- * (CacheEvent, CacheFlush), and admin drain / undrain / remove.
+ * (CacheEvent, CacheFlush), and admin drain / undrain / remove. A
+ * connection in the tool role is a decode domain's rank joining its domain
+ * (rdomain.c), never a rank of the table.
  * Messages about requests and lost ranks go to the handlers (cluster.h). */
 #include "cluster.h"
 
@@ -248,10 +250,15 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     td_rrank_node_t *n;
     td_rrank_t *rk;
 
+    if (peer->role == TANDEM__ROLE__ROLE_TOOL) {   /* a domain's join: DomainJoin next */
+        td_debug("%s: connected (domain exchange)", td_ctl_conn_name(conn));
+        return;
+    }
     /* a refusal is logged once, by the connection, with the reason given */
     if (peer->role != TANDEM__ROLE__ROLE_PREFILL && peer->role != TANDEM__ROLE__ROLE_DECODE) {
         td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_IDENTITY,
-                          "only prefill and decode ranks connect to a router's control port");
+                          "only prefill and decode ranks, and decode domains' joins (tool "
+                          "role), connect to a router's control port");
         return;
     }
     n = node_get(c, peer->node_id);
@@ -478,7 +485,16 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
 {
     td_cluster_t *c = arg;
     td_rrank_t *rk = rank_by_conn(c, conn);
+    const Tandem__Hello *peer = td_ctl_conn_peer(conn);
 
+    if (!rk && peer && peer->role == TANDEM__ROLE__ROLE_TOOL) {
+        if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_DOMAIN_JOIN)
+            td_rdomain_join(c->domains, conn, env->domain_join);
+        else
+            td_ctl_conn_close(conn, TANDEM__REJECT_CODE__REJECT_PROTO,
+                              "a tool connection sends a router DomainJoin only");
+        return;
+    }
     if (!rk)
         return;   /* being replaced or removed */
     if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_REGISTER) {
@@ -523,6 +539,8 @@ cluster_on_closed(td_ctl_conn_t *conn, td_status_t why, const char *reason, void
 
     if (rk)
         rank_lost(c, rk, "connection ended", true);
+    else
+        td_rdomain_conn_gone(c->domains, conn);
 }
 
 /* ======================================================================= */
@@ -544,6 +562,10 @@ td_cluster_init(td_cluster_t *c, struct event_base *base, const td_cluster_confi
     c->h = *h;
     snprintf(c->router_id, sizeof c->router_id, "%s", cfg->router_id);
     c->cache_max_blocks = cfg->cache_max_blocks;
+    if (td_rdomain_table_create(&c->domains) != TD_OK) {
+        td_error("cluster: out of memory");
+        return TD_ERR_NOMEM;
+    }
     return td_ctl_listener_create(base, &cfg->ctl, &ch, cfg->host, cfg->port, &c->lst);
 }
 
@@ -553,6 +575,8 @@ td_cluster_fini(td_cluster_t *c)
     if (c->lst)
         td_ctl_listener_destroy(c->lst);
     c->lst = NULL;
+    td_rdomain_table_destroy(c->domains);   /* after the connections it named */
+    c->domains = NULL;
     while (c->ranks) {
         td_rrank_t *rk = c->ranks;
         c->ranks = rk->next;

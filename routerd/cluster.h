@@ -2,7 +2,7 @@
  * to and the table of their nodes and ranks (registration, load, draining,
  * death), DecodePeer news to prefill ranks, the prefill ranks' announced
  * cache blocks (CacheEvent) and admin drain / undrain / remove / cache
- * flush. What concerns requests leaves through the handlers it was given
+ * flush, and the decode domains being assembled (rdomain.h). What concerns requests leaves through the handlers it was given
  * (as common/link.h's do): the cluster knows no request.
  * Ownership: the cluster owns its listener, every node and rank; a rank
  * stays valid until no request is bound to it (td_cluster_rank_release). */
@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "ctl.h"
+#include "rdomain.h"
 #include "rrank.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -52,6 +53,7 @@ struct td_cluster_s {
     td_rrank_node_t *nodes;
     unsigned hold;      /* > 0: no node is forgotten (a rank is being torn down) */
     size_t cache_max_blocks;
+    td_rdomain_table_t *domains;   /* decode domains being assembled (DomainJoin) */
 };
 
 /* Start listening (failures are logged where they happen). */

@@ -1,8 +1,8 @@
 /* worker/domain.c — a DEP domain across worker processes (decoded
  * --domain-size): one rank's communicator over UCX (comm/ucx.h), its
- * address exchanged through a directory every process of the domain sees,
- * each file naming the process that wrote it so that a dead one's is
- * ignored. docs/dep.md, "A domain across processes". */
+ * address exchanged through a router (common/domjoin.h) or through a
+ * directory every process of the domain sees, each file naming the process
+ * that wrote it so that a dead one's is ignored. docs/dep.md, "A domain across processes". */
 #include "domain.h"
 
 #include <errno.h>
@@ -15,6 +15,7 @@
 #include <event2/event.h>
 
 #include "clock.h"
+#include "domjoin.h"
 #include "log.h"
 
 /* ---- Who wrote a file ------------------------------------------------------ */
@@ -213,6 +214,41 @@ domain_peer_read(const td_worker_domain_t *d, uint32_t me, uint32_t r, const dom
     return TD_OK;
 }
 
+/* The directory's exchange: rank's address written to its file (the path
+ * kept in dc for withdraw), every rank's read into blobs / peers. Logged. */
+static td_status_t
+domain_dir_exchange(const td_worker_domain_t *d, uint32_t rank, const void *mine, size_t len,
+                    td_worker_domain_comm_t *dc, void **blobs, td_comm_ucx_peer_t *peers)
+{
+    domain_owner_t self;
+    td_status_t st;
+
+    domain_owner_self(&self);
+    td_worker_domain_path(d, rank, dc->path, sizeof(dc->path));
+    if ((st = domain_write(dc->path, &self, mine, len)) != TD_OK) {
+        dc->path[0] = '\0';
+        return st;
+    }
+    /* every rank's address, each within the deadline; a file that a dead
+     * process left (a killed run of the domain) is not one */
+    uint64_t until = td_clock_ns() / 1000000u + d->wait_ms;
+    for (uint32_t r = 0; r < d->size; r++) {
+        bool stale = false;
+        while ((st = domain_peer_read(d, rank, r, &self, &blobs[r], &peers[r], &stale)) != TD_OK) {
+            if (st != TD_INPROGRESS)
+                return st;
+            if (td_clock_ns() / 1000000u > until) {
+                td_error("dep domain %s: rank %u: no address of rank %u in %s after %llu ms%s",
+                         d->id, rank, r, d->dir, (unsigned long long)d->wait_ms,
+                         stale ? " (only a dead process's file)" : "");
+                return TD_ERR_TIMEOUT;
+            }
+            usleep(10000);
+        }
+    }
+    return TD_OK;
+}
+
 /* ---- The domain ------------------------------------------------------------- */
 
 void
@@ -230,7 +266,6 @@ td_worker_domain_create(const td_worker_domain_t *d, uint32_t rank, const td_xfe
     void **blobs = calloc(d->size, sizeof(*blobs));
     void *mine = NULL;
     size_t len;
-    domain_owner_t self;
     td_status_t st = TD_ERR_NOMEM;
 
     if (peers == NULL || blobs == NULL) {
@@ -245,29 +280,23 @@ td_worker_domain_create(const td_worker_domain_t *d, uint32_t rank, const td_xfe
         goto out;
     if ((st = td_comm_ucx_address(dc.x, &mine, &len)) != TD_OK)
         goto out;
-    domain_owner_self(&self);
-    td_worker_domain_path(d, rank, dc.path, sizeof(dc.path));
-    if ((st = domain_write(dc.path, &self, mine, len)) != TD_OK) {
-        dc.path[0] = '\0';
+    if (d->dir == NULL || d->dir[0] == '\0') {
+        td_domjoin_config_t jc = { .routers = d->routers, .ctl = *d->ctl, .id = d->id,
+                                   .size = d->size, .rank = rank, .wait_ms = d->wait_ms };
+        size_t *lens = calloc(d->size, sizeof(*lens));
+
+        jc.ctl.ident.role = TANDEM__ROLE__ROLE_TOOL;   /* not a serving rank */
+        jc.ctl.ident.rank_id = rank;
+        st = lens == NULL ? TD_ERR_NOMEM : td_domjoin_run(&jc, mine, len, blobs, lens);   /* logs */
+        for (uint32_t r = 0; st == TD_OK && r < d->size; r++)
+            peers[r] = (td_comm_ucx_peer_t){ .addr = blobs[r], .len = lens[r] };
+        free(lens);
+        if (st == TD_ERR_NOMEM)
+            td_error("dep domain %s: out of memory", d->id);
+        if (st != TD_OK)
+            goto out;
+    } else if ((st = domain_dir_exchange(d, rank, mine, len, &dc, blobs, peers)) != TD_OK) {
         goto out;
-    }
-    /* every rank's address, each within the deadline; a file that a dead
-     * process left (a killed run of the domain) is not one */
-    uint64_t until = td_clock_ns() / 1000000u + d->wait_ms;
-    for (uint32_t r = 0; r < d->size; r++) {
-        bool stale = false;
-        while ((st = domain_peer_read(d, rank, r, &self, &blobs[r], &peers[r], &stale)) != TD_OK) {
-            if (st != TD_INPROGRESS)
-                goto out;
-            if (td_clock_ns() / 1000000u > until) {
-                td_error("dep domain %s: rank %u: no address of rank %u in %s after %llu ms%s",
-                         d->id, rank, r, d->dir, (unsigned long long)d->wait_ms,
-                         stale ? " (only a dead process's file)" : "");
-                st = TD_ERR_TIMEOUT;
-                goto out;
-            }
-            usleep(10000);
-        }
     }
     td_comm_ucx_config_t uc = { .connect_ms = d->wait_ms };
     st = td_comm_ucx_create(dc.x, rank, d->size, peers, opts, &uc, &dc.comm);   /* logs */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "domjoin.h"
 #include "log.h"
 #include "progress.h"
 #include "v41engine.h"
@@ -82,6 +83,7 @@ worker_dep_broken(void *arg, td_status_t st)
 
 static void worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how);
 static void worker_dep_on_timer(evutil_socket_t fd, short what, void *arg);
+static void worker_link_config(const td_worker_rank_t *wr, td_link_config_t *out);
 
 /* Loop thread: with the group gone every pass fails at once, so the rank
  * takes no more work (it reports itself draining), what it holds ends with
@@ -111,8 +113,12 @@ worker_dep_setup(td_worker_rank_t *wr)
 
     if (o->domain_size > 0) {   /* a domain across processes: its rank's UCX communicator */
         char name[64];
-        td_worker_domain_t d = { o->domain_id, o->domain_dir, (uint32_t)o->domain_size,
-                                 o->dep_deadline_ms };
+        td_link_config_t lc;   /* a domain joined through a router: this process's Hello */
+        worker_link_config(wr, &lc);
+        td_worker_domain_t d = { .id = o->domain_id, .dir = o->domain_dir,
+                                 .size = (uint32_t)o->domain_size,
+                                 .wait_ms = o->dep_deadline_ms, .routers = o->routers,
+                                 .ctl = &lc.ctl };
         td_comm_opts_t co = { .deadline_ms = o->dep_deadline_ms, .name = name };
         td_xfer_config_t xc = {
             .incarnation = td_daemon_incarnation(w->d),
@@ -569,9 +575,13 @@ worker_dep_check(const td_worker_spec_t *spec)
     }
     if (o->domain_size == 0)
         return TD_OK;
-    if (!o->dep || !o->domain_dir[0] || !o->domain_id[0] || strchr(o->domain_id, '/')) {
-        td_error("%s: --domain-size goes with --dep, --domain-dir and a --domain-id without "
-                 "'/'", spec->ident);
+    size_t idlen = strlen(o->domain_id);
+    bool id_ok = idlen >= 1 && idlen <= TD_DOMJOIN_ID_MAX;   /* DomainJoin's bound */
+    for (size_t i = 0; i < idlen; i++)
+        id_ok &= o->domain_id[i] > ' ' && o->domain_id[i] <= '~' && o->domain_id[i] != '/';
+    if (!o->dep || !id_ok) {
+        td_error("%s: --domain-size goes with --dep and a --domain-id of 1..64 printable "
+                 "characters without '/' or ' '", spec->ident);
         return TD_ERR_INVALID;
     }
     if (o->domain_rank0 + o->ranks > o->domain_size) {

@@ -52,8 +52,9 @@ typedef struct {
     uint64_t domain_size;        /* --dep across processes (decoded): ranks in the domain;
                                     0: the group is this process's ranks */
     uint64_t domain_rank0;       /*   this process's first rank in it */
-    char *domain_dir;            /*   where the processes exchange their ranks' addresses */
-    char *domain_id;             /*   names the domain's files there */
+    char *domain_dir;            /*   where the processes exchange their ranks' addresses;
+                                      "": through the first router (DomainJoin) */
+    char *domain_id;             /*   names the domain (at the router, in domain_dir) */
 } td_worker_opts_t;
 
 /* The options of a domain across processes (decoded only). */
@@ -64,10 +65,12 @@ typedef struct {
     TD_CONFIG_OPT_UINT64("domain-rank0", st, m.domain_rank0, "0", 0, 255,               \
                          "with --domain-size: this process's first rank in the domain"), \
     TD_CONFIG_OPT_STRING("domain-dir", st, m.domain_dir, "",                            \
-                         "with --domain-size: a directory every process of the domain "  \
-                         "sees; each rank writes its address there and reads the others'"), \
+                         "with --domain-size: exchange the ranks' addresses through this " \
+                         "directory, which every process of the domain sees (default: "  \
+                         "through the first router of --routers that answers)"),         \
     TD_CONFIG_OPT_STRING("domain-id", st, m.domain_id, "domain",                        \
-                         "with --domain-size: names the domain's files in --domain-dir")
+                         "with --domain-size: names the domain (at the router, and its " \
+                         "files in --domain-dir); the same in every process of it")
 
 #define TD_WORKER_CONFIG_OPTS(st, m, ranks_help, deadline_help)                        \
     TD_DAEMON_CONFIG_OPTS(st, m.d),                                                     \

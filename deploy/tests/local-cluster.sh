@@ -5,7 +5,7 @@
 # prints), refusing a second up, status, the ports and command lines recorded,
 # restart of routerd (same ports, workers untouched) and of a worker, a
 # decode domain over 2 decoded (--decode-domain: the domain flags, restart of
-# one member restarts both), down
+# one member restarts both; --decode-domain-dir: the directory's), down
 # stopping exactly its own processes (SIGKILL for one that ignores SIGTERM;
 # an unrelated process and a recycled pid untouched), a second up on the
 # recorded ports (or free ones when those are taken), a registration timeout
@@ -177,7 +177,8 @@ grep -q -- "--dep" <(tail -n 2 "$FAKE_DIR/args-decoded") && fail "--dep without 
 TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 
 # --decode-domain: the decoded's ranks form one domain (size M*R, rank0 i*R,
-# the state dir's domain/); restart of a member restarts every member
+# the addresses through routerd: no --domain-dir); restart of a member
+# restarts every member
 status_with 7
 "$lc" up --prefill-ranks 3 --prefill-dep --decode 2 --decode-ranks 2 --decode-domain >"$tmp/out" \
   2>"$tmp/err" || fail "up with a decode domain: $(cat "$tmp/err")"
@@ -185,10 +186,10 @@ has out "2 decoded x 2 ranks \(one dep domain of 4 ranks\)"
 tail -n 1 "$FAKE_DIR/args-prefilld" | grep -q -- "--ranks 3 --dep$" ||
   fail "prefilld args with --prefill-dep: $(tail -n 1 "$FAKE_DIR/args-prefilld")"
 for i in 0 1; do
-  grep -q -- "--node-id decode$i --routers 127.0.0.1:9 --ranks 2 --dep --domain-size 4 --domain-rank0 $((2 * i)) --domain-dir $tmp/state/domain --domain-id decode$" \
+  grep -q -- "--node-id decode$i --routers 127.0.0.1:9 --ranks 2 --dep --domain-size 4 --domain-rank0 $((2 * i)) --domain-id decode$" \
     <(tail -n 2 "$FAKE_DIR/args-decoded") || fail "decode$i args in a domain: $(tail -n 2 "$FAKE_DIR/args-decoded")"
 done
-[ -d "$tmp/state/domain" ] || fail "no domain directory"
+[ -d "$tmp/state/domain" ] && fail "a domain directory without --decode-domain-dir"
 old0=$(rec decode0) old1=$(rec decode1) oldp=$(rec prefill0) oldr=$(rec routerd)
 kill -KILL "$old1"   # a member dies; the other would exit by itself, here it is stopped
 "$lc" restart decode1 >"$tmp/out" 2>"$tmp/err" || fail "restart decode1 of the domain: $(cat "$tmp/err")"
@@ -207,6 +208,16 @@ tail -n 2 "$FAKE_DIR/args-decoded" | grep -c -- "--domain-size 4" | grep -qx 2 |
 grep -q "decode" "$tmp/out" && fail "restart prefill0 restarted decoded: $(cat "$tmp/out")"
 "$lc" status >"$tmp/out" || fail "status after the domain's restart: $(cat "$tmp/out")"
 has out "4 of 4 running"
+TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
+# --decode-domain-dir: the same domain, the addresses through the state dir's domain/
+status_with 7
+"$lc" up --prefill-ranks 3 --prefill-dep --decode 2 --decode-ranks 2 --decode-domain-dir \
+  >"$tmp/out" 2>"$tmp/err" || fail "up with a decode domain over a directory: $(cat "$tmp/err")"
+for i in 0 1; do
+  grep -q -- "--domain-size 4 --domain-rank0 $((2 * i)) --domain-dir $tmp/state/domain --domain-id decode$" \
+    <(tail -n 2 "$FAKE_DIR/args-decoded") || fail "decode$i args in a domain over a directory: $(tail -n 2 "$FAKE_DIR/args-decoded")"
+done
+[ -d "$tmp/state/domain" ] || fail "no domain directory"
 TANDEM_STOP_TIMEOUT=1 "$lc" down >/dev/null 2>&1
 # without --decode-domain: no domain, restart of one decoded is that one
 status_with 5

@@ -752,6 +752,100 @@ def test_auth(c):
     st, _, data = request(port, "GET", "/v1/models")
     check(st == 200, "with the key: %d %r" % (st, data))
 
+def test_domjoin(c):
+    """routerd's table of decode domains being assembled (DomainJoin,
+    docs/dep.md "A domain across processes"), with fake ranks joining on
+    connections of their own: an incomplete domain gets nothing; the join
+    that makes it whole sends every member the same addresses; a killed
+    member's join goes with its connection (its address is never handed out)
+    and a new one takes the rank; a join with another size, for a rank held
+    by a live connection, or malformed is refused with the reason (log and
+    answer) and routerd keeps serving; a rank's own connection cannot join."""
+    c.start_router()
+
+    def join(node, spec, *extra):
+        return c.start_worker(node, "--join", spec, "--join-wait-ms", "8000", *extra)
+
+    def result(p, want_rc, timeout=10):
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            fail("%s still waiting" % " ".join(p.args))
+        c.procs.remove(p)
+        out = open(p.out).read().strip()
+        check(rc == want_rc, "%s exited %d, want %d: %s %s" % (" ".join(p.args), rc, want_rc,
+                                                               out, open(p.err).read()[-800:]))
+        return out
+
+    def rlog():
+        return open(c.rlog).read()
+
+    # Incomplete, then whole: every member gets the same list, index = rank.
+    a = join("na", "d1:0:3", "--join-addr", "A0")
+    b = join("nb", "d1:2:3", "--join-addr", "A2")
+    c.wait(lambda: rlog().count("dep domain d1: rank") == 2, "2 joins of d1")
+    time.sleep(0.3)
+    check(a.poll() is None and b.poll() is None, "a member of an incomplete domain got an answer")
+    m = join("nm", "d1:1:3", "--join-addr", "A1")
+    for p in (a, b, m):
+        out = result(p, 0)
+        check(out == "peers: A0 A1 A2", "d1 member got %r" % out)
+    check("dep domain d1: all 3 ranks joined" in rlog(), "no log of d1 made whole")
+
+    # A member killed while it waits: its join goes, a new process takes the
+    # rank, and its address is the one handed out.
+    k = join("nk", "d2:0:2", "--join-addr", "DEAD")
+    c.wait(lambda: "dep domain d2: rank 0 of 2 joined" in rlog(), "the join of d2 rank 0")
+    k.kill()
+    k.wait()
+    c.procs.remove(k)
+    c.wait(lambda: "dep domain d2: rank 0 left before the domain was whole" in rlog(),
+           "d2 rank 0's join gone with its connection")
+    k2 = join("nk", "d2:0:2", "--join-addr", "NEW0")
+    e = join("ne", "d2:1:2", "--join-addr", "E1")
+    for p in (k2, e):
+        out = result(p, 0)
+        check(out == "peers: NEW0 E1", "d2 member got %r" % out)
+
+    # Refused: another size, a rank held by a live connection; the first
+    # join of d3 stays and the domain completes after them.
+    f = join("nf", "d3:0:2", "--join-addr", "F0")
+    c.wait(lambda: "dep domain d3: rank 0 of 2 joined" in rlog(), "the join of d3 rank 0")
+    out = result(join("ng", "d3:1:3", "--join-addr", "G1"), 1)
+    check(out.startswith("join failed"), "another size: %r" % out)
+    check(re.search(r"refused the join: size 3, but the domain's other joins say 2",
+                    open(c.path("worker-ng.err")).read()), "no reason back to the joiner")
+    check(re.search(r"dep domain d3: join of rank 1 from .* refused: size 3, but the "
+                    r"domain's other joins say 2", rlog()), "no log of the size refused")
+    out = result(join("nh", "d3:0:2", "--join-addr", "H0"), 1)
+    check(re.search(r"dep domain d3: join of rank 0 from .* refused: rank 0 is held by .*"
+                    r"still connected", rlog()), "no log of the held rank refused")
+    check(f.poll() is None, "d3's first member answered by a refused join")
+    out = result(join("ni", "d3:1:2", "--join-addr", "I1"), 0)
+    check(out == "peers: F0 I1", "d3 got %r" % out)
+    check(result(f, 0) == "peers: F0 I1", "d3 rank 0 got another list")
+
+    # Malformed joins: each refused with its reason, routerd unharmed.
+    for spec, extra, why in (
+            ("d4:2:2", (), "rank outside the domain"),
+            ("d4:0:0", (), "domain size must be 1..256"),
+            ("d4:0:257", (), "domain size must be 1..256"),
+            ("d4:0:2", ("--join-addr-len", "8193"), "address must be 1..8192 bytes"),
+            ("d\x01:0:2", (), "domain id must be 1..64 printable bytes"),
+            ("%s:0:2" % ("x" * 65), (), "domain id must be 1..64 printable bytes")):
+        out = result(join("nx", spec, *extra), 1)
+        check(out.startswith("join failed"), "%s: %r" % (spec, out))
+        check(why in rlog(), "%s: no log of %r" % (spec, why))
+    # A decode rank's own connection cannot join: refused as unexpected.
+    out = result(join("nr", "d5:0:1", "--join-as", "decode"), 1)
+    check(out.startswith("join failed"), "a rank's connection joined: %r" % out)
+    check("does not know DomainJoin" in open(c.path("worker-nr.err")).read(),
+          "no hint at an old routerd")
+    # Still serving: a domain of one completes at once, a fake rank comes up.
+    check(result(join("n1", "d6:0:1", "--join-addr", "S"), 0) == "peers: S", "d6")
+    c.start_worker("w", "--role", "decode")
+    c.wait_up(1)
+
 
 def main(scope=None):
     """Run the test named by argv[1] (test_NAME in scope: this module's, or

@@ -19,6 +19,11 @@
  * empties it and is answered with a cleared event. --cache-junk follows the
  * announcement with malformed events (a skipped seq, a 0 hash).
  * --queued-tokens N: the prefill rank's Load says N tokens wait there.
+ * A decode domain's join instead (docs/dep.md, "A domain across processes"):
+ * --join ID:RANK:SIZE sends DomainJoin with the address --join-addr TEXT
+ * (or --join-addr-len N bytes), waits up to --join-wait-ms (5000) and prints
+ * "peers: A0 A1 ..." (exit 0) or "join failed: STATUS" (exit 1);
+ * --join-as decode joins on a decode rank's connection, not a tool's.
  * usage: rtr_fake_worker --router H:P --secret-file F [--node N]
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
  *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early]
@@ -35,6 +40,7 @@
 
 #include "chainhash.h"
 #include "daemon.h"
+#include "domjoin.h"
 #include "engine.h"
 #include "registry.h"
 #include "link.h"
@@ -388,6 +394,49 @@ on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopbreak(F.base);
 }
 
+/* --join: one DomainJoin through common/domjoin.c, the peers printed as
+ * text; 0 when they came, 1 otherwise. */
+static int
+fake_join(const td_ctl_config_t *ctl, const char *router, const char *id, uint32_t rank,
+          uint32_t size, const char *addr, size_t len, uint64_t wait_ms, bool as_rank)
+{
+    td_domjoin_config_t jc = { .routers = router, .ctl = *ctl, .id = id, .size = size,
+                               .rank = rank, .wait_ms = wait_ms };
+    void **addrs = calloc(size ? size : 1, sizeof(*addrs));
+    size_t *lens = calloc(size ? size : 1, sizeof(*lens));
+    char *buf = NULL;
+    td_status_t st;
+
+    jc.ctl.ident.role = as_rank ? TANDEM__ROLE__ROLE_DECODE : TANDEM__ROLE__ROLE_TOOL;
+    jc.ctl.ident.rank_id = rank;
+    if (len > 0) {   /* --join-addr-len: that many bytes */
+        if ((buf = malloc(len)) == NULL)
+            return 1;
+        memset(buf, 'x', len);
+        addr = buf;
+    } else {
+        len = strlen(addr);
+    }
+    if (addrs == NULL || lens == NULL)
+        return 1;
+    st = td_domjoin_run(&jc, addr, len, addrs, lens);
+    if (st == TD_OK) {
+        printf("peers:");
+        for (uint32_t r = 0; r < size; r++) {
+            printf(" %.*s", lens[r] > 32 ? 32 : (int)lens[r], (const char *)addrs[r]);
+            free(addrs[r]);
+        }
+        printf("\n");
+    } else {
+        printf("join failed: %s\n", td_status_str(st));
+    }
+    fflush(stdout);
+    free(addrs);
+    free(lens);
+    free(buf);
+    return st == TD_OK ? 0 : 1;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -399,8 +448,15 @@ main(int argc, char **argv)
         { "bad-token", 1, 0, 'b' }, { "max-batch", 1, 0, 'm' }, { "dep", 1, 0, 'd' },
         { "kv-blocks", 1, 0, 'k' }, { "cache-block", 1, 0, 'G' },
         { "cache-prompt", 1, 0, 'P' }, { "cache-junk", 0, 0, 'J' },
-        { "queued-tokens", 1, 0, 'Q' }, { 0, 0, 0, 0 },
+        { "queued-tokens", 1, 0, 'Q' }, { "join", 1, 0, 'D' }, { "join-addr", 1, 0, 'A' },
+        { "join-addr-len", 1, 0, 'L' }, { "join-wait-ms", 1, 0, 'W' },
+        { "join-as", 1, 0, 'R' }, { 0, 0, 0, 0 },
     };
+    char join_id[300] = "";
+    unsigned join_rank = 0, join_size = 0;
+    const char *join_addr = "addr", *join_as = "tool";
+    size_t join_len = 0;
+    uint64_t join_wait_ms = 5000;
     const char *cache_prompt = "";
     const char *router = NULL, *secret_file = NULL, *role = "both";
     char dep_domain[65] = "";
@@ -441,6 +497,14 @@ main(int argc, char **argv)
         case 'P': cache_prompt = optarg; break;
         case 'J': F.cache_junk = true; break;
         case 'Q': F.queued_tokens = strtoull(optarg, NULL, 10); break;
+        case 'D':
+            if (sscanf(optarg, "%299[^:]:%u:%u", join_id, &join_rank, &join_size) != 3)
+                return 2;
+            break;
+        case 'A': join_addr = optarg; break;
+        case 'L': join_len = strtoull(optarg, NULL, 10); break;
+        case 'W': join_wait_ms = strtoull(optarg, NULL, 10); break;
+        case 'R': join_as = optarg; break;
         default: return 2;
         }
     }
@@ -481,6 +545,11 @@ main(int argc, char **argv)
                                        F.node, 0, td_daemon_random64(), fp, eng->layout->hash };
     lc.ctl.secret = (const uint8_t *)secret;
     lc.ctl.secret_len = slen;
+    if (join_id[0]) {
+        rc = fake_join(&lc.ctl, router, join_id, join_rank, join_size, join_addr, join_len,
+                       join_wait_ms, strcmp(join_as, "decode") == 0);
+        goto out;
+    }
     reg.engine_name = "synthetic";
     reg.engine_kind = "fake worker";
     reg.vocab_size = eng->vocab;

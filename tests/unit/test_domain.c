@@ -110,7 +110,7 @@ test_which_file(void)
     self_names(boot, sizeof(boot), host, sizeof(host));
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char id[32];
-        td_worker_domain_t d = { id, dir, 2, 300 };
+        td_worker_domain_t d = { .id = id, .dir = dir, .size = 2, .wait_ms = 300 };
         td_xfer_config_t xc = xcfg(0);
         td_comm_opts_t co = { .deadline_ms = 300, .name = "test domain" };
         td_worker_domain_comm_t dc = { 0 };
@@ -150,7 +150,7 @@ static void *
 rank_main(void *arg)
 {
     rank_arg_t *a = arg;
-    td_worker_domain_t d = { "dom", dir, 2, 10000 };
+    td_worker_domain_t d = { .id = "dom", .dir = dir, .size = 2, .wait_ms = 10000 };
     td_xfer_config_t xc = xcfg(a->rank);
     td_comm_opts_t co = { .deadline_ms = 10000, .name = "test domain" };
     td_worker_domain_comm_t dc = { 0 };
@@ -202,7 +202,7 @@ test_restart_over_stale(void)
 static void
 test_withdraw(void)
 {
-    td_worker_domain_t d = { "one", dir, 1, 1000 };
+    td_worker_domain_t d = { .id = "one", .dir = dir, .size = 1, .wait_ms = 1000 };
     td_xfer_config_t xc = xcfg(0);
     td_comm_opts_t co = { .deadline_ms = 1000, .name = "test domain" };
     td_worker_domain_comm_t dc = { 0 };

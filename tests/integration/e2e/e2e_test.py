@@ -4,8 +4,8 @@ cluster (routerd + prefilld + decoded on loopback, synthetic engine), driven
 through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
 kill-decode | kill-prefill | bad-input | token-prompt | drain | v41-chat | v41-model | v41-dep |
-v41-dep-fail | v41-dep-domain | v41-dep-domain-kill | cancel-compute | router-threads | shutdown |
-remove | local-cluster | v41-kvcache | kvcache-pressure)"""
+v41-dep-fail | v41-dep-domain | v41-dep-domain-dir | v41-dep-domain-kill | cancel-compute |
+router-threads | shutdown | remove | local-cluster | v41-kvcache | kvcache-pressure)"""
 import asyncio
 import http.client
 import json
@@ -1134,17 +1134,21 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep, domain=None):
     return model
 
 
-def start_domain(c, nodes, ranks, *flags):
+def start_domain(c, nodes, ranks, *flags, via_dir=False):
     """decoded processes nodes[i] with `ranks` ranks each, one DEP domain of
-    len(nodes) x ranks ranks (address files in a fresh directory): started
-    together, each ready once the domain is whole. {node: first rank}."""
-    ddir = c.path("domain")
-    os.makedirs(ddir, exist_ok=True)
+    len(nodes) x ranks ranks (the addresses exchanged through routerd, or
+    with via_dir through address files in a directory): started together,
+    each ready once the domain is whole. {node: first rank}."""
+    exchange = []
+    if via_dir:
+        ddir = c.path("domain")
+        os.makedirs(ddir, exist_ok=True)
+        exchange = ["--domain-dir", ddir]
     size = len(nodes) * ranks
     for i, node in enumerate(nodes):
         c.workers[node] = c.start_worker(
             "decoded", node, "--ranks", str(ranks), "--dep", "--domain-size", str(size),
-            "--domain-rank0", str(i * ranks), "--domain-dir", ddir, "--domain-id", "d0",
+            "--domain-rank0", str(i * ranks), *exchange, "--domain-id", "d0",
             "--compute-threads", "1", *flags, wait_ready=False)
     for node in nodes:
         c.wait(lambda: "decoded ready:" in c.workers[node].text() or
@@ -1155,18 +1159,21 @@ def start_domain(c, nodes, ranks, *flags):
     return {node: i * ranks for i, node in enumerate(nodes)}
 
 
-def test_v41_dep_domain(c):
+def test_v41_dep_domain(c, via_dir=False):
     """A decode domain of 8 ranks over 2 decoded processes (4 ranks each, one
-    expert a rank; --domain-size 8, the UCX communicator between them) behind
-    a prefill group of 2: greedy replies are tools/generate's, every rank of
-    the domain made the same passes, rows only on its expert; routerd knows
-    each rank's group and index, and `tandemctl status` lists the domain with
-    its 8 ranks up."""
+    expert a rank; --domain-size 8, the UCX communicator between them, the
+    addresses exchanged through routerd) behind a prefill group of 2: greedy
+    replies are tools/generate's, every rank of the domain made the same
+    passes, rows only on its expert; routerd knows each rank's group and
+    index, and `tandemctl status` lists the domain with its 8 ranks up."""
     model = tiny_model(c)
     c.start_router("--tokenizer", model)
     c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "2", "--dep",
                                             "--chunk-tokens", "8", "--compute-threads", "1")}
-    domain = start_domain(c, ["decode0", "decode1"], 4)
+    domain = start_domain(c, ["decode0", "decode1"], 4, via_dir=via_dir)
+    joined = "dep domain d0: all 8 ranks joined" in c.router.text()
+    check(joined != via_dir, "routerd %s the domain's addresses" %
+          ("exchanged" if via_dir else "did not exchange"))
     c.wait_ranks_up(2 + 8)
     v41_dep_check(c, 2, 4, True, domain=domain)
     c.wait_idle()
@@ -1184,12 +1191,20 @@ def test_v41_dep_domain(c):
         check(re.search(pat, out, re.M), "tandemctl status lacks /%s/: %s" % (pat, out))
 
 
+def test_v41_dep_domain_dir(c):
+    """test_v41_dep_domain with the addresses exchanged through a directory
+    (--domain-dir) instead of routerd."""
+    test_v41_dep_domain(c, via_dir=True)
+
+
 def test_v41_dep_domain_kill(c):
     """SIGKILL one decoded of a 2-process decode domain while streams run on
     both: every stream ends with an error within 5 s of the kill (the other
     process's ranks fail their next collective with the peer gone, not at the
     deadline), the surviving decoded takes no more work and exits 1 by itself,
-    and nothing hangs: routerd ends with no request in flight."""
+    and nothing hangs: routerd ends with no request in flight. Then both
+    processes started again come up as the domain again through routerd's
+    exchange and answer."""
     model = tiny_model(c)
     c.start_router("--tokenizer", model, "--max-attempts", "1")
     c.workers = {"prefill0": c.start_worker("prefilld", "prefill0", "--ranks", "1",
@@ -1239,6 +1254,18 @@ def test_v41_dep_domain_kill(c):
           "decode0 exited %d %.2f s after it" % (n, min(ends), max(ends), rc,
                                                 time.time() - t_kill))
     c.wait(lambda: not c.requests(), "no request in flight", timeout=10)
+    # Both processes started again: the domain comes back through routerd
+    # (no dead incarnation's address is handed out) and answers.
+    t_restart = time.time()
+    start_domain(c, ["decode0", "decode1"], 2)
+    c.wait_ranks_up(1 + 4)
+    r = client.chat.completions.create(model="tandem-deepseek-v41", max_tokens=4, temperature=0,
+                                       messages=[{"role": "user", "content": "again"}])
+    check(r.choices[0].finish_reason in ("length", "stop"), "after the restart: %r" % r)
+    check(c.router.text().count("dep domain d0: all 4 ranks joined") == 2,
+          "routerd did not assemble the domain twice")
+    print("decode domain restarted through routerd: answering %.2f s after the start" %
+          (time.time() - t_restart))
 
 
 def test_v41_dep(c):
