@@ -25,18 +25,18 @@
 
 #include "clock.h"
 #include "log.h"
-#include "xxh64.h"
+#include <xxhash.h>
 
 /* ---- File format -----------------------------------------------------------
  * <name:016x>.kvb holds the records of one put batch (name: the first one's
  * hash): a 40-byte file header, a table of 40-byte entries, the records.
- * File header (little-endian): magic "TDKVPAK1", table checksum u64 (XXH64 of
+ * File header (little-endian): magic "TDKVPAK1", table checksum u64 (XXH3-64 of
  * bytes [16, 40 + 40n)), version u32, n u32, layout_hash, seed (u64).
  * Table entry: hash, offset, payload_bytes, snapshot_bytes (u64), G u32, 0 u32.
  * Record at its offset: an 80-byte header, tokens [G] (int32 LE), payload,
  * snapshot. Header: magic "TDKVBLK1", checksum u64, version u32, G u32,
  * layout_hash, seed, hash, parent, end, payload_bytes, snapshot_bytes (u64).
- * checksum: XXH64 chained through its seed over header[16, 80), tokens,
+ * checksum: XXH3-64 chained through its seed over header[16, 80), tokens,
  * payload, snapshot. Temp files: <name:016x>.tmp, renamed into place. */
 #define HDR_BYTES     80
 #define KV_MAGIC      "TDKVBLK1"
@@ -93,11 +93,11 @@ static uint64_t
 rec_checksum(const uint8_t *hdr, const void *tokens, uint32_t g, const void *payload,
              uint64_t payload_bytes, const void *snapshot, uint64_t snapshot_bytes)
 {
-    uint64_t c = td_xxh64(hdr + OFF_VERSION, HDR_BYTES - OFF_VERSION, 0);
+    uint64_t c = XXH3_64bits_withSeed(hdr + OFF_VERSION, HDR_BYTES - OFF_VERSION, 0);
 
-    c = td_xxh64(tokens, (size_t)g * 4, c);
-    c = td_xxh64(payload, payload_bytes, c);
-    return td_xxh64(snapshot, snapshot_bytes, c);
+    c = XXH3_64bits_withSeed(tokens, (size_t)g * 4, c);
+    c = XXH3_64bits_withSeed(payload, payload_bytes, c);
+    return XXH3_64bits_withSeed(snapshot, snapshot_bytes, c);
 }
 
 static void
@@ -385,7 +385,7 @@ pack_hdr_fill(const td_kvtier_t *kt, uint8_t *tab, uint32_t n)
     put_le32(tab + 20, n);
     put_le64(tab + 24, kt->cfg.layout_hash);
     put_le64(tab + 32, kt->cfg.seed);
-    put_le64(tab + 8, td_xxh64(tab + 16, PACK_HDR - 16 + (size_t)n * PACK_ENT, 0));
+    put_le64(tab + 8, XXH3_64bits_withSeed(tab + 16, PACK_HDR - 16 + (size_t)n * PACK_ENT, 0));
 }
 
 /* What is wrong with a file header, or NULL (*foreign: another layout/seed). */
@@ -1037,7 +1037,7 @@ scan_file(td_kvtier_t *kt, int fd, uint64_t name, uint64_t size, found_t *out, b
         why = "table read failed";
         goto cleanup;
     }
-    if (td_xxh64(tab + 16, tab_bytes - 16, 0) != get_le64(tab + 8)) {
+    if (XXH3_64bits_withSeed(tab + 16, tab_bytes - 16, 0) != get_le64(tab + 8)) {
         why = "table checksum mismatch";
         goto cleanup;
     }

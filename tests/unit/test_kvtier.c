@@ -2,7 +2,7 @@
  * (kvcache/kvtier.c): round trips, LRU order, budgets measured on disk,
  * restart, damaged and foreign files, put_many's packed files, put with a
  * stalled IO thread, a putter and two chain readers at once, and the index
- * events; plus the checksum against libxxhash. */
+ * events. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -18,7 +18,6 @@
 #include "kvtier.h"
 #include "logcap.h"
 #include "testutil.h"
-#include "xxh64.h"
 
 #define G 16
 #define LAYOUT 0x1111
@@ -215,20 +214,6 @@ has_hash(const uint64_t *v, size_t n, uint64_t h)
 }
 
 /* ---- Tests ------------------------------------------------------------------ */
-static void
-test_xxh64(void)
-{
-    uint8_t buf[1000];
-
-    for (size_t i = 0; i < sizeof(buf); i++)
-        buf[i] = (uint8_t)(i * 131 + 7);
-    static const size_t lens[] = { 0, 1, 3, 4, 7, 8, 15, 31, 32, 33, 63, 64, 100, 999, 1000 };
-    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
-        for (uint64_t seed = 0; seed < 3; seed++)
-            CHECK(td_xxh64(buf, lens[i], seed * 0x123456789ull) ==
-                  XXH64(buf, lens[i], seed * 0x123456789ull));
-}
-
 static void
 test_host_only(void)
 {
@@ -946,7 +931,6 @@ main(void)
         return 1;
     }
     td_logcap_start();
-    test_xxh64();
     test_host_only();
     test_ssd_and_both();
     test_budgets_lru();
