@@ -1015,11 +1015,12 @@ def test_v41_model(c):
 # ---- 9b. DEP groups in the daemons (--dep) -------------------------------------------
 
 
-def tiny_model(c):
-    """A tools/mk-tiny-model checkpoint (8 experts, top-2) as every process's engine."""
+def tiny_model(c, preset="tiny"):
+    """A tools/mk-tiny-model checkpoint (8 experts, top-2; the preset's) as
+    every process's engine."""
     model = c.path("tiny-model")
-    r = subprocess.run([os.path.join(c.build, "tools", "mk-tiny-model"), model],
-                       capture_output=True, timeout=60)
+    r = subprocess.run([os.path.join(c.build, "tools", "mk-tiny-model"), "--preset", preset,
+                        model], capture_output=True, timeout=300)
     check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
     c.engine = ["--engine", "deepseek-v41", "--model", model]
     return model
@@ -2068,8 +2069,9 @@ def test_v41_kvcache(c):
     cold one and tools/generate's, logprobs bit for bit, after a cold prefill,
     a pool hit, a host hit, an SSD hit after a restart, and with the SSD
     files flipped, truncated, swapped or joined by garbage; computed tokens
-    within the replay bound; nothing left in use at the end."""
-    model = tiny_model(c)
+    within the replay bound; nothing left in use at the end.
+    E2E_KVCACHE_PRESET=mid runs it on `mid` (by hand: minutes, with E2E_SLOW)."""
+    model = tiny_model(c, os.environ.get("E2E_KVCACHE_PRESET", "tiny"))
     cdir = c.path("kvcache")
     rdir = os.path.join(cdir, "rank0")
     os.mkdir(cdir)   # prefilld makes rankN, not its parent
