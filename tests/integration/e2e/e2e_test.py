@@ -2085,6 +2085,8 @@ def test_v41_kvcache(c):
     check(m, "prefilld logs no prefix cache line")
     G, B = int(m.group(1)), int(m.group(2))
     check(G == 128 and B > 0, "cache block %d tokens, replay bound %d" % (G, B))
+    print("checkpoint %s: cache block %d tokens, replay bound %d" %
+          (os.environ.get("E2E_KVCACHE_PRESET", "tiny"), G, B), flush=True)
     client = c.client()
 
     def generate_lp(messages):
