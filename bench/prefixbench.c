@@ -124,9 +124,7 @@ pb_median(double *v, uint64_t n)
 int
 main(int argc, char **argv)
 {
-    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
     pb_opts_t o;
-    td_engine_config_t cfg;
     td_engine_t *e = NULL;
     td_kvmem_t *ma = NULL, *mb = NULL, *mc = NULL;
     td_engine_req_t *a = NULL, *b = NULL, *c = NULL;
@@ -142,17 +140,8 @@ main(int argc, char **argv)
     if (pb_parse(argc, argv, &o) != 0)
         return 2;
     td_log_set_level(TD_LOG_WARN);
-    if (td_engine_config_defaults(&cfg) != TD_OK)
+    if (td_v41_engine_open(o.model, NULL, &e) != TD_OK)
         return 1;
-    free(cfg.engine);
-    free(cfg.model);
-    cfg.engine = strdup("deepseek-v41");
-    cfg.model = strdup(o.model);
-    if (td_engine_create(kinds, &cfg, &e) != TD_OK) {
-        td_engine_config_free(&cfg);
-        return 1;
-    }
-    td_engine_config_free(&cfg);
     B = td_engine_replay_bound(e);
     from = o.prefix > B ? o.prefix - B : 0;
     tok = malloc(o.prompt * sizeof(*tok));

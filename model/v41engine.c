@@ -501,3 +501,27 @@ const td_engine_kind_t td_v41_kind = {
     .create = v41_create,
     .create_group = v41_create_group,
 };
+
+td_status_t
+td_v41_engine_open(const char *dir, const td_engine_group_t *group, td_engine_t **out)
+{
+    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
+    td_engine_config_t cfg;
+    td_status_t st = td_engine_config_defaults(&cfg);
+
+    if (st != TD_OK)
+        return st;
+    free(cfg.engine);
+    free(cfg.model);
+    cfg.engine = strdup(TD_V41_NAME);
+    cfg.model = strdup(dir);
+    if (cfg.engine == NULL || cfg.model == NULL) {
+        td_error("engine deepseek-v41: out of memory");
+        st = TD_ERR_NOMEM;
+    } else {
+        st = group != NULL ? td_engine_create_group(kinds, &cfg, group, out)
+                           : td_engine_create(kinds, &cfg, out);
+    }
+    td_engine_config_free(&cfg);
+    return st;
+}

@@ -8,4 +8,10 @@
 
 extern const td_engine_kind_t td_v41_kind;
 
+/* The engine over the checkpoint in dir with every other option at its
+ * default (tools and tests): td_engine_create of this kind, or with group
+ * (not NULL) td_engine_create_group, one rank of that DEP group. Logged. */
+td_status_t td_v41_engine_open(const char *dir, const td_engine_group_t *group,
+                               td_engine_t **out);
+
 #endif

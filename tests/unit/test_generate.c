@@ -921,17 +921,9 @@ paged_entries(const td_layout_t *l, uint64_t n, int *nfixed)
 static td_engine_t *
 v41_engine(const char *dir)
 {
-    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
-    td_engine_config_t cfg;
     td_engine_t *e = NULL;
 
-    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
-    free(cfg.engine);
-    free(cfg.model);
-    cfg.engine = strdup("deepseek-v41");
-    cfg.model = strdup(dir);
-    CHECK_STATUS(td_engine_create(kinds, &cfg, &e), TD_OK);
-    td_engine_config_free(&cfg);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
     return e;
 }
 
@@ -1217,19 +1209,11 @@ static void *
 grank_main(void *arg)
 {
     grank_t *g = arg;
-    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
-    td_engine_config_t cfg;
     td_engine_t *e = NULL;
     td_engine_group_t grp = { g->comm, NULL };
     td_sample_params_t sp = td_sample_params_greedy();
 
-    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
-    free(cfg.engine);
-    free(cfg.model);
-    cfg.engine = strdup("deepseek-v41");
-    cfg.model = strdup(g->dir);
-    CHECK_STATUS(td_engine_create_group(kinds, &cfg, &grp, &e), TD_OK);
-    td_engine_config_free(&cfg);
+    CHECK_STATUS(td_v41_engine_open(g->dir, &grp, &e), TD_OK);
     if (e == NULL) {
         td_comm_abort(g->comm, TD_ERR_INVALID);
         return NULL;

@@ -392,17 +392,9 @@ replay_cases(td_engine_t *e, const int32_t *tok, const uint64_t *ps, size_t nps)
 static td_engine_t *
 v41_engine(const char *dir)
 {
-    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
-    td_engine_config_t cfg;
     td_engine_t *e = NULL;
 
-    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
-    free(cfg.engine);
-    free(cfg.model);
-    cfg.engine = strdup("deepseek-v41");
-    cfg.model = strdup(dir);
-    CHECK_STATUS(td_engine_create(kinds, &cfg, &e), TD_OK);
-    td_engine_config_free(&cfg);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
     return e;
 }
 
@@ -468,22 +460,14 @@ typedef struct {
 static void *
 grank_main(void *arg)
 {
-    static const td_engine_kind_t *const kinds[] = { &td_v41_kind, NULL };
     grank_t *g = arg;
-    td_engine_config_t cfg;
     td_engine_t *e = NULL;
     td_engine_group_t grp = { g->comm, NULL };
     td_sample_params_t sp = td_sample_params_greedy();
 
     if (g->pool != NULL)
         td_kernels_cpu_pool_bind(g->pool);
-    CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
-    free(cfg.engine);
-    free(cfg.model);
-    cfg.engine = strdup("deepseek-v41");
-    cfg.model = strdup(g->dir);
-    CHECK_STATUS(td_engine_create_group(kinds, &cfg, &grp, &e), TD_OK);
-    td_engine_config_free(&cfg);
+    CHECK_STATUS(td_v41_engine_open(g->dir, &grp, &e), TD_OK);
     if (e == NULL) {
         td_comm_abort(g->comm, TD_ERR_INVALID);
         return NULL;
