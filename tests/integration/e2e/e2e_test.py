@@ -796,6 +796,21 @@ def run_tool(build, name, *args, data=""):
     return r.stdout.decode()
 
 
+def generate_ref(c, model, messages, max_tokens, ntop=0):
+    """tools/generate's greedy reply to messages on model, in one process: its
+    JSON line (with ntop, each token's log-probability and ntop alternatives).
+    Threads may call it at once (a request file each)."""
+    req = c.path("request-%d.json" % threading.get_ident())
+    with open(req, "w") as f:
+        json.dump({"messages": messages}, f)
+    r = subprocess.run([os.path.join(c.build, "tools", "generate"), "--model", model,
+                        "--messages", req, "--temperature", "0", "--max-tokens", str(max_tokens),
+                        *(("--logprobs", str(ntop)) if ntop else ()), "--json", "--no-stream"],
+                       capture_output=True, timeout=60 * SLOW)
+    check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+    return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+
 def v41_expect(c, model, vocab, body):
     """The message routerd with model's tokenizer must answer the chat request
     body with (greedy or seeded, max_tokens without a stop), its finish reason
@@ -942,26 +957,10 @@ def test_v41_model(c):
          prefill_flags=("--chunk-tokens", "16"))
 
     def generate(messages, max_tokens):
-        req = c.path("request.json")
-        with open(req, "w") as f:
-            json.dump({"messages": messages}, f)
-        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
-                            "--messages", req, "--temperature", "0", "--max-tokens",
-                            str(max_tokens), "--json", "--no-stream"],
-                           capture_output=True, timeout=60 * SLOW)
-        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
-        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+        return generate_ref(c, model, messages, max_tokens)
 
     def generate_lp(messages, max_tokens, ntop):
-        req = c.path("request.json")
-        with open(req, "w") as f:
-            json.dump({"messages": messages}, f)
-        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
-                            "--messages", req, "--temperature", "0", "--max-tokens",
-                            str(max_tokens), "--logprobs", str(ntop), "--json", "--no-stream"],
-                           capture_output=True, timeout=60 * SLOW)
-        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
-        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+        return generate_ref(c, model, messages, max_tokens, ntop)
 
     def fields(msg):
         return {k: msg.get(k) or "" for k in ("content", "reasoning_content")}
@@ -1033,7 +1032,6 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep, domain=None):
     (domain: {node: first rank} of decoded processes already started as one
     domain): requests sent at once so that some ranks step with work and others
     without. Every greedy reply must be tools/generate's, token for token."""
-    build = c.build
     if domain is None:
         model = tiny_model(c)
         c.up(prefill=1, decode=1, prefill_ranks=prefill_ranks, decode_ranks=decode_ranks,
@@ -1049,15 +1047,7 @@ def v41_dep_check(c, prefill_ranks, decode_ranks, decode_dep, domain=None):
               "decoded: no dep group in its ready line")
 
     def generate(messages, max_tokens):
-        req = c.path("request-%d.json" % threading.get_ident())
-        with open(req, "w") as f:
-            json.dump({"messages": messages}, f)
-        r = subprocess.run([os.path.join(build, "tools", "generate"), "--model", model,
-                            "--messages", req, "--temperature", "0", "--max-tokens",
-                            str(max_tokens), "--json", "--no-stream"],
-                           capture_output=True, timeout=60 * SLOW)
-        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
-        return json.loads(r.stdout.decode().strip().splitlines()[-1])
+        return generate_ref(c, model, messages, max_tokens)
 
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
     prompts = [([{"role": "user", "content": " ".join(words[:i + 1]) * (1 + i % 3)}],
@@ -2090,15 +2080,7 @@ def test_v41_kvcache(c):
     client = c.client()
 
     def generate_lp(messages):
-        req = c.path("request.json")
-        with open(req, "w") as f:
-            json.dump({"messages": messages}, f)
-        r = subprocess.run([os.path.join(c.build, "tools", "generate"), "--model", model,
-                            "--messages", req, "--temperature", "0", "--max-tokens", "8",
-                            "--logprobs", "3", "--json", "--no-stream"],
-                           capture_output=True, timeout=60 * SLOW)
-        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
-        g = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        g = generate_ref(c, model, messages, 8, 3)
         return {"content": g["message"].get("content") or "",
                 "reasoning_content": g["message"].get("reasoning_content") or "",
                 "finish": g["finish_reason"], "prompt_tokens": len(g["prompt_ids"]),
