@@ -148,9 +148,7 @@ main(int argc, char **argv)
     t_cold = calloc(o.reps, sizeof(double));
     t_snap = calloc(o.reps, sizeof(double));
     t_replay = calloc(o.reps, sizeof(double));
-    for (uint32_t s = 0; s < e->layout->nsegs; s++)
-        if (e->layout->segs[s].kind == TD_LAYOUT_FIXED)
-            snap_bytes += td_layout_seg_bytes(&e->layout->segs[s], 0);
+    snap_bytes = td_kvmem_state_bytes(e->layout, 0);   /* the fixed segments */
     snap = malloc(snap_bytes);
     if (tok == NULL || t_cold == NULL || t_snap == NULL || t_replay == NULL || snap == NULL)
         goto out;
@@ -166,7 +164,6 @@ main(int argc, char **argv)
     fflush(stdout);
     for (uint64_t rep = 0; rep < o.reps; rep++) {
         uint64_t t0;
-        uint8_t *p;
 
         /* cold: the whole prompt; the state at the prefix end kept as the
          * snapshot (a copy, not timed: the cold prefill pays it once) */
@@ -176,12 +173,7 @@ main(int argc, char **argv)
         if (pb_prefill(a, tok, 0, o.prefix, o.chunk, 0, o.prefix) != TD_OK)
             goto out;
         t_cold[rep] = (double)(td_clock_ns() - t0);
-        p = snap;
-        for (uint32_t s = 0; s < e->layout->nsegs; s++)
-            if (e->layout->segs[s].kind == TD_LAYOUT_FIXED) {
-                memcpy(p, ma->kv.fixed[s], td_layout_seg_bytes(&e->layout->segs[s], 0));
-                p += td_layout_seg_bytes(&e->layout->segs[s], 0);
-            }
+        td_kvmem_pack(&ma->kv, 0, snap);
         t0 = td_clock_ns();
         if (pb_prefill(a, tok, o.prefix, o.prompt, o.chunk, 1, 0) != TD_OK ||
             td_engine_logits(a, &da) != TD_OK)
@@ -194,12 +186,7 @@ main(int argc, char **argv)
         if (td_engine_req_create(e, &sp, &mb->kv, &b) != TD_OK)
             goto out;
         t0 = td_clock_ns();
-        p = snap;
-        for (uint32_t s = 0; s < e->layout->nsegs; s++)
-            if (e->layout->segs[s].kind == TD_LAYOUT_FIXED) {
-                memcpy(mb->kv.fixed[s], p, td_layout_seg_bytes(&e->layout->segs[s], 0));
-                p += td_layout_seg_bytes(&e->layout->segs[s], 0);
-            }
+        td_kvmem_unpack(&mb->kv, 0, snap);
         if (td_engine_adopt(b, tok, o.prefix) != TD_OK ||
             pb_prefill(b, tok, o.prefix, o.prompt, o.chunk, 1, 0) != TD_OK ||
             td_engine_logits(b, &db) != TD_OK)

@@ -12,6 +12,7 @@
 #include <sys/queue.h>
 
 #include "chainhash.h"
+#include "kvmem.h"
 #include "kvtier.h"
 #include "log.h"
 
@@ -38,6 +39,7 @@ struct td_pcache {
     uint32_t G;
     uint64_t *k;                     /* [nsegs] pool blocks per cache block (0: fixed) */
     uint64_t nblk;                   /* sum of k */
+    uint32_t seg0;                   /* the segment of every node's blocks[0] */
     uint64_t payload_bytes;          /* a record's paged bytes */
     uint64_t snap_bytes;             /* the fixed segments' bytes */
     pc_node_t **buckets;
@@ -132,20 +134,9 @@ pc_tier_has(td_pcache_t *c, uint64_t hash)
 static int
 pc_node_idle(const td_pcache_t *c, const pc_node_t *nd)
 {
-    if (nd->pins > 0)
-        return 0;
-    for (uint64_t i = 0; i < c->nblk; i++)
-        if (nd->blocks[i] != UINT64_MAX) {
-            /* every block of a node has the same holders; the first says it */
-            uint32_t s = 0;
-            uint64_t j = i;
-            while (j >= c->k[s]) {
-                j -= c->k[s];
-                s++;
-            }
-            return td_kvpool_block_refs(c->kp, s, nd->blocks[i]) == 1;
-        }
-    return 1;
+    /* every block of a node has the same holders: its first says it */
+    return nd->pins == 0 && (c->nblk == 0 || td_kvpool_block_refs(c->kp, c->seg0,
+                                                                  nd->blocks[0]) == 1);
 }
 
 /* The node's paged bytes, gathered in record order into buf. */
@@ -259,14 +250,15 @@ td_pcache_create(const td_pcache_config_t *cfg, const td_layout_t *l, td_kvpool_
     for (uint32_t s = 0; s < l->nsegs; s++) {
         const td_layout_seg_t *seg = &l->segs[s];
 
-        if (seg->kind == TD_LAYOUT_FIXED) {
-            c->snap_bytes += td_layout_seg_bytes(seg, 0);
+        if (seg->kind == TD_LAYOUT_FIXED)
             continue;
-        }
         c->k[s] = c->G / ((uint64_t)seg->ratio * l->block_entries);
+        if (c->nblk == 0)
+            c->seg0 = s;
         c->nblk += c->k[s];
         c->payload_bytes += c->k[s] * td_kvpool_seg_block_bytes(kp, s);
     }
+    c->snap_bytes = td_kvmem_state_bytes(l, 0);
     for (c->nbuckets = 64; c->nbuckets < 2 * cfg->max_blocks; c->nbuckets *= 2)
         ;
     if ((c->buckets = calloc(c->nbuckets, sizeof(*c->buckets))) == NULL ||
@@ -448,19 +440,6 @@ pc_scatter(const td_pcache_t *c, const td_layout_kv_t *kv, uint64_t i, const uin
         }
 }
 
-static void
-pc_snap_restore(const td_pcache_t *c, const td_layout_kv_t *kv, const uint8_t *snap)
-{
-    for (uint32_t s = 0; s < c->l->nsegs; s++) {
-        const td_layout_seg_t *seg = &c->l->segs[s];
-
-        if (seg->kind != TD_LAYOUT_FIXED)
-            continue;
-        memcpy(kv->fixed[s], snap, td_layout_seg_bytes(seg, 0));
-        snap += td_layout_seg_bytes(seg, 0);
-    }
-}
-
 /* Blocks read from the tiers per get_many. */
 #define PC_READ_BATCH 16
 
@@ -524,7 +503,7 @@ td_pcache_load(td_pcache_t *c, td_pcache_hit_t *hit, const int32_t *tokens,
                                : 0;
     hit->snap_end = 0;
     if (best != NULL && best_end <= p_end && best_end > replay_from) {
-        pc_snap_restore(c, kv, best);
+        td_kvmem_unpack(kv, 0, best);   /* the fixed segments alone */
         hit->snap_end = best_end;
     }
 }
@@ -532,18 +511,10 @@ td_pcache_load(td_pcache_t *c, td_pcache_hit_t *hit, const int32_t *tokens,
 uint8_t *
 td_pcache_snapshot(const td_pcache_t *c, const td_layout_kv_t *kv)
 {
-    uint8_t *snap = malloc(c->snap_bytes ? c->snap_bytes : 1), *p = snap;
+    uint8_t *snap = malloc(c->snap_bytes ? c->snap_bytes : 1);
 
-    if (snap == NULL)
-        return NULL;
-    for (uint32_t s = 0; s < c->l->nsegs; s++) {
-        const td_layout_seg_t *seg = &c->l->segs[s];
-
-        if (seg->kind != TD_LAYOUT_FIXED)
-            continue;
-        memcpy(p, kv->fixed[s], td_layout_seg_bytes(seg, 0));
-        p += td_layout_seg_bytes(seg, 0);
-    }
+    if (snap != NULL)
+        td_kvmem_pack(kv, 0, snap);   /* the fixed segments alone, in layout order */
     return snap;
 }
 

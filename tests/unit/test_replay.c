@@ -72,24 +72,6 @@ replay_chunks(td_engine_req_t *r, const int32_t *tokens, size_t n, size_t chunk,
     return st;
 }
 
-/* Every fixed segment's bytes, in layout order. */
-static size_t
-fixed_pack(const td_layout_kv_t *kv, unsigned char *out)
-{
-    const td_layout_t *l = kv->layout;
-    size_t at = 0;
-
-    for (uint32_t s = 0; s < l->nsegs; s++) {
-        if (l->segs[s].kind != TD_LAYOUT_FIXED)
-            continue;
-        size_t len = (size_t)td_layout_seg_bytes(&l->segs[s], 0);
-        if (out != NULL)
-            memcpy(out + at, kv->fixed[s], len);
-        at += len;
-    }
-    return at;
-}
-
 /* The first fixed segment whose bytes differ from the packed `want`, or -1. */
 static int
 fixed_diff(const td_layout_kv_t *kv, const unsigned char *want)
@@ -275,7 +257,7 @@ replay_case(td_engine_t *e, const int32_t *tok, const case_t *k)
     uint64_t cap = k->n + DECODE + 1, s0 = k->p - k->replayed;
     td_kvmem_t *ma = NULL, *mb = NULL, *mc = NULL;
     td_engine_req_t *a = NULL, *b = NULL, *c = NULL;
-    unsigned char *fa = malloc(fixed_pack(&(td_layout_kv_t){ .layout = l }, NULL) + 1);
+    unsigned char *fa = malloc(td_kvmem_state_bytes(l, 0) + 1);
     shared_t v;
     dist_t da, db, dc;
     int32_t ta[DECODE], tb[DECODE], tc[DECODE];
@@ -301,7 +283,7 @@ replay_case(td_engine_t *e, const int32_t *tok, const case_t *k)
         td_check_failures++;
         goto out;
     }
-    fixed_pack(&ma->kv, fa);
+    td_kvmem_pack(&ma->kv, 0, fa);   /* the fixed segments alone */
     CHECK_STATUS(td_engine_req_create(e, &sp, &mc->kv, &c), TD_OK);
     if (c == NULL)
         goto out;
@@ -541,14 +523,14 @@ test_v41_group(const char *name, const char *args)
         return;
     for (int i = 0; i < NMAX; i++)
         tok[i] = (int32_t)(td_rng_next(&rng) % one->vocab);
-    fa = malloc(fixed_pack(&(td_layout_kv_t){ .layout = one->layout }, NULL) + 1);
+    fa = malloc(td_kvmem_state_bytes(one->layout, 0) + 1);
     CHECK_STATUS(td_kvmem_create(one->layout, GP + SUFFIX + DECODE + 1, kv_seed++, &ma), TD_OK);
     CHECK_STATUS(td_engine_req_create(one, &sp, &ma->kv, &a), TD_OK);
     if (fa == NULL || a == NULL || prefill_chunks(a, tok, GP, CHUNK) != TD_OK) {
         td_check_failures++;
         goto out;
     }
-    fixed_pack(&ma->kv, fa);
+    td_kvmem_pack(&ma->kv, 0, fa);   /* the fixed segments alone */
     CHECK_STATUS(prefill_chunks(a, tok + GP, SUFFIX, CHUNK), TD_OK);
     dist_take(a, &da);
     greedy(one, a, ta);
