@@ -734,6 +734,26 @@ task_chunk_run(void *arg)
     t->chunk_st = st;
 }
 
+/* Loop thread: a job of the task came back with st. A cancel or a failure
+ * on the loop stopped it, or the engine (what) failed: the engine part
+ * ends and 1 is returned; else the task goes to the back of the run queue
+ * (its turn is over) and 0. */
+static int
+task_job_ended(task_t *t, td_status_t st, const char *what)
+{
+    td_prank_t *rk = t->rk;
+
+    if (st != TD_OK || t->canceled || t->status != TD_OK) {
+        if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))
+            task_fail(t, st, "%s: %s", what, td_status_str(st));
+        task_finish_engine(t);
+        return 1;
+    }
+    TAILQ_REMOVE(&rk->runq, t, run);
+    TAILQ_INSERT_TAIL(&rk->runq, t, run);
+    return 0;
+}
+
 /* Loop thread: the chunk came back. */
 static void
 task_chunk_done(void *arg)
@@ -755,23 +775,16 @@ task_chunk_done(void *arg)
                 td_clock_ns(), (int)st);   /* td_status_t: 0 ok, -12 canceled */
     rk->stats.chunks++;
     t->chunks++;
-    if (st != TD_OK || t->canceled || t->status != TD_OK) {
-        /* a cancel or a failure on the loop stopped it; else the engine failed */
-        if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))
-            task_fail(t, st, "engine prefill: %s", td_status_str(st));
-        task_finish_engine(t);
-    } else if (t->chunk_last) {
+    if (!task_job_ended(t, st, "engine prefill")) {
         t->pos += t->chunk_n;
-        if (rk->pc != NULL) {   /* its whole blocks are final now: the cache takes them */
-            td_pcache_insert(rk->pc, t->tokens, t->ntokens, t->hashes, t->res, t->snap,
-                             t->snap_end);
-            t->snap = NULL;
+        if (t->chunk_last) {
+            if (rk->pc != NULL) {   /* its whole blocks are final now: the cache takes them */
+                td_pcache_insert(rk->pc, t->tokens, t->ntokens, t->hashes, t->res, t->snap,
+                                 t->snap_end);
+                t->snap = NULL;
+            }
+            task_finish_engine(t);
         }
-        task_finish_engine(t);
-    } else {
-        t->pos += t->chunk_n;
-        TAILQ_REMOVE(&rk->runq, t, run);
-        TAILQ_INSERT_TAIL(&rk->runq, t, run);
     }
     prank_schedule(rk);
     prank_publish_load(rk);
@@ -850,15 +863,8 @@ task_hit_done(void *arg)
     prank_trace(rk, "hit req=%016" PRIx64 " cached=%" PRIu64 " replayed=%" PRIu64
                 " start=%" PRIu64 " end=%" PRIu64 " status=%d", t->req_id, t->cached, t->replayed,
                 t->chunk_t0, td_clock_ns(), (int)st);
-    if (st != TD_OK || t->canceled || t->status != TD_OK) {
-        if (st != TD_OK && !(st == TD_ERR_CANCELED && atomic_load(&t->stop)))
-            task_fail(t, st, "prefix cache hit: %s", td_status_str(st));
-        task_finish_engine(t);
-    } else {
+    if (!task_job_ended(t, st, "prefix cache hit"))
         t->pos = t->hit_pos;
-        TAILQ_REMOVE(&rk->runq, t, run);
-        TAILQ_INSERT_TAIL(&rk->runq, t, run);
-    }
     prank_schedule(rk);
     prank_publish_load(rk);
 }
@@ -871,28 +877,25 @@ task_reserve_cached(task_t *t)
 {
     td_prank_t *rk = t->rk;
     const td_layout_t *l = rk->e->layout;
+    const uint64_t *np = NULL, *const *pp = NULL;
     const char *why = NULL;
     td_status_t st;
     uint64_t *need;
 
     if (t->hit == NULL)
         (void)td_pcache_lookup(rk->pc, t->tokens, t->ntokens, t->hashes, &t->hit);
-    st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens,
-                                  t->hit != NULL ? t->hit->nprefix : NULL,
-                                  t->hit != NULL ? (const uint64_t *const *)t->hit->prefix : NULL,
-                                  &t->res, &why);
+    if (t->hit != NULL) {
+        np = t->hit->nprefix;
+        pp = (const uint64_t *const *)t->hit->prefix;
+    }
+    st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens, np, pp, &t->res, &why);
     if (st != TD_ERR_BUSY || (need = calloc(l->nsegs, sizeof(*need))) == NULL)
         return st;
     for (uint32_t s = 0; s < l->nsegs; s++)
         if (l->segs[s].kind == TD_LAYOUT_PAGED)
-            need[s] = td_layout_blocks(l, &l->segs[s], t->ntokens) -
-                      (t->hit != NULL ? t->hit->nprefix[s] : 0);
+            need[s] = td_layout_blocks(l, &l->segs[s], t->ntokens) - (np != NULL ? np[s] : 0);
     if (td_pcache_make_room(rk->pc, need))
-        st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens,
-                                      t->hit != NULL ? t->hit->nprefix : NULL,
-                                      t->hit != NULL ? (const uint64_t *const *)t->hit->prefix
-                                                     : NULL,
-                                      &t->res, &why);
+        st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens, np, pp, &t->res, &why);
     free(need);
     return st;
 }
