@@ -918,15 +918,6 @@ paged_entries(const td_layout_t *l, uint64_t n, int *nfixed)
     return e;
 }
 
-static td_engine_t *
-v41_engine(const char *dir)
-{
-    td_engine_t *e = NULL;
-
-    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
-    return e;
-}
-
 /* Prefill in chunks through the engine (each layer's pieces checked against
  * a one-shot reference pass as they are told), adopt of a copy of the state
  * in other blocks, both decoded in one batch equal to the reference bit for
@@ -952,7 +943,7 @@ test_v41_engine(const char *name, const char *args)
 
     if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
-    e = v41_engine(dir);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
     CHECK_STATUS(td_model_load(dir, &m), TD_OK);   /* the reference: another instance */
     if (e == NULL || m == NULL)
         goto out;
@@ -1174,7 +1165,7 @@ test_request_memory(const char *name, const char *args)
 
     if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
-    e = v41_engine(dir);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
     if (e == NULL)
         return;
     CHECK_STATUS(td_kernels_cpu_set_threads(1), TD_OK);
@@ -1276,7 +1267,7 @@ test_v41_group(const char *name, const char *args)
 
     if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
-    one = v41_engine(dir);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &one), TD_OK);
     if (one == NULL)
         return;
     memset(gr, 0, sizeof(gr));

@@ -371,15 +371,6 @@ replay_cases(td_engine_t *e, const int32_t *tok, const uint64_t *ps, size_t nps)
 
 /* ---- deepseek-v41 ------------------------------------------------------------------ */
 
-static td_engine_t *
-v41_engine(const char *dir)
-{
-    td_engine_t *e = NULL;
-
-    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
-    return e;
-}
-
 /* The tiny presets: window 8 (7 slots), 8 layers, ratios <= 2: B = 8 * 7.
  * Prefixes below B (replayed from 0), at B, past it, at block boundaries of
  * the ratio-1 (64 tokens) and ratio-2 (128) segments and between them (odd:
@@ -390,11 +381,11 @@ test_v41(const char *name, const char *args)
     static const uint64_t ps[] = { 16, 32, 48, 56, 64, 77, 128, 131 };
     char dir[PATH_MAX + 64];
     int32_t tok[NMAX];
-    td_engine_t *e;
+    td_engine_t *e = NULL;
 
     if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
-    e = v41_engine(dir);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &e), TD_OK);
     if (e == NULL)
         return;
     for (int i = 0; i < NMAX; i++)
@@ -518,7 +509,7 @@ test_v41_group(const char *name, const char *args)
     memset(&da, 0, sizeof(da));
     if (td_testutil_mk_model(tool, tmpdir, name, args, dir, sizeof(dir)) != 0)
         return;
-    one = v41_engine(dir);
+    CHECK_STATUS(td_v41_engine_open(dir, NULL, &one), TD_OK);
     if (one == NULL)
         return;
     for (int i = 0; i < NMAX; i++)
