@@ -25,6 +25,18 @@
 #include "rng.h"
 #include "wire.h"
 
+/* A finished request's state kept for a next turn (cfg.retain): its blocks
+ * and fixed slot, and the token sequence they hold; in a list, oldest
+ * first (the first to go when an admission needs room). */
+typedef struct drank_kept_s {
+    struct drank_kept_s *prev, *next;
+    void *router;                    /* the router whose request it was */
+    uint64_t id;                     /* that request's id */
+    int32_t *tokens;                 /* [ntokens]: prompt + generated but the last */
+    uint64_t ntokens;
+    td_kvpool_res_t *res;
+} drank_kept_t;
+
 struct td_drank_s {
     struct event_base *base;
     td_engine_t *engine;
@@ -38,7 +50,10 @@ struct td_drank_s {
     uint8_t **pool_base;             /* [nsegs] */
     ProtobufCBinaryData *exports;    /* [nsegs] */
     ProtobufCBinaryData address;
-    td_dreq_t **slots;               /* [max_batch]: live requests by slot */
+    td_dreq_t **slots;               /* [nslots]: live requests by slot */
+    uint32_t nslots;                 /* the pool's fixed slots: max_batch + retain */
+    drank_kept_t *kept_head, *kept_tail;   /* kept states, oldest first */
+    uint32_t nkept;
     td_engine_row_t *rows;           /* [max_batch] */
     td_dreq_t **row_req;             /* [max_batch] */
     size_t nrows;                    /* rows of the step on the compute thread */
@@ -70,7 +85,7 @@ static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 static td_dreq_t *
 drank_find(const td_drank_t *r, const void *router, uint64_t id)
 {
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+    for (uint32_t i = 0; i < r->nslots; i++)
         if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router)
             return r->slots[i];
     return NULL;
@@ -79,10 +94,22 @@ drank_find(const td_drank_t *r, const void *router, uint64_t id)
 static td_dreq_t *
 drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
 {
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+    for (uint32_t i = 0; i < r->nslots; i++)
         if (r->slots[i] != NULL && r->slots[i]->xfer_id == xfer_id)
             return r->slots[i];
     return NULL;
+}
+
+/* Requests holding a batch row: every live one, ended ones waiting for
+ * their blocks to be freed included (kept states hold none). */
+static uint32_t
+drank_live(const td_drank_t *r)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < r->nslots; i++)
+        n += r->slots[i] != NULL;
+    return n;
 }
 
 /* A fresh transfer id: random (a stale or forged note cannot guess it),
@@ -105,11 +132,16 @@ drank_publish_load(td_drank_t *r)
     td_kvpool_counts(r->kp, &c);
     Tandem__Load load = TANDEM__LOAD__INIT;
     load.kv_tokens_used = c.tokens_used;
-    load.kv_tokens_free = r->draining ? 0 : c.tokens_free;
+    /* kept states yield to admissions: their tokens count as free */
+    uint64_t kept = 0;
+    for (const drank_kept_t *k = r->kept_head; k != NULL; k = k->next)
+        kept += k->res->ntokens;
+    kept += c.tokens_free;
+    load.kv_tokens_free = r->draining ? 0 : kept < c.tokens_total ? kept : c.tokens_total;
     load.kv_blocks_used = c.blocks_used;
     load.kv_blocks_free = c.blocks_free;
     uint32_t running = 0, waiting = 0;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] == NULL)
             continue;
         running += r->slots[i]->state == TD_DREQ_RUNNING;
@@ -139,10 +171,11 @@ drank_send(td_drank_t *r, td_dreq_t *req, const Tandem__Envelope *env)
 }
 
 /* pick: the one token's log-probabilities, when the request asks for them
- * (else NULL). */
+ * (else NULL); retained: Tokens.retained_tokens (the last message). */
 static td_status_t
-drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
-                  Tandem__Finish finish, const char *error, const td_sample_pick_t *pick)
+drank_send_tokens_kept(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
+                       Tandem__Finish finish, const char *error, const td_sample_pick_t *pick,
+                       uint64_t retained)
 {
     if (req->router == NULL)
         return TD_OK;
@@ -154,6 +187,7 @@ drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n
     t.tokens = (int32_t *)tokens;
     t.finish = finish;
     t.error = (char *)(error ? error : "");
+    t.retained_tokens = retained;
     if (pick != NULL && n == 1) {
         td_wire_logprob_pack(pick, &lp);
         t.n_logprobs = 1;
@@ -163,6 +197,157 @@ drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_TOKENS;
     env.tokens = &t;
     return r->io.send(req->router, &env, r->io.arg);
+}
+
+static td_status_t
+drank_send_tokens(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, size_t n,
+                  Tandem__Finish finish, const char *error, const td_sample_pick_t *pick)
+{
+    return drank_send_tokens_kept(r, req, tokens, n, finish, error, pick, 0);
+}
+
+/* ---- Kept states (cfg.retain; docs/kvcache.md, "Multi-turn") ---------------- */
+
+static drank_kept_t *
+drank_kept_find(const td_drank_t *r, const void *router, uint64_t id)
+{
+    for (drank_kept_t *k = r->kept_head; k != NULL; k = k->next)
+        if (k->id == id && k->router == router)
+            return k;
+    return NULL;
+}
+
+/* Unlink k, free its blocks (those a continued request shares stay with
+ * it) and k. */
+static void
+drank_kept_free(td_drank_t *r, drank_kept_t *k)
+{
+    if (k->prev != NULL)
+        k->prev->next = k->next;
+    else
+        r->kept_head = k->next;
+    if (k->next != NULL)
+        k->next->prev = k->prev;
+    else
+        r->kept_tail = k->prev;
+    r->nkept--;
+    td_kvpool_release(r->kp, k->res);
+    free(k->tokens);
+    free(k);
+}
+
+/* Drop a kept state the router may still count on: Forget tells it (unless
+ * its router is gone). */
+static void
+drank_kept_drop(td_drank_t *r, drank_kept_t *k, const char *why)
+{
+    uint64_t id = k->id;
+    void *router = k->router;
+
+    td_debug("decode rank %u: kept state of %016llx (%llu tokens) dropped: %s", r->cfg.rank_id,
+             (unsigned long long)id, (unsigned long long)k->ntokens, why);
+    drank_kept_free(r, k);
+    r->stats.kept_dropped++;
+    if (router != NULL) {
+        Tandem__Forget fg = TANDEM__FORGET__INIT;
+        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+        fg.n_req_ids = 1;
+        fg.req_ids = &id;
+        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FORGET;
+        env.forget = &fg;
+        if (r->io.send(router, &env, r->io.arg) != TD_OK)
+            td_warn("decode rank %u: forget %016llx not sent", r->cfg.rank_id,
+                    (unsigned long long)id);
+    }
+}
+
+/* Drop every kept state (router NULL) or that router's; gone: the router
+ * is gone, nobody to tell. */
+static void
+drank_kept_drop_all(td_drank_t *r, void *router, bool gone, const char *why)
+{
+    drank_kept_t *k = r->kept_head, *next;
+
+    for (; k != NULL; k = next) {
+        next = k->next;
+        if (router != NULL && k->router != router)
+            continue;
+        if (gone)
+            k->router = NULL;
+        drank_kept_drop(r, k, why);
+    }
+}
+
+/* Reserve blocks for a request as td_kvpool_reserve_prefix does, dropping
+ * kept states, oldest first (never spare), while the pool lacks room. */
+static td_status_t
+drank_reserve(td_drank_t *r, uint64_t owner, uint64_t ntokens, const uint64_t *nprefix,
+              const uint64_t *const *prefix, const drank_kept_t *spare,
+              td_kvpool_res_t **out, const char **why)
+{
+    for (;;) {
+        td_status_t st = td_kvpool_reserve_prefix(r->kp, owner, ntokens, nprefix, prefix, out,
+                                                  why);
+        drank_kept_t *k = r->kept_head;
+
+        if (k == spare && k != NULL)
+            k = k->next;
+        if (st != TD_ERR_BUSY || k == NULL)
+            return st;
+        drank_kept_drop(r, k, "room for a new request");
+    }
+}
+
+/* Whether a request finishing now keeps its state: the rank keeps states,
+ * takes work, the router is there, no peer writes any more, and the engine
+ * request holds exactly the prompt and every generated token but the last. */
+static bool
+drank_keep_ok(const td_drank_t *r, const td_dreq_t *req)
+{
+    return r->cfg.retain > 0 && !r->draining && req->router != NULL && req->kv_done &&
+           req->gen != NULL && req->ereq != NULL && req->ereq->failed == TD_OK &&
+           req->generated >= 1 && req->ereq->ntokens == req->nprompt + req->generated - 1;
+}
+
+/* The finished req's blocks and slot become a kept state (the oldest one
+ * goes when retain are kept already); req is destroyed. false: out of
+ * memory, nothing done (the caller releases req). */
+static bool
+drank_keep(td_drank_t *r, td_dreq_t *req)
+{
+    drank_kept_t *k = calloc(1, sizeof(*k));
+    uint64_t n = req->ereq->ntokens;
+
+    if (k != NULL)
+        k->tokens = malloc(n * sizeof(*k->tokens));
+    if (k == NULL || k->tokens == NULL) {
+        free(k);
+        td_warn("decode rank %u: request %016llx: out of memory keeping its state",
+                r->cfg.rank_id, (unsigned long long)req->id);
+        return false;
+    }
+    if (r->nkept >= r->cfg.retain)
+        drank_kept_drop(r, r->kept_head, "kept states full");
+    memcpy(k->tokens, req->prompt, req->nprompt * sizeof(*k->tokens));
+    memcpy(k->tokens + req->nprompt, req->gen, (n - req->nprompt) * sizeof(*k->tokens));
+    k->ntokens = n;
+    k->router = req->router;
+    k->id = req->id;
+    k->res = req->res;
+    k->prev = r->kept_tail;
+    if (r->kept_tail != NULL)
+        r->kept_tail->next = k;
+    else
+        r->kept_head = k;
+    r->kept_tail = k;
+    r->nkept++;
+    r->stats.kept++;
+    td_dreq_set_state(req, TD_DREQ_RELEASED, "state kept");
+    r->slots[req->res->slot] = NULL;
+    req->res = NULL;
+    td_dreq_destroy(req);
+    drank_publish_load(r);
+    return true;
 }
 
 /* The request leaves the batch (or never joins it): FINISHED, CANCELED or
@@ -219,9 +404,19 @@ drank_emit(td_drank_t *r, td_dreq_t *req, int32_t token, td_sample_finish_t fin,
                        : fin == TD_SAMPLE_FINISH_LENGTH ? TANDEM__FINISH__FINISH_LENGTH
                                                         : TANDEM__FINISH__FINISH_NONE;
     req->last = token;
+    /* the tokens a kept state holds (once a push failed: none, not kept) */
+    if (r->cfg.retain > 0 && (req->gen != NULL || req->generated == 0) &&
+        td_dreq_gen_push(req, token) != TD_OK) {
+        free(req->gen);
+        req->gen = NULL;
+        req->gencap = 0;
+    }
     req->generated++;
-    td_status_t st = drank_send_tokens(r, req, &token, 1, f, NULL,
-                                       req->ereq->sampling.logprobs ? pick : NULL);
+    if (f != TANDEM__FINISH__FINISH_NONE)
+        req->keep = drank_keep_ok(r, req);
+    td_status_t st = drank_send_tokens_kept(r, req, &token, 1, f, NULL,
+                                            req->ereq->sampling.logprobs ? pick : NULL,
+                                            req->keep ? req->ereq->ntokens : 0);
     if (st != TD_OK) {
         drank_fail(r, req, TD_LOG_WARN, false, "tokens not sent: %s", td_status_str(st));
         return false;
@@ -243,6 +438,8 @@ drank_release(td_drank_t *r, td_dreq_t *req)
     assert(req->kv_done && td_dreq_ended(req));
     if (req->busy)
         return;
+    if (req->keep && req->state == TD_DREQ_FINISHED && drank_keep(r, req))
+        return;   /* no Released: its blocks are the kept state's */
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
@@ -311,6 +508,9 @@ drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
+static void drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
+                                 const td_sample_params_t *sp, uint64_t ntokens);
+
 static void
 drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
 {
@@ -321,7 +521,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         bad = "empty prompt";
     else if (drank_find(r, router, a->req_id) != NULL)
         bad = "request id already known";
-    else if (a->prefill_incarnation == 0)
+    else if (a->continue_from == 0 && a->prefill_incarnation == 0)
         bad = "no prefill incarnation";
     else
         bad = drank_sampling(r, a->sampling, &sp, reason, sizeof(reason));
@@ -343,11 +543,20 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                     "prompt + max_tokens over the model's max context");
         return;
     }
+    if (drank_live(r) >= r->cfg.max_batch) {
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     "no batch row free");
+        return;
+    }
+    if (a->continue_from != 0) {
+        drank_admit_continue(r, router, a, &sp, ntokens);
+        return;
+    }
     td_dreq_t *req = NULL;
     td_engine_req_t *ereq = NULL;
     td_kvpool_res_t *res = NULL;
     const char *why = NULL;
-    if (td_kvpool_reserve(r->kp, a->req_id, ntokens, &res, &why) != TD_OK) {
+    if (drank_reserve(r, a->req_id, ntokens, NULL, NULL, NULL, &res, &why) != TD_OK) {
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                      why);
         return;
@@ -598,6 +807,165 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
     req->busy = true;
 }
 
+/* ---- A next turn on a kept state (conditional disaggregation) ------------------ */
+
+/* The suffix prefill's layer callback: nothing leaves this rank. */
+static td_status_t
+drank_suffix_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces,
+                   size_t npieces, void *arg)
+{
+    (void)req, (void)layer, (void)pieces, (void)npieces, (void)arg;
+    return TD_OK;
+}
+
+/* Compute thread, one pass of a DEP group: the kept state is the request's
+ * cache as it is (adopt, checked as a received one), the prompt's rest is
+ * prefilled on it in one chunk, then the first token. */
+static void
+drank_continue_run(void *arg)
+{
+    drank_adopt_t *j = arg;
+    td_dreq_t *req = j->req;
+
+    j->t_start = td_clock_ns();
+    j->what = "kept state refused by the engine";
+    j->st = td_engine_adopt(req->ereq, req->prompt, req->cont);
+    if (j->st == TD_OK) {
+        j->what = "prefill of the prompt's rest";
+        j->st = td_engine_prefill(req->ereq, req->prompt + req->cont, req->nprompt - req->cont,
+                                  TD_ENGINE_CHUNK_LAST, drank_suffix_layer, NULL);
+    }
+    if (j->st == TD_OK) {
+        j->what = "first token";
+        j->st = td_engine_sample_pick(req->ereq, &j->pick, &j->fin);
+    }
+    j->first = j->note_first = j->pick.token;
+    j->t_end = td_clock_ns();
+}
+
+/* Copy what the new reservation does not share of a kept state of n
+ * tokens: each paged segment's partly filled block (past its nprefix[s]
+ * shared ones) and every fixed slot. */
+static void
+drank_kept_copy(td_drank_t *r, const td_kvpool_res_t *from, const td_kvpool_res_t *to,
+                uint64_t n, const uint64_t *nprefix)
+{
+    for (uint32_t s = 0; s < r->layout->nsegs; s++) {
+        const td_layout_seg_t *sg = &r->layout->segs[s];
+        uint64_t bytes = td_kvpool_seg_block_bytes(r->kp, s);
+
+        if (sg->kind == TD_LAYOUT_FIXED) {
+            memcpy(td_kvpool_block_mem(r->kp, s, to->slot),
+                   td_kvpool_block_mem(r->kp, s, from->slot), bytes);
+        } else if (td_layout_entries(sg, n) > nprefix[s] * r->layout->block_entries) {
+            memcpy(td_kvpool_block_mem(r->kp, s, to->blocks[s][nprefix[s]]),
+                   td_kvpool_block_mem(r->kp, s, from->blocks[s][nprefix[s]]), bytes);
+        }
+    }
+}
+
+/* Admit a's prompt as the next turn of the kept state continue_from: a
+ * reservation for the whole prompt + max_tokens that shares the kept
+ * state's whole blocks, the partial ones and the slot copied, the kept
+ * state gone; AdmitOk without a destination (no prefill rank writes), and
+ * the prompt's rest prefilled on the compute thread. A kept state that is
+ * not there or that the prompt does not continue: NOT_KEPT (the router
+ * admits the request anew). */
+static void
+drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
+                     const td_sample_params_t *sp, uint64_t ntokens)
+{
+    drank_kept_t *k = drank_kept_find(r, router, a->continue_from);
+    uint32_t nsegs = r->layout->nsegs;
+    uint64_t *nprefix = NULL;
+    td_kvpool_res_t *res = NULL;
+    td_engine_req_t *ereq = NULL;
+    td_dreq_t *req = NULL;
+    drank_adopt_t *j = NULL;
+    const char *why = NULL;
+
+    if (k == NULL || a->continue_tokens != k->ntokens || a->n_tokens <= k->ntokens ||
+        memcmp(a->tokens, k->tokens, k->ntokens * sizeof(*k->tokens)) != 0) {
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT,
+                     k == NULL ? "no kept state of that request"
+                               : "the prompt does not continue the kept state");
+        return;
+    }
+    nprefix = calloc(nsegs, sizeof(*nprefix));
+    j = calloc(1, sizeof(*j));
+    if (nprefix == NULL || j == NULL) {
+        why = "out of memory";
+        goto err;
+    }
+    for (uint32_t s = 0; s < nsegs; s++)
+        if (r->layout->segs[s].kind == TD_LAYOUT_PAGED)
+            nprefix[s] = td_layout_entries(&r->layout->segs[s], k->ntokens) /
+                         r->layout->block_entries;
+    if (drank_reserve(r, a->req_id, ntokens, nprefix, (const uint64_t *const *)k->res->blocks,
+                      k, &res, &why) != TD_OK)
+        goto err;
+    drank_kept_copy(r, k->res, res, k->ntokens, nprefix);
+    if (td_engine_req_create(r->engine, sp, &res->kv, &ereq) != TD_OK ||
+        td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
+        why = "out of memory";
+        goto err;
+    }
+    req->ereq = ereq;
+    ereq->user = req;
+    req->rank = r;
+    req->res = res;
+    req->router = router;
+    req->cont = k->ntokens;
+    req->kv_done = true;   /* nobody else writes into its blocks */
+    req->xfer_id = drank_xfer_id(r);
+    snprintf(req->prefill, sizeof(req->prefill), "this rank (continues %016" PRIx64 ")",
+             k->id);
+    r->slots[res->slot] = req;
+    r->stats.admitted++;
+    r->stats.continued++;
+    r->stats.continue_tokens += a->n_tokens - k->ntokens;
+    td_info("decode rank %u: request %016llx admitted: continues %016llx, %llu kept + %llu "
+            "prompt tokens prefilled here + %u tokens, slot %u", r->cfg.rank_id,
+            (unsigned long long)req->id, (unsigned long long)k->id,
+            (unsigned long long)k->ntokens, (unsigned long long)(a->n_tokens - k->ntokens),
+            sp->max_tokens, res->slot);
+    drank_kept_free(r, k);   /* its whole blocks live on in res */
+    free(nprefix);
+
+    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    ok.req_id = a->req_id;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
+    env.admit_ok = &ok;
+    td_status_t st = r->io.send(router, &env, r->io.arg);
+    if (st != TD_OK) {
+        free(j);
+        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+        return;
+    }
+    j->req = req;
+    j->t_note = td_clock_ns();
+    if (td_jobq_post_pass(r->jq, drank_continue_run, drank_adopt_done, j) != TD_OK) {
+        free(j);
+        drank_fail(r, req, TD_LOG_ERROR, true, "cannot hand its prefill to the compute thread");
+        return;
+    }
+    req->busy = true;
+    drank_publish_load(r);
+    return;
+err:
+    if (req != NULL)
+        td_dreq_destroy(req);   /* with ereq */
+    else if (ereq != NULL)
+        td_engine_req_destroy(ereq);
+    if (res != NULL)
+        td_kvpool_release(r->kp, res);
+    free(nprefix);
+    free(j);
+    drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                 why);
+}
+
 /* Every transfer of a request ends in a note; the terminal one carries a
  * KvNote payload (or a failure status). Only then may the blocks be freed. */
 static void
@@ -751,7 +1119,8 @@ drank_cancel(td_drank_t *r, void *router, const Tandem__Cancel *c)
 void
 td_drank_on_router_down(td_drank_t *r, void *router)
 {
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    drank_kept_drop_all(r, router, true, "its router is gone");
+    for (uint32_t i = 0; i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL || req->router != router)
             continue;
@@ -826,7 +1195,7 @@ drank_step(td_drank_t *r)
 
     if (r->stepping || r->closing)
         return;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    for (uint32_t i = 0; i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy)
             continue;
@@ -869,7 +1238,7 @@ drank_step_schedule(td_drank_t *r)
 {
     if (r->step_scheduled || r->stepping || r->closing)
         return;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING) {
             struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
             r->step_scheduled = true;
@@ -896,6 +1265,8 @@ td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
             r->draining = env->drain->draining;
             td_info("decode rank %u: %s", r->cfg.rank_id,
                     r->draining ? "draining: no new requests" : "drain ended");
+            if (r->draining)
+                drank_kept_drop_all(r, NULL, false, "draining");
             drank_publish_load(r);
         }
         break;
@@ -912,7 +1283,7 @@ drank_check_idle(td_drank_t *r)
 {
     if (!r->stopping || r->idle_told)
         return;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+    for (uint32_t i = 0; i < r->nslots; i++)
         if (r->slots[i] != NULL && !td_dreq_ended(r->slots[i]))
             return;
     r->idle_told = true;
@@ -928,7 +1299,8 @@ td_drank_stop(td_drank_t *r)
 
     r->stopping = true;
     r->draining = true;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++)
+    drank_kept_drop_all(r, NULL, false, "stopping");
+    for (uint32_t i = 0; i < r->nslots; i++)
         live += r->slots[i] != NULL && !td_dreq_ended(r->slots[i]);
     td_info("decode rank %u: stopping: no new requests, %u to finish", r->cfg.rank_id, live);
     drank_publish_load(r);
@@ -940,7 +1312,8 @@ td_drank_abort(td_drank_t *r)
 {
     r->stopping = true;
     r->draining = true;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    drank_kept_drop_all(r, NULL, false, "shutting down");
+    for (uint32_t i = 0; i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req != NULL && !td_dreq_ended(req))
             drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR,
@@ -979,7 +1352,8 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
-    r->slots = calloc(cfg->max_batch, sizeof(*r->slots));
+    r->nslots = cfg->max_batch + cfg->retain;
+    r->slots = calloc(r->nslots, sizeof(*r->slots));
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
     r->step_ev = evtimer_new(base, drank_on_step, r);
@@ -1010,7 +1384,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         goto err_destroy;
     }
     r->xfer_ids = td_rng_seed(seed);
-    st = td_kvpool_create(r->layout, cfg->kv_tokens, cfg->max_batch, &r->kp);
+    st = td_kvpool_create(r->layout, cfg->kv_tokens, r->nslots, &r->kp);
     if (st != TD_OK)
         goto err_destroy;
     td_xfer_set_note_handler(r->xfer, drank_on_note, r);
@@ -1033,9 +1407,10 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         goto err_destroy;
     td_kvpool_counts_t c;
     td_kvpool_counts(r->kp, &c);
-    td_info("decode rank %u: %u pools, %.1f MiB, %llu blocks, %llu kv tokens, %u batch rows",
-            cfg->rank_id, nsegs, (double)bytes / (1 << 20), (unsigned long long)c.blocks_total,
-            (unsigned long long)cfg->kv_tokens, cfg->max_batch);
+    td_info("decode rank %u: %u pools, %.1f MiB, %llu blocks, %llu kv tokens, %u batch rows, "
+            "keeps %u finished states", cfg->rank_id, nsegs, (double)bytes / (1 << 20),
+            (unsigned long long)c.blocks_total, (unsigned long long)cfg->kv_tokens,
+            cfg->max_batch, cfg->retain);
     *out = r;
     return TD_OK;
 
@@ -1054,7 +1429,7 @@ td_drank_destroy(td_drank_t *r)
     td_jobq_destroy(r->jq);
     r->jq = NULL;
     td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
-    for (uint32_t i = 0; r->slots != NULL && i < r->cfg.max_batch; i++) {
+    for (uint32_t i = 0; r->slots != NULL && i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL)
             continue;
@@ -1065,6 +1440,8 @@ td_drank_destroy(td_drank_t *r)
         req->res = NULL;
         td_dreq_destroy(req);
     }
+    while (r->kept_head != NULL)
+        drank_kept_free(r, r->kept_head);
     for (uint32_t s = 0; s < r->layout->nsegs; s++) {
         if (r->exports != NULL)
             free(r->exports[s].data);
@@ -1108,8 +1485,9 @@ void
 td_drank_stats(const td_drank_t *r, td_drank_stats_t *out)
 {
     *out = r->stats;
+    out->kept_now = r->nkept;
     out->live = out->running = out->waiting = 0;
-    for (uint32_t i = 0; i < r->cfg.max_batch; i++) {
+    for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] == NULL)
             continue;
         out->live++;

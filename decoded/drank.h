@@ -59,6 +59,9 @@ typedef struct {
                                      (the prefill chunk in progress when the Cancel
                                      came); 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
+    uint32_t retain;              /* finished requests whose state the rank keeps for a
+                                     next turn (docs/kvcache.md, "Multi-turn"): extra
+                                     fixed slots; their blocks yield to admissions; 0: none */
     const char *trace_path;       /* append adoption timings to PATH.<rank>; NULL: none */
     /* Run first on the compute thread (binding it to its own compute pool);
      * NULL: nothing. */
@@ -77,6 +80,11 @@ typedef struct {
                                      request's (dropped) */
     uint64_t kv_sum_mismatch;     /* requests failed: received KV checksum differs */
     uint64_t steps;               /* decode steps run */
+    uint64_t kept;                /* finished requests whose state was kept */
+    uint64_t kept_dropped;        /*   of them dropped again (room, drain, router gone) */
+    uint64_t continued;           /*   of them continued by a next turn */
+    uint64_t continue_tokens;     /* suffix tokens those turns prefilled here */
+    uint32_t kept_now;            /* kept states held now */
     uint32_t live;                /* requests holding blocks */
     uint32_t running;             /* in the batch */
     uint32_t waiting;             /* admitted, waiting for KV */
@@ -96,7 +104,9 @@ void td_drank_destroy(td_drank_t *r);
  * (pointers into the rank: valid while it lives). */
 void td_drank_register_fill(const td_drank_t *r, Tandem__Register *reg);
 
-/* One message from a router (Admit, Cancel, Drain; others are ignored). */
+/* One message from a router (Admit, Cancel, Drain; others are ignored). An
+ * Admit with continue_from takes over a kept state (cfg.retain) and
+ * prefills the prompt's rest on this rank's compute thread. */
 void td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env);
 /* That router is gone: its requests are canceled (no more sends to it). */
 void td_drank_on_router_down(td_drank_t *r, void *router);

@@ -74,7 +74,25 @@ td_dreq_destroy(td_dreq_t *req)
     if (req->ereq != NULL)
         td_engine_req_destroy(req->ereq);
     free(req->prompt);
+    free(req->gen);
     free(req);
+}
+
+td_status_t
+td_dreq_gen_push(td_dreq_t *req, int32_t token)
+{
+    if (req->generated >= req->gencap) {
+        size_t cap = req->gencap ? 2 * req->gencap : 64;
+        while (cap <= req->generated)
+            cap *= 2;
+        int32_t *g = realloc(req->gen, cap * sizeof(*g));
+        if (g == NULL)
+            return TD_ERR_NOMEM;
+        req->gen = g;
+        req->gencap = cap;
+    }
+    req->gen[req->generated] = token;
+    return TD_OK;
 }
 
 void

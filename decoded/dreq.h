@@ -42,6 +42,13 @@ typedef struct {
     td_engine_req_t *ereq;       /* the engine's request over res->kv (adopted on KV arrival) */
     int32_t last;                /* the last sampled token (input of the next step) */
     uint64_t generated;          /* tokens sent, the first included */
+    int32_t *gen;                /* [generated] those tokens, when the rank keeps finished
+                                    requests' state (NULL otherwise) */
+    size_t gencap;
+    uint64_t cont;               /* a continued conversation: the prompt's first cont
+                                    tokens are the kept state the request took over
+                                    (its suffix is prefilled here); 0: prefilled elsewhere */
+    bool keep;                   /* finished with its state kept (Tokens.retained_tokens) */
     bool kv_done;                /* P's terminal note came (or P is gone and the
                                     grace period passed): no peer writes any more */
     bool busy;                   /* in a job on the compute thread (adopt or a
@@ -57,6 +64,8 @@ const char *td_dreq_state_str(td_dreq_state_t st);
 /* A fresh ADMITTED request (prompt copied, no blocks yet). */
 td_status_t td_dreq_create(uint64_t id, const int32_t *prompt, size_t nprompt,
                               td_dreq_t **out);
+/* Append a generated token to req->gen (growing it). TD_ERR_NOMEM. */
+td_status_t td_dreq_gen_push(td_dreq_t *req, int32_t token);
 /* Frees the prompt, the engine request and the grace timer; res must have
  * been released (asserted). */
 void td_dreq_destroy(td_dreq_t *req);

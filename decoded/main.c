@@ -13,6 +13,7 @@ typedef struct {
     td_worker_opts_t w;
     uint64_t kv_tokens;
     uint64_t max_batch;
+    uint64_t retain;
     char *trace_file;
 } decoded_config_t;
 
@@ -25,6 +26,10 @@ static const td_config_opt_t decoded_opts[] = {
                          "kv capacity per rank in tokens (sizes every paged pool)"),
     TD_CONFIG_OPT_UINT64("max-batch", decoded_config_t, max_batch, "16", 1, 4096,
                          "requests per rank holding kv at once (batch rows, fixed slots)"),
+    TD_CONFIG_OPT_UINT64("retain", decoded_config_t, retain, "0", 0, 4096,
+                         "finished requests per rank whose kv the rank keeps for a next turn "
+                         "to continue here (routerd's continue-max-suffix; extra fixed slots; "
+                         "their blocks yield to new requests); 0: none"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
     TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
@@ -42,6 +47,7 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .rank_id = wr->id,
         .kv_tokens = c->kv_tokens,
         .max_batch = (uint32_t)c->max_batch,
+        .retain = (uint32_t)c->retain,
         .xfer_deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
         .trace_path = c->trace_file,
         .compute_start = td_worker_rank_compute_start,
@@ -109,7 +115,8 @@ static void
 decoded_status(const void *cfg, td_buf_t *b)
 {
     const decoded_config_t *c = cfg;
-    td_buf_printf(b, ", kv-tokens %" PRIu64 ", max-batch %" PRIu64, c->kv_tokens, c->max_batch);
+    td_buf_printf(b, ", kv-tokens %" PRIu64 ", max-batch %" PRIu64 ", retain %" PRIu64,
+                  c->kv_tokens, c->max_batch, c->retain);
 }
 
 static const td_worker_spec_t decoded_spec = {

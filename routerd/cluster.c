@@ -518,6 +518,7 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE:
     case TANDEM__ENVELOPE__PAYLOAD_TOKENS:
     case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
+    case TANDEM__ENVELOPE__PAYLOAD_FORGET:
         if (c->h.on_message)
             c->h.on_message(c, rk, env, c->h.arg);
         break;

@@ -92,6 +92,14 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("cache-max-blocks", ST, cache_max_blocks, "4194304", 0, 1ull << 30,
                          "cache block hashes tracked per prefill rank; beyond it the rest of "
                          "a rank's announced blocks are not tracked (logged once)"),
+    /* multi-turn: conditional disaggregation (docs/kvcache.md, "Multi-turn") */
+    TD_CONFIG_OPT_UINT64("continue-max-suffix", ST, continue_max_suffix, "2048", 0, 1u << 24,
+                         "a prompt that continues a state a decode rank kept (decoded's "
+                         "retain) by at most this many tokens is prefilled on that rank, when "
+                         "no prefill rank's cache holds more of it (0: never)"),
+    TD_CONFIG_OPT_UINT64("continue-max-states", ST, continue_max_states, "65536", 1, 1u << 24,
+                         "kept states of the decode ranks tracked; the oldest is forgotten "
+                         "beyond it"),
     /* admission: the queue, and the control port's unauthenticated connections */
     TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
                          "requests that may wait for a decode rank with room; more get 503 "
@@ -376,6 +384,8 @@ router_init(td_router_t *r)
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
                              .cache_weight = cfg->cache_weight,
+                             .continue_max_suffix = cfg->continue_max_suffix,
+                             .continue_max_states = (size_t)cfg->continue_max_states,
                              .cache_seed = td_chain_seed(r->fingerprint, r->kv_layout_hash) };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)

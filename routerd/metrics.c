@@ -121,6 +121,17 @@ td_metrics_render(const td_metrics_t *m, td_buf_t *out)
           m->completion_tokens },
         { "tandem_router_retries_total", "re-admissions after a reject or a lost rank",
           m->retries },
+        { "tandem_router_kept_states_total",
+          "finished requests whose state a decode rank kept for a next turn", m->kept_noted },
+        { "tandem_router_continue_total",
+          "requests sent to the decode rank keeping the state they continue", m->continue_sent },
+        { "tandem_router_continue_refused_total",
+          "of those, refused by the decode rank (state gone or no room) and admitted anew",
+          m->continue_refused },
+        { "tandem_router_continue_kept_tokens_total",
+          "prompt tokens those requests took from kept states", m->continue_kept_tokens },
+        { "tandem_router_continue_prefill_tokens_total",
+          "prompt tokens their decode ranks prefilled", m->continue_suffix_tokens },
     };
     for (size_t i = 0; st == TD_OK && i < sizeof counters / sizeof counters[0]; i++) {
         st = td_metrics_header(out, counters[i].name, "counter", counters[i].help);

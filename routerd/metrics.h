@@ -56,6 +56,12 @@ typedef struct {
     uint64_t prompt_tokens;
     uint64_t completion_tokens;
     uint64_t retries;               /* re-admissions (AdmitReject, a rank lost) */
+    /* multi-turn on the decode ranks (docs/kvcache.md, "Multi-turn") */
+    uint64_t kept_noted;            /* finished requests whose state a decode rank kept */
+    uint64_t continue_sent;         /* requests sent to continue a kept state */
+    uint64_t continue_refused;      /*   of them refused by the rank (admitted anew) */
+    uint64_t continue_kept_tokens;  /* prompt tokens those requests took from kept states */
+    uint64_t continue_suffix_tokens;/* prompt tokens their decode ranks prefilled */
 } td_metrics_t;
 
 const char *td_metrics_outcome_str(td_outcome_t o);

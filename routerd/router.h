@@ -65,6 +65,8 @@ typedef struct {
     /* KV-aware prefill placement (docs/kvrouting.md) */
     double cache_weight;        /* weight of a rank's cached prompt tokens; 0 = load only */
     uint64_t cache_max_blocks;  /* cache block hashes tracked per prefill rank */
+    uint64_t continue_max_suffix;   /* multi-turn on the decode ranks: longest suffix */
+    uint64_t continue_max_states;   /*   kept states tracked */
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */

@@ -24,6 +24,7 @@
 #include "jobq.h"
 #include "log.h"
 #include "rng.h"
+#include "rconv.h"
 #include "rqueue.h"
 #include "rsched.h"
 #include "rtext.h"
@@ -68,6 +69,11 @@ struct td_rreq_s {
     Tandem__LogitBias *wbias;       /* [oreq->nbias] the request's logit_bias on the wire */
     Tandem__LogitBias **wbiasp;     /* [oreq->nbias] pointers to them */
     uint32_t ntokens;               /* completion tokens received */
+    int32_t *gen;                   /* [ntokens] those tokens (kept states: rconv.h), or NULL */
+    size_t gencap;
+    td_rconv_hit_t cont;            /* this attempt continues a kept state (cont.rank != NULL):
+                                       its decode rank prefills the prompt's rest */
+    bool no_continue;               /* a decode rank turned the continuation away */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
 };
@@ -79,6 +85,7 @@ struct td_rreq_tab_s {
     size_t n;
     uint64_t id_seq;
     td_rqueue_t *queue;             /* requests waiting for a decode rank with room */
+    td_rconv_t *conv;               /* the decode ranks' kept states (NULL: not used) */
     td_buf_t sse;                   /* reused: SSE events made on the loop */
     td_rtext_cfg_t text_cfg;
     td_jobq_t *pool;                /* the text threads */
@@ -326,6 +333,7 @@ request_release(td_rreq_t *q)
     free(q->wbiasp);
     td_rcache_prompt_fini(&q->cprompt);
     free(q->prompt);
+    free(q->gen);
     free(q);
 }
 
@@ -513,6 +521,107 @@ fail_too_long(td_rreq_t *q, uint64_t limit)
 
 static bool queue_wait(td_rreq_t *q);
 
+/* A new attempt of q: a new wire id after the first (the old one may live on
+ * at a rank), nothing sent yet, no kept state continued. */
+static void
+attempt_begin(td_rreq_t *q)
+{
+    td_rreq_tab_t *t = q->t;
+
+    if (q->attempts > 0) {
+        hash_del(t, q);
+        q->id = id_next(t);
+        hash_add(t, q);
+        t->cfg.metrics->retries++;
+    }
+    q->attempts++;
+    q->prefill_sent = false;
+    q->pred_cached = 0;
+    q->pred_by_cache = false;
+    q->cont.rank = NULL;
+}
+
+/* Send the attempt's Admit to its decode rank: with its prefill rank, or
+ * continuing the kept state q->cont. Whether it went out (td_rrank_send
+ * logs why not). */
+static bool
+admit_send(td_rreq_t *q, uint64_t need)
+{
+    td_rrank_t *d = q->decode, *p = q->prefill;
+    Tandem__Admit a = TANDEM__ADMIT__INIT;
+    Tandem__Sampling s;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    sampling_fill(&s, q);
+    a.req_id = q->id;
+    a.n_tokens = q->nprompt;
+    a.tokens = q->prompt;
+    a.sampling = &s;
+    if (p != NULL) {
+        a.prefill_node = p->node->name;
+        a.prefill_rank = p->rank_id;
+        a.prefill_incarnation = p->incarnation;
+        a.prefill_deadline_ms = p->reg ? p->reg->xfer_deadline_ms : 0;
+    } else {
+        a.continue_from = q->cont.id;
+        a.continue_tokens = q->cont.ntokens;
+    }
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
+    env.admit = &a;
+    if (td_rrank_send(d, &env) != TD_OK)
+        return false;
+    d->pend_tokens += need;
+    d->pend_reqs++;
+    set_state(q, TD_RREQ_ADMITTING, p != NULL ? "admit sent" : "admit sent: continues a kept state");
+    return true;
+}
+
+/* A decode rank whose kept states a request may continue now. */
+static bool
+continue_usable(void *rank, void *arg)
+{
+    td_rrank_t *rk = rank;
+    td_rreq_t *q = arg;
+
+    if (rk->role != TANDEM__ROLE__ROLE_DECODE || td_rrank_state(rk) != TD_RRANK_UP ||
+        rk->load.draining)
+        return false;
+    for (size_t i = 0; i < q->ntried; i++)
+        if (q->tried[i] == rk->incarnation)
+            return false;
+    return true;
+}
+
+/* Conditional disaggregation (docs/kvcache.md, "Multi-turn"): when q's
+ * prompt continues a decode rank's kept state by at most
+ * continue_max_suffix tokens, and the state holds at least as much of it as
+ * the best prefill rank's cache (prefill_cached tokens), that decode rank
+ * takes q and prefills the rest itself. Whether the Admit went out. */
+static bool
+continue_try(td_rreq_t *q, uint64_t prefill_cached, uint64_t need)
+{
+    td_rreq_tab_t *t = q->t;
+    td_rconv_hit_t hit;
+
+    if (t->conv == NULL || q->no_continue ||
+        !td_rconv_find(t->conv, &q->cprompt, continue_usable, q, &hit) ||
+        q->nprompt - hit.ntokens > t->cfg.continue_max_suffix || hit.ntokens < prefill_cached)
+        return false;
+    td_rconv_remove(t->conv, hit.id);   /* the new request's from now on, or gone */
+    td_rqueue_remove(&q->qe);
+    attempt_begin(q);
+    q->cont = hit;
+    bind_rank(q, &q->decode, hit.rank);
+    if (admit_send(q, need)) {
+        t->cfg.metrics->continue_sent++;
+        return true;
+    }
+    release_ranks(q, NULL);
+    q->cont.rank = NULL;
+    q->no_continue = true;
+    return false;
+}
+
 /* Choose a prefill and a decode rank and send Admit. When no decode rank has
  * room, or requests queued before it wait, q waits in the queue; when no
  * rank could ever hold it, or none is up, it ends (400 / 503). Returns
@@ -542,6 +651,8 @@ admit_try(td_rreq_t *q)
         }
         pick = td_rsched_pick_prefill(t->cfg.cluster->ranks, &q->cprompt, t->cfg.cache_weight);
         p = pick.rank;
+        if (continue_try(q, pick.cached_tokens, need))
+            return false;
         fit = p ? td_rsched_pick_decode(t->cfg.cluster->ranks, need, q->tried, q->ntried, &d)
                 : TD_RSCHED_NONE;
         /* a request not in the queue goes behind the ones waiting before it */
@@ -566,39 +677,13 @@ admit_try(td_rreq_t *q)
             return false;
         }
         td_rqueue_remove(&q->qe);   /* its turn came (nothing when it did not wait) */
-        if (q->attempts > 0) {   /* a new wire id: the old one may live on at a rank */
-            hash_del(t, q);
-            q->id = id_next(t);
-            hash_add(t, q);
-            t->cfg.metrics->retries++;
-        }
-        q->attempts++;
-        q->prefill_sent = false;
+        attempt_begin(q);
         q->pred_cached = pick.cached_tokens;
         q->pred_by_cache = pick.by_cache;
         bind_rank(q, &q->decode, d);
         bind_rank(q, &q->prefill, p);
-
-        Tandem__Admit a = TANDEM__ADMIT__INIT;
-        Tandem__Sampling s;
-        Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-        sampling_fill(&s, q);
-        a.req_id = q->id;
-        a.n_tokens = q->nprompt;
-        a.tokens = q->prompt;
-        a.sampling = &s;
-        a.prefill_node = p->node->name;
-        a.prefill_rank = p->rank_id;
-        a.prefill_incarnation = p->incarnation;
-        a.prefill_deadline_ms = p->reg ? p->reg->xfer_deadline_ms : 0;
-        env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
-        env.admit = &a;
-        if (td_rrank_send(d, &env) == TD_OK) {
-            d->pend_tokens += need;
-            d->pend_reqs++;
-            set_state(q, TD_RREQ_ADMITTING, "admit sent");
+        if (admit_send(q, need))
             return false;
-        }
         q->tried[q->ntried++] = d->incarnation;   /* td_rrank_send logged why */
         release_ranks(q, NULL);
     }
@@ -740,6 +825,15 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     Tandem__Sampling s;
     Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
 
+    if (q->cont.rank != NULL) {   /* the decode rank prefills the rest of the prompt */
+        q->t->cfg.metrics->continue_kept_tokens += q->cont.ntokens;
+        q->t->cfg.metrics->continue_suffix_tokens += q->nprompt - q->cont.ntokens;
+        td_rtext_push_cached(q->text, q->cont.ntokens);
+        set_state(q, TD_RREQ_PREFILLING, "the decode rank prefills the prompt's rest");
+        if (q->oreq->stream && q->http && !q->streaming)
+            stream_start(q);
+        return;
+    }
     if (!ok->dest) {
         retry_or_fail(q, TD_ERRREASON_RANK_LOST, "admit without a kv destination");
         return;
@@ -779,9 +873,15 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     td_info("request %016" PRIx64 ": %s rank %s/%u: admit rejected (%d): %s", q->id,
             td_hello_role_str(rk->role), rk->node->name, rk->rank_id, (int)rej->code,
             rej->reason);
+    if (q->cont.rank != NULL) {   /* admitted anew, as any request */
+        q->no_continue = true;
+        q->t->cfg.metrics->continue_refused++;
+    }
     if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_TOO_LONG)
         q->too_long = true;
-    if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY) {
+    if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT) {
+        q->bounced++;   /* no failed attempt: the rank is fine */
+    } else if (rej->code == TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY) {
         /* full after all: not chosen again until its next Load; q goes
          * elsewhere or waits, and the bounce is no failed attempt */
         rk->refused = true;
@@ -990,6 +1090,50 @@ text_kick(td_rreq_t *q)
     q->text_busy = true;
 }
 
+/* Append n received tokens to q->gen (once it failed, never again). */
+static td_status_t
+gen_push(td_rreq_t *q, const int32_t *tokens, size_t n)
+{
+    if (q->gen == NULL && q->ntokens > 0)
+        return TD_OK;   /* dropped before */
+    if (q->ntokens + n > q->gencap) {
+        size_t cap = q->gencap ? q->gencap : 64;
+        while (cap < q->ntokens + n)
+            cap *= 2;
+        int32_t *g = realloc(q->gen, cap * sizeof(*g));
+        if (g == NULL)
+            return TD_ERR_NOMEM;
+        q->gen = g;
+        q->gencap = cap;
+    }
+    memcpy(q->gen + q->ntokens, tokens, n * sizeof(*tokens));
+    return TD_OK;
+}
+
+/* rk keeps q's state over its first n tokens (prompt, then completion):
+ * into the table, for a next turn to find. */
+static void
+kept_note(td_rreq_t *q, td_rrank_t *rk, uint64_t n)
+{
+    td_rreq_tab_t *t = q->t;
+    int32_t *seq;
+
+    if (t->conv == NULL || q->gen == NULL || n < q->nprompt || n > q->nprompt + q->ntokens) {
+        if (t->conv != NULL)
+            td_debug("request %016" PRIx64 ": kept state of %" PRIu64 " tokens not noted",
+                     q->id, n);
+        return;
+    }
+    seq = malloc(n * sizeof(*seq));
+    if (seq == NULL)
+        return;
+    memcpy(seq, q->prompt, q->nprompt * sizeof(*seq));
+    memcpy(seq + q->nprompt, q->gen, (n - q->nprompt) * sizeof(*seq));
+    if (td_rconv_add(t->conv, rk, q->id, t->cfg.cache_seed, seq, n) == TD_OK)
+        t->cfg.metrics->kept_noted++;
+    free(seq);
+}
+
 static void
 on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
@@ -1031,8 +1175,15 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     q->t_last = now;
     if (q->ntokens + n > q->oreq->max_tokens)   /* never more than asked for */
         n = q->oreq->max_tokens - q->ntokens;
+    if (q->t->conv != NULL && gen_push(q, tk->tokens, n) != TD_OK) {
+        free(q->gen);   /* its state cannot be found again: not noted */
+        q->gen = NULL;
+        q->gencap = 0;
+    }
     q->ntokens += (uint32_t)n;
     m->completion_tokens += n;
+    if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE)
+        kept_note(q, rk, tk->retained_tokens);
     if (td_rtext_push(q->text, tk->tokens, n, q->oreq->logprobs ? tk->logprobs : NULL) !=
         TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
@@ -1092,6 +1243,11 @@ td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env
     uint64_t id = message_req_id(env);
     td_rreq_t *q;
 
+    if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_FORGET) {
+        for (size_t i = 0; t->conv != NULL && i < env->forget->n_req_ids; i++)
+            td_rconv_remove(t->conv, env->forget->req_ids[i]);
+        return;
+    }
     if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD_RELEASED) {
         td_debug("%s: request %016" PRIx64 ": blocks released", td_ctl_conn_name(rk->conn),
                  env->released->req_id);
@@ -1149,6 +1305,8 @@ td_rreq_on_rank_lost(td_rreq_tab_t *t, td_rrank_t *rk)
         }
         q = next;
     }
+    if (t->conv != NULL)
+        td_rconv_remove_rank(t->conv, rk);
     td_rqueue_kick(t->queue);   /* the waiting may have no rank left */
 }
 
@@ -1419,6 +1577,12 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
                           &t->queue);
     if (st != TD_OK)
         goto err_free_pool;
+    if (cfg->continue_max_suffix > 0 &&
+        (st = td_rconv_create(cfg->continue_max_states, &t->conv)) != TD_OK) {
+        td_error("requests: out of memory for the kept-state table");
+        td_rqueue_destroy(t->queue);
+        goto err_free_pool;
+    }
     *out = t;
     return TD_OK;
 
@@ -1449,6 +1613,7 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
     while (t->zombies)
         request_release(t->zombies);
     td_rqueue_destroy(t->queue);
+    td_rconv_destroy(t->conv);
     td_buf_free(&t->sse);
     free(t);
 }

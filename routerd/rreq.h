@@ -71,6 +71,10 @@ typedef struct {
     double cache_weight;            /* prefill placement's weight of cached tokens
                                        (rsched.h; 0: by load only) */
     uint64_t cache_seed;            /* td_chain_seed of the model and KV layout */
+    uint64_t continue_max_suffix;   /* a prompt that continues a decode rank's kept state
+                                       by at most this many tokens is prefilled there
+                                       (docs/kvcache.md, "Multi-turn"); 0: never */
+    size_t continue_max_states;     /* kept states tracked (>= 1 when the above is on) */
 } td_rreq_config_t;
 
 /* Starts the text threads. TD_ERR_NOMEM or TD_ERR_IO (logged). */
@@ -82,7 +86,7 @@ const char *td_rreq_state_str(td_rreq_state_t st);
 /* Parse hreq's body as a request of kind and serve it (answers errors). */
 void td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind);
 /* A message about a request from worker rank rk (AdmitOk, AdmitReject,
- * PrefillDone, Tokens, Released). One that does not fit the request's state
+ * PrefillDone, Tokens, Released, Forget). One that does not fit the request's state
  * or comes from a rank the request is not bound to is ignored (logged); a
  * Tokens message with an id outside the tokenizer's vocabulary (or
  * log-probabilities that do not match its tokens) fails the request. */

@@ -38,7 +38,8 @@ static void
 usage(FILE *f)
 {
     fprintf(f,
-        "usage: generate [--model DIR] (--messages FILE|- | --prompt TEXT) [--max-tokens N]\n"
+        "usage: generate [--model DIR] (--messages FILE|- | --prompt TEXT | --prompt-ids IDS)\n"
+        "                [--max-tokens N]\n"
         "                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--no-stream]\n"
         "                [--thinking|--no-thinking] [--effort LEVEL] [--logprobs N] [--json]\n"
         "                [--context N] [--chunk N] [--dep N [--placement FILE]] [--requests R]\n"
@@ -48,6 +49,7 @@ usage(FILE *f)
         "                   (- reads standard input), rendered in the V4.1 chat format;\n"
         "                   the reply is read back into reasoning, content and tool calls\n"
         "  --prompt TEXT    raw text, tokenized as it is (special-token spellings are tokens)\n"
+        "  --prompt-ids IDS the prompt as token ids, separated by spaces or commas\n"
         "  --max-tokens N   generated tokens at most (default %d)\n"
         "  --temperature T  0 is greedy (default 1)\n"
         "  --top-p P        keep the smallest most likely set with mass >= P, in (0, 1] (default 1)\n"
@@ -81,6 +83,7 @@ typedef struct {
     const char *model;
     const char *messages;         /* a path, "-" for stdin; NULL with --prompt */
     const char *prompt;
+    const char *prompt_ids;       /* --prompt-ids */
     uint64_t max_tokens;
     double temperature, top_p;
     uint64_t top_k;
@@ -104,12 +107,13 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
     enum {
         OPT_MODEL = 256, OPT_MESSAGES, OPT_PROMPT, OPT_MAX, OPT_TEMP, OPT_TOPP, OPT_TOPK,
         OPT_SEED, OPT_NOSTREAM, OPT_THINK, OPT_NOTHINK, OPT_EFFORT, OPT_LOGPROBS, OPT_JSON,
-        OPT_CONTEXT, OPT_CHUNK, OPT_DEP, OPT_PLACEMENT, OPT_REQUESTS,
+        OPT_CONTEXT, OPT_CHUNK, OPT_DEP, OPT_PLACEMENT, OPT_REQUESTS, OPT_PROMPT_IDS,
     };
     static const struct option longopts[] = {
         { "model", required_argument, NULL, OPT_MODEL },
         { "messages", required_argument, NULL, OPT_MESSAGES },
         { "prompt", required_argument, NULL, OPT_PROMPT },
+        { "prompt-ids", required_argument, NULL, OPT_PROMPT_IDS },
         { "max-tokens", required_argument, NULL, OPT_MAX },
         { "temperature", required_argument, NULL, OPT_TEMP },
         { "top-p", required_argument, NULL, OPT_TOPP },
@@ -145,6 +149,7 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         case OPT_MODEL: o->model = optarg; break;
         case OPT_MESSAGES: o->messages = optarg; break;
         case OPT_PROMPT: o->prompt = optarg; break;
+        case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
         case OPT_MAX:
             st = td_config_parse_uint("--max-tokens", optarg, 1, UINT32_MAX, &o->max_tokens, err,
                                       sizeof(err));
@@ -211,11 +216,12 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         fprintf(stderr, "generate: unexpected argument \"%s\"\n", argv[optind]);
         return 2;
     }
-    if ((o->messages == NULL) == (o->prompt == NULL)) {
-        fprintf(stderr, "generate: give one of --messages FILE and --prompt TEXT\n");
+    if ((o->messages != NULL) + (o->prompt != NULL) + (o->prompt_ids != NULL) != 1) {
+        fprintf(stderr, "generate: give one of --messages FILE, --prompt TEXT and "
+                        "--prompt-ids IDS\n");
         return 2;
     }
-    if (o->prompt != NULL && o->chat_set) {
+    if ((o->prompt != NULL || o->prompt_ids != NULL) && o->chat_set) {
         fprintf(stderr, "generate: --thinking, --no-thinking and --effort go with --messages\n");
         return 2;
     }
@@ -902,6 +908,41 @@ gen_read_request(const char *path, const td_chat_prompt_opts_t *opts, td_chat_pr
     return -1;   /* otherwise the encoder logged why */
 }
 
+static int gen_prepare_rest(gen_t *g);
+
+/* --prompt-ids: decimal ids separated by spaces or commas into g->prompt,
+ * then the rest of gen_prepare; prints why on failure. */
+static int
+gen_parse_ids(gen_t *g, const char *s)
+{
+    size_t cap = strlen(s) / 2 + 1;
+
+    g->prompt = malloc(cap * sizeof(*g->prompt));
+    if (g->prompt == NULL) {
+        fprintf(stderr, "generate: out of memory\n");
+        return -1;
+    }
+    g->nprompt = 0;
+    while (*s != '\0') {
+        char *end;
+        unsigned long long v;
+
+        if (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t') {
+            s++;
+            continue;
+        }
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (end == s || errno != 0 || v > UINT32_MAX || *s == '-' || g->nprompt >= cap) {
+            fprintf(stderr, "generate: --prompt-ids: \"%.20s\" is not a token id\n", s);
+            return -1;
+        }
+        g->prompt[g->nprompt++] = (uint32_t)v;
+        s = end;
+    }
+    return gen_prepare_rest(g);
+}
+
 /* Prompt ids, sampling and limits; prints why on failure. */
 static int
 gen_prepare(gen_t *g)
@@ -909,7 +950,6 @@ gen_prepare(gen_t *g)
     const gen_opts_t *o = g->o;
     td_model_t *m = g->m;
     td_status_t st;
-    char why[96];
 
     if (m->tok == NULL) {
         fprintf(stderr, "generate: model %s has no tokenizer.json: it is needed to read the "
@@ -918,11 +958,25 @@ gen_prepare(gen_t *g)
     }
     if (g->chat != NULL)
         st = td_chat_prompt_ids(g->chat, m->tok, &g->prompt, &g->nprompt);
+    else if (o->prompt_ids != NULL)
+        return gen_parse_ids(g, o->prompt_ids);
     else
         st = td_tokenizer_encode(m->tok, o->prompt, strlen(o->prompt), TD_TOKENIZER_SPECIAL,
                                  &g->prompt, &g->nprompt);
     if (st != TD_OK)
         return -1;   /* the tokenizer logged why */
+    return gen_prepare_rest(g);
+}
+
+/* gen_prepare once the prompt's ids are there. */
+static int
+gen_prepare_rest(gen_t *g)
+{
+    const gen_opts_t *o = g->o;
+    td_model_t *m = g->m;
+    td_status_t st;
+    char why[96];
+
     for (size_t i = 0; i < g->nprompt; i++)
         if ((int64_t)g->prompt[i] >= m->cfg->vocab_size) {
             fprintf(stderr, "generate: prompt token %zu is id %u, outside the model's "

@@ -421,6 +421,11 @@ synth_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn
         for (size_t i = 0; i < n; i++) {
             synth_req_t *r = (synth_req_t *)rows[i].req;
 
+            /* the new token's slot of each fixed ring (not emitted) */
+            for (uint32_t g = s->layer_first[L]; g < s->layer_first[L + 1]; g++)
+                if (s->layout->segs[g].kind == TD_LAYOUT_FIXED)
+                    synth_seg_store(s, r, g, (r->base.ntokens - 1) % s->layout->segs[g].entries,
+                                    1);
             st = synth_emit_layer(s, r, L, r->base.ntokens - 1, 0, 0, fn, arg);
             if (st != TD_OK)
                 return st;

@@ -5,7 +5,8 @@ through the `openai` client; docs/testing.md says what each one proves.
 usage: e2e_test.py SCENARIO BUILDDIR   (SCENARIO: openai | load | queue | cancel |
 kill-decode | kill-prefill | bad-input | token-prompt | drain | v41-chat | v41-model | v41-dep |
 v41-dep-fail | v41-dep-domain | v41-dep-domain-dir | v41-dep-domain-kill | cancel-compute |
-router-threads | shutdown | remove | local-cluster | v41-kvcache | kvcache-pressure)"""
+router-threads | shutdown | remove | local-cluster | v41-kvcache | kvcache-pressure |
+multiturn | v41-multiturn)"""
 import asyncio
 import http.client
 import json
@@ -2025,6 +2026,12 @@ def metric_sum(c, name, **labels):
     return total
 
 
+def metric_value(c, name):
+    """A metric without labels (0 if absent)."""
+    m = re.search(r"^%s (\d+)$" % re.escape(name), c.metrics(), re.M)
+    return int(m.group(1)) if m else 0
+
+
 def prefill_cache(c):
     """The prefill ranks' cache objects in /admin/status (up ones only)."""
     return [r["cache"] for r in c.ranks() if r["role"] == "prefill" and r["state"] == "up"]
@@ -2358,6 +2365,153 @@ def test_kvcache_pressure(c):
     st = prefill_cache(c)[0]["stats"]
     check(st["pool_blocks"] <= POOL and st["host_bytes"] <= HOST and st["ssd_bytes"] <= SSD,
           "at the end: %r" % st)
+
+
+# ---- 12. multi-turn: a next turn continues on the decode rank ------------------------------
+
+
+def test_multiturn(c):
+    """Conditional disaggregation on the synthetic engine: decoded keeps a
+    finished request's state (--retain), and a next turn whose prompt is the
+    last one plus its reply plus a short new part is prefilled on that
+    decode rank: the same tokens as a cold prefill, usage's cached_tokens is
+    the kept part, and the prefill rank sees no request. A prompt that leaves
+    the kept sequence, a suffix over continue-max-suffix, a state pushed out
+    (--retain 2), and a drained rank each go the usual way, with the right
+    answer. Streams too."""
+    c.up(prefill=1, decode=1, decode_ranks=1, router=("--continue-max-suffix", "40"),
+         decode_flags=["--retain", "2"])
+    client = c.client()
+    rng = __import__("random").Random(12)
+    base = {"model": MODEL, "temperature": 0.8, "seed": 5}
+
+    def ask(ids, max_tokens, stream=False):
+        body = dict(base, prompt=ids, max_tokens=max_tokens)
+        out = synth.tokens(SYNTH_KEY, SYNTH_VOCAB, ids, max_tokens - 1, temperature=0.8,
+                           seed=5)
+        ndone = len(prefill_done_lines(c))
+        text, finish, usage = run_completion(client, body, stream)
+        check(text == detok(out) and finish == "length",
+              "prompt of %d: %r (%s), expected %r" % (len(ids), text, finish, detok(out)))
+        det = usage.prompt_tokens_details
+        cached = (det.cached_tokens or 0) if det is not None else 0
+        time.sleep(0.05)   # the prefill rank's log line, if any
+        return out, cached, len(prefill_done_lines(c)) - ndone
+
+    def conts():
+        return metric_value(c, "tandem_router_continue_total")
+
+    def words(n):
+        return [rng.randrange(1, SYNTH_VOCAB) for _ in range(n)]
+
+    # turn 1 goes through the prefill rank; turns 2 and 3 continue on the decode rank
+    p1 = words(50)
+    r1, cached, pf = ask(p1, 6)
+    check(cached == 0 and pf == 1, "turn 1: %d cached, %d prefills" % (cached, pf))
+    c.wait(lambda: metric_value(c, "tandem_router_kept_states_total") == 1, "a kept state")
+    p2 = p1 + r1 + words(9)
+    r2, cached, pf = ask(p2, 5, stream=True)
+    check(cached == len(p1) + len(r1) - 1 and pf == 0 and conts() == 1,
+          "turn 2: %d cached (want %d), %d prefills, %d continues" %
+          (cached, len(p1) + len(r1) - 1, pf, conts()))
+    p3 = p2 + r2 + words(3)
+    r3, cached, pf = ask(p3, 4)
+    check(cached == len(p2) + len(r2) - 1 and pf == 0 and conts() == 2,
+          "turn 3: %d cached, %d prefills, %d continues" % (cached, pf, conts()))
+    # a prompt that leaves the kept sequence at its reply: the usual way
+    p4 = p3 + r3[:2] + [(r3[2] + 1) % SYNTH_VOCAB or 1] + words(4)
+    _, cached, pf = ask(p4, 3)
+    check(pf == 1 and conts() == 2, "diverging prompt: %d prefills, %d continues" %
+          (pf, conts()))
+    # a suffix over continue-max-suffix (40): the usual way
+    q1 = words(30)
+    s1, _, _ = ask(q1, 4)
+    _, cached, pf = ask(q1 + s1 + words(45), 3)
+    check(pf == 1 and conts() == 2, "long suffix: %d prefills, %d continues" % (pf, conts()))
+    # --retain 2: a third kept state pushes out the oldest (Forget): the usual way
+    a1, b1, d1 = words(20), words(21), words(22)
+    ra, _, _ = ask(a1, 3)
+    rb, _, _ = ask(b1, 3)
+    rd, _, _ = ask(d1, 3)
+    _, cached, pf = ask(a1 + ra + words(2), 3)
+    check(pf == 1 and conts() == 2, "pushed-out state: %d prefills, %d continues" %
+          (pf, conts()))
+    check(metric_value(c, "tandem_router_continue_refused_total") == 0,
+          "a continuation was refused: routerd did not hear of the dropped state")
+    _, cached, pf = ask(d1 + rd + words(2), 3)
+    check(pf == 0 and conts() == 3 and cached == len(d1) + len(rd) - 1,
+          "kept state: %d prefills, %d continues" % (pf, conts()))
+    # a drained rank drops its kept states; undrained, b's next turn goes the usual way
+    c.tandemctl("drain", "decode0")
+    c.wait(lambda: all(r["state"] == "draining" for r in c.ranks() if r["node"] == "decode0"),
+           "decode0 draining")
+    c.wait_idle()   # kept states hold no block after the drain
+    c.tandemctl("undrain", "decode0")
+    c.wait(lambda: all(r["state"] == "up" for r in c.ranks()), "undrained")
+    _, cached, pf = ask(b1 + rb + words(2), 3)
+    check(pf == 1 and conts() == 3, "after a drain: %d prefills, %d continues" % (pf, conts()))
+    print("continues %d, kept tokens %d, prefilled on the decode rank %d" %
+          (conts(), metric_value(c, "tandem_router_continue_kept_tokens_total"),
+           metric_value(c, "tandem_router_continue_prefill_tokens_total")))
+
+
+def test_v41_multiturn(c):
+    """Multi-turn on the tiny V4.1 checkpoint: turns 2 and 3 continue on the
+    decode rank that kept turn 1's (and 2's) state; each reply is the one
+    tools/generate gives the whole prompt cold, log-probabilities bit for
+    bit; usage's cached_tokens is the kept part. E2E_MULTITURN_PRESET=mid
+    runs it on `mid` (by hand)."""
+    preset = os.environ.get("E2E_MULTITURN_PRESET", "tiny")
+    model = tiny_model(c, preset)
+    c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model),
+         decode_flags=["--retain", "4"])
+    client = c.client()
+
+    def ids_of(text):
+        return [int(x) for x in run_tool(c.build, "tokenize", "--tokenizer", model,
+                                         "--no-special", text).split()]
+
+    def reference(ids, n):
+        r = subprocess.run([os.path.join(c.build, "tools", "generate"), "--model", model,
+                            "--prompt-ids", " ".join(map(str, ids)), "--temperature", "0",
+                            "--max-tokens", str(n), "--logprobs", "3", "--json", "--no-stream"],
+                           capture_output=True, timeout=120 * SLOW)
+        check(r.returncode == 0, "generate: exit %d: %r" % (r.returncode, r.stderr[-400:]))
+        g = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        return g["ids"], [t["logprob"] for t in g["tokens"]], g["finish_reason"]
+
+    def ask(ids, n):
+        rsp = client.completions.create(model="tandem-deepseek-v41", prompt=ids, max_tokens=n,
+                                        temperature=0, seed=1, logprobs=3)
+        det = rsp.usage.prompt_tokens_details
+        return (rsp.choices[0].logprobs.token_logprobs, rsp.choices[0].finish_reason,
+                (det.cached_tokens or 0) if det is not None else 0)
+
+    conts = lambda: metric_value(c, "tandem_router_continue_total")   # noqa: E731
+    ids = ids_of(" ".join("turn one word%d about rivers and stones" % i for i in range(14)))
+    want_cont = 0
+    for turn, more in enumerate(("", "And now a second question about clouds?",
+                                 "A third one: embers, please.")):
+        if more:
+            ids = ids + reply + ids_of(more)
+        reply, lps, finish = reference(ids, 8)
+        got, got_finish, cached = ask(ids, 8)
+        check(got == lps and got_finish == finish,
+              "turn %d (%d prompt tokens): log-probabilities %r (%s), tools/generate %r (%s)" %
+              (turn + 1, len(ids), got, got_finish, lps, finish))
+        if turn > 0 and finish == "length":
+            want_cont += 1
+            check(cached == kept and conts() == want_cont,
+                  "turn %d: %d cached (want %d), %d continues (want %d)" %
+                  (turn + 1, cached, kept, conts(), want_cont))
+        print("turn %d: %d prompt tokens, %d cached, %s" % (turn + 1, len(ids), cached, finish),
+              flush=True)
+        kept = len(ids) + len(reply) - 1
+        c.wait(lambda: metric_value(c, "tandem_router_kept_states_total") >= turn + 1,
+               "turn %d's state kept" % (turn + 1))
+    check(want_cont >= 1, "no turn continued (every reply stopped early)")
+    c.tandemctl("drain", "decode0")
+    c.wait_idle()
 
 
 def main():
