@@ -339,8 +339,6 @@ gc_read_v41(td_gpucost_t *c, json_t *t, const char *where)
     GC_INT("engram_max_ngram_size", 0, 0, 64, ngram);
     GC_INT("engram_n_heads", 0, 0, 1 << 10, eng_heads);
     GC_INT("engram_head_dim", 0, 0, 1 << 16, eng_dim);
-    if (c->layers > 4096)
-        return TD_ERR_UNSUPPORTED;
 
     st = gc_list(t, where, "compress_ratios", 0, 1 << 20, ratios, 4096, &n);
     if (st != TD_OK)
@@ -710,9 +708,7 @@ td_gpucost_prefill_terms(const td_gpucost_t *c, uint64_t ntokens_new, uint64_t n
     if (ntokens_new == 0)
         return TD_OK;
     gc_pass(c, n, 1, R, t);
-    a = gc_attention(c, c0, c0 + (n > 1 ? n : 1));
-    if (c->v3 && ntokens_new == 1)
-        a = gc_attention(c, c0, c0 + 1);
+    a = gc_attention(c, c0, c0 + n);
     t->t_attn = a.attn_flops / gc_rate(c, c->attn_bits, c->pf[PF_EFF_ATTN]);
     t->t_indexer = a.index_flops / gc_rate(c, 8, c->pf[PF_EFF_GEMM]);
     t->flops += a.attn_flops + a.index_flops;
@@ -784,8 +780,13 @@ td_gpucost_describe(const td_gpucost_t *c, FILE *out)
     td_gpucost_info(c, &in);
     fprintf(out, "model %s: %u layers (%u MoE), hidden %u, %u experts top-%u\n", in.model_type,
             in.layers, in.moe_layers, in.hidden, in.experts, in.topk);
-    fprintf(out, "  precision bits: dense %u, experts %u, kv %u, attention %u\n", c->dense_bits,
-            c->expert_bits, c->v3 ? c->kv_bits : 4, c->attn_bits);
+    if (c->v3)
+        fprintf(out, "  precision bits: dense %u, experts %u, kv %u, attention %u\n",
+                c->dense_bits, c->expert_bits, c->kv_bits, c->attn_bits);
+    else
+        fprintf(out, "  precision bits: dense %u, experts %u, attention %u; kv in the model's "
+                "formats (fp4 compressed entries, fp8 window)\n", c->dense_bits, c->expert_bits,
+                c->attn_bits);
     fprintf(out, "  linear FLOPs/token %.2f G (2 x active parameters, head included)\n",
             in.flops_per_token / 1e9);
     fprintf(out, "  weights: dense (every rank) %.2f GB, routed experts %.2f GB\n",
