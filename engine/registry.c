@@ -126,7 +126,7 @@ registry_synth_create(const td_engine_config_t *cfg, td_engine_t **out)
 const td_engine_kind_t td_synth_kind = {
     .name = TD_SYNTH_NAME,
     .help = TD_SYNTH_KIND,
-    .options = "synth-*, kv-*",
+    .options = "synth-*, time-dilation, kv-*",
     .identity = registry_synth_create,
     .create = registry_synth_create,
 };

@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "engine.h"
+#include "gpucost.h"
 #include "log.h"
 #include "rng.h"
 
@@ -19,6 +20,9 @@ typedef struct {
     td_layout_t *layout;
     uint64_t key;
     double prefill_us, step_us, row_us;
+    td_gpucost_t *cost;        /* owned; NULL: the flat costs above */
+    uint32_t cost_ranks;
+    double dilation;
     uint32_t *layer_first;     /* [layers + 1]: segments of layer L are
                                   [layer_first[L], layer_first[L + 1]) */
 } synth_t;
@@ -106,8 +110,41 @@ synth_destroy(td_engine_t *e)
     synth_t *s = (synth_t *)e;
 
     td_layout_destroy(s->layout);
+    td_gpucost_destroy(s->cost);
     free(s->layer_first);
     free(s);
+}
+
+/* µs each layer of a prefill chunk of n tokens after n0 sleeps: the GPU
+ * cost model's time spread evenly over the layers, or the flat cost. */
+static double
+synth_prefill_layer_us(const synth_t *s, uint64_t n, uint64_t n0)
+{
+    if (s->cost != NULL)
+        return td_gpucost_prefill_s(s->cost, n, n0, s->cost_ranks) * s->dilation * 1e6 /
+               s->layout->layers;
+    return s->prefill_us * (double)n;
+}
+
+/* The GPU cost model of cfg, when it names a profile. */
+static td_status_t
+synth_cost_create(const td_synth_config_t *cfg, td_gpucost_t **out)
+{
+    int has_profile = cfg->gpu_profile != NULL && cfg->gpu_profile[0] != '\0';
+    int has_model = cfg->gpu_model != NULL && cfg->gpu_model[0] != '\0';
+    td_gpucost_config_t gc = {.profile = cfg->gpu_profile, .model = cfg->gpu_model};
+
+    *out = NULL;
+    if (!has_profile && !has_model)
+        return TD_OK;
+    if (!has_profile || !has_model || !(cfg->time_dilation >= 0)) {
+        td_error("engine synthetic: synth-gpu-profile '%s', synth-gpu-model '%s', time-dilation "
+                 "%g: the GPU cost model needs both files and a dilation >= 0",
+                 has_profile ? cfg->gpu_profile : "", has_model ? cfg->gpu_model : "",
+                 cfg->time_dilation);
+        return TD_ERR_INVALID;
+    }
+    return td_gpucost_create(&gc, out);
 }
 
 td_status_t
@@ -130,10 +167,15 @@ td_synth_create(const td_synth_config_t *cfg, td_engine_t **out)
     st = td_layout_create(&cfg->layout, &s->layout);
     if (st != TD_OK)
         goto err_free;
+    st = synth_cost_create(cfg, &s->cost);
+    if (st != TD_OK)
+        goto err_layout;
+    s->cost_ranks = (uint32_t)(cfg->gpu_ranks ? cfg->gpu_ranks : 1);
+    s->dilation = cfg->time_dilation;
     s->layer_first = calloc(s->layout->layers + 1, sizeof(*s->layer_first));
     if (s->layer_first == NULL) {
         st = TD_ERR_NOMEM;
-        goto err_layout;
+        goto err_cost;
     }
     for (uint32_t L = 0, i = 0; L <= s->layout->layers; L++) {
         s->layer_first[L] = i;
@@ -156,6 +198,8 @@ td_synth_create(const td_synth_config_t *cfg, td_engine_t **out)
     *out = &s->base;
     return TD_OK;
 
+err_cost:
+    td_gpucost_destroy(s->cost);
 err_layout:
     td_layout_destroy(s->layout);
 err_free:
@@ -284,6 +328,7 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     synth_t *s = (synth_t *)req->engine;
     synth_req_t *r = (synth_req_t *)req;
     uint64_t n0 = req->ntokens, deadline = td_clock_ns();
+    double layer_us = synth_prefill_layer_us(s, n, n0);
     td_status_t st;
 
     if (n0 == 0)   /* a fresh request's rings are empty */
@@ -292,7 +337,7 @@ synth_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int last,
     if (st != TD_OK)
         return st;
     for (uint32_t L = 0; L < s->layout->layers; L++) {
-        td_clock_wait(&deadline, s->prefill_us * (double)n);
+        td_clock_wait(&deadline, layer_us);
         /* fixed segments: stored and reported with the last chunk, stored
          * only with KEEP (2), not touched otherwise (cheaper) */
         st = synth_emit_layer(s, r, L, n0, last, 1, fn, arg);
@@ -362,7 +407,9 @@ synth_replay(td_engine_req_t *req, const int32_t *tokens, size_t n, uint64_t fro
     st = synth_append(r, tokens, n);
     if (st != TD_OK)
         return st;
-    td_clock_wait(&deadline, s->prefill_us * (double)n * s->layout->layers);
+    td_clock_wait(&deadline, s->cost != NULL
+                                 ? synth_prefill_layer_us(s, n, n0) * s->layout->layers
+                                 : s->prefill_us * (double)n * s->layout->layers);
     for (uint32_t i = 0; i < s->layout->nsegs; i++) {
         const td_layout_seg_t *sg = &s->layout->segs[i];
         uint64_t end = td_layout_entries(sg, req->ntokens), fz = frozen / sg->ratio;
@@ -408,15 +455,20 @@ static td_status_t
 synth_decode(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn fn, void *arg)
 {
     synth_t *s = (synth_t *)e;
-    uint64_t deadline = td_clock_ns();
+    uint64_t deadline = td_clock_ns(), context = 0;
     td_status_t st;
 
     for (size_t i = 0; i < n; i++) {
+        context += rows[i].req->ntokens;   /* before this step's token */
         st = synth_append((synth_req_t *)rows[i].req, &rows[i].token, 1);
         if (st != TD_OK)
             return st;
     }
-    td_clock_wait(&deadline, s->step_us + s->row_us * (double)n);
+    if (s->cost != NULL)
+        td_clock_wait(&deadline, td_gpucost_decode_step_s(s->cost, n, context, s->cost_ranks) *
+                                     s->dilation * 1e6);
+    else
+        td_clock_wait(&deadline, s->step_us + s->row_us * (double)n);
     for (uint32_t L = 0; L < s->layout->layers; L++) {
         for (size_t i = 0; i < n; i++) {
             synth_req_t *r = (synth_req_t *)rows[i].req;

@@ -2,7 +2,8 @@
  * stand-in for load tests and cluster simulation. Its tokens and KV bytes are
  * keyed hashes of the token prefix (docs/engine.md gives the exact spec), so a
  * receiver verifies every byte and a test computes the output on its own; a
- * cost model sets its speed. */
+ * cost model sets its speed: flat per-token costs, or the GPU cost model
+ * (engine/gpucost.h) of a model config on a GPU profile. */
 #ifndef TD_SYNTHETIC_H
 #define TD_SYNTHETIC_H
 
@@ -27,6 +28,10 @@ typedef struct {
     double prefill_us;       /* µs per prefill token per layer */
     double step_us;          /* µs per decode step */
     double row_us;           /* µs per decode batch row */
+    char *gpu_profile;       /* a GPU profile (gpucost.h); "" or NULL: the costs above */
+    char *gpu_model;         /* the config.json the GPU cost model reads */
+    uint64_t gpu_ranks;      /* GPUs of the DEP group / decode domain it models */
+    double time_dilation;    /* the GPU cost model's times are slept x this */
     td_layout_config_t layout;
 } td_synth_config_t;
 
@@ -43,6 +48,14 @@ typedef struct {
                          "synthetic engine: modeled us per decode step"),          \
     TD_CONFIG_OPT_DOUBLE("synth-row-us", st, m.row_us, "0", 0, 1e6,                \
                          "synthetic engine: modeled us per decode batch row"),     \
+    TD_CONFIG_OPT_STRING("synth-gpu-profile", st, m.gpu_profile, "",               \
+                         "synthetic engine: a GPU profile (deploy/profiles/*.json): sleep the GPU cost model's times instead of the synth-*-us costs"), \
+    TD_CONFIG_OPT_STRING("synth-gpu-model", st, m.gpu_model, "",                   \
+                         "synthetic engine: the model config.json the GPU cost model reads (with synth-gpu-profile)"), \
+    TD_CONFIG_OPT_UINT64("synth-gpu-ranks", st, m.gpu_ranks, "1", 1, 65536,        \
+                         "synthetic engine: GPUs of the DEP group or decode domain the GPU cost model assumes"), \
+    TD_CONFIG_OPT_DOUBLE("time-dilation", st, m.time_dilation, "1", 0, 1e6,        \
+                         "synthetic engine: the GPU cost model's times are slept times this (0: flat out)"), \
     TD_LAYOUT_CONFIG_OPTS(st, m.layout)
 
 /* Create a synthetic engine (copies what it needs from cfg). */
