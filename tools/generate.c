@@ -908,10 +908,8 @@ gen_read_request(const char *path, const td_chat_prompt_opts_t *opts, td_chat_pr
     return -1;   /* otherwise the encoder logged why */
 }
 
-static int gen_prepare_rest(gen_t *g);
-
-/* --prompt-ids: decimal ids separated by spaces or commas into g->prompt,
- * then the rest of gen_prepare; prints why on failure. */
+/* --prompt-ids: decimal ids separated by spaces or commas into g->prompt;
+ * prints why on failure. */
 static int
 gen_parse_ids(gen_t *g, const char *s)
 {
@@ -940,7 +938,7 @@ gen_parse_ids(gen_t *g, const char *s)
         g->prompt[g->nprompt++] = (uint32_t)v;
         s = end;
     }
-    return gen_prepare_rest(g);
+    return 0;
 }
 
 /* Prompt ids, sampling and limits; prints why on failure. */
@@ -950,6 +948,7 @@ gen_prepare(gen_t *g)
     const gen_opts_t *o = g->o;
     td_model_t *m = g->m;
     td_status_t st;
+    char why[96];
 
     if (m->tok == NULL) {
         fprintf(stderr, "generate: model %s has no tokenizer.json: it is needed to read the "
@@ -959,24 +958,12 @@ gen_prepare(gen_t *g)
     if (g->chat != NULL)
         st = td_chat_prompt_ids(g->chat, m->tok, &g->prompt, &g->nprompt);
     else if (o->prompt_ids != NULL)
-        return gen_parse_ids(g, o->prompt_ids);
+        st = gen_parse_ids(g, o->prompt_ids) == 0 ? TD_OK : TD_ERR_INVALID;
     else
         st = td_tokenizer_encode(m->tok, o->prompt, strlen(o->prompt), TD_TOKENIZER_SPECIAL,
                                  &g->prompt, &g->nprompt);
     if (st != TD_OK)
-        return -1;   /* the tokenizer logged why */
-    return gen_prepare_rest(g);
-}
-
-/* gen_prepare once the prompt's ids are there. */
-static int
-gen_prepare_rest(gen_t *g)
-{
-    const gen_opts_t *o = g->o;
-    td_model_t *m = g->m;
-    td_status_t st;
-    char why[96];
-
+        return -1;   /* the tokenizer (or gen_parse_ids) said why */
     for (size_t i = 0; i < g->nprompt; i++)
         if ((int64_t)g->prompt[i] >= m->cfg->vocab_size) {
             fprintf(stderr, "generate: prompt token %zu is id %u, outside the model's "

@@ -669,6 +669,136 @@ test_router_match(env_t *t)
     fk_router_clear(t->rt);
 }
 
+/* The last Tokens message of request id (NULL: none). */
+static const Tandem__Tokens *
+last_tokens(const fk_router_t *rt, uint64_t id)
+{
+    const Tandem__Tokens *last = NULL;
+
+    for (size_t i = 0; i < rt->n; i++)
+        if (rt->msgs[i]->payload_case == TANDEM__ENVELOPE__PAYLOAD_TOKENS &&
+            rt->msgs[i]->tokens->req_id == id)
+            last = rt->msgs[i]->tokens;
+    return last;
+}
+
+/* Whether a Forget named id. */
+static int
+forgot(const fk_router_t *rt, uint64_t id)
+{
+    for (size_t i = 0; i < rt->n; i++)
+        if (rt->msgs[i]->payload_case == TANDEM__ENVELOPE__PAYLOAD_FORGET)
+            for (size_t j = 0; j < rt->msgs[i]->forget->n_req_ids; j++)
+                if (rt->msgs[i]->forget->req_ids[j] == id)
+                    return 1;
+    return 0;
+}
+
+/* An Admit that continues kept state `from` of `kept` tokens. */
+static void
+admit_continue(env_t *t, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_tokens,
+               uint64_t from, uint64_t kept)
+{
+    fk_admit_t adm;
+    fk_admit_init(&adm, id, prompt, n, max_tokens);
+    adm.a.continue_from = from;
+    adm.a.continue_tokens = kept;
+    adm.a.prefill_incarnation = 0;
+    td_drank_on_message(t->rk, t->rt, &adm.env);
+}
+
+static int
+reject_code(env_t *t, uint64_t id)
+{
+    const Tandem__Envelope *rej = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT, id);
+    return rej != NULL ? (int)rej->admit_reject->code : -1;
+}
+
+/* --retain 2: a finished request's state is kept (retained_tokens, no
+ * Released), a next turn continues it here (AdmitOk without KvDest, the
+ * tokens the engine gives the whole prompt), prompts that do not continue it
+ * and unknown ids are NOT_KEPT, the oldest of three kept states goes
+ * (Forget), a drain drops the rest and frees every block. */
+static void
+test_keep(env_t *t)
+{
+    int32_t p[64], got[64], want[64], q[64];
+    int fin;
+    const char *err;
+    fk_prompt(p, 20, 11);
+    fk_p_t fp;
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    const Tandem__KvDest *d = admit(t, 801, p, 20, 5, 0);
+    if (d == NULL)
+        goto out;
+    fk_p_push(&fp, t->e, d, 801, p, 20, 5, 1, 0);
+    CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+    size_t n = fk_router_tokens(t->rt, 801, got, 64, &fin, &err);
+    CHECK(n == 5 && fk_expect(t->e, p, 20, 5, want) == 5 && memcmp(got, want, 5 * 4) == 0);
+    const Tandem__Tokens *lt = last_tokens(t->rt, 801);
+    CHECK(lt != NULL && lt->finish == TANDEM__FINISH__FINISH_LENGTH && lt->retained_tokens == 24);
+    CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 801) == NULL);
+    CHECK(blocks_used(t) > 0);
+    td_drank_stats_t st;
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.kept_now, 1);
+
+    /* the next prompt: the kept 24 tokens, the last reply token, 3 new */
+    memcpy(q, p, 20 * 4);
+    memcpy(q + 20, got, 5 * 4);
+    q[25] = 7, q[26] = 8, q[27] = 9;
+    admit_continue(t, 802, q, 28, 4, 999, 24);            /* unknown id */
+    CHECK_EQ_INT(reject_code(t, 802), TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT);
+    admit_continue(t, 803, q, 28, 4, 801, 23);            /* the wrong length */
+    CHECK_EQ_INT(reject_code(t, 803), TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT);
+    q[10] ^= 1;                                           /* another conversation */
+    admit_continue(t, 804, q, 28, 4, 801, 24);
+    CHECK_EQ_INT(reject_code(t, 804), TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT);
+    q[10] ^= 1;
+    admit_continue(t, 805, q, 24, 4, 801, 24);            /* nothing new */
+    CHECK_EQ_INT(reject_code(t, 805), TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NOT_KEPT);
+    admit_continue(t, 806, q, 28, 4, 801, 24);            /* the real one */
+    const Tandem__Envelope *ok = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, 806);
+    CHECK(ok != NULL && ok->admit_ok->dest == NULL);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 806, 5000));
+    CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+    n = fk_router_tokens(t->rt, 806, got, 64, &fin, &err);
+    CHECK(n == 4 && fk_expect(t->e, q, 28, 4, want) == 4 && memcmp(got, want, 4 * 4) == 0);
+    lt = last_tokens(t->rt, 806);
+    CHECK(lt != NULL && lt->retained_tokens == 31);
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.continued, 1);
+    CHECK_EQ_INT(st.continue_tokens, 4);
+    CHECK_EQ_INT(st.kept_now, 1);   /* 801's state became 806's */
+
+    /* two more finish: the oldest (806) goes, Forget says so */
+    for (uint64_t id = 807; id <= 808; id++) {
+        fk_prompt(p, 9, (int32_t)id);
+        d = admit(t, id, p, 9, 3, 0);
+        if (d != NULL)
+            fk_p_push(&fp, t->e, d, id, p, 9, 3, 1, 0);
+        CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+    }
+    CHECK(forgot(t->rt, 806) && !forgot(t->rt, 807) && !forgot(t->rt, 808));
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.kept_now, 2);
+    /* a drain drops them all */
+    Tandem__Drain dr = TANDEM__DRAIN__INIT;
+    dr.draining = 1;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &dr;
+    td_drank_on_message(t->rk, t->rt, &env);
+    CHECK(forgot(t->rt, 807) && forgot(t->rt, 808));
+    CHECK_EQ_INT(blocks_used(t), 0);
+    dr.draining = 0;
+    td_drank_on_message(t->rk, t->rt, &env);
+out:
+    fk_run_until(t->base, fk_never, NULL, 50);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
 int
 main(void)
 {
@@ -718,6 +848,16 @@ main(void)
         test_router_down(&t);
         test_router_match(&t);
         td_drank_destroy(t.rk);
+        /* the same rank keeping finished states */
+        rc.retain = 2;
+        t.rk = NULL;
+        CHECK_STATUS(td_drank_create(t.base, t.x, t.e, &rc, &io, &t.rk), TD_OK);
+        if (t.rk != NULL) {
+            tandem__register__init(&t.reg);
+            td_drank_register_fill(t.rk, &t.reg);
+            test_keep(&t);
+            td_drank_destroy(t.rk);
+        }
     } else {
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
