@@ -2460,11 +2460,13 @@ def test_v41_multiturn(c):
     decode rank that kept turn 1's (and 2's) state; each reply is the one
     tools/generate gives the whole prompt cold, log-probabilities bit for
     bit; usage's cached_tokens is the kept part. E2E_MULTITURN_PRESET=mid
-    runs it on `mid` (by hand)."""
+    runs it on `mid`, E2E_MULTITURN_DEP=1 on a DEP group of two decode ranks
+    (by hand)."""
     preset = os.environ.get("E2E_MULTITURN_PRESET", "tiny")
+    dep = os.environ.get("E2E_MULTITURN_DEP") == "1"   # a DEP group of 2 decode ranks
     model = tiny_model(c, preset)
-    c.up(prefill=1, decode=1, decode_ranks=1, router=("--tokenizer", model),
-         decode_flags=["--retain", "4"])
+    c.up(prefill=1, decode=1, decode_ranks=2 if dep else 1, router=("--tokenizer", model),
+         decode_flags=["--retain", "4"] + (["--dep"] if dep else []))
     client = c.client()
 
     def ids_of(text):
