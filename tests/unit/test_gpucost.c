@@ -353,11 +353,13 @@ test_synth_sleeps(void)
 
     /* a profile without a model is refused */
     CHECK_STATUS(td_engine_config_defaults(&cfg), TD_OK);
+    free(cfg.synth.gpu_profile);
     cfg.synth.gpu_profile = strdup(prof);
     td_logcap_start();
     CHECK_STATUS(td_engine_create(kinds, &cfg, &e), TD_ERR_INVALID);
     CHECK(strstr(td_logcap.last, "synth-gpu-model") != NULL);
     td_logcap_stop();
+    free(cfg.synth.gpu_model);
     cfg.synth.gpu_model = strdup(model);
     cfg.synth.time_dilation = k;
     free(cfg.synth.layout.kv_sources);
