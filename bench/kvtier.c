@@ -3,7 +3,8 @@
  * the page cache dropped (fsync + POSIX_FADV_DONTNEED), then read back as
  * prefill hits would, in chains of 16..64 blocks (td_kvtier_get_many); next
  * to `dd` over one file of the same bytes (the tier's files end to end) in
- * the same directory after the same drop. Prints MB/s (1e6) of both and their ratio (docs/kvtier.md). */
+ * the same directory after the same drop. Prints MB/s (1e6) of both and
+ * their ratio (docs/kvtier.md). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <getopt.h>
