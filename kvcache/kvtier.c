@@ -1876,6 +1876,20 @@ run_finish(td_kvtier_t *kt, rbatch_t *b, run_t *r)
     run_done(kt, r);
 }
 
+/* Submits up to n reads, one io_submit each: one call of several holds them
+ * all in the block layer's plug until the last is set up, these reach the
+ * device one by one. The count submitted; -1 when the first was refused. */
+static long
+aio_submit_each(aio_context_t ctx, struct iocb **cbs, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (syscall(SYS_io_submit, ctx, 1L, cbs + i) != 1)
+            break;
+    return i > 0 ? (long)i : -1;
+}
+
 /* All of a chain's runs in flight at once with Linux AIO (io_submit of
  * O_DIRECT reads), each checked as it completes, on the caller; false when
  * the AIO context is missing or busy with another chain (nothing done). */
@@ -1915,7 +1929,7 @@ chain_aio(td_kvtier_t *kt, rbatch_t *b)
     while (next < nsub || pending > 0) {
         if (next < nsub && pending < AIO_DEPTH) {
             size_t want = nsub - next < AIO_DEPTH - pending ? nsub - next : AIO_DEPTH - pending;
-            long got = syscall(SYS_io_submit, kt->aio, (long)want, ptrs + next);
+            long got = aio_submit_each(kt->aio, ptrs + next, want);
 
             if (got > 0) {
                 next += (size_t)got;
