@@ -134,8 +134,11 @@ drank_publish_load(td_drank_t *r)
     load.kv_tokens_used = c.tokens_used;
     /* kept states yield to admissions: their tokens count as free */
     uint64_t kept = 0;
-    for (const drank_kept_t *k = r->kept_head; k != NULL; k = k->next)
+    for (const drank_kept_t *k = r->kept_head; k != NULL; k = k->next) {
         kept += k->res->ntokens;
+        load.kept_tokens += k->ntokens;
+    }
+    load.kept = r->nkept;
     kept += c.tokens_free;
     load.kv_tokens_free = r->draining ? 0 : kept < c.tokens_total ? kept : c.tokens_total;
     load.kv_blocks_used = c.blocks_used;

@@ -34,6 +34,8 @@ rank_gauges(td_router_t *r, td_buf_t *out)
         { "tandem_router_rank_running", "requests running at a rank" },
         { "tandem_router_rank_inflight", "this router's requests bound to a rank" },
         { "tandem_router_rank_up", "1 when the rank takes requests, else 0" },
+        { "tandem_router_rank_kept_states",
+          "a decode rank's kept states for next turns (states, their tokens)" },
         { "tandem_router_rank_expert_tokens",
           "a dep group's rank: rows each routed expert ran there, all layers, since it started" },
     };
@@ -43,7 +45,7 @@ rank_gauges(td_router_t *r, td_buf_t *out)
     for (const td_rrank_t *rk = r->cluster.ranks; rk; rk = rk->next)
         dep = dep || rk->n_expert_tokens > 0;
     for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
-        if (i == 6 && !dep)
+        if (i == 7 && !dep)
             break;
         st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
         for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
@@ -77,6 +79,12 @@ rank_gauges(td_router_t *r, td_buf_t *out)
             case 5:
                 st = td_buf_printf(out, "%s{%s} %d\n", g[i].name, lbl,
                                    td_rrank_state(rk) == TD_RRANK_UP);
+                break;
+            case 6:
+                if (dec)
+                    st = td_buf_printf(out, "%s{%s,kind=\"states\"} %u\n%s{%s,kind=\"tokens\"} %llu\n",
+                                       g[i].name, lbl, l->kept, g[i].name, lbl,
+                                       (unsigned long long)l->kept_tokens);
                 break;
             default:
                 for (size_t x = 0; st == TD_OK && x < rk->n_expert_tokens; x++)

@@ -2441,6 +2441,13 @@ def test_multiturn(c):
     _, cached, pf = ask(d1 + rd + words(2), 3)
     check(pf == 0 and conts() == 3 and cached == len(d1) + len(rd) - 1,
           "kept state: %d prefills, %d continues" % (pf, conts()))
+    # the decode rank's kept states in /admin/status and /metrics (a, b and d's next
+    # turn: two kept, as --retain 2 allows)
+    c.wait(lambda: [r["kv"]["kept"] for r in c.ranks() if r["role"] == "decode"] == [2],
+           "2 kept states in the admin status")
+    check(metric_sum(c, "tandem_router_rank_kept_states", kind="states") == 2,
+          "tandem_router_rank_kept_states: %d" %
+          metric_sum(c, "tandem_router_rank_kept_states", kind="states"))
     # a drained rank drops its kept states; undrained, b's next turn goes the usual way
     c.tandemctl("drain", "decode0")
     c.wait(lambda: all(r["state"] == "draining" for r in c.ranks() if r["node"] == "decode0"),
