@@ -186,7 +186,8 @@ struct td_des_s {
     double now;
     uint64_t chain_seed;
     td_rrank_node_t node;       /* every rank's node (never drained) */
-    td_rrank_t *plist, *dlist;  /* the router's table: prefill ranks, decode ranks */
+    td_rrank_t *plist;          /* the router's table of prefill ranks (the decode
+                                   ranks': a list per domain, pick_decode) */
     prank_t *pr;
     uint32_t npr;
     pgroup_t *pg;
@@ -778,6 +779,62 @@ on_xfer_done(td_des_t *d, uint32_t q)
 /* The router: routerd's admission (rreq.c admit_try) over its rank table   */
 /* ======================================================================= */
 
+/* A decode rank's room as rsched.c reckons it: free KV tokens less those
+ * sent since its Load, and rows in use. */
+static void
+decode_room(const td_rrank_t *rk, uint64_t *free_tok, uint64_t *load)
+{
+    *free_tok = rk->load.kv_tokens_free > rk->pend_tokens
+                ? rk->load.kv_tokens_free - rk->pend_tokens : 0;
+    *load = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs;
+}
+
+/* td_rsched_pick_decode over the decode ranks. The table is kept as one
+ * list per domain (the domains in table order: domain k's last rank links
+ * to nothing); pick_full links them into one table for the call. Otherwise
+ * each domain is asked on its own (rsched's pick looks at every rank of the
+ * table for each rank of a domain: O(ranks^2)) and the domains' offers
+ * compete by rsched's rule (the least loaded, then the most free KV, then
+ * the first in the table), which gives the same rank. */
+static td_rsched_fit_t
+pick_decode(td_des_t *d, uint64_t need, const uint64_t *tried, size_t ntried,
+            td_rrank_t **out)
+{
+    td_rsched_fit_t best_fit = TD_RSCHED_NONE, fit;
+    td_rrank_t *best = NULL, *rk;
+    uint64_t best_free = 0, best_load = 0, f, l;
+
+    if (d->cfg.pick_full) {
+        for (uint32_t k = 0; k + 1 < d->ndd; k++)
+            d->dr[d->dd[k].first + d->dd[k].n - 1].rr.next = &d->dr[d->dd[k + 1].first].rr;
+        fit = td_rsched_pick_decode(&d->dr[0].rr, need, tried, ntried, out);
+        for (uint32_t k = 0; k + 1 < d->ndd; k++)
+            d->dr[d->dd[k].first + d->dd[k].n - 1].rr.next = NULL;
+        return fit;
+    }
+    for (uint32_t k = 0; k < d->ndd; k++) {
+        fit = td_rsched_pick_decode(&d->dr[d->dd[k].first].rr, need, tried, ntried, &rk);
+        if (fit != TD_RSCHED_FITS) {
+            /* the whole table's answer when none fits: busy if a domain could
+             * hold it later, too long when every one says so */
+            if (best_fit != TD_RSCHED_FITS &&
+                (fit == TD_RSCHED_BUSY || (fit == TD_RSCHED_TOO_LONG && best_fit == TD_RSCHED_NONE)))
+                best_fit = fit;
+            continue;
+        }
+        decode_room(rk, &f, &l);
+        if (!best || l < best_load || (l == best_load && f > best_free)) {
+            best = rk;
+            best_free = f;
+            best_load = l;
+        }
+        best_fit = TD_RSCHED_FITS;
+    }
+    if (best)
+        *out = best;
+    return best_fit;
+}
+
 static void
 req_fail(td_des_t *d, uint32_t q, td_des_outcome_t o)
 {
@@ -823,7 +880,7 @@ admit_try(td_des_t *d, uint32_t q, bool *waits)
         if (!d->cfg.colocated)
             pick = td_rsched_pick_prefill(d->plist, &s->prompt, d->cfg.cache_weight);
         fit = pick.rank || d->cfg.colocated
-              ? td_rsched_pick_decode(d->dlist, need, s->tried, s->ntried, &dk)
+              ? pick_decode(d, need, s->tried, s->ntried, &dk)
               : TD_RSCHED_NONE;
         /* a request not in the queue goes behind the ones waiting before it */
         if (fit == TD_RSCHED_FITS && !s->qe.q && td_rqueue_ahead(d->queue, &s->qe))
@@ -991,7 +1048,6 @@ td_des_create(const td_des_config_t *cfg, td_des_t **out)
     }
     for (uint32_t g = 0; g < d->npg; g++)
         d->pg[g] = (pgroup_t){ g * c->group_gpus, c->group_gpus, false };
-    tail = &d->dlist;
     for (uint32_t i = 0; i < d->ndr; i++) {
         drank_t *r = &d->dr[i];
         uint32_t k = i / c->decode_domain, dn = c->decode_domain;
@@ -1009,8 +1065,8 @@ td_des_create(const td_des_config_t *cfg, td_des_t **out)
         r->w.head = r->w.tail = NONE;
         lru_init(&r->w.lru, c->colocated && c->cache_block_tokens ? c->cache_blocks : 0);
         drank_publish(d, r);
-        *tail = &r->rr;
-        tail = &r->rr.next;
+        if (i % c->decode_domain > 0)
+            d->dr[i - 1].rr.next = &r->rr;   /* a list per domain (pick_decode) */
         if (i % c->decode_domain == 0)
             d->dd[k] = (ddomain_t){ i, dn, false };
     }

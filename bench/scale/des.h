@@ -74,6 +74,8 @@ typedef struct {
     uint64_t max_context;           /* registered max context (prompt + output) */
     size_t max_queued;              /* routerd's --max-queued */
     uint32_t trace_block_tokens;    /* tokens per request block id (the trace's 512) */
+    bool pick_full;                 /* the decode pick over the whole table in one call
+                                       (the same choice, O(ranks^2) with domains) */
     td_des_cost_t cost;
 } td_des_config_t;
 

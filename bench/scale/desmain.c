@@ -29,6 +29,7 @@ typedef struct {
     double cache_weight;
     uint64_t kv_tokens, kv_block_tokens, max_batch, max_context, max_queued;
     double ttft_slo, tpot_slo;
+    bool pick_full;
     bool json;
     char *per_request;
     td_des_linear_t lin;
@@ -74,6 +75,9 @@ static const td_config_opt_t desmain_opts[] = {
                          "routerd's max-queued (admission queue bound)"),
     TD_CONFIG_OPT_DOUBLE("ttft-slo", C, ttft_slo, "5", 0, 1e9, "TTFT SLO (s)"),
     TD_CONFIG_OPT_DOUBLE("tpot-slo", C, tpot_slo, "0.1", 0, 1e9, "TPOT SLO (s)"),
+    TD_CONFIG_OPT_BOOL("pick-full", C, pick_full, "false",
+                       "the decode pick in one call over the whole table (the same choice; "
+                       "slow with many DEP domains)"),
     TD_CONFIG_OPT_BOOL("json", C, json, "false", "print the result as JSON"),
     TD_CONFIG_OPT_STRING("per-request", C, per_request, "",
                          "write one JSON line per request to this file"),
@@ -340,6 +344,7 @@ main(int argc, char **argv)
     dc.max_batch = (uint32_t)c.max_batch;
     dc.max_context = c.max_context;
     dc.max_queued = (size_t)c.max_queued;
+    dc.pick_full = c.pick_full;
     dc.cost = td_des_linear_cost(&c.lin);
 
     double t0 = td_clock_s();

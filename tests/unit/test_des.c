@@ -195,6 +195,47 @@ test_pick(void)
     CHECK(!r[2].by_cache);
 }
 
+/* Decode domains asked one by one choose what the whole table chooses:
+ * the same run either way, under load (requests wait, domains fill). */
+static void
+test_pick_domains(void)
+{
+    enum { N = 300 };
+    static td_des_req_t a[N], b[N];
+    static uint64_t ids[N][8];
+    uint64_t s = 12345;
+    td_des_config_t c = small_config();
+
+    c.decode_gpus = 11;
+    c.decode_domain = 3;
+    c.group_gpus = 2;
+    c.prefill_groups = 2;
+    c.max_batch = 3;
+    c.kv_tokens = 512;
+    td_des_poisson(a, N, 20.0, 3);
+    for (size_t i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t nb = 1 + (uint32_t)(s >> 33) % 8;
+        for (uint32_t k = 0; k < nb; k++)
+            ids[i][k] = k < 2 ? (s >> 40) % 4 + k * 10 : i * 8 + k;
+        a[i] = req(a[i].t_arrive, nb * 16 - (uint32_t)(s >> 50) % 8, 1 + (uint32_t)(s >> 20) % 40,
+                   ids[i], nb);
+    }
+    memcpy(b, a, sizeof a);
+    run(&c, a, N);
+    c.pick_full = true;
+    run(&c, b, N);
+    size_t waited = 0;
+    for (size_t i = 0; i < N; i++) {
+        CHECK_EQ_INT(a[i].outcome, TD_DES_DONE);
+        CHECK_EQ_INT(a[i].decode_rank, b[i].decode_rank);
+        CHECK_EQ_INT(a[i].prefill_rank, b[i].prefill_rank);
+        CHECK(a[i].t_last == b[i].t_last);
+        waited += a[i].t_admit > a[i].t_arrive;
+    }
+    CHECK(waited > N / 10);
+}
+
 int
 main(void)
 {
@@ -204,5 +245,6 @@ main(void)
     test_colocated();
     test_poisson();
     test_pick();
+    test_pick_domains();
     return td_check_exit("test_des");
 }
