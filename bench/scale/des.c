@@ -23,16 +23,6 @@
 /* The built-in cost                                                        */
 /* ======================================================================= */
 
-void
-td_des_linear_defaults(td_des_linear_t *l)
-{
-    *l = (td_des_linear_t){
-        .prefill_fixed_s = 0.005, .prefill_token_s = 1.5e-4, .prefill_attn_s = 4e-9,
-        .decode_fixed_s = 0.025, .decode_row_s = 1.5e-4, .decode_ctx_s = 3e-9,
-        .xfer_fixed_s = 0.001, .xfer_token_s = 3e-6,
-    };
-}
-
 static double
 linear_prefill(void *arg, uint64_t n, uint64_t before, uint32_t ranks)
 {

@@ -40,7 +40,8 @@ typedef struct {
     void *arg;
 } td_des_cost_t;
 
-/* The built-in cost: linear, ranks ignored.
+/* The built-in cost: linear, ranks ignored (des takes its constants as
+ * options, docs/scale.md).
  *   prefill = fixed + token * new + attn * new * (before + new / 2)
  *   decode  = fixed + row * rows + ctx * sum_context
  *   xfer    = fixed + token * ntokens */
@@ -50,7 +51,6 @@ typedef struct {
     double xfer_fixed_s, xfer_token_s;
 } td_des_linear_t;
 
-void td_des_linear_defaults(td_des_linear_t *l);
 /* The interface over l (borrowed: it must outlive the model). */
 td_des_cost_t td_des_linear_cost(td_des_linear_t *l);
 
