@@ -1,7 +1,8 @@
 /* bench/scale/des.c — the cluster model (des.h): an event heap on virtual
  * time; prefill groups whose ranks each prefill their queue chunk by chunk
  * and keep an LRU prefix cache they announce to the router; decode domains
- * whose ranks admit by KV blocks and batch rows and step together; and the
+ * whose ranks admit by KV blocks and batch rows, send the prefill's first
+ * token when they adopt the KV (between steps), and step together; and the
  * router's part done by routerd's own code (rsched, rcache, rqueue). */
 #include "des.h"
 
@@ -664,37 +665,6 @@ ready_push(td_des_t *d, drank_t *r, uint32_t q)
     r->ready_tail = q;
 }
 
-static td_status_t
-ddomain_step(td_des_t *d, uint32_t k)
-{
-    ddomain_t *dd = &d->dd[k];
-    double dt = 0;
-    bool any = false;
-
-    for (uint32_t i = dd->first; i < dd->first + dd->n; i++) {
-        drank_t *r = &d->dr[i];
-        double t = 0;
-        while (r->ready_head != NONE) {
-            uint32_t q = r->ready_head;
-            r->ready_head = d->rs[q].next;
-            r->run[r->nrun++] = q;
-            r->sum_ctx += d->reqs[q].input + d->rs[q].produced;
-        }
-        r->ready_tail = NONE;
-        if (r->nrun > 0)
-            t += d->cfg.cost.decode_step_s(d->cfg.cost.arg, r->nrun, r->sum_ctx, dd->n);
-        if (d->cfg.colocated)
-            t += pwork_chunk(d, &r->w, dd->n);   /* prefill first: one chunk with the rows */
-        if (r->nrun > 0 || r->w.chunk > 0) {
-            any = true;
-            dt = t > dt ? t : dt;
-        }
-        drank_publish(d, r);
-    }
-    dd->stepping = any;
-    return any ? ev_push(d, d->now + dt, EV_DECODE_STEP, k) : TD_OK;
-}
-
 static uint64_t
 req_blocks(const td_des_t *d, const td_des_req_t *r)
 {
@@ -717,6 +687,71 @@ req_release(td_des_t *d, uint32_t q)
     s->h = NULL;
 }
 
+/* q's last token is out: its blocks and row go back (a queue pass follows). */
+static void
+req_finish(td_des_t *d, drank_t *r, uint32_t q)
+{
+    td_des_req_t *rq = &d->reqs[q];
+
+    rq->t_last = d->now;
+    rq->outcome = TD_DES_DONE;
+    r->blocks_free += req_blocks(d, rq);
+    r->rows--;
+    r->rr.inflight--;
+    req_release(d, q);
+    d->pass_due = true;
+}
+
+/* The prefill's first token is out now (the prefill rank sampled it; a
+ * decode rank sends it once it adopted the KV): true when it was the last. */
+static bool
+req_first_token(td_des_t *d, drank_t *r, uint32_t q)
+{
+    if (d->rs[q].produced > 0)
+        return false;
+    d->rs[q].produced = 1;
+    d->reqs[q].t_first = d->now;
+    if (d->reqs[q].output > 1)
+        return false;
+    req_finish(d, r, q);
+    return true;
+}
+
+static td_status_t
+ddomain_step(td_des_t *d, uint32_t k)
+{
+    ddomain_t *dd = &d->dd[k];
+    double dt = 0;
+    bool any = false;
+
+    for (uint32_t i = dd->first; i < dd->first + dd->n; i++) {
+        drank_t *r = &d->dr[i];
+        double t = 0;
+        /* the KV arrived: adopted on the compute thread between steps, the
+         * prefill's first token sent then, the row in the batch from here */
+        while (r->ready_head != NONE) {
+            uint32_t q = r->ready_head;
+            r->ready_head = d->rs[q].next;
+            if (req_first_token(d, r, q))
+                continue;
+            r->run[r->nrun++] = q;
+            r->sum_ctx += d->reqs[q].input + d->rs[q].produced;
+        }
+        r->ready_tail = NONE;
+        if (r->nrun > 0)
+            t += d->cfg.cost.decode_step_s(d->cfg.cost.arg, r->nrun, r->sum_ctx, dd->n);
+        if (d->cfg.colocated)
+            t += pwork_chunk(d, &r->w, dd->n);   /* prefill first: one chunk with the rows */
+        if (r->nrun > 0 || r->w.chunk > 0) {
+            any = true;
+            dt = t > dt ? t : dt;
+        }
+        drank_publish(d, r);
+    }
+    dd->stepping = any;
+    return any ? ev_push(d, d->now + dt, EV_DECODE_STEP, k) : TD_OK;
+}
+
 static td_status_t
 on_decode_step(td_des_t *d, uint32_t k)
 {
@@ -730,23 +765,15 @@ on_decode_step(td_des_t *d, uint32_t k)
             rs_t *s = &d->rs[q];
             s->produced++;
             r->sum_ctx++;
-            if (s->produced == 1)
-                rq->t_first = d->now;
             if (s->produced < rq->output)
                 continue;
-            rq->t_last = d->now;
-            rq->outcome = TD_DES_DONE;
             r->sum_ctx -= rq->input + s->produced;
-            r->blocks_free += req_blocks(d, rq);
-            r->rows--;
-            r->rr.inflight--;
+            req_finish(d, r, q);
             r->run[j--] = r->run[--r->nrun];
-            req_release(d, q);
-            d->pass_due = true;
         }
         if (d->cfg.colocated) {
             uint32_t q = pwork_chunk_done(d, &r->w, &r->rr);
-            if (q != NONE)
+            if (q != NONE && !req_first_token(d, r, q))
                 ready_push(d, r, q);
         }
         drank_publish(d, r);

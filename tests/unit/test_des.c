@@ -67,7 +67,8 @@ run(const td_des_config_t *c, td_des_req_t *r, size_t n)
     td_des_destroy(d);
 }
 
-/* TTFT = queue 0 + prefill + xfer + one decode step; TPOT = the step. */
+/* TTFT = queue 0 + prefill + xfer (the prefill samples the first token, the
+ * decode rank sends it when it adopts the KV); TPOT = the decode step. */
 static void
 test_alone(void)
 {
@@ -79,9 +80,25 @@ test_alone(void)
     CHECK_EQ_INT(r.outcome, TD_DES_DONE);
     CHECK_NEAR(r.t_admit, 0);
     CHECK_NEAR(r.t_prefill_end, 1 + 0.64);
-    CHECK_NEAR(r.t_first, 1 + 0.64 + 0.25 + 0.064 + 0.5);
+    CHECK_NEAR(r.t_first, 1 + 0.64 + 0.25 + 0.064);
     CHECK_NEAR(r.t_last - r.t_first, 2 * 0.5);
     CHECK_EQ_INT(r.cached_tokens, 0);
+
+    /* one output token: done at adoption, no decode step */
+    r = req(0, 64, 1, ids, 4);
+    run(&c, &r, 1);
+    CHECK_EQ_INT(r.outcome, TD_DES_DONE);
+    CHECK_NEAR(r.t_last, r.t_first);
+
+    /* KV arriving during a step is adopted when the step ends: the second
+     * request's prefill waits for the first's (ends 3.28), its xfer ends at
+     * 3.594, inside the first's decode steps (1.954 + k * 0.5): adopted at
+     * 3.954 */
+    static const uint64_t ids2[] = { 5, 6, 7, 8 };
+    td_des_req_t two[2] = { req(0, 64, 10, ids, 4), req(0, 64, 3, ids2, 4) };
+    run(&c, two, 2);
+    CHECK_NEAR(two[1].t_prefill_end, 2 * 1.64);
+    CHECK_NEAR(two[1].t_first, 1.954 + 4 * 0.5);
 }
 
 /* The second prompt shares three blocks: its prefill computes only the
@@ -98,7 +115,7 @@ test_prefix_hit(void)
     CHECK_EQ_INT(r[1].cached_tokens, 48);
     CHECK_EQ_INT(r[1].pred_cached, 48);
     CHECK_NEAR(r[1].t_prefill_end - r[1].t_prefill_start, 1 + 0.16);
-    CHECK_NEAR(r[1].t_first - r[1].t_arrive, 1 + 0.16 + 0.25 + 0.064 + 0.5);
+    CHECK_NEAR(r[1].t_first - r[1].t_arrive, 1 + 0.16 + 0.25 + 0.064);
 
     /* a whole cached prompt still computes its last block: at most (n - 1) / G */
     td_des_req_t s[2] = { req(0, 64, 2, a, 4), req(10, 64, 2, a, 4) };
@@ -139,7 +156,8 @@ test_decode_waits(void)
     CHECK_NEAR(r[1].t_admit, r[0].t_last);
 }
 
-/* Colocated: the decode rank prefills (one step), then decodes. */
+/* Colocated: the decode rank prefills (one step; its first token then),
+ * then decodes. */
 static void
 test_colocated(void)
 {
@@ -151,7 +169,8 @@ test_colocated(void)
     run(&c, &r, 1);
     CHECK_EQ_INT(r.outcome, TD_DES_DONE);
     CHECK_NEAR(r.t_prefill_end, 1.64);
-    CHECK_NEAR(r.t_first, 1.64 + 0.5);
+    CHECK_NEAR(r.t_first, 1.64);
+    CHECK_NEAR(r.t_last, 1.64 + 2 * 0.5);
 }
 
 static void
