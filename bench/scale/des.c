@@ -62,7 +62,7 @@ td_des_config_defaults(td_des_config_t *cfg)
 {
     *cfg = (td_des_config_t){
         .prefill_groups = 6, .group_gpus = 4, .decode_gpus = 72, .decode_domain = 8,
-        .chunk_tokens = 8192, .cache_block_tokens = 512, .cache_blocks = 16384,
+        .chunk_tokens = 512, .prefill_max_running = 8, .cache_block_tokens = 512, .cache_blocks = 16384,
         .cache_weight = 1.0, .kv_tokens = 1u << 20, .kv_block_tokens = 64, .max_batch = 64,
         .max_context = 131072, .max_queued = 1u << 20, .trace_block_tokens = 512,
     };
@@ -114,17 +114,26 @@ typedef struct {
     size_t ntried;
     uint32_t attempts, bounced;
     uint32_t next;              /* in a prefill queue or a ready list */
+    uint64_t seq;               /* its place in a prefill queue (pwork_t.seq) */
     uint64_t done;              /* prompt tokens in the KV (cached or computed) */
     uint32_t produced;          /* output tokens so far */
-    bool started;               /* its prefill began (the cache looked up) */
 } rs_t;
 
-/* A rank's prefill work: a FIFO of requests, the head in progress. */
 typedef struct {
-    uint32_t head, tail;
+    uint32_t head, tail;        /* request indices linked by rs_t.next */
     uint32_t n;
-    uint64_t queued_tokens;     /* prompt tokens left to compute (queued: as predicted) */
-    uint32_t chunk;             /* the running step's chunk of the head (0: none) */
+} fifo_t;
+
+/* A rank's prefill work as prefilld schedules it: tasks queued in arrival
+ * order, up to max_running running and taking chunks round robin. */
+typedef struct {
+    fifo_t wait;                /* not started */
+    fifo_t run;                 /* started, waiting for their next chunk */
+    uint32_t running;           /* started, not done (run + cur) */
+    uint32_t cur;               /* the running step's task (NONE: none) */
+    uint32_t chunk;             /* its chunk's tokens */
+    uint64_t seq;               /* queue order: arrivals and returns after a chunk */
+    uint64_t queued_tokens;     /* prompt tokens not yet prefilled (nor cached), all tasks */
     lru_t lru;
 } pwork_t;
 
@@ -484,8 +493,8 @@ prank_publish(prank_t *p)
 {
     Tandem__Load ld = TANDEM__LOAD__INIT;
 
-    ld.running = p->w.n > 0 && p->w.chunk > 0;
-    ld.queued = p->w.n - ld.running;
+    ld.running = p->w.running;
+    ld.queued = p->w.wait.n;
     ld.queued_tokens = p->w.queued_tokens;
     rank_load(&p->rr, &ld);
 }
@@ -528,81 +537,107 @@ cache_announce(td_rrank_t *rr, lru_t *c)
 /* ======================================================================= */
 
 static void
-pwork_push(td_des_t *d, pwork_t *w, uint32_t q)
+pwork_init(pwork_t *w)
 {
-    rs_t *s = &d->rs[q];
+    w->wait = w->run = (fifo_t){ NONE, NONE, 0 };
+    w->cur = NONE;
+}
 
-    s->next = NONE;
-    if (w->tail != NONE)
-        d->rs[w->tail].next = q;
+static void
+fifo_push(td_des_t *d, fifo_t *f, uint32_t q)
+{
+    d->rs[q].next = NONE;
+    if (f->tail != NONE)
+        d->rs[f->tail].next = q;
     else
-        w->head = q;
-    w->tail = q;
-    w->n++;
-    w->queued_tokens += d->reqs[q].input - d->reqs[q].pred_cached;
+        f->head = q;
+    f->tail = q;
+    f->n++;
 }
 
 static uint32_t
-pwork_pop(td_des_t *d, pwork_t *w)
+fifo_pop(td_des_t *d, fifo_t *f)
 {
-    uint32_t q = w->head;
+    uint32_t q = f->head;
 
-    w->head = d->rs[q].next;
-    if (w->head == NONE)
-        w->tail = NONE;
-    w->n--;
+    f->head = d->rs[q].next;
+    if (f->head == NONE)
+        f->tail = NONE;
+    f->n--;
     return q;
 }
 
-/* The head's next chunk, its cache looked up first when it starts: the
- * longest cached chain prefix, at most (n - 1) / G blocks so that a token is
- * left to compute (pcache.h). Returns the step's seconds (0: no work). */
+/* A Prefill arrives: a task queued in arrival order. */
+static void
+pwork_push(td_des_t *d, pwork_t *w, uint32_t q)
+{
+    d->rs[q].seq = ++w->seq;
+    fifo_push(d, &w->wait, q);
+    w->queued_tokens += d->reqs[q].input;
+}
+
+/* The next chunk, as prefilld's scheduler hands them to the compute thread:
+ * of the running tasks (round robin: a task goes to the back after each
+ * chunk) and, while fewer than max_running run, the first queued one, the
+ * one that came first. A task starting looks up the cache: the longest
+ * cached chain prefix, at most (n - 1) / G blocks so that a token is left
+ * to compute (pcache.h). Returns the step's seconds (0: no work). */
 static double
 pwork_chunk(td_des_t *d, pwork_t *w, uint32_t ranks)
 {
-    uint32_t q = w->head;
+    uint32_t q;
     td_des_req_t *r;
     rs_t *s;
 
+    w->cur = NONE;
     w->chunk = 0;
-    if (q == NONE)
-        return 0;
-    r = &d->reqs[q];
-    s = &d->rs[q];
-    if (!s->started) {
+    if (w->wait.n > 0 && w->running < d->cfg.prefill_max_running &&
+        (w->run.n == 0 || d->rs[w->wait.head].seq < d->rs[w->run.head].seq)) {
+        q = fifo_pop(d, &w->wait);
+        r = &d->reqs[q];
+        s = &d->rs[q];
         uint32_t g = d->cfg.cache_block_tokens;
         size_t most = g ? (r->input - 1) / g : 0;
         size_t k = lru_prefix(&w->lru, s->h, s->nh < most ? s->nh : most);
-        s->started = true;
         s->done = (uint64_t)k * g;
         r->cached_tokens = s->done;
         r->t_prefill_start = d->now;
-        /* the queue counted the router's expectation; now it is known */
-        w->queued_tokens -= r->input - r->pred_cached;
-        w->queued_tokens += r->input - s->done;
+        w->queued_tokens -= s->done;
+        w->running++;
+    } else if (w->run.n > 0) {
+        q = fifo_pop(d, &w->run);
+    } else {
+        return 0;
     }
+    r = &d->reqs[q];
+    s = &d->rs[q];
     uint64_t left = r->input - s->done;
+    w->cur = q;
     w->chunk = (uint32_t)(left < d->cfg.chunk_tokens ? left : d->cfg.chunk_tokens);
     return d->cfg.cost.prefill_s(d->cfg.cost.arg, w->chunk, s->done, ranks);
 }
 
 /* The step's chunk is done: the request when its prompt is (its blocks
- * cached and announced), else NONE. */
+ * cached and announced), else NONE (the task to the back of the run queue). */
 static uint32_t
 pwork_chunk_done(td_des_t *d, pwork_t *w, td_rrank_t *rr)
 {
-    uint32_t q = w->head;
+    uint32_t q = w->cur;
     rs_t *s;
 
-    if (w->chunk == 0)
+    if (q == NONE)
         return NONE;
     s = &d->rs[q];
     s->done += w->chunk;
     w->queued_tokens -= w->chunk;
     w->chunk = 0;
-    if (s->done < d->reqs[q].input)
+    w->cur = NONE;
+    if (s->done < d->reqs[q].input) {
+        s->seq = ++w->seq;
+        fifo_push(d, &w->run, q);
         return NONE;
-    pwork_pop(d, w);
+    }
+    w->running--;
     d->reqs[q].t_prefill_end = d->now;
     if (lru_insert(&w->lru, s->h, s->nh) == TD_OK) {
         if (rr->role == TANDEM__ROLE__ROLE_PREFILL)
@@ -1028,7 +1063,7 @@ td_des_create(const td_des_config_t *cfg, td_des_t **out)
     td_des_t *d;
 
     if (c->decode_gpus == 0 || c->decode_domain == 0 || c->kv_block_tokens == 0 ||
-        c->chunk_tokens == 0 || c->max_batch == 0 || c->trace_block_tokens == 0 ||
+        c->chunk_tokens == 0 || c->prefill_max_running == 0 || c->max_batch == 0 || c->trace_block_tokens == 0 ||
         c->kv_tokens < c->kv_block_tokens || !c->cost.prefill_s || !c->cost.decode_step_s ||
         !c->cost.kv_xfer_s || (!c->colocated && (c->prefill_groups == 0 || c->group_gpus == 0))) {
         td_error("model: a configuration without ranks, blocks, rows or a cost model");
@@ -1058,7 +1093,7 @@ td_des_create(const td_des_config_t *cfg, td_des_t **out)
         snprintf(p->domain, sizeof p->domain, "prefill%u", p->group);
         rank_register(d, &p->rr, &p->reg, TANDEM__ROLE__ROLE_PREFILL, i, p->domain,
                       i % c->group_gpus, c->group_gpus);
-        p->w.head = p->w.tail = NONE;
+        pwork_init(&p->w);
         lru_init(&p->w.lru, c->cache_block_tokens ? c->cache_blocks : 0);
         *tail = &p->rr;
         tail = &p->rr.next;
@@ -1079,7 +1114,7 @@ td_des_create(const td_des_config_t *cfg, td_des_t **out)
         if (!r->run)
             goto err_nomem;
         r->ready_head = r->ready_tail = NONE;
-        r->w.head = r->w.tail = NONE;
+        pwork_init(&r->w);
         lru_init(&r->w.lru, c->colocated && c->cache_block_tokens ? c->cache_blocks : 0);
         drank_publish(d, r);
         if (i % c->decode_domain > 0)

@@ -65,6 +65,7 @@ typedef struct {
     uint32_t decode_domain;         /* ranks per decode DEP domain (1: none) */
     bool colocated;                 /* no prefill ranks: the decode ranks prefill too */
     uint32_t chunk_tokens;          /* prefill chunk, tokens */
+    uint32_t prefill_max_running;   /* prefill tasks taking chunks round robin, per rank */
     uint32_t cache_block_tokens;    /* prefix cache block G (0: no prefix cache) */
     uint64_t cache_blocks;          /* prefix cache capacity per rank, blocks */
     double cache_weight;            /* routerd's --cache-weight */

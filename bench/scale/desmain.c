@@ -25,9 +25,10 @@ typedef struct {
     uint64_t seed;
     uint64_t prefill_groups, group_gpus, decode_gpus, decode_domain;
     bool colocated;
-    uint64_t chunk_tokens, cache_block_tokens, cache_blocks;
+    uint64_t chunk_tokens, max_running, cache_block_tokens, cache_blocks;
     double cache_weight;
     uint64_t kv_tokens, kv_block_tokens, max_batch, max_context, max_queued;
+    uint64_t trace_block_tokens;
     double ttft_slo, tpot_slo;
     bool pick_full;
     bool json;
@@ -40,6 +41,8 @@ static const td_config_opt_t desmain_opts[] = {
     TD_CONFIG_OPT_STRING("trace", C, trace, "", "the trace (JSON lines), required"),
     TD_CONFIG_OPT_UINT64("requests", C, requests, "0", 0, 0,
                          "the first N requests of the trace (0: all)"),
+    TD_CONFIG_OPT_UINT64("trace-block-tokens", C, trace_block_tokens, "512", 1, 1u << 20,
+                         "tokens per hash id of the trace"),
     TD_CONFIG_OPT_DOUBLE("rate-scale", C, rate_scale, "1", 1e-6, 1e6,
                          "replay: arrivals at the trace's timestamps divided by this"),
     TD_CONFIG_OPT_DOUBLE("poisson", C, poisson, "0", 0, 1e9,
@@ -55,8 +58,11 @@ static const td_config_opt_t desmain_opts[] = {
                          "decode ranks per DEP domain (they step together)"),
     TD_CONFIG_OPT_BOOL("colocated", C, colocated, "false",
                        "no prefill ranks: the decode ranks prefill too (a chunk with each step)"),
-    TD_CONFIG_OPT_UINT64("chunk-tokens", C, chunk_tokens, "8192", 1, 1u << 24,
-                         "prefill chunk (tokens per rank and step)"),
+    TD_CONFIG_OPT_UINT64("chunk-tokens", C, chunk_tokens, "512", 1, 1u << 24,
+                         "prefill chunk (tokens per rank and step; prefilld's chunk-tokens)"),
+    TD_CONFIG_OPT_UINT64("max-running", C, max_running, "8", 1, 4096,
+                         "prefill tasks per rank taking chunks round robin (prefilld's "
+                         "max-running)"),
     TD_CONFIG_OPT_UINT64("cache-block-tokens", C, cache_block_tokens, "512", 0, 1u << 20,
                          "prefix cache block (0: no prefix cache)"),
     TD_CONFIG_OPT_UINT64("cache-blocks", C, cache_blocks, "16384", 0, 1ull << 32,
@@ -245,7 +251,7 @@ json_config(const desmain_cfg_t *c, double offered)
 {
     uint64_t pg = c->colocated ? 0 : c->prefill_groups * c->group_gpus;
 
-    return json_pack("{s:s, s:f, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:f, "
+    return json_pack("{s:s, s:f, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:f, "
                      "s:I, s:I, s:I, s:f, s:f, s:f}",
                      "arrivals", c->poisson > 0 ? "poisson" : "replay",
                      "rate", c->poisson > 0 ? c->poisson : c->rate_scale,
@@ -258,6 +264,7 @@ json_config(const desmain_cfg_t *c, double offered)
                      "gpus", (json_int_t)(pg + c->decode_gpus),
                      "colocated", c->colocated,
                      "chunk_tokens", (json_int_t)c->chunk_tokens,
+                     "max_running", (json_int_t)c->max_running,
                      "cache_block_tokens", (json_int_t)c->cache_block_tokens,
                      "cache_blocks", (json_int_t)c->cache_blocks,
                      "cache_weight", c->cache_weight,
@@ -336,6 +343,7 @@ main(int argc, char **argv)
     dc.decode_domain = (uint32_t)c.decode_domain;
     dc.colocated = c.colocated;
     dc.chunk_tokens = (uint32_t)c.chunk_tokens;
+    dc.prefill_max_running = (uint32_t)c.max_running;
     dc.cache_block_tokens = (uint32_t)c.cache_block_tokens;
     dc.cache_blocks = c.cache_blocks;
     dc.cache_weight = c.cache_weight;
@@ -344,6 +352,7 @@ main(int argc, char **argv)
     dc.max_batch = (uint32_t)c.max_batch;
     dc.max_context = c.max_context;
     dc.max_queued = (size_t)c.max_queued;
+    dc.trace_block_tokens = (uint32_t)c.trace_block_tokens;
     dc.pick_full = c.pick_full;
     dc.cost = td_des_linear_cost(&c.lin);
 

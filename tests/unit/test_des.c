@@ -189,6 +189,26 @@ test_poisson(void)
     CHECK(a[N - 1].t_arrive != b[N - 1].t_arrive);
 }
 
+/* prefilld's scheduler: chunks round robin over the running tasks, so a
+ * short prompt behind a long one waits one chunk, not the whole prompt;
+ * with one running task it waits for all of it. Chunks of 16: 1.16 s. */
+static void
+test_round_robin(void)
+{
+    static const uint64_t a[] = { 1, 2, 3, 4 }, b[] = { 5 };
+    td_des_config_t c = small_config();
+    td_des_req_t r[2] = { req(0, 64, 2, a, 4), req(0.01, 16, 2, b, 1) };
+
+    c.chunk_tokens = 16;
+    run(&c, r, 2);
+    CHECK_NEAR(r[1].t_prefill_end, 2 * 1.16);
+    CHECK_NEAR(r[0].t_prefill_end, 5 * 1.16);
+    c.prefill_max_running = 1;
+    run(&c, r, 2);
+    CHECK_NEAR(r[0].t_prefill_end, 4 * 1.16);
+    CHECK_NEAR(r[1].t_prefill_end, 5 * 1.16);
+}
+
 /* Two prefill ranks. A warms rank 0's cache; X (another prompt) then keeps
  * rank 0 busy with 40 queued tokens when B, sharing 48 tokens with A,
  * arrives: cost on rank 0 = 40 + 64 - w * 48, on rank 1 = 64. Weight 1:
@@ -263,6 +283,7 @@ main(void)
     test_decode_waits();
     test_colocated();
     test_poisson();
+    test_round_robin();
     test_pick();
     test_pick_domains();
     return td_check_exit("test_des");
