@@ -113,26 +113,20 @@ typedef struct {
     uint64_t tried[TD_RSCHED_MAX_TRIED];
     size_t ntried;
     uint32_t attempts, bounced;
-    uint32_t next;              /* in a prefill queue or a ready list */
-    uint64_t seq;               /* its place in a prefill queue (pwork_t.seq) */
+    uint32_t prev, next;        /* in a prefill run queue or (next) a ready list */
+    bool started;               /* its prefill task is running (the cache looked up) */
     uint64_t done;              /* prompt tokens in the KV (cached or computed) */
     uint32_t produced;          /* output tokens so far */
 } rs_t;
 
+/* A rank's prefill work as prefilld schedules it: one run queue of tasks,
+ * queued (not started) and running, in order; up to max_running run. */
 typedef struct {
-    uint32_t head, tail;        /* request indices linked by rs_t.next */
-    uint32_t n;
-} fifo_t;
-
-/* A rank's prefill work as prefilld schedules it: tasks queued in arrival
- * order, up to max_running running and taking chunks round robin. */
-typedef struct {
-    fifo_t wait;                /* not started */
-    fifo_t run;                 /* started, waiting for their next chunk */
-    uint32_t running;           /* started, not done (run + cur) */
+    uint32_t head, tail;        /* the run queue (rs_t.prev / next) */
+    uint32_t queued;            /* tasks not started */
+    uint32_t running;           /* started, not done (in the queue or cur) */
     uint32_t cur;               /* the running step's task (NONE: none) */
     uint32_t chunk;             /* its chunk's tokens */
-    uint64_t seq;               /* queue order: arrivals and returns after a chunk */
     uint64_t queued_tokens;     /* prompt tokens not yet prefilled (nor cached), all tasks */
     lru_t lru;
 } pwork_t;
@@ -494,7 +488,7 @@ prank_publish(prank_t *p)
     Tandem__Load ld = TANDEM__LOAD__INIT;
 
     ld.running = p->w.running;
-    ld.queued = p->w.wait.n;
+    ld.queued = p->w.queued;
     ld.queued_tokens = p->w.queued_tokens;
     rank_load(&p->rr, &ld);
 }
@@ -539,82 +533,98 @@ cache_announce(td_rrank_t *rr, lru_t *c)
 static void
 pwork_init(pwork_t *w)
 {
-    w->wait = w->run = (fifo_t){ NONE, NONE, 0 };
-    w->cur = NONE;
+    w->head = w->tail = w->cur = NONE;
 }
 
 static void
-fifo_push(td_des_t *d, fifo_t *f, uint32_t q)
+runq_append(td_des_t *d, pwork_t *w, uint32_t q)
 {
     d->rs[q].next = NONE;
-    if (f->tail != NONE)
-        d->rs[f->tail].next = q;
+    d->rs[q].prev = w->tail;
+    if (w->tail != NONE)
+        d->rs[w->tail].next = q;
     else
-        f->head = q;
-    f->tail = q;
-    f->n++;
+        w->head = q;
+    w->tail = q;
 }
 
-static uint32_t
-fifo_pop(td_des_t *d, fifo_t *f)
+static void
+runq_unlink(td_des_t *d, pwork_t *w, uint32_t q)
 {
-    uint32_t q = f->head;
+    rs_t *s = &d->rs[q];
 
-    f->head = d->rs[q].next;
-    if (f->head == NONE)
-        f->tail = NONE;
-    f->n--;
-    return q;
+    if (s->prev != NONE)
+        d->rs[s->prev].next = s->next;
+    else
+        w->head = s->next;
+    if (s->next != NONE)
+        d->rs[s->next].prev = s->prev;
+    else
+        w->tail = s->prev;
 }
 
-/* A Prefill arrives: a task queued in arrival order. */
+/* A Prefill arrives: a task at the back of the run queue. */
 static void
 pwork_push(td_des_t *d, pwork_t *w, uint32_t q)
 {
-    d->rs[q].seq = ++w->seq;
-    fifo_push(d, &w->wait, q);
+    runq_append(d, w, q);
+    w->queued++;
     w->queued_tokens += d->reqs[q].input;
 }
 
-/* The next chunk, as prefilld's scheduler hands them to the compute thread:
- * of the running tasks (round robin: a task goes to the back after each
- * chunk) and, while fewer than max_running run, the first queued one, the
- * one that came first. A task starting looks up the cache: the longest
- * cached chain prefix, at most (n - 1) / G blocks so that a token is left
- * to compute (pcache.h). Returns the step's seconds (0: no work). */
+/* prefilld's task_try_start: with a run slot free the task starts, its
+ * cache looked up: the longest cached chain prefix, at most (n - 1) / G
+ * blocks so that a token is left to compute (pcache.h). */
+static bool
+pwork_try_start(td_des_t *d, pwork_t *w, uint32_t q)
+{
+    td_des_req_t *r = &d->reqs[q];
+    rs_t *s = &d->rs[q];
+
+    if (s->started)
+        return true;
+    if (w->running >= d->cfg.prefill_max_running)
+        return false;
+    uint32_t g = d->cfg.cache_block_tokens;
+    size_t most = g ? (r->input - 1) / g : 0;
+    size_t k = lru_prefix(&w->lru, s->h, s->nh < most ? s->nh : most);
+    s->started = true;
+    s->done = (uint64_t)k * g;
+    r->cached_tokens = s->done;
+    r->t_prefill_start = d->now;
+    w->queued_tokens -= s->done;
+    w->queued--;
+    w->running++;
+    return true;
+}
+
+/* The next chunk, as prefilld's prank_schedule hands them to the compute
+ * thread: the first task in the run queue whose work left fits in one chunk
+ * and that runs or can start, else the first that runs or can start; after
+ * its chunk a task goes to the back. Returns the step's seconds (0: no
+ * work). */
 static double
 pwork_chunk(td_des_t *d, pwork_t *w, uint32_t ranks)
 {
     uint32_t q;
-    td_des_req_t *r;
-    rs_t *s;
 
     w->cur = NONE;
     w->chunk = 0;
-    if (w->wait.n > 0 && w->running < d->cfg.prefill_max_running &&
-        (w->run.n == 0 || d->rs[w->wait.head].seq < d->rs[w->run.head].seq)) {
-        q = fifo_pop(d, &w->wait);
-        r = &d->reqs[q];
-        s = &d->rs[q];
-        uint32_t g = d->cfg.cache_block_tokens;
-        size_t most = g ? (r->input - 1) / g : 0;
-        size_t k = lru_prefix(&w->lru, s->h, s->nh < most ? s->nh : most);
-        s->done = (uint64_t)k * g;
-        r->cached_tokens = s->done;
-        r->t_prefill_start = d->now;
-        w->queued_tokens -= s->done;
-        w->running++;
-    } else if (w->run.n > 0) {
-        q = fifo_pop(d, &w->run);
-    } else {
+    for (q = w->head; q != NONE; q = d->rs[q].next)
+        if (d->reqs[q].input - d->rs[q].done <= d->cfg.chunk_tokens &&
+            pwork_try_start(d, w, q))
+            break;
+    if (q == NONE)
+        for (q = w->head; q != NONE; q = d->rs[q].next)
+            if (pwork_try_start(d, w, q))
+                break;
+    if (q == NONE)
         return 0;
-    }
-    r = &d->reqs[q];
-    s = &d->rs[q];
-    uint64_t left = r->input - s->done;
+    runq_unlink(d, w, q);
+    uint64_t left = d->reqs[q].input - d->rs[q].done;
     w->cur = q;
     w->chunk = (uint32_t)(left < d->cfg.chunk_tokens ? left : d->cfg.chunk_tokens);
-    return d->cfg.cost.prefill_s(d->cfg.cost.arg, w->chunk, s->done, ranks);
+    return d->cfg.cost.prefill_s(d->cfg.cost.arg, w->chunk, d->rs[q].done, ranks);
 }
 
 /* The step's chunk is done: the request when its prompt is (its blocks
@@ -633,8 +643,7 @@ pwork_chunk_done(td_des_t *d, pwork_t *w, td_rrank_t *rr)
     w->chunk = 0;
     w->cur = NONE;
     if (s->done < d->reqs[q].input) {
-        s->seq = ++w->seq;
-        fifo_push(d, &w->run, q);
+        runq_append(d, w, q);
         return NONE;
     }
     w->running--;
