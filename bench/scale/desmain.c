@@ -20,6 +20,7 @@
 typedef struct {
     char *trace;
     uint64_t requests;
+    uint64_t repeat;
     double rate_scale;
     double poisson;
     uint64_t seed;
@@ -41,6 +42,9 @@ static const td_config_opt_t desmain_opts[] = {
     TD_CONFIG_OPT_STRING("trace", C, trace, "", "the trace (JSON lines), required"),
     TD_CONFIG_OPT_UINT64("requests", C, requests, "0", 0, 0,
                          "the first N requests of the trace (0: all)"),
+    TD_CONFIG_OPT_UINT64("repeat", C, repeat, "1", 1, 1000,
+                         "the requests K times, each copy's hash ids its own (new "
+                         "conversations) and after the one before"),
     TD_CONFIG_OPT_UINT64("trace-block-tokens", C, trace_block_tokens, "512", 1, 1u << 20,
                          "tokens per hash id of the trace"),
     TD_CONFIG_OPT_DOUBLE("rate-scale", C, rate_scale, "1", 1e-6, 1e6,
@@ -153,7 +157,8 @@ trace_grow(trace_t *t, size_t nids)
     return 0;
 }
 
-/* Read up to max requests (0: all); a line that is not a request is an
+/* Read up to max requests (0: all), their block ids as offsets into t->ids
+ * until trace_finish; a line that is not a request is an
  * error naming it. */
 static td_status_t
 trace_read(const char *path, size_t max, trace_t *t)
@@ -206,12 +211,45 @@ trace_read(const char *path, size_t max, trace_t *t)
     }
     free(line);
     fclose(f);
-    if (st != TD_OK)
-        return st;
-    /* the ids' array moved while it grew: offsets become pointers now */
+    return st;   /* block ids as offsets into ids (it moves while it grows): trace_finish */
+}
+
+/* The requests k times over: copy j's block ids shifted past every id of
+ * the copies before it, its timestamps after the last one's by the mean
+ * gap. Block ids still offsets (trace_read). TD_ERR_NOMEM. */
+static td_status_t
+trace_repeat(trace_t *t, uint64_t k)
+{
+    size_t n = t->n, nids = t->nids;
+    uint64_t top = 0;
+    double gap = n > 1 ? (t->ts[n - 1] - t->ts[0]) / (double)(n - 1) : 1.0;
+    double span = t->ts[n - 1] - t->ts[0] + gap;
+
+    for (size_t i = 0; i < nids; i++)
+        top = t->ids[i] > top ? t->ids[i] : top;
+    for (uint64_t j = 1; j < k; j++) {
+        for (size_t i = 0; i < n; i++) {
+            if (trace_grow(t, t->reqs[i].nblocks) != 0)
+                return TD_ERR_NOMEM;
+            size_t off = (uintptr_t)t->reqs[i].block_ids;
+            for (uint32_t b = 0; b < t->reqs[i].nblocks; b++)
+                t->ids[t->nids + b] = t->ids[off + b] + j * (top + 1);
+            t->reqs[t->n] = t->reqs[i];
+            t->reqs[t->n].block_ids = (const uint64_t *)(uintptr_t)t->nids;
+            t->ts[t->n] = t->ts[i] + (double)j * span;
+            t->nids += t->reqs[i].nblocks;
+            t->n++;
+        }
+    }
+    return TD_OK;
+}
+
+/* The block ids' offsets become pointers (the array no longer moves). */
+static void
+trace_finish(trace_t *t)
+{
     for (size_t i = 0; i < t->n; i++)
         t->reqs[i].block_ids = t->ids + (uintptr_t)t->reqs[i].block_ids;
-    return TD_OK;
 }
 
 /* Arrival times: the trace's timestamps / scale (from 0), or a Poisson
@@ -252,7 +290,7 @@ json_config(const desmain_cfg_t *c, double offered)
     uint64_t pg = c->colocated ? 0 : c->prefill_groups * c->group_gpus;
 
     return json_pack("{s:s, s:f, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:I, s:I, s:f, "
-                     "s:I, s:I, s:I, s:f, s:f, s:f}",
+                     "s:I, s:I, s:I, s:I, s:f, s:f, s:f}",
                      "arrivals", c->poisson > 0 ? "poisson" : "replay",
                      "rate", c->poisson > 0 ? c->poisson : c->rate_scale,
                      "cost", "linear",
@@ -270,7 +308,7 @@ json_config(const desmain_cfg_t *c, double offered)
                      "cache_weight", c->cache_weight,
                      "kv_tokens", (json_int_t)c->kv_tokens,
                      "max_batch", (json_int_t)c->max_batch,
-                     "seed", (json_int_t)c->seed,
+                     "seed", (json_int_t)c->seed, "repeat", (json_int_t)c->repeat,
                      "ttft_slo_s", c->ttft_slo, "tpot_slo_s", c->tpot_slo,
                      "offered_req_per_s", offered);
 }
@@ -334,6 +372,11 @@ main(int argc, char **argv)
         td_error("trace %s: no requests", c.trace);
         goto out;
     }
+    if (trace_repeat(&t, c.repeat) != TD_OK) {
+        td_error("trace %s: out of memory for %llu copies", c.trace, (unsigned long long)c.repeat);
+        goto out;
+    }
+    trace_finish(&t);
     arrivals_set(&t, c.rate_scale, c.poisson, c.seed);
 
     td_des_config_defaults(&dc);
