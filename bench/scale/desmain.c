@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "config.h"
 #include "des.h"
+#include "gpucost.h"
 #include "log.h"
 
 /* The JSON output's version: bumped when a key changes meaning or goes. */
@@ -34,6 +35,7 @@ typedef struct {
     bool pick_full;
     bool json;
     char *per_request;
+    char *gpu_profile, *gpu_model;   /* the GPU cost model (engine/gpucost.h), or "" */
     td_des_linear_t lin;
 } desmain_cfg_t;
 
@@ -91,6 +93,12 @@ static const td_config_opt_t desmain_opts[] = {
     TD_CONFIG_OPT_BOOL("json", C, json, "false", "print the result as JSON"),
     TD_CONFIG_OPT_STRING("per-request", C, per_request, "",
                          "write one JSON line per request to this file"),
+    TD_CONFIG_OPT_STRING("gpu-profile", C, gpu_profile, "",
+                         "the GPU cost model's profile (deploy/profiles/*.json; with "
+                         "gpu-model: the cost instead of the linear one below)"),
+    TD_CONFIG_OPT_STRING("gpu-model", C, gpu_model, "",
+                         "the model config.json the GPU cost model reads "
+                         "(deploy/models/deepseek-v41-flash.json)"),
     TD_CONFIG_OPT_DOUBLE("prefill-fixed-s", C, lin.prefill_fixed_s, "0.005", 0, 1e6,
                          "linear cost: seconds per prefill chunk"),
     TD_CONFIG_OPT_DOUBLE("prefill-token-s", C, lin.prefill_token_s, "5e-5", 0, 1e6,
@@ -110,6 +118,25 @@ static const td_config_opt_t desmain_opts[] = {
     TD_CONFIG_OPT_END
 };
 #undef C
+
+/* The GPU cost model (engine/gpucost.h) through des's cost interface. */
+static double
+gpu_prefill_s(void *arg, uint64_t n, uint64_t before, uint32_t ranks)
+{
+    return td_gpucost_prefill_s(arg, n, before, ranks);
+}
+
+static double
+gpu_decode_step_s(void *arg, uint32_t rows, uint64_t ctx, uint32_t ranks)
+{
+    return td_gpucost_decode_step_s(arg, rows, ctx, ranks);
+}
+
+static double
+gpu_kv_xfer_s(void *arg, uint64_t n)
+{
+    return td_gpucost_kv_xfer_s(arg, n);
+}
 
 /* ======================================================================= */
 /* The trace                                                                */
@@ -293,7 +320,7 @@ json_config(const desmain_cfg_t *c, double offered)
                      "s:I, s:I, s:I, s:I, s:f, s:f, s:f}",
                      "arrivals", c->poisson > 0 ? "poisson" : "replay",
                      "rate", c->poisson > 0 ? c->poisson : c->rate_scale,
-                     "cost", "linear",
+                     "cost", c->gpu_profile[0] ? "gpu" : "linear",
                      "prefill_groups", (json_int_t)(c->colocated ? 0 : c->prefill_groups),
                      "group_gpus", (json_int_t)c->group_gpus,
                      "prefill_gpus", (json_int_t)pg,
@@ -345,6 +372,7 @@ main(int argc, char **argv)
     trace_t t = { 0 };
     td_des_config_t dc;
     td_des_t *d = NULL;
+    td_gpucost_t *gpu = NULL;
     td_des_summary_t sum;
     int rc = 1;
 
@@ -398,6 +426,16 @@ main(int argc, char **argv)
     dc.trace_block_tokens = (uint32_t)c.trace_block_tokens;
     dc.pick_full = c.pick_full;
     dc.cost = td_des_linear_cost(&c.lin);
+    if (c.gpu_profile[0] || c.gpu_model[0]) {   /* the GPU cost model instead */
+        td_gpucost_config_t gc = { .profile = c.gpu_profile, .model = c.gpu_model };
+        if (!c.gpu_profile[0] || !c.gpu_model[0]) {
+            fprintf(stderr, "des: --gpu-profile and --gpu-model go together\n");
+            goto out;
+        }
+        if (td_gpucost_create(&gc, &gpu) != TD_OK)   /* logs why */
+            goto out;
+        dc.cost = (td_des_cost_t){ gpu_prefill_s, gpu_decode_step_s, gpu_kv_xfer_s, gpu };
+    }
 
     double t0 = td_clock_s();
     if (td_des_create(&dc, &d) != TD_OK || td_des_run(d, t.reqs, t.n) != TD_OK)
@@ -437,6 +475,7 @@ main(int argc, char **argv)
     rc = 0;
 out:
     td_des_destroy(d);
+    td_gpucost_destroy(gpu);
     trace_free(&t);
     td_config_free(desmain_opts, &c);
     return rc;
