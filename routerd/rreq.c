@@ -1094,8 +1094,8 @@ text_kick(td_rreq_t *q)
 static td_status_t
 gen_push(td_rreq_t *q, const int32_t *tokens, size_t n)
 {
-    if (q->gen == NULL && q->ntokens > 0)
-        return TD_OK;   /* dropped before */
+    if (n == 0 || (q->gen == NULL && q->ntokens > 0))
+        return TD_OK;   /* nothing, or dropped before */
     if (q->ntokens + n > q->gencap) {
         size_t cap = q->gencap ? q->gencap : 64;
         while (cap < q->ntokens + n)
