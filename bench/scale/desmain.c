@@ -36,6 +36,7 @@ typedef struct {
     bool json;
     char *per_request;
     char *gpu_profile, *gpu_model;   /* the GPU cost model (engine/gpucost.h), or "" */
+    uint64_t gpu_prefill_ranks, gpu_decode_ranks;   /* its group sizes (0: the model's) */
     td_des_linear_t lin;
 } desmain_cfg_t;
 
@@ -99,6 +100,12 @@ static const td_config_opt_t desmain_opts[] = {
     TD_CONFIG_OPT_STRING("gpu-model", C, gpu_model, "",
                          "the model config.json the GPU cost model reads "
                          "(deploy/models/deepseek-v41-flash.json)"),
+    TD_CONFIG_OPT_UINT64("gpu-prefill-ranks", C, gpu_prefill_ranks, "0", 0, 1u << 20,
+                         "the GPU cost model charges a prefill rank as a GPU of a group of "
+                         "this size (0: group-gpus; the processes' synth-gpu-ranks)"),
+    TD_CONFIG_OPT_UINT64("gpu-decode-ranks", C, gpu_decode_ranks, "0", 0, 1u << 20,
+                         "... and a decode rank as a GPU of a domain of this size "
+                         "(0: decode-ranks-per-domain)"),
     TD_CONFIG_OPT_DOUBLE("prefill-fixed-s", C, lin.prefill_fixed_s, "0.005", 0, 1e6,
                          "linear cost: seconds per prefill chunk"),
     TD_CONFIG_OPT_DOUBLE("prefill-token-s", C, lin.prefill_token_s, "5e-5", 0, 1e6,
@@ -119,23 +126,33 @@ static const td_config_opt_t desmain_opts[] = {
 };
 #undef C
 
-/* The GPU cost model (engine/gpucost.h) through des's cost interface. */
+/* The GPU cost model (engine/gpucost.h) through des's cost interface; the
+ * group sizes it charges for, when they differ from the ones that step
+ * together (independent ranks each charged as a GPU of a group, as the
+ * synthetic engine's synth-gpu-ranks does). */
+typedef struct {
+    td_gpucost_t *c;
+    uint32_t prefill_ranks, decode_ranks;   /* 0: the model's own */
+} gpu_cost_t;
+
 static double
 gpu_prefill_s(void *arg, uint64_t n, uint64_t before, uint32_t ranks)
 {
-    return td_gpucost_prefill_s(arg, n, before, ranks);
+    const gpu_cost_t *g = arg;
+    return td_gpucost_prefill_s(g->c, n, before, g->prefill_ranks ? g->prefill_ranks : ranks);
 }
 
 static double
 gpu_decode_step_s(void *arg, uint32_t rows, uint64_t ctx, uint32_t ranks)
 {
-    return td_gpucost_decode_step_s(arg, rows, ctx, ranks);
+    const gpu_cost_t *g = arg;
+    return td_gpucost_decode_step_s(g->c, rows, ctx, g->decode_ranks ? g->decode_ranks : ranks);
 }
 
 static double
 gpu_kv_xfer_s(void *arg, uint64_t n)
 {
-    return td_gpucost_kv_xfer_s(arg, n);
+    return td_gpucost_kv_xfer_s(((const gpu_cost_t *)arg)->c, n);
 }
 
 /* ======================================================================= */
@@ -373,6 +390,7 @@ main(int argc, char **argv)
     td_des_config_t dc;
     td_des_t *d = NULL;
     td_gpucost_t *gpu = NULL;
+    gpu_cost_t gcost;
     td_des_summary_t sum;
     int rc = 1;
 
@@ -434,7 +452,8 @@ main(int argc, char **argv)
         }
         if (td_gpucost_create(&gc, &gpu) != TD_OK)   /* logs why */
             goto out;
-        dc.cost = (td_des_cost_t){ gpu_prefill_s, gpu_decode_step_s, gpu_kv_xfer_s, gpu };
+        gcost = (gpu_cost_t){ gpu, (uint32_t)c.gpu_prefill_ranks, (uint32_t)c.gpu_decode_ranks };
+        dc.cost = (td_des_cost_t){ gpu_prefill_s, gpu_decode_step_s, gpu_kv_xfer_s, &gcost };
     }
 
     double t0 = td_clock_s();
