@@ -387,31 +387,7 @@ on_register(td_cluster_t *c, td_rrank_t *rk, const Tandem__Register *reg)
 static void
 on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
 {
-    rk->load = *ld;
-    rk->load.base.unknown_fields = NULL;
-    rk->load.base.n_unknown_fields = 0;
-    rk->load.expert_tokens = NULL;   /* the message's: copied below */
-    rk->load.n_expert_tokens = 0;
-    rk->load.cache = NULL;           /* the message's: its scalars copied here */
-    rk->has_cache_stats = ld->cache != NULL;
-    if (ld->cache) {
-        rk->cache_stats = *ld->cache;
-        rk->cache_stats.base.unknown_fields = NULL;
-        rk->cache_stats.base.n_unknown_fields = 0;
-    }
-    if (ld->n_expert_tokens != rk->n_expert_tokens) {
-        uint64_t *e = realloc(rk->expert_tokens, (ld->n_expert_tokens ? ld->n_expert_tokens
-                                                                       : 1) * sizeof(*e));
-        if (e != NULL) {
-            rk->expert_tokens = e;
-            rk->n_expert_tokens = ld->n_expert_tokens;
-        }
-    }
-    if (rk->n_expert_tokens == ld->n_expert_tokens && ld->n_expert_tokens > 0)
-        memcpy(rk->expert_tokens, ld->expert_tokens, ld->n_expert_tokens * sizeof(uint64_t));
-    rk->pend_tokens = 0;
-    rk->pend_reqs = 0;
-    rk->refused = false;
+    td_rrank_load(rk, ld);
     td_trace("%s: load: kv used %llu free %llu, running %u, queued %u",
              td_ctl_conn_name(rk->conn), (unsigned long long)ld->kv_tokens_used,
              (unsigned long long)ld->kv_tokens_free, ld->running, ld->queued);

@@ -3,6 +3,7 @@
  * sending it a message. */
 #include "rrank.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -16,6 +17,36 @@ const char *
 td_rrank_state_str(td_rrank_state_t st)
 {
     return (unsigned)st <= TD_RRANK_DEAD ? rrank_state_names[st] : "?";
+}
+
+void
+td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld)
+{
+    rk->load = *ld;
+    rk->load.base.unknown_fields = NULL;
+    rk->load.base.n_unknown_fields = 0;
+    rk->load.expert_tokens = NULL;   /* the message's: copied below */
+    rk->load.n_expert_tokens = 0;
+    rk->load.cache = NULL;           /* the message's: its scalars copied here */
+    rk->has_cache_stats = ld->cache != NULL;
+    if (ld->cache) {
+        rk->cache_stats = *ld->cache;
+        rk->cache_stats.base.unknown_fields = NULL;
+        rk->cache_stats.base.n_unknown_fields = 0;
+    }
+    if (ld->n_expert_tokens != rk->n_expert_tokens) {
+        uint64_t *e = realloc(rk->expert_tokens, (ld->n_expert_tokens ? ld->n_expert_tokens
+                                                                       : 1) * sizeof(*e));
+        if (e != NULL) {
+            rk->expert_tokens = e;
+            rk->n_expert_tokens = ld->n_expert_tokens;
+        }
+    }
+    if (rk->n_expert_tokens == ld->n_expert_tokens && ld->n_expert_tokens > 0)
+        memcpy(rk->expert_tokens, ld->expert_tokens, ld->n_expert_tokens * sizeof(uint64_t));
+    rk->pend_tokens = 0;
+    rk->pend_reqs = 0;
+    rk->refused = false;
 }
 
 td_rrank_state_t

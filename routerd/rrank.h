@@ -85,6 +85,11 @@ bool td_rrank_dep_valid(const Tandem__Register *reg, const char **why);
  * decide what to do about it. */
 td_status_t td_rrank_send(td_rrank_t *rk, const Tandem__Envelope *env);
 
+/* A Load from rk: its scalars, cache stats and expert rows become rk's
+ * latest state, and what this router sent rk since (pend_*, refused) is in
+ * it now. The message's arrays are copied, never kept. */
+void td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld);
+
 /* A prefill rank's cache block size in tokens (Register's
  * cache_block_tokens): 0 without a prefix cache or before it registered. */
 uint32_t td_rrank_cache_block(const td_rrank_t *rk);

@@ -472,14 +472,11 @@ rank_register(td_des_t *d, td_rrank_t *rr, Tandem__Register *reg, Tandem__Role r
 }
 
 /* A Load arrives: the rank's latest state, and what the router sent since
- * is in it (cluster.c on_load). */
+ * is in it (td_rrank_load, as cluster.c's on_load takes one). */
 static void
 rank_load(td_rrank_t *rr, const Tandem__Load *ld)
 {
-    rr->load = *ld;
-    rr->pend_tokens = 0;
-    rr->pend_reqs = 0;
-    rr->refused = false;
+    td_rrank_load(rr, ld);
 }
 
 static void
