@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "benchutil.h"
 #include "clock.h"
 #include "config.h"
 #include "kvsum.h"
@@ -35,18 +36,6 @@ kvsumbench_usage(FILE *f)
         "  --cold       evict the caches (touch 256 MiB) before every timed pass\n"
         "Output: kvsumbench what=W bytes=B ms=M gbps=G, what = of (decode rank,\n"
         "over the blocks), stream (prefill rank, per piece), memcpy (the bytes once).\n");
-}
-
-static double
-kvsumbench_median(double *v, uint32_t n)
-{
-    for (uint32_t i = 1; i < n; i++)
-        for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* The request: per paged segment its blocks in shuffled pool order, per
@@ -281,7 +270,7 @@ main(int argc, char **argv)
     }
     static const char *const what[3] = { "of", "stream", "memcpy" };
     for (int w = 0; w < 3; w++) {
-        double m = kvsumbench_median(t[w], o.rounds);
+        double m = bench_median(t[w], o.rounds);
         printf("kvsumbench what=%s bytes=%" PRIu64 " ms=%.3f gbps=%.2f%s\n", what[w], k.bytes,
                m * 1e3, (double)k.bytes / m / 1e9, o.cold ? " cold" : "");
         free(t[w]);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "benchutil.h"
 #include "chainhash.h"
 #include "clock.h"
 #include "kvtier.h"
@@ -53,18 +54,6 @@ kvtierbench_usage(FILE *f)
         "Output: kvtier what=ours|dd|dd-direct pass=P bytes=B s=S mbps=M, then the medians\n"
         "and ratio=R, the median of the passes' ours / the faster dd, then each one's range.\n"
         "dd reads dd.bin, the tier's files end to end (the same bytes).\n");
-}
-
-static double
-kvtierbench_median(double *v, uint32_t n)
-{
-    for (uint32_t i = 1; i < n; i++)
-        for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /* fsync and drop from the page cache every file of dir. */
@@ -374,8 +363,8 @@ main(int argc, char **argv)
            "ratio=%.2f\n",
            n, o.payload, o.snapshot, o.snapshot_every, o.chain_min, o.chain_max, o.read_threads,
            total, o.passes,
-           kvtierbench_median(ours, o.passes), kvtierbench_median(dd, o.passes),
-           kvtierbench_median(ddd, o.passes), kvtierbench_median(ratio, o.passes));
+           bench_median(ours, o.passes), bench_median(dd, o.passes),
+           bench_median(ddd, o.passes), bench_median(ratio, o.passes));
     /* the medians left each array sorted: its spread is its ends */
     printf("kvtier range over %u passes: ours_mbps=%.1f..%.1f dd_mbps=%.1f..%.1f "
            "dd_direct_mbps=%.1f..%.1f ratio=%.2f..%.2f\n", o.passes, ours[0],
