@@ -85,6 +85,19 @@ cancel(env_t *t, uint64_t id)
     cancel_from(t, t->rt, id, 0);
 }
 
+/* Drain{draining} from the router. */
+static void
+drain(env_t *t, int draining)
+{
+    Tandem__Drain dr = TANDEM__DRAIN__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    dr.draining = draining;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
+    env.drain = &dr;
+    td_drank_on_message(t->rk, t->rt, &env);
+}
+
 static uint64_t
 blocks_used(env_t *t)
 {
@@ -175,18 +188,12 @@ test_rejects(env_t *t)
         if (id <= 201 || id >= 207)
             cancel(t, id);
     CHECK(blocks_used(t) > 0);
-    Tandem__Drain dr = TANDEM__DRAIN__INIT;
-    dr.draining = 1;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
-    env.drain = &dr;
-    td_drank_on_message(t->rk, t->rt, &env);
+    drain(t, 1);
     CHECK(t->rt->load.draining);
     fk_run_until(t->base, fk_never, NULL, GRACE_MS + 200);
     CHECK_EQ_INT(blocks_used(t), 0);
     admit(t, 230, p, 8, 10, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_DRAINING);
-    dr.draining = 0;
-    td_drank_on_message(t->rk, t->rt, &env);
+    drain(t, 0);
     CHECK(!t->rt->load.draining);
     fk_router_clear(t->rt);
 }
@@ -783,16 +790,10 @@ test_keep(env_t *t)
     td_drank_stats(t->rk, &st);
     CHECK_EQ_INT(st.kept_now, 2);
     /* a drain drops them all */
-    Tandem__Drain dr = TANDEM__DRAIN__INIT;
-    dr.draining = 1;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_DRAIN;
-    env.drain = &dr;
-    td_drank_on_message(t->rk, t->rt, &env);
+    drain(t, 1);
     CHECK(forgot(t->rt, 807) && forgot(t->rt, 808));
     CHECK_EQ_INT(blocks_used(t), 0);
-    dr.draining = 0;
-    td_drank_on_message(t->rk, t->rt, &env);
+    drain(t, 0);
 out:
     fk_run_until(t->base, fk_never, NULL, 50);
     fk_p_destroy(&fp);
