@@ -511,6 +511,57 @@ drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
+/* A live request of a's prompt in reservation res (the caller's until this
+ * succeeds): its engine request computes in res's blocks — they are its
+ * cache, and what a prefill writes lands there — it takes res's slot and
+ * counts as admitted. On failure nothing is made: *code and *why are the
+ * reject. */
+static td_status_t
+drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
+              const td_sample_params_t *sp, td_kvpool_res_t *res, td_dreq_t **out,
+              Tandem__AdmitRejectCode *code, const char **why)
+{
+    td_engine_req_t *ereq = NULL;
+    td_dreq_t *req = NULL;
+
+    if (td_engine_req_create(r->engine, sp, &res->kv, &ereq) != TD_OK) {
+        *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID;
+        *why = "bad sampling parameters";
+        return TD_ERR_INVALID;
+    }
+    if (td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
+        td_engine_req_destroy(ereq);
+        *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
+        *why = "out of memory";
+        return TD_ERR_NOMEM;
+    }
+    req->ereq = ereq;
+    req->rank = r;
+    ereq->user = req;
+    req->res = res;
+    req->router = router;
+    req->xfer_id = drank_xfer_id(r);
+    r->slots[res->slot] = req;
+    r->stats.admitted++;
+    *out = req;
+    return TD_OK;
+}
+
+/* AdmitOk of request id to router, with dest (NULL: none, a continued
+ * request that no prefill rank writes). */
+static td_status_t
+drank_admit_ok(td_drank_t *r, void *router, uint64_t id, Tandem__KvDest *dest)
+{
+    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    ok.req_id = id;
+    ok.dest = dest;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
+    env.admit_ok = &ok;
+    return r->io.send(router, &env, r->io.arg);
+}
+
 static void drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
                                  const td_sample_params_t *sp, uint64_t ntokens);
 
@@ -556,7 +607,6 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         return;
     }
     td_dreq_t *req = NULL;
-    td_engine_req_t *ereq = NULL;
     td_kvpool_res_t *res = NULL;
     const char *why = NULL;
     if (drank_reserve(r, a->req_id, ntokens, NULL, NULL, NULL, &res, &why) != TD_OK) {
@@ -564,34 +614,17 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                      why);
         return;
     }
-    /* The engine request computes in the reserved blocks: they are its
-     * cache, and what the prefill writes into lands there. */
-    if (td_engine_req_create(r->engine, &sp, &res->kv, &ereq) != TD_OK) {
+    Tandem__AdmitRejectCode code;
+    if (drank_req_new(r, router, a, &sp, res, &req, &code, &why) != TD_OK) {
         td_kvpool_release(r->kp, res);
-        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
-                    "bad sampling parameters");
+        drank_reject(r, router, a->req_id, code, why);
         return;
     }
-    if (td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
-        td_engine_req_destroy(ereq);
-        td_kvpool_release(r->kp, res);
-        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                    "out of memory");
-        return;
-    }
-    req->ereq = ereq;
-    req->rank = r;
-    ereq->user = req;
-    req->res = res;
-    req->router = router;
-    req->xfer_id = drank_xfer_id(r);
     req->prefill_inc = a->prefill_incarnation;
     req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
-    r->slots[res->slot] = req;
-    r->stats.admitted++;
 
     /* AdmitOk{KvDest}: per segment its pool (id = segment index) and blocks. */
     uint32_t nsegs = r->layout->nsegs;
@@ -622,13 +655,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     dest.xfer_id = req->xfer_id;
     dest.n_segs = nsegs;
     dest.segs = segp;
-    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
-    ok.req_id = a->req_id;
-    ok.dest = &dest;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
-    env.admit_ok = &ok;
-    td_status_t st = r->io.send(router, &env, r->io.arg);
+    td_status_t st = drank_admit_ok(r, router, a->req_id, &dest);
     free(segs);
     free(segp);
     if (st != TD_OK) {
@@ -882,9 +909,9 @@ drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
     uint32_t nsegs = r->layout->nsegs;
     uint64_t *nprefix = NULL;
     td_kvpool_res_t *res = NULL;
-    td_engine_req_t *ereq = NULL;
     td_dreq_t *req = NULL;
     drank_adopt_t *j = NULL;
+    Tandem__AdmitRejectCode code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
     const char *why = NULL;
 
     if (k == NULL || a->continue_tokens != k->ntokens || a->n_tokens <= k->ntokens ||
@@ -908,23 +935,12 @@ drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
                       k, &res, &why) != TD_OK)
         goto err;
     drank_kept_copy(r, k->res, res, k->ntokens, nprefix);
-    if (td_engine_req_create(r->engine, sp, &res->kv, &ereq) != TD_OK ||
-        td_dreq_create(a->req_id, a->tokens, a->n_tokens, &req) != TD_OK) {
-        why = "out of memory";
+    if (drank_req_new(r, router, a, sp, res, &req, &code, &why) != TD_OK)
         goto err;
-    }
-    req->ereq = ereq;
-    ereq->user = req;
-    req->rank = r;
-    req->res = res;
-    req->router = router;
     req->cont = k->ntokens;
     req->kv_done = true;   /* nobody else writes into its blocks */
-    req->xfer_id = drank_xfer_id(r);
     snprintf(req->prefill, sizeof(req->prefill), "this rank (continues %016" PRIx64 ")",
              k->id);
-    r->slots[res->slot] = req;
-    r->stats.admitted++;
     r->stats.continued++;
     r->stats.continue_tokens += a->n_tokens - k->ntokens;
     td_info("decode rank %u: request %016llx admitted: continues %016llx, %llu kept + %llu "
@@ -935,12 +951,7 @@ drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
     drank_kept_free(r, k);   /* its whole blocks live on in res */
     free(nprefix);
 
-    Tandem__AdmitOk ok = TANDEM__ADMIT_OK__INIT;
-    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
-    ok.req_id = a->req_id;
-    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK;
-    env.admit_ok = &ok;
-    td_status_t st = r->io.send(router, &env, r->io.arg);
+    td_status_t st = drank_admit_ok(r, router, a->req_id, NULL);
     if (st != TD_OK) {
         free(j);
         drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
@@ -957,16 +968,11 @@ drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
     drank_publish_load(r);
     return;
 err:
-    if (req != NULL)
-        td_dreq_destroy(req);   /* with ereq */
-    else if (ereq != NULL)
-        td_engine_req_destroy(ereq);
     if (res != NULL)
         td_kvpool_release(r->kp, res);
     free(nprefix);
     free(j);
-    drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                 why);
+    drank_reject(r, router, a->req_id, code, why);
 }
 
 /* Every transfer of a request ends in a note; the terminal one carries a
