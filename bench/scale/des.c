@@ -16,6 +16,7 @@
 #include "chainhash.h"
 #include "log.h"
 #include "rcache.h"
+#include "rng.h"
 #include "rqueue.h"
 #include "rrank.h"
 #include "rsched.h"
@@ -1174,26 +1175,16 @@ td_des_destroy(td_des_t *d)
     free(d);
 }
 
-static uint64_t
-splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 void
 td_des_poisson(td_des_req_t *reqs, size_t n, double rate, uint64_t seed)
 {
     double now = 0;
-    uint64_t s = seed;
+    td_rng_t s = td_rng_seed(seed);
 
     for (size_t i = 0; i < n; i++) {
         if (i > 0) {
             /* u in (0, 1]: 53 random bits */
-            double u = ((double)(splitmix64(&s) >> 11) + 1.0) / 9007199254740992.0;
+            double u = ((double)(td_rng_next(&s) >> 11) + 1.0) / 9007199254740992.0;
             now += -log(u) / rate;
         }
         reqs[i].t_arrive = now;
