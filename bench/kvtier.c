@@ -3,8 +3,11 @@
  * the page cache dropped (fsync + POSIX_FADV_DONTNEED), then read back as
  * prefill hits would, in chains of 16..64 blocks (td_kvtier_get_many); next
  * to `dd` over one file of the same bytes (the tier's files end to end) in
- * the same directory after the same drop. Prints MB/s (1e6) of both and
- * their ratio (docs/kvtier.md). */
+ * the same directory after the same drop. Read twice: one chain at a time
+ * (a lone request's get_many), and with td_kvtier_prefetch D chains ahead
+ * (requests queued at a prefill rank: each chain's reads started when its
+ * request arrives, got when its turn comes). Prints MB/s (1e6)
+ * of each and their ratios to dd (docs/kvtier.md). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -31,6 +34,7 @@ typedef struct {
     uint32_t chain_min, chain_max;
     uint32_t passes;
     uint32_t read_threads;
+    uint32_t prefetch_depth;
     int keep;
 } kvtierbench_opts_t;
 
@@ -50,9 +54,11 @@ kvtierbench_usage(FILE *f)
         "                      drawn apart for the two (default 16:64; B at most 256)\n"
         "  --passes N          passes of ours, dd, dd direct, each cold; medians (default 5)\n"
         "  --read-threads N    the tier's reader threads (default 4)\n"
+        "  --prefetch-depth D  chains prefetched ahead in the second reads (default 4; 0: none)\n"
         "  --keep              leave the files\n"
-        "Output: kvtier what=ours|dd|dd-direct pass=P bytes=B s=S mbps=M, then the medians\n"
-        "and ratio=R, the median of the passes' ours / the faster dd, then each one's range.\n"
+        "Output: kvtier what=ours|prefetch|dd|dd-direct pass=P bytes=B s=S mbps=M, then the\n"
+        "medians and ratio=R, the median of the passes' ours / the faster dd (prefetch_ratio:\n"
+        "the same for the prefetch reads), then each one's range.\n"
         "dd reads dd.bin, the tier's files end to end (the same bytes).\n");
 }
 
@@ -150,6 +156,84 @@ kvtierbench_dd(const char *path, const char *iflag, uint64_t *bytes)
     return s;
 }
 
+static double
+kvtierbench_cpu(const struct rusage *a, const struct rusage *b)
+{
+    return (double)(b->ru_utime.tv_sec - a->ru_utime.tv_sec + b->ru_stime.tv_sec -
+                    a->ru_stime.tv_sec) +
+           (double)(b->ru_utime.tv_usec - a->ru_utime.tv_usec + b->ru_stime.tv_usec -
+                    a->ru_stime.tv_usec) / 1e6;
+}
+
+/* One cold pass: all n records read back in chains of chain_min..chain_max
+ * blocks drawn from rng, each with one get_many; with depth > 0 each chain
+ * is prefetched depth chains before its get_many. The tier's SSD bytes per
+ * second (MB/s) into *mbps, its CPU seconds; -1 when a read failed. */
+static int
+kvtierbench_pass(td_kvtier_t *kt, const kvtierbench_opts_t *o, const uint64_t *hashes,
+                 const int32_t *tokens, uint8_t *outbuf, td_kvtier_out_t *outs, uint64_t rng,
+                 uint32_t depth, double *mbps, double *cpu_s, uint64_t *bytes)
+{
+    uint64_t n = o->records, g = o->block_tokens, nc = 0, before, ns;
+    uint64_t *start = malloc((n + 1) * sizeof(*start));
+    td_kvtier_stats_t a, b;
+    struct rusage ru0, ru1;
+    int rc = -1;
+
+    if (start == NULL)
+        return -1;
+    for (uint64_t i = 0; i < n; nc++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t k = o->chain_min + (rng >> 33) % (o->chain_max - o->chain_min + 1);
+
+        start[nc] = i;
+        i += k > n - i ? n - i : k;
+    }
+    start[nc] = n;
+    kvtierbench_drop(o->dir);
+    td_kvtier_stats(kt, &a);
+    getrusage(RUSAGE_SELF, &ru0);
+    before = td_clock_ns();
+    for (uint64_t c = 0; c < nc && depth > 0 && c < depth; c++)
+        (void)td_kvtier_prefetch(kt, hashes + start[c], start[c + 1] - start[c]);
+    for (uint64_t c = 0; c < nc; c++) {
+        uint64_t i = start[c], k = start[c + 1] - start[c];
+        size_t hit = 0;
+
+        if (depth > 0 && c + depth < nc)
+            (void)td_kvtier_prefetch(kt, hashes + start[c + depth],
+                                     start[c + depth + 1] - start[c + depth]);
+        for (uint64_t j = 0; j < k; j++)
+            outs[j] = (td_kvtier_out_t){ outbuf + j * (o->payload + o->snapshot), o->payload,
+                                         outbuf + j * (o->payload + o->snapshot) + o->payload,
+                                         o->snapshot, 0, 0, 0 };
+        if (td_kvtier_get_many(kt, hashes + i, k, tokens + i * g, (uint32_t)g, outs, &hit) !=
+                TD_OK || hit != k) {
+            fprintf(stderr, "kvtier: chain at %" PRIu64 ": %zu of %" PRIu64 " read\n", i, hit, k);
+            goto out;
+        }
+        for (uint64_t j = 0; j < k; j++)
+            if (outs[j].tier != TD_KVTIER_SSD) {
+                fprintf(stderr, "kvtier: block %" PRIu64 " was not an SSD hit\n", i + j);
+                goto out;
+            }
+    }
+    ns = td_clock_ns() - before;
+    getrusage(RUSAGE_SELF, &ru1);
+    td_kvtier_stats(kt, &b);
+    *bytes = b.bytes_read - a.bytes_read;
+    *mbps = (double)*bytes / ((double)ns / 1e9) / 1e6;
+    *cpu_s = kvtierbench_cpu(&ru0, &ru1);
+    if (depth > 0)
+        printf("kvtier prefetch blocks=%" PRIu64 " unused=%" PRIu64 " got_ssd=%" PRIu64 "\n",
+               b.prefetched - a.prefetched, b.prefetch_unused - a.prefetch_unused,
+               b.hits_ssd - a.hits_ssd);
+    rc = 0;
+out:
+    free(start);
+    return rc;
+}
+
 static int
 kvtierbench_parse_chain(const char *s, kvtierbench_opts_t *o)
 {
@@ -165,7 +249,7 @@ kvtierbench_parse_chain(const char *s, kvtierbench_opts_t *o)
 int
 main(int argc, char **argv)
 {
-    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 4, 0 };
+    kvtierbench_opts_t o = { NULL, 4096, 24576, 139264, 8, 128, 16, 64, 5, 4, 4, 0 };
     static const struct option longopts[] = {
         { "dir", required_argument, NULL, 'd' },
         { "records", required_argument, NULL, 'n' },
@@ -176,13 +260,14 @@ main(int argc, char **argv)
         { "chain", required_argument, NULL, 'c' },
         { "passes", required_argument, NULL, 'r' },
         { "read-threads", required_argument, NULL, 't' },
+        { "prefetch-depth", required_argument, NULL, 'D' },
         { "keep", no_argument, NULL, 'k' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     char tmpl[] = "/var/tmp/kvtierbench.XXXXXX";
     char big[4200];
-    double *ours = NULL, *dd = NULL, *ddd = NULL, *ratio = NULL;
+    double *ours = NULL, *dd = NULL, *ddd = NULL, *ratio = NULL, *pf = NULL, *pfratio = NULL;
     int c, rc = 1;
 
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -201,6 +286,7 @@ main(int argc, char **argv)
             break;
         case 'r': o.passes = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 't': o.read_threads = (uint32_t)strtoul(optarg, NULL, 0); break;
+        case 'D': o.prefetch_depth = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 'k': o.keep = 1; break;
         case 'h': kvtierbench_usage(stdout); return 0;
         default: kvtierbench_usage(stderr); return 2;
@@ -299,49 +385,28 @@ main(int argc, char **argv)
     dd = calloc(o.passes, sizeof(double));
     ddd = calloc(o.passes, sizeof(double));
     ratio = calloc(o.passes, sizeof(double));
+    pf = calloc(o.passes, sizeof(double));
+    pfratio = calloc(o.passes, sizeof(double));
 
-    if (!ours || !dd || !ddd || !ratio)
+    if (!ours || !dd || !ddd || !ratio || !pf || !pfratio)
         goto cleanup;
     for (uint32_t pass = 0; pass < o.passes; pass++) {
-        uint64_t rng = 0x9E3779B97F4A7C15ull + pass, before, ns, bytes = 0;
-        td_kvtier_stats_t a, b;
-        double s;
+        uint64_t rng = 0x9E3779B97F4A7C15ull + pass, bytes = 0;
+        double s, cpu;
 
-        struct rusage ru0, ru1;
-
-        kvtierbench_drop(o.dir);
-        td_kvtier_stats(kt, &a);
-        getrusage(RUSAGE_SELF, &ru0);
-        before = td_clock_ns();
-        for (uint64_t i = 0; i < n;) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            uint64_t k = o.chain_min + (rng >> 33) % (o.chain_max - o.chain_min + 1);
-            size_t hit = 0;
-
-            if (k > n - i)
-                k = n - i;
-            for (uint64_t j = 0; j < k; j++)
-                outs[j] = (td_kvtier_out_t){ outbuf + j * (o.payload + o.snapshot), o.payload,
-                                             outbuf + j * (o.payload + o.snapshot) + o.payload,
-                                             o.snapshot, 0, 0, 0 };
-            if (td_kvtier_get_many(kt, hashes + i, k, tokens + i * g, (uint32_t)g, outs, &hit) !=
-                    TD_OK || hit != k) {
-                fprintf(stderr, "kvtier: chain at %" PRIu64 ": %zu of %" PRIu64 " read\n", i, hit, k);
-                goto cleanup;
-            }
-            i += k;
-        }
-        ns = td_clock_ns() - before;
-        getrusage(RUSAGE_SELF, &ru1);
-        td_kvtier_stats(kt, &b);
-        ours[pass] = (double)(b.bytes_read - a.bytes_read) / ((double)ns / 1e9) / 1e6;
-        double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
-                              ru0.ru_stime.tv_sec) +
-                     (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec -
-                              ru0.ru_stime.tv_usec) / 1e6;
+        if (kvtierbench_pass(kt, &o, hashes, tokens, outbuf, outs, rng, 0, &ours[pass], &cpu,
+                             &bytes) != 0)
+            goto cleanup;
         printf("kvtier what=ours pass=%u bytes=%" PRIu64 " s=%.3f mbps=%.1f cpu_s=%.3f\n", pass,
-               b.bytes_read - a.bytes_read, (double)ns / 1e9, ours[pass], cpu);
-
+               bytes, (double)bytes / ours[pass] / 1e6, ours[pass], cpu);
+        if (o.prefetch_depth > 0) {
+            if (kvtierbench_pass(kt, &o, hashes, tokens, outbuf, outs, rng, o.prefetch_depth,
+                                 &pf[pass], &cpu, &bytes) != 0)
+                goto cleanup;
+            printf("kvtier what=prefetch pass=%u depth=%u bytes=%" PRIu64 " s=%.3f mbps=%.1f "
+                   "cpu_s=%.3f\n", pass, o.prefetch_depth, bytes, (double)bytes / pf[pass] / 1e6,
+                   pf[pass], cpu);
+        }
         kvtierbench_drop(o.dir);
         if ((s = kvtierbench_dd(big, "", &bytes)) <= 0) {
             fprintf(stderr, "kvtier: dd did not run\n");
@@ -356,20 +421,22 @@ main(int argc, char **argv)
                    bytes, s, ddd[pass]);
         }
         ratio[pass] = ours[pass] / (ddd[pass] > dd[pass] ? ddd[pass] : dd[pass]);
+        pfratio[pass] = pf[pass] / (ddd[pass] > dd[pass] ? ddd[pass] : dd[pass]);
     }
     unlink(big);
     printf("kvtier records=%" PRIu64 " payload=%" PRIu64 " snapshot=%" PRIu64 "/%u chain=%u:%u "
-           "read_threads=%u bytes=%" PRIu64 " passes=%u median: ours_mbps=%.1f dd_mbps=%.1f dd_direct_mbps=%.1f "
-           "ratio=%.2f\n",
+           "read_threads=%u prefetch_depth=%u bytes=%" PRIu64 " passes=%u median: ours_mbps=%.1f "
+           "prefetch_mbps=%.1f dd_mbps=%.1f dd_direct_mbps=%.1f ratio=%.2f prefetch_ratio=%.2f\n",
            n, o.payload, o.snapshot, o.snapshot_every, o.chain_min, o.chain_max, o.read_threads,
-           total, o.passes,
-           bench_median(ours, o.passes), bench_median(dd, o.passes),
-           bench_median(ddd, o.passes), bench_median(ratio, o.passes));
+           o.prefetch_depth, total, o.passes, bench_median(ours, o.passes),
+           bench_median(pf, o.passes), bench_median(dd, o.passes), bench_median(ddd, o.passes),
+           bench_median(ratio, o.passes), bench_median(pfratio, o.passes));
     /* the medians left each array sorted: its spread is its ends */
-    printf("kvtier range over %u passes: ours_mbps=%.1f..%.1f dd_mbps=%.1f..%.1f "
-           "dd_direct_mbps=%.1f..%.1f ratio=%.2f..%.2f\n", o.passes, ours[0],
-           ours[o.passes - 1], dd[0], dd[o.passes - 1], ddd[0], ddd[o.passes - 1], ratio[0],
-           ratio[o.passes - 1]);
+    printf("kvtier range over %u passes: ours_mbps=%.1f..%.1f prefetch_mbps=%.1f..%.1f "
+           "dd_mbps=%.1f..%.1f dd_direct_mbps=%.1f..%.1f ratio=%.2f..%.2f "
+           "prefetch_ratio=%.2f..%.2f\n", o.passes, ours[0], ours[o.passes - 1], pf[0],
+           pf[o.passes - 1], dd[0], dd[o.passes - 1], ddd[0], ddd[o.passes - 1], ratio[0],
+           ratio[o.passes - 1], pfratio[0], pfratio[o.passes - 1]);
     rc = 0;
 
 cleanup:
@@ -385,6 +452,8 @@ cleanup:
         unlink(p);
         rmdir(o.dir);
     }
+    free(pfratio);
+    free(pf);
     free(ratio);
     free(ddd);
     free(dd);

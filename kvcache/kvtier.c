@@ -1,7 +1,8 @@
 /* kvcache/kvtier.c — the host and SSD tiers of the prefix cache (kvtier.h):
  * one index of entries by chain hash (each in the host LRU, in an SSD file of
  * the file LRU, or both), an IO thread that writes put batches as files and
- * deletes files, reader threads for chains, and the checked reads. One mutex
+ * deletes files, reader threads for chains, a prefetch thread that reads
+ * queued chains ahead, and the checked reads. One mutex
  * (mu) guards the index, the queue, the events and the counters; no IO
  * happens under it. File format: docs/kvtier.md. */
 #include "kvtier.h"
@@ -53,6 +54,10 @@
 #define RUN_MAX   (1u << 18)
 #define RUN_BUFS  32          /* buffers kept for reuse */
 #define AIO_DEPTH 64          /* runs in flight at most */
+#define PF_DEPTH  32          /* prefetch: runs read ahead and held at most */
+#define PF_RUN_MAX (1u << 18) /* prefetch: bytes per run at most */
+#define PF_QUEUE_BLOCKS 65536u /* prefetch: blocks of the queued chains at most */
+#define PF_STALE_NS 1000000000ull /* a run read ahead and not got for this long may go */
 #define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
 enum { OFF_CSUM = 8, OFF_VERSION = 16, OFF_G = 20, OFF_LAYOUT = 24, OFF_SEED = 32,
@@ -255,6 +260,8 @@ map_init(map_t *m)
 typedef struct ent ent_t;
 typedef struct kfile kfile_t;
 typedef struct rbatch rbatch_t;
+typedef struct pfrun pfrun_t;
+typedef struct pfjob pfjob_t;
 
 typedef struct {
     uint8_t *p;                 /* aligned for O_DIRECT */
@@ -347,6 +354,18 @@ struct td_kvtier {
     uint32_t nbufs;
     aio_context_t aio;          /* Linux AIO for get_many's reads, or 0 */
     pthread_mutex_t aio_mu;     /* one chain at a time uses it */
+
+    /* the prefetch thread and its runs (mu: all of it but pf, pf_aio) */
+    pthread_t pf;
+    bool pf_started, pf_stop;
+    pthread_cond_t pf_work;     /* the thread waits for chains and free runs */
+    pthread_cond_t pf_done;     /* a get_many waits for a run being read */
+    pfjob_t *pf_head, *pf_tail;
+    uint64_t pf_queued;         /* blocks of the queued chains */
+    map_t pfmap;                /* pfblk_t by hash: blocks read or being read ahead */
+    map_t pfqmap;               /* pfq_t by hash: blocks of queued chains, no run yet */
+    pfrun_t *pfruns;            /* [PF_DEPTH] */
+    aio_context_t pf_aio;       /* the prefetch thread's own, or 0 */
 };
 
 /* What is wrong with a record's header (expected: block `hash` of `bytes`),
@@ -1172,6 +1191,9 @@ scan_dir(td_kvtier_t *kt)
 
 /* ---- Create and destroy ----------------------------------------------------- */
 static void *reader_main(void *arg);   /* below, with get_many */
+static void *pf_main(void *arg);       /* below, with prefetch */
+static pfrun_t *pf_runs_new(void);
+static void pf_runs_free(td_kvtier_t *kt);
 
 static td_status_t
 ssd_open(td_kvtier_t *kt)
@@ -1223,6 +1245,9 @@ kt_free(td_kvtier_t *kt)
         ev_clear(kt);
     free(kt->index.b);
     free(kt->evmap.b);
+    free(kt->pfmap.b);
+    free(kt->pfqmap.b);
+    pf_runs_free(kt);
     if (kt->lockfd >= 0)
         close(kt->lockfd);
     if (kt->dirfd >= 0)
@@ -1231,6 +1256,10 @@ kt_free(td_kvtier_t *kt)
         free(kt->bufs[i].p);
     if (kt->aio != 0)
         syscall(SYS_io_destroy, kt->aio);
+    if (kt->pf_aio != 0)
+        syscall(SYS_io_destroy, kt->pf_aio);
+    pthread_cond_destroy(&kt->pf_done);
+    pthread_cond_destroy(&kt->pf_work);
     pthread_mutex_destroy(&kt->aio_mu);
     free(kt->readers);
     pthread_cond_destroy(&kt->rdone);
@@ -1270,7 +1299,10 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     pthread_cond_init(&kt->rwork, NULL);
     pthread_cond_init(&kt->rdone, NULL);
     pthread_mutex_init(&kt->aio_mu, NULL);
-    if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK)
+    pthread_cond_init(&kt->pf_work, NULL);
+    pthread_cond_init(&kt->pf_done, NULL);
+    if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK ||
+        (st = map_init(&kt->pfmap)) != TD_OK || (st = map_init(&kt->pfqmap)) != TD_OK)
         goto err_free;
     kt->st.host_budget = cfg->host_budget;
     if (cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0') {
@@ -1306,6 +1338,18 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
             }
             kt->nreaders++;
         }
+        if ((kt->pfruns = pf_runs_new()) == NULL) {
+            st = TD_ERR_NOMEM;
+            goto err_stop;
+        }
+        if (syscall(SYS_io_setup, (long)PF_DEPTH, &kt->pf_aio) != 0)
+            kt->pf_aio = 0;   /* then the prefetch thread reads run by run */
+        if ((rc = pthread_create(&kt->pf, NULL, pf_main, kt)) != 0) {
+            td_error("kvtier %s: cannot start the prefetch thread: %s", kt->dir, strerror(rc));
+            st = td_status_from_errno(rc);
+            goto err_stop;
+        }
+        kt->pf_started = true;
     }
     *out = kt;
     return TD_OK;
@@ -1323,6 +1367,13 @@ td_kvtier_destroy(td_kvtier_t *kt)
 {
     if (kt == NULL)
         return;
+    if (kt->pf_started) {
+        pthread_mutex_lock(&kt->mu);
+        kt->pf_stop = true;
+        pthread_cond_signal(&kt->pf_work);
+        pthread_mutex_unlock(&kt->mu);
+        pthread_join(kt->pf, NULL);
+    }
     pthread_mutex_lock(&kt->rmu);
     kt->rstop = true;
     pthread_cond_broadcast(&kt->rwork);
@@ -1713,6 +1764,7 @@ typedef struct {
     const uint8_t *rec;         /* NULL: not read ahead (or past the end of the file) */
     uint64_t gen;               /* its file's gen when read */
     int fd;                     /* the run's file */
+    pfrun_t *pf;                /* the prefetch run it is in (claimed), or NULL */
 } pre_t;
 
 /* One block: host, else SSD (pre: read ahead by get_many, or NULL). */
@@ -2019,6 +2071,420 @@ reader_main(void *arg)
     return NULL;
 }
 
+/* ---- Prefetch: chains read ahead ---------------------------------------------
+ * td_kvtier_prefetch queues a chain. The prefetch thread turns the queued
+ * chains' SSD blocks into runs as get_many does, each into one of PF_DEPTH
+ * run slots, and keeps them in flight with its own AIO context across
+ * chains, so the device does not idle between two requests' chains as it does
+ * between two get_many calls. Nothing is checked or copied there: a read run
+ * is held (READY) until get_many claims its blocks (chain_runs), checks and
+ * copies them out of the run's buffer as it does its own runs' (get_one),
+ * and lets the run go when its last block is claimed. A get_many waits for a
+ * run still being read. A READY run nobody claimed for PF_STALE_NS goes when
+ * its slot is wanted. */
+
+enum { PF_FREE, PF_READING, PF_READY };
+
+typedef struct {                /* a block of a queued chain: in pfqmap until taken */
+    mnode_t node;               /* key: its hash */
+    bool queued;                /* false: a run has it, or a get_many took it */
+} pfq_t;
+
+struct pfjob {
+    pfjob_t *next;
+    size_t n, next_blk;         /* blocks; the first not yet in a run */
+    pfq_t q[];                  /* [n] */
+};
+
+typedef struct {                /* a block of a run: in pfmap until claimed */
+    mnode_t node;               /* key: its hash */
+    pfrun_t *run;
+    where_t w;
+    bool mapped;
+} pfblk_t;
+
+struct pfrun {
+    run_t r;
+    int state;
+    uint32_t left;              /* its blocks still in pfmap */
+    uint32_t claims;            /* get_many calls using its buffer */
+    uint64_t ready_ns;
+    pfblk_t *blk;               /* [r.last - r.first + 1] */
+    size_t bcap;
+};
+
+static pfrun_t *
+pf_runs_new(void)
+{
+    pfrun_t *runs = calloc(PF_DEPTH, sizeof(*runs));
+
+    for (size_t s = 0; runs != NULL && s < PF_DEPTH; s++)
+        runs[s].r.fd = -1;
+    return runs;
+}
+
+/* Every run's buffer and file given back (the thread is gone). */
+static void
+pf_runs_free(td_kvtier_t *kt)
+{
+    for (size_t s = 0; kt->pfruns != NULL && s < PF_DEPTH; s++) {
+        run_done(kt, &kt->pfruns[s].r);
+        free(kt->pfruns[s].blk);
+    }
+    free(kt->pfruns);
+    kt->pfruns = NULL;
+}
+
+/* Takes the run's remaining blocks out of pfmap (mu held). */
+static void
+pf_unmap(td_kvtier_t *kt, pfrun_t *pr)
+{
+    for (size_t k = 0; k <= pr->r.last - pr->r.first; k++)
+        if (pr->blk[k].mapped) {
+            map_remove(&kt->pfmap, &pr->blk[k].node);
+            pr->blk[k].mapped = false;
+            kt->st.prefetch_unused++;
+        }
+    pr->left = 0;
+}
+
+/* Lets a run no block of which is wanted any more go (mu held). */
+static void
+pf_release(td_kvtier_t *kt, pfrun_t *pr)
+{
+    run_done(kt, &pr->r);
+    pr->state = PF_FREE;
+    pthread_cond_signal(&kt->pf_work);
+}
+
+/* A free run slot (mu held): a FREE one, else the stalest READY one nobody
+ * claimed for PF_STALE_NS, or NULL. */
+static pfrun_t *
+pf_slot(td_kvtier_t *kt)
+{
+    pfrun_t *stale = NULL;
+    uint64_t now = td_clock_ns();
+
+    for (size_t s = 0; s < PF_DEPTH; s++) {
+        pfrun_t *pr = &kt->pfruns[s];
+
+        if (pr->state == PF_FREE)
+            return pr;
+        if (pr->state == PF_READY && pr->claims == 0 && now - pr->ready_ns > PF_STALE_NS &&
+            (stale == NULL || pr->ready_ns < stale->ready_ns))
+            stale = pr;
+    }
+    if (stale != NULL) {
+        pf_unmap(kt, stale);
+        pf_release(kt, stale);
+    }
+    return stale;
+}
+
+/* A queued block leaves pfqmap (mu held). */
+static void
+pf_dequeue(td_kvtier_t *kt, pfq_t *q)
+{
+    if (q->queued) {
+        map_remove(&kt->pfqmap, &q->node);
+        q->queued = false;
+    }
+}
+
+/* The next run of the queued chains into pr (mu held): consecutive blocks of
+ * one file that the SSD tier holds, the host tier does not, and no run has;
+ * now in pfmap. false when the queue has none left (or memory ran out).
+ * Chains used up leave the queue. */
+static bool
+pf_build(td_kvtier_t *kt, pfrun_t *pr)
+{
+    while (kt->pf_head != NULL) {
+        pfjob_t *j = kt->pf_head;
+        run_t *r = &pr->r;
+        size_t first = j->next_blk, nb = 0;
+
+        for (; j->next_blk < j->n; j->next_blk++) {
+            pfq_t *q = &j->q[j->next_blk];
+            ent_t *e = q->queued ? ent_find(kt, q->node.key) : NULL;
+
+            if (q->queued && e == NULL) {   /* no tier holds it: the chain ends here */
+                for (size_t k = j->next_blk; k < j->n; k++)
+                    pf_dequeue(kt, &j->q[k]);
+                j->next_blk = j->n;
+                break;
+            }
+            if (!q->queued || e->host != NULL || e->file == NULL ||
+                map_find(&kt->pfmap, q->node.key) != NULL) {
+                if (nb > 0)
+                    break;   /* the run ends before it */
+                pf_dequeue(kt, q);
+                first = j->next_blk + 1;
+                continue;
+            }
+            uint64_t lo = e->off & ~(uint64_t)(RUN_ALIGN - 1);
+            uint64_t hi = e->off + rec_file_bytes(e->g, e->payload, e->snapshot);
+
+            hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
+            if (nb > 0 && (r->name != e->file->name || r->gen != e->file->gen ||
+                           hi - (lo < r->lo ? lo : r->lo) > PF_RUN_MAX))
+                break;
+            if (nb++ == 0) {
+                *r = (run_t){ e->file->name, e->file->gen, lo, hi, first, first, NULL, 0, 0, -1,
+                              false };
+            } else {
+                r->lo = lo < r->lo ? lo : r->lo;
+                r->hi = hi > r->hi ? hi : r->hi;
+                r->last = j->next_blk;
+            }
+        }
+        if (nb > pr->bcap) {
+            pfblk_t *blk = realloc(pr->blk, nb * sizeof(*blk));
+
+            if (blk == NULL) {
+                j->next_blk = first;   /* tried again later */
+                return false;
+            }
+            pr->blk = blk;
+            pr->bcap = nb;
+        }
+        if (nb > 0) {
+            for (size_t k = 0; k < nb; k++) {
+                pfblk_t *pb = &pr->blk[k];
+                ent_t *e = ent_find(kt, j->q[first + k].node.key);
+
+                pf_dequeue(kt, &j->q[first + k]);
+                pb->node.key = j->q[first + k].node.key;
+                pb->run = pr;
+                pb->w = (where_t){ e->file->name, e->file->gen, e->off, e->payload, e->snapshot,
+                                   e->g };
+                pb->mapped = true;
+                map_insert(&kt->pfmap, &pb->node);
+            }
+            pr->state = PF_READING;
+            pr->left = (uint32_t)nb;
+            pr->claims = 0;
+            return true;
+        }
+        kt->pf_head = j->next;   /* used up */
+        if (kt->pf_head == NULL)
+            kt->pf_tail = NULL;
+        kt->pf_queued -= j->n;
+        free(j);
+    }
+    return false;
+}
+
+/* pr's read done (got bytes; mu held): get_many may claim its blocks. */
+static void
+pf_ready(td_kvtier_t *kt, pfrun_t *pr)
+{
+    pr->state = PF_READY;
+    pr->ready_ns = td_clock_ns();
+    kt->st.prefetched += pr->r.last - pr->r.first + 1;
+    pthread_cond_broadcast(&kt->pf_done);
+}
+
+/* Starts pr's read (mu not held): true when it is in flight on the AIO
+ * context; else it was read in place (or could not be opened). */
+static bool
+pf_start(td_kvtier_t *kt, pfrun_t *pr, size_t slot)
+{
+    run_t *r = &pr->r;
+
+    if (!run_open(kt, r))
+        return false;   /* a get finds what is wrong */
+    if (kt->pf_aio != 0 && r->direct) {
+        struct iocb cb = { .aio_data = slot, .aio_lio_opcode = IOCB_CMD_PREAD,
+                           .aio_fildes = (uint32_t)r->fd,
+                           .aio_buf = (uint64_t)(uintptr_t)r->buf,
+                           .aio_nbytes = r->hi - r->lo, .aio_offset = (int64_t)r->lo };
+        struct iocb *p = &cb;
+
+        if (syscall(SYS_io_submit, kt->pf_aio, 1L, &p) == 1)
+            return true;
+    }
+    run_pread(kt, r);
+    return false;
+}
+
+static void *
+pf_main(void *arg)
+{
+    td_kvtier_t *kt = arg;
+    struct io_event ev[PF_DEPTH];
+    size_t reading = 0;
+
+    pthread_mutex_lock(&kt->mu);
+    for (;;) {
+        pfrun_t *pr;
+
+        if (kt->pf_stop) {   /* the queue is dropped; the reads in flight end */
+            while (kt->pf_head != NULL) {
+                pfjob_t *j = kt->pf_head;
+
+                kt->pf_head = j->next;
+                for (size_t k = 0; k < j->n; k++)
+                    pf_dequeue(kt, &j->q[k]);
+                free(j);
+            }
+            kt->pf_tail = NULL;
+            kt->pf_queued = 0;
+            if (reading == 0)
+                break;
+        }
+        while (!kt->pf_stop && kt->pf_head != NULL && (pr = pf_slot(kt)) != NULL &&
+               pf_build(kt, pr)) {
+            size_t slot = (size_t)(pr - kt->pfruns);
+
+            pthread_mutex_unlock(&kt->mu);
+            bool inflight = pf_start(kt, pr, slot);
+
+            pthread_mutex_lock(&kt->mu);
+            if (inflight)
+                reading++;
+            else
+                pf_ready(kt, pr);
+        }
+        if (reading == 0) {
+            if (kt->pf_stop)
+                continue;
+            if (kt->pf_head == NULL) {
+                pthread_cond_wait(&kt->pf_work, &kt->mu);
+            } else {   /* every slot is held: wait for a get, or for one to go stale */
+                struct timespec ts;
+
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 50 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&kt->pf_work, &kt->mu, &ts);
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&kt->mu);
+        long n = syscall(SYS_io_getevents, kt->pf_aio, 1L, (long)PF_DEPTH, ev, NULL);
+        bool broken = n < 0 && errno != EINTR;
+
+        if (broken) {   /* cannot happen with a good context */
+            td_error("kvtier %s: io_getevents: %s; prefetch reads in place from now on",
+                     kt->dir, strerror(errno));
+            syscall(SYS_io_destroy, kt->pf_aio);   /* waits for the reads in flight */
+            kt->pf_aio = 0;
+        }
+        for (long e = 0; e < n; e++) {
+            pfrun_t *p = &kt->pfruns[ev[e].data];
+
+            if (ev[e].res == -EINVAL)
+                run_pread(kt, &p->r);   /* O_DIRECT refused at read time */
+            else
+                p->r.got = ev[e].res > 0 ? (uint64_t)ev[e].res : 0;
+        }
+        pthread_mutex_lock(&kt->mu);
+        for (long e = 0; e < n; e++) {
+            reading--;
+            pf_ready(kt, &kt->pfruns[ev[e].data]);
+        }
+        for (size_t s = 0; broken && s < PF_DEPTH; s++)
+            if (kt->pfruns[s].state == PF_READING) {
+                kt->pfruns[s].r.got = 0;   /* unread: the gets read them */
+                pf_ready(kt, &kt->pfruns[s]);
+            }
+        if (broken)
+            reading = 0;
+    }
+    pthread_mutex_unlock(&kt->mu);
+    return NULL;
+}
+
+/* If hash is in a prefetch run: waits while the run is being read, then
+ * claims the block into *pre (its record in the run's buffer when read whole)
+ * and returns true. A block of a queued chain that no run has yet is taken
+ * from the queue: the caller reads it. */
+static bool
+pf_claim(td_kvtier_t *kt, uint64_t hash, pre_t *pre)
+{
+    pfblk_t *pb;
+
+    if (!kt->pf_started)
+        return false;
+    pthread_mutex_lock(&kt->mu);
+    while ((pb = (pfblk_t *)map_find(&kt->pfmap, hash)) != NULL &&
+           pb->run->state == PF_READING)
+        pthread_cond_wait(&kt->pf_done, &kt->mu);
+    if (pb == NULL) {
+        pfq_t *q = (pfq_t *)map_find(&kt->pfqmap, hash);
+
+        if (q != NULL)
+            pf_dequeue(kt, q);
+        pthread_mutex_unlock(&kt->mu);
+        return false;
+    }
+    pfrun_t *pr = pb->run;
+    uint64_t end = pb->w.off + rec_file_bytes(pb->w.g, pb->w.payload, pb->w.snap);
+
+    map_remove(&kt->pfmap, &pb->node);
+    pb->mapped = false;
+    pr->left--;
+    pr->claims++;
+    *pre = (pre_t){ pr->r.buf != NULL && end <= pr->r.lo + pr->r.got
+                        ? pr->r.buf + (pb->w.off - pr->r.lo)
+                        : NULL,
+                    pb->w.gen, pr->r.fd, pr };
+    pthread_mutex_unlock(&kt->mu);
+    return true;
+}
+
+/* A get_many is done with a run's buffer. */
+static void
+pf_unclaim(td_kvtier_t *kt, pfrun_t *pr)
+{
+    pthread_mutex_lock(&kt->mu);
+    if (--pr->claims == 0 && pr->left == 0)
+        pf_release(kt, pr);
+    pthread_mutex_unlock(&kt->mu);
+}
+
+td_status_t
+td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
+{
+    pfjob_t *j;
+
+    if (!kt->pf_started)
+        return TD_ERR_UNSUPPORTED;
+    if (n == 0)
+        return TD_OK;
+    if ((j = malloc(sizeof(*j) + n * sizeof(pfq_t))) == NULL)
+        return TD_ERR_NOMEM;
+    j->next = NULL;
+    j->n = n;
+    j->next_blk = 0;
+    pthread_mutex_lock(&kt->mu);
+    if (kt->pf_queued + n > PF_QUEUE_BLOCKS) {
+        kt->st.prefetch_dropped += n;
+        pthread_mutex_unlock(&kt->mu);
+        free(j);
+        return TD_ERR_BUSY;
+    }
+    for (size_t i = 0; i < n; i++) {   /* a block queued or read ahead already is not ours */
+        j->q[i].node.key = hashes[i];
+        j->q[i].queued = map_find(&kt->pfqmap, hashes[i]) == NULL &&
+                         map_find(&kt->pfmap, hashes[i]) == NULL;
+        if (j->q[i].queued)
+            map_insert(&kt->pfqmap, &j->q[i].node);
+    }
+    if (kt->pf_tail != NULL)
+        kt->pf_tail->next = j;
+    else
+        kt->pf_head = j;
+    kt->pf_tail = j;
+    kt->pf_queued += n;
+    pthread_cond_signal(&kt->pf_work);
+    pthread_mutex_unlock(&kt->mu);
+    return TD_OK;
+}
+
 /* The runs of the chain's SSD blocks (consecutive blocks of one file). */
 static size_t
 chain_runs(td_kvtier_t *kt, rbatch_t *b)
@@ -2029,7 +2495,13 @@ chain_runs(td_kvtier_t *kt, rbatch_t *b)
         blob_t *host;
         where_t *w = &b->w[i];
 
-        b->pre[i] = (pre_t){ NULL, 0, -1 };
+        b->pre[i] = (pre_t){ NULL, 0, -1, NULL };
+        if (pf_claim(kt, b->hashes[i], &b->pre[i])) {   /* read ahead: checked and copied now */
+            b->sts[i] = get_one(kt, b->hashes[i], b->tokens + i * b->g, b->g, &b->outs[i],
+                                &b->pre[i]);
+            pf_unclaim(kt, b->pre[i].pf);
+            continue;
+        }
         if (!get_where(kt, b->hashes[i], &host, w, true) || host != NULL) {
             blob_unref(host);
             continue;
@@ -2076,7 +2548,7 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
         b.nruns = chain_runs(kt, &b);
     else
         for (i = 0; i < n; i++)
-            b.pre[i] = (pre_t){ NULL, 0, -1 };
+            b.pre[i] = (pre_t){ NULL, 0, -1, NULL };
     aio_done = chain_aio(kt, &b);
     if (aio_done) {
         for (i = 0; i < n; i++)   /* the blocks in no run */

@@ -77,6 +77,9 @@ typedef struct {
                                    * (create's scan and reads) */
     uint64_t writes_dropped;      /* puts not written: queue full or bigger than the budget */
     uint64_t bytes_written, bytes_read;  /* SSD file bytes */
+    uint64_t prefetched;          /* blocks read ahead (td_kvtier_prefetch): reads done */
+    uint64_t prefetch_unused;     /* of them, dropped before a get_many took them */
+    uint64_t prefetch_dropped;    /* blocks of prefetches refused: queue full */
 } td_kvtier_stats_t;
 
 typedef struct td_kvtier td_kvtier_t;
@@ -132,6 +135,20 @@ td_status_t td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_
 td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n,
                                const int32_t *expect_tokens, uint32_t block_tokens,
                                td_kvtier_out_t *outs, size_t *n_hit);
+
+/* Starts reading the SSD blocks of a chain ahead of its get_many: a prefill
+ * rank calls it when a request with a cached prefix arrives, and get_many
+ * when the request's turn comes. hashes[n] as for get_many; copied. Never
+ * waits for IO: the tier's prefetch thread reads the queued chains' runs,
+ * up to 32 held at once (8 MiB), with its own Linux AIO context (else one by
+ * one), and keeps each read run until a get_many takes its blocks, which it
+ * then checks and copies out as it does its own reads; a get_many of a block
+ * being read waits for that read. Blocks in the host tier are left out; the
+ * chain ends at the first block neither tier holds. A run no get_many takes
+ * goes after a second, when its slot is wanted (prefetch_unused).
+ * TD_ERR_UNSUPPORTED without an SSD tier, TD_ERR_BUSY when 65536 blocks are
+ * queued already (prefetch_dropped). */
+td_status_t td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n);
 
 /* Empties both tiers: drops the host records and the queued writes; the IO
  * thread deletes the files (td_kvtier_wait_idle waits for it). */

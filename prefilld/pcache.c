@@ -440,6 +440,22 @@ pc_scatter(const td_pcache_t *c, const td_layout_kv_t *kv, uint64_t i, const uin
         }
 }
 
+void
+td_pcache_prefetch(td_pcache_t *c, uint64_t n, const uint64_t *hashes)
+{
+    uint64_t max = n > 0 ? (n - 1) / c->G : 0, nb = 0, first;
+
+    if (c->tier == NULL)
+        return;
+    while (nb < max && pc_find(c, hashes[nb]) != NULL)
+        nb++;
+    first = nb;
+    while (nb < max && pc_tier_has(c, hashes[nb]))
+        nb++;
+    if (nb > first)   /* no SSD tier, or a full queue: read when loaded, as without */
+        (void)td_kvtier_prefetch(c->tier, hashes + first, nb - first);
+}
+
 /* Blocks read from the tiers per get_many. */
 #define PC_READ_BATCH 16
 
@@ -734,6 +750,8 @@ td_pcache_stats(const td_pcache_t *c, Tandem__CacheStats *st)
         st->host_budget = ts.host_budget;
         st->ssd_bytes = ts.ssd_disk_bytes;
         st->ssd_budget = ts.ssd_budget;
+        st->prefetch_blocks = ts.prefetched;
+        st->prefetch_unused_blocks = ts.prefetch_unused;
     }
 }
 

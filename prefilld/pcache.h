@@ -87,6 +87,12 @@ void td_pcache_hit_free(td_pcache_t *c, td_pcache_hit_t *hit);
  * it has. */
 int td_pcache_make_room(td_pcache_t *c, const uint64_t *need);
 
+/* Starts reading ahead the SSD blocks that a lookup of this prompt would
+ * find after its pool blocks (td_kvtier_prefetch), for td_pcache_load to
+ * find read: called when a request arrives, its load comes at its turn.
+ * hashes as for td_pcache_lookup. */
+void td_pcache_prefetch(td_pcache_t *c, uint64_t n, const uint64_t *hashes);
+
 /* Compute thread: read the hit's tier blocks into the request's own blocks
  * (kv: its reservation's view; block i of the prefix lies at the same
  * positions a prompt of those tokens has), checking each; a block that fails

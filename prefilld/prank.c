@@ -1128,6 +1128,8 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         task_finish_engine(t);
         return;
     }
+    if (rk->pc != NULL)   /* its cached prefix's SSD blocks, read while it waits */
+        td_pcache_prefetch(rk->pc, t->ntokens, t->hashes);
     prank_schedule(rk);
     prank_publish_load(rk);
 }

@@ -42,7 +42,7 @@ cache_json(const td_rrank_t *rk, bool dead)
         return json_null();
     if (!dead && rk->has_cache_stats)
         stats = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-                          " s:I, s:I}",
+                          " s:I, s:I, s:I, s:I}",
                           "pool_blocks", (json_int_t)s->pool_blocks,
                           "pool_bytes", (json_int_t)s->pool_bytes,
                           "host_bytes", (json_int_t)s->host_bytes,
@@ -57,7 +57,9 @@ cache_json(const td_rrank_t *rk, bool dead)
                           "replay_tokens", (json_int_t)s->replay_tokens,
                           "pinned_blocks", (json_int_t)s->pinned_blocks,
                           "shared_blocks", (json_int_t)s->shared_blocks,
-                          "reserved_blocks", (json_int_t)s->reserved_blocks);
+                          "reserved_blocks", (json_int_t)s->reserved_blocks,
+                          "prefetch_blocks", (json_int_t)s->prefetch_blocks,
+                          "prefetch_unused_blocks", (json_int_t)s->prefetch_unused_blocks);
     return json_pack("{s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I}",
                      "block_tokens", (json_int_t)td_rrank_cache_block(rk),
                      "blocks_tracked", (json_int_t)rk->cache.n,

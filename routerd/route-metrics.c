@@ -138,6 +138,10 @@ cache_metrics(td_router_t *r, td_buf_t *out)
           "by hits, shared by reservations, and the pool blocks reserved besides", "what", 0, 3,
           { CS(pinned_blocks), CS(shared_blocks), CS(reserved_blocks) },
           { "pinned", "shared", "reserved" } },
+        { "tandem_router_rank_cache_prefetch_blocks_total", "counter",
+          "SSD blocks a prefill rank read ahead of their requests' turn, and of those the ones "
+          "dropped unused", "what", 0, 2, { CS(prefetch_blocks), CS(prefetch_unused_blocks) },
+          { "read", "unused" } },
         { "tandem_router_rank_prefill_placed_total", "counter",
           "prefills this router sent a prefill rank", NULL, 1, 1, { CC(placed) }, { NULL } },
         { "tandem_router_rank_prefill_prompt_tokens_total", "counter",

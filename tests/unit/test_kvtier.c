@@ -1,8 +1,8 @@
 /* tests/unit/test_kvtier.c — the prefix cache's host and SSD tiers
  * (kvcache/kvtier.c): round trips, LRU order, budgets measured on disk,
  * restart, damaged and foreign files, put_many's packed files, put with a
- * stalled IO thread, a putter and two chain readers at once, and the index
- * events. */
+ * stalled IO thread, a putter and two chain readers at once, chains read
+ * ahead (prefetch), and the index events. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -815,6 +815,10 @@ conc_getter(void *arg)
                 memcpy(toks + m * G, c->t[first + m].tokens, sizeof(c->t[0].tokens));
                 outs[m] = (td_kvtier_out_t){ cpl[m], sizeof(cpl[m]), csn[m], sizeof(csn[m]), 0, 0, 0 };
             }
+            if (k % 2 == 0 && td_kvtier_prefetch(c->kt, hs, 5) != TD_OK)
+                c->bad++;
+            if (k % 9 == 0)   /* one read ahead and never got */
+                (void)td_kvtier_prefetch(c->kt, hs, 3);
             if (td_kvtier_get_many(c->kt, hs, 5, toks, G, outs, &hit) != TD_OK)
                 c->bad++;
             for (size_t m = 0; m < hit; m++)
@@ -857,6 +861,168 @@ test_concurrent(void)
     td_kvtier_destroy(c.kt);
     dir_rm(dir);
     chain_free(t, CONC_N);
+}
+
+/* ---- Prefetch ----------------------------------------------------------------- */
+
+/* Polls the tier's stats until prefetched reaches want (5 s at most). */
+static bool
+prefetch_wait(td_kvtier_t *kt, uint64_t want)
+{
+    td_kvtier_stats_t s;
+
+    for (int i = 0; i < 5000; i++) {
+        td_kvtier_stats(kt, &s);
+        if (s.prefetched >= want)
+            return true;
+        usleep(1000);
+    }
+    return false;
+}
+
+/* get_many of t[0, n): the leading hits, each compared with t; *ssd_hits:
+ * how many of them were SSD hits. */
+static size_t
+chain_get(td_kvtier_t *kt, const trec_t *t, size_t n, size_t *ssd_hits)
+{
+    static uint8_t pl[64][4096], sn[64][256];
+    td_kvtier_out_t outs[64];
+    uint64_t hs[64];
+    int32_t toks[64 * G];
+    size_t hit = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        hs[i] = t[i].rec.hash;
+        memcpy(toks + i * G, t[i].tokens, sizeof(t[i].tokens));
+        outs[i] = (td_kvtier_out_t){ pl[i], sizeof(pl[i]), sn[i], sizeof(sn[i]), 0, 0, 0 };
+    }
+    CHECK_STATUS(td_kvtier_get_many(kt, hs, n, toks, G, outs, &hit), TD_OK);
+    *ssd_hits = 0;
+    for (size_t i = 0; i < hit; i++) {
+        CHECK_EQ_INT(outs[i].payload_bytes, t[i].rec.payload_bytes);
+        CHECK(memcmp(pl[i], t[i].payload, t[i].rec.payload_bytes) == 0);
+        CHECK_EQ_INT(outs[i].snapshot_bytes, t[i].rec.snapshot_bytes);
+        if (t[i].rec.snapshot_bytes > 0)
+            CHECK(memcmp(sn[i], t[i].snapshot, t[i].rec.snapshot_bytes) == 0);
+        *ssd_hits += outs[i].tier == TD_KVTIER_SSD;
+    }
+    return hit;
+}
+
+/* td_kvtier_prefetch: a chain read ahead is what get_many returns (shown by
+ * deleting the files after the reads: the gets still hit, from the reads),
+ * a run nobody takes goes after a second when its slot is wanted, a bad
+ * record read ahead is still caught by the get, host records and missing
+ * blocks are not read, and destroy lets held runs and queued chains go. */
+static void
+test_prefetch(void)
+{
+    char dir[256], p[512];
+    trec_t *t = chain_make(40, 700);
+    uint64_t hashes[40];
+    td_kvrec_t recs[40];
+    td_kvtier_stats_t s;
+    size_t ssd = 0;
+
+    for (int i = 0; i < 40; i++) {
+        hashes[i] = t[i].rec.hash;
+        recs[i] = t[i].rec;
+    }
+    /* no SSD tier: nothing to read ahead */
+    td_kvtier_t *kt = tier_make(1 << 20, NULL, 0);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_ERR_UNSUPPORTED);
+    td_kvtier_destroy(kt);
+
+    dir_path(dir, sizeof(dir), "prefetch");
+    td_kvtier_config_t cfg = { .ssd_dir = dir, .ssd_budget = 1 << 22, .layout_hash = LAYOUT,
+                               .seed = SEED, .pack_records = 10 };
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);   /* 4 files of 10 */
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 0), TD_OK);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
+    CHECK(prefetch_wait(kt, 40));
+    for (int i = 0; i < 40; i += 10) {   /* behind the tier's back: only the reads have them */
+        file_of(p, sizeof(p), dir, hashes[i]);
+        CHECK(unlink(p) == 0);
+    }
+    CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 40);
+    CHECK_EQ_INT(ssd, 40);
+    td_kvtier_stats(kt, &s);
+    CHECK_EQ_INT(s.prefetched, 40);
+    CHECK_EQ_INT(s.prefetch_unused, 0);
+    CHECK_EQ_INT(s.hits_ssd, 40);
+    td_logcap_reset();
+    CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 0);   /* read again: the files are gone */
+    CHECK(strstr(td_logcap.last, "cannot open") != NULL);
+    td_kvtier_destroy(kt);
+
+    /* one file per block: 40 runs for 32 slots; nobody gets the first ones,
+     * which go after a second, and the last 8 are read then */
+    cfg.pack_records = 1;
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    td_kvtier_flush(kt);
+    td_kvtier_wait_idle(kt);
+    for (int i = 0; i < 40; i++)
+        CHECK_STATUS(td_kvtier_put(kt, &recs[i]), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
+    CHECK(prefetch_wait(kt, 40));
+    td_kvtier_stats(kt, &s);
+    CHECK(s.prefetch_unused >= 8);
+    CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 40);   /* from the reads held, or read now */
+    CHECK_EQ_INT(ssd, 40);
+
+    /* a record damaged before it is read ahead: the get catches it */
+    file_of(p, sizeof(p), dir, hashes[5]);
+    FILE *fp = fopen(p, "r+b");
+    CHECK(fp != NULL);
+    if (fp != NULL) {   /* a bit of its snapshot */
+        fseek(fp, -10, SEEK_END);
+        int b0 = fgetc(fp);
+        fseek(fp, -10, SEEK_END);
+        fputc(b0 ^ 1, fp);
+        fclose(fp);
+    }
+    td_kvtier_stats(kt, &s);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 10), TD_OK);
+    CHECK(prefetch_wait(kt, s.prefetched + 10));
+    td_logcap_reset();
+    CHECK_EQ_INT(chain_get(kt, t, 10, &ssd), 5);
+    CHECK(strstr(td_logcap.last, "checksum mismatch") != NULL);
+    td_kvtier_wait_idle(kt);
+    CHECK(!file_exists(dir, hashes[5]));
+    /* the chain ends at a block no tier holds: nothing after it is read */
+    td_kvtier_stats(kt, &s);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 10), TD_OK);
+    CHECK(prefetch_wait(kt, s.prefetched + 5));
+    usleep(20000);
+    td_kvtier_stats_t s2;
+    td_kvtier_stats(kt, &s2);
+    CHECK_EQ_INT(s2.prefetched - s.prefetched, 5);
+    CHECK_EQ_INT(chain_get(kt, t, 10, &ssd), 5);
+    /* destroy with runs held and chains queued */
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes + 10, 30), TD_OK);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes + 10, 30), TD_OK);
+    td_kvtier_destroy(kt);
+
+    /* host records are not read ahead */
+    cfg.host_budget = 1 << 20;
+    cfg.pack_records = 10;
+    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
+    td_kvtier_flush(kt);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 10), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 10), TD_OK);
+    usleep(50000);
+    td_kvtier_stats(kt, &s);
+    CHECK_EQ_INT(s.prefetched, 0);
+    CHECK_EQ_INT(chain_get(kt, t, 10, &ssd), 10);
+    CHECK_EQ_INT(ssd, 0);
+    td_kvtier_destroy(kt);
+    dir_rm(dir);
+    chain_free(t, 40);
 }
 
 /* ---- Events ------------------------------------------------------------------ */
@@ -938,6 +1104,7 @@ main(void)
     test_faults();
     test_pack();
     test_stall();
+    test_prefetch();
     test_concurrent();
     test_events();
     td_logcap_stop();

@@ -2190,6 +2190,17 @@ def test_v41_kvcache(c):
     step("A", "after a restart (ssd)", full["A"])
     wait_tier("ssd", ssd0 + full["A"])
     step("B", "after a restart (ssd)", full["B"])
+    # the SSD blocks were read ahead when the requests arrived (td_pcache_prefetch);
+    # a block the compute thread reached first is read by it, not twice
+    def prefetched(what):
+        return metric_sum(c, "tandem_router_rank_cache_prefetch_blocks_total", what=what)
+    c.wait(lambda: prefetched("read") > 0, "blocks read ahead (%d)" % prefetched("read"),
+           timeout=5)
+    check(prefetched("read") <= (full["A"] + full["B"]) // G and prefetched("unused") == 0,
+          "read ahead %d blocks, %d unused, of %d" % (prefetched("read"), prefetched("unused"),
+                                                     (full["A"] + full["B"]) // G))
+    print("after the restart: %d of %d SSD blocks read ahead" %
+          (prefetched("read"), (full["A"] + full["B"]) // G))
 
     # 5. faults: each run damages every file (or two), restarts, asks every prompt
     def files():
