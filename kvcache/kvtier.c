@@ -57,7 +57,8 @@
 #define PF_DEPTH  32          /* prefetch: runs read ahead and held at most */
 #define PF_RUN_MAX (1u << 18) /* prefetch: bytes per run at most */
 #define PF_QUEUE_BLOCKS 65536u /* prefetch: blocks of the queued chains at most */
-#define PF_STALE_NS 1000000000ull /* a run read ahead and not got for this long may go */
+#define PF_STALE_NS 1000000000ull /* a run read ahead and not got for this long goes */
+#define PF_START_WAIT_NS 5000000ull /* a get waits this long for a queued block's run */
 #define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
 enum { OFF_CSUM = 8, OFF_VERSION = 16, OFF_G = 20, OFF_LAYOUT = 24, OFF_SEED = 32,
@@ -1194,6 +1195,7 @@ static void *reader_main(void *arg);   /* below, with get_many */
 static void *pf_main(void *arg);       /* below, with prefetch */
 static pfrun_t *pf_runs_new(void);
 static void pf_runs_free(td_kvtier_t *kt);
+static void pf_flush(td_kvtier_t *kt);
 
 static td_status_t
 ssd_open(td_kvtier_t *kt)
@@ -1678,8 +1680,10 @@ ssd_finish(td_kvtier_t *kt, uint64_t hash, const int32_t *expect, uint32_t g,
         host_insert(kt, hash, b);
     pthread_mutex_unlock(&kt->mu);
     blob_unref(b);
-    if (touch && fd >= 0)
-        futimens(fd, NULL);   /* the LRU order a restart sees; best effort */
+    if (touch && fd >= 0)   /* the LRU order a restart sees; best effort */
+        futimens(fd, NULL);
+    else if (touch)
+        utimensat(kt->dirfd, name, NULL, 0);
     return TD_OK;
 }
 
@@ -2080,8 +2084,9 @@ reader_main(void *arg)
  * is held (READY) until get_many claims its blocks (chain_runs), checks and
  * copies them out of the run's buffer as it does its own runs' (get_one),
  * and lets the run go when its last block is claimed. A get_many waits for a
- * run still being read. A READY run nobody claimed for PF_STALE_NS goes when
- * its slot is wanted. */
+ * run still being read. A READY run nobody claimed for PF_STALE_NS goes; a
+ * flush drops them all and the queue. A run's file is closed when its read
+ * ends: held runs pin no deleted file, and no file is closed under mu. */
 
 enum { PF_FREE, PF_READING, PF_READY };
 
@@ -2101,11 +2106,13 @@ typedef struct {                /* a block of a run: in pfmap until claimed */
     pfrun_t *run;
     where_t w;
     bool mapped;
+    bool read;                  /* its record was read whole */
 } pfblk_t;
 
 struct pfrun {
     run_t r;
     int state;
+    bool flushed;               /* a flush came while it was being read: drop it when read */
     uint32_t left;              /* its blocks still in pfmap */
     uint32_t claims;            /* get_many calls using its buffer */
     uint64_t ready_ns;
@@ -2143,18 +2150,41 @@ pf_unmap(td_kvtier_t *kt, pfrun_t *pr)
         if (pr->blk[k].mapped) {
             map_remove(&kt->pfmap, &pr->blk[k].node);
             pr->blk[k].mapped = false;
-            kt->st.prefetch_unused++;
+            kt->st.prefetch_unused += pr->blk[k].read;
         }
     pr->left = 0;
 }
 
-/* Lets a run no block of which is wanted any more go (mu held). */
+/* Lets a run no block of which is wanted any more go (mu held): its buffer
+ * back to the pool (its file was closed when the read ended). */
 static void
 pf_release(td_kvtier_t *kt, pfrun_t *pr)
 {
     run_done(kt, &pr->r);
     pr->state = PF_FREE;
+    pr->flushed = false;
     pthread_cond_signal(&kt->pf_work);
+}
+
+/* Lets go every READY run nobody has claimed for PF_STALE_NS, or (all) every
+ * READY run nobody claims, and marks the runs being read to go when read
+ * (mu held). */
+static void
+pf_drop(td_kvtier_t *kt, bool all)
+{
+    uint64_t now = td_clock_ns();
+
+    for (size_t s = 0; s < PF_DEPTH; s++) {
+        pfrun_t *pr = &kt->pfruns[s];
+
+        if (all && pr->state == PF_READING)
+            pr->flushed = true;
+        if (pr->state != PF_READY || (!all && now - pr->ready_ns <= PF_STALE_NS))
+            continue;
+        pf_unmap(kt, pr);
+        if (pr->claims == 0)
+            pf_release(kt, pr);   /* else the last claim lets it go */
+    }
 }
 
 /* A free run slot (mu held): a FREE one, else the stalest READY one nobody
@@ -2162,23 +2192,14 @@ pf_release(td_kvtier_t *kt, pfrun_t *pr)
 static pfrun_t *
 pf_slot(td_kvtier_t *kt)
 {
-    pfrun_t *stale = NULL;
-    uint64_t now = td_clock_ns();
-
-    for (size_t s = 0; s < PF_DEPTH; s++) {
-        pfrun_t *pr = &kt->pfruns[s];
-
-        if (pr->state == PF_FREE)
-            return pr;
-        if (pr->state == PF_READY && pr->claims == 0 && now - pr->ready_ns > PF_STALE_NS &&
-            (stale == NULL || pr->ready_ns < stale->ready_ns))
-            stale = pr;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t s = 0; s < PF_DEPTH; s++)
+            if (kt->pfruns[s].state == PF_FREE)
+                return &kt->pfruns[s];
+        if (pass == 0)
+            pf_drop(kt, false);
     }
-    if (stale != NULL) {
-        pf_unmap(kt, stale);
-        pf_release(kt, stale);
-    }
-    return stale;
+    return NULL;
 }
 
 /* A queued block leaves pfqmap (mu held). */
@@ -2226,7 +2247,7 @@ pf_build(td_kvtier_t *kt, pfrun_t *pr)
 
             hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
             if (nb > 0 && (r->name != e->file->name || r->gen != e->file->gen ||
-                           hi - (lo < r->lo ? lo : r->lo) > PF_RUN_MAX))
+                           (hi > r->hi ? hi : r->hi) - (lo < r->lo ? lo : r->lo) > PF_RUN_MAX))
                 break;
             if (nb++ == 0) {
                 *r = (run_t){ e->file->name, e->file->gen, lo, hi, first, first, NULL, 0, 0, -1,
@@ -2278,14 +2299,28 @@ pf_build(td_kvtier_t *kt, pfrun_t *pr)
 static void
 pf_ready(td_kvtier_t *kt, pfrun_t *pr)
 {
+    const run_t *r = &pr->r;
+
     pr->state = PF_READY;
     pr->ready_ns = td_clock_ns();
-    kt->st.prefetched += pr->r.last - pr->r.first + 1;
+    for (size_t k = 0; k <= r->last - r->first; k++) {
+        const where_t *w = &pr->blk[k].w;
+
+        pr->blk[k].read = r->buf != NULL &&
+                          w->off + rec_file_bytes(w->g, w->payload, w->snap) <= r->lo + r->got;
+        kt->st.prefetched += pr->blk[k].read;
+    }
+    if (pr->flushed) {   /* its blocks were flushed while it was read */
+        pf_unmap(kt, pr);
+        if (pr->claims == 0)
+            pf_release(kt, pr);
+    }
     pthread_cond_broadcast(&kt->pf_done);
 }
 
 /* Starts pr's read (mu not held): true when it is in flight on the AIO
- * context; else it was read in place (or could not be opened). */
+ * context; else it was read in place (or could not be opened). The file is
+ * closed when the read ends (pf_closed): a held run pins no deleted file. */
 static bool
 pf_start(td_kvtier_t *kt, pfrun_t *pr, size_t slot)
 {
@@ -2307,6 +2342,14 @@ pf_start(td_kvtier_t *kt, pfrun_t *pr, size_t slot)
     return false;
 }
 
+static void
+pf_closed(pfrun_t *pr)
+{
+    if (pr->r.fd >= 0)
+        close(pr->r.fd);
+    pr->r.fd = -1;
+}
+
 static void *
 pf_main(void *arg)
 {
@@ -2318,17 +2361,8 @@ pf_main(void *arg)
     for (;;) {
         pfrun_t *pr;
 
-        if (kt->pf_stop) {   /* the queue is dropped; the reads in flight end */
-            while (kt->pf_head != NULL) {
-                pfjob_t *j = kt->pf_head;
-
-                kt->pf_head = j->next;
-                for (size_t k = 0; k < j->n; k++)
-                    pf_dequeue(kt, &j->q[k]);
-                free(j);
-            }
-            kt->pf_tail = NULL;
-            kt->pf_queued = 0;
+        if (kt->pf_stop) {   /* the queue and the runs go; the reads in flight end */
+            pf_flush(kt);
             if (reading == 0)
                 break;
         }
@@ -2339,18 +2373,27 @@ pf_main(void *arg)
             pthread_mutex_unlock(&kt->mu);
             bool inflight = pf_start(kt, pr, slot);
 
+            if (!inflight)
+                pf_closed(pr);
             pthread_mutex_lock(&kt->mu);
-            if (inflight)
+            if (inflight) {
                 reading++;
-            else
+                pthread_cond_broadcast(&kt->pf_done);   /* its blocks are in a run now */
+            } else {
                 pf_ready(kt, pr);
+            }
         }
+        pf_drop(kt, false);   /* read runs nobody took for PF_STALE_NS */
         if (reading == 0) {
+            bool held = false;
+
+            for (size_t s = 0; s < PF_DEPTH; s++)
+                held = held || kt->pfruns[s].state == PF_READY;
             if (kt->pf_stop)
                 continue;
-            if (kt->pf_head == NULL) {
+            if (kt->pf_head == NULL && !held) {
                 pthread_cond_wait(&kt->pf_work, &kt->mu);
-            } else {   /* every slot is held: wait for a get, or for one to go stale */
+            } else {   /* wait for a get, or for a held run to go stale */
                 struct timespec ts;
 
                 clock_gettime(CLOCK_REALTIME, &ts);
@@ -2380,6 +2423,7 @@ pf_main(void *arg)
                 run_pread(kt, &p->r);   /* O_DIRECT refused at read time */
             else
                 p->r.got = ev[e].res > 0 ? (uint64_t)ev[e].res : 0;
+            pf_closed(p);
         }
         pthread_mutex_lock(&kt->mu);
         for (long e = 0; e < n; e++) {
@@ -2389,6 +2433,7 @@ pf_main(void *arg)
         for (size_t s = 0; broken && s < PF_DEPTH; s++)
             if (kt->pfruns[s].state == PF_READING) {
                 kt->pfruns[s].r.got = 0;   /* unread: the gets read them */
+                pf_closed(&kt->pfruns[s]);
                 pf_ready(kt, &kt->pfruns[s]);
             }
         if (broken)
@@ -2398,21 +2443,56 @@ pf_main(void *arg)
     return NULL;
 }
 
+/* Whether a run slot is free (mu held): the prefetch thread is about to
+ * start the queue's next run. */
+static bool
+pf_slot_free(const td_kvtier_t *kt)
+{
+    for (size_t s = 0; s < PF_DEPTH; s++)
+        if (kt->pfruns[s].state == PF_FREE)
+            return true;
+    return false;
+}
+
 /* If hash is in a prefetch run: waits while the run is being read, then
  * claims the block into *pre (its record in the run's buffer when read whole)
- * and returns true. A block of a queued chain that no run has yet is taken
- * from the queue: the caller reads it. */
+ * and returns true. A block of a queued chain that no run has yet is given
+ * PF_START_WAIT_NS to get one while a slot is free (the prefetch thread
+ * starts it at once), then taken from the queue: the caller reads it. */
 static bool
 pf_claim(td_kvtier_t *kt, uint64_t hash, pre_t *pre)
 {
     pfblk_t *pb;
+    uint64_t t0 = 0;
 
     if (!kt->pf_started)
         return false;
     pthread_mutex_lock(&kt->mu);
-    while ((pb = (pfblk_t *)map_find(&kt->pfmap, hash)) != NULL &&
-           pb->run->state == PF_READING)
-        pthread_cond_wait(&kt->pf_done, &kt->mu);
+    for (;;) {
+        pb = (pfblk_t *)map_find(&kt->pfmap, hash);
+        if (pb != NULL && pb->run->state == PF_READING) {
+            pthread_cond_wait(&kt->pf_done, &kt->mu);
+            continue;
+        }
+        if (pb != NULL || map_find(&kt->pfqmap, hash) == NULL || !pf_slot_free(kt) ||
+            kt->pf_stop)
+            break;
+        uint64_t now = td_clock_ns();
+
+        if (t0 == 0)
+            t0 = now;
+        if (now - t0 >= PF_START_WAIT_NS)
+            break;
+        struct timespec ts;   /* pf_done is broadcast when a run starts */
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&kt->pf_done, &kt->mu, &ts);
+    }
     if (pb == NULL) {
         pfq_t *q = (pfq_t *)map_find(&kt->pfqmap, hash);
 
@@ -2422,16 +2502,12 @@ pf_claim(td_kvtier_t *kt, uint64_t hash, pre_t *pre)
         return false;
     }
     pfrun_t *pr = pb->run;
-    uint64_t end = pb->w.off + rec_file_bytes(pb->w.g, pb->w.payload, pb->w.snap);
 
     map_remove(&kt->pfmap, &pb->node);
     pb->mapped = false;
     pr->left--;
     pr->claims++;
-    *pre = (pre_t){ pr->r.buf != NULL && end <= pr->r.lo + pr->r.got
-                        ? pr->r.buf + (pb->w.off - pr->r.lo)
-                        : NULL,
-                    pb->w.gen, pr->r.fd, pr };
+    *pre = (pre_t){ pb->read ? pr->r.buf + (pb->w.off - pr->r.lo) : NULL, pb->w.gen, -1, pr };
     pthread_mutex_unlock(&kt->mu);
     return true;
 }
@@ -2446,6 +2522,24 @@ pf_unclaim(td_kvtier_t *kt, pfrun_t *pr)
     pthread_mutex_unlock(&kt->mu);
 }
 
+/* A flush (mu held): the queued chains and the runs read ahead go; a run
+ * being read goes when read. */
+static void
+pf_flush(td_kvtier_t *kt)
+{
+    while (kt->pf_head != NULL) {
+        pfjob_t *j = kt->pf_head;
+
+        kt->pf_head = j->next;
+        for (size_t k = 0; k < j->n; k++)
+            pf_dequeue(kt, &j->q[k]);
+        free(j);
+    }
+    kt->pf_tail = NULL;
+    kt->pf_queued = 0;
+    pf_drop(kt, true);
+}
+
 td_status_t
 td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
 {
@@ -2455,6 +2549,12 @@ td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
         return TD_ERR_UNSUPPORTED;
     if (n == 0)
         return TD_OK;
+    if (n > PF_QUEUE_BLOCKS) {
+        pthread_mutex_lock(&kt->mu);
+        kt->st.prefetch_dropped += n;
+        pthread_mutex_unlock(&kt->mu);
+        return TD_ERR_BUSY;
+    }
     if ((j = malloc(sizeof(*j) + n * sizeof(pfq_t))) == NULL)
         return TD_ERR_NOMEM;
     j->next = NULL;
@@ -2514,7 +2614,7 @@ chain_runs(td_kvtier_t *kt, rbatch_t *b)
         run_t *r = nruns > 0 ? &b->runs[nruns - 1] : NULL;
 
         if (r != NULL && r->name == w->name && r->gen == w->gen && r->last + 1 == i &&
-            hi - (lo < r->lo ? lo : r->lo) <= RUN_MAX) {
+            (hi > r->hi ? hi : r->hi) - (lo < r->lo ? lo : r->lo) <= RUN_MAX) {
             r->lo = lo < r->lo ? lo : r->lo;
             r->hi = hi > r->hi ? hi : r->hi;
             r->last = i;
@@ -2615,6 +2715,8 @@ td_kvtier_flush(td_kvtier_t *kt)
     }
     while (kt->ssd_lru.head != NULL)
         file_doom(kt, kt->ssd_lru.head, malloc(sizeof(job_t)));
+    if (kt->pf_started)
+        pf_flush(kt);
     pthread_mutex_unlock(&kt->mu);
     td_info("kvtier %s: flushed", kt->dir != NULL ? kt->dir : "(host only)");
 }

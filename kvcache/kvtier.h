@@ -145,7 +145,7 @@ td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n
  * then checks and copies out as it does its own reads; a get_many of a block
  * being read waits for that read. Blocks in the host tier are left out; the
  * chain ends at the first block neither tier holds. A run no get_many takes
- * goes after a second, when its slot is wanted (prefetch_unused).
+ * goes a second after its read (prefetch_unused); a flush drops them all.
  * TD_ERR_UNSUPPORTED without an SSD tier, TD_ERR_BUSY when 65536 blocks are
  * queued already (prefetch_dropped). */
 td_status_t td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n);

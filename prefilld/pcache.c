@@ -47,6 +47,7 @@ struct td_pcache {
     uint64_t nnodes;
     TAILQ_HEAD(, pc_node) lru;
     td_kvtier_t *tier;               /* NULL: no host or SSD tier */
+    int ssd;                         /* the tier has an SSD directory (read-ahead) */
     pc_list_t added, removed;
     pc_list_t out_added, out_removed;
     int cleared;
@@ -276,6 +277,7 @@ td_pcache_create(const td_pcache_config_t *cfg, const td_layout_t *l, td_kvpool_
         st = td_kvtier_create(&tc, &c->tier);   /* logs */
         if (st != TD_OK)
             goto err_free;
+        c->ssd = cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0';
     }
     td_info("prefill rank %u: prefix cache: blocks of %u tokens (%.1f KiB of kv, snapshot "
             "%.1f KiB), %" PRIu64 " in the pool, replay bound %" PRIu64 " tokens; host tier %s, "
@@ -445,8 +447,8 @@ td_pcache_prefetch(td_pcache_t *c, uint64_t n, const uint64_t *hashes)
 {
     uint64_t max = n > 0 ? (n - 1) / c->G : 0, nb = 0, first;
 
-    if (c->tier == NULL)
-        return;
+    if (c->tier == NULL || !c->ssd)
+        return;   /* nothing to read ahead */
     while (nb < max && pc_find(c, hashes[nb]) != NULL)
         nb++;
     first = nb;

@@ -955,6 +955,44 @@ test_prefetch(void)
     td_logcap_reset();
     CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 0);   /* read again: the files are gone */
     CHECK(strstr(td_logcap.last, "cannot open") != NULL);
+
+    /* a flush drops what was read ahead; the same blocks put again are read
+     * ahead again (shown the same way) */
+    td_kvtier_flush(kt);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
+    CHECK(prefetch_wait(kt, 80));
+    td_kvtier_flush(kt);
+    td_kvtier_wait_idle(kt);
+    td_kvtier_stats(kt, &s);
+    CHECK_EQ_INT(s.prefetch_unused, 40);
+    CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 0);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
+    CHECK(prefetch_wait(kt, 120));
+    for (int i = 0; i < 40; i += 10) {
+        file_of(p, sizeof(p), dir, hashes[i]);
+        CHECK(unlink(p) == 0);
+    }
+    CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 40);
+    /* runs nobody takes go after a second, with nothing else queued */
+    td_kvtier_flush(kt);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
+    CHECK(prefetch_wait(kt, 160));
+    td_kvtier_stats(kt, &s);
+    uint64_t unused0 = s.prefetch_unused;
+    for (int i = 0; i < 40 && s.prefetch_unused < unused0 + 40; i++) {
+        usleep(100000);
+        td_kvtier_stats(kt, &s);
+    }
+    CHECK_EQ_INT(s.prefetch_unused - unused0, 40);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 65537), TD_ERR_BUSY);
     td_kvtier_destroy(kt);
 
     /* one file per block: 40 runs for 32 slots; nobody gets the first ones,
