@@ -32,3 +32,23 @@ td_clock_wait(uint64_t *deadline_ns, double us)
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }
+
+void
+td_clock_cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+void
+td_clock_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ns)
+{
+    uint64_t at = td_clock_ns() + ns;
+    struct timespec ts = { (time_t)(at / 1000000000ull), (long)(at % 1000000000ull) };
+
+    pthread_cond_timedwait(cv, mu, &ts);
+}

@@ -17,6 +17,7 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define JOBQ_MAX_THREADS 256
@@ -160,22 +161,6 @@ jobq_finish_locked(td_jobq_t *q, jobq_item_t *it)
     jobq_send_back_locked(q, it);
 }
 
-/* Wait on cv until ms have passed (or a signal). Called with mu held. */
-static void
-jobq_wait_ms(td_jobq_t *q, uint32_t ms)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&q->cv, &q->mu, &ts);
-}
-
 /* A DEP group's compute thread (jobq.h, td_jobq_step_t). */
 static void *
 jobq_main_stepped(void *p)
@@ -237,7 +222,8 @@ jobq_main_stepped(void *p)
         if (leaving && ag.leaving == ag.ranks)
             break;   /* every rank leaves: nobody steps any more */
         if (it == NULL && ag.work == 0 && (q->stop || q->jobs.head == NULL))
-            jobq_wait_ms(q, sp->idle_ms);   /* an idle group: no spinning */
+            /* an idle group: no spinning */
+            td_clock_cond_wait(&q->cv, &q->mu, (uint64_t)sp->idle_ms * 1000000ull);
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -313,14 +299,7 @@ jobq_create(struct event_base *base, const char *name, unsigned nthreads,
     atomic_init(&q->steps, 0);
     atomic_init(&q->steps_empty, 0);
     pthread_mutex_init(&q->mu, NULL);
-    {
-        pthread_condattr_t ca;
-
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&q->cv, &ca);
-        pthread_condattr_destroy(&ca);
-    }
+    td_clock_cond_init(&q->cv);
     q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (q->efd < 0) {
         td_error("jobq %s: eventfd: %s", name, strerror(errno));

@@ -1301,8 +1301,8 @@ td_kvtier_create(const td_kvtier_config_t *cfg, td_kvtier_t **out)
     pthread_cond_init(&kt->rwork, NULL);
     pthread_cond_init(&kt->rdone, NULL);
     pthread_mutex_init(&kt->aio_mu, NULL);
-    pthread_cond_init(&kt->pf_work, NULL);
-    pthread_cond_init(&kt->pf_done, NULL);
+    td_clock_cond_init(&kt->pf_work);
+    td_clock_cond_init(&kt->pf_done);
     if ((st = map_init(&kt->index)) != TD_OK || (st = map_init(&kt->evmap)) != TD_OK ||
         (st = map_init(&kt->pfmap)) != TD_OK || (st = map_init(&kt->pfqmap)) != TD_OK)
         goto err_free;
@@ -1619,6 +1619,13 @@ typedef struct {
     uint32_t g;
 } where_t;
 
+/* Where e's record is (e->file set; mu held). */
+static where_t
+ent_where(const ent_t *e)
+{
+    return (where_t){ e->file->name, e->file->gen, e->off, e->payload, e->snapshot, e->g };
+}
+
 /* Checks a record read from SSD (hdr, tokens: copies or the read buffer;
  * out: payload and snapshot filled; why: a read failure or NULL) against
  * w and the expected tokens; on success promotes it to the host tier (and
@@ -1754,7 +1761,7 @@ get_where(td_kvtier_t *kt, uint64_t hash, blob_t **host, where_t *w, bool quiet)
         *host = blob_ref(e->host);
         lru_touch(&kt->host_lru, e);
     } else if (e != NULL && e->file != NULL) {
-        *w = (where_t){ e->file->name, e->file->gen, e->off, e->payload, e->snapshot, e->g };
+        *w = ent_where(e);
     } else {
         kt->st.misses += !quiet;
         found = false;
@@ -1828,6 +1835,33 @@ typedef struct {
     int fd;
     bool direct;                /* fd is O_DIRECT */
 } run_t;
+
+/* A run of block i alone (its record at w), its span aligned for O_DIRECT. */
+static run_t
+run_start(const where_t *w, size_t i)
+{
+    uint64_t lo = w->off & ~(uint64_t)(RUN_ALIGN - 1);
+    uint64_t hi = w->off + rec_file_bytes(w->g, w->payload, w->snap);
+
+    hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
+    return (run_t){ w->name, w->gen, lo, hi, i, i, NULL, 0, 0, -1, false };
+}
+
+/* Adds block i (at w) to r when it continues r: the next block, of the same
+ * file, the span within max bytes. */
+static bool
+run_extend(run_t *r, const where_t *w, size_t i, uint64_t max)
+{
+    run_t b = run_start(w, i);
+    uint64_t lo = b.lo < r->lo ? b.lo : r->lo, hi = b.hi > r->hi ? b.hi : r->hi;
+
+    if (r->name != w->name || r->gen != w->gen || r->last + 1 != i || hi - lo > max)
+        return false;
+    r->lo = lo;
+    r->hi = hi;
+    r->last = i;
+    return true;
+}
 
 struct rbatch {
     const uint64_t *hashes;
@@ -2242,21 +2276,13 @@ pf_build(td_kvtier_t *kt, pfrun_t *pr)
                 first = j->next_blk + 1;
                 continue;
             }
-            uint64_t lo = e->off & ~(uint64_t)(RUN_ALIGN - 1);
-            uint64_t hi = e->off + rec_file_bytes(e->g, e->payload, e->snapshot);
+            where_t w = ent_where(e);
 
-            hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
-            if (nb > 0 && (r->name != e->file->name || r->gen != e->file->gen ||
-                           (hi > r->hi ? hi : r->hi) - (lo < r->lo ? lo : r->lo) > PF_RUN_MAX))
-                break;
-            if (nb++ == 0) {
-                *r = (run_t){ e->file->name, e->file->gen, lo, hi, first, first, NULL, 0, 0, -1,
-                              false };
-            } else {
-                r->lo = lo < r->lo ? lo : r->lo;
-                r->hi = hi > r->hi ? hi : r->hi;
-                r->last = j->next_blk;
-            }
+            if (nb == 0)
+                *r = run_start(&w, j->next_blk);
+            else if (!run_extend(r, &w, j->next_blk, PF_RUN_MAX))
+                break;   /* another file, or the run is full */
+            nb++;
         }
         if (nb > pr->bcap) {
             pfblk_t *blk = realloc(pr->blk, nb * sizeof(*blk));
@@ -2276,8 +2302,7 @@ pf_build(td_kvtier_t *kt, pfrun_t *pr)
                 pf_dequeue(kt, &j->q[first + k]);
                 pb->node.key = j->q[first + k].node.key;
                 pb->run = pr;
-                pb->w = (where_t){ e->file->name, e->file->gen, e->off, e->payload, e->snapshot,
-                                   e->g };
+                pb->w = ent_where(e);
                 pb->mapped = true;
                 map_insert(&kt->pfmap, &pb->node);
             }
@@ -2394,15 +2419,7 @@ pf_main(void *arg)
             if (kt->pf_head == NULL && !held) {
                 pthread_cond_wait(&kt->pf_work, &kt->mu);
             } else {   /* wait for a get, or for a held run to go stale */
-                struct timespec ts;
-
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 50 * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
-                pthread_cond_timedwait(&kt->pf_work, &kt->mu, &ts);
+                td_clock_cond_wait(&kt->pf_work, &kt->mu, 50000000ull);
             }
             continue;
         }
@@ -2483,15 +2500,7 @@ pf_claim(td_kvtier_t *kt, uint64_t hash, pre_t *pre)
             t0 = now;
         if (now - t0 >= PF_START_WAIT_NS)
             break;
-        struct timespec ts;   /* pf_done is broadcast when a run starts */
-
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200000;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&kt->pf_done, &kt->mu, &ts);
+        td_clock_cond_wait(&kt->pf_done, &kt->mu, 200000);   /* broadcast when a run starts */
     }
     if (pb == NULL) {
         pfq_t *q = (pfq_t *)map_find(&kt->pfqmap, hash);
@@ -2606,21 +2615,9 @@ chain_runs(td_kvtier_t *kt, rbatch_t *b)
             blob_unref(host);
             continue;
         }
-        uint64_t lo = w->off & ~(uint64_t)(RUN_ALIGN - 1);
-        uint64_t hi = w->off + rec_file_bytes(w->g, w->payload, w->snap);
-
-        hi = (hi + RUN_ALIGN - 1) & ~(uint64_t)(RUN_ALIGN - 1);
         b->pre[i].gen = w->gen;
-        run_t *r = nruns > 0 ? &b->runs[nruns - 1] : NULL;
-
-        if (r != NULL && r->name == w->name && r->gen == w->gen && r->last + 1 == i &&
-            (hi > r->hi ? hi : r->hi) - (lo < r->lo ? lo : r->lo) <= RUN_MAX) {
-            r->lo = lo < r->lo ? lo : r->lo;
-            r->hi = hi > r->hi ? hi : r->hi;
-            r->last = i;
-            continue;
-        }
-        b->runs[nruns++] = (run_t){ w->name, w->gen, lo, hi, i, i, NULL, 0, 0, -1, false };
+        if (nruns == 0 || !run_extend(&b->runs[nruns - 1], w, i, RUN_MAX))
+            b->runs[nruns++] = run_start(w, i);
     }
     return nruns;
 }

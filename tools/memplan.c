@@ -148,10 +148,12 @@ typedef struct {
 
 typedef struct {
     td_modelcfg_t *cfg;
+    td_weights_schema_t *schema;
     td_cache_plan_t *plan;
     td_gpucost_t *cost;
     mp_weights_t w;
     double hbm, paged_per_token, fixed_per_request;
+    int float_bytes;      /* the config's torch_dtype */
     const char *gpu;
 } mp_model_t;
 
@@ -222,6 +224,7 @@ mp_model_destroy(mp_model_t *m)
 {
     td_gpucost_destroy(m->cost);
     td_cache_plan_destroy(m->plan);
+    td_weights_schema_destroy(m->schema);
     td_modelcfg_destroy(m->cfg);
 }
 
@@ -229,22 +232,20 @@ mp_model_destroy(mp_model_t *m)
 static int
 mp_model_load(const char *model, const char *profile, mp_model_t *m)
 {
-    td_weights_schema_t *s = NULL;
     td_gpucost_info_t in;
     td_gpucost_config_t gc = { .profile = profile, .model = model };
 
     memset(m, 0, sizeof(*m));
     if (td_modelcfg_load(model, &m->cfg) != TD_OK)
         return -1;   /* logged */
-    if (td_weights_schema_create(m->cfg, &s) != TD_OK ||
+    if (td_weights_schema_create(m->cfg, &m->schema) != TD_OK ||
         td_cache_plan_create(m->cfg, &m->plan) != TD_OK ||
         td_gpucost_create(&gc, &m->cost) != TD_OK || td_gpucost_info(m->cost, &in) != TD_OK) {
-        td_weights_schema_destroy(s);
         mp_model_destroy(m);
         return -1;
     }
-    mp_weights(s, m->cfg, mp_float_bytes(model), &m->w);
-    td_weights_schema_destroy(s);
+    m->float_bytes = mp_float_bytes(model);
+    mp_weights(m->schema, m->cfg, m->float_bytes, &m->w);
     m->hbm = in.hbm_bytes;
     m->gpu = in.profile_name;
     m->paged_per_token = td_layout_paged_bytes_per_token(m->plan->layout);
@@ -292,7 +293,7 @@ mp_print_plan(const mp_model_t *m, const mp_opts_t *o, const mp_plan_t *p)
 }
 
 static void
-mp_print_weights(const mp_model_t *m, const char *model, int float_bytes)
+mp_print_weights(const mp_model_t *m, const char *model)
 {
     const td_modelcfg_t *c = m->cfg;
 
@@ -301,7 +302,7 @@ mp_print_weights(const mp_model_t *m, const char *model, int float_bytes)
            model, c->num_hidden_layers, c->hidden_size, c->num_attention_heads, c->head_dim,
            c->n_routed_experts, c->moe_intermediate_size, c->num_experts_per_tok,
            !c->quantized ? "float" : c->quant_experts_fp4 ? "fp8 dense + fp4 experts" : "fp8",
-           float_bytes == 4 ? " (floats f32)" : "");
+           m->float_bytes == 4 ? " (floats f32)" : "");
     printf("weights: %zu tensors, %.2f GB: dense %.2f GB (embedding and head %.2f), routed "
            "experts %.2f GB, engram tables %.2f GB (%.0f bytes in all)\n",
            m->w.ntensors, (m->w.dense + m->w.experts + m->w.tables) / GB, m->w.dense / GB,
@@ -320,7 +321,6 @@ mp_print_weights(const mp_model_t *m, const char *model, int float_bytes)
 static int
 mp_check_checkpoint(const mp_model_t *m, const char *dir)
 {
-    td_weights_schema_t *s = NULL;
     td_weights_t *w = NULL;
     td_st_t *st = NULL;
     double planned = m->w.dense + m->w.experts + m->w.tables;
@@ -328,14 +328,12 @@ mp_check_checkpoint(const mp_model_t *m, const char *dir)
 
     if (td_st_open(dir, &st) != TD_OK)
         return -1;   /* logged */
-    if (td_weights_schema_create(m->cfg, &s) == TD_OK &&
-        td_weights_bind(s, st, NULL, NULL, &w) == TD_OK) {
+    if (td_weights_bind(m->schema, st, NULL, NULL, &w) == TD_OK) {
         printf("checkpoint %s: %" PRIu64 " bytes bound, %.0f planned: %s\n", dir, w->bytes,
                planned, (double)w->bytes == planned ? "equal" : "DIFFERENT");
         rc = (double)w->bytes == planned ? 0 : -1;
     }
     td_weights_destroy(w);
-    td_weights_schema_destroy(s);
     td_st_close(st);
     return rc;
 }
@@ -493,7 +491,7 @@ main(int argc, char **argv)
         return 1;
     if (o.hbm_gb > 0)
         m.hbm = o.hbm_gb * GB;
-    mp_print_weights(&m, o.model, mp_float_bytes(o.model));
+    mp_print_weights(&m, o.model);
     if (o.checkpoint != NULL && mp_check_checkpoint(&m, o.checkpoint) != 0)
         rc = 1;
     for (size_t d = 0; d < o.ndeps; d++) {

@@ -880,6 +880,30 @@ prefetch_wait(td_kvtier_t *kt, uint64_t want)
     return false;
 }
 
+/* Puts recs[0, n) (written back), reads their chain ahead, and waits until
+ * the tier's prefetched count reaches want. */
+static void
+put_read_ahead(td_kvtier_t *kt, const td_kvrec_t *recs, const uint64_t *hashes, size_t n,
+               uint64_t want)
+{
+    CHECK_STATUS(td_kvtier_put_many(kt, recs, n), TD_OK);
+    td_kvtier_wait_idle(kt);
+    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, n), TD_OK);
+    CHECK(prefetch_wait(kt, want));
+}
+
+/* Deletes the files of hashes[0, 40) (10 a file) behind the tier's back. */
+static void
+unlink_files(const char *dir, const uint64_t *hashes)
+{
+    char p[512];
+
+    for (int i = 0; i < 40; i += 10) {
+        file_of(p, sizeof(p), dir, hashes[i]);
+        CHECK(unlink(p) == 0);
+    }
+}
+
 /* get_many of t[0, n): the leading hits, each compared with t; *ssd_hits:
  * how many of them were SSD hits. */
 static size_t
@@ -937,15 +961,9 @@ test_prefetch(void)
     td_kvtier_config_t cfg = { .ssd_dir = dir, .ssd_budget = 1 << 22, .layout_hash = LAYOUT,
                                .seed = SEED, .pack_records = 10 };
     CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
-    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);   /* 4 files of 10 */
-    td_kvtier_wait_idle(kt);
     CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 0), TD_OK);
-    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
-    CHECK(prefetch_wait(kt, 40));
-    for (int i = 0; i < 40; i += 10) {   /* behind the tier's back: only the reads have them */
-        file_of(p, sizeof(p), dir, hashes[i]);
-        CHECK(unlink(p) == 0);
-    }
+    put_read_ahead(kt, recs, hashes, 40, 40);   /* 4 files of 10 */
+    unlink_files(dir, hashes);                  /* only the reads have them now */
     CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 40);
     CHECK_EQ_INT(ssd, 40);
     td_kvtier_stats(kt, &s);
@@ -960,31 +978,19 @@ test_prefetch(void)
      * ahead again (shown the same way) */
     td_kvtier_flush(kt);
     td_kvtier_wait_idle(kt);
-    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
-    td_kvtier_wait_idle(kt);
-    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
-    CHECK(prefetch_wait(kt, 80));
+    put_read_ahead(kt, recs, hashes, 40, 80);
     td_kvtier_flush(kt);
     td_kvtier_wait_idle(kt);
     td_kvtier_stats(kt, &s);
     CHECK_EQ_INT(s.prefetch_unused, 40);
     CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 0);
-    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
-    td_kvtier_wait_idle(kt);
-    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
-    CHECK(prefetch_wait(kt, 120));
-    for (int i = 0; i < 40; i += 10) {
-        file_of(p, sizeof(p), dir, hashes[i]);
-        CHECK(unlink(p) == 0);
-    }
+    put_read_ahead(kt, recs, hashes, 40, 120);
+    unlink_files(dir, hashes);
     CHECK_EQ_INT(chain_get(kt, t, 40, &ssd), 40);
     /* runs nobody takes go after a second, with nothing else queued */
     td_kvtier_flush(kt);
     td_kvtier_wait_idle(kt);
-    CHECK_STATUS(td_kvtier_put_many(kt, recs, 40), TD_OK);
-    td_kvtier_wait_idle(kt);
-    CHECK_STATUS(td_kvtier_prefetch(kt, hashes, 40), TD_OK);
-    CHECK(prefetch_wait(kt, 160));
+    put_read_ahead(kt, recs, hashes, 40, 160);
     td_kvtier_stats(kt, &s);
     uint64_t unused0 = s.prefetch_unused;
     for (int i = 0; i < 40 && s.prefetch_unused < unused0 + 40; i++) {
