@@ -2,7 +2,7 @@
  * make them measure alike, the keyed byte pattern every block is filled with
  * and checked against, and medians. Header-only (static inline functions).
  * Numbers on the command lines are read by td_config_parse_size/uint
- * (common/config.h); the clock is td_clock_s (common/clock.h). */
+ * (base/config.h); the clock is td_clock_s (base/clock.h). */
 #ifndef TD_BENCHUTIL_H
 #define TD_BENCHUTIL_H
 

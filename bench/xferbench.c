@@ -1,5 +1,5 @@
 /* bench/xferbench.c — moves blocks between two processes through the transfer
- * engine (common/xfer.h) over shared memory or TCP on loopback, verifies every
+ * engine (xfer/xfer.h) over shared memory or TCP on loopback, verifies every
  * byte outside the timed region and prints GB/s (1 GB = 1e9 bytes). */
 #include <getopt.h>
 #include <inttypes.h>

@@ -43,7 +43,7 @@
 /* Hello body: size u32 | slots u32 | chunk_bytes u32 | max_payload u32 |
  * the receive pool's export (td_xfer_pool_export). */
 #define UCX_HELLO_LEN     16u
-/* common/xfer.c's notification header (docs/xfer.md), for the wire counts. */
+/* xfer/xfer.c's notification header (docs/xfer.md), for the wire counts. */
 #define UCX_XFER_HDR_LEN  40u
 
 #define UCX_POOL_ID       0x434f4d4du   /* the engine is the communicator's */

@@ -1,6 +1,6 @@
 /* comm/ucx.h — the communicator across processes: ranks in different
  * processes (or hosts) exchange their collectives' bytes over UCX, through
- * the transfer engine (common/xfer.h). docs/comm.md, "UCX backend".
+ * the transfer engine (xfer/xfer.h). docs/comm.md, "UCX backend".
  *
  * Threading: the communicator has a transfer engine of its own, on an event
  * base of its own, and the thread that calls a collective runs that base

@@ -70,7 +70,7 @@ td_status_t td_dreq_gen_push(td_dreq_t *req, int32_t token);
  * been released (asserted). */
 void td_dreq_destroy(td_dreq_t *req);
 
-/* The one door of every state change (common/fsm.h): logs it with why (may
+/* The one door of every state change (base/fsm.h): logs it with why (may
  * be NULL); an illegal transition is a bug, logged and aborted in every
  * build. Callers check the state before acting on a peer's message. */
 void td_dreq_set_state(td_dreq_t *req, td_dreq_state_t to, const char *why);

@@ -1,6 +1,6 @@
 /* kernels/kernels.h — the op interface: one table of function pointers per
  * backend (cpu, cuda). The engine is written once against td_kernels_t; the
- * only project header kernels include is the leaf common/status.h. */
+ * only project header kernels include is the leaf base/status.h. */
 #ifndef TD_KERNELS_H
 #define TD_KERNELS_H
 

@@ -1,7 +1,7 @@
 /* kvcache/kvtier.h — the two lower tiers of a prefill rank's prefix cache:
  * a host-memory LRU and an SSD directory of files, one per put batch of
  * cache blocks, written back by the tier's own IO thread. Records are keyed
- * by the block's chain hash (common/chainhash.h) and checked on every read
+ * by the block's chain hash (kvcache/chainhash.h) and checked on every read
  * (docs/kvtier.md).
  *
  * One td_kvtier_t per prefill rank. Thread-safety: every call may come from

@@ -1,6 +1,6 @@
 /* prefilld/pcache.h — the prefix cache of one prefill rank (docs/kvcache.md):
  * cache blocks of G prompt tokens keyed by their chain hash
- * (common/chainhash.h), whose paged KV lives in the rank's own pool blocks
+ * (kvcache/chainhash.h), whose paged KV lives in the rank's own pool blocks
  * (shared by reference with the requests that reuse them), each optionally
  * with a snapshot of the fixed state (window rings, partial groups, engram
  * look-back, counters) at its end; below the pool, the host-memory and SSD

@@ -170,7 +170,7 @@ static void prank_schedule(td_prank_t *rk);
 
 /* ---- Task state --------------------------------------------------------------- */
 
-/* The one door of every task state change (common/fsm.h: logged; an illegal
+/* The one door of every task state change (base/fsm.h: logged; an illegal
  * transition aborts). Callers test the state before acting on a message, so
  * nothing a peer sends reaches here unchecked. */
 static void

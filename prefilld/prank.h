@@ -41,7 +41,7 @@ typedef struct {
     void (*compute_start)(void *arg);
     void *compute_arg;
     /* A DEP group's rank (--dep): the compute thread steps with the group's
-     * (common/jobq.h; copied); NULL: it runs its jobs alone. */
+     * (net/jobq.h; copied); NULL: it runs its jobs alone. */
     const td_jobq_step_t *step;
     /* The prefix cache (pcache.h; cache.max_blocks 0: none). The pool grows
      * by max_blocks × block_tokens tokens for it; rank_id, seed and

@@ -3,7 +3,7 @@
  * death), DecodePeer news to prefill ranks, the prefill ranks' announced
  * cache blocks (CacheEvent) and admin drain / undrain / remove / cache
  * flush, and the decode domains being assembled (rdomain.h). What concerns requests leaves through the handlers it was given
- * (as common/link.h's do): the cluster knows no request.
+ * (as net/link.h's do): the cluster knows no request.
  * Ownership: the cluster owns its listener, every node and rank; a rank
  * stays valid until no request is bound to it (td_cluster_rank_release). */
 #ifndef TD_ROUTERD_CLUSTER_H

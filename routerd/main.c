@@ -474,7 +474,7 @@ router_on_drain_deadline(evutil_socket_t fd, short what, void *arg)
 
 /* SIGTERM: new connections to the api are refused and requests on the open
  * ones get 503; those in flight finish, up to drain-timeout; then the loop
- * is left. A second signal leaves at once (common/daemon.c). */
+ * is left. A second signal leaves at once (net/daemon.c). */
 static void
 router_on_stop(td_daemon_t *d, void *arg)
 {

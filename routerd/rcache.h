@@ -1,5 +1,5 @@
 /* routerd/rcache.h — what routerd knows of one prefill rank's prefix cache:
- * the set of cache block hashes (common/chainhash.h) the rank announced in
+ * the set of cache block hashes (kvcache/chainhash.h) the rank announced in
  * its CacheEvents, applied in order, and how long a prefix of a prompt's
  * block hashes the set holds. Also a prompt's block hashes, computed once
  * per block size (ranks may differ in it). No I/O and no logging: callers

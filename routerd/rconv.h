@@ -2,7 +2,7 @@
  * ranks keep (decoded's --retain; docs/kvcache.md, "Multi-turn"): per kept
  * state its rank, the id of the request it finished and the token sequence
  * it holds, indexed so that a new prompt finds the longest kept sequence it
- * begins with. A sequence is keyed by the chain hash (common/chainhash.h) of
+ * begins with. A sequence is keyed by the chain hash (kvcache/chainhash.h) of
  * its whole blocks of TD_RCONV_BLOCK tokens plus the tokens after them, so a
  * lookup costs one probe per block of the prompt. A hash only points: the
  * decode rank compares the tokens before it continues a state. No I/O and

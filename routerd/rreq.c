@@ -4,7 +4,7 @@
  * reasoning / content / tool-call deltas, SSE) or one response, and end
  * every request exactly once: done, failed or canceled, with Cancel to its
  * ranks where they may hold it. The text work itself (rtext.c) runs on the
- * text threads (common/jobq.h), one job per request at a time. */
+ * text threads (net/jobq.h), one job per request at a time. */
 #include "rreq.h"
 
 #include <inttypes.h>
@@ -131,7 +131,7 @@ td_rreq_state_str(td_rreq_state_t st)
 }
 
 /* The one place a request changes state: an illegal transition is a bug
- * and aborts (common/fsm.h); what peers and clients send is checked
+ * and aborts (base/fsm.h); what peers and clients send is checked
  * against the state before it gets here. */
 static void
 set_state(td_rreq_t *q, td_rreq_state_t st, const char *why)

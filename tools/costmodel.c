@@ -1,4 +1,4 @@
-/* tools/costmodel — the GPU cost model (engine/gpucost.h) from the command
+/* tools/costmodel — the GPU cost model (sim/gpucost.h) from the command
  * line: per-term tables of a prefill chunk and a decode step for a model and
  * a GPU profile, and --check, the model against published per-GPU figures
  * of DeepSeek-V3 deployments (docs/costmodel.md). */

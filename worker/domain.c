@@ -1,6 +1,6 @@
 /* worker/domain.c — a DEP domain across worker processes (decoded
  * --domain-size): one rank's communicator over UCX (comm/ucx.h), its
- * address exchanged through a router (common/domjoin.h) or through a
+ * address exchanged through a router (net/domjoin.h) or through a
  * directory every process of the domain sees, each file naming the process
  * that wrote it so that a dead one's is ignored. docs/dep.md, "A domain across processes". */
 #include "domain.h"

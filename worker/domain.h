@@ -1,6 +1,6 @@
 /* worker/domain.h — a DEP domain across worker processes (decoded
  * --domain-size): each rank's communicator over UCX, the ranks' addresses
- * exchanged through a router (DomainJoin / DomainPeers, common/domjoin.h) or
+ * exchanged through a router (DomainJoin / DomainPeers, net/domjoin.h) or
  * through a directory (DIR/ID.addr.RANK, written whole by rename, a header
  * line naming the writer, then the address).
  * docs/dep.md, "A domain across processes". */

@@ -530,7 +530,7 @@ worker_on_signal(td_daemon_t *d, void *arg)
 }
 
 /* Loading the engine's weights can take minutes: each progress line
- * (logged by common/progress) is also systemd's STATUS= until READY. */
+ * (logged by base/progress) is also systemd's STATUS= until READY. */
 static void
 worker_on_progress(td_progress_phase_t phase, const char *line, void *arg)
 {

@@ -3,7 +3,7 @@
  * keyed hashes of the token prefix (docs/engine.md gives the exact spec), so a
  * receiver verifies every byte and a test computes the output on its own; a
  * cost model sets its speed: flat per-token costs, or the GPU cost model
- * (engine/gpucost.h) of a model config on a GPU profile. */
+ * (sim/gpucost.h) of a model config on a GPU profile. */
 #ifndef TD_SYNTHETIC_H
 #define TD_SYNTHETIC_H
 

@@ -1,6 +1,6 @@
 /* tests/fuzz/fuzz_ctl.c — the control listener as a peer without the secret
  * meets it: each input is the byte stream a TCP client on loopback sends to a
- * real td_ctl_listener (common/ctl.c) on a libevent loop, in pieces of a size
+ * real td_ctl_listener (net/ctl.c) on a libevent loop, in pieces of a size
  * the input chooses. It reaches frame decoding under the pre-authentication
  * cap, td_frame_peek's refusal of non-handshake payloads, Hello checks, the
  * proof check, Reject handling, the state machine and the connection's end.

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-PEER = -11        # td_status_t values (common/status.h)
+PEER = -11        # td_status_t values (base/status.h)
 TIMEOUT = -6
 TOO_BIG = -8
 CANCELED = -12

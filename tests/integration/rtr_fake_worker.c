@@ -1,5 +1,5 @@
 /* tests/integration/rtr_fake_worker.c — a stand-in prefill rank and decode
- * rank (one process, two links via common/link.c) for routerd's black-box
+ * rank (one process, two links via net/link.c) for routerd's black-box
  * tests: it speaks the control protocol of docs/cluster.md but moves no KV.
  * Decode tokens are the bytes of TEXT, cycling, one per message every
  * --tok-ms; Load reports one KV block per admitted request, and no free KV
@@ -394,7 +394,7 @@ on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopbreak(F.base);
 }
 
-/* --join: one DomainJoin through common/domjoin.c, the peers printed as
+/* --join: one DomainJoin through net/domjoin.c, the peers printed as
  * text; 0 when they came, 1 otherwise. */
 static int
 fake_join(const td_ctl_config_t *ctl, const char *router, const char *id, uint32_t rank,
@@ -514,7 +514,7 @@ main(int argc, char **argv)
     size_t slen = fread(secret, 1, sizeof secret, f);
     fclose(f);
     while (slen > 0 && (secret[slen - 1] == '\n' || secret[slen - 1] == '\r'))
-        slen--;   /* as common/daemon.c reads it */
+        slen--;   /* as net/daemon.c reads it */
     if (td_engine_config_defaults(&ecfg) != TD_OK)
         return 1;
     ecfg.synth.vocab = 256;   /* routerd's byte-level tokenizer (routerd_test.py) */

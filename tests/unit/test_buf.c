@@ -1,4 +1,4 @@
-/* tests/unit/test_buf.c — common/buf.h, the one growable buffer: appends,
+/* tests/unit/test_buf.c — base/buf.h, the one growable buffer: appends,
  * printf, truncate, reset and take, each case a list of steps with the
  * contents after each; the sticky failure made to happen with an append too
  * large to ever fit. */

@@ -1,4 +1,4 @@
-/* tests/unit/test_daemon.c — common/daemon.c: option parsing through the
+/* tests/unit/test_daemon.c — net/daemon.c: option parsing through the
  * table (help, dump, bad options, exit codes), the secret file, the node id,
  * signals on the loop, random64, and sd_notify datagrams on a test socket. */
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* tests/unit/test_des.c — the cluster model (bench/scale/des.c) on
+/* tests/unit/test_des.c — the cluster model (sim/des/des.c) on
  * scenarios checked by hand: a request alone, a prefix cache hit, decode
  * admission waiting for blocks, colocated serving, reproducible Poisson
  * arrivals, and the router's cache-aware pick (routerd's rsched) against

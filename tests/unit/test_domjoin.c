@@ -1,4 +1,4 @@
-/* tests/unit/test_domjoin.c — common/domjoin.c: which DomainJoins hold (the
+/* tests/unit/test_domjoin.c — net/domjoin.c: which DomainJoins hold (the
  * bounds both ends apply), and the client against a stand-in router on a
  * thread: every rank's address taken, a malformed DomainPeers, a refusal,
  * a router that closes the connection on the join (an older routerd), no

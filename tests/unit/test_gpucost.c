@@ -1,4 +1,4 @@
-/* tests/unit/test_gpucost.c — the GPU cost model (engine/gpucost.h): the
+/* tests/unit/test_gpucost.c — the GPU cost model (sim/gpucost.h): the
  * shipped profiles and configs load, V4.1-Flash's KV bytes agree with the
  * layouts, times grow with the work and expert bytes shrink with the ranks,
  * the roofline max rule, bad profiles and configs are refused with a status,

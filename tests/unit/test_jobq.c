@@ -1,4 +1,4 @@
-/* tests/unit/test_jobq.c — common/jobq: jobs run on the compute thread in
+/* tests/unit/test_jobq.c — net/jobq: jobs run on the compute thread in
  * order, one at a time, while the loop stays free; messages a job tells come
  * back on the loop before its done; destroy delivers what came back. A pool:
  * jobs run side by side on its threads, long jobs leave a thread to the

@@ -1,4 +1,4 @@
-/* tests/unit/test_jobq_step.c — common/jobq's stepped compute threads (a DEP
+/* tests/unit/test_jobq_step.c — net/jobq's stepped compute threads (a DEP
  * group's ranks, docs/dep.md "In the daemons") over the CPU communicator: a
  * "pass" here is an all-gather of each rank's pass count, so any rank making
  * one pass more or less than another breaks the group or mismatches.

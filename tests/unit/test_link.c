@@ -1,4 +1,4 @@
-/* tests/unit/test_link.c — common/link.c against fake routers (ctl listeners)
+/* tests/unit/test_link.c — net/link.c against fake routers (ctl listeners)
  * on the same loop: Register field by field, Registered -> on_up, messages
  * both ways, Load coalescing and refresh, reconnect after a close, two
  * routers, a wrong secret, a router that is down then comes up, bad router

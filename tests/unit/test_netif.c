@@ -1,4 +1,4 @@
-/* tests/unit/test_netif.c — common/netif.c: which addresses are loopback,
+/* tests/unit/test_netif.c — net/netif.c: which addresses are loopback,
  * which hosts resolve to loopback only, and finding the loopback interface by
  * name, by address and by route. */
 #include "check.h"

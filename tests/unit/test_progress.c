@@ -1,4 +1,4 @@
-/* tests/unit/test_progress.c — common/progress.c: the BEGIN, STEP and END
+/* tests/unit/test_progress.c — base/progress.c: the BEGIN, STEP and END
  * lines, logged and handed to the handler, STEPs at most once per interval,
  * a failure's END for the handler only. */
 #include "check.h"

@@ -1,4 +1,4 @@
-/* tests/unit/test_ranks.c — common/ranks.c: every rank ready on its own thread
+/* tests/unit/test_ranks.c — net/ranks.c: every rank ready on its own thread
  * and loop, a failing init stops and joins the others, stops from the main
  * thread reach only ranks still in their loop, destroy joins every thread. */
 #include <event2/event.h>

@@ -18,7 +18,7 @@
 #include "check.h"
 #include "clock.h"
 
-/* common/clock.h's monotonic clock in microseconds and milliseconds. */
+/* base/clock.h's monotonic clock in microseconds and milliseconds. */
 static inline uint64_t
 td_testutil_now_us(void)
 {
