@@ -67,6 +67,7 @@ hmap_resize(td_hmap_t *m, size_t cap)
         start++;
     m->slots = s;
     m->mask = cap - 1;
+    m->shift = 64 - (unsigned)__builtin_ctzll(cap);
     for (size_t k = 1; k <= oldcap; k++) {
         const td_hmap_slot_t *o = &old[(start + k) & (oldcap - 1)];
 
@@ -231,6 +232,7 @@ td_hmap_clear(td_hmap_t *m)
             free(m->slots);
             m->slots = s;
             m->mask = m->base > 0 ? m->base - 1 : 0;
+            m->shift = m->base > 0 ? 64 - (unsigned)__builtin_ctzll(m->base) : 0;
             m->n = 0;
             return;
         }

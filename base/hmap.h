@@ -48,6 +48,7 @@ typedef struct {
 typedef struct td_hmap {
     td_hmap_slot_t *slots;  /* [mask + 1], or NULL while the capacity is 0 */
     size_t mask;            /* capacity - 1 (0 with no slots) */
+    unsigned shift;         /* 64 - log2(capacity) */
     size_t n;               /* entries held */
     size_t base;            /* the capacity made at create, kept by clear */
 } td_hmap_t;
@@ -89,11 +90,13 @@ td_hmap_count(const td_hmap_t *m)
     return m->n;
 }
 
-/* The slot a key's probe starts at (private to the table). */
+/* The slot a key's probe starts at (private to the table): Fibonacci
+ * hashing, the top log2(capacity) bits of key * 2^64 / phi. One multiply;
+ * sequential ids, packed pairs and keys that are hashes already all spread. */
 static inline size_t
 td_hmap_home_(const td_hmap_t *m, uint64_t key)
 {
-    return (size_t)td_rng_mix64(key) & m->mask;
+    return (size_t)((key * TD_RNG_GAMMA) >> m->shift);
 }
 
 /* The value of key (the first entry's, in a table that holds several), or
