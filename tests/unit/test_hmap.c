@@ -284,8 +284,17 @@ test_reserve(void)
     for (uint64_t i = 1001; i < 5000; i++)
         CHECK_STATUS(td_hmap_put(m, i, i), TD_OK);
     CHECK(m->slots == slots);
+    for (uint64_t i = 5000; i < 8192; i++)   /* full: 8192 in 16384 slots */
+        CHECK_STATUS(td_hmap_put(m, i, i), TD_OK);
+    CHECK(m->slots == slots);
+    CHECK_EQ_INT(td_hmap_del(m, 7), 7);      /* one out, another in: no move */
+    CHECK_STATUS(td_hmap_put(m, 9000, 1), TD_OK);
+    CHECK(m->slots == slots);
+    CHECK_STATUS(td_hmap_put(m, 9001, 1), TD_OK);   /* one more: it doubles */
+    CHECK(m->slots != NULL && m->mask + 1 == 32768);
+    slots = m->slots;
     CHECK_STATUS(td_hmap_reserve(m, SIZE_MAX / 4), TD_ERR_NOMEM);   /* unchanged */
-    CHECK(m->slots == slots && td_hmap_count(m) == 5000 && td_hmap_get(m, 4999) == 4999);
+    CHECK(m->slots == slots && td_hmap_count(m) == 8193 && td_hmap_get(m, 4999) == 4999);
     td_hmap_clear(m);
     CHECK_EQ_INT(m->mask + 1, 2048);   /* the capacity made at create */
     CHECK(table_ok(m));
