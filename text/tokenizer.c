@@ -46,16 +46,11 @@ typedef struct {
     uint8_t flags;          /* TOK_ID_* */
 } tok_id_t;
 
-/* String -> id: each string's tok_hash in a hash table (base/hmap.h), its
- * value an index into ents, the strings compared there. */
+/* String -> id: a hash table (base/hmap.h) from each string's tok_hash to
+ * where the string is in tok->arena, off << 32 | len; its id is the 4 bytes
+ * before it there (tok_map_add). */
 typedef struct {
-    uint32_t off, len, id;
-} tok_slot_t;
-
-typedef struct {
-    td_hmap_t *idx;         /* tok_hash -> index into ents, several per hash */
-    tok_slot_t *ents;       /* [cap], n used, in the order added */
-    size_t n, cap;
+    td_hmap_t *idx;         /* several strings per hash */
 } tok_map_t;
 
 /* A merge, (left id, right id) -> (rank, merged id): in tok->merges, the key
@@ -634,59 +629,51 @@ tok_arena_add(td_tokenizer_t *tok, const char *s, size_t n, tok_span_t *span)
 static td_status_t
 tok_map_init(tok_map_t *m, size_t entries)
 {
-    m->ents = malloc(entries * sizeof *m->ents);
-    if (!m->ents || td_hmap_create(entries, &m->idx) != TD_OK)
-        return TD_ERR_NOMEM;
-    m->cap = entries;
-    return TD_OK;
+    return td_hmap_create(entries, &m->idx);
 }
 
-static void
-tok_map_free(tok_map_t *m)
+/* The id of the string an entry's value places. */
+static inline uint32_t
+tok_map_id(const char *arena, uint64_t v)
 {
-    td_hmap_destroy(m->idx);
-    free(m->ents);
+    uint32_t id;
+    memcpy(&id, arena + (v >> 32) - sizeof id, sizeof id);
+    return id;
 }
 
-/* The entry holding s, or NULL. */
-static tok_slot_t *
+/* The entry holding s (off << 32 | len), or TD_HMAP_NONE. */
+static uint64_t
 tok_map_find(const tok_map_t *m, const char *arena, const char *s, size_t n)
 {
     uint64_t h = tok_hash(s, n), v;
     size_t pos = 0;
     if (!m->idx)
-        return NULL;
-    while ((v = td_hmap_each(m->idx, h, &pos)) != TD_HMAP_NONE) {
-        tok_slot_t *sl = &m->ents[v];
-        if (sl->len == n && memcmp(arena + sl->off, s, n) == 0)
-            return sl;
-    }
-    return NULL;
+        return TD_HMAP_NONE;
+    while ((v = td_hmap_each(m->idx, h, &pos)) != TD_HMAP_NONE)
+        if ((uint32_t)v == n && memcmp(arena + (v >> 32), s, n) == 0)
+            return v;
+    return TD_HMAP_NONE;
 }
 
-/* Add the string at span (not in the map yet) with its id. */
+/* Add s (n bytes, not in m yet) with its id: the id, then s, into the arena;
+ * *span where s is. */
 static td_status_t
-tok_map_add(tok_map_t *m, const char *arena, tok_span_t span, uint32_t id)
+tok_map_add(td_tokenizer_t *tok, tok_map_t *m, const char *s, size_t n, uint32_t id,
+            tok_span_t *span)
 {
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? 2 * m->cap : 16;
-        tok_slot_t *e = realloc(m->ents, cap * sizeof *e);
-        if (!e)
-            return TD_ERR_NOMEM;
-        m->ents = e;
-        m->cap = cap;
-    }
-    if (td_hmap_add(m->idx, tok_hash(arena + span.off, span.len), m->n) != TD_OK)
-        return TD_ERR_NOMEM;
-    m->ents[m->n++] = (tok_slot_t){ span.off, span.len, id };
-    return TD_OK;
+    tok_span_t at;
+    td_status_t rc;
+    if ((rc = tok_arena_add(tok, (const char *)&id, sizeof id, &at)) != TD_OK ||
+        (rc = tok_arena_add(tok, s, n, span)) != TD_OK)
+        return rc;
+    return td_hmap_add(m->idx, tok_hash(s, n), (uint64_t)span->off << 32 | span->len);
 }
 
 static uint32_t
 tok_map_get(const tok_map_t *m, const char *arena, const char *s, size_t n)
 {
-    const tok_slot_t *sl = tok_map_find(m, arena, s, n);
-    return sl ? sl->id : TOK_NONE;
+    uint64_t v = tok_map_find(m, arena, s, n);
+    return v != TD_HMAP_NONE ? tok_map_id(arena, v) : TOK_NONE;
 }
 
 static inline tok_merge_t
@@ -880,11 +867,10 @@ tok_load_vocab(tok_load_t *ld, json_t *model, uint32_t *max_id)
                             TOK_MAX_ID, json_is_integer(v) ? "one outside" : tok_json_type(v));
         uint32_t id = (uint32_t)json_integer_value(v);
         size_t n = strlen(key);
-        if (tok_map_find(&tok->vocab, tok->arena, key, n))
+        if (tok_map_find(&tok->vocab, tok->arena, key, n) != TD_HMAP_NONE)
             return tok_fail(ld, TD_ERR_INVALID, "model.vocab: \"%s\" given twice", key);
         tok_span_t span;
-        if ((rc = tok_arena_add(tok, key, n, &span)) != TD_OK ||
-            (rc = tok_map_add(&tok->vocab, tok->arena, span, id)) != TD_OK)
+        if ((rc = tok_map_add(tok, &tok->vocab, key, n, id, &span)) != TD_OK)
             return rc;
         if (id + 1 > *max_id)
             *max_id = id + 1;
@@ -939,14 +925,12 @@ tok_load_added(tok_load_t *ld, json_t *root, uint32_t *max_id)
                             where);
         a->id = (uint32_t)json_integer_value(idv);
         size_t len = strlen(content);
-        if ((rc = tok_arena_add(tok, content, len, &a->content)) != TD_OK)
+        uint64_t old = tok_map_find(&tok->added_map, tok->arena, content, len);
+        if ((rc = tok_map_add(tok, &tok->added_map, content, len, a->id, &a->content)) != TD_OK)
             return rc;
         /* a later entry with the same content replaces the earlier one */
-        tok_slot_t *sl = tok_map_find(&tok->added_map, tok->arena, content, len);
-        if (sl)
-            *sl = (tok_slot_t){ a->content.off, a->content.len, a->id };
-        else if ((rc = tok_map_add(&tok->added_map, tok->arena, a->content, a->id)) != TD_OK)
-            return rc;
+        if (old != TD_HMAP_NONE)
+            td_hmap_del_pair(tok->added_map.idx, tok_hash(content, len), old);
         if (a->id + 1 > *max_id)
             *max_id = a->id + 1;
         tok->nadded++;
@@ -960,13 +944,14 @@ tok_load_ids(tok_load_t *ld)
 {
     td_tokenizer_t *tok = ld->tok;
     td_status_t rc;
-    for (size_t i = 0; i < tok->vocab.n; i++) {
-        const tok_slot_t *sl = &tok->vocab.ents[i];
-        tok_id_t *e = &tok->ids[sl->id];
+    size_t pos = 0;
+    uint64_t h, v;
+    while (td_hmap_next(tok->vocab.idx, &pos, &h, &v)) {
+        uint32_t id = tok_map_id(tok->arena, v);
+        tok_id_t *e = &tok->ids[id];
         if (e->flags & TOK_ID_PRESENT)
-            return tok_fail(ld, TD_ERR_INVALID, "model.vocab: id %u given to two tokens",
-                            sl->id);
-        e->token = (tok_span_t){ sl->off, sl->len };
+            return tok_fail(ld, TD_ERR_INVALID, "model.vocab: id %u given to two tokens", id);
+        e->token = (tok_span_t){ (uint32_t)(v >> 32), (uint32_t)v };
         e->flags = TOK_ID_PRESENT;
     }
     for (size_t i = 0; i < tok->nadded; i++) {
@@ -1410,8 +1395,8 @@ td_tokenizer_destroy(td_tokenizer_t *tok)
     free(tok->trie[1].nodes);
     free(tok->added);
     td_hmap_destroy(tok->merges);
-    tok_map_free(&tok->added_map);
-    tok_map_free(&tok->vocab);
+    td_hmap_destroy(tok->added_map.idx);
+    td_hmap_destroy(tok->vocab.idx);
     free(tok->ids);
     free(tok->arena);
     free(tok->path);
