@@ -23,9 +23,10 @@
  * O(1) amortized; the old array is freed after). A failed allocation leaves
  * the table as it was and returns TD_ERR_NOMEM; nothing aborts. The table
  * never shrinks by itself: td_hmap_clear() goes back to the capacity made at
- * create. An insertion never allocates while count < the capacity td_hmap_
- * reserve() or create's hint made room for (so a put that follows a del
- * never fails).
+ * create. Memory: 16 bytes a slot, so 32 to 64 bytes an entry once grown.
+ * An insertion does not allocate while the table holds fewer entries than
+ * create's hint or td_hmap_reserve() made room for, nor when it follows a
+ * del (the count is back where it was), so those insertions cannot fail.
  *
  * Deletion shifts the later entries of the probe run back into the hole
  * (Knuth's algorithm R) instead of leaving a tombstone: lookups stay as short
