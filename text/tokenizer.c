@@ -475,6 +475,86 @@ tok_regex_prop(td_buf_t *b, const char *name, size_t len, bool neg, bool in_clas
     return true;
 }
 
+/* \p or \P at pat[*i]: \p{Name}, \p{^Name} or the one-letter \pL, as PCRE2
+ * text; *i left on the escape's last character. False when malformed or not
+ * expressible. */
+static bool
+tok_regex_escape_prop(td_buf_t *b, const char *pat, size_t n, size_t *i, bool in_class)
+{
+    bool neg = pat[*i] == 'P';
+    const char *name = NULL;
+    size_t len = 0;
+
+    if (*i + 1 < n && pat[*i + 1] == '{') {
+        const char *close = strchr(pat + *i + 2, '}');
+        if (!close)
+            return false;
+        name = pat + *i + 2;
+        len = (size_t)(close - name);
+        *i = (size_t)(close - pat);
+        if (len && name[0] == '^') {
+            neg = !neg;
+            name++;
+            len--;
+        }
+    } else if (*i + 1 < n) {
+        name = pat + ++*i;
+        len = 1;
+    }
+    return name && len && tok_regex_prop(b, name, len, neg, in_class);
+}
+
+/* \uHHHH at pat[*i] as \x{HHHH}; *i left on the last digit. False without
+ * four hex digits. */
+static bool
+tok_regex_escape_u(td_buf_t *b, const char *pat, size_t n, size_t *i)
+{
+    size_t k = 0;
+    char x[16];
+
+    while (k < 4 && *i + 1 + k < n && strchr("0123456789abcdefABCDEF", pat[*i + 1 + k]))
+        k++;
+    if (k != 4)
+        return false;
+    snprintf(x, sizeof x, "\\x{%.4s}", pat + *i + 1);
+    td_buf_puts(b, x);
+    *i += 4;
+    return true;
+}
+
+/* The escape whose letter is pat[*i] (after a backslash), as PCRE2 text; *i
+ * left on its last character. False for one the two dialects read
+ * differently, or a malformed one. */
+static bool
+tok_regex_escape(td_buf_t *b, const char *pat, size_t n, size_t *i, bool in_class)
+{
+    char e = pat[*i];
+
+    switch (e) {
+    case 's': td_buf_puts(b, "\\p{White_Space}"); return true;
+    case 'S': td_buf_puts(b, "\\P{White_Space}"); return true;
+    case 'd':
+    case 'D':
+        return tok_regex_prop(b, "Nd", 2, e == 'D', in_class);
+    case 'p':
+    case 'P':
+        return tok_regex_escape_prop(b, pat, n, i, in_class);
+    case 'v': td_buf_puts(b, "\\x{0B}"); return true;
+    case 'u':
+        return tok_regex_escape_u(b, pat, n, i);
+    case 't': case 'n': case 'r': case 'f': case 'a': case 'e': case 'x': case 'A':
+    case 'z': case 'Z': case 'G': case 'k': case '0': case '1': case '2': case '3':
+    case '4': case '5': case '6': case '7': case '8': case '9':
+        td_buf_append(b, pat + *i - 1, 2);
+        return true;
+    default:
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
+            return false;
+        td_buf_append(b, pat + *i - 1, 2);   /* an escaped literal */
+        return true;
+    }
+}
+
 /* Rewrite an Oniguruma pattern (HF tokenizers' dialect) into PCRE2 with the
  * same meaning: \s \S -> White_Space (PCRE2's \s adds U+180E); \d \D -> Nd;
  * general categories gain what Unicode 15.0-16.0 assigned (PCRE2 10.42 has
@@ -528,67 +608,7 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
             continue;
         }
         char e = pat[++i];
-        const char *name = NULL;
-        size_t len = 0;
-        bool neg = false, ok = true;
-        switch (e) {
-        case 's': td_buf_puts(&b, "\\p{White_Space}"); break;
-        case 'S': td_buf_puts(&b, "\\P{White_Space}"); break;
-        case 'd':
-        case 'D':
-            ok = tok_regex_prop(&b, "Nd", 2, e == 'D', in_class);
-            break;
-        case 'p':
-        case 'P':
-            neg = e == 'P';
-            if (i + 1 < n && pat[i + 1] == '{') {
-                const char *close = strchr(pat + i + 2, '}');
-                if (!close) {
-                    ok = false;
-                    break;
-                }
-                name = pat + i + 2;
-                len = (size_t)(close - name);
-                i = (size_t)(close - pat);
-                if (len && name[0] == '^') {
-                    neg = !neg;
-                    name++;
-                    len--;
-                }
-            } else if (i + 1 < n) {
-                name = pat + ++i;
-                len = 1;
-            }
-            ok = name && len && tok_regex_prop(&b, name, len, neg, in_class);
-            break;
-        case 'v': td_buf_puts(&b, "\\x{0B}"); break;
-        case 'u': {
-            size_t k = 0;
-            while (k < 4 && i + 1 + k < n && strchr("0123456789abcdefABCDEF", pat[i + 1 + k]))
-                k++;
-            if (k != 4) {
-                ok = false;
-                break;
-            }
-            char x[16];
-            snprintf(x, sizeof x, "\\x{%.4s}", pat + i + 1);
-            td_buf_puts(&b, x);
-            i += 4;
-            break;
-        }
-        case 't': case 'n': case 'r': case 'f': case 'a': case 'e': case 'x': case 'A':
-        case 'z': case 'Z': case 'G': case 'k': case '0': case '1': case '2': case '3':
-        case '4': case '5': case '6': case '7': case '8': case '9':
-            td_buf_append(&b, pat + i - 1, 2);
-            break;
-        default:
-            if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
-                ok = false;
-            else
-                td_buf_append(&b, pat + i - 1, 2);   /* an escaped literal */
-            break;
-        }
-        if (!ok) {
+        if (!tok_regex_escape(&b, pat, n, &i, in_class)) {
             td_buf_free(&b);
             return tok_fail(ld, TD_ERR_UNSUPPORTED, "%s.pattern: the escape \\%c (at offset %zu) "
                             "is not supported (Oniguruma and PCRE2 read it differently, or it "
