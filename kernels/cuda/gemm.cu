@@ -126,7 +126,7 @@ gemm_f32_load(const gemm_args &a, td_sptr<float> xs, td_sptr<float> ws, int bm, 
 }
 
 template <bool FP8>
-__global__ static void __launch_bounds__(GEMM_THREADS)
+__global__ static void __launch_bounds__(GEMM_THREADS, 1)
 gemm_f32_kernel(const __grid_constant__ gemm_args a)
 {
     TD_SHARED(float, xs, BK * LDF);
@@ -200,7 +200,7 @@ gemm_mma_store(const gemm_args &a, const float (&acc)[2][4][4], int rb, int cb, 
         }
 }
 
-__global__ static void __launch_bounds__(GEMM_THREADS)
+__global__ static void __launch_bounds__(GEMM_THREADS, 1)
 gemm_bf16_mma_kernel(const __grid_constant__ gemm_args a)
 {
     TD_SHARED(uint32_t, xs, BM * LDH);   /* [64][32 + 8] bf16 */
@@ -276,7 +276,7 @@ gemm_fp8_quant_x(const gemm_args &a, td_sptr<uint32_t> xs, td_sptr<float> xsc, i
         xsc[row] = td_pow2(e);
 }
 
-__global__ static void __launch_bounds__(GEMM_THREADS)
+__global__ static void __launch_bounds__(GEMM_THREADS, 1)
 gemm_fp8_mma_kernel(const __grid_constant__ gemm_args a)
 {
     TD_SHARED(uint32_t, xs, BM * LDQ);   /* [64][32 + 16] e4m3 */
