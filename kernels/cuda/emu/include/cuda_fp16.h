@@ -1,6 +1,9 @@
 /* kernels/cuda/emu/include/cuda_fp16.h — __half and its conversions for the
  * SIMT emulation, with CUDA's rounding (to nearest even, subnormals kept,
- * overflow to infinity, NaN to 0x7FFF). C++ only. */
+ * overflow to infinity, NaN to 0x7FFF). C++ only. These conversions (here and
+ * in cuda_bf16.h, cuda_fp8.h) are written apart from td_numfmt on purpose:
+ * they follow CUDA's NaN codes and saturation modes, not torch's, and
+ * test_simt checks the two against each other. */
 #ifndef TD_SIMT_CUDA_FP16_H
 #define TD_SIMT_CUDA_FP16_H
 
