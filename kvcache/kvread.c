@@ -313,6 +313,56 @@ chain_aio_prepare(td_kvtier_t *kt, kvrbatch_t *b, struct iocb *cbs, struct iocb 
     return nsub;
 }
 
+/* io_getevents on the chain context: at least one event, at most nr. */
+static long
+chain_getevents(td_kvtier_t *kt, struct io_event *ev, long nr)
+{
+#ifdef TD_KVTIER_TEST_HOOKS
+    unsigned left = atomic_load(&kt->test_fail_getevents);
+
+    if (left > 0 && atomic_compare_exchange_strong(&kt->test_fail_getevents, &left, left - 1)) {
+        errno = EINVAL;
+        return -1;
+    }
+#endif
+    return syscall(SYS_io_getevents, kt->aio, 1L, nr, ev, NULL);
+}
+
+/* Ends a run unread: its blocks are misses (its file is not at fault). */
+static void
+run_fail(td_kvtier_t *kt, kvrbatch_t *b, kvrun_t *r)
+{
+    for (size_t k = r->first; k <= r->last; k++)
+        b->sts[k] = TD_ERR_NOT_FOUND;
+    kvlock_lock(&kt->mu);
+    kt->st.misses += r->last - r->first + 1;
+    kvlock_unlock(&kt->mu);
+    kvrun_done(kt, r);
+}
+
+/* io_getevents failed (aio_mu held): the context is destroyed, which waits
+ * for the reads in flight, and every run of the chain not yet finished
+ * (submitted or not: those still holding a buffer) ends with its blocks
+ * missed. Later chains are read by the threads. */
+static void
+chain_aio_fail(td_kvtier_t *kt, kvrbatch_t *b, const struct iocb *cbs, size_t nsub, int err)
+{
+    size_t failed = 0;
+
+    syscall(SYS_io_destroy, kt->aio);
+    kt->aio = 0;
+    for (size_t i = 0; i < nsub; i++) {
+        kvrun_t *r = &b->runs[cbs[i].aio_data];
+
+        if (r->buf != NULL) {
+            run_fail(kt, b, r);
+            failed++;
+        }
+    }
+    td_error("kvtier %s: io_getevents: %s; %zu runs of a chain missed, chains are read by "
+             "threads from now on", kt->dir, strerror(err), failed);
+}
+
 /* All of a chain's runs in flight at once with Linux AIO (io_submit of
  * O_DIRECT reads), each checked as it completes, on the caller; false when
  * the AIO context is missing or busy with another chain (nothing done). */
@@ -323,11 +373,11 @@ chain_aio(td_kvtier_t *kt, kvrbatch_t *b)
     struct io_event ev[32];
     size_t nsub, next = 0, pending = 0;
 
-    if (kt->aio == 0 || b->nruns == 0 || !kvlock_trylock(&kt->aio_mu))
+    if (b->nruns == 0 || !kvlock_trylock(&kt->aio_mu))
         return false;
-    cbs = calloc(b->nruns, sizeof(*cbs));
-    ptrs = calloc(b->nruns, sizeof(*ptrs));
-    if (cbs == NULL || ptrs == NULL) {
+    cbs = kt->aio != 0 ? calloc(b->nruns, sizeof(*cbs)) : NULL;
+    ptrs = kt->aio != 0 ? calloc(b->nruns, sizeof(*ptrs)) : NULL;
+    if (cbs == NULL || ptrs == NULL) {   /* no context (any more), or no memory */
         free(cbs);
         free(ptrs);
         kvlock_unlock(&kt->aio_mu);
@@ -354,14 +404,12 @@ chain_aio(td_kvtier_t *kt, kvrbatch_t *b)
         }
         if (pending == 0)
             continue;
-        long n = syscall(SYS_io_getevents, kt->aio, 1L, (long)(sizeof(ev) / sizeof(ev[0])), ev,
-                         NULL);
+        long n = chain_getevents(kt, ev, (long)(sizeof(ev) / sizeof(ev[0])));
 
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < 0) {   /* cannot happen with a good context; the runs stay unread */
-            td_log_every(TD_LOG_ERROR, 10000, "kvtier %s: io_getevents: %s", kt->dir,
-                         strerror(errno));
+        if (n < 0) {   /* cannot happen with a good context */
+            chain_aio_fail(kt, b, cbs, nsub, errno);
             break;
         }
         for (long e = 0; e < n; e++) {
@@ -501,6 +549,8 @@ td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n, const int3
         st = TD_ERR_NOMEM;
         goto cleanup;
     }
+    for (i = 0; i < n; i++)   /* a block no read reaches is a miss, never a hit */
+        b.sts[i] = TD_ERR_NOT_FOUND;
     if (kt->dir != NULL)
         b.nruns = chain_runs(kt, &b);
     else
@@ -576,3 +626,17 @@ kvread_free(td_kvtier_t *kt)
     free(kt->readers);
     kt->readers = NULL;
 }
+
+#ifdef TD_KVTIER_TEST_HOOKS
+void
+kvread_test_fail_getevents(td_kvtier_t *kt, unsigned n)
+{
+    atomic_store(&kt->test_fail_getevents, n);
+}
+
+unsigned
+kvread_test_fail_getevents_left(td_kvtier_t *kt)
+{
+    return atomic_load(&kt->test_fail_getevents);
+}
+#endif

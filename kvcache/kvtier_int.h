@@ -359,5 +359,12 @@ void kvprefetch_unclaim(td_kvtier_t *kt, kvpfrun_t *pr);
 td_status_t kvread_start(td_kvtier_t *kt);   /* its AIO context and the reader threads */
 void kvread_stop(td_kvtier_t *kt);
 void kvread_free(td_kvtier_t *kt);
+#ifdef TD_KVTIER_TEST_HOOKS
+/* Tests only: a build of these sources with TD_KVTIER_TEST_HOOKS (the
+ * library the daemons link has no hook). get_many's next n io_getevents
+ * calls fail (EINVAL) with its reads in flight; how many are left. */
+void kvread_test_fail_getevents(td_kvtier_t *kt, unsigned n);
+unsigned kvread_test_fail_getevents_left(td_kvtier_t *kt);
+#endif
 
 #endif
