@@ -12,15 +12,15 @@
 #include "clock.h"
 #include "log.h"
 
-/* ---- The block map ------------------------------------------------------------ */
+/* ---- The block map ----------------------------------------------------------- */
 static size_t
-map_slot(const kvmap_t *m, uint64_t key)
+map_slot(const kvbmap_t *m, uint64_t key)
 {
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (m->nb - 1);
 }
 
 td_status_t
-kvmap_init(kvmap_t *m)
+kvbmap_init(kvbmap_t *m)
 {
     m->nb = 1024;
     m->n = 0;
@@ -29,17 +29,17 @@ kvmap_init(kvmap_t *m)
 }
 
 void
-kvmap_free(kvmap_t *m)
+kvbmap_free(kvbmap_t *m)
 {
     free(m->b);
     m->b = NULL;
     m->nb = m->n = 0;
 }
 
-kvmnode_t *
-kvmap_find(const kvmap_t *m, uint64_t key)
+kvbnode_t *
+kvbmap_find(const kvbmap_t *m, uint64_t key)
 {
-    for (kvmnode_t *n = m->b[map_slot(m, key)]; n != NULL; n = n->next)
+    for (kvbnode_t *n = m->b[map_slot(m, key)]; n != NULL; n = n->next)
         if (n->key == key)
             return n;
     return NULL;
@@ -47,17 +47,17 @@ kvmap_find(const kvmap_t *m, uint64_t key)
 
 /* Grows when full; a failed growth only lengthens the chains. */
 void
-kvmap_insert(kvmap_t *m, kvmnode_t *node)
+kvbmap_insert(kvbmap_t *m, kvbnode_t *node)
 {
     if (m->n >= m->nb) {
         size_t nb = m->nb * 2;
-        kvmnode_t **b = calloc(nb, sizeof(*b));
+        kvbnode_t **b = calloc(nb, sizeof(*b));
 
         if (b != NULL) {
-            kvmap_t grown = { b, nb, 0 };
+            kvbmap_t grown = { b, nb, 0 };
 
             for (size_t i = 0; i < m->nb; i++)
-                for (kvmnode_t *n = m->b[i], *next; n != NULL; n = next) {
+                for (kvbnode_t *n = m->b[i], *next; n != NULL; n = next) {
                     size_t s = map_slot(&grown, n->key);
 
                     next = n->next;
@@ -77,9 +77,9 @@ kvmap_insert(kvmap_t *m, kvmnode_t *node)
 }
 
 void
-kvmap_remove(kvmap_t *m, kvmnode_t *node)
+kvbmap_remove(kvbmap_t *m, kvbnode_t *node)
 {
-    for (kvmnode_t **p = &m->b[map_slot(m, node->key)]; *p != NULL; p = &(*p)->next)
+    for (kvbnode_t **p = &m->b[map_slot(m, node->key)]; *p != NULL; p = &(*p)->next)
         if (*p == node) {
             *p = node->next;
             m->n--;
@@ -87,9 +87,9 @@ kvmap_remove(kvmap_t *m, kvmnode_t *node)
         }
 }
 
-/* ---- Events ---------------------------------------------------------------------- */
+/* ---- Events ------------------------------------------------------------------ */
 struct kvevnode {               /* a hash's net change since the last drain */
-    kvmnode_t node;
+    kvbnode_t node;
     int net;                    /* +1 added, -1 removed */
     kvevnode_t *prev, *next;
 };
@@ -97,7 +97,7 @@ struct kvevnode {               /* a hash's net change since the last drain */
 static void
 ev_unlink(td_kvtier_t *kt, kvevnode_t *ev)
 {
-    kvmap_remove(&kt->evmap, &ev->node);
+    kvbmap_remove(&kt->evmap, &ev->node);
     if (ev->prev != NULL) ev->prev->next = ev->next; else kt->ev_head = ev->next;
     if (ev->next != NULL) ev->next->prev = ev->prev; else kt->ev_tail = ev->prev;
     free(ev);
@@ -106,7 +106,7 @@ ev_unlink(td_kvtier_t *kt, kvevnode_t *ev)
 static void
 ev_push(td_kvtier_t *kt, uint64_t hash, int d)
 {
-    kvevnode_t *ev = (kvevnode_t *)kvmap_find(&kt->evmap, hash);
+    kvevnode_t *ev = (kvevnode_t *)kvbmap_find(&kt->evmap, hash);
 
     if (ev != NULL) {
         ev->net += d;
@@ -121,7 +121,7 @@ ev_push(td_kvtier_t *kt, uint64_t hash, int d)
     }
     ev->node.key = hash;
     ev->net = d;
-    kvmap_insert(&kt->evmap, &ev->node);
+    kvbmap_insert(&kt->evmap, &ev->node);
     ev->prev = kt->ev_tail;
     if (kt->ev_tail != NULL) kt->ev_tail->next = ev; else kt->ev_head = ev;
     kt->ev_tail = ev;
@@ -172,7 +172,7 @@ td_kvtier_snapshot(td_kvtier_t *kt, uint64_t *out, size_t cap, size_t *n)
         return TD_ERR_TOO_BIG;
     }
     for (size_t i = 0; i < kt->index.nb; i++)
-        for (kvmnode_t *m = kt->index.b[i]; m != NULL; m = m->next)
+        for (kvbnode_t *m = kt->index.b[i]; m != NULL; m = m->next)
             out[k++] = m->key;
     ev_clear(kt);
     kvlock_unlock(&kt->mu);
@@ -180,20 +180,20 @@ td_kvtier_snapshot(td_kvtier_t *kt, uint64_t *out, size_t cap, size_t *n)
     return TD_OK;
 }
 
-/* ---- Entries --------------------------------------------------------------------- */
+/* ---- Entries ----------------------------------------------------------------- */
 td_status_t
 kvindex_init(td_kvtier_t *kt)
 {
-    td_status_t st = kvmap_init(&kt->index);
+    td_status_t st = kvbmap_init(&kt->index);
 
-    return st == TD_OK ? kvmap_init(&kt->evmap) : st;
+    return st == TD_OK ? kvbmap_init(&kt->evmap) : st;
 }
 
 void
 kvindex_free(td_kvtier_t *kt)
 {
     for (size_t i = 0; kt->index.b != NULL && i < kt->index.nb; i++)
-        for (kvmnode_t *n = kt->index.b[i], *next; n != NULL; n = next) {
+        for (kvbnode_t *n = kt->index.b[i], *next; n != NULL; n = next) {
             kvent_t *e = (kvent_t *)n;
 
             next = n->next;
@@ -202,14 +202,14 @@ kvindex_free(td_kvtier_t *kt)
         }
     if (kt->evmap.b != NULL)
         ev_clear(kt);
-    kvmap_free(&kt->index);
-    kvmap_free(&kt->evmap);
+    kvbmap_free(&kt->index);
+    kvbmap_free(&kt->evmap);
 }
 
 kvent_t *
 kvindex_find(td_kvtier_t *kt, uint64_t hash)
 {
-    return (kvent_t *)kvmap_find(&kt->index, hash);
+    return (kvent_t *)kvbmap_find(&kt->index, hash);
 }
 
 kvent_t *
@@ -223,7 +223,7 @@ kvindex_get(td_kvtier_t *kt, uint64_t hash)
     if (e == NULL)
         return NULL;
     e->node.key = hash;
-    kvmap_insert(&kt->index, &e->node);
+    kvbmap_insert(&kt->index, &e->node);
     ev_push(kt, hash, +1);
     return e;
 }
@@ -233,7 +233,7 @@ kvindex_release(td_kvtier_t *kt, kvent_t *e)
 {
     if (e->host != NULL || e->file != NULL)
         return;
-    kvmap_remove(&kt->index, &e->node);
+    kvbmap_remove(&kt->index, &e->node);
     ev_push(kt, e->node.key, -1);
     free(e);
 }
@@ -258,7 +258,7 @@ td_kvtier_has(td_kvtier_t *kt, uint64_t hash)
     return tiers;
 }
 
-/* ---- The LRU lists ------------------------------------------------------------------ */
+/* ---- The LRU lists ----------------------------------------------------------- */
 void
 kvindex_lru_append(kvlru_t *l, kvent_t *e)
 {
@@ -329,7 +329,7 @@ kvindex_flru_touch(kvflru_t *l, kvfile_t *f)
     }
 }
 
-/* ---- Files ------------------------------------------------------------------------ */
+/* ---- Files ------------------------------------------------------------------- */
 void
 kvindex_file_add(td_kvtier_t *kt, kvfile_t *f, const kvtable_t *t)
 {

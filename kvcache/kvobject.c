@@ -14,7 +14,7 @@
 #include "clock.h"
 #include "log.h"
 
-/* ---- Create and destroy ------------------------------------------------------------ */
+/* ---- Create and destroy ------------------------------------------------------ */
 static void
 kt_sync_init(td_kvtier_t *kt)
 {
@@ -122,7 +122,7 @@ td_kvtier_destroy(td_kvtier_t *kt)
     kt_free(kt);
 }
 
-/* ---- Put ------------------------------------------------------------------------------ */
+/* ---- Put --------------------------------------------------------------------- */
 /* Which of recs[n] go to which tier (mu held): want_host, want_ssd; the SSD
  * ones that the host tier has already get a count of its copy in blobs.
  * Every record held is touched. How many go to SSD; none when the queue
@@ -234,7 +234,7 @@ td_kvtier_put(td_kvtier_t *kt, const td_kvrec_t *rec)
     return td_kvtier_put_many(kt, rec, 1);
 }
 
-/* ---- Flush and counters ------------------------------------------------------------------ */
+/* ---- Flush and counters ------------------------------------------------------ */
 void
 td_kvtier_flush(td_kvtier_t *kt)
 {

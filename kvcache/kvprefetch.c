@@ -30,7 +30,7 @@
 enum { PF_FREE, PF_READING, PF_READY };
 
 typedef struct {                /* a block of a queued chain: in pfqmap until taken */
-    kvmnode_t node;             /* key: its hash */
+    kvbnode_t node;             /* key: its hash */
     bool queued;                /* false: a run has it, or a get_many took it */
 } pfq_t;
 
@@ -41,7 +41,7 @@ struct kvpfjob {
 };
 
 typedef struct {                /* a block of a run: in pfmap until claimed */
-    kvmnode_t node;             /* key: its hash */
+    kvbnode_t node;             /* key: its hash */
     kvpfrun_t *run;
     kvwhere_t w;
     bool mapped;
@@ -59,14 +59,14 @@ struct kvpfrun {
     size_t bcap;
 };
 
-/* ---- Run slots (mu held) ------------------------------------------------------------ */
+/* ---- Run slots (mu held) ----------------------------------------------------- */
 /* Takes the run's remaining blocks out of pfmap. */
 static void
 pf_unmap(td_kvtier_t *kt, kvpfrun_t *pr)
 {
     for (size_t k = 0; k <= pr->r.last - pr->r.first; k++)
         if (pr->blk[k].mapped) {
-            kvmap_remove(&kt->pfmap, &pr->blk[k].node);
+            kvbmap_remove(&kt->pfmap, &pr->blk[k].node);
             pr->blk[k].mapped = false;
             kt->st.prefetch_unused += pr->blk[k].read;
         }
@@ -135,12 +135,12 @@ static void
 pf_dequeue(td_kvtier_t *kt, pfq_t *q)
 {
     if (q->queued) {
-        kvmap_remove(&kt->pfqmap, &q->node);
+        kvbmap_remove(&kt->pfqmap, &q->node);
         q->queued = false;
     }
 }
 
-/* ---- Runs of the queued chains (mu held) --------------------------------------------- */
+/* ---- Runs of the queued chains (mu held) ------------------------------------- */
 /* The next run of chain j: its first block in *first, how many blocks in the
  * return value (0: none left in j), and its span in *r. Blocks that the SSD
  * tier does not hold alone, or that a run has, are passed over; the chain
@@ -162,7 +162,7 @@ pf_scan(td_kvtier_t *kt, kvpfjob_t *j, kvrun_t *r, size_t *first)
             break;
         }
         if (!q->queued || e->host != NULL || e->file == NULL ||
-            kvmap_find(&kt->pfmap, q->node.key) != NULL) {
+            kvbmap_find(&kt->pfmap, q->node.key) != NULL) {
             if (nb > 0)
                 break;   /* the run ends before it */
             pf_dequeue(kt, q);
@@ -211,7 +211,7 @@ pf_build(td_kvtier_t *kt, kvpfrun_t *pr)
                 pb->run = pr;
                 pb->w = kvindex_where(e);
                 pb->mapped = true;
-                kvmap_insert(&kt->pfmap, &pb->node);
+                kvbmap_insert(&kt->pfmap, &pb->node);
             }
             pr->state = PF_READING;
             pr->left = (uint32_t)nb;
@@ -265,7 +265,7 @@ pf_flush(td_kvtier_t *kt)
     pf_drop(kt, true);
 }
 
-/* ---- The prefetch thread --------------------------------------------------------------- */
+/* ---- The prefetch thread ----------------------------------------------------- */
 /* Starts pr's read (mu not held): true when it is in flight on the AIO
  * context; else it was read in place (or could not be opened) and its file
  * is closed: a held run pins no deleted file. */
@@ -401,7 +401,7 @@ pf_main(void *arg)
     return NULL;
 }
 
-/* ---- Claims by get_many -------------------------------------------------------------------- */
+/* ---- Claims by get_many ------------------------------------------------------ */
 /* If hash is in a prefetch run: waits while the run is being read, then
  * claims the block into *pre (its record in the run's buffer when read whole)
  * and returns true. A block of a queued chain that no run has yet is given
@@ -417,12 +417,12 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
         return false;
     kvlock_lock(&kt->mu);
     for (;;) {
-        pb = (pfblk_t *)kvmap_find(&kt->pfmap, hash);
+        pb = (pfblk_t *)kvbmap_find(&kt->pfmap, hash);
         if (pb != NULL && pb->run->state == PF_READING) {
             kvlock_wait(&kt->pf_done, &kt->mu);
             continue;
         }
-        if (pb != NULL || kvmap_find(&kt->pfqmap, hash) == NULL || !pf_slot_free(kt) ||
+        if (pb != NULL || kvbmap_find(&kt->pfqmap, hash) == NULL || !pf_slot_free(kt) ||
             kt->pf_stop)
             break;
         uint64_t now = td_clock_ns();
@@ -434,7 +434,7 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
         kvlock_wait_ns(&kt->pf_done, &kt->mu, 200000);   /* broadcast when a run starts */
     }
     if (pb == NULL) {
-        pfq_t *q = (pfq_t *)kvmap_find(&kt->pfqmap, hash);
+        pfq_t *q = (pfq_t *)kvbmap_find(&kt->pfqmap, hash);
 
         if (q != NULL)
             pf_dequeue(kt, q);
@@ -443,7 +443,7 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
     }
     kvpfrun_t *pr = pb->run;
 
-    kvmap_remove(&kt->pfmap, &pb->node);
+    kvbmap_remove(&kt->pfmap, &pb->node);
     pb->mapped = false;
     pr->left--;
     pr->claims++;
@@ -461,7 +461,7 @@ kvprefetch_unclaim(td_kvtier_t *kt, kvpfrun_t *pr)
     kvlock_unlock(&kt->mu);
 }
 
-/* ---- Queue, flush, lifetime ------------------------------------------------------------ */
+/* ---- Queue, flush, lifetime -------------------------------------------------- */
 td_status_t
 td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
 {
@@ -491,10 +491,10 @@ td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
     }
     for (size_t i = 0; i < n; i++) {   /* a block queued or read ahead already is not ours */
         j->q[i].node.key = hashes[i];
-        j->q[i].queued = kvmap_find(&kt->pfqmap, hashes[i]) == NULL &&
-                         kvmap_find(&kt->pfmap, hashes[i]) == NULL;
+        j->q[i].queued = kvbmap_find(&kt->pfqmap, hashes[i]) == NULL &&
+                         kvbmap_find(&kt->pfmap, hashes[i]) == NULL;
         if (j->q[i].queued)
-            kvmap_insert(&kt->pfqmap, &j->q[i].node);
+            kvbmap_insert(&kt->pfqmap, &j->q[i].node);
     }
     if (kt->pf_tail != NULL)
         kt->pf_tail->next = j;
@@ -517,9 +517,9 @@ kvprefetch_flush(td_kvtier_t *kt)
 td_status_t
 kvprefetch_init(td_kvtier_t *kt)
 {
-    td_status_t st = kvmap_init(&kt->pfmap);
+    td_status_t st = kvbmap_init(&kt->pfmap);
 
-    return st == TD_OK ? kvmap_init(&kt->pfqmap) : st;
+    return st == TD_OK ? kvbmap_init(&kt->pfqmap) : st;
 }
 
 td_status_t
@@ -566,6 +566,6 @@ kvprefetch_free(td_kvtier_t *kt)
     if (kt->pf_aio != 0)
         syscall(SYS_io_destroy, kt->pf_aio);
     kt->pf_aio = 0;
-    kvmap_free(&kt->pfmap);
-    kvmap_free(&kt->pfqmap);
+    kvbmap_free(&kt->pfmap);
+    kvbmap_free(&kt->pfqmap);
 }

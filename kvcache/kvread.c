@@ -26,7 +26,7 @@
 #define AIO_DEPTH 64          /* runs in flight at most */
 #define MTIME_EVERY_NS (60ull * 1000000000ull)   /* a read sets a file's mtime at most this often */
 
-/* ---- One record ---------------------------------------------------------------------- */
+/* ---- One record -------------------------------------------------------------- */
 static bool
 out_fits(const td_kvtier_out_t *out, uint64_t payload, uint64_t snap, uint64_t hash)
 {
@@ -243,7 +243,7 @@ td_kvtier_get(td_kvtier_t *kt, uint64_t hash, const int32_t *expect_tokens, uint
     return get_one(kt, hash, expect_tokens, block_tokens, out, NULL);
 }
 
-/* ---- Chains ---------------------------------------------------------------------------- */
+/* ---- Chains ------------------------------------------------------------------ */
 struct kvrbatch {
     const uint64_t *hashes;
     const int32_t *tokens;
@@ -287,8 +287,8 @@ aio_submit_each(aio_context_t ctx, struct iocb **cbs, size_t n)
     return i > 0 ? (long)i : -1;
 }
 
-/* Opens the chain's runs: those read with O_DIRECT get an iocb (cbs[*nsub]),
- * the others are read and finished now. */
+/* Opens the chain's runs: those read with O_DIRECT get an iocb in cbs and
+ * ptrs (how many: the return value), the others are read and finished now. */
 static size_t
 chain_aio_prepare(td_kvtier_t *kt, kvrbatch_t *b, struct iocb *cbs, struct iocb **ptrs)
 {
@@ -581,7 +581,7 @@ cleanup:
     return st;
 }
 
-/* ---- Lifetime ------------------------------------------------------------------------------ */
+/* ---- Lifetime ---------------------------------------------------------------- */
 td_status_t
 kvread_start(td_kvtier_t *kt)
 {

@@ -108,7 +108,7 @@ kvrec_valid(const td_kvrec_t *r)
            (r->snapshot == NULL) == (r->snapshot_bytes == 0);
 }
 
-/* ---- Blobs -------------------------------------------------------------------- */
+/* ---- Blobs ------------------------------------------------------------------- */
 static void
 hdr_fill(uint8_t *h, const td_kvtier_config_t *cfg, const td_kvrec_t *rec)
 {
@@ -196,7 +196,7 @@ kvrec_blob_hash(const kvblob_t *b)
     return get_le64(b->data + OFF_HASH);
 }
 
-/* ---- Records read back ------------------------------------------------------------ */
+/* ---- Records read back ------------------------------------------------------- */
 /* What is wrong with a record's header (expected: block `hash` of `bytes`),
  * or NULL. */
 static const char *
@@ -238,7 +238,7 @@ kvrec_check(const td_kvtier_config_t *cfg, const uint8_t *hdr, uint64_t hash, ui
     return NULL;
 }
 
-/* ---- Files ---------------------------------------------------------------------- */
+/* ---- Files ------------------------------------------------------------------- */
 static void
 pack_hdr_fill(const td_kvtier_config_t *cfg, uint8_t *tab, uint32_t n)
 {

@@ -31,7 +31,7 @@ struct kvjob {
     kvblob_t *blobs[];          /* [n] */
 };
 
-/* ---- The queue (mu held) ------------------------------------------------------------ */
+/* ---- The queue (mu held) ----------------------------------------------------- */
 static void
 queue_push(td_kvtier_t *kt, kvjob_t *j)
 {
@@ -139,7 +139,7 @@ kvssd_flush(td_kvtier_t *kt)
         kvssd_doom(kt, kt->ssd_lru.head, kvssd_delete_new());
 }
 
-/* ---- The IO thread ------------------------------------------------------------------ */
+/* ---- The IO thread ----------------------------------------------------------- */
 static void
 io_unlink(td_kvtier_t *kt, uint64_t name)
 {
@@ -503,7 +503,7 @@ td_kvtier_test_stall(td_kvtier_t *kt, bool stalled)
     kvlock_unlock(&kt->mu);
 }
 
-/* ---- The scan at create ---------------------------------------------------------------- */
+/* ---- The scan at create ------------------------------------------------------ */
 typedef struct {
     kvfile_t *f;
     kvtable_t t;

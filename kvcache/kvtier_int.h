@@ -44,7 +44,7 @@
 
 #include "kvtier.h"
 
-/* ---- Locks (kvlock.c) ---------------------------------------------------------- */
+/* ---- Locks (kvlock.c) -------------------------------------------------------- */
 enum { KVLOCK_CHAIN = 1, KVLOCK_MU = 2, KVLOCK_RMU = 3 };
 
 typedef struct {
@@ -63,7 +63,7 @@ void kvlock_unlock(kvlock_t *l);
 void kvlock_wait(pthread_cond_t *cv, kvlock_t *l);
 void kvlock_wait_ns(pthread_cond_t *cv, kvlock_t *l, uint64_t ns);
 
-/* ---- The SSD record format (kvrec.c; docs/kvtier.md, "File format") ------------ */
+/* ---- The SSD record format (kvrec.c; docs/kvtier.md, "File format") ---------- */
 #define HDR_BYTES     80        /* a record's header */
 #define NAME_LEN      32        /* "<16 hex>.kvb" and its NUL, with room */
 #define PACK_HDR      40        /* a file's header */
@@ -132,21 +132,21 @@ const char *kvrec_table_parse(const uint8_t *tab, uint32_t n, uint64_t name, uin
                               kvtable_t *t);
 
 /* ---- The index (kvindex.c) --------------------------------------------------- */
-typedef struct kvmnode {        /* intrusive: the first member of what it maps */
+typedef struct kvbnode {       /* intrusive: the first member of what it maps */
     uint64_t key;
-    struct kvmnode *next;
-} kvmnode_t;
+    struct kvbnode *next;
+} kvbnode_t;
 
 typedef struct {                /* the block map: u64 key -> node; the callers lock */
-    kvmnode_t **b;
+    kvbnode_t **b;
     size_t nb, n;               /* nb: a power of two */
-} kvmap_t;
+} kvbmap_t;
 
-td_status_t kvmap_init(kvmap_t *m);
-void kvmap_free(kvmap_t *m);    /* the buckets; the nodes are the caller's */
-kvmnode_t *kvmap_find(const kvmap_t *m, uint64_t key);
-void kvmap_insert(kvmap_t *m, kvmnode_t *node);   /* grows when full */
-void kvmap_remove(kvmap_t *m, kvmnode_t *node);
+td_status_t kvbmap_init(kvbmap_t *m);
+void kvbmap_free(kvbmap_t *m);    /* the buckets; the nodes are the caller's */
+kvbnode_t *kvbmap_find(const kvbmap_t *m, uint64_t key);
+void kvbmap_insert(kvbmap_t *m, kvbnode_t *node);   /* grows when full */
+void kvbmap_remove(kvbmap_t *m, kvbnode_t *node);
 
 typedef struct kvent kvent_t;
 typedef struct kvfile kvfile_t;
@@ -170,7 +170,7 @@ typedef struct {
 } kvlru_t;
 
 struct kvent {                  /* one hash held by the host tier, the SSD tier or both */
-    kvmnode_t node;             /* key: the hash */
+    kvbnode_t node;             /* key: the hash */
     kvblob_t *host;             /* the host copy, or NULL */
     kvent_t *hprev, *hnext;     /* in the host LRU while host != NULL */
     kvfile_t *file;             /* the SSD file holding it, or NULL */
@@ -185,7 +185,7 @@ typedef struct {
     uint32_t g;
 } kvwhere_t;
 
-/* ---- Runs (kvrun.c) ------------------------------------------------------------ */
+/* ---- Runs (kvrun.c) ---------------------------------------------------------- */
 #define RUN_ALIGN 4096u         /* O_DIRECT's alignment */
 #define RUN_MAX   (1u << 18)    /* a run's span at most */
 #define RUN_BUFS  32            /* buffers kept for reuse */
@@ -215,7 +215,7 @@ typedef struct {
     kvpfrun_t *pf;              /* the prefetch run it is in (claimed), or NULL */
 } kvpre_t;
 
-/* ---- The object ---------------------------------------------------------------- */
+/* ---- The object -------------------------------------------------------------- */
 typedef struct kvjob kvjob_t;       /* kvssd.c */
 typedef struct kvrbatch kvrbatch_t; /* kvread.c */
 typedef struct kvpfjob kvpfjob_t;   /* kvprefetch.c */
@@ -232,10 +232,10 @@ struct td_kvtier {
     pthread_t io;
     bool io_started, stop, stalled, busy;
 
-    kvmap_t index;              /* kvent_t by hash */
+    kvbmap_t index;             /* kvent_t by hash */
     kvlru_t host_lru;
     kvflru_t ssd_lru;
-    kvmap_t evmap;              /* kvevnode_t by hash */
+    kvbmap_t evmap;             /* kvevnode_t by hash */
     kvevnode_t *ev_head, *ev_tail;
 
     kvjob_t *q_head, *q_tail;
@@ -269,13 +269,13 @@ struct td_kvtier {
     pthread_cond_t pf_done;     /* a get_many waits for a run being read */
     kvpfjob_t *pf_head, *pf_tail;
     uint64_t pf_queued;         /* blocks of the queued chains */
-    kvmap_t pfmap;              /* blocks read or being read ahead, by hash */
-    kvmap_t pfqmap;             /* blocks of queued chains, no run yet, by hash */
+    kvbmap_t pfmap;             /* blocks read or being read ahead, by hash */
+    kvbmap_t pfqmap;            /* blocks of queued chains, no run yet, by hash */
     kvpfrun_t *pfruns;          /* [PF_DEPTH] */
     aio_context_t pf_aio;       /* the prefetch thread's own, or 0 */
 };
 
-/* ---- kvindex.c (mu held for all but init and free) ----------------------------- */
+/* ---- kvindex.c (mu held, or before any thread, but for init and free) -------- */
 td_status_t kvindex_init(td_kvtier_t *kt);
 void kvindex_free(td_kvtier_t *kt);   /* the entries, their host copies, the events */
 kvent_t *kvindex_find(td_kvtier_t *kt, uint64_t hash);
@@ -294,7 +294,7 @@ void kvindex_file_add(td_kvtier_t *kt, kvfile_t *f, const kvtable_t *t);
  * disk_bytes; the caller frees f. */
 void kvindex_file_remove(td_kvtier_t *kt, kvfile_t *f);
 
-/* ---- kvhost.c (mu held but for get) --------------------------------------------- */
+/* ---- kvhost.c (mu held but for get) ------------------------------------------ */
 /* Keeps b in the host tier under hash (a count of its own), evicting the
  * least recently used; not when b is bigger than the budget or hash has one. */
 void kvhost_insert(td_kvtier_t *kt, uint64_t hash, kvblob_t *b);
@@ -305,7 +305,7 @@ void kvhost_clear(td_kvtier_t *kt);
 td_status_t kvhost_get(td_kvtier_t *kt, kvblob_t *b, uint64_t hash, const int32_t *expect,
                        uint32_t g, td_kvtier_out_t *out);
 
-/* ---- kvssd.c ----------------------------------------------------------------------- */
+/* ---- kvssd.c ----------------------------------------------------------------- */
 td_status_t kvssd_open(td_kvtier_t *kt);   /* the directory, its lock and scan */
 td_status_t kvssd_start(td_kvtier_t *kt);  /* the IO thread */
 void kvssd_stop(td_kvtier_t *kt);          /* finishes the queue; mu not held */
@@ -326,7 +326,7 @@ void kvssd_forget(td_kvtier_t *kt, kvfile_t *f);
 /* Queued writes dropped, every file doomed (mu held). */
 void kvssd_flush(td_kvtier_t *kt);
 
-/* ---- kvrun.c ----------------------------------------------------------------------- */
+/* ---- kvrun.c ----------------------------------------------------------------- */
 /* A run of block i alone (its record at w), its span aligned for O_DIRECT. */
 kvrun_t kvrun_start(const kvwhere_t *w, size_t i);
 /* Adds block i (at w) to r when it continues r: the next block, of the same
@@ -344,7 +344,7 @@ void kvrun_close(kvrun_t *r);                     /* its file; mu not held */
 void kvrun_done(td_kvtier_t *kt, kvrun_t *r);
 void kvrun_bufs_free(td_kvtier_t *kt);
 
-/* ---- kvprefetch.c ----------------------------------------------------------------- */
+/* ---- kvprefetch.c ------------------------------------------------------------ */
 td_status_t kvprefetch_init(td_kvtier_t *kt);
 td_status_t kvprefetch_start(td_kvtier_t *kt);  /* its AIO context and thread */
 void kvprefetch_stop(td_kvtier_t *kt);
@@ -355,7 +355,7 @@ void kvprefetch_flush(td_kvtier_t *kt);         /* mu held */
 bool kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre);
 void kvprefetch_unclaim(td_kvtier_t *kt, kvpfrun_t *pr);
 
-/* ---- kvread.c ----------------------------------------------------------------------- */
+/* ---- kvread.c ---------------------------------------------------------------- */
 td_status_t kvread_start(td_kvtier_t *kt);   /* its AIO context and the reader threads */
 void kvread_stop(td_kvtier_t *kt);
 void kvread_free(td_kvtier_t *kt);
