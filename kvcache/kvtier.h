@@ -7,7 +7,9 @@
  * One td_kvtier_t per prefill rank. Thread-safety: every call may come from
  * any thread. put, has, drain_events, snapshot and stats never do IO (they
  * take one mutex briefly); get and get_many may block on disk reads; create
- * scans the directory; destroy waits for the IO thread. */
+ * scans the directory; destroy waits for the IO thread.
+ * Implemented by the files of kvcache/ that kvtier_int.h lists, lowest
+ * first, with the lock order they keep (docs/kvtier.md, "Files"). */
 #ifndef TD_KVTIER_H
 #define TD_KVTIER_H
 

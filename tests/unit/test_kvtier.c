@@ -1,104 +1,22 @@
 /* tests/unit/test_kvtier.c — the prefix cache's host and SSD tiers
- * (kvcache/kvtier.c): round trips, LRU order, budgets measured on disk,
+ * (kvcache/kvtier.h): round trips, LRU order, budgets measured on disk,
  * restart, damaged and foreign files, put_many's packed files, put with a
- * stalled IO thread, a putter and two chain readers at once, chains read
- * ahead (prefetch), and the index events. */
+ * stalled IO thread, chains read ahead (prefetch), and the index events.
+ * Threads at once: test_kvtier_conc.c; injected faults: test_kvtier_hooks.c. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "chainhash.h"
 #include "check.h"
 #include "kvtier.h"
 #include "logcap.h"
+#include "testkvtier.h"
 #include "testutil.h"
-
-#define G 16
-#define LAYOUT 0x1111
-#define SEED 0x2222
-
-/* A test record: block i of one chain (tokens i*G..), payload and snapshot
- * bytes derived from the chain hash. */
-typedef struct {
-    td_kvrec_t rec;
-    int32_t tokens[G];
-    uint8_t *payload, *snapshot;
-} trec_t;
-
-static void
-trec_make(trec_t *t, uint64_t parent, uint32_t i, uint64_t payload_bytes, uint64_t snap_bytes)
-{
-    memset(t, 0, sizeof(*t));
-    for (int k = 0; k < G; k++)
-        t->tokens[k] = (int32_t)(i * G + (uint32_t)k);
-    t->rec.hash = td_chain_hash(parent, t->tokens, G);
-    t->rec.parent = parent;
-    t->rec.end = (uint64_t)(i + 1) * G;
-    t->rec.block_tokens = G;
-    t->rec.tokens = t->tokens;
-    t->payload = malloc(payload_bytes);
-    for (uint64_t k = 0; k < payload_bytes; k++)
-        t->payload[k] = (uint8_t)(t->rec.hash >> (k % 8 * 8)) ^ (uint8_t)k;
-    t->rec.payload = t->payload;
-    t->rec.payload_bytes = payload_bytes;
-    if (snap_bytes > 0) {
-        t->snapshot = malloc(snap_bytes);
-        for (uint64_t k = 0; k < snap_bytes; k++)
-            t->snapshot[k] = (uint8_t)(k * 7 + i);
-        t->rec.snapshot = t->snapshot;
-        t->rec.snapshot_bytes = snap_bytes;
-    }
-}
-
-static void
-trec_free(trec_t *t)
-{
-    free(t->payload);
-    free(t->snapshot);
-}
-
-/* n records of a chain; every third has a snapshot. */
-static trec_t *
-chain_make(size_t n, uint64_t payload_bytes)
-{
-    trec_t *t = calloc(n, sizeof(*t));
-    uint64_t prev = SEED;
-
-    for (size_t i = 0; i < n; i++) {
-        trec_make(&t[i], prev, (uint32_t)i, payload_bytes, i % 3 == 2 ? 100 : 0);
-        prev = t[i].rec.hash;
-    }
-    return t;
-}
-
-static void
-chain_free(trec_t *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        trec_free(&t[i]);
-    free(t);
-}
-
-/* A record's bytes (the host tier's measure), and a file of it alone. */
-static uint64_t
-rec_bytes(const trec_t *t)
-{
-    return 80 + G * 4 + t->rec.payload_bytes + t->rec.snapshot_bytes;
-}
-
-#define FILE_OVERHEAD(n) (40 + 40 * (uint64_t)(n))
-
-static uint64_t
-file_bytes(const trec_t *t)
-{
-    return FILE_OVERHEAD(1) + rec_bytes(t);
-}
 
 /* Reads t's block back and compares; the status of get. */
 static td_status_t
@@ -118,90 +36,6 @@ get_check(td_kvtier_t *kt, const trec_t *t, unsigned *tier)
     if (tier != NULL)
         *tier = out.tier;
     return st;
-}
-
-/* ---- Directory helpers ---------------------------------------------------- */
-static char root[] = "/tmp/test_kvtier.XXXXXX";
-
-static void
-dir_path(char *out, size_t len, const char *name)
-{
-    snprintf(out, len, "%s/%s", root, name);
-}
-
-/* Sum of st_size of the record and temp files in dir; *files their count. */
-static uint64_t
-dir_bytes(const char *dir, size_t *files)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    uint64_t sum = 0;
-    size_t n = 0;
-
-    if (d == NULL)
-        return 0;
-    while ((de = readdir(d)) != NULL) {
-        char p[512];
-        struct stat sb;
-
-        if (strstr(de->d_name, ".kvb") == NULL && strstr(de->d_name, ".tmp") == NULL)
-            continue;
-        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
-        if (stat(p, &sb) == 0) {
-            sum += (uint64_t)sb.st_size;
-            n++;
-        }
-    }
-    closedir(d);
-    if (files != NULL)
-        *files = n;
-    return sum;
-}
-
-static void
-dir_rm(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-
-    if (d == NULL)
-        return;
-    while ((de = readdir(d)) != NULL) {
-        char p[512];
-
-        if (de->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static void
-file_of(char *out, size_t len, const char *dir, uint64_t hash)
-{
-    snprintf(out, len, "%s/%016" PRIx64 ".kvb", dir, hash);
-}
-
-static bool
-file_exists(const char *dir, uint64_t hash)
-{
-    char p[512];
-
-    file_of(p, sizeof(p), dir, hash);
-    return access(p, F_OK) == 0;
-}
-
-static td_kvtier_t *
-tier_make(uint64_t host_budget, const char *dir, uint64_t ssd_budget)
-{
-    td_kvtier_config_t cfg = { .host_budget = host_budget, .ssd_dir = dir,
-                               .ssd_budget = ssd_budget, .layout_hash = LAYOUT, .seed = SEED };
-    td_kvtier_t *kt = NULL;
-
-    CHECK_STATUS(td_kvtier_create(&cfg, &kt), TD_OK);
-    return kt;
 }
 
 static bool
@@ -758,111 +592,6 @@ test_stall(void)
     chain_free(t, 10);
 }
 
-/* ---- Three threads: a putter, two readers ----------------------------------- */
-#define CONC_N 120
-typedef struct {
-    td_kvtier_t *kt;
-    trec_t *t;
-    int bad;
-} conc_t;
-
-static void *
-conc_putter(void *arg)
-{
-    conc_t *c = arg;
-
-    td_kvrec_t recs[6];
-
-    for (int round = 0; round < 3; round++)
-        for (int i = 0; i < CONC_N; i += 6) {
-            for (int k = 0; k < 6; k++)
-                recs[k] = c->t[i + k].rec;
-            if (round == 1 ? td_kvtier_put_many(c->kt, recs, 6) != TD_OK
-                           : td_kvtier_put(c->kt, &c->t[i].rec) != TD_OK ||
-                             td_kvtier_put_many(c->kt, recs + 1, 5) != TD_OK)
-                c->bad++;
-        }
-    return NULL;
-}
-
-static void *
-conc_getter(void *arg)
-{
-    conc_t *c = arg;
-    uint8_t pl[4096], sn[256];
-
-    for (int k = 0; k < 3 * CONC_N; k++) {
-        const trec_t *t = &c->t[(k * 7) % CONC_N];
-        td_kvtier_out_t out = { pl, sizeof(pl), sn, sizeof(sn), 0, 0, 0 };
-        td_status_t st = td_kvtier_get(c->kt, t->rec.hash, t->tokens, G, &out);
-
-        if (st == TD_OK && (out.payload_bytes != t->rec.payload_bytes ||
-                            memcmp(pl, t->payload, out.payload_bytes) != 0))
-            c->bad++;
-        else if (st != TD_OK && st != TD_ERR_NOT_FOUND)
-            c->bad++;
-        if (k % 50 == 0)
-            td_kvtier_flush(c->kt);
-        if (k % 3 == 0) {   /* a chain of 5 */
-            uint8_t cpl[5][4096], csn[5][256];
-            td_kvtier_out_t outs[5];
-            uint64_t hs[5];
-            int32_t toks[5 * G];
-            size_t first = (size_t)(k * 11) % (CONC_N - 5), hit = 0;
-
-            for (int m = 0; m < 5; m++) {
-                hs[m] = c->t[first + m].rec.hash;
-                memcpy(toks + m * G, c->t[first + m].tokens, sizeof(c->t[0].tokens));
-                outs[m] = (td_kvtier_out_t){ cpl[m], sizeof(cpl[m]), csn[m], sizeof(csn[m]), 0, 0, 0 };
-            }
-            if (k % 2 == 0 && td_kvtier_prefetch(c->kt, hs, 5) != TD_OK)
-                c->bad++;
-            if (k % 9 == 0)   /* one read ahead and never got */
-                (void)td_kvtier_prefetch(c->kt, hs, 3);
-            if (td_kvtier_get_many(c->kt, hs, 5, toks, G, outs, &hit) != TD_OK)
-                c->bad++;
-            for (size_t m = 0; m < hit; m++)
-                if (memcmp(cpl[m], c->t[first + m].payload, c->t[first + m].rec.payload_bytes) != 0)
-                    c->bad++;
-        }
-    }
-    return NULL;
-}
-
-static void
-test_concurrent(void)
-{
-    char dir[256];
-    trec_t *t = chain_make(CONC_N, 1500);
-    conc_t c = { NULL, t, 0 };
-    pthread_t a, b, b2;
-
-    dir_path(dir, sizeof(dir), "conc");
-    td_kvtier_config_t cfg = { .host_budget = 10 * rec_bytes(&t[0]), .ssd_dir = dir,
-                               .ssd_budget = 20 * file_bytes(&t[0]), .layout_hash = LAYOUT,
-                               .seed = SEED, .read_threads = 2 };
-    CHECK_STATUS(td_kvtier_create(&cfg, &c.kt), TD_OK);
-    conc_t c2 = c;   /* a second reader: two chains at once (one on AIO, one on the threads) */
-
-    pthread_create(&a, NULL, conc_putter, &c);
-    pthread_create(&b, NULL, conc_getter, &c);
-    pthread_create(&b2, NULL, conc_getter, &c2);
-    pthread_join(a, NULL);
-    pthread_join(b, NULL);
-    pthread_join(b2, NULL);
-    CHECK_EQ_INT(c.bad, 0);
-    CHECK_EQ_INT(c2.bad, 0);
-    td_kvtier_wait_idle(c.kt);
-    td_kvtier_stats_t s;
-    td_kvtier_stats(c.kt, &s);
-    CHECK(dir_bytes(dir, NULL) <= 20 * file_bytes(&t[0]));
-    CHECK_EQ_INT(dir_bytes(dir, NULL), s.ssd_bytes);
-    CHECK(s.host_bytes <= 10 * rec_bytes(&t[0]));
-    td_kvtier_destroy(c.kt);
-    dir_rm(dir);
-    chain_free(t, CONC_N);
-}
-
 /* ---- Prefetch ----------------------------------------------------------------- */
 
 /* Polls the tier's stats until prefetched reaches want (5 s at most). */
@@ -902,35 +631,6 @@ unlink_files(const char *dir, const uint64_t *hashes)
         file_of(p, sizeof(p), dir, hashes[i]);
         CHECK(unlink(p) == 0);
     }
-}
-
-/* get_many of t[0, n): the leading hits, each compared with t; *ssd_hits:
- * how many of them were SSD hits. */
-static size_t
-chain_get(td_kvtier_t *kt, const trec_t *t, size_t n, size_t *ssd_hits)
-{
-    static uint8_t pl[64][4096], sn[64][256];
-    td_kvtier_out_t outs[64];
-    uint64_t hs[64];
-    int32_t toks[64 * G];
-    size_t hit = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        hs[i] = t[i].rec.hash;
-        memcpy(toks + i * G, t[i].tokens, sizeof(t[i].tokens));
-        outs[i] = (td_kvtier_out_t){ pl[i], sizeof(pl[i]), sn[i], sizeof(sn[i]), 0, 0, 0 };
-    }
-    CHECK_STATUS(td_kvtier_get_many(kt, hs, n, toks, G, outs, &hit), TD_OK);
-    *ssd_hits = 0;
-    for (size_t i = 0; i < hit; i++) {
-        CHECK_EQ_INT(outs[i].payload_bytes, t[i].rec.payload_bytes);
-        CHECK(memcmp(pl[i], t[i].payload, t[i].rec.payload_bytes) == 0);
-        CHECK_EQ_INT(outs[i].snapshot_bytes, t[i].rec.snapshot_bytes);
-        if (t[i].rec.snapshot_bytes > 0)
-            CHECK(memcmp(sn[i], t[i].snapshot, t[i].rec.snapshot_bytes) == 0);
-        *ssd_hits += outs[i].tier == TD_KVTIER_SSD;
-    }
-    return hit;
 }
 
 /* td_kvtier_prefetch: a chain read ahead is what get_many returns (shown by
@@ -1136,7 +836,7 @@ test_events(void)
 int
 main(void)
 {
-    if (mkdtemp(root) == NULL) {
+    if (mkdtemp(kvt_root) == NULL) {
         perror("mkdtemp");
         return 1;
     }
@@ -1149,9 +849,8 @@ main(void)
     test_pack();
     test_stall();
     test_prefetch();
-    test_concurrent();
     test_events();
     td_logcap_stop();
-    CHECK(rmdir(root) == 0);
+    CHECK(rmdir(kvt_root) == 0);
     return td_check_exit("test_kvtier");
 }
