@@ -74,6 +74,8 @@ static const td_config_opt_t router_opts[] = {
                          "largest max_tokens a request may ask for"),
     TD_CONFIG_OPT_UINT64("max-tokens-default", ST, max_tokens_default, "256", 1, 1u << 24,
                          "max_tokens of a request that gives none"),
+    TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
+                       "longest stop string accepted, in bytes (a longer one gets 400)"),
     TD_CONFIG_OPT_DURATION("request-timeout", ST, request_timeout_ms, "10m", 0, 86400000,
                            "a request still running after this fails (0: no limit)"),
     TD_CONFIG_OPT_DURATION("heartbeat", ST, heartbeat_ms, "1s", 10, 60000,
@@ -368,6 +370,7 @@ router_init(td_router_t *r)
     r->api = (td_openai_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
                                 .max_tokens_default = (uint32_t)cfg->max_tokens_default,
+                                .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .vocab = r->tok->vocab_size };
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,

@@ -644,9 +644,17 @@ add_stop(parse_t *p, const char *param, const json_t *s)
     td_openai_req_t *r = p->req;
     if (!json_is_string(s))
         return bad_type(p, param, "a string", s);
+    size_t cap = p->cfg->max_stop_bytes ? p->cfg->max_stop_bytes : TD_OPENAI_STOP_BYTES;
     if (json_string_length(s) == 0) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, param, "invalid_value",
                           "Invalid '%s': stop sequences must not be empty.", param);
+        return TD_ERR_INVALID;
+    }
+    if (json_string_length(s) > cap) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, param, "string_above_max_length",
+                          "Invalid '%s': a stop sequence of %zu bytes; this server takes at "
+                          "most %zu bytes per stop sequence (max-stop-bytes).", param,
+                          json_string_length(s), cap);
         return TD_ERR_INVALID;
     }
     return get_string(p, param, s, &r->stop[r->nstop++]);

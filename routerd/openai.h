@@ -34,6 +34,7 @@ typedef enum {
 } td_openai_finish_t;
 
 #define TD_OPENAI_MAX_STOP 4
+#define TD_OPENAI_STOP_BYTES 512          /* the default cap on a stop string's length */
 #define TD_OPENAI_MAX_BIAS 300            /* logit_bias entries (this server's bound) */
 #define TD_OPENAI_MAX_TOP_LOGPROBS 20     /* chat: top_logprobs */
 #define TD_OPENAI_MAX_COMPLETION_LOGPROBS 5  /* completions: logprobs */
@@ -98,6 +99,7 @@ typedef struct {
     uint32_t max_tokens_default;  /* max_tokens when the request has none */
     uint32_t vocab;               /* logit_bias and token-id prompt ids must be below it
                                      (0: unchecked) */
+    size_t max_stop_bytes;        /* longest stop string (0: TD_OPENAI_STOP_BYTES) */
 } td_openai_cfg_t;
 
 /* ---- Errors ---------------------------------------------------------- */

@@ -49,6 +49,7 @@ typedef struct {
     uint64_t http_write_timeout_ms;   /* 0 = none */
     uint64_t max_tokens_limit;
     uint64_t max_tokens_default;
+    uint64_t max_stop_bytes;    /* longest stop string, bytes */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */

@@ -11,7 +11,7 @@
 
 #include "chat_prompt.h"
 #include "chat_reply.h"
-#include "stop.h"
+#include "stopmatch.h"
 
 #define RTEXT_SLICE 64   /* tokens decoded between looks at the cancel flag */
 
@@ -49,7 +49,7 @@ struct td_rtext_s {
     size_t nprompt;
     bool streaming;                 /* td_rtext_stream_start: SSE from now on */
     td_tok_dec_t dec;
-    td_stop_t *stop;
+    td_stopmatch_filter_t *stop;
     td_chat_reply_reader_t *chat;   /* V4.1 chat: reads the reply (stop strings too) */
     td_openai_logprobs_t *lp;       /* the logprobs not sent yet, or NULL: none asked */
     td_openai_stream_t stream;
@@ -108,7 +108,7 @@ td_rtext_destroy(td_rtext_t *x)
     free(x->body);
     free(x->prompt);
     td_openai_req_destroy(x->oreq);
-    td_stop_destroy(x->stop);
+    td_stopmatch_filter_destroy(x->stop);
     td_chat_reply_reader_destroy(x->chat);
     td_openai_logprobs_destroy(x->lp);
     td_buf_free(&x->text);
@@ -292,7 +292,8 @@ td_rtext_prompt_run(td_rtext_t *x)
     if (prompt_tokens(x) != TD_OK)
         return;
     /* V4.1 chat: the reply reader matches stop strings (in content only) */
-    if (td_stop_create((const char *const *)o->stop, x->chat ? 0 : o->nstop, &x->stop) !=
+    if (td_stopmatch_filter_create((const char *const *)o->stop, x->chat ? 0 : o->nstop, false,
+                                   &x->stop) !=
             TD_OK ||
         (o->logprobs && td_openai_logprobs_create(o->kind, &x->lp) != TD_OK)) {
         res_fail(x, TD_ERR_NOMEM, "out of memory");
@@ -518,7 +519,8 @@ tokens_message(td_rtext_t *x, size_t from, size_t to, size_t *top_at, bool *matc
     if (st == TD_OK)
         st = tokens_text(x, from, to);
     if (st == TD_OK && x->piece.len)
-        st = td_stop_feed(x->stop, x->piece.data, x->piece.len, &x->rel, matched);
+        st = td_stopmatch_filter_feed(x->stop, x->piece.data, x->piece.len, true, &x->rel,
+                                      matched);
     td_buf_reset(&x->piece);
     if (st == TD_OK && x->rel.len) {
         st = emit_text(x, x->rel.data, x->rel.len);
@@ -542,10 +544,10 @@ tokens_finish(td_rtext_t *x, td_openai_finish_t finish, bool by_us)
     st = td_tok_decode_flush(&x->dec, &x->piece);
     if (st == TD_OK && !by_us) {
         bool matched = false;
-        st = td_stop_feed(x->stop, x->piece.data ? x->piece.data : "", x->piece.len, &x->rel,
-                          &matched);
+        st = td_stopmatch_filter_feed(x->stop, x->piece.data ? x->piece.data : "", x->piece.len,
+                                      true, &x->rel, &matched);
         if (st == TD_OK && !matched)
-            st = td_stop_flush(x->stop, &x->rel);
+            st = td_stopmatch_filter_flush(x->stop, &x->rel);
     }
     td_buf_reset(&x->piece);
     if (st == TD_OK && x->rel.len)

@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_openai.c — routerd's OpenAI request parser
  * (td_openai_req_parse) on arbitrary bodies of /v1/chat/completions and
  * /v1/completions, and what a parsed request drives without a model: its stop
- * strings (routerd/stop.c) over generated text fed in pieces, and that text as
+ * strings (text/stopmatch.c) over generated text fed in pieces, and that text as
  * a stream chunk. Checks: a refusal's error is valid JSON; an accepted request
  * keeps the documented bounds; the stop matcher's output does not depend on
  * how the text is cut. Input: a byte of choices, the body, then optionally
@@ -12,7 +12,7 @@
 #include "buf.h"
 #include "fuzz.h"
 #include "openai.h"
-#include "stop.h"
+#include "stopmatch.h"
 
 static const char *const openai_models[] = { "tandem-fuzz", "m", NULL };
 
@@ -79,24 +79,24 @@ openai_stops(const td_openai_req_t *r, const uint8_t *text, size_t len, size_t p
 {
     td_buf_t whole = {0}, cut = {0};
     bool mw = false, mc = false, m;
-    td_stop_t *s;
+    td_stopmatch_filter_t *s;
 
-    FUZZ_CHECK(td_stop_create((const char *const *)r->stop, r->nstop, &s) == TD_OK);
-    FUZZ_CHECK(td_stop_feed(s, (const char *)text, len, &whole, &mw) == TD_OK);
+    FUZZ_CHECK(td_stopmatch_filter_create((const char *const *)r->stop, r->nstop, false, &s) == TD_OK);
+    FUZZ_CHECK(td_stopmatch_filter_feed(s, (const char *)text, len, true, &whole, &mw) == TD_OK);
     if (!mw)
-        FUZZ_CHECK(td_stop_flush(s, &whole) == TD_OK);
-    td_stop_destroy(s);
+        FUZZ_CHECK(td_stopmatch_filter_flush(s, &whole) == TD_OK);
+    td_stopmatch_filter_destroy(s);
 
-    FUZZ_CHECK(td_stop_create((const char *const *)r->stop, r->nstop, &s) == TD_OK);
+    FUZZ_CHECK(td_stopmatch_filter_create((const char *const *)r->stop, r->nstop, false, &s) == TD_OK);
     for (size_t off = 0; off < len && !mc; off += piece) {
         size_t n = len - off < piece ? len - off : piece;
 
-        FUZZ_CHECK(td_stop_feed(s, (const char *)text + off, n, &cut, &m) == TD_OK);
+        FUZZ_CHECK(td_stopmatch_filter_feed(s, (const char *)text + off, n, true, &cut, &m) == TD_OK);
         mc = m;
     }
     if (!mc)
-        FUZZ_CHECK(td_stop_flush(s, &cut) == TD_OK);
-    td_stop_destroy(s);
+        FUZZ_CHECK(td_stopmatch_filter_flush(s, &cut) == TD_OK);
+    td_stopmatch_filter_destroy(s);
 
     FUZZ_CHECK(mw == mc && whole.len == cut.len);
     FUZZ_CHECK(whole.len == 0 || memcmp(whole.data, cut.data, whole.len) == 0);

@@ -9,7 +9,6 @@
 #include "openai.h"
 #include "rng.h"
 #include "sse.h"
-#include "stop.h"
 #include "tok_bytes.h"
 
 #include <jansson.h>
@@ -215,6 +214,38 @@ test_bad_bodies(void)
                   bad_bodies[i].substr);
         free(body);
     }
+}
+
+/* A stop string over the cap (max-stop-bytes, 512 by default) gets a 400
+ * that names the cap; one at the cap is taken. */
+static void
+test_stop_cap(void)
+{
+    td_openai_cfg_t small = cfg;
+    char body[2048], big[600];
+    td_openai_req_t *req = NULL;
+    td_openai_err_t e;
+
+    memset(big, 'x', sizeof big);
+    big[512] = '\0';   /* at the default cap */
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"hi\"}],\"stop\":[\"a\",\"%s\"]}", MODEL, big);
+    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, strlen(body), &req, &e), TD_OK);
+    td_openai_req_destroy(req);
+    req = NULL;
+    big[512] = 'x';
+    big[513] = '\0';
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"hi\"}],\"stop\":[\"a\",\"%s\"]}", MODEL, big);
+    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    CHECK(req == NULL);
+    check_err("stop over 512", &e, 400, IR, "stop[1]", "string_above_max_length",
+              "of 513 bytes; this server takes at most 512 bytes per stop sequence");
+    small.max_stop_bytes = 8;
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"p\",\"stop\":\"123456789\"}",
+             MODEL);
+    CHECK_STATUS(td_openai_req_parse(&small, P, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    check_err("stop over 8", &e, 400, IR, "stop", "string_above_max_length", "at most 8 bytes");
 }
 
 static void
@@ -870,120 +901,6 @@ test_sse(void)
 }
 
 /* ===================================================================== */
-/* Stop strings                                                           */
-/* ===================================================================== */
-
-/* Feed text cut at the offsets in cuts (ascending, ending with 0), then
- * flush; returns what came out and whether a stop matched. */
-static char *
-stop_run(const char *const *stops, size_t nstops, const char *text, const size_t *cuts,
-         bool *matched)
-{
-    td_stop_t *m = NULL;
-    td_buf_t out = {0};
-    *matched = false;
-    CHECK_STATUS(td_stop_create(stops, nstops, &m), TD_OK);
-    if (m == NULL)
-        return strdup("");
-    size_t len = strlen(text), at = 0;
-    for (size_t i = 0;; i++) {
-        size_t end = cuts && cuts[i] ? cuts[i] : len;
-        bool mt = false;
-        size_t before = out.len;
-        CHECK_STATUS(td_stop_feed(m, text + at, end - at, &out, &mt), TD_OK);
-        if (*matched)
-            CHECK_EQ_INT(out.len, before); /* nothing after a match */
-        *matched |= mt;
-        at = end;
-        if (end == len)
-            break;
-    }
-    CHECK_STATUS(td_stop_flush(m, &out), TD_OK);
-    td_stop_destroy(m);
-    char *s = strdup(out.data ? out.data : "");
-    td_buf_free(&out);
-    return s;
-}
-
-static void
-test_stop(void)
-{
-    static const struct {
-        const char *stops[4];
-        const char *text, *want;
-        bool matched;
-    } cases[] = {
-        { { NULL }, "no stops at all", "no stops at all", false },
-        { { "END" }, "abcEND", "abc", true },
-        { { "END" }, "abcENDdef", "abc", true },
-        { { "END" }, "ENDabc", "", true },
-        { { "END" }, "abcEN", "abcEN", false },          /* partial at the end: flushed */
-        { { "END" }, "EEND", "E", true },
-        { { "aab" }, "aaab", "a", true },                /* restart inside a partial */
-        { { "abc", "bcd" }, "xabcd", "x", true },       /* overlapping: abc completes first */
-        { { "bcd", "abc" }, "xabcd", "x", true },
-        { { "abcd", "bc" }, "xabcd", "xa", true },       /* bc completes before abcd */
-        { { "b", "ab" }, "xab", "x", true },             /* same end: the longest */
-        { { "\n\n", "###" }, "line\n#\n\nrest", "line\n#", true },
-        { { "x", "y" }, "abc", "abc", false },
-        { { "\xc3\xa9t\xc3\xa9" }, "caf\xc3\xa9 \xc3\xa9t\xc3\xa9!", "caf\xc3\xa9 ", true },
-        { { "aaaa" }, "aaa", "aaa", false },
-        { { "aa", "aaa" }, "baaa", "b", true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        size_t ns = 0;
-        while (ns < 4 && cases[i].stops[ns])
-            ns++;
-        size_t len = strlen(cases[i].text);
-        /* whole, byte by byte, and every split into two pieces */
-        size_t bytes[64] = {0};
-        for (size_t j = 1; j < len && j < 63; j++)
-            bytes[j - 1] = j;
-        for (size_t split = 0; split <= len + 1; split++) {
-            size_t two[2] = { split, 0 };
-            const size_t *cuts = split == 0 ? NULL : split == len + 1 ? bytes : two;
-            if (split == len)
-                continue; /* same as whole */
-            bool matched = false;
-            char *got = stop_run(cases[i].stops, ns, cases[i].text, cuts, &matched);
-            if (strcmp(got, cases[i].want) != 0 || matched != cases[i].matched)
-                fprintf(stderr, "stop case %zu split %zu: got \"%s\" matched %d\n", i, split, got,
-                        matched);
-            CHECK_STR(got, cases[i].want);
-            CHECK(matched == cases[i].matched);
-            free(got);
-        }
-    }
-
-    /* held text is released as soon as it cannot start a stop string */
-    td_stop_t *m;
-    const char *stops[] = { "STOP" };
-    td_buf_t out = {0};
-    bool mt;
-    CHECK_STATUS(td_stop_create(stops, 1, &m), TD_OK);
-    CHECK_STATUS(td_stop_feed(m, "abST", 4, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "ab");
-    CHECK(!mt);
-    CHECK_STATUS(td_stop_feed(m, "x", 1, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "STO", 3, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "P tail", 6, &out, &mt), TD_OK);
-    CHECK(mt);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "more", 4, &out, &mt), TD_OK);
-    CHECK(mt);
-    CHECK_STR(out.data, "abSTx");
-    td_stop_destroy(m);
-    td_buf_free(&out);
-
-    const char *empty[] = { "ok", "" };
-    m = NULL;
-    CHECK_STATUS(td_stop_create(empty, 2, &m), TD_ERR_INVALID);
-    CHECK(m == NULL);
-}
-
-/* ===================================================================== */
 /* Byte-level tokenizer                                                   */
 /* ===================================================================== */
 
@@ -1240,6 +1157,7 @@ main(void)
 {
     test_bad_bodies();
     test_oversized_body();
+    test_stop_cap();
     test_good_chat();
     test_good_completion();
     test_token_prompt();
@@ -1249,7 +1167,6 @@ main(void)
     test_streams();
     test_models_and_errors();
     test_sse();
-    test_stop();
     test_tok_bytes();
     test_apikeys();
     return td_check_exit("test_openai");
