@@ -25,8 +25,11 @@
 td_status_t td_wire_sampling(const Tandem__Sampling *in, const td_engine_t *e,
                              td_sample_params_t *out, char *why, size_t whylen);
 
+/* The most choices (rows) of one request a worker takes. */
+#define TD_WIRE_MAX_CHOICES 64
+
 /* The choices (rows) of a request: Sampling.n, 0 (unset) being 1. The
- * caller bounds it (its batch rows). */
+ * caller bounds it (TD_WIRE_MAX_CHOICES, its batch rows). */
 uint32_t td_wire_choices(const Tandem__Sampling *in);
 
 /* A TokenLogprob of a pick, and the storage it points into. */
