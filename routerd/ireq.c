@@ -746,6 +746,18 @@ finish_stop_ids(td_ireq_parse_t *p)
     return TD_ERR_INVALID;
 }
 
+/* The first token of every choice and its log-probabilities travel from
+ * the prefill rank to the decode rank in one transfer notification (at most
+ * 4096 bytes): the choices it can hold with top_logprobs alternatives each,
+ * from the worst-case sizes of their protobuf fields. */
+static uint32_t
+finish_max_n_logprobs(uint32_t top)
+{
+    uint32_t per = 23 + 17 * top;   /* a token, a TokenLogprob and its TopLogprobs */
+
+    return (TD_IREQ_NOTE_BUDGET - 64) / per;
+}
+
 /* Structured output is recorded but not enforced yet: refused, naming the
  * field that asked for it. */
 static td_status_t
@@ -798,6 +810,14 @@ td_ireq_finish(td_ireq_parse_t *p)
         td_openai_err_set(p->e, 400, INVALID_REQUEST, "min_tokens", "invalid_value",
                           "Invalid 'min_tokens': %u is above max_tokens (%u).",
                           r->sampling.min_tokens, r->sampling.max_tokens);
+        return TD_ERR_INVALID;
+    }
+    if (r->n > 1 && r->out.logprobs && r->n > finish_max_n_logprobs(r->out.top_logprobs)) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, "n", "integer_above_max_value",
+                          "Invalid 'n': with log-probabilities and %u alternatives each, this "
+                          "server takes at most %u choices (their first tokens travel "
+                          "together from the prefill rank).", r->out.top_logprobs,
+                          finish_max_n_logprobs(r->out.top_logprobs));
         return TD_ERR_INVALID;
     }
     if ((rc = finish_stop_ids(p)) != TD_OK || (rc = finish_constraint(p)) != TD_OK)

@@ -26,6 +26,9 @@
 #define TD_IREQ_MAX_STOP_IDS 16     /* stop_token_ids, the model's EOS ids included */
 #define TD_IREQ_MAX_N 64            /* choices of one request (max-n is at most this) */
 #define TD_IREQ_DEFAULT_MAX_N 16
+/* The bytes a prefill rank's terminal note may carry (the data plane's
+ * default payload bound): the first tokens of n choices go in it. */
+#define TD_IREQ_NOTE_BUDGET 4096
 /* The sampler's bounds (engine/sample.h checks them again on every rank):
  * presence and frequency penalties in [-2, 2], repetition_penalty in (0, 2]. */
 #define TD_IREQ_PENALTY_LIMIT 2.0

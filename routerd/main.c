@@ -264,7 +264,8 @@ router_fini(td_router_t *r)
 {
     if (r->drain_timer)
         event_free(r->drain_timer);
-    td_rreq_tab_destroy(r->reqs);
+    td_rreq_tab_destroy(r->reqs);   /* the text threads stop: rtok's jobs come back */
+    td_rtok_destroy(r->rtok);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
@@ -397,6 +398,14 @@ router_init(td_router_t *r)
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;
+    st = td_rtok_create(&(td_rtok_cfg_t){ .pool = td_rreq_text_pool(r->reqs),
+                                          .text = td_rreq_text_cfg(r->reqs),
+                                          .metrics = &r->metrics,
+                                          .max_context = r->max_context }, &r->rtok);
+    if (st != TD_OK) {
+        td_error("routerd: out of memory");
+        return st;
+    }
 
     cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
                                        .role = TANDEM__ROLE__ROLE_ROUTER,

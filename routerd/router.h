@@ -19,6 +19,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"
+#include "rtok.h"
 #include "registry.h"
 #include "rreq.h"
 #include "tok.h"
@@ -102,6 +103,7 @@ typedef struct {
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
+    td_rtok_t *rtok;                /* /tokenize and /detokenize */
     bool stopping;                  /* SIGTERM: draining, the api takes no new request */
     struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;

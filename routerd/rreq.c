@@ -651,7 +651,7 @@ continue_try(td_rreq_t *q, uint64_t prefill_cached, uint64_t need)
     td_rreq_tab_t *t = q->t;
     td_rconv_hit_t hit;
 
-    if (t->conv == NULL || q->no_continue ||
+    if (t->conv == NULL || q->no_continue || q->oreq->n > 1 ||
         !td_rconv_find(t->conv, &q->cprompt, continue_usable, q, &hit) ||
         q->nprompt - hit.ntokens > t->cfg.continue_max_suffix || hit.ntokens < prefill_cached)
         return false;
@@ -1587,6 +1587,18 @@ size_t
 td_rreq_tab_count(const td_rreq_tab_t *t)
 {
     return t->n;
+}
+
+td_jobq_t *
+td_rreq_text_pool(td_rreq_tab_t *t)
+{
+    return t->pool;
+}
+
+const td_rtext_cfg_t *
+td_rreq_text_cfg(const td_rreq_tab_t *t)
+{
+    return &t->text_cfg;
 }
 
 td_status_t

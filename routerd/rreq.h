@@ -22,6 +22,7 @@
 #include "openai.h"
 #include "rqueue.h"
 #include "rrank.h"
+#include "rtext.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "tok.h"
@@ -114,5 +115,10 @@ void td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg);
 void td_rreq_tab_fail_all(td_rreq_tab_t *t);
 /* Requests in flight. */
 size_t td_rreq_tab_count(const td_rreq_tab_t *t);
+
+/* The text threads and what their work reads, for the other text jobs
+ * (rtok.h); they stop with the table. */
+struct td_jobq_s *td_rreq_text_pool(td_rreq_tab_t *t);
+const td_rtext_cfg_t *td_rreq_text_cfg(const td_rreq_tab_t *t);
 
 #endif

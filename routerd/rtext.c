@@ -207,74 +207,80 @@ replies_create(td_rtext_t *x, const td_chat_reply_opts_t *chat)
 }
 
 /* With the V4.1 tokenizer, a chat request is rendered in the V4.1 chat
- * format and its reply read back by the V4.1 reader; a request the format
- * cannot express gets a 400. */
+ * format (its reply read back by the V4.1 reader: *chat); a request the
+ * format cannot express gets a 400. */
 static td_status_t
-chat_prompt_tokens(td_rtext_t *x)
+encode_chat(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids, size_t *n,
+            td_chat_prompt_t **chat, td_openai_err_t *err)
 {
     td_chat_prompt_t *p = NULL;
     td_chat_prompt_err_t ce;
-    td_chat_prompt_opts_t opts = { .thinking = x->oreq->reasoning.thinking };
-    uint32_t *ids = NULL;
-    size_t n = 0;
+    td_chat_prompt_opts_t opts = { .thinking = o->reasoning.thinking };
     td_status_t st;
 
     memset(&ce, 0, sizeof ce);
-    st = td_chat_prompt_encode(x->oreq->body, &opts, &p, &ce);
+    st = td_chat_prompt_encode(o->body, &opts, &p, &ce);
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
-        td_openai_err_set(&x->res.err, 400, "invalid_request_error",
-                          ce.param[0] ? ce.param : NULL, ce.code, "%s", ce.message);
-        return x->res.st = st;
-    }
-    if (st == TD_OK)
-        st = td_chat_prompt_ids(p, x->cfg->v41, &ids, &n);
-    if (st == TD_OK)
-        st = replies_create(x, &p->reply);
-    td_chat_prompt_destroy(p);
-    if (st != TD_OK) {
-        free(ids);
-        res_fail(x, st, "could not encode the chat prompt");
+        td_openai_err_set(err, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
+                          ce.code, "%s", ce.message);
         return st;
     }
-    x->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
-    x->nprompt = n;
-    return TD_OK;
+    if (st == TD_OK)
+        st = td_chat_prompt_ids(p, cfg->v41, ids, n);
+    if (st == TD_OK && chat != NULL)
+        *chat = p;
+    else
+        td_chat_prompt_destroy(p);
+    if (st != TD_OK)
+        td_openai_err_internal(err, "could not encode the chat prompt");
+    return st;
 }
 
-/* A completion whose prompt came as token ids (checked against the
- * vocabulary by the parser): taken as they are, nothing tokenized. */
-static td_status_t
-prompt_given_ids(td_rtext_t *x)
+td_status_t
+td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids, size_t *n,
+                    td_chat_prompt_t **chat, td_openai_err_t *err)
 {
-    size_t n = x->oreq->nprompt_ids;
+    td_buf_t text = {0};
+    td_status_t st;
 
-    if ((x->prompt = malloc(n * sizeof *x->prompt)) == NULL) {
-        res_fail(x, TD_ERR_NOMEM, "out of memory");
-        return TD_ERR_NOMEM;
+    if (chat != NULL)
+        *chat = NULL;
+    if (cfg->v41 && o->kind == TD_OPENAI_CHAT)
+        return encode_chat(cfg, o, ids, n, chat, err);
+    if (o->prompt_ids) {   /* token ids, checked against the vocabulary by the parser */
+        if ((*ids = malloc(o->nprompt_ids * sizeof **ids)) == NULL) {
+            td_openai_err_internal(err, "out of memory");
+            return TD_ERR_NOMEM;
+        }
+        memcpy(*ids, o->prompt_ids, o->nprompt_ids * sizeof **ids);
+        *n = o->nprompt_ids;
+        return TD_OK;
     }
-    memcpy(x->prompt, x->oreq->prompt_ids, n * sizeof *x->prompt);
-    x->nprompt = n;
-    return TD_OK;
+    st = prompt_text(o, &text);
+    if (st == TD_OK)
+        st = td_tok_encode(cfg->tok, text.data ? text.data : "", text.len, ids, n);
+    td_buf_free(&text);
+    if (st != TD_OK)
+        td_openai_err_internal(err, "could not tokenize the prompt");
+    return st;
 }
 
+/* The request's prompt ids, and its reply readers. */
 static td_status_t
 prompt_tokens(td_rtext_t *x)
 {
-    td_buf_t text = {0};
+    td_chat_prompt_t *chat = NULL;
     uint32_t *ids = NULL;
     size_t n = 0;
-    td_status_t st;
+    td_status_t st = td_rtext_prompt_ids(x->cfg, x->oreq, &ids, &n, &chat, &x->res.err);
 
-    if (x->cfg->v41 && x->oreq->kind == TD_OPENAI_CHAT)
-        return chat_prompt_tokens(x);
-    if (x->oreq->prompt_ids)
-        return prompt_given_ids(x);
-    st = prompt_text(x->oreq, &text);
-    if (st == TD_OK)
-        st = td_tok_encode(x->cfg->tok, text.data ? text.data : "", text.len, &ids, &n);
-    td_buf_free(&text);
+    if (st != TD_OK)
+        return x->res.st = st;
+    st = replies_create(x, chat ? &chat->reply : NULL);
+    td_chat_prompt_destroy(chat);
     if (st != TD_OK) {
-        res_fail(x, st, "could not tokenize the prompt");
+        free(ids);
+        res_fail(x, st, "out of memory");
         return st;
     }
     x->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
@@ -303,10 +309,6 @@ td_rtext_prompt_run(td_rtext_t *x)
     o = x->oreq;
     if (prompt_tokens(x) != TD_OK)
         return;
-    if (x->replies == NULL && replies_create(x, NULL) != TD_OK) {
-        res_fail(x, TD_ERR_NOMEM, "out of memory");
-        return;
-    }
     x->stream.meta = (td_openai_meta_t){ .kind = o->kind, .id = x->oid,
                                          .created = (int64_t)time(NULL),
                                          .model = x->cfg->model,

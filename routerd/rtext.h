@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "chat_prompt.h"
 #include "http.h"
 #include "ireq.h"
 #include "openai.h"
@@ -77,6 +78,14 @@ size_t td_rtext_body_len(const td_rtext_t *x);
  * as it is); set up the stop matcher, the reply reader, the
  * log-probabilities and the stream's metadata. */
 void td_rtext_prompt_run(td_rtext_t *x);
+/* The prompt of a parsed request as ids (*ids malloc'd, the caller frees):
+ * a V4.1 chat encoded (then *chat, when chat is not NULL, is the encoding,
+ * which says how to read the reply: the caller destroys it), token ids as
+ * given, text tokenized. Fails with err filled: a 400 the chat format
+ * cannot express, else 500. Any thread. */
+td_status_t td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids,
+                                size_t *n, td_chat_prompt_t **chat, td_openai_err_t *err);
+
 /* After it succeeded: the parsed request (x's: valid while x lives, read by
  * both sides, changed by neither but for the seed, which the text work does
  * not read) and the prompt's ids (moved to the caller, who frees them). */
