@@ -131,10 +131,11 @@ reply_text(td_reply_t *rp, const uint32_t *ids, size_t n, bool armed, td_reply_e
 }
 
 td_status_t
-td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, const td_reply_lp_t *lps,
-              td_reply_emit_fn emit, void *arg, bool *stopped)
+td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, bool last_stop,
+              const td_reply_lp_t *lps, td_reply_emit_fn emit, void *arg, bool *stopped)
 {
     uint32_t min = rp->cfg.req->sampling.min_tokens;
+    size_t ntext = last_stop && !rp->cfg.req->stop.include_stop_str ? n - 1 : n;
     td_status_t st = TD_OK;
 
     *stopped = false;
@@ -146,14 +147,14 @@ td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, const td_reply_lp_t
      * (vLLM's rule): token by token until then, so that it is armed at the
      * token that passes it */
     size_t i = 0;
-    while (st == TD_OK && i < n && !rp->stopped) {
-        size_t k = rp->ntokens >= min ? n - i : 1;
+    while (st == TD_OK && i < ntext && !rp->stopped) {
+        size_t k = rp->ntokens >= min ? ntext - i : 1;
 
         rp->ntokens += (uint32_t)k;
         st = reply_text(rp, ids + i, k, rp->ntokens > min, emit, arg);
         i += k;
     }
-    rp->ntokens += (uint32_t)(n - i);   /* past a stop string: generated all the same */
+    rp->ntokens += (uint32_t)(n - i);   /* past a stop string, or the stop token: counted */
     *stopped = rp->stopped;
     return st;
 }

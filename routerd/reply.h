@@ -57,9 +57,13 @@ void td_reply_destroy(td_reply_t *rp);
 /* The next n tokens of the choice (lps: n entries, or NULL when the request
  * asked for none): log-probabilities, text, stop strings, deltas through
  * emit (NULL: the reply is only kept, for a non-streaming answer).
- * *stopped: a stop string ended the choice (the rest of its output does not
- * count). Tokens after the choice ended are ignored. */
-td_status_t td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n,
+ * last_stop: the last one is a stop token (an EOS id or one of
+ * stop_token_ids, the rank's finish STOP): its text is left out unless
+ * include_stop_str_in_output (vLLM's rule; an EOS id's text is empty anyway
+ * while special tokens are skipped). *stopped: a stop string ended the
+ * choice (the rest of its output does not count). Tokens after the choice
+ * ended are ignored. */
+td_status_t td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, bool last_stop,
                           const td_reply_lp_t *lps, td_reply_emit_fn emit, void *arg,
                           bool *stopped);
 /* The choice ends: finish from the rank (STOP or LENGTH), or a stop string

@@ -1217,8 +1217,10 @@ tokens_take(td_rreq_t *q, td_rrank_t *rk, const Tandem__Tokens *tk)
     if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE &&
         q->oreq->n == 1)
         kept_note(q, rk, tk->retained_tokens);
-    if (td_rtext_push(q->text, c, tk->tokens, n, q->oreq->out.logprobs ? tk->logprobs : NULL) !=
-        TD_OK) {
+    /* a stop token ends it (never one cut by max_tokens: then it is not last) */
+    if (td_rtext_push(q->text, c, tk->tokens, n,
+                      tk->finish == TANDEM__FINISH__FINISH_STOP && n == tk->n_tokens,
+                      q->oreq->out.logprobs ? tk->logprobs : NULL) != TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }

@@ -24,7 +24,8 @@ typedef struct {
     int32_t *top_id;        /* [ntops] the alternatives, token after token */
     double *top_lp;         /* [ntops] */
     size_t *msg_end;        /* [nmsgs] where each message's tokens end */
-    uint32_t *msg_choice;   /* [nmsgs] the choice each message is of */
+    uint32_t *msg_choice;   /* [nmsgs] the choice each message is of, bit 31: its last
+                               token is a stop token */
     size_t n, ntops, nmsgs;
     size_t cap_ids, cap_lp, cap_ntop, cap_top_id, cap_top_lp, cap_msgs, cap_choice;
     uint64_t end;           /* bit i: choice i ends after these */
@@ -355,8 +356,10 @@ grow(void **arr, size_t *cap, size_t need, size_t sz)
     return TD_OK;
 }
 
+#define RTEXT_MSG_STOP (1u << 31)
+
 td_status_t
-td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n,
+td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n, bool last_stop,
               Tandem__TokenLogprob *const *lps)
 {
     rtext_batch_t *b = &x->inbox;
@@ -389,7 +392,7 @@ td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n,
         }
     }
     b->n += n;
-    b->msg_choice[b->nmsgs] = choice;
+    b->msg_choice[b->nmsgs] = choice | (last_stop && n > 0 ? RTEXT_MSG_STOP : 0);
     b->msg_end[b->nmsgs++] = b->n;
     b->weight += n + ntop;
     return TD_OK;
@@ -475,9 +478,10 @@ td_rtext_stream_start(td_rtext_t *x, td_buf_t *out)
 /* One message's tokens through its choice's reader; the choice ends when a
  * stop string matched. */
 static td_status_t
-tokens_message(td_rtext_t *x, uint32_t c, size_t from, size_t to, size_t *top_at)
+tokens_message(td_rtext_t *x, uint32_t m, size_t from, size_t to, size_t *top_at)
 {
     const rtext_batch_t *b = &x->work;
+    uint32_t c = m & ~RTEXT_MSG_STOP;
     td_reply_t *rp = c < x->nreplies ? x->replies[c] : NULL;
     td_reply_lp_t lps[RTEXT_SLICE];
     bool stopped = false;
@@ -492,7 +496,8 @@ tokens_message(td_rtext_t *x, uint32_t c, size_t from, size_t to, size_t *top_at
             *top_at += b->ntop[i + j];
         }
         if (rp != NULL && !td_reply_ended(rp))
-            st = td_reply_feed(rp, b->ids + i, k, x->oreq->out.logprobs ? lps : NULL,
+            st = td_reply_feed(rp, b->ids + i, k, (m & RTEXT_MSG_STOP) && i + k == to,
+                               x->oreq->out.logprobs ? lps : NULL,
                                x->streaming ? reply_emit : NULL, x, &stopped);
         if (st == TD_OK && stopped) {
             x->res.cut |= 1ull << c;

@@ -101,10 +101,11 @@ td_status_t td_rtext_stream_start(td_rtext_t *x, td_buf_t *out);
 
 /* One Tokens message's first n ids of choice (< the request's n) for the
  * next job, with their log-probabilities (lps: n entries whose tokens the
- * caller checked, or NULL when none were asked for). TD_ERR_NOMEM. Loop
- * thread, a job may run. */
+ * caller checked, or NULL when none were asked for); last_stop: the last is
+ * a stop token (the rank's finish STOP). TD_ERR_NOMEM. Loop thread, a job
+ * may run. */
 td_status_t td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n,
-                          Tandem__TokenLogprob *const *lps);
+                          bool last_stop, Tandem__TokenLogprob *const *lps);
 /* The choice ends after what was pushed: finish from the rank, or by_us
  * (max_tokens reached). Loop thread, a job may run. */
 void td_rtext_push_end(td_rtext_t *x, uint32_t choice, td_openai_finish_t finish, bool by_us);
