@@ -575,6 +575,54 @@ drank_admit_ok(td_drank_t *r, void *router, uint64_t id, Tandem__KvDest *dest)
     return r->io.send(router, &env, r->io.arg);
 }
 
+/* AdmitOk{KvDest} of an admitted lead: per segment its pool (id = segment
+ * index) and blocks. When it cannot be sent the request ends (no peer knows
+ * its blocks) and the status says so. */
+static td_status_t
+drank_admit_dest(td_drank_t *r, void *router, const Tandem__Admit *a, td_dreq_t *req)
+{
+    const td_kvpool_res_t *res = req->res;
+    uint32_t nsegs = r->layout->nsegs;
+    Tandem__SegDest *segs = calloc(nsegs, sizeof(*segs));
+    Tandem__SegDest **segp = calloc(nsegs, sizeof(*segp));
+    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
+    td_status_t st;
+
+    if (segs == NULL || segp == NULL) {
+        free(segs);
+        free(segp);
+        req->kv_done = true;   /* nothing was announced: no peer can write */
+        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
+                  false);
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    for (uint32_t s = 0; s < nsegs; s++) {
+        tandem__seg_dest__init(&segs[s]);
+        segs[s].seg = s;
+        segs[s].pool_id = s;
+        segs[s].n_blocks = res->nblocks[s];
+        segs[s].blocks = res->blocks[s];
+        segp[s] = &segs[s];
+    }
+    dest.node_id = r->node_id;
+    dest.rank_id = r->cfg.rank_id;
+    dest.incarnation = td_xfer_incarnation(r->xfer);
+    dest.xfer_id = req->xfer_id;
+    dest.n_segs = nsegs;
+    dest.segs = segp;
+    st = drank_admit_ok(r, router, a->req_id, &dest);
+    free(segs);
+    free(segp);
+    if (st != TD_OK) {
+        /* The router never learnt the destination: no peer can write. */
+        req->kv_done = true;
+        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+    }
+    return st;
+}
+
 static void drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
                                  const td_sample_params_t *sp, uint64_t ntokens);
 static td_status_t drank_admit_choices(td_drank_t *r, void *router, const Tandem__Admit *a,
@@ -659,48 +707,11 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         return;
     }
 
-    /* AdmitOk{KvDest}: per segment its pool (id = segment index) and blocks. */
-    uint32_t nsegs = r->layout->nsegs;
-    Tandem__SegDest *segs = calloc(nsegs, sizeof(*segs));
-    Tandem__SegDest **segp = calloc(nsegs, sizeof(*segp));
-    if (segs == NULL || segp == NULL) {
-        free(segs);
-        free(segp);
-        req->kv_done = true;   /* nothing was announced: no peer can write */
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
-                  false);
-        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                    "out of memory");
-        return;
-    }
-    for (uint32_t s = 0; s < nsegs; s++) {
-        tandem__seg_dest__init(&segs[s]);
-        segs[s].seg = s;
-        segs[s].pool_id = s;
-        segs[s].n_blocks = res->nblocks[s];
-        segs[s].blocks = res->blocks[s];
-        segp[s] = &segs[s];
-    }
-    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
-    dest.node_id = r->node_id;
-    dest.rank_id = r->cfg.rank_id;
-    dest.incarnation = td_xfer_incarnation(r->xfer);
-    dest.xfer_id = req->xfer_id;
-    dest.n_segs = nsegs;
-    dest.segs = segp;
-    td_status_t st = drank_admit_ok(r, router, a->req_id, &dest);
-    free(segs);
-    free(segp);
-    if (st != TD_OK) {
-        /* The router never learnt the destination: no peer can write. */
-        req->kv_done = true;
-        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
-        return;
-    }
-    td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
-            "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
-            req->nprompt, sp.max_tokens, res->slot, req->prefill,
-            (unsigned long long)req->xfer_id);
+    if (drank_admit_dest(r, router, a, req) == TD_OK)
+        td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
+                "prefill %s, xfer %llu, %u choices", r->cfg.rank_id,
+                (unsigned long long)req->id, req->nprompt, sp.max_tokens, res->slot,
+                req->prefill, (unsigned long long)req->xfer_id, nchoices);
     drank_publish_load(r);
 }
 
