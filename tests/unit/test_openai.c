@@ -9,6 +9,7 @@
 #include "adapt-openai.h"
 #include "ireq.h"
 #include "openai.h"
+#include "reply.h"
 #include "rng.h"
 #include "sse.h"
 #include "tok_bytes.h"
@@ -1024,6 +1025,149 @@ test_sse(void)
     td_buf_free(&out);
 }
 
+
+/* ===================================================================== */
+/* Several choices; the reply reader                                       */
+/* ===================================================================== */
+
+/* n = 2: a response with choices 0 and 1; a stream whose chunks each carry
+ * one choice with its index, role once per choice, a finish chunk each. */
+static void
+test_choices_json(void)
+{
+    td_openai_meta_t m = { C, "chatcmpl-n", 1700000000, MODEL, "fp_tandem" };
+    td_openai_usage_t u = { 3, 7, 0 };
+    td_buf_t out = {0};
+    json_t *ch[2] = { td_openai_choice_text(C, 0, "a", 1, TD_OPENAI_FINISH_STOP, NULL),
+                      td_openai_choice_text(C, 1, "bc", 2, TD_OPENAI_FINISH_LENGTH, NULL) };
+
+    CHECK_STATUS(td_openai_response_json(&m, ch, 2, &u, &out), TD_OK);
+    json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
+    json_t *cs = json_object_get(o, "choices");
+    CHECK_EQ_INT(json_array_size(cs), 2);
+    for (int i = 0; i < 2 && json_array_size(cs) == 2; i++) {
+        json_t *c = json_array_get(cs, i);
+        CHECK_EQ_INT(json_integer_value(json_object_get(c, "index")), i);
+        CHECK_STR(json_string_value(json_object_get(json_object_get(c, "message"), "content")),
+                  i == 0 ? "a" : "bc");
+        CHECK_STR(json_string_value(json_object_get(c, "finish_reason")),
+                  i == 0 ? "stop" : "length");
+    }
+    json_decref(o);
+    td_buf_reset(&out);
+
+    td_openai_stream_t s = { m, false, 0 };
+    CHECK_STATUS(td_openai_stream_text(&s, 1, NULL, "x", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, NULL, "y", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 1, NULL, "z", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_choice_end(&s, 1, NULL, TD_OPENAI_FINISH_STOP, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_choice_end(&s, 0, NULL, TD_OPENAI_FINISH_LENGTH, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_end(&s, NULL, &out), TD_OK);
+    char *p[8];
+    size_t n = sse_payloads(out.data, p, 8);
+    static const int want_index[5] = { 1, 0, 1, 1, 0 };
+    static const int want_role[5] = { 1, 1, 0, 0, 0 };
+    CHECK_EQ_INT(n, 6);
+    for (size_t i = 0; i < 5 && n == 6; i++) {
+        json_t *co = json_loads(p[i], 0, NULL);
+        json_t *c = json_array_get(json_object_get(co, "choices"), 0);
+        json_t *d = json_object_get(c, "delta");
+        CHECK_EQ_INT(json_array_size(json_object_get(co, "choices")), 1);
+        CHECK_EQ_INT(json_integer_value(json_object_get(c, "index")), want_index[i]);
+        CHECK((json_object_get(d, "role") != NULL) == want_role[i]);
+        json_decref(co);
+    }
+    if (n == 6)
+        CHECK_STR(p[5], "[DONE]");
+    free_payloads(p, n);
+    td_buf_free(&out);
+}
+
+static td_status_t
+reply_collect(void *arg, td_reply_t *rp, const td_chat_reply_delta_t *d)
+{
+    return td_buf_append(arg, d->text, d->len);
+}
+
+/* Feed text as byte tokens (one token per byte) to a reply reader in
+ * messages of `per` tokens; last_stop on the last; returns its text. */
+static char *
+reply_run(const td_ireq_t *r, const td_tok_t *tok, const char *text, size_t per,
+          bool last_stop, uint32_t *ntokens, bool *stopped)
+{
+    td_reply_cfg_t rc = { .tok = tok, .req = r };
+    td_reply_t *rp = NULL;
+    td_buf_t out = {0};
+    size_t len = strlen(text);
+    char *res;
+
+    *stopped = false;
+    CHECK_STATUS(td_reply_create(&rc, &rp), TD_OK);
+    if (rp == NULL)
+        return strdup("");
+    for (size_t at = 0; at < len && !*stopped; at += per) {
+        uint32_t ids[64];
+        size_t k = len - at < per ? len - at : per;
+        for (size_t i = 0; i < k; i++)
+            ids[i] = (unsigned char)text[at + i];
+        CHECK_STATUS(td_reply_feed(rp, ids, k, last_stop && at + k == len, NULL, reply_collect,
+                                   &out, stopped), TD_OK);
+    }
+    CHECK_STATUS(td_reply_end(rp, *stopped ? TD_OPENAI_FINISH_STOP : TD_OPENAI_FINISH_LENGTH,
+                              reply_collect, &out), TD_OK);
+    *ntokens = td_reply_ntokens(rp);
+    td_reply_destroy(rp);
+    res = strdup(out.data ? out.data : "");
+    td_buf_free(&out);
+    return res;
+}
+
+/* The reply reader: a stop string is armed only past min_tokens tokens,
+ * kept with include_stop_str_in_output; a stop token's text is left out
+ * unless included; every token counts. */
+static void
+test_reply_reader(void)
+{
+    td_tok_t *tok = NULL;
+    td_ireq_t *r = parse_ok(P, "{" M ",'prompt':'x','stop':['END']}");
+    uint32_t nt;
+    bool stopped;
+    char *got;
+
+    CHECK_STATUS(td_tok_bytes_create(&tok), TD_OK);
+    if (tok == NULL || r == NULL)
+        return;
+    got = reply_run(r, tok, "aENDbENDc", 4, false, &nt, &stopped);
+    CHECK_STR(got, "a");
+    CHECK(stopped && nt == 4);   /* the message's tokens count */
+    free(got);
+    r->sampling.min_tokens = 4;   /* the first END ends at token 4: not past 4 */
+    for (size_t per = 1; per <= 9; per += 4) {
+        got = reply_run(r, tok, "aENDbENDc", per, false, &nt, &stopped);
+        CHECK_STR(got, "aENDb");
+        CHECK(stopped);
+        free(got);
+    }
+    r->stop.include_stop_str = true;
+    got = reply_run(r, tok, "aENDbENDc", 9, false, &nt, &stopped);
+    CHECK_STR(got, "aENDbEND");
+    free(got);
+    r->stop.include_stop_str = false;
+    r->sampling.min_tokens = 0;
+    r->stop.nstrings = 0;   /* (the strings stay the request's to free) */
+    got = reply_run(r, tok, "hello!", 3, true, &nt, &stopped);
+    CHECK_STR(got, "hello");   /* "!" is the stop token */
+    CHECK_EQ_INT(nt, 6);
+    free(got);
+    r->stop.include_stop_str = true;
+    got = reply_run(r, tok, "hello!", 3, true, &nt, &stopped);
+    CHECK_STR(got, "hello!");
+    free(got);
+    r->stop.nstrings = 1;
+    td_ireq_destroy(r);
+    td_tok_destroy(tok);
+}
+
 /* ===================================================================== */
 /* Byte-level tokenizer                                                   */
 /* ===================================================================== */
@@ -1293,6 +1437,8 @@ main(void)
     test_models_and_errors();
     test_sse();
     test_tok_bytes();
+    test_choices_json();
+    test_reply_reader();
     test_apikeys();
     return td_check_exit("test_openai");
 }
