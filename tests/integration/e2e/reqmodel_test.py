@@ -21,12 +21,11 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (KEY, MODEL, SLOW, SYNTH_KEY, SYNTH_VOCAB, Cluster, Failure,  # noqa: E402
-                     check, detok, http_call, synth)
+from cluster import (MODEL, SLOW, SYNTH_KEY, SYNTH_VOCAB, check, detok,  # noqa: E402
+                     http_call, run_scenario, synth)
 from cluster import chat_prompt  # noqa: E402
 from e2e_test import prefill_done_lines, tiny_model  # noqa: E402
 
@@ -387,28 +386,7 @@ def test_v41_sampling(c):
 
 
 def main():
-    name, build = sys.argv[1], sys.argv[2]
-    bins = {"routerd": "routerd/routerd", "prefilld": "prefilld/prefilld",
-            "decoded": "decoded/decoded", "tandemctl": "tandemctl/tandemctl",
-            "ctl_peer": "tests/integration/ctl_peer"}
-    bins = {k: os.path.join(build, v) for k, v in bins.items()}
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as tmp:
-        c = Cluster(bins, tmp)
-        c.build = build
-        try:
-            globals()["test_" + name.replace("-", "_")](c)
-            bad = c.stop()
-            check(not bad, "; ".join(bad))
-        except Exception as e:  # any failure, expected or not, keeps the logs
-            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
-            c.stop()
-            c.dump_logs()
-            return 1
-        finally:
-            c.stop()
-    print("ok %s (%.1f s)" % (name, time.time() - t0))
-    return 0
+    return run_scenario(globals(), sys.argv[1], sys.argv[2])
 
 
 if __name__ == "__main__":
