@@ -459,11 +459,11 @@ field_best_of(td_ireq_parse_t *p, const char *key, const json_t *v)
                                        "generates.");
 }
 
-/* chat_template_kwargs: the V4.1 chat template's switch, as vLLM passes it
- * ({"thinking": bool}); any other key changes a template this server does
- * not take, so it is refused. */
+/* An object field read key by key: fn(p, "key.k", k, value) for each. */
 static td_status_t
-field_chat_template_kwargs(td_ireq_parse_t *p, const char *key, const json_t *v)
+object_each(td_ireq_parse_t *p, const char *key, const json_t *v,
+            td_status_t (*fn)(td_ireq_parse_t *p, const char *param, const char *k,
+                              const json_t *x))
 {
     const char *k;
     const json_t *x;
@@ -472,20 +472,38 @@ field_chat_template_kwargs(td_ireq_parse_t *p, const char *key, const json_t *v)
         return td_ireq_bad_type(p, key, "an object", v);
     json_object_foreach((json_t *)v, k, x) {
         td_ireq_param_t pp;
-        bool on;
         td_status_t rc;
 
         td_ireq_param_fmt(pp, "%s.%s", key, k);
-        if (strcmp(k, "thinking") != 0)
-            return td_ireq_unsupported(p, pp, "this server's chat template (DeepSeek-V4.1) "
-                                              "takes only 'thinking'.");
-        if (json_is_null(x))
-            continue;
-        if ((rc = td_ireq_get_bool(p, pp, x, &on)) != TD_OK)
+        if ((rc = fn(p, pp, k, x)) != TD_OK)
             return rc;
-        p->req->reasoning.thinking = on;
     }
     return TD_OK;
+}
+
+/* chat_template_kwargs: the V4.1 chat template's switch, as vLLM passes it
+ * ({"thinking": bool}); any other key changes a template this server does
+ * not take, so it is refused. */
+static td_status_t
+template_kwarg(td_ireq_parse_t *p, const char *param, const char *k, const json_t *x)
+{
+    bool on;
+    td_status_t rc;
+
+    if (strcmp(k, "thinking") != 0)
+        return td_ireq_unsupported(p, param, "this server's chat template (DeepSeek-V4.1) "
+                                             "takes only 'thinking'.");
+    if (json_is_null(x))
+        return TD_OK;
+    if ((rc = td_ireq_get_bool(p, param, x, &on)) == TD_OK)
+        p->req->reasoning.thinking = on;
+    return rc;
+}
+
+static td_status_t
+field_chat_template_kwargs(td_ireq_parse_t *p, const char *key, const json_t *v)
+{
+    return object_each(p, key, v, template_kwarg);
 }
 
 /* ===================================================================== */
@@ -547,24 +565,15 @@ field_guided(td_ireq_parse_t *p, const char *key, const json_t *v)
 }
 
 static td_status_t
+structured_output(td_ireq_parse_t *p, const char *param, const char *k, const json_t *x)
+{
+    return json_is_null(x) ? TD_OK : constraint_of(p, param, k, x);
+}
+
+static td_status_t
 field_structured_outputs(td_ireq_parse_t *p, const char *key, const json_t *v)
 {
-    const char *k;
-    const json_t *x;
-
-    if (!json_is_object(v))
-        return td_ireq_bad_type(p, key, "an object", v);
-    json_object_foreach((json_t *)v, k, x) {
-        td_ireq_param_t pp;
-        td_status_t rc;
-
-        if (json_is_null(x))
-            continue;
-        td_ireq_param_fmt(pp, "%s.%s", key, k);
-        if ((rc = constraint_of(p, pp, k, x)) != TD_OK)
-            return rc;
-    }
-    return TD_OK;
+    return object_each(p, key, v, structured_output);
 }
 
 /* response_format: text asks for nothing; json_object and json_schema are
