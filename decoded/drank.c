@@ -75,18 +75,21 @@ struct td_drank_s {
 
 static void drank_release(td_drank_t *r, td_dreq_t *req);
 static void drank_check_idle(td_drank_t *r);
+static void drank_end_siblings(td_drank_t *r, const void *router, uint64_t id,
+                               td_dreq_state_t to, Tandem__Finish finish, const char *why);
 static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
 /* A request by the router that sent it and its id (ids are unique per
- * router only). */
+ * router only): its lead row (choice 0). */
 static td_dreq_t *
 drank_find(const td_drank_t *r, const void *router, uint64_t id)
 {
     for (uint32_t i = 0; i < r->nslots; i++)
-        if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router)
+        if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router &&
+            r->slots[i]->choice == 0)
             return r->slots[i];
     return NULL;
 }
@@ -191,6 +194,7 @@ drank_send_tokens_kept(td_drank_t *r, td_dreq_t *req, const int32_t *tokens, siz
     t.finish = finish;
     t.error = (char *)(error ? error : "");
     t.retained_tokens = retained;
+    t.choice = req->choice;
     if (pick != NULL && n == 1) {
         td_wire_logprob_pack(pick, &lp);
         t.n_logprobs = 1;
@@ -308,6 +312,7 @@ static bool
 drank_keep_ok(const td_drank_t *r, const td_dreq_t *req)
 {
     return r->cfg.retain > 0 && !r->draining && req->router != NULL && req->kv_done &&
+           req->nchoices == 1 &&
            req->gen != NULL && req->ereq != NULL && req->ereq->failed == TD_OK &&
            req->generated >= 1 && req->ereq->ntokens == req->nprompt + req->generated - 1;
 }
@@ -362,6 +367,11 @@ static void
 drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish finish,
           const char *error, bool tell_router)
 {
+    /* a lead that ends before its KV is adopted takes its choices with it */
+    bool siblings = req->choice == 0 && req->nchoices > 1 && req->state == TD_DREQ_ADMITTED;
+    const void *router = req->router;
+    uint64_t id = req->id;
+
     td_dreq_set_state(req, to, error);
     if (to == TD_DREQ_FINISHED)
         r->stats.finished++;
@@ -375,6 +385,8 @@ drank_end(td_drank_t *r, td_dreq_t *req, td_dreq_state_t to, Tandem__Finish fini
         drank_release(r, req);
     else
         drank_publish_load(r);
+    if (siblings)
+        drank_end_siblings(r, router, id, to, finish, error);
     drank_check_idle(r);
 }
 
@@ -455,7 +467,8 @@ drank_release(td_drank_t *r, td_dreq_t *req)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
     env.released = &rel;
-    drank_send(r, req, &env);
+    if (req->choice == 0)   /* one Released per request: its lead's */
+        drank_send(r, req, &env);
     td_dreq_destroy(req);
     drank_publish_load(r);
 }
@@ -562,8 +575,59 @@ drank_admit_ok(td_drank_t *r, void *router, uint64_t id, Tandem__KvDest *dest)
     return r->io.send(router, &env, r->io.arg);
 }
 
+/* AdmitOk{KvDest} of an admitted lead: per segment its pool (id = segment
+ * index) and blocks. When it cannot be sent the request ends (no peer knows
+ * its blocks) and the status says so. */
+static td_status_t
+drank_admit_dest(td_drank_t *r, void *router, const Tandem__Admit *a, td_dreq_t *req)
+{
+    const td_kvpool_res_t *res = req->res;
+    uint32_t nsegs = r->layout->nsegs;
+    Tandem__SegDest *segs = calloc(nsegs, sizeof(*segs));
+    Tandem__SegDest **segp = calloc(nsegs, sizeof(*segp));
+    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
+    td_status_t st;
+
+    if (segs == NULL || segp == NULL) {
+        free(segs);
+        free(segp);
+        req->kv_done = true;   /* nothing was announced: no peer can write */
+        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
+                  false);
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     "out of memory");
+        return TD_ERR_NOMEM;
+    }
+    for (uint32_t s = 0; s < nsegs; s++) {
+        tandem__seg_dest__init(&segs[s]);
+        segs[s].seg = s;
+        segs[s].pool_id = s;
+        segs[s].n_blocks = res->nblocks[s];
+        segs[s].blocks = res->blocks[s];
+        segp[s] = &segs[s];
+    }
+    dest.node_id = r->node_id;
+    dest.rank_id = r->cfg.rank_id;
+    dest.incarnation = td_xfer_incarnation(r->xfer);
+    dest.xfer_id = req->xfer_id;
+    dest.n_segs = nsegs;
+    dest.segs = segp;
+    st = drank_admit_ok(r, router, a->req_id, &dest);
+    free(segs);
+    free(segp);
+    if (st != TD_OK) {
+        /* The router never learnt the destination: no peer can write. */
+        req->kv_done = true;
+        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+    }
+    return st;
+}
+
 static void drank_admit_continue(td_drank_t *r, void *router, const Tandem__Admit *a,
                                  const td_sample_params_t *sp, uint64_t ntokens);
+static td_status_t drank_admit_choices(td_drank_t *r, void *router, const Tandem__Admit *a,
+                                       const td_sample_params_t *sp, td_dreq_t *lead,
+                                       uint64_t ntokens, const char **why);
 
 static void
 drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
@@ -597,7 +661,16 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                     "prompt + max_tokens over the model's max context");
         return;
     }
-    if (drank_live(r) >= r->cfg.max_batch) {
+    uint32_t nchoices = td_wire_choices(a->sampling);
+    if (nchoices > r->cfg.max_batch || nchoices > TD_WIRE_MAX_CHOICES ||
+        (nchoices > 1 && a->continue_from != 0)) {
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID,
+                     nchoices > 1 && a->continue_from != 0
+                         ? "n choices do not continue a kept state"
+                         : "more choices than the rank has batch rows");
+        return;
+    }
+    if (drank_live(r) + nchoices > r->cfg.max_batch) {
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
                      "no batch row free");
         return;
@@ -625,50 +698,110 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
-
-    /* AdmitOk{KvDest}: per segment its pool (id = segment index) and blocks. */
-    uint32_t nsegs = r->layout->nsegs;
-    Tandem__SegDest *segs = calloc(nsegs, sizeof(*segs));
-    Tandem__SegDest **segp = calloc(nsegs, sizeof(*segp));
-    if (segs == NULL || segp == NULL) {
-        free(segs);
-        free(segp);
+    req->nchoices = nchoices;
+    if (nchoices > 1 && drank_admit_choices(r, router, a, &sp, req, ntokens, &why) != TD_OK) {
         req->kv_done = true;   /* nothing was announced: no peer can write */
-        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, "out of memory",
-                  false);
+        drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, false);
         drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
-                    "out of memory");
+                     why);
         return;
     }
-    for (uint32_t s = 0; s < nsegs; s++) {
-        tandem__seg_dest__init(&segs[s]);
-        segs[s].seg = s;
-        segs[s].pool_id = s;
-        segs[s].n_blocks = res->nblocks[s];
-        segs[s].blocks = res->blocks[s];
-        segp[s] = &segs[s];
-    }
-    Tandem__KvDest dest = TANDEM__KV_DEST__INIT;
-    dest.node_id = r->node_id;
-    dest.rank_id = r->cfg.rank_id;
-    dest.incarnation = td_xfer_incarnation(r->xfer);
-    dest.xfer_id = req->xfer_id;
-    dest.n_segs = nsegs;
-    dest.segs = segp;
-    td_status_t st = drank_admit_ok(r, router, a->req_id, &dest);
-    free(segs);
-    free(segp);
-    if (st != TD_OK) {
-        /* The router never learnt the destination: no peer can write. */
-        req->kv_done = true;
-        drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
-        return;
-    }
-    td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
-            "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
-            req->nprompt, sp.max_tokens, res->slot, req->prefill,
-            (unsigned long long)req->xfer_id);
+
+    if (drank_admit_dest(r, router, a, req) == TD_OK)
+        td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
+                "prefill %s, xfer %llu, %u choices", r->cfg.rank_id,
+                (unsigned long long)req->id, req->nprompt, sp.max_tokens, res->slot,
+                req->prefill, (unsigned long long)req->xfer_id, nchoices);
     drank_publish_load(r);
+}
+
+/* ---- n choices (docs/decoded.md, "n choices") --------------------------------------
+ * A request of n choices is n rows: its lead (choice 0), whose reservation
+ * the prefill writes into, and n - 1 siblings admitted with it, each with
+ * its own reservation that shares the lead's whole prompt blocks (by
+ * reference: td_kvpool_reserve_prefix) and its own fixed slot. The sibling
+ * copies the lead's partly filled last block and fixed slot when the KV has
+ * arrived (copy-on-write at the first block they do not share), adopts the
+ * prompt, and takes its first token from the prefill rank's note (drawn
+ * with seed + i). No peer writes a sibling's own blocks, so a sibling may
+ * be freed at any time; the shared ones stay while any row holds them. */
+
+/* Row c of the request id of router (NULL: none). */
+static td_dreq_t *
+drank_choice(const td_drank_t *r, const void *router, uint64_t id, uint32_t c)
+{
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i] != NULL && r->slots[i]->id == id && r->slots[i]->router == router &&
+            r->slots[i]->choice == c)
+            return r->slots[i];
+    return NULL;
+}
+
+/* End every live sibling of the request the same way, telling nobody (the
+ * lead's end tells the router). */
+static void
+drank_end_siblings(td_drank_t *r, const void *router, uint64_t id, td_dreq_state_t to,
+                   Tandem__Finish finish, const char *why)
+{
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        td_dreq_t *sib = r->slots[i];
+        if (sib != NULL && sib->id == id && sib->router == router && sib->choice > 0 &&
+            !td_dreq_ended(sib))
+            drank_end(r, sib, to, finish, why, false);
+    }
+}
+
+/* Paged blocks of a prompt of n tokens that are whole: what the choices
+ * share (per segment; fixed segments 0). */
+static void
+drank_prompt_blocks(const td_drank_t *r, uint64_t n, uint64_t *nprefix)
+{
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)
+        nprefix[s] = r->layout->segs[s].kind == TD_LAYOUT_PAGED
+                         ? td_layout_entries(&r->layout->segs[s], n) / r->layout->block_entries
+                         : 0;
+}
+
+/* The siblings of an admitted lead (choices 1 .. n - 1): reservations that
+ * share its whole prompt blocks, rows with seed + i. On failure the ones
+ * made are ended and *why says what was short. */
+static td_status_t
+drank_admit_choices(td_drank_t *r, void *router, const Tandem__Admit *a,
+                    const td_sample_params_t *sp, td_dreq_t *lead, uint64_t ntokens,
+                    const char **why)
+{
+    uint64_t *nprefix = calloc(r->layout->nsegs, sizeof(*nprefix));
+    td_status_t st = TD_OK;
+
+    if (nprefix == NULL) {
+        *why = "out of memory";
+        return TD_ERR_NOMEM;
+    }
+    drank_prompt_blocks(r, a->n_tokens, nprefix);
+    for (uint32_t c = 1; st == TD_OK && c < lead->nchoices; c++) {
+        td_sample_params_t sc = *sp;
+        td_kvpool_res_t *res = NULL;
+        td_dreq_t *sib = NULL;
+        Tandem__AdmitRejectCode code;
+
+        sc.seed = sp->seed + c;
+        st = drank_reserve(r, a->req_id, ntokens, nprefix,
+                           (const uint64_t *const *)lead->res->blocks, NULL, &res, why);
+        if (st == TD_OK && (st = drank_req_new(r, router, a, &sc, res, &sib, &code, why)) != TD_OK)
+            td_kvpool_release(r->kp, res);
+        if (st != TD_OK)
+            break;
+        sib->choice = c;
+        sib->nchoices = lead->nchoices;
+        sib->kv_done = true;   /* no peer ever writes its own blocks */
+        sib->prefill_inc = lead->prefill_inc;
+        snprintf(sib->prefill, sizeof(sib->prefill), "%s", lead->prefill);
+    }
+    free(nprefix);
+    if (st != TD_OK)
+        drank_end_siblings(r, router, a->req_id, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR,
+                           "admission of its choices failed");
+    return st;
 }
 
 /* ---- KV arrival ------------------------------------------------------------- */
@@ -697,10 +830,63 @@ typedef struct {
     td_sample_finish_t fin;
     td_status_t st;
     const char *what;            /* the step that failed */
+    uint32_t nsibs;              /* the lead's siblings (n choices), adopted after it */
+    uint64_t *nprefix;           /* [nsegs] the whole prompt blocks they share */
+    struct drank_adopt_sib {
+        td_dreq_t *req;
+        int32_t note_first;      /* P's first token of this choice */
+        td_sample_pick_t note_pick;
+        td_sample_pick_t pick;   /* ours, or P's taken */
+        td_sample_finish_t fin;
+    } sibs[];
 } drank_adopt_t;
 
 static bool drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req,
                                  const td_xfer_note_t *note);
+
+static void
+drank_adopt_free(drank_adopt_t *j)
+{
+    if (j != NULL)
+        free(j->nprefix);
+    free(j);
+}
+
+static void drank_kept_copy(td_drank_t *r, const td_kvpool_res_t *from,
+                            const td_kvpool_res_t *to, uint64_t n, const uint64_t *nprefix);
+
+/* Compute thread, after the lead's adoption: each sibling copies what it
+ * does not share of the lead's prompt state (the partly filled last block,
+ * the fixed slot), adopts the prompt, and takes its first token as the lead
+ * did (re-drawn and compared where the engine can, else P's). */
+static void
+drank_adopt_siblings(drank_adopt_t *j)
+{
+    td_dreq_t *lead = j->req;
+    td_drank_t *r = lead->rank;
+
+    for (uint32_t i = 0; j->st == TD_OK && i < j->nsibs; i++) {
+        struct drank_adopt_sib *sb = &j->sibs[i];
+        td_engine_req_t *e;
+
+        if (sb->req == NULL)
+            continue;
+        e = sb->req->ereq;
+        drank_kept_copy(r, lead->res, sb->req->res, lead->nprompt, j->nprefix);
+        j->what = "a choice's copy of the received kv";
+        j->st = td_engine_adopt(e, lead->prompt, lead->nprompt);
+        if (j->st != TD_OK)
+            break;
+        j->what = "a choice's first token";
+        j->st = td_engine_sample_pick(e, &sb->pick, &sb->fin);
+        if (j->st == TD_OK && sb->pick.token != sb->note_first)
+            j->st = TD_ERR_MISMATCH;
+        if (j->st == TD_ERR_STATE && e->failed == TD_OK) {
+            sb->pick = sb->note_pick;
+            j->st = td_engine_take(e, sb->note_first, &sb->fin);
+        }
+    }
+}
 
 /* Compute thread: adopt the prompt whose KV is in the request's blocks (the
  * engine checks what it can: the synthetic engine every byte), then the
@@ -747,6 +933,28 @@ drank_adopt_run(void *arg)
         }
     }
     j->first = j->pick.token;
+    if (j->st == TD_OK && j->nsibs > 0)
+        drank_adopt_siblings(j);
+}
+
+/* Loop thread: the siblings of an adopt job that came back. lead_ok: each
+ * still live runs from its first token; else the lead ended (and ended them
+ * with it), and those ended while the job ran are released now. */
+static void
+drank_adopt_siblings_done(td_drank_t *r, drank_adopt_t *j, bool lead_ok)
+{
+    for (uint32_t i = 0; i < j->nsibs; i++) {
+        td_dreq_t *sib = j->sibs[i].req;
+
+        if (sib == NULL)
+            continue;
+        if (td_dreq_ended(sib)) {
+            drank_release(r, sib);   /* kv_done: no peer writes its own blocks */
+        } else if (lead_ok) {
+            td_dreq_set_state(sib, TD_DREQ_RUNNING, "kv adopted (a choice)");
+            (void)drank_emit(r, sib, j->sibs[i].pick.token, j->sibs[i].fin, &j->sibs[i].pick);
+        }
+    }
 }
 
 /* Loop thread: the adopt job came back. */
@@ -758,6 +966,9 @@ drank_adopt_done(void *arg)
     td_drank_t *r = req->rank;
 
     req->busy = false;
+    for (uint32_t i = 0; i < j->nsibs; i++)
+        if (j->sibs[i].req != NULL)
+            j->sibs[i].req->busy = false;
     if (r->closing)
         goto out;
     if (r->trace != NULL)   /* status: the td_status_t code, 0 ok */
@@ -767,6 +978,7 @@ drank_adopt_done(void *arg)
     if (td_dreq_ended(req)) {          /* canceled meanwhile */
         if (req->kv_done)
             drank_release(r, req);
+        drank_adopt_siblings_done(r, j, false);
         goto out;
     }
     if (j->st == TD_ERR_MISMATCH && j->got_sum != j->want_sum) {
@@ -793,21 +1005,67 @@ drank_adopt_done(void *arg)
                  (unsigned long long)req->id, (unsigned long long)verified);
     }
     td_dreq_set_state(req, TD_DREQ_RUNNING, "kv adopted");
-    if (drank_emit(r, req, j->first, j->fin, &j->pick)) {
-        drank_publish_load(r);
-        drank_step_schedule(r);
-    }
+    (void)drank_emit(r, req, j->first, j->fin, &j->pick);
+    drank_adopt_siblings_done(r, j, true);
+    drank_publish_load(r);
+    drank_step_schedule(r);
 out:
-    free(j);
+    drank_adopt_free(j);
+}
+
+/* The note's first tokens of choices 1 .. n - 1 (and their
+ * log-probabilities, when the request asks) into the job, with the rows
+ * they are for; a note that does not match the request: TD_ERR_PROTO. */
+static td_status_t
+drank_adopt_note_choices(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn,
+                         drank_adopt_t *j, char *why, size_t whylen)
+{
+    bool lps = req->ereq->sampling.logprobs;
+
+    if (kn->n_more_first_tokens != req->nchoices - 1 ||
+        (lps && kn->n_more_first_logprobs != req->nchoices - 1)) {
+        snprintf(why, whylen, "%zu first tokens (%zu log-probabilities) for %u choices",
+                 kn->n_more_first_tokens + 1, kn->n_more_first_logprobs, req->nchoices);
+        return TD_ERR_PROTO;
+    }
+    drank_prompt_blocks(r, req->nprompt, j->nprefix);
+    j->nsibs = req->nchoices - 1;
+    for (uint32_t i = 0; i < j->nsibs; i++) {
+        struct drank_adopt_sib *sb = &j->sibs[i];
+        int32_t tok = kn->more_first_tokens[i];
+
+        sb->req = drank_choice(r, req->router, req->id, i + 1);
+        if (sb->req != NULL && td_dreq_ended(sb->req))
+            sb->req = NULL;
+        sb->note_first = tok;
+        sb->note_pick.token = tok;
+        if (tok < 0 || (uint32_t)tok >= r->engine->vocab) {
+            snprintf(why, whylen, "choice %u's first token %d outside the vocabulary", i + 1,
+                     tok);
+            return TD_ERR_PROTO;
+        }
+        if (lps && (kn->more_first_logprobs[i]->token != tok ||
+                    td_wire_logprob_unpack(kn->more_first_logprobs[i], r->engine->vocab,
+                                           &sb->note_pick, why, whylen) != TD_OK)) {
+            if (kn->more_first_logprobs[i]->token != tok)
+                snprintf(why, whylen, "choice %u's log-probability for another token", i + 1);
+            return TD_ERR_PROTO;
+        }
+    }
+    return TD_OK;
 }
 
 /* P's terminal note for an ADMITTED request: adopt on the compute thread. */
 static void
 drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
 {
-    drank_adopt_t *j = calloc(1, sizeof(*j));
+    uint32_t nsibs = req->nchoices - 1;
+    drank_adopt_t *j = calloc(1, sizeof(*j) + nsibs * sizeof(j->sibs[0]));
+    char why[160];
 
-    if (j == NULL) {
+    if (j == NULL || (nsibs > 0 && (j->nprefix = calloc(r->layout->nsegs,
+                                                         sizeof(uint64_t))) == NULL)) {
+        free(j);
         drank_fail(r, req, TD_LOG_ERROR, true, "out of memory adopting its kv");
         return;
     }
@@ -817,11 +1075,10 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
     j->note_pick.token = kn->first_token;
     j->want_sum = kn->kv_sum;
     if (kn->first_logprob != NULL) {
-        char why[160];
         if (kn->first_logprob->token != kn->first_token ||
             td_wire_logprob_unpack(kn->first_logprob, r->engine->vocab, &j->note_pick, why,
                                    sizeof(why)) != TD_OK) {
-            free(j);
+            drank_adopt_free(j);
             drank_fail(r, req, TD_LOG_WARN, true, "first token's log-probability from "
                        "prefill %s: %s", req->prefill,
                        kn->first_logprob->token != kn->first_token ? "for another token" : why);
@@ -829,12 +1086,20 @@ drank_kv_arrived(td_drank_t *r, td_dreq_t *req, const Tandem__KvNote *kn)
         }
         j->have_note_pick = true;
     }
+    if (nsibs > 0 && drank_adopt_note_choices(r, req, kn, j, why, sizeof(why)) != TD_OK) {
+        drank_adopt_free(j);
+        drank_fail(r, req, TD_LOG_WARN, true, "kv note from prefill %s: %s", req->prefill, why);
+        return;
+    }
     if (td_jobq_post(r->jq, drank_adopt_run, drank_adopt_done, j) != TD_OK) {
-        free(j);
+        drank_adopt_free(j);
         drank_fail(r, req, TD_LOG_ERROR, true, "cannot hand its adoption to the compute thread");
         return;
     }
     req->busy = true;
+    for (uint32_t i = 0; i < j->nsibs; i++)
+        if (j->sibs[i].req != NULL)
+            j->sibs[i].req->busy = true;
 }
 
 /* ---- A next turn on a kept state (conditional disaggregation) ------------------ */
@@ -1100,15 +1365,46 @@ drank_grace_start(td_drank_t *r, td_dreq_t *req)
     evtimer_add(req->grace, &tv);
 }
 
+/* The router has what it needs of some choices of req (a stop string):
+ * those rows end, the request's others go on. A choice named twice, out of
+ * range or ended already is skipped. */
+static void
+drank_cancel_choices(td_drank_t *r, void *router, uint64_t id, const Tandem__Cancel *c)
+{
+    for (size_t i = 0; i < c->n_choices; i++) {
+        td_dreq_t *row = drank_choice(r, router, id, c->choices[i]);
+
+        if (row == NULL || td_dreq_ended(row) || row->state != TD_DREQ_RUNNING)
+            continue;
+        td_debug("decode rank %u: request %016llx: choice %u ended by the router",
+                 r->cfg.rank_id, (unsigned long long)id, row->choice);
+        drank_end(r, row, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "choice ended",
+                  false);
+    }
+}
+
 static void
 drank_cancel(td_drank_t *r, void *router, const Tandem__Cancel *c)
 {
     td_dreq_t *req = drank_find(r, router, c->req_id);
-    if (req == NULL) {
+    bool rows = req != NULL;
+
+    for (uint32_t i = 0; !rows && i < r->nslots; i++)   /* the lead may be gone already */
+        rows = r->slots[i] != NULL && r->slots[i]->id == c->req_id &&
+               r->slots[i]->router == router;
+    if (!rows) {
         td_debug("decode rank %u: cancel for unknown request %016llx ignored", r->cfg.rank_id,
                  (unsigned long long)c->req_id);
         return;
     }
+    if (c->n_choices > 0) {   /* only these choices end; the others go on */
+        drank_cancel_choices(r, router, c->req_id, c);
+        return;
+    }
+    drank_end_siblings(r, router, c->req_id, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                       "canceled");
+    if (req == NULL)
+        return;
     td_info("decode rank %u: request %016llx canceled (%s): %.120s", r->cfg.rank_id,
             (unsigned long long)req->id, td_dreq_state_str(req->state),
             c->reason ? c->reason : "");

@@ -59,6 +59,7 @@ td_dreq_create(uint64_t id, const int32_t *prompt, size_t nprompt, td_dreq_t **o
     req->nprompt = nprompt;
     req->id = id;
     req->state = TD_DREQ_ADMITTED;
+    req->nchoices = 1;
     *out = req;
     return TD_OK;
 }

@@ -45,6 +45,11 @@ typedef struct {
     int32_t *gen;                /* [generated] those tokens, when the rank keeps finished
                                     requests' state (NULL otherwise) */
     size_t gencap;
+    uint32_t choice;             /* which of its request's choices this row decodes: 0, the
+                                    lead, whose blocks the prefill writes and whose id the
+                                    notes name; 1.. its siblings, which share the lead's
+                                    whole prompt blocks (docs/decoded.md, "n choices") */
+    uint32_t nchoices;           /* the request's choices (Sampling.n; 1 for most) */
     uint64_t cont;               /* a continued conversation: the prompt's first cont
                                     tokens are the kept state the request took over
                                     (its suffix is prefilled here); 0: prefilled elsewhere */

@@ -72,6 +72,12 @@ td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, const td_layo
     st = e->ops->req_create(e, kv, &req);
     if (st != TD_OK)
         return st;
+    req->hist = (td_sample_hist_t){ 0 };
+    if (td_sample_params_penalized(sp) && td_sample_hist_init(&req->hist, e->vocab) != TD_OK) {
+        td_error("engine %s: out of memory for a request's token history", e->name);
+        e->ops->req_destroy(req);
+        return TD_ERR_NOMEM;
+    }
     req->engine = e;
     req->sampling = *sp;
     req->kv = *kv;
@@ -87,8 +93,30 @@ td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp, const td_layo
 void
 td_engine_req_destroy(td_engine_req_t *req)
 {
-    if (req != NULL)
-        req->engine->ops->req_destroy(req);
+    if (req == NULL)
+        return;
+    td_sample_hist_free(&req->hist);
+    req->engine->ops->req_destroy(req);
+}
+
+/* Note tokens the request took (its history, when it keeps one); they are
+ * inside the vocabulary (checked before). A history that cannot grow fails
+ * the request: its penalties would be wrong. */
+static td_status_t
+engine_hist_add(td_engine_req_t *req, const int32_t *tokens, size_t n, bool output)
+{
+    td_status_t st;
+
+    if (req->hist.count == NULL)
+        return TD_OK;
+    st = td_sample_hist_add(&req->hist, tokens, n, output);
+    if (st != TD_OK) {
+        td_error("engine %s: a request's token history: %s", req->engine->name,
+                 td_status_str(st));
+        if (req->failed == TD_OK)
+            req->failed = st;
+    }
+    return st;
 }
 
 /* Tokens that may be appended to req: usable, in the vocabulary, in context. */
@@ -118,10 +146,10 @@ engine_check_append(const td_engine_req_t *req, const int32_t *tokens, size_t n)
     return TD_OK;
 }
 
-/* After the op that took a prompt: a failure sticks to the request (the first
- * one wins); on success every token so far is prompt. */
+/* After the op that took prompt tokens[0..n): a failure sticks to the
+ * request (the first one wins); on success every token so far is prompt. */
 static td_status_t
-engine_prompt_done(td_engine_req_t *req, td_status_t st)
+engine_prompt_done(td_engine_req_t *req, td_status_t st, const int32_t *tokens, size_t n)
 {
     if (st != TD_OK) {
         if (req->failed == TD_OK)
@@ -129,7 +157,7 @@ engine_prompt_done(td_engine_req_t *req, td_status_t st)
         return st;
     }
     req->prompt = req->ntokens;
-    return TD_OK;
+    return engine_hist_add(req, tokens, n, false);
 }
 
 td_status_t
@@ -149,7 +177,8 @@ td_engine_prefill(td_engine_req_t *req, const int32_t *tokens, size_t n, int las
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->prefill(req, tokens, n, last, fn, arg));
+    return engine_prompt_done(req, req->engine->ops->prefill(req, tokens, n, last, fn, arg),
+                              tokens, n);
 }
 
 td_status_t
@@ -164,7 +193,7 @@ td_engine_adopt(td_engine_req_t *req, const int32_t *tokens, size_t n)
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n));
+    return engine_prompt_done(req, req->engine->ops->adopt(req, tokens, n), tokens, n);
 }
 
 /* ---- Bounded replay ------------------------------------------------------------ */
@@ -196,7 +225,8 @@ td_engine_seek(td_engine_req_t *req, const int32_t *tokens, uint64_t pos)
     st = engine_check_append(req, tokens, (size_t)pos);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->seek(req, tokens, pos));
+    return engine_prompt_done(req, req->engine->ops->seek(req, tokens, pos), tokens,
+                              (size_t)pos);
 }
 
 td_status_t
@@ -223,7 +253,8 @@ td_engine_replay(td_engine_req_t *req, const int32_t *tokens, size_t n, uint64_t
     st = engine_check_append(req, tokens, n);
     if (st != TD_OK)
         return st;
-    return engine_prompt_done(req, req->engine->ops->replay(req, tokens, n, frozen));
+    return engine_prompt_done(req, req->engine->ops->replay(req, tokens, n, frozen), tokens,
+                              n);
 }
 
 td_status_t
@@ -237,26 +268,45 @@ td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out)
     return req->engine->ops->logits(req, out);
 }
 
-td_status_t
-td_engine_sample_pick(td_engine_req_t *req, td_sample_pick_t *pick, td_sample_finish_t *finish)
+/* The token at the request's end under sp (its own sampling, or the same
+ * with another seed), with the request's history. */
+static td_status_t
+engine_pick(td_engine_req_t *req, const td_sample_params_t *sp, td_sample_pick_t *pick,
+            td_sample_finish_t *finish)
 {
-    const td_sample_params_t *sp = &req->sampling;
     td_sample_dist_t lg;
     td_sample_pick_t pk;
+    td_sample_row_t row;
     uint64_t generated;
     td_status_t st;
 
     st = td_engine_logits(req, &lg);
     if (st != TD_OK)
         return st;
-    st = td_sample_dist_pick(&lg, sp, req->ntokens, -1, &pk);   /* logs why */
+    generated = req->ntokens - req->prompt;
+    row = (td_sample_row_t){ sp, req->hist.count ? &req->hist : NULL, req->ntokens, generated };
+    st = td_sample_row_pick(&lg, &row, -1, &pk);   /* logs why */
     if (st != TD_OK)
         return st;
-    generated = req->ntokens - req->prompt + 1;
-    *finish = td_sample_finish(sp, pk.token, generated, req->ntokens + 1,
-                               req->capacity);
+    *finish = td_sample_finish(sp, pk.token, generated + 1, req->ntokens + 1, req->capacity);
     *pick = pk;
     return TD_OK;
+}
+
+td_status_t
+td_engine_sample_pick(td_engine_req_t *req, td_sample_pick_t *pick, td_sample_finish_t *finish)
+{
+    return engine_pick(req, &req->sampling, pick, finish);
+}
+
+td_status_t
+td_engine_sample_pick_seed(td_engine_req_t *req, uint64_t seed, td_sample_pick_t *pick,
+                           td_sample_finish_t *finish)
+{
+    td_sample_params_t sp = req->sampling;
+
+    sp.seed = seed;
+    return engine_pick(req, &sp, pick, finish);
 }
 
 td_status_t
@@ -316,7 +366,9 @@ td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine
         return st;
     }
     for (size_t i = 0; i < n; i++) {
-        st = td_engine_sample_pick(rows[i].req, &rows[i].pick, &rows[i].finish);
+        st = engine_hist_add(rows[i].req, &rows[i].token, 1, true);
+        if (st == TD_OK)
+            st = td_engine_sample_pick(rows[i].req, &rows[i].pick, &rows[i].finish);
         if (st != TD_OK)
             return st;
         rows[i].next = rows[i].pick.token;

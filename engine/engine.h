@@ -63,6 +63,7 @@ struct td_engine_req {
     uint64_t prompt;       /* tokens given by prefill/adopt */
     td_status_t failed;    /* TD_OK, or why the request became unusable */
     void *user;            /* free for the caller */
+    td_sample_hist_t hist; /* its tokens, kept when a penalty is on (sample.h) */
 };
 
 /* One row of a decode step. */
@@ -160,7 +161,8 @@ size_t td_engine_describe(const td_engine_t *e, char *buf, size_t len);
 
 /* A request with sampling sp whose KV lives in kv (a view of the caller's
  * memory for this layout; ops.req_create). Its capacity in tokens is
- * td_layout_kv_capacity(kv), at most max_context.
+ * td_layout_kv_capacity(kv), at most max_context. With a penalty on, the
+ * request keeps its tokens' history (prompt and generated) for the sampler.
  * Sampling as td_sample_check checks it, logit_bias ids inside the
  * vocabulary (TD_ERR_INVALID otherwise, logged). */
 td_status_t td_engine_req_create(td_engine_t *e, const td_sample_params_t *sp,
@@ -213,6 +215,10 @@ td_status_t td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish
  * its log-probabilities in *pick when the request asks for them. */
 td_status_t td_engine_sample_pick(td_engine_req_t *req, td_sample_pick_t *pick,
                                   td_sample_finish_t *finish);
+/* td_engine_sample_pick with another seed (a sibling choice of an n > 1
+ * request drawn from the same distribution: seed S + i). */
+td_status_t td_engine_sample_pick_seed(td_engine_req_t *req, uint64_t seed,
+                                       td_sample_pick_t *pick, td_sample_finish_t *finish);
 /* td_engine_sample_pick for the token alone. */
 td_status_t td_engine_sample(td_engine_req_t *req, int32_t *token, td_sample_finish_t *finish);
 td_status_t td_engine_logits(td_engine_req_t *req, td_sample_dist_t *out);

@@ -1,7 +1,8 @@
-/* engine/sample.c — the one sampler: logit_bias, one linear pass for greedy
- * rows and the checks, top-k by selection, top-p and the draw over a prefix
- * sorted only as far as it is read, log-probabilities in double, stop tokens
- * and the finish rule. */
+/* engine/sample.c — the one sampler: logit_bias, the min_tokens mask and the
+ * penalties over the row's history, one linear pass for greedy rows and the
+ * checks, min-p, top-k by selection, top-p and the draw over a prefix sorted
+ * only as far as it is read, log-probabilities in double, stop tokens and
+ * the finish rule. */
 #include "sample.h"
 
 #include <math.h>
@@ -158,15 +159,86 @@ sample_bias_find(const td_sample_params_t *sp, int32_t id)
     return NULL;
 }
 
-/* v = lg with sp's logit_bias added (a copy only when there is a bias). */
+/* Is id one of sp's stop ids? */
+static bool
+sample_is_stop(const td_sample_params_t *sp, int32_t id)
+{
+    for (uint32_t i = 0; i < sp->nstop && i < TD_SAMPLE_MAX_STOP; i++)
+        if (sp->stop[i] == id)
+            return true;
+    return false;
+}
+
+bool
+td_sample_params_penalized(const td_sample_params_t *sp)
+{
+    return (sp->repetition_penalty != 1.0 && sp->repetition_penalty != 0) ||
+           sp->presence_penalty != 0 || sp->frequency_penalty != 0;
+}
+
+/* The penalties of sp on one logit of token id (l finite or -inf). */
+static float
+sample_penalize(const td_sample_params_t *sp, const td_sample_hist_t *h, int32_t id, float l)
+{
+    uint32_t c;
+
+    if (id < 0 || (uint32_t)id >= h->vocab)
+        return l;
+    c = h->count[id];
+    if (sp->repetition_penalty != 0 &&
+        (c > 0 || (h->in_prompt[(uint32_t)id >> 3] >> (id & 7) & 1))) {
+        float r = (float)sp->repetition_penalty;
+        l = l > 0 ? l / r : l * r;
+    }
+    if (c > 0)
+        l -= (float)(sp->frequency_penalty * (double)c + sp->presence_penalty);
+    return l;
+}
+
+/* The min_tokens mask and the penalties on the biased copy v->own. */
+static void
+sample_view_row(sample_view_t *v, const td_sample_row_t *row, bool mask, bool pen)
+{
+    const td_sample_params_t *sp = row->sp;
+    const td_sample_hist_t *h = row->hist;
+
+    if (v->ids == NULL) {
+        for (uint32_t i = 0; mask && i < sp->nstop; i++)
+            if (sp->stop[i] >= 0 && (uint32_t)sp->stop[i] < v->n)
+                v->own[sp->stop[i]] = -INFINITY;
+        for (uint32_t k = 0; pen && k < h->nseen; k++) {
+            int32_t id = h->seen[k];
+            if ((uint32_t)id < v->n)
+                v->own[id] = sample_penalize(sp, h, id, v->own[id]);
+        }
+        return;
+    }
+    for (uint32_t i = 0; i < v->n; i++) {
+        if (mask && sample_is_stop(sp, v->ids[i]))
+            v->own[i] = -INFINITY;
+        else if (pen)
+            v->own[i] = sample_penalize(sp, h, v->ids[i], v->own[i]);
+    }
+}
+
+/* v = lg as the row samples it: sp's logit_bias added, then the min_tokens
+ * mask and the penalties (a copy only when one of them applies). */
 static td_status_t
-sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_params_t *sp,
+sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_row_t *row,
                  char *why, size_t whylen)
 {
+    const td_sample_params_t *sp = row->sp;
+    bool mask = row->generated < sp->min_tokens && sp->nstop > 0;
+    bool pen = td_sample_params_penalized(sp);
+
     *v = (sample_view_t){ lg->n, lg->ids, lg->logits, NULL };
-    if (sp->nbias == 0)
+    if (sp->nbias == 0 && !mask && !pen)
         return TD_OK;
-    if (lg->ids == NULL && sp->bias[sp->nbias - 1].id >= 0 &&
+    if (pen && row->hist == NULL) {
+        snprintf(why, whylen, "penalties without the row's token history");
+        return TD_ERR_INVALID;
+    }
+    if (sp->nbias > 0 && lg->ids == NULL && sp->bias[sp->nbias - 1].id >= 0 &&
         (uint32_t)sp->bias[sp->nbias - 1].id >= lg->n) {
         snprintf(why, whylen, "logit_bias names token %d, outside the %u logits",
                  sp->bias[sp->nbias - 1].id, lg->n);
@@ -182,12 +254,13 @@ sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_p
         for (uint32_t b = 0; b < sp->nbias; b++)
             v->own[sp->bias[b].id] += sp->bias[b].bias;
     } else {
-        for (uint32_t i = 0; i < lg->n; i++) {
+        for (uint32_t i = 0; sp->nbias > 0 && i < lg->n; i++) {
             const td_sample_bias_t *b = sample_bias_find(sp, lg->ids[i]);
             if (b != NULL)
                 v->own[i] += b->bias;
         }
     }
+    sample_view_row(v, row, mask, pen);
     v->logits = v->own;
     return TD_OK;
 }
@@ -272,10 +345,16 @@ sample_draw(const sample_view_t *v, const td_sample_params_t *sp, float mx, uint
     c = malloc((v->n ? v->n : 1) * sizeof(*c));
     if (c == NULL)
         return TD_ERR_NOMEM;
-    /* the finite candidates, in the distribution's index order */
-    for (uint32_t i = 0; i < v->n; i++)
-        if (v->logits[i] != -INFINITY)
-            c[k++] = (sample_cand_t){ v->logits[i], sample_view_id(v, i), i };
+    /* the finite candidates, in the distribution's index order; with min_p,
+     * those whose weight is at least min_p (the top one's is 1) */
+    for (uint32_t i = 0; i < v->n; i++) {
+        if (v->logits[i] == -INFINITY)
+            continue;
+        c[k] = (sample_cand_t){ v->logits[i], sample_view_id(v, i), i };
+        if (sp->min_p > 0 && sample_weight(&c[k], mx, sp->temperature) < sp->min_p)
+            continue;
+        k++;
+    }
     if (sp->top_k != 0 && sp->top_k < k) {
         /* keep the first top_k in order, still in index order */
         sample_cand_t *sel = malloc(k * sizeof(*sel)), thr;
@@ -429,12 +508,14 @@ td_sample_argmax(const float *logits, size_t n)
 static td_status_t sample_check(const td_sample_params_t *sp, int stop_sign, char *err,
                                 size_t errlen);
 
-/* The sampler (td_sample_dist_pick); `what` names the row in the one log
+/* The sampler (td_sample_row_pick); `what` names the row in the one log
  * line of a refusal. ntop -1: as sp asks; -2: no log-probabilities. */
 static td_status_t
-sample_run(const td_sample_dist_t *lg, const td_sample_params_t *sp, uint64_t position,
-           int ntop, const char *what, td_sample_pick_t *out)
+sample_run(const td_sample_dist_t *lg, const td_sample_row_t *row, int ntop, const char *what,
+           td_sample_pick_t *out)
 {
+    const td_sample_params_t *sp = row->sp;
+    uint64_t position = row->position;
     sample_view_t v;
     uint32_t best;
     char why[128];
@@ -455,7 +536,7 @@ sample_run(const td_sample_dist_t *lg, const td_sample_params_t *sp, uint64_t po
         td_error("sample: %s: a distribution of %u candidates", what, lg->n);
         return TD_ERR_INVALID;
     }
-    st = sample_view_init(&v, lg, sp, why, sizeof(why));
+    st = sample_view_init(&v, lg, row, why, sizeof(why));
     if (st != TD_OK) {
         td_error("sample: %s: %s", what, why);
         return st;
@@ -488,10 +569,35 @@ sample_run(const td_sample_dist_t *lg, const td_sample_params_t *sp, uint64_t po
 }
 
 td_status_t
+td_sample_row_pick(const td_sample_dist_t *lg, const td_sample_row_t *row, int ntop,
+                   td_sample_pick_t *out)
+{
+    return sample_run(lg, row, ntop, "distribution", out);
+}
+
+/* A row with no history and nothing generated: min_tokens would mask every
+ * step of it, so a row that needs either is refused rather than sampled
+ * without. */
+static td_status_t
+sample_plain_row(const td_sample_params_t *sp, uint64_t position, td_sample_row_t *row)
+{
+    if (sp->min_tokens > 0) {
+        td_error("sample: min_tokens %u without the row's count of generated tokens",
+                 sp->min_tokens);
+        return TD_ERR_INVALID;
+    }
+    *row = (td_sample_row_t){ sp, NULL, position, 0 };
+    return TD_OK;
+}
+
+td_status_t
 td_sample_dist_pick(const td_sample_dist_t *lg, const td_sample_params_t *sp,
                     uint64_t position, int ntop, td_sample_pick_t *out)
 {
-    return sample_run(lg, sp, position, ntop, "distribution", out);
+    td_sample_row_t row;
+    td_status_t st = sample_plain_row(sp, position, &row);
+
+    return st == TD_OK ? sample_run(lg, &row, ntop, "distribution", out) : st;
 }
 
 td_status_t
@@ -499,7 +605,7 @@ td_sample_dist(const td_sample_dist_t *lg, const td_sample_params_t *sp, uint64_
                int32_t *token)
 {
     td_sample_pick_t pk;
-    td_status_t st = sample_run(lg, sp, position, -2, "distribution", &pk);
+    td_status_t st = td_sample_dist_pick(lg, sp, position, -2, &pk);
 
     if (st == TD_OK)
         *token = pk.token;
@@ -513,16 +619,36 @@ td_sample_rows(const float *logits, size_t rows, size_t vocab,
     for (size_t r = 0; r < rows; r++) {
         td_sample_dist_t lg = { (uint32_t)vocab, NULL, logits + r * vocab };
         td_sample_pick_t pk;
+        td_sample_row_t row;
         char what[32];
-        td_status_t st;
+        td_status_t st = sample_plain_row(sp[r], positions[r], &row);
 
         snprintf(what, sizeof(what), "row %zu", r);
         if (vocab > INT32_MAX)
             lg.n = 0;   /* refused below */
-        st = sample_run(&lg, sp[r], positions[r], -2, what, &pk);
+        if (st == TD_OK)
+            st = sample_run(&lg, &row, -2, what, &pk);
         if (st != TD_OK)
             return st;
         tokens[r] = pk.token;
+    }
+    return TD_OK;
+}
+
+td_status_t
+td_sample_rows_pick(const float *logits, size_t rows, size_t vocab, const td_sample_row_t *row,
+                    td_sample_pick_t *out)
+{
+    for (size_t r = 0; r < rows; r++) {
+        td_sample_dist_t lg = { vocab > INT32_MAX ? 0 : (uint32_t)vocab, NULL,
+                                logits + r * vocab };
+        char what[32];
+        td_status_t st;
+
+        snprintf(what, sizeof(what), "row %zu", r);
+        st = sample_run(&lg, &row[r], -1, what, &out[r]);
+        if (st != TD_OK)
+            return st;
     }
     return TD_OK;
 }
@@ -532,12 +658,67 @@ td_sample_pick(const float *logits, size_t n, const td_sample_params_t *sp, uint
                uint32_t ntop, td_sample_pick_t *out)
 {
     td_sample_dist_t lg = { n > INT32_MAX ? 0 : (uint32_t)n, NULL, logits };
+    td_sample_row_t row;
+    td_status_t st;
 
     if (ntop > TD_SAMPLE_MAX_TOP) {
         td_error("sample: %u alternatives asked, at most %d", ntop, TD_SAMPLE_MAX_TOP);
         return TD_ERR_RANGE;
     }
-    return sample_run(&lg, sp, position, (int)ntop, "row 0", out);
+    st = sample_plain_row(sp, position, &row);
+    return st == TD_OK ? sample_run(&lg, &row, (int)ntop, "row 0", out) : st;
+}
+
+/* ---- The token history ------------------------------------------------------------ */
+
+td_status_t
+td_sample_hist_init(td_sample_hist_t *h, uint32_t vocab)
+{
+    *h = (td_sample_hist_t){ .vocab = vocab };
+    h->in_prompt = calloc((size_t)vocab / 8 + 1, 1);
+    h->count = calloc(vocab ? vocab : 1, sizeof(*h->count));
+    if (h->in_prompt == NULL || h->count == NULL) {
+        td_sample_hist_free(h);
+        return TD_ERR_NOMEM;
+    }
+    return TD_OK;
+}
+
+void
+td_sample_hist_free(td_sample_hist_t *h)
+{
+    free(h->in_prompt);
+    free(h->count);
+    free(h->seen);
+    *h = (td_sample_hist_t){ 0 };
+}
+
+td_status_t
+td_sample_hist_add(td_sample_hist_t *h, const int32_t *tokens, size_t n, bool output)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = (uint32_t)tokens[i];
+        bool first;
+
+        if (tokens[i] < 0 || id >= h->vocab)
+            return TD_ERR_RANGE;
+        first = h->count[id] == 0 && !(h->in_prompt[id >> 3] >> (id & 7) & 1);
+        if (first && h->nseen == h->cap) {
+            uint32_t cap = h->cap ? 2 * h->cap : 64;
+            int32_t *seen = realloc(h->seen, cap * sizeof(*seen));
+            if (seen == NULL)
+                return TD_ERR_NOMEM;
+            h->seen = seen;
+            h->cap = cap;
+        }
+        if (first)
+            h->seen[h->nseen++] = (int32_t)id;
+        if (output)
+            h->count[id]++;
+        else
+            h->in_prompt[id >> 3] |= (uint8_t)(1u << (id & 7));
+    }
+    return TD_OK;
 }
 
 /* ---- Parameters and stopping ---------------------------------------------------- */
@@ -554,6 +735,14 @@ sample_check(const td_sample_params_t *sp, int stop_sign, char *err, size_t errl
         what = "temperature must be finite and >= 0";
     else if (!(sp->top_p > 0 && sp->top_p <= 1))
         what = "top_p must be in (0, 1]";
+    else if (!(sp->min_p >= 0 && sp->min_p <= 1))
+        what = "min_p must be in [0, 1]";
+    else if (!(sp->repetition_penalty >= 0 && sp->repetition_penalty <= TD_SAMPLE_REPETITION_MAX))
+        what = "repetition_penalty must be in (0, 2] (0: off)";
+    else if (!(fabs(sp->presence_penalty) <= TD_SAMPLE_PENALTY_LIMIT))
+        what = "presence_penalty must be in [-2, 2]";
+    else if (!(fabs(sp->frequency_penalty) <= TD_SAMPLE_PENALTY_LIMIT))
+        what = "frequency_penalty must be in [-2, 2]";
     else if (sp->nstop > TD_SAMPLE_MAX_STOP)
         what = "too many stop tokens";
     else if (sp->nbias > TD_SAMPLE_MAX_BIAS)
@@ -653,9 +842,8 @@ td_sample_finish_t
 td_sample_finish(const td_sample_params_t *sp, int32_t token, uint64_t generated,
                  uint64_t seq_len, uint64_t context)
 {
-    for (uint32_t i = 0; i < sp->nstop && i < TD_SAMPLE_MAX_STOP; i++)
-        if (sp->stop[i] == token)
-            return TD_SAMPLE_FINISH_STOP;
+    if (generated > sp->min_tokens && sample_is_stop(sp, token))
+        return TD_SAMPLE_FINISH_STOP;
     if ((sp->max_tokens != 0 && generated >= sp->max_tokens) ||
         (context != 0 && seq_len >= context))
         return TD_SAMPLE_FINISH_LENGTH;

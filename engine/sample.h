@@ -1,8 +1,12 @@
 /* engine/sample.h — sampling, below the engine interface: the parameters a
- * request samples with (logit_bias and logprobs included), a next-token
- * distribution and the one sampler over it (O(n): greedy, top-k, top-p, the
- * seeded draw per position), the chosen token's log-probabilities, stop
- * tokens and the finish rule. It knows no engine and no model. */
+ * request samples with (logit_bias, penalties, min_tokens and logprobs
+ * included), the token history the penalties read, a next-token
+ * distribution and the one sampler over it (O(n): the bias, the min_tokens
+ * mask and the penalties, then greedy, min-p, top-k, top-p, the seeded draw
+ * per position), the chosen token's log-probabilities, stop tokens and the
+ * finish rule. Its inputs are per row (td_sample_row_t: parameters, history,
+ * position), so that a batch is rows of them. It knows no engine and no
+ * model. */
 #ifndef TD_SAMPLE_H
 #define TD_SAMPLE_H
 
@@ -29,11 +33,24 @@ typedef struct {
     float bias;
 } td_sample_bias_t;
 
+/* The bounds of the penalties (OpenAI's for presence and frequency; vLLM
+ * takes any repetition_penalty > 0, this server up to 2). */
+#define TD_SAMPLE_PENALTY_LIMIT 2.0
+#define TD_SAMPLE_REPETITION_MAX 2.0
+
 /* Per-request sampling parameters, copied into each request. */
 typedef struct {
     double temperature;   /* 0 = greedy (argmax; ties: lowest id) */
     double top_p;         /* (0, 1]: keep the smallest top set with mass >= top_p */
     uint32_t top_k;       /* 0 = no limit */
+    double min_p;         /* [0, 1]: drop the tokens whose weight at the temperature is
+                             below min_p times the top one's; 0 = off */
+    double repetition_penalty; /* (0, 2], 1 or 0 (unset) = off: vLLM's, over prompt and
+                                  output */
+    double presence_penalty;   /* [-2, 2], 0 = off: OpenAI's, over the output */
+    double frequency_penalty;  /* [-2, 2], 0 = off: OpenAI's, over the output */
+    uint32_t min_tokens;  /* the stop ids are masked until this many tokens were
+                             generated; 0 = off */
     uint64_t seed;        /* the draw for position p depends on (seed, p) only */
     uint32_t max_tokens;  /* generated tokens, first included; 0 = up to max context */
     uint32_t nstop;
@@ -44,8 +61,12 @@ typedef struct {
     uint32_t top_logprobs;/* ... with this many alternatives (<= TD_SAMPLE_MAX_TOP) */
 } td_sample_params_t;
 
-/* Greedy, no limits. */
+/* Greedy, no limits, no penalties. */
 td_sample_params_t td_sample_params_greedy(void);
+
+/* Whether sp has a penalty on (repetition not 0 or 1, presence or frequency != 0):
+ * its rows need a history. */
+bool td_sample_params_penalized(const td_sample_params_t *sp);
 
 typedef enum {
     TD_SAMPLE_FINISH_NONE = 0,  /* go on */
@@ -64,6 +85,38 @@ typedef struct {
     const float *logits;  /* [n] */
 } td_sample_dist_t;
 
+/* ---- The token history the penalties read ---------------------------------------- */
+
+/* Which tokens a request's prompt holds and how often each was generated,
+ * dense over the vocabulary (a device op takes the same arrays), with the
+ * list of the distinct tokens seen so that a penalty touches only those.
+ * Zero-initialise, then td_sample_hist_init; the owner frees it. */
+typedef struct {
+    uint32_t vocab;
+    uint8_t *in_prompt;   /* [vocab / 8 bits] */
+    uint32_t *count;      /* [vocab] times generated */
+    int32_t *seen;        /* [nseen] distinct tokens of prompt and output, as first seen */
+    uint32_t nseen, cap;
+} td_sample_hist_t;
+
+/* TD_ERR_NOMEM (h left empty). */
+td_status_t td_sample_hist_init(td_sample_hist_t *h, uint32_t vocab);
+void td_sample_hist_free(td_sample_hist_t *h);
+/* Note n tokens of the prompt (output false) or generated ones (true).
+ * Tokens outside the vocabulary are the caller's bug: TD_ERR_RANGE, the
+ * history unchanged past them. TD_ERR_NOMEM. */
+td_status_t td_sample_hist_add(td_sample_hist_t *h, const int32_t *tokens, size_t n,
+                               bool output);
+
+/* One row of sampling: what the sampler reads besides the distribution. */
+typedef struct {
+    const td_sample_params_t *sp;
+    const td_sample_hist_t *hist;   /* the request's tokens so far; NULL: none (then
+                                       no penalty may be on) */
+    uint64_t position;              /* of the token being chosen: the draw's */
+    uint64_t generated;             /* tokens generated before this one (min_tokens) */
+} td_sample_row_t;
+
 /* ---- Log-probabilities --------------------------------------------------------- */
 
 typedef struct {
@@ -72,7 +125,9 @@ typedef struct {
 } td_sample_alt_t;
 
 /* A chosen token with its log-probabilities: log_softmax of the logits after
- * logit_bias (temperature, top-k and top-p do not enter), computed in double. */
+ * logit_bias, the min_tokens mask and the penalties (the distribution the
+ * token is drawn from; temperature, min-p, top-k and top-p do not enter),
+ * computed in double. */
 typedef struct {
     int32_t token;
     double logprob;                         /* log_softmax(logits)[token]; -inf possible */
@@ -82,24 +137,39 @@ typedef struct {
 
 /* ---- The sampler ----------------------------------------------------------------- */
 
-/* The one sampler, for every engine and tool. The distribution's logits plus
- * sp's logit_bias, in the order (logit desc, id asc):
+/* The one sampler, for every engine and tool. The distribution's logits l,
+ * in float, become the row's:
+ *   + sp's logit_bias;
+ *   while generated < min_tokens, every stop id at -inf (min_tokens);
+ *   for a token of the prompt or the output (repetition_penalty r):
+ *   l > 0 ? l / r : l * r (vLLM's); then - frequency_penalty * c -
+ *   presence_penalty * (c > 0), c = the times it was generated (OpenAI's);
+ * then in the order (logit desc, id asc):
  *   greedy (temperature 0 or top_k 1): the first;
- *   otherwise: keep the first top_k (all when 0) finite ones; weights
- *   w = exp((l - l_max) / temperature) in double; Z = their sum in the
- *   distribution's index order; with top_p < 1, keep the shortest prefix
- *   whose running sum of w / Z reaches top_p, then S = the sum of its w in
- *   order (top_p = 1: S = Z); u = td_sample_draw(seed, position) * S; the
- *   first in order whose running sum of w exceeds u (the last kept if none).
+ *   otherwise: weights w = exp((l - l_max) / temperature) in double; keep
+ *   the finite ones with w >= min_p (the probability at the temperature at
+ *   least min_p times the top one's) among the first top_k (all when 0);
+ *   Z = their sum in the distribution's index order; with top_p < 1, keep
+ *   the shortest prefix whose running sum of w / Z reaches top_p, then S =
+ *   the sum of its w in order (top_p = 1: S = Z); u =
+ *   td_sample_draw(seed, position) * S; the first in order whose running
+ *   sum of w exceeds u (the last kept if none).
  * Expected O(n) (only the drawn prefix is ever sorted); greedy is one pass.
- * A logit NaN or +inf, no finite one, bad parameters or a dense
- * distribution with a bias id outside it: TD_ERR_INVALID, logged. */
+ * A logit NaN or +inf, no finite one, bad parameters, a penalty without a
+ * history or a dense distribution with a bias id outside it:
+ * TD_ERR_INVALID, logged. out->logprob / out->top with ntop alternatives
+ * (ntop <= TD_SAMPLE_MAX_TOP, else TD_ERR_RANGE); ntop = -1: as sp asks
+ * (sp->logprobs: sp->top_logprobs; none: out->token only, ntop 0). */
+td_status_t td_sample_row_pick(const td_sample_dist_t *lg, const td_sample_row_t *row,
+                               int ntop, td_sample_pick_t *out);
+
+/* td_sample_row_pick of a row with no history and nothing generated before
+ * (penalties and min_tokens must be off: TD_ERR_INVALID otherwise), for the
+ * token alone. */
 td_status_t td_sample_dist(const td_sample_dist_t *lg, const td_sample_params_t *sp,
                            uint64_t position, int32_t *token);
 
-/* td_sample_dist, and out->logprob / out->top with ntop alternatives
- * (ntop <= TD_SAMPLE_MAX_TOP, else TD_ERR_RANGE). ntop = -1: as sp asks
- * (sp->logprobs: sp->top_logprobs; none: out->token only, ntop 0). */
+/* td_sample_dist, with the log-probabilities. */
 td_status_t td_sample_dist_pick(const td_sample_dist_t *lg, const td_sample_params_t *sp,
                                 uint64_t position, int ntop, td_sample_pick_t *out);
 
@@ -121,6 +191,11 @@ td_status_t td_sample_rows(const float *logits, size_t rows, size_t vocab,
                            const td_sample_params_t *const *sp, const uint64_t *positions,
                            int32_t *tokens);
 
+/* out[r] for each of rows rows of logits [rows, vocab]: td_sample_row_pick
+ * of row[r], as its parameters ask for log-probabilities. */
+td_status_t td_sample_rows_pick(const float *logits, size_t rows, size_t vocab,
+                                const td_sample_row_t *row, td_sample_pick_t *out);
+
 /* log Σ exp(logits[i]) over n logits, in double (max-shifted; -inf logits add
  * nothing). TD_ERR_INVALID for n = 0, a NaN or +inf logit, or no finite one. */
 td_status_t td_sample_logsumexp(const float *logits, size_t n, double *lse);
@@ -139,10 +214,11 @@ td_status_t td_sample_pick(const float *logits, size_t n, const td_sample_params
 /* ---- Parameters and stopping ---------------------------------------------------- */
 
 /* Check sampling parameters: temperature finite and >= 0, top_p in (0, 1],
- * nstop <= TD_SAMPLE_MAX_STOP, stop ids >= 0, nbias <= TD_SAMPLE_MAX_BIAS with
- * ids >= 0 ascending and each bias in [-100, 100], top_logprobs <=
- * TD_SAMPLE_MAX_TOP. TD_ERR_INVALID, with the offending field in err (err
- * may be NULL). */
+ * min_p in [0, 1], repetition_penalty in [0, 2], presence and frequency
+ * penalties in [-2, 2], nstop <= TD_SAMPLE_MAX_STOP, stop ids >= 0, nbias <=
+ * TD_SAMPLE_MAX_BIAS with ids >= 0 ascending and each bias in [-100, 100],
+ * top_logprobs <= TD_SAMPLE_MAX_TOP. TD_ERR_INVALID, with the offending
+ * field in err (err may be NULL). */
 td_status_t td_sample_check(const td_sample_params_t *sp, char *err, size_t errlen);
 
 /* Add id to sp's stop tokens unless it is there: TD_ERR_RANGE when
@@ -157,8 +233,9 @@ td_status_t td_sample_bias_set(td_sample_params_t *sp, const td_sample_bias_t *b
 
 /* Why generation ends once token was chosen as the generated-th token
  * (1-based), making the sequence seq_len tokens long: STOP when token is one
- * of sp's stop ids; else LENGTH when sp->max_tokens (non-zero) is reached or
- * seq_len reaches context (non-zero); else NONE. */
+ * of sp's stop ids and generated > min_tokens (a stop id drawn before, which
+ * only a -inf row can give, ends nothing); else LENGTH when sp->max_tokens
+ * (non-zero) is reached or seq_len reaches context (non-zero); else NONE. */
 td_sample_finish_t td_sample_finish(const td_sample_params_t *sp, int32_t token,
                                     uint64_t generated, uint64_t seq_len, uint64_t context);
 

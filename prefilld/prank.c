@@ -106,6 +106,8 @@ typedef struct task {
     int canceled;
     int32_t first_token;
     td_sample_pick_t first_pick; /* first_token with its log-probabilities */
+    uint32_t nchoices;           /* Sampling.n: the request's choices (1 .. 64) */
+    td_sample_pick_t *more_picks;/* [nchoices - 1]: choices 1.. first tokens (seed + i) */
     char reason[TD_KVMAP_REASON_MAX];
     /* The chunk on the compute thread (rk->computing == this task): its
      * size and end, and what it returned. stop asks it to end at the next
@@ -129,6 +131,7 @@ typedef struct task {
     uint64_t snap_end;           /* 0: no snapshot kept */
     uint8_t *snap;
 } task_t;
+
 
 /* One layer of a chunk, computed: what the compute thread tells the loop. */
 typedef struct prank_layer_msg {
@@ -273,6 +276,7 @@ task_free(task_t *t)
         td_kvpool_release(t->rk->kp, t->res);
     free(t->hashes);
     free(t->snap);
+    free(t->more_picks);
     td_kvmap_destroy(t->map);
     free(t->tokens);
     free(t);
@@ -551,6 +555,47 @@ task_kv_sum(task_t *t)
     return sum;
 }
 
+/* Post the terminal KvNote, with the first tokens of the other choices of
+ * a successful task (n > 1) and their log-probabilities when asked. A note
+ * past the transfer's payload bound is refused by td_xfer_post
+ * (TD_ERR_TOO_BIG; routerd keeps n and top_logprobs within it). */
+static td_status_t
+task_note_post(task_t *t, td_xfer_peer_t *xp, Tandem__KvNote *note)
+{
+    uint32_t more = t->status == TD_OK && !t->canceled && t->nchoices > 1 ? t->nchoices - 1 : 0;
+    int32_t *toks = more ? calloc(more, sizeof(*toks)) : NULL;
+    td_wire_logprob_t *lps = more && t->sampling.logprobs ? calloc(more, sizeof(*lps)) : NULL;
+    Tandem__TokenLogprob **plps = lps ? calloc(more, sizeof(*plps)) : NULL;
+    uint8_t *buf = NULL;
+    td_status_t st = TD_ERR_NOMEM;
+
+    if (more && (toks == NULL || (t->sampling.logprobs && (lps == NULL || plps == NULL))))
+        goto out;
+    for (uint32_t i = 0; i < more; i++) {
+        toks[i] = t->more_picks[i].token;
+        if (lps == NULL)
+            continue;
+        td_wire_logprob_pack(&t->more_picks[i], &lps[i]);
+        plps[i] = &lps[i].msg;
+    }
+    note->n_more_first_tokens = more;
+    note->more_first_tokens = toks;
+    note->n_more_first_logprobs = lps ? more : 0;
+    note->more_first_logprobs = plps;
+    size_t len = tandem__kv_note__get_packed_size(note);
+    if ((buf = malloc(len ? len : 1)) == NULL)
+        goto out;
+    len = tandem__kv_note__pack(note, buf);
+    st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, t->rk->cfg.deadline_ms,
+                      task_on_note_done, t);
+out:
+    free(buf);
+    free(plps);
+    free(lps);
+    free(toks);
+    return st;
+}
+
 /* Once the engine part is over and every data transfer has ended, post the
  * terminal notification: a transfer with no pieces whose payload is the
  * KvNote. Its flush follows the earlier transfers' completion, so the decode
@@ -583,10 +628,7 @@ task_try_terminal(task_t *t)
         td_wire_logprob_pack(&t->first_pick, &lp);
         note.first_logprob = &lp.msg;
     }
-    uint8_t buf[TD_KVMAP_REASON_MAX + 64 + 32 * (TD_SAMPLE_MAX_TOP + 1)];
-    size_t len = tandem__kv_note__pack(&note, buf);
-    td_status_t st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, rk->cfg.deadline_ms,
-                                  task_on_note_done, t);
+    td_status_t st = task_note_post(t, xp, &note);
     if (st != TD_OK) {
         task_fail(t, st, "terminal notification refused: %s", td_status_str(st));
         task_end(t);
@@ -730,6 +772,10 @@ task_chunk_run(void *arg)
         td_sample_finish_t fin;
         st = td_engine_sample_pick(t->req, &t->first_pick, &fin);
         t->first_token = t->first_pick.token;
+        /* the other choices draw from the same distribution, seeds S + i */
+        for (uint32_t i = 1; st == TD_OK && i < t->nchoices; i++)
+            st = td_engine_sample_pick_seed(t->req, t->sampling.seed + i, &t->more_picks[i - 1],
+                                            &fin);
     }
     t->chunk_st = st;
 }
@@ -1007,15 +1053,23 @@ prank_queued_tokens(const td_prank_t *rk)
     return n;
 }
 
-/* The Prefill's sampling parameters (worker/wire.h, as decoded reads them);
- * bad ones fail the task. */
+/* The Prefill's sampling parameters (worker/wire.h, as decoded reads them)
+ * and its choices; bad ones fail the task. */
 static void
 task_sampling(task_t *t, const Tandem__Sampling *s)
 {
     char why[160];
 
-    if (td_wire_sampling(s, t->rk->e, &t->sampling, why, sizeof(why)) != TD_OK)
+    t->nchoices = td_wire_choices(s);
+    if (td_wire_sampling(s, t->rk->e, &t->sampling, why, sizeof(why)) != TD_OK) {
         task_fail(t, TD_ERR_INVALID, "sampling: %s", why);
+    } else if (t->nchoices > TD_WIRE_MAX_CHOICES) {
+        task_fail(t, TD_ERR_INVALID, "sampling: %u choices, at most %d", t->nchoices,
+                  TD_WIRE_MAX_CHOICES);
+    } else if (t->nchoices > 1 &&
+               (t->more_picks = calloc(t->nchoices - 1, sizeof(*t->more_picks))) == NULL) {
+        task_fail(t, TD_ERR_NOMEM, "out of memory for %u choices", t->nchoices);
+    }
 }
 
 /* Why a Prefill cannot run (its task then fails at once, still with the

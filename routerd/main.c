@@ -74,6 +74,11 @@ static const td_config_opt_t router_opts[] = {
                          "largest max_tokens a request may ask for"),
     TD_CONFIG_OPT_UINT64("max-tokens-default", ST, max_tokens_default, "256", 1, 1u << 24,
                          "max_tokens of a request that gives none"),
+    TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
+                       "longest stop string accepted, in bytes (a longer one gets 400)"),
+    TD_CONFIG_OPT_UINT64("max-n", ST, max_n, "16", 1, TD_IREQ_MAX_N,
+                         "most choices (n) one request may ask for; they share the prompt's "
+                         "prefill and kv blocks"),
     TD_CONFIG_OPT_DURATION("request-timeout", ST, request_timeout_ms, "10m", 0, 86400000,
                            "a request still running after this fails (0: no limit)"),
     TD_CONFIG_OPT_DURATION("heartbeat", ST, heartbeat_ms, "1s", 10, 60000,
@@ -259,7 +264,8 @@ router_fini(td_router_t *r)
 {
     if (r->drain_timer)
         event_free(r->drain_timer);
-    td_rreq_tab_destroy(r->reqs);
+    td_rreq_tab_destroy(r->reqs);   /* the text threads stop: rtok's jobs come back */
+    td_rtok_destroy(r->rtok);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
@@ -365,9 +371,12 @@ router_init(td_router_t *r)
     snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
              r->id_prefix >> 48);
     r->models[0] = r->model;
-    r->api = (td_openai_cfg_t){ .models = r->models, .max_body = cfg->max_body,
+    r->api = (td_ireq_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
                                 .max_tokens_default = (uint32_t)cfg->max_tokens_default,
+                                .max_stop_bytes = (size_t)cfg->max_stop_bytes,
+                                .max_n = (uint32_t)cfg->max_n,
+                                .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
                                 .vocab = r->tok->vocab_size };
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
@@ -380,7 +389,6 @@ router_init(td_router_t *r)
                              .max_context = r->max_context,
                              .kv_bytes_per_token = r->kv_bytes_per_token,
                              .kv_fixed_bytes = r->kv_fixed_bytes,
-                             .stop_ids = r->stop_ids, .nstop_ids = r->nstop_ids,
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
                              .cache_weight = cfg->cache_weight,
@@ -390,6 +398,14 @@ router_init(td_router_t *r)
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
         return st;
+    st = td_rtok_create(&(td_rtok_cfg_t){ .pool = td_rreq_text_pool(r->reqs),
+                                          .text = td_rreq_text_cfg(r->reqs),
+                                          .metrics = &r->metrics,
+                                          .max_context = r->max_context }, &r->rtok);
+    if (st != TD_OK) {
+        td_error("routerd: out of memory");
+        return st;
+    }
 
     cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
                                        .role = TANDEM__ROLE__ROLE_ROUTER,

@@ -1,6 +1,7 @@
-/* routerd/openai.h — the OpenAI-compatible API of routerd, without I/O: request
- * bodies of /v1/chat/completions and /v1/completions parsed and validated into
- * plain C structs; responses, stream chunks, model lists and errors as JSON. */
+/* routerd/openai.h — the OpenAI protocols' side of routerd without I/O:
+ * errors, responses, stream chunks, model lists and log-probabilities as
+ * JSON. Request bodies are parsed into the one request model (ireq.h) by
+ * adapt-openai.h. */
 #ifndef TD_OPENAI_H
 #define TD_OPENAI_H
 
@@ -34,6 +35,7 @@ typedef enum {
 } td_openai_finish_t;
 
 #define TD_OPENAI_MAX_STOP 4
+#define TD_OPENAI_STOP_BYTES 512          /* the default cap on a stop string's length */
 #define TD_OPENAI_MAX_BIAS 300            /* logit_bias entries (this server's bound) */
 #define TD_OPENAI_MAX_TOP_LOGPROBS 20     /* chat: top_logprobs */
 #define TD_OPENAI_MAX_COMPLETION_LOGPROBS 5  /* completions: logprobs */
@@ -43,62 +45,6 @@ typedef struct {
     int32_t token;
     float bias;               /* [-100, 100] */
 } td_openai_bias_t;
-
-/* ---- Requests -------------------------------------------------------- */
-
-/* One chat message; the strings are owned by the request. */
-typedef struct {
-    td_openai_role_t role;
-    char *content;       /* text; array-of-parts content joined with "\n";
-                            "" for an assistant message with only tool_calls */
-    char *name;          /* NULL when absent */
-    char *tool_call_id;  /* role tool: required; otherwise NULL */
-    char *tool_calls;    /* role assistant: the raw JSON array, or NULL */
-} td_openai_msg_t;
-
-/* A validated request; everything it points to is owned by it and freed by
- * td_openai_req_destroy(). Defaults are filled in. */
-typedef struct {
-    td_openai_kind_t kind;
-    char *model;
-    td_openai_msg_t *msgs;    /* chat: nmsgs >= 1 */
-    size_t nmsgs;
-    char *prompt;             /* completion: the prompt text, or NULL when ... */
-    int32_t *prompt_ids;      /* ... it was given as token ids: [nprompt_ids], each in
-                                 [0, cfg vocab); NULL for a text prompt */
-    size_t nprompt_ids;
-    bool stream;
-    bool include_usage;       /* stream_options.include_usage */
-    uint32_t max_tokens;      /* max_tokens / max_completion_tokens, or the default */
-    double temperature;       /* [0, 2], default 1 */
-    double top_p;             /* (0, 1], default 1 */
-    bool has_seed;
-    int64_t seed;
-    int32_t priority;         /* extension: the admission queue's order, higher
-                                 first; default 0 (docs/api.md) */
-    double presence_penalty;  /* [-2, 2], default 0; passed on to the sampler */
-    double frequency_penalty; /* [-2, 2], default 0; passed on to the sampler */
-    char *stop[TD_OPENAI_MAX_STOP];
-    size_t nstop;
-    td_openai_bias_t *logit_bias; /* [nbias] in the body's order, each token once */
-    size_t nbias;
-    bool logprobs;            /* chat: logprobs; completions: logprobs given (0..5) */
-    uint32_t top_logprobs;    /* chat: top_logprobs (0..20); completions: logprobs */
-    char *tools;              /* chat: raw JSON array, or NULL */
-    char *tool_choice;        /* chat: raw JSON (string or object), or NULL */
-    json_t *body;             /* the parsed request body (a reference; the V4.1
-                                 chat encoder reads it) */
-} td_openai_req_t;
-
-/* What the parser checks requests against. */
-typedef struct {
-    const char *const *models;    /* model ids served, NULL-terminated */
-    size_t max_body;              /* a larger body gets 413 */
-    uint32_t max_tokens_limit;    /* largest max_tokens accepted (>= 1) */
-    uint32_t max_tokens_default;  /* max_tokens when the request has none */
-    uint32_t vocab;               /* logit_bias and token-id prompt ids must be below it
-                                     (0: unchecked) */
-} td_openai_cfg_t;
 
 /* ---- Errors ---------------------------------------------------------- */
 
@@ -132,18 +78,7 @@ void td_openai_err_internal(td_openai_err_t *e, const char *what);
 /* The error body, appended to out. */
 td_status_t td_openai_err_json(const td_openai_err_t *e, td_buf_t *out);
 
-/* ---- Parsing ---------------------------------------------------------- */
-
-/* Parse and validate a request body of kind. On success *out is set (free
- * it with td_openai_req_destroy). On failure e is filled and the status says
- * which: TD_ERR_TOO_BIG (413), TD_ERR_INVALID (400), TD_ERR_UNSUPPORTED (400,
- * a feature this server does not have), TD_ERR_NOT_FOUND (404, unknown model),
- * TD_ERR_NOMEM (500). Unknown top-level fields are rejected like OpenAI does
- * ("Unrecognized request argument supplied: x"). Nothing logs. */
-td_status_t td_openai_req_parse(const td_openai_cfg_t *cfg, td_openai_kind_t kind,
-                                const char *body, size_t len, td_openai_req_t **out,
-                                td_openai_err_t *e);
-void td_openai_req_destroy(td_openai_req_t *req);
+/* ---- Roles ------------------------------------------------------------ */
 
 const char *td_openai_role_str(td_openai_role_t role);
 
@@ -180,13 +115,11 @@ typedef struct {
     int64_t created;          /* unix seconds */
     const char *model;
     const char *fingerprint;  /* system_fingerprint; NULL for JSON null */
-    td_openai_logprobs_t *logprobs; /* NULL: "logprobs": null; else the choice of the
-                                       next object built takes its entries not yet sent */
 } td_openai_meta_t;
 
 typedef struct {
     uint32_t prompt_tokens;
-    uint32_t completion_tokens;
+    uint32_t completion_tokens;   /* every choice's */
     uint32_t cached_tokens;   /* > 0: prompt_tokens_details.cached_tokens */
 } td_openai_usage_t;
 
@@ -196,38 +129,49 @@ typedef struct {
  * TD_OPENAI_ID_LEN bytes. TD_ERR_IO when the system has no randomness. */
 td_status_t td_openai_id_new(td_openai_kind_t kind, char buf[TD_OPENAI_ID_LEN]);
 
-/* The non-streaming response (chat.completion or text_completion) with text
- * (len bytes of valid UTF-8; otherwise TD_ERR_INVALID), appended to out. */
-td_status_t td_openai_response_json(const td_openai_meta_t *m, const char *text, size_t len,
-                                    td_openai_finish_t finish, const td_openai_usage_t *usage,
-                                    td_buf_t *out);
+/* One choice of a non-streaming response, index-th of the request's: with
+ * text (len bytes of valid UTF-8: a completion's "text", a chat message's
+ * "content"), or a chat message object ({"role":"assistant",...}, consumed).
+ * Its "logprobs": what lp has not sent yet (lp NULL: null). NULL when the
+ * text is not UTF-8 or out of memory. */
+json_t *td_openai_choice_text(td_openai_kind_t kind, uint32_t index, const char *text,
+                              size_t len, td_openai_finish_t finish, td_openai_logprobs_t *lp);
+json_t *td_openai_choice_message(uint32_t index, json_t *message, td_openai_finish_t finish,
+                                 td_openai_logprobs_t *lp);
 
-/* One streamed response. Fill meta and include_usage, zero the rest. */
+/* The non-streaming response (chat.completion or text_completion) with the
+ * n choices (consumed; a NULL one: TD_ERR_INVALID), appended to out. */
+td_status_t td_openai_response_json(const td_openai_meta_t *m, json_t *const *choices,
+                                    size_t n, const td_openai_usage_t *usage, td_buf_t *out);
+
+/* One streamed response. Fill meta and include_usage, zero the rest. Each
+ * chunk carries one choice, with its index. */
 typedef struct {
     td_openai_meta_t meta;
     bool include_usage;   /* from the request's stream_options */
-    bool role_sent;       /* chat: the first chunk (with delta.role) went out */
+    uint64_t role_sent;   /* chat: bit i, choice i's first chunk (with delta.role) went out */
 } td_openai_stream_t;
 
-/* Append the SSE event of a text chunk. The first chunk of a chat stream also
- * carries delta.role "assistant"; call with len 0 to send it before any text. */
-td_status_t td_openai_stream_text(td_openai_stream_t *s, const char *text, size_t len,
+/* Append the SSE event of a text chunk of choice index (its logprobs: what
+ * lp has not sent yet, lp NULL: null). The first chunk of a chat choice
+ * also carries delta.role "assistant"; call with len 0 to send it before
+ * any text. */
+td_status_t td_openai_stream_text(td_openai_stream_t *s, uint32_t index,
+                                  td_openai_logprobs_t *lp, const char *text, size_t len,
                                   td_buf_t *out);
 /* Append the SSE event of a chat chunk whose delta is the given object
  * (reasoning_content, tool_calls, content: the chat reader's deltas); the
- * first chunk also gets delta.role. delta is consumed (its reference stolen). */
-td_status_t td_openai_stream_delta(td_openai_stream_t *s, json_t *delta, td_buf_t *out);
-
-/* The non-streaming chat.completion whose choice carries the given message
- * object ({"role":"assistant","content",...}); message is consumed. */
-td_status_t td_openai_response_message_json(const td_openai_meta_t *m, json_t *message,
-                                            td_openai_finish_t finish,
-                                            const td_openai_usage_t *usage, td_buf_t *out);
-
-/* Append the end of the stream: the chunk with finish_reason, a usage chunk
+ * choice's first chunk also gets delta.role. delta is consumed. */
+td_status_t td_openai_stream_delta(td_openai_stream_t *s, uint32_t index,
+                                   td_openai_logprobs_t *lp, json_t *delta, td_buf_t *out);
+/* Append the chunk that ends choice index, with its finish_reason. */
+td_status_t td_openai_stream_choice_end(td_openai_stream_t *s, uint32_t index,
+                                        td_openai_logprobs_t *lp, td_openai_finish_t finish,
+                                        td_buf_t *out);
+/* Append the end of the stream once every choice ended: a usage chunk
  * (choices: []) when include_usage, then `data: [DONE]`. */
-td_status_t td_openai_stream_finish(td_openai_stream_t *s, td_openai_finish_t finish,
-                                    const td_openai_usage_t *usage, td_buf_t *out);
+td_status_t td_openai_stream_end(td_openai_stream_t *s, const td_openai_usage_t *usage,
+                                 td_buf_t *out);
 /* Append an error in the middle of a stream: `data: {"error":{...}}` then
  * `data: [DONE]` (the OpenAI SDKs raise an APIError on such an event). */
 td_status_t td_openai_stream_error(const td_openai_err_t *e, td_buf_t *out);

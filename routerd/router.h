@@ -19,6 +19,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"
+#include "rtok.h"
 #include "registry.h"
 #include "rreq.h"
 #include "tok.h"
@@ -49,6 +50,8 @@ typedef struct {
     uint64_t http_write_timeout_ms;   /* 0 = none */
     uint64_t max_tokens_limit;
     uint64_t max_tokens_default;
+    uint64_t max_stop_bytes;    /* longest stop string, bytes */
+    uint64_t max_n;             /* most choices per request */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */
@@ -93,13 +96,14 @@ typedef struct {
     char router_id[96];             /* sent in Registered */
     uint64_t id_prefix;             /* top 16 bits of every request id */
     const char *models[2];          /* NULL-terminated, for the parser */
-    td_openai_cfg_t api;
+    td_ireq_cfg_t api;
     td_http_listener_t *http, *admin;
     td_http_site_t http_site, admin_site;
     td_http_budget_t http_budget;   /* request bytes held, both listeners */
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
+    td_rtok_t *rtok;                /* /tokenize and /detokenize */
     bool stopping;                  /* SIGTERM: draining, the api takes no new request */
     struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;

@@ -8,6 +8,8 @@ const td_http_route_t td_routes[] = {
     { "/v1/chat/completions", TD_H1_POST, false, true, td_route_chat },
     { "/v1/completions", TD_H1_POST, false, true, td_route_completions },
     { "/v1/models", TD_H1_GET, false, true, td_route_models },
+    { "/tokenize", TD_H1_POST, false, true, td_route_tokenize },
+    { "/detokenize", TD_H1_POST, false, true, td_route_detokenize },
     { "/health", TD_H1_GET, false, false, td_route_health },
     { "/metrics", TD_H1_GET, false, false, td_route_metrics },
     { "/health", TD_H1_GET, true, false, td_route_admin_health },

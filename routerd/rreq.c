@@ -38,7 +38,7 @@ struct td_rreq_s {
     uint64_t id;                    /* wire id of the current attempt */
     td_rreq_state_t state;          /* changed by set_state() only */
     td_openai_kind_t kind;
-    td_openai_req_t *oreq;          /* text's (rtext.h), NULL until the prompt job has
+    td_ireq_t *oreq;                /* text's (rtext.h), NULL until the prompt job has
                                        parsed the body */
     td_http_req_t *http;            /* NULL once answered or the client is gone */
     char oid[TD_OPENAI_ID_LEN];     /* chatcmpl-... */
@@ -58,16 +58,20 @@ struct td_rreq_s {
     bool streaming;                 /* 200 and the first chunk went out */
     td_rtext_t *text;               /* its text work: parse, prompt, tokens to text */
     bool text_busy;                 /* a job of text is queued or running */
-    bool end_held;                  /* D ended the reply before P's PrefillDone: the end
+    uint64_t held_end;              /* choices D ended before P's PrefillDone: their end
                                        waits for it (its cached count is in the usage) */
-    td_openai_finish_t held_finish; /*   the end's finish reason, */
-    bool held_by_us;                /*   and whether the router cut it */
-    bool text_end;                  /* the end of the reply was pushed to text */
+    uint64_t held_by_us;            /*   those the router cut (max_tokens) */
+    td_openai_finish_t *held_finish;/*   [oreq->n] their finish reasons */
+    bool text_end;                  /* every choice's end went to the text work */
     bool ended;                     /* answered and out of the table: freed once
                                        text_busy is false */
-    Tandem__LogitBias *wbias;       /* [oreq->nbias] the request's logit_bias on the wire */
-    Tandem__LogitBias **wbiasp;     /* [oreq->nbias] pointers to them */
-    uint32_t ntokens;               /* completion tokens received */
+    Tandem__LogitBias *wbias;       /* [nbias] the request's logit_bias on the wire */
+    Tandem__LogitBias **wbiasp;     /* [nbias] pointers to them */
+    int32_t stop_ids[TD_IREQ_MAX_STOP_IDS];   /* its stop tokens on the wire */
+    size_t nstop_ids;
+    uint32_t ntokens;               /* completion tokens received, every choice's */
+    uint32_t *choice_tokens;        /* [oreq->n] tokens received per choice */
+    uint64_t choice_end;            /* bit i: choice i's end went to the text work */
     int32_t *gen;                   /* [ntokens] those tokens (kept states: rconv.h), or NULL */
     size_t gencap;
     td_rconv_hit_t cont;            /* this attempt continues a kept state (cont.rank != NULL):
@@ -223,6 +227,37 @@ send_cancel(td_rreq_t *q, td_rrank_t *rk, const char *reason)
     (void)td_rrank_send(rk, &env);
 }
 
+/* Every choice of q, as a mask. */
+static uint64_t
+choices_all(const td_rreq_t *q)
+{
+    return q->oreq->n >= 64 ? ~0ull : (1ull << q->oreq->n) - 1;
+}
+
+/* End the choices in mask at the decode rank (the router has what it needs
+ * of them); the request's others go on. */
+static void
+send_cancel_choices(td_rreq_t *q, uint64_t mask)
+{
+    Tandem__Cancel c = TANDEM__CANCEL__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+    uint32_t which[TD_IREQ_MAX_N];
+    size_t n = 0;
+
+    if (!q->decode || !q->decode->conn)
+        return;
+    for (uint32_t i = 0; i < q->oreq->n; i++)
+        if (mask >> i & 1)
+            which[n++] = i;
+    c.req_id = q->id;
+    c.reason = (char *)"choice finished by the router";
+    c.n_choices = n;
+    c.choices = which;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_CANCEL;
+    env.cancel = &c;
+    (void)td_rrank_send(q->decode, &env);
+}
+
 /* Cancel the current attempt at its ranks and let go of them. */
 static void
 release_ranks(td_rreq_t *q, const char *cancel_reason)
@@ -235,22 +270,33 @@ release_ranks(td_rreq_t *q, const char *cancel_reason)
     unbind_rank(q, &q->prefill);
 }
 
-/* The request's Sampling: the API's parameters, the model's stop ids,
- * logit_bias and logprobs (pointers into q and the table's config). */
+/* The request's Sampling: the model's parameters (ireq.h) as the wire takes
+ * them, its stop tokens (stop_token_ids and the model's EOS ids unless
+ * ignore_eos), logit_bias, logprobs and choices (pointers into q). */
 static void
 sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
 {
+    const td_ireq_sampling_t *sp = &q->oreq->sampling;
+
     tandem__sampling__init(s);
-    s->temperature = q->oreq->temperature;
-    s->top_p = q->oreq->top_p;
-    s->seed = (uint64_t)q->oreq->seed;
-    s->max_tokens = q->oreq->max_tokens;
-    s->n_stop_tokens = q->t->cfg.nstop_ids;
-    s->stop_tokens = (int32_t *)q->t->cfg.stop_ids;
-    s->n_logit_bias = q->oreq->nbias;
+    s->temperature = sp->temperature;
+    s->top_p = sp->top_p;
+    s->top_k = sp->top_k;
+    s->min_p = sp->min_p;
+    s->repetition_penalty = sp->repetition_penalty;
+    s->presence_penalty = sp->presence_penalty;
+    s->frequency_penalty = sp->frequency_penalty;
+    s->min_tokens = sp->min_tokens;
+    s->seed = (uint64_t)sp->seed;
+    s->max_tokens = sp->max_tokens;
+    s->n_stop_tokens = q->nstop_ids;
+    s->stop_tokens = (int32_t *)q->stop_ids;
+    s->ignore_eos = q->oreq->stop.ignore_eos;
+    s->n_logit_bias = sp->nbias;
     s->logit_bias = q->wbiasp;
-    s->logprobs = q->oreq->logprobs;
-    s->top_logprobs = q->oreq->top_logprobs;
+    s->logprobs = q->oreq->out.logprobs;
+    s->top_logprobs = q->oreq->out.top_logprobs;
+    s->n = q->oreq->n > 1 ? q->oreq->n : 0;   /* 0: one (as every rank reads it) */
 }
 
 /* ======================================================================= */
@@ -317,6 +363,8 @@ request_release(td_rreq_t *q)
     td_rtext_destroy(q->text);
     free(q->wbias);
     free(q->wbiasp);
+    free(q->choice_tokens);
+    free(q->held_finish);
     td_rcache_prompt_fini(&q->cprompt);
     free(q->prompt);
     free(q->gen);
@@ -500,8 +548,8 @@ fail_too_long(td_rreq_t *q, uint64_t limit)
                       "This model's maximum context length%s is exceeded: you requested %" PRIu64
                       " tokens (%zu in the prompt, %u in the completion). Please reduce the "
                       "length of the prompt or max_tokens.", most,
-                      (uint64_t)q->nprompt + q->oreq->max_tokens, q->nprompt,
-                      q->oreq->max_tokens);
+                      (uint64_t)q->nprompt + q->oreq->sampling.max_tokens, q->nprompt,
+                      q->oreq->sampling.max_tokens);
     request_fail(q, TD_ERRREASON_TOO_LONG, &e);
 }
 
@@ -589,7 +637,7 @@ continue_try(td_rreq_t *q, uint64_t prefill_cached, uint64_t need)
     td_rreq_tab_t *t = q->t;
     td_rconv_hit_t hit;
 
-    if (t->conv == NULL || q->no_continue ||
+    if (t->conv == NULL || q->no_continue || q->oreq->n > 1 ||
         !td_rconv_find(t->conv, &q->cprompt, continue_usable, q, &hit) ||
         q->nprompt - hit.ntokens > t->cfg.continue_max_suffix || hit.ntokens < prefill_cached)
         return false;
@@ -617,7 +665,8 @@ admit_try(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
     unsigned retry_after = t->cfg.retry_after_s;
-    uint64_t need = q->nprompt + q->oreq->max_tokens;
+    /* the choices share the prompt's blocks; each grows its own */
+    uint64_t need = q->nprompt + (uint64_t)q->oreq->n * q->oreq->sampling.max_tokens;
 
     if (t->cfg.max_context && need > t->cfg.max_context) {
         fail_too_long(q, t->cfg.max_context);
@@ -816,7 +865,7 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         q->t->cfg.metrics->continue_suffix_tokens += q->nprompt - q->cont.ntokens;
         td_rtext_push_cached(q->text, q->cont.ntokens);
         set_state(q, TD_RREQ_PREFILLING, "the decode rank prefills the prompt's rest");
-        if (q->oreq->stream && q->http && !q->streaming)
+        if (q->oreq->out.stream && q->http && !q->streaming)
             stream_start(q);
         return;
     }
@@ -847,7 +896,7 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     cc->predicted_cached += q->pred_cached;
     cc->by_cache += q->pred_by_cache;
     set_state(q, TD_RREQ_PREFILLING, "prefill sent");
-    if (q->oreq->stream && q->http && !q->streaming)
+    if (q->oreq->out.stream && q->http && !q->streaming)
         stream_start(q);
 }
 
@@ -881,15 +930,17 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 
 static void text_kick(td_rreq_t *q);
 
-/* The prefill rank let go of the request (PrefillDone, or it was lost): a
- * reply end held for it goes to the text work now. */
+/* The prefill rank let go of the request (PrefillDone, or it was lost): the
+ * choices' ends held for it go to the text work now. */
 static void
 end_release(td_rreq_t *q)
 {
-    if (!q->end_held)
+    if (q->held_end == 0)
         return;
-    q->end_held = false;
-    td_rtext_push_end(q->text, q->held_finish, q->held_by_us);
+    for (uint32_t c = 0; c < q->oreq->n; c++)
+        if (q->held_end >> c & 1)
+            td_rtext_push_end(q->text, c, q->held_finish[c], (q->held_by_us >> c & 1) != 0);
+    q->held_end = q->held_by_us = 0;
     text_kick(q);
 }
 
@@ -936,7 +987,11 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
                      vocab);
             return why;
         }
-    if (!q->oreq->logprobs)
+    if (tk->choice >= q->oreq->n) {
+        snprintf(why, whylen, "choice %u of a request of %u", tk->choice, q->oreq->n);
+        return why;
+    }
+    if (!q->oreq->out.logprobs)
         return NULL;
     if (tk->n_logprobs != tk->n_tokens) {
         snprintf(why, whylen, "%zu log-probabilities for %zu tokens", tk->n_logprobs,
@@ -945,7 +1000,7 @@ tokens_check(const td_rreq_t *q, const Tandem__Tokens *tk, char *why, size_t why
     }
     for (size_t i = 0; i < tk->n_logprobs; i++) {
         const Tandem__TokenLogprob *lp = tk->logprobs[i];
-        if (lp->token != tk->tokens[i] || lp->n_top > q->oreq->top_logprobs) {
+        if (lp->token != tk->tokens[i] || lp->n_top > q->oreq->out.top_logprobs) {
             snprintf(why, whylen, "log-probability %zu: token %d for %d, %zu alternatives", i,
                      lp->token, tk->tokens[i], lp->n_top);
             return why;
@@ -1030,6 +1085,13 @@ text_tokens_apply(td_rreq_t *q)
     if (r->st != TD_OK) {
         request_fail(q, TD_ERRREASON_INTERNAL, &r->err);
         return;
+    }
+    if (r->cut & ~q->choice_end) {   /* a stop string ended them: their tokens are ignored */
+        uint64_t cut = r->cut & ~q->choice_end;
+        q->choice_end |= r->cut;
+        q->text_end = q->choice_end == choices_all(q);
+        if (!r->ended)
+            send_cancel_choices(q, cut);
     }
     if (r->ended) {
         request_done(q, r->by_us);
@@ -1120,12 +1182,57 @@ kept_note(td_rreq_t *q, td_rrank_t *rk, uint64_t n)
     free(seq);
 }
 
+/* A Tokens message that fits: its tokens (never more than max_tokens per
+ * choice) to the text work, with the choice's end when it ends here. */
+static void
+tokens_take(td_rreq_t *q, td_rrank_t *rk, const Tandem__Tokens *tk)
+{
+    uint32_t c = tk->choice, max = q->oreq->sampling.max_tokens;
+    size_t n = tk->n_tokens;
+
+    if (q->choice_tokens[c] + n > max)   /* never more than asked for */
+        n = max - q->choice_tokens[c];
+    if (q->t->conv != NULL && q->oreq->n == 1 && gen_push(q, tk->tokens, n) != TD_OK) {
+        free(q->gen);   /* its state cannot be found again: not noted */
+        q->gen = NULL;
+        q->gencap = 0;
+    }
+    q->choice_tokens[c] += (uint32_t)n;
+    q->ntokens += (uint32_t)n;
+    q->t->cfg.metrics->completion_tokens += n;
+    if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE &&
+        q->oreq->n == 1)
+        kept_note(q, rk, tk->retained_tokens);
+    /* a stop token ends it (never one cut by max_tokens: then it is not last) */
+    if (td_rtext_push(q->text, c, tk->tokens, n,
+                      tk->finish == TANDEM__FINISH__FINISH_STOP && n == tk->n_tokens,
+                      q->oreq->out.logprobs ? tk->logprobs : NULL) != TD_OK) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    if (tk->finish != TANDEM__FINISH__FINISH_NONE || q->choice_tokens[c] >= max) {
+        td_openai_finish_t finish = tk->finish != TANDEM__FINISH__FINISH_NONE
+                                        ? finish_of(tk->finish) : TD_OPENAI_FINISH_LENGTH;
+        bool by_us = tk->finish == TANDEM__FINISH__FINISH_NONE;
+
+        q->choice_end |= 1ull << c;
+        q->text_end = q->choice_end == choices_all(q);
+        if (q->prefill != NULL) {   /* PrefillDone not in yet: its cached count is wanted */
+            q->held_end |= 1ull << c;
+            q->held_by_us |= (uint64_t)by_us << c;
+            q->held_finish[c] = finish;
+        } else {
+            td_rtext_push_end(q->text, c, finish, by_us);
+        }
+    }
+    text_kick(q);
+}
+
 static void
 on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 {
     const Tandem__Tokens *tk = env->tokens;
     td_metrics_t *m = q->t->cfg.metrics;
-    size_t n = tk->n_tokens;
     uint64_t now = now_ns();
     char why[160];
 
@@ -1159,35 +1266,12 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
         td_metrics_observe(&m->itl, (double)(now - q->t_last) / 1e9);
     }
     q->t_last = now;
-    if (q->ntokens + n > q->oreq->max_tokens)   /* never more than asked for */
-        n = q->oreq->max_tokens - q->ntokens;
-    if (q->t->conv != NULL && gen_push(q, tk->tokens, n) != TD_OK) {
-        free(q->gen);   /* its state cannot be found again: not noted */
-        q->gen = NULL;
-        q->gencap = 0;
-    }
-    q->ntokens += (uint32_t)n;
-    m->completion_tokens += n;
-    if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE)
-        kept_note(q, rk, tk->retained_tokens);
-    if (td_rtext_push(q->text, tk->tokens, n, q->oreq->logprobs ? tk->logprobs : NULL) !=
-        TD_OK) {
-        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+    if (q->choice_end >> tk->choice & 1) {   /* the router ended that choice already */
+        td_debug("request %016" PRIx64 ": tokens of choice %u after its end: ignored", q->id,
+                 tk->choice);
         return;
     }
-    if (tk->finish != TANDEM__FINISH__FINISH_NONE || q->ntokens >= q->oreq->max_tokens) {
-        td_openai_finish_t finish = tk->finish != TANDEM__FINISH__FINISH_NONE
-                                        ? finish_of(tk->finish) : TD_OPENAI_FINISH_LENGTH;
-        q->text_end = true;
-        if (q->prefill != NULL) {   /* PrefillDone not in yet: its cached count is wanted */
-            q->end_held = true;
-            q->held_finish = finish;
-            q->held_by_us = tk->finish == TANDEM__FINISH__FINISH_NONE;
-        } else {
-            td_rtext_push_end(q->text, finish, tk->finish == TANDEM__FINISH__FINISH_NONE);
-        }
-    }
-    text_kick(q);
+    tokens_take(q, rk, tk);
 }
 
 #define FITS(x) TD_FSM_BIT(TD_RREQ_##x)
@@ -1396,11 +1480,11 @@ static void
 serve_prompt(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
-    td_openai_req_t *oreq = q->oreq;
+    td_ireq_t *oreq = q->oreq;
     td_openai_err_t e;
 
-    if (!oreq->has_seed)
-        oreq->seed = (int64_t)td_daemon_random64();
+    if (!oreq->sampling.has_seed)
+        oreq->sampling.seed = (int64_t)td_daemon_random64();
     q->qe.priority = oreq->priority;   /* its place in the queue was taken on arrival */
     if (q->nprompt == 0) {
         td_openai_err_set(&e, 400, "invalid_request_error", "prompt", "invalid_value",
@@ -1408,24 +1492,30 @@ serve_prompt(td_rreq_t *q)
         request_fail(q, TD_ERRREASON_BAD_REQUEST, &e);
         return;
     }
-    if (oreq->nbias > 0) {
-        q->wbias = calloc(oreq->nbias, sizeof *q->wbias);
-        q->wbiasp = calloc(oreq->nbias, sizeof *q->wbiasp);
+    q->nstop_ids = td_ireq_stop_ids(oreq, t->cfg.api, q->stop_ids);
+    if ((q->choice_tokens = calloc(oreq->n, sizeof *q->choice_tokens)) == NULL ||
+        (q->held_finish = calloc(oreq->n, sizeof *q->held_finish)) == NULL) {
+        request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
+        return;
+    }
+    if (oreq->sampling.nbias > 0) {
+        q->wbias = calloc(oreq->sampling.nbias, sizeof *q->wbias);
+        q->wbiasp = calloc(oreq->sampling.nbias, sizeof *q->wbiasp);
         if (!q->wbias || !q->wbiasp) {
             request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
             return;
         }
-        for (size_t i = 0; i < oreq->nbias; i++) {
+        for (size_t i = 0; i < oreq->sampling.nbias; i++) {
             tandem__logit_bias__init(&q->wbias[i]);
-            q->wbias[i].token = oreq->logit_bias[i].token;
-            q->wbias[i].bias = oreq->logit_bias[i].bias;
+            q->wbias[i].token = oreq->sampling.logit_bias[i].token;
+            q->wbias[i].bias = oreq->sampling.logit_bias[i].bias;
             q->wbiasp[i] = &q->wbias[i];
         }
     }
     t->cfg.metrics->prompt_tokens += q->nprompt;
     td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
              oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,
-             oreq->max_tokens, oreq->stream ? ", streamed" : "");
+             oreq->sampling.max_tokens, oreq->out.stream ? ", streamed" : "");
     admit_next(q);
 }
 
@@ -1488,6 +1578,18 @@ td_rreq_tab_count(const td_rreq_tab_t *t)
     return t->n;
 }
 
+td_jobq_t *
+td_rreq_text_pool(td_rreq_tab_t *t)
+{
+    return t->pool;
+}
+
+const td_rtext_cfg_t *
+td_rreq_text_cfg(const td_rreq_tab_t *t)
+{
+    return &t->text_cfg;
+}
+
 td_status_t
 td_rreq_cancel_id(td_rreq_tab_t *t, uint64_t id)
 {
@@ -1519,9 +1621,9 @@ td_rreq_list_json(td_rreq_tab_t *t)
             "{s:s, s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:o, s:o, s:I, s:I, s:i}",
             "id", id, "openai_id", q->oid, "state", td_rreq_state_str(q->state),
             "kind", q->kind == TD_OPENAI_CHAT ? "chat" : "completion",
-            "stream", q->oreq && q->oreq->stream, "prompt_tokens", (json_int_t)q->nprompt,
+            "stream", q->oreq && q->oreq->out.stream, "prompt_tokens", (json_int_t)q->nprompt,
             "completion_tokens", (json_int_t)q->ntokens,
-            "max_tokens", (json_int_t)(q->oreq ? q->oreq->max_tokens : 0),
+            "max_tokens", (json_int_t)(q->oreq ? q->oreq->sampling.max_tokens : 0),
             "decode", rank_ref(q->decode), "prefill", rank_ref(q->prefill),
             "attempts", (json_int_t)q->attempts,
             "age_ms", (json_int_t)((now - q->t_start) / 1000000u),

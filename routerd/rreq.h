@@ -17,10 +17,12 @@
 
 #include "cluster.h"
 #include "http.h"
+#include "ireq.h"
 #include "metrics.h"
 #include "openai.h"
 #include "rqueue.h"
 #include "rrank.h"
+#include "rtext.h"
 #include "status.h"
 #include "tandem.pb-c.h"
 #include "tok.h"
@@ -48,7 +50,7 @@ typedef struct {
     struct event_base *base;
     td_cluster_t *cluster;          /* ranks are chosen from it and bound in it */
     td_metrics_t *metrics;          /* counted into */
-    const td_openai_cfg_t *api;     /* request validation */
+    const td_ireq_cfg_t *api;       /* request validation (and the model's stop ids) */
     const td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok, or NULL */
     const char *model;              /* id in responses */
@@ -63,8 +65,6 @@ typedef struct {
     uint64_t max_context;           /* the model's context in tokens (0: not known) */
     double kv_bytes_per_token;      /* paged KV bytes per token, for kv_bytes_moved */
     uint64_t kv_fixed_bytes;        /* fixed KV bytes per request */
-    const int32_t *stop_ids;        /* the model's end-of-sequence ids (its identity), */
-    size_t nstop_ids;               /*   the stop tokens of every request */
     unsigned text_threads;          /* threads that parse, encode, tokenize and detokenize */
     uint64_t text_inline_max;       /* token batches up to this weight (rtext.h) are
                                        detokenized on the loop; 0: never */
@@ -115,5 +115,10 @@ void td_rreq_tab_stop(td_rreq_tab_t *t, void (*on_idle)(void *arg), void *arg);
 void td_rreq_tab_fail_all(td_rreq_tab_t *t);
 /* Requests in flight. */
 size_t td_rreq_tab_count(const td_rreq_tab_t *t);
+
+/* The text threads and what their work reads, for the other text jobs
+ * (rtok.h); they stop with the table. */
+struct td_jobq_s *td_rreq_text_pool(td_rreq_tab_t *t);
+const td_rtext_cfg_t *td_rreq_text_cfg(const td_rreq_tab_t *t);
 
 #endif

@@ -1,6 +1,6 @@
 /* routerd/rtext.c — a request's CPU work for routerd's text threads: the
- * body parsed, the prompt encoded and tokenized; generated tokens
- * detokenized through the stop matcher and the V4.1 reply reader into SSE
+ * body parsed into the request model, the prompt encoded and tokenized; each
+ * choice's generated tokens through the one reply reader (reply.h) into SSE
  * events or the answer (rtext.h says who may touch what, when). */
 #include "rtext.h"
 
@@ -9,30 +9,28 @@
 #include <string.h>
 #include <time.h>
 
+#include "adapt-openai.h"
 #include "chat_prompt.h"
 #include "chat_reply.h"
-#include "stop.h"
+#include "reply.h"
 
 #define RTEXT_SLICE 64   /* tokens decoded between looks at the cancel flag */
-
-/* An alternative of a generated token, as the rank sent it. */
-typedef struct {
-    int32_t token;
-    double logprob;
-} rtext_alt_t;
 
 /* Tokens waiting for a job, message by message. */
 typedef struct {
     uint32_t *ids;          /* [n] */
     double *lp;             /* [n] log-probability of each, when asked */
     uint32_t *ntop;         /* [n] alternatives of each */
-    rtext_alt_t *top;       /* [ntops] the alternatives, token after token */
+    int32_t *top_id;        /* [ntops] the alternatives, token after token */
+    double *top_lp;         /* [ntops] */
     size_t *msg_end;        /* [nmsgs] where each message's tokens end */
+    uint32_t *msg_choice;   /* [nmsgs] the choice each message is of, bit 31: its last
+                               token is a stop token */
     size_t n, ntops, nmsgs;
-    size_t cap_ids, cap_lp, cap_ntop, cap_top, cap_msgs;
-    bool end;               /* the reply ends after these */
-    td_openai_finish_t finish;
-    bool by_us;
+    size_t cap_ids, cap_lp, cap_ntop, cap_top_id, cap_top_lp, cap_msgs, cap_choice;
+    uint64_t end;           /* bit i: choice i ends after these */
+    td_openai_finish_t finish[TD_IREQ_MAX_N];
+    uint64_t by_us;         /* bit i: ... because max_tokens was reached */
     size_t weight;
     uint64_t cached;        /* > 0: prompt tokens the prefill rank served from its cache */
 } rtext_batch_t;
@@ -44,21 +42,15 @@ struct td_rtext_s {
     atomic_bool canceled;
     char *body;                     /* NUL-terminated, until the prompt job has parsed it */
     size_t body_len;
-    td_openai_req_t *oreq;          /* once parsed; the caller borrows it */
+    td_ireq_t *oreq;                /* once parsed; the caller borrows it */
     int32_t *prompt;                /* until the caller takes it */
     size_t nprompt;
     bool streaming;                 /* td_rtext_stream_start: SSE from now on */
-    td_tok_dec_t dec;
-    td_stop_t *stop;
-    td_chat_reply_reader_t *chat;   /* V4.1 chat: reads the reply (stop strings too) */
-    td_openai_logprobs_t *lp;       /* the logprobs not sent yet, or NULL: none asked */
+    td_reply_t **replies;           /* [nreplies]: one reader per choice */
+    uint32_t nreplies;
     td_openai_stream_t stream;
-    uint32_t ntokens;               /* completion tokens decoded */
     uint64_t cached;                /* prompt tokens served from a prefix cache (usage) */
-    bool ended;                     /* the reply is complete: nothing more is decoded */
-    td_buf_t text;                  /* no stream: the answer so far */
-    td_buf_t piece;                 /* scratch: decoded text of one message */
-    td_buf_t rel;                   /* scratch: text released by the stop matcher */
+    bool ended;                     /* every choice is complete: nothing more is decoded */
     rtext_batch_t inbox;            /* the loop's: pushed since the last take */
     rtext_batch_t work;             /* the job's */
     td_rtext_res_t res;
@@ -96,8 +88,10 @@ batch_free(rtext_batch_t *b)
     free(b->ids);
     free(b->lp);
     free(b->ntop);
-    free(b->top);
+    free(b->top_id);
+    free(b->top_lp);
     free(b->msg_end);
+    free(b->msg_choice);
 }
 
 void
@@ -107,13 +101,10 @@ td_rtext_destroy(td_rtext_t *x)
         return;
     free(x->body);
     free(x->prompt);
-    td_openai_req_destroy(x->oreq);
-    td_stop_destroy(x->stop);
-    td_chat_reply_reader_destroy(x->chat);
-    td_openai_logprobs_destroy(x->lp);
-    td_buf_free(&x->text);
-    td_buf_free(&x->piece);
-    td_buf_free(&x->rel);
+    for (uint32_t i = 0; i < x->nreplies; i++)
+        td_reply_destroy(x->replies[i]);
+    free(x->replies);
+    td_ireq_destroy(x->oreq);
     td_buf_free(&x->out);
     batch_free(&x->inbox);
     batch_free(&x->work);
@@ -171,7 +162,7 @@ res_fail(td_rtext_t *x, td_status_t st, const char *what)
 /* The prompt text of the stand-in (no V4.1 tokenizer): chat messages joined
  * as "<role>: <content>\n" followed by "assistant: ". */
 static td_status_t
-prompt_text(const td_openai_req_t *o, td_buf_t *out)
+prompt_text(const td_ireq_t *o, td_buf_t *out)
 {
     td_status_t st = TD_OK;
 
@@ -192,74 +183,105 @@ prompt_text(const td_openai_req_t *o, td_buf_t *out)
     return st;
 }
 
+/* One reply reader per choice; chat: how the V4.1 reader reads them (NULL:
+ * plain text). */
+static td_status_t
+replies_create(td_rtext_t *x, const td_chat_reply_opts_t *chat)
+{
+    td_chat_reply_opts_t opts;
+
+    if (chat != NULL) {
+        opts = *chat;
+        opts.stop_include = x->oreq->stop.include_stop_str;
+    }
+    x->replies = calloc(x->oreq->n, sizeof *x->replies);
+    if (x->replies == NULL)
+        return TD_ERR_NOMEM;
+    for (; x->nreplies < x->oreq->n; x->nreplies++) {
+        td_reply_cfg_t rc = { .tok = x->cfg->tok, .req = x->oreq,
+                              .chat = chat ? &opts : NULL, .index = x->nreplies };
+        td_status_t st = td_reply_create(&rc, &x->replies[x->nreplies]);
+        if (st != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
 /* With the V4.1 tokenizer, a chat request is rendered in the V4.1 chat
- * format and its reply read back by td_chat_reply_reader; a request the
+ * format (its reply read back by the V4.1 reader: *chat); a request the
  * format cannot express gets a 400. */
 static td_status_t
-chat_prompt_tokens(td_rtext_t *x)
+encode_chat(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids, size_t *n,
+            td_chat_prompt_t **chat, td_openai_err_t *err)
 {
     td_chat_prompt_t *p = NULL;
     td_chat_prompt_err_t ce;
-    uint32_t *ids = NULL;
-    size_t n = 0;
+    td_chat_prompt_opts_t opts = { .thinking = o->reasoning.thinking };
     td_status_t st;
 
     memset(&ce, 0, sizeof ce);
-    st = td_chat_prompt_encode(x->oreq->body, NULL, &p, &ce);
+    st = td_chat_prompt_encode(o->body, &opts, &p, &ce);
     if (st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED) {
-        td_openai_err_set(&x->res.err, 400, "invalid_request_error",
-                          ce.param[0] ? ce.param : NULL, ce.code, "%s", ce.message);
-        return x->res.st = st;
-    }
-    if (st == TD_OK)
-        st = td_chat_prompt_ids(p, x->cfg->v41, &ids, &n);
-    if (st == TD_OK)
-        st = td_chat_reply_reader_create(&p->reply, &x->chat);
-    td_chat_prompt_destroy(p);
-    if (st != TD_OK) {
-        free(ids);
-        res_fail(x, st, "could not encode the chat prompt");
+        td_openai_err_set(err, 400, "invalid_request_error", ce.param[0] ? ce.param : NULL,
+                          ce.code, "%s", ce.message);
         return st;
     }
-    x->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
-    x->nprompt = n;
-    return TD_OK;
+    if (st == TD_OK)
+        st = td_chat_prompt_ids(p, cfg->v41, ids, n);
+    if (st == TD_OK && chat != NULL)
+        *chat = p;
+    else
+        td_chat_prompt_destroy(p);
+    if (st != TD_OK)
+        td_openai_err_internal(err, "could not encode the chat prompt");
+    return st;
 }
 
-/* A completion whose prompt came as token ids (checked against the
- * vocabulary by the parser): taken as they are, nothing tokenized. */
-static td_status_t
-prompt_given_ids(td_rtext_t *x)
+td_status_t
+td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids, size_t *n,
+                    td_chat_prompt_t **chat, td_openai_err_t *err)
 {
-    size_t n = x->oreq->nprompt_ids;
+    td_buf_t text = {0};
+    td_status_t st;
 
-    if ((x->prompt = malloc(n * sizeof *x->prompt)) == NULL) {
-        res_fail(x, TD_ERR_NOMEM, "out of memory");
-        return TD_ERR_NOMEM;
+    if (chat != NULL)
+        *chat = NULL;
+    if (cfg->v41 && o->kind == TD_OPENAI_CHAT)
+        return encode_chat(cfg, o, ids, n, chat, err);
+    if (o->prompt_ids) {   /* token ids, checked against the vocabulary by the parser */
+        if ((*ids = malloc(o->nprompt_ids * sizeof **ids)) == NULL) {
+            td_openai_err_internal(err, "out of memory");
+            return TD_ERR_NOMEM;
+        }
+        memcpy(*ids, o->prompt_ids, o->nprompt_ids * sizeof **ids);
+        *n = o->nprompt_ids;
+        return TD_OK;
     }
-    memcpy(x->prompt, x->oreq->prompt_ids, n * sizeof *x->prompt);
-    x->nprompt = n;
-    return TD_OK;
+    st = prompt_text(o, &text);
+    if (st == TD_OK)
+        st = td_tok_encode(cfg->tok, text.data ? text.data : "", text.len, ids, n);
+    td_buf_free(&text);
+    if (st != TD_OK)
+        td_openai_err_internal(err, "could not tokenize the prompt");
+    return st;
 }
 
+/* The request's prompt ids, and its reply readers. */
 static td_status_t
 prompt_tokens(td_rtext_t *x)
 {
-    td_buf_t text = {0};
+    td_chat_prompt_t *chat = NULL;
     uint32_t *ids = NULL;
     size_t n = 0;
-    td_status_t st;
+    td_status_t st = td_rtext_prompt_ids(x->cfg, x->oreq, &ids, &n, &chat, &x->res.err);
 
-    if (x->cfg->v41 && x->oreq->kind == TD_OPENAI_CHAT)
-        return chat_prompt_tokens(x);
-    if (x->oreq->prompt_ids)
-        return prompt_given_ids(x);
-    st = prompt_text(x->oreq, &text);
-    if (st == TD_OK)
-        st = td_tok_encode(x->cfg->tok, text.data ? text.data : "", text.len, &ids, &n);
-    td_buf_free(&text);
+    if (st != TD_OK)
+        return x->res.st = st;
+    st = replies_create(x, chat ? &chat->reply : NULL);
+    td_chat_prompt_destroy(chat);
     if (st != TD_OK) {
-        res_fail(x, st, "could not tokenize the prompt");
+        free(ids);
+        res_fail(x, st, "out of memory");
         return st;
     }
     x->prompt = (int32_t *)ids;   /* ids < vocab_size <= INT32_MAX: same bits */
@@ -270,17 +292,14 @@ prompt_tokens(td_rtext_t *x)
 void
 td_rtext_prompt_run(td_rtext_t *x)
 {
-    const td_openai_req_t *o;
-    size_t len;
-    const char *body;
+    const td_ireq_t *o;
     td_status_t st;
 
     memset(&x->res, 0, sizeof x->res);
     if (canceled(x))
         return;
-    len = x->body_len;
-    body = x->body;
-    st = td_openai_req_parse(x->cfg->api, x->kind, body, len, &x->oreq, &x->res.err);
+    st = td_adapt_openai_parse(x->cfg->api, x->kind, x->body, x->body_len, &x->oreq,
+                               &x->res.err);
     free(x->body);
     x->body = NULL;
     if (st != TD_OK) {
@@ -291,22 +310,14 @@ td_rtext_prompt_run(td_rtext_t *x)
     o = x->oreq;
     if (prompt_tokens(x) != TD_OK)
         return;
-    /* V4.1 chat: the reply reader matches stop strings (in content only) */
-    if (td_stop_create((const char *const *)o->stop, x->chat ? 0 : o->nstop, &x->stop) !=
-            TD_OK ||
-        (o->logprobs && td_openai_logprobs_create(o->kind, &x->lp) != TD_OK)) {
-        res_fail(x, TD_ERR_NOMEM, "out of memory");
-        return;
-    }
     x->stream.meta = (td_openai_meta_t){ .kind = o->kind, .id = x->oid,
                                          .created = (int64_t)time(NULL),
                                          .model = x->cfg->model,
-                                         .fingerprint = x->cfg->fingerprint,
-                                         .logprobs = x->lp };
-    x->stream.include_usage = o->include_usage;
+                                         .fingerprint = x->cfg->fingerprint };
+    x->stream.include_usage = o->out.include_usage;
 }
 
-td_openai_req_t *
+td_ireq_t *
 td_rtext_req(td_rtext_t *x)
 {
     return x->oreq;
@@ -345,8 +356,11 @@ grow(void **arr, size_t *cap, size_t need, size_t sz)
     return TD_OK;
 }
 
+#define RTEXT_MSG_STOP (1u << 31)
+
 td_status_t
-td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n, Tandem__TokenLogprob *const *lps)
+td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n, bool last_stop,
+              Tandem__TokenLogprob *const *lps)
 {
     rtext_batch_t *b = &x->inbox;
     size_t ntop = 0;
@@ -355,11 +369,16 @@ td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n, Tandem__TokenLogprob 
         for (size_t i = 0; i < n; i++)
             ntop += lps[i]->n_top;
     if (grow((void **)&b->ids, &b->cap_ids, b->n + n, sizeof *b->ids) != TD_OK ||
-        grow((void **)&b->msg_end, &b->cap_msgs, b->nmsgs + 1, sizeof *b->msg_end) != TD_OK)
+        grow((void **)&b->msg_end, &b->cap_msgs, b->nmsgs + 1, sizeof *b->msg_end) != TD_OK ||
+        grow((void **)&b->msg_choice, &b->cap_choice, b->nmsgs + 1, sizeof *b->msg_choice) !=
+            TD_OK)
         return TD_ERR_NOMEM;
     if (lps && (grow((void **)&b->lp, &b->cap_lp, b->n + n, sizeof *b->lp) != TD_OK ||
                 grow((void **)&b->ntop, &b->cap_ntop, b->n + n, sizeof *b->ntop) != TD_OK ||
-                grow((void **)&b->top, &b->cap_top, b->ntops + ntop, sizeof *b->top) != TD_OK))
+                grow((void **)&b->top_id, &b->cap_top_id, b->ntops + ntop, sizeof *b->top_id) !=
+                    TD_OK ||
+                grow((void **)&b->top_lp, &b->cap_top_lp, b->ntops + ntop, sizeof *b->top_lp) !=
+                    TD_OK))
         return TD_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         b->ids[b->n + i] = (uint32_t)ids[i];
@@ -367,21 +386,27 @@ td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n, Tandem__TokenLogprob 
             continue;
         b->lp[b->n + i] = lps[i]->logprob;
         b->ntop[b->n + i] = (uint32_t)lps[i]->n_top;
-        for (size_t k = 0; k < lps[i]->n_top; k++)
-            b->top[b->ntops++] = (rtext_alt_t){ lps[i]->top[k]->token, lps[i]->top[k]->logprob };
+        for (size_t k = 0; k < lps[i]->n_top; k++) {
+            b->top_id[b->ntops] = lps[i]->top[k]->token;
+            b->top_lp[b->ntops++] = lps[i]->top[k]->logprob;
+        }
     }
     b->n += n;
+    b->msg_choice[b->nmsgs] = choice | (last_stop && n > 0 ? RTEXT_MSG_STOP : 0);
     b->msg_end[b->nmsgs++] = b->n;
     b->weight += n + ntop;
     return TD_OK;
 }
 
 void
-td_rtext_push_end(td_rtext_t *x, td_openai_finish_t finish, bool by_us)
+td_rtext_push_end(td_rtext_t *x, uint32_t choice, td_openai_finish_t finish, bool by_us)
 {
-    x->inbox.end = true;
-    x->inbox.finish = finish;
-    x->inbox.by_us = by_us;
+    if (choice >= TD_IREQ_MAX_N)
+        return;
+    x->inbox.end |= 1ull << choice;
+    x->inbox.finish[choice] = finish;
+    if (by_us)
+        x->inbox.by_us |= 1ull << choice;
     x->inbox.weight++;
 }
 
@@ -401,7 +426,7 @@ td_rtext_tokens_take(td_rtext_t *x)
     x->work = x->inbox;
     x->inbox = t;
     x->inbox.n = x->inbox.ntops = x->inbox.nmsgs = x->inbox.weight = 0;
-    x->inbox.end = false;
+    x->inbox.end = x->inbox.by_us = 0;
     x->inbox.cached = 0;
     return w;
 }
@@ -410,181 +435,133 @@ td_rtext_tokens_take(td_rtext_t *x)
 /* Tokens to text (the job)                                                  */
 /* ======================================================================= */
 
-/* Stream the V4.1 reply reader's deltas (non-streaming requests take the
- * whole reply from the reader at the end). */
+/* A streamed reply's delta as its protocol's chunk (the reply reader's
+ * emit function; non-streaming requests take the whole reply at the end). */
 static td_status_t
-chat_emit(td_rtext_t *x, const td_chat_reply_delta_t *d, size_t n)
+reply_emit(void *arg, td_reply_t *rp, const td_chat_reply_delta_t *d)
 {
-    td_status_t st = TD_OK;
+    td_rtext_t *x = arg;
+    uint32_t i = td_reply_index(rp);
+    td_openai_logprobs_t *lp = td_reply_logprobs(rp);
+    json_t *delta = NULL;
 
-    for (size_t i = 0; i < n && st == TD_OK && x->streaming; i++) {
-        json_t *delta = NULL;
-        switch (d[i].kind) {
-        case TD_CHAT_REPLY_DELTA_CONTENT:
-            st = td_openai_stream_text(&x->stream, d[i].text, d[i].len, &x->out);
-            continue;
-        case TD_CHAT_REPLY_DELTA_REASONING:
-            delta = json_pack("{s:s%}", "reasoning_content", d[i].text, d[i].len);
-            break;
-        case TD_CHAT_REPLY_DELTA_TOOL_CALL:
-            delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
-                              (int)d[i].index, "id", d[i].id, "type", "function", "function",
-                              "name", d[i].name, "arguments", "");
-            break;
-        case TD_CHAT_REPLY_DELTA_TOOL_ARGS:
-            delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)d[i].index,
-                              "function", "arguments", d[i].text, d[i].len);
-            break;
-        }
-        st = delta ? td_openai_stream_delta(&x->stream, delta, &x->out) : TD_ERR_NOMEM;
+    switch (d->kind) {
+    case TD_CHAT_REPLY_DELTA_CONTENT:
+        return td_openai_stream_text(&x->stream, i, lp, d->text, d->len, &x->out);
+    case TD_CHAT_REPLY_DELTA_REASONING:
+        delta = json_pack("{s:s%}", "reasoning_content", d->text, d->len);
+        break;
+    case TD_CHAT_REPLY_DELTA_TOOL_CALL:
+        delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
+                          (int)d->index, "id", d->id, "type", "function", "function",
+                          "name", d->name, "arguments", "");
+        break;
+    case TD_CHAT_REPLY_DELTA_TOOL_ARGS:
+        delta = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)d->index,
+                          "function", "arguments", d->text, d->len);
+        break;
     }
-    return st;
-}
-
-/* Text released for the client: through the V4.1 reply reader, or as is. */
-static td_status_t
-emit_text(td_rtext_t *x, const char *text, size_t len)
-{
-    if (x->chat) {
-        const td_chat_reply_delta_t *d;
-        size_t n;
-        td_status_t st = td_chat_reply_reader_feed(x->chat, text, len, &d, &n);
-        return st == TD_OK ? chat_emit(x, d, n) : st;
-    }
-    if (x->streaming)
-        return td_openai_stream_text(&x->stream, text, len, &x->out);
-    return td_buf_append(&x->text, text, len);
+    return delta ? td_openai_stream_delta(&x->stream, i, lp, delta, &x->out) : TD_ERR_NOMEM;
 }
 
 td_status_t
 td_rtext_stream_start(td_rtext_t *x, td_buf_t *out)
 {
-    x->streaming = true;
-    return td_openai_stream_text(&x->stream, "", 0, out);
-}
-
-/* The log-probabilities of work tokens [from, to), for the next chunk. */
-static td_status_t
-tokens_logprobs(td_rtext_t *x, size_t from, size_t to, size_t *top_at)
-{
-    const td_tok_t *tok = x->cfg->tok;
-    const rtext_batch_t *b = &x->work;
-    td_openai_token_lp_t t, top[TD_OPENAI_MAX_TOP_LOGPROBS];
     td_status_t st = TD_OK;
 
-    for (size_t i = from; i < to && st == TD_OK; i++) {
-        size_t k = 0, ntop = b->ntop[i];   /* <= top_logprobs <= the maximum: checked */
-
-        t.logprob = b->lp[i];
-        st = td_tok_spell(tok, b->ids[i], &t.text, &t.len);
-        for (; st == TD_OK && k < ntop; k++) {
-            top[k].logprob = b->top[*top_at + k].logprob;
-            st = td_tok_spell(tok, (uint32_t)b->top[*top_at + k].token, &top[k].text,
-                              &top[k].len);
-        }
-        *top_at += b->ntop[i];
-        if (st == TD_OK)
-            st = td_openai_logprobs_add(x->lp, &t, top, k);
-    }
+    x->streaming = true;
+    for (uint32_t i = 0; st == TD_OK && i < x->nreplies; i++)
+        st = td_openai_stream_text(&x->stream, i, td_reply_logprobs(x->replies[i]), "", 0, out);
     return st;
 }
 
-/* The text of work tokens [from, to) appended to piece, in slices between
- * which a cancel is seen. */
+/* One message's tokens through its choice's reader; the choice ends when a
+ * stop string matched. */
 static td_status_t
-tokens_text(td_rtext_t *x, size_t from, size_t to)
+tokens_message(td_rtext_t *x, uint32_t m, size_t from, size_t to, size_t *top_at)
 {
+    const rtext_batch_t *b = &x->work;
+    uint32_t c = m & ~RTEXT_MSG_STOP;
+    td_reply_t *rp = c < x->nreplies ? x->replies[c] : NULL;
+    td_reply_lp_t lps[RTEXT_SLICE];
+    bool stopped = false;
     td_status_t st = TD_OK;
 
     for (size_t i = from; i < to && st == TD_OK && !canceled(x); i += RTEXT_SLICE) {
         size_t k = to - i < RTEXT_SLICE ? to - i : RTEXT_SLICE;
-        st = td_tok_decode(x->cfg->tok, &x->dec, x->work.ids + i, k, &x->piece);
-    }
-    return st;
-}
 
-/* One message's tokens: log-probabilities, text, stop strings, deltas.
- * *matched: a stop string (or the reader's) matched. */
-static td_status_t
-tokens_message(td_rtext_t *x, size_t from, size_t to, size_t *top_at, bool *matched)
-{
-    td_status_t st = TD_OK;
-
-    td_buf_reset(&x->piece);
-    td_buf_reset(&x->rel);
-    x->ntokens += (uint32_t)(to - from);
-    if (x->lp)
-        st = tokens_logprobs(x, from, to, top_at);   /* they go out with the next chunk */
-    if (st == TD_OK)
-        st = tokens_text(x, from, to);
-    if (st == TD_OK && x->piece.len)
-        st = td_stop_feed(x->stop, x->piece.data, x->piece.len, &x->rel, matched);
-    td_buf_reset(&x->piece);
-    if (st == TD_OK && x->rel.len) {
-        st = emit_text(x, x->rel.data, x->rel.len);
-        td_buf_reset(&x->rel);
-    }
-    if (st == TD_OK && x->chat && td_chat_reply_reader_stopped(x->chat))
-        *matched = true;
-    return st;
-}
-
-/* The end of the reply (the rank's finish, max_tokens, or a stop string:
- * then by_us): what the decoder, the stop matcher and the reader held back,
- * then the finish chunk, usage and [DONE] of a stream, or the whole answer. */
-static td_status_t
-tokens_finish(td_rtext_t *x, td_openai_finish_t finish, bool by_us)
-{
-    td_openai_usage_t usage = { (uint32_t)x->nprompt, x->ntokens, (uint32_t)x->cached };
-    td_status_t st;
-
-    td_buf_reset(&x->rel);
-    st = td_tok_decode_flush(&x->dec, &x->piece);
-    if (st == TD_OK && !by_us) {
-        bool matched = false;
-        st = td_stop_feed(x->stop, x->piece.data ? x->piece.data : "", x->piece.len, &x->rel,
-                          &matched);
-        if (st == TD_OK && !matched)
-            st = td_stop_flush(x->stop, &x->rel);
-    }
-    td_buf_reset(&x->piece);
-    if (st == TD_OK && x->rel.len)
-        st = emit_text(x, x->rel.data, x->rel.len);
-    if (st == TD_OK && x->chat) {
-        /* the reader releases what it held back and decides the finish reason */
-        const td_chat_reply_delta_t *d;
-        size_t n;
-        st = td_chat_reply_reader_finish(x->chat, finish == TD_OPENAI_FINISH_LENGTH
-                                                      ? TD_CHAT_REPLY_FINISH_LENGTH
-                                                      : TD_CHAT_REPLY_FINISH_STOP,
-                                         &d, &n);
-        if (st == TD_OK)
-            st = chat_emit(x, d, n);
-        if (st == TD_OK) {
-            td_chat_reply_finish_t f = td_chat_reply_reader_reply(x->chat)->finish;
-            finish = f == TD_CHAT_REPLY_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
-                   : f == TD_CHAT_REPLY_FINISH_LENGTH     ? TD_OPENAI_FINISH_LENGTH
-                                                          : TD_OPENAI_FINISH_STOP;
+        for (size_t j = 0; b->lp != NULL && x->oreq->out.logprobs && j < k; j++) {
+            lps[j] = (td_reply_lp_t){ b->lp[i + j], b->ntop[i + j], b->top_id + *top_at,
+                                      b->top_lp + *top_at };
+            *top_at += b->ntop[i + j];
+        }
+        if (rp != NULL && !td_reply_ended(rp))
+            st = td_reply_feed(rp, b->ids + i, k, (m & RTEXT_MSG_STOP) && i + k == to,
+                               x->oreq->out.logprobs ? lps : NULL,
+                               x->streaming ? reply_emit : NULL, x, &stopped);
+        if (st == TD_OK && stopped) {
+            x->res.cut |= 1ull << c;
+            x->res.by_us = true;
+            st = td_reply_end(rp, TD_OPENAI_FINISH_STOP, x->streaming ? reply_emit : NULL, x);
+            if (st == TD_OK && x->streaming)
+                st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
+                                                 td_reply_finish_reason(rp), &x->out);
         }
     }
-    if (st == TD_OK && x->streaming) {
-        st = td_openai_stream_finish(&x->stream, finish, &usage, &x->out);
-    } else if (st == TD_OK && x->chat) {
-        json_t *msg = NULL;
-        td_buf_reset(&x->out);
-        st = td_chat_reply_json(td_chat_reply_reader_reply(x->chat), &msg);
-        if (st == TD_OK)
-            st = td_openai_response_message_json(&x->stream.meta, msg, finish, &usage, &x->out);
-    } else if (st == TD_OK) {
-        td_buf_reset(&x->out);
-        st = td_openai_response_json(&x->stream.meta, x->text.data ? x->text.data : "",
-                                     x->text.len, finish, &usage, &x->out);
-    }
+    return st;
+}
+
+/* A choice the rank (or max_tokens) ended: what its reader held back, and
+ * its finish chunk. */
+static td_status_t
+choice_end(td_rtext_t *x, uint32_t c, td_openai_finish_t finish)
+{
+    td_reply_t *rp = x->replies[c];
+    td_status_t st;
+
+    if (td_reply_ended(rp))
+        return TD_OK;
+    st = td_reply_end(rp, finish, x->streaming ? reply_emit : NULL, x);
+    if (st == TD_OK && x->streaming)
+        st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
+                                         td_reply_finish_reason(rp), &x->out);
+    return st;
+}
+
+/* Every choice ended: usage and [DONE] of a stream, or the whole answer. */
+static td_status_t
+tokens_finish(td_rtext_t *x)
+{
+    td_openai_usage_t usage = { (uint32_t)x->nprompt, 0, (uint32_t)x->cached };
+    json_t *choices[TD_IREQ_MAX_N];
+    td_status_t st = TD_OK;
+
+    for (uint32_t i = 0; i < x->nreplies; i++)
+        usage.completion_tokens += td_reply_ntokens(x->replies[i]);
     x->ended = true;
     x->res.ended = true;
-    x->res.finish = finish;
-    x->res.by_us = by_us;
-    return st;
+    if (x->streaming)
+        return td_openai_stream_end(&x->stream, &usage, &x->out);
+    for (uint32_t i = 0; i < x->nreplies; i++) {
+        td_reply_t *rp = x->replies[i];
+        const td_chat_reply_t *cr = td_reply_chat(rp);
+        json_t *msg = NULL;
+
+        if (cr != NULL) {
+            st = td_chat_reply_json(cr, &msg);
+            choices[i] = st == TD_OK ? td_openai_choice_message(i, msg,
+                                                                td_reply_finish_reason(rp),
+                                                                td_reply_logprobs(rp))
+                                     : NULL;
+        } else {
+            const td_buf_t *t = td_reply_text(rp);
+            choices[i] = td_openai_choice_text(x->oreq->kind, i, t->data ? t->data : "",
+                                               t->len, td_reply_finish_reason(rp),
+                                               td_reply_logprobs(rp));
+        }
+    }
+    td_buf_reset(&x->out);
+    return td_openai_response_json(&x->stream.meta, choices, x->nreplies, &usage, &x->out);
 }
 
 void
@@ -592,7 +569,7 @@ td_rtext_tokens_run(td_rtext_t *x)
 {
     const rtext_batch_t *b = &x->work;
     size_t from = 0, top_at = 0;
-    bool matched = false;
+    bool all = true;
     td_status_t st = TD_OK;
 
     memset(&x->res, 0, sizeof x->res);
@@ -600,18 +577,23 @@ td_rtext_tokens_run(td_rtext_t *x)
         x->cached = b->cached;
     if (x->ended || canceled(x))
         return;
-    for (size_t m = 0; m < b->nmsgs && st == TD_OK && !matched && !canceled(x); m++) {
-        st = tokens_message(x, from, b->msg_end[m], &top_at, &matched);
+    for (size_t m = 0; m < b->nmsgs && st == TD_OK && !canceled(x); m++) {
+        st = tokens_message(x, b->msg_choice[m], from, b->msg_end[m], &top_at);
         from = b->msg_end[m];
+    }
+    for (uint32_t c = 0; st == TD_OK && !canceled(x) && c < x->nreplies; c++) {
+        if (b->end >> c & 1) {
+            x->res.by_us |= (b->by_us >> c & 1) != 0;
+            st = choice_end(x, c, b->finish[c]);
+        }
+        all &= td_reply_ended(x->replies[c]);
     }
     if (st != TD_OK) {
         res_fail(x, st, "could not decode the tokens");
         return;
     }
-    if (canceled(x) || (!matched && !b->end))
+    if (canceled(x) || !all)
         return;
-    st = matched ? tokens_finish(x, TD_OPENAI_FINISH_STOP, true)
-                 : tokens_finish(x, b->finish, b->by_us);
-    if (st != TD_OK)
+    if ((st = tokens_finish(x)) != TD_OK)
         res_fail(x, st, "could not finish the reply");
 }

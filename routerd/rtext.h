@@ -22,7 +22,9 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "chat_prompt.h"
 #include "http.h"
+#include "ireq.h"
 #include "openai.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -32,7 +34,7 @@
 
 /* What every request's text work reads (pointers kept; they outlive it). */
 typedef struct {
-    const td_openai_cfg_t *api;     /* request validation */
+    const td_ireq_cfg_t *api;       /* request validation */
     const td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok, or NULL */
     const char *model;              /* id in responses */
@@ -46,9 +48,11 @@ typedef struct {
     td_status_t st;             /* TD_OK, else the request fails with err */
     td_openai_err_t err;        /* st != TD_OK: what the client is told */
     bool refused;               /* the parser refused the body (err is its 4xx/413) */
-    bool ended;                 /* tokens: the reply is complete; out holds its end */
-    td_openai_finish_t finish;  /* ended: why (as the reply says) */
-    bool by_us;                 /* ended: a stop string or max_tokens, not the rank */
+    bool ended;                 /* tokens: every choice is complete; out holds the end */
+    bool by_us;                 /* ended: a choice was ended here (a stop string or
+                                   max_tokens), not by the rank */
+    uint64_t cut;               /* choices a stop string ended in this job (bit i: choice
+                                   i), which the rank may go on generating */
 } td_rtext_res_t;
 
 /* The text work of a request of kind with id oid (kept: it must outlive the
@@ -74,26 +78,37 @@ size_t td_rtext_body_len(const td_rtext_t *x);
  * as it is); set up the stop matcher, the reply reader, the
  * log-probabilities and the stream's metadata. */
 void td_rtext_prompt_run(td_rtext_t *x);
+/* The prompt of a parsed request as ids (*ids malloc'd, the caller frees):
+ * a V4.1 chat encoded (then *chat, when chat is not NULL, is the encoding,
+ * which says how to read the reply: the caller destroys it), token ids as
+ * given, text tokenized. Fails with err filled: a 400 the chat format
+ * cannot express, else 500. Any thread. */
+td_status_t td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **ids,
+                                size_t *n, td_chat_prompt_t **chat, td_openai_err_t *err);
+
 /* After it succeeded: the parsed request (x's: valid while x lives, read by
  * both sides, changed by neither but for the seed, which the text work does
  * not read) and the prompt's ids (moved to the caller, who frees them). */
-td_openai_req_t *td_rtext_req(td_rtext_t *x);
+td_ireq_t *td_rtext_req(td_rtext_t *x);
 int32_t *td_rtext_take_prompt(td_rtext_t *x, size_t *n);
 
 /* ---- Generated tokens ------------------------------------------------------ */
 
-/* The SSE event that starts a stream (a chat's delta.role), appended to out;
- * from now on the text goes out as SSE events. */
+/* The SSE events that start a stream (each choice's first chunk: a chat's
+ * delta.role), appended to out; from now on the text goes out as SSE
+ * events. */
 td_status_t td_rtext_stream_start(td_rtext_t *x, td_buf_t *out);
 
-/* One Tokens message's first n ids for the next job, with their
- * log-probabilities (lps: n entries whose tokens the caller checked, or NULL
- * when none were asked for). TD_ERR_NOMEM. Loop thread, a job may run. */
-td_status_t td_rtext_push(td_rtext_t *x, const int32_t *ids, size_t n,
-                          Tandem__TokenLogprob *const *lps);
-/* The reply ends after what was pushed: finish from the rank, or by_us
+/* One Tokens message's first n ids of choice (< the request's n) for the
+ * next job, with their log-probabilities (lps: n entries whose tokens the
+ * caller checked, or NULL when none were asked for); last_stop: the last is
+ * a stop token (the rank's finish STOP). TD_ERR_NOMEM. Loop thread, a job
+ * may run. */
+td_status_t td_rtext_push(td_rtext_t *x, uint32_t choice, const int32_t *ids, size_t n,
+                          bool last_stop, Tandem__TokenLogprob *const *lps);
+/* The choice ends after what was pushed: finish from the rank, or by_us
  * (max_tokens reached). Loop thread, a job may run. */
-void td_rtext_push_end(td_rtext_t *x, td_openai_finish_t finish, bool by_us);
+void td_rtext_push_end(td_rtext_t *x, uint32_t choice, td_openai_finish_t finish, bool by_us);
 /* The prefill rank served n prompt tokens from its prefix cache: the usage
  * says so (prompt_tokens_details.cached_tokens). Loop thread, a job may run. */
 void td_rtext_push_cached(td_rtext_t *x, uint64_t n);
@@ -101,10 +116,10 @@ void td_rtext_push_cached(td_rtext_t *x, uint64_t n);
  * + alternatives each), with 1 for the end of the reply: 0 means nothing
  * to do. Loop thread, no job running. */
 size_t td_rtext_tokens_take(td_rtext_t *x);
-/* The job: message by message, their log-probabilities, text, stop strings
- * and reply deltas as SSE events (streaming) or kept for the answer; at the
- * end of the reply (pushed, or a stop string matched) the rest of the text,
- * the finish chunk, usage and [DONE], or the whole answer's JSON. */
+/* The job: message by message, each through its choice's reply reader, as
+ * SSE events (streaming) or kept for the answer; a choice that ends (pushed,
+ * or a stop string matched) gets its finish chunk; once every choice has
+ * ended, usage and [DONE], or the whole answer's JSON. */
 void td_rtext_tokens_run(td_rtext_t *x);
 
 /* ---- After a job ----------------------------------------------------------- */

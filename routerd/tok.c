@@ -5,13 +5,14 @@
 
 td_status_t
 td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids, size_t nids,
-              td_buf_t *out)
+              bool skip_special, td_buf_t *out)
 {
     for (size_t i = 0; i < nids; i++) {
         const char *bytes;
         size_t len;
         char buf[TD_DETOK_OUT_MAX(64)];
-        td_status_t rc = tok->ops->piece(tok, ids[i], &bytes, &len);
+        td_status_t rc = skip_special ? tok->ops->piece(tok, ids[i], &bytes, &len)
+                                      : tok->ops->spell(tok, ids[i], &bytes, &len);
         if (rc != TD_OK)
             return rc;
         /* in slices, so that the output buffer stays on the stack */

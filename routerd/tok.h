@@ -9,6 +9,7 @@
 #include "status.h"
 #include "tokenizer.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,10 +66,11 @@ td_tok_destroy(td_tok_t *tok)
 
 /* Append the text of ids to out, holding back a character that is not yet
  * complete in st. Output is always valid UTF-8: an invalid byte sequence
- * becomes U+FFFD. An id outside the vocabulary: TD_ERR_RANGE, after the ids
- * before it were decoded. */
+ * becomes U+FFFD. skip_special: special tokens write nothing (piece); else
+ * they are spelled out (spell). An id outside the vocabulary: TD_ERR_RANGE,
+ * after the ids before it were decoded. */
 td_status_t td_tok_decode(const td_tok_t *tok, td_tok_dec_t *st, const uint32_t *ids,
-                          size_t nids, td_buf_t *out);
+                          size_t nids, bool skip_special, td_buf_t *out);
 
 /* End of the stream: an unfinished character held in st becomes U+FFFD. */
 td_status_t td_tok_decode_flush(td_tok_dec_t *st, td_buf_t *out);

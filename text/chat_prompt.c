@@ -855,16 +855,41 @@ static const char *const chat_effort_names[] = {
     "none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max", NULL
 };
 
-/* Thinking and its effort: an explicit "thinking" wins; without it, effort
- * "none" turns thinking off. Effort minimal/low -> 50, ultra/max -> 100,
- * anything else (or none given) -> 75. */
+/* chat_template_kwargs.thinking, the V4.1 template's switch as vLLM's
+ * clients pass it: -1 when absent (or null), else 0 / 1; a value that is not
+ * a boolean is refused. */
+static td_status_t
+conv_template_thinking(const json_t *req, int *thinking, td_chat_prompt_err_t *err)
+{
+    const json_t *k = get_opt(req, "chat_template_kwargs");
+    const json_t *t = json_is_object(k) ? get_opt(k, "thinking") : NULL;
+
+    *thinking = -1;
+    if (t == NULL)
+        return TD_OK;
+    if (!json_is_boolean(t))
+        return chat_refuse(err, TD_ERR_INVALID, "chat_template_kwargs.thinking",
+                           "Invalid 'chat_template_kwargs.thinking': expected a boolean, got "
+                           "%s.", json_type_name(t));
+    *thinking = json_is_true(t);
+    return TD_OK;
+}
+
+/* Thinking and its effort: chat_template_kwargs.thinking wins, then an
+ * explicit "thinking"; without either, effort "none" turns thinking off.
+ * Effort minimal/low -> 50, ultra/max -> 100, anything else (or none given)
+ * -> 75. */
 static td_status_t
 conv_thinking(chat_conv_t *c, const json_t *req, const td_chat_prompt_opts_t *opts,
               td_chat_prompt_err_t *err)
 {
     int thinking = opts ? opts->thinking : -1;
     const char *effort = opts ? opts->effort : NULL;
+    td_status_t st;
 
+    if (thinking < 0 && req != NULL &&
+        (st = conv_template_thinking(req, &thinking, err)) != TD_OK)
+        return st;
     if (thinking < 0 && req != NULL) {
         const json_t *t = get_opt(req, "thinking");
         if (t != NULL) {

@@ -7,6 +7,7 @@
 #include "buf.h"
 #include "log.h"
 #include "rng.h"
+#include "stopmatch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +23,8 @@
  * that completes has the branch's action and moves to the branch's stage.
  * Bytes that may still become a pattern are held back, so a delta is never
  * taken back. Patterns:
- *   STRING      the string, found anywhere (a KMP automaton);
+ *   STRING      the string (or any of the stop strings), found anywhere
+ *               (text/stopmatch.h's automaton);
  *   NL_STRING   the string with the newlines right before it (they are not
  *               content: "text\n\n</think>" gives "text");
  *   LEADING_NL  a newline as the first byte of the stage (leading newlines
@@ -79,16 +81,17 @@ static const char *const chat_fixed_pats[PAT_NFIXED] = {
     [PAT_FALSE]      = "false\">",
 };
 
+/* A pattern: one marker, or every stop string at once (text/stopmatch.h,
+ * the one matcher; a single string walks it as KMP would). */
 typedef struct {
-    const char *s;
-    size_t n;
-    size_t *fail;   /* KMP failure table, n entries */
+    td_stopmatch_t *m;
 } chat_pat_t;
 
 typedef struct {
     chat_pat_kind_t kind;
     const chat_pat_t *pat;  /* NULL for PAT_LEADING_NL */
-    size_t len;             /* bytes of pat matched */
+    uint32_t state;         /* pat's automaton state */
+    size_t len;             /* bytes of pat matched (a complete match: its length) */
     size_t nl;              /* NL_STRING: newlines before them */
     bool leading, matched;  /* LEADING_NL */
     chat_stage_t next;
@@ -101,8 +104,9 @@ struct td_chat_reply_reader {
     td_chat_reply_start_t start;
     bool tool_calls;
     chat_pat_t pats[PAT_NFIXED];
-    chat_pat_t *stops;
-    size_t nstop;
+    chat_pat_t stops;       /* every stop string (none: NULL automaton) */
+    bool stops_armed;       /* a stop string that completes counts (min_tokens reached) */
+    bool stop_include;      /* a matched stop string is content too */
 
     chat_stage_t stage;
     bool flag;
@@ -141,34 +145,18 @@ struct td_chat_reply_reader {
     bool oom;
 };
 
-static td_status_t
-pat_init(chat_pat_t *p, const char *s, size_t n)
+/* Step a string branch's automaton: the bytes of pat matched now (the
+ * pattern's length when one completes, what may still become one else);
+ * true when one completes. */
+static bool
+pat_step(chat_branch_t *b, char c)
 {
-    p->s = s;
-    p->n = n;
-    p->fail = calloc(n ? n : 1, sizeof(*p->fail));
-    if (p->fail == NULL)
-        return TD_ERR_NOMEM;
-    for (size_t i = 1, k = 0; i < n;) {
-        if (s[i] == s[k]) {
-            p->fail[i++] = ++k;
-        } else if (k) {
-            k = p->fail[k - 1];
-        } else {
-            p->fail[i++] = 0;
-        }
-    }
-    return TD_OK;
-}
+    size_t hit;
 
-static size_t
-pat_next(const chat_pat_t *p, size_t len, char c)
-{
-    while (len > 0 && (len >= p->n || p->s[len] != c))
-        len = p->fail[len - 1];
-    if (len < p->n && p->s[len] == c)
-        len++;
-    return len;
+    b->state = td_stopmatch_step(b->pat->m, b->state, (unsigned char)c);
+    hit = td_stopmatch_hit(b->pat->m, b->state, NULL);
+    b->len = hit ? hit : td_stopmatch_depth(b->pat->m, b->state);
+    return hit > 0;
 }
 
 /* Feed one byte; true when the pattern is complete. */
@@ -177,18 +165,18 @@ branch_feed(chat_branch_t *b, char c)
 {
     switch (b->kind) {
     case PAT_STRING:
-        b->len = pat_next(b->pat, b->len, c);
-        return b->len == b->pat->n;
+        return pat_step(b, c);
     case PAT_NL_STRING:
         if (b->len == 0 && c == '\n') {
             b->nl++;
+            return false;
         } else {
-            size_t next = pat_next(b->pat, b->len, c);
-            if (next <= b->len)
+            size_t before = b->len;
+            bool hit = pat_step(b, c);
+            if (b->len <= before)
                 b->nl = 0;
-            b->len = next;
+            return hit;
         }
-        return b->len == b->pat->n;
     case PAT_LEADING_NL:
         if (b->leading)
             b->matched = c == '\n';
@@ -232,8 +220,8 @@ stage_enter(td_chat_reply_reader_t *p, chat_stage_t stage, bool flag)
     p->nbr = 0;
     switch (stage) {
     case STAGE_CONTENT:
-        for (size_t i = 0; i < p->nstop; i++)
-            add_branch(p, PAT_STRING, &p->stops[i], STAGE_FINISHED, false, ACT_STOP, NULL);
+        if (p->stops.m != NULL)
+            add_branch(p, PAT_STRING, &p->stops, STAGE_FINISHED, false, ACT_STOP, NULL);
         if (p->tool_calls)
             add_branch(p, PAT_NL_STRING, &pt[PAT_DSML_BEGIN], STAGE_CALLS, false, ACT_SKIP, NULL);
         if (flag)
@@ -438,6 +426,8 @@ act(td_chat_reply_reader_t *p, chat_act_t a, const char *s, size_t n, const char
     case ACT_SKIP:
         break;
     case ACT_STOP:
+        if (label != NULL)   /* include_stop_str_in_output */
+            act(p, ACT_CONTENT, label, strlen(label), NULL);
         p->stopped = true;
         break;
     case ACT_CALL_BEGIN:
@@ -519,6 +509,10 @@ feed_byte(td_chat_reply_reader_t *p, char c)
     p->frags[p->nfrags - 1]++;
     for (size_t i = 0; i < p->nbr; i++)
         if (branch_feed(&p->br[i], c)) {
+            if (p->br[i].act == ACT_STOP && !p->stops_armed) {   /* min_tokens not reached */
+                p->br[i].len = td_stopmatch_depth(p->br[i].pat->m, p->br[i].state);
+                continue;
+            }
             hit = &p->br[i];
             break;
         }
@@ -526,6 +520,11 @@ feed_byte(td_chat_reply_reader_t *p, char c)
         return;
     chat_branch_t b = *hit;
     size_t m = branch_len(&b);
+    if (b.act == ACT_STOP && p->stop_include) {   /* the stop string is content too */
+        size_t which;
+        (void)td_stopmatch_hit(b.pat->m, b.state, &which);
+        b.label = td_stopmatch_pattern(b.pat->m, which);
+    }
     if (m > p->held.len)
         m = p->held.len;
     bool within = p->frag_open && p->frags[p->nfrags - 1] >= m;
@@ -700,27 +699,20 @@ td_chat_reply_reader_create(const td_chat_reply_opts_t *opts, td_chat_reply_read
     p->start = opts->start;
     p->tool_calls = opts->tool_calls;
     for (int i = 0; i < PAT_NFIXED; i++)
-        if (pat_init(&p->pats[i], chat_fixed_pats[i], strlen(chat_fixed_pats[i])) != TD_OK)
+        if (td_stopmatch_create(&chat_fixed_pats[i], NULL, 1, &p->pats[i].m) != TD_OK)
             goto err_free;
-    p->stops = calloc(opts->nstop ? opts->nstop : 1, sizeof(*p->stops));
-    if (p->stops == NULL)
-        goto err_free;
     for (size_t i = 0; i < opts->nstop; i++) {
         if (opts->stop[i] == NULL || opts->stop[i][0] == '\0') {
             td_error("chat reply: stop string %zu is empty", i);
             st = TD_ERR_INVALID;
             goto err_free;
         }
-        char *s = strdup(opts->stop[i]);
-        if (s == NULL)
-            goto err_free;
-        if (pat_init(&p->stops[p->nstop], s, strlen(s)) != TD_OK) {
-            free(s);
-            goto err_free;
-        }
-        p->nstop++;
     }
-    p->br = calloc(p->nstop + 4, sizeof(*p->br));
+    if (opts->nstop > 0 && td_stopmatch_create(opts->stop, NULL, opts->nstop, &p->stops.m) != TD_OK)
+        goto err_free;
+    p->stops_armed = true;
+    p->stop_include = opts->stop_include;
+    p->br = calloc(5, sizeof(*p->br));
     if (p->br == NULL)
         goto err_free;
     uint64_t seed = opts->id_seed;
@@ -757,12 +749,8 @@ td_chat_reply_reader_destroy(td_chat_reply_reader_t *p)
     if (p == NULL)
         return;
     for (int i = 0; i < PAT_NFIXED; i++)
-        free(p->pats[i].fail);
-    for (size_t i = 0; i < p->nstop; i++) {
-        free((char *)p->stops[i].s);
-        free(p->stops[i].fail);
-    }
-    free(p->stops);
+        td_stopmatch_destroy(p->pats[i].m);
+    td_stopmatch_destroy(p->stops.m);
     free(p->br);
     free(p->frags);
     td_buf_free(&p->held);
@@ -847,6 +835,12 @@ td_chat_reply_reader_finish(td_chat_reply_reader_t *p, td_chat_reply_finish_t en
     td_status_t st = deltas_end(p, deltas, ndeltas);
     p->finished = true;
     return st;
+}
+
+void
+td_chat_reply_reader_arm(td_chat_reply_reader_t *p, bool armed)
+{
+    p->stops_armed = armed;
 }
 
 bool

@@ -26,6 +26,8 @@ typedef struct {
     bool in_tool_calls;       /* the prompt opened the block (tool_choice required/named) */
     const char *const *stop;  /* stop strings (non-empty), matched in content only */
     size_t nstop;
+    bool stop_include;        /* a matched stop string ends the content (vLLM's
+                                 include_stop_str_in_output); else it is left out */
     uint64_t id_seed;         /* 0: tool call ids from the system's randomness;
                                  otherwise a fixed sequence (tests) */
 } td_chat_reply_opts_t;
@@ -104,6 +106,10 @@ td_status_t td_chat_reply_reader_feed(td_chat_reply_reader_t *rd, const char *te
  * TD_ERR_STATE, logged. */
 td_status_t td_chat_reply_reader_finish(td_chat_reply_reader_t *rd, td_chat_reply_finish_t engine,
                                         const td_chat_reply_delta_t **deltas, size_t *ndeltas);
+/* armed false: a stop string that completes does not count (the request's
+ * min_tokens are not reached yet); what may still become one is held all the
+ * same. A reader starts armed. */
+void td_chat_reply_reader_arm(td_chat_reply_reader_t *rd, bool armed);
 /* A stop string matched: the caller should end generation. */
 bool td_chat_reply_reader_stopped(const td_chat_reply_reader_t *rd);
 /* Everything so far (finish set after td_chat_reply_reader_finish); owned by rd. */

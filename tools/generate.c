@@ -41,6 +41,9 @@ usage(FILE *f)
         "usage: generate [--model DIR] (--messages FILE|- | --prompt TEXT | --prompt-ids IDS)\n"
         "                [--max-tokens N]\n"
         "                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--no-stream]\n"
+        "                [--min-p P] [--repetition-penalty R] [--presence-penalty X]\n"
+        "                [--frequency-penalty X] [--min-tokens N] [--ignore-eos]\n"
+        "                [--stop-token-ids IDS] [--no-skip-special]\n"
         "                [--thinking|--no-thinking] [--effort LEVEL] [--logprobs N] [--json]\n"
         "                [--context N] [--chunk N] [--dep N [--placement FILE]] [--requests R]\n"
         "  Generate a reply with the DeepSeek-V4.1 checkpoint in DIR (default: $TANDEM_MODEL)\n"
@@ -56,6 +59,14 @@ usage(FILE *f)
         "  --top-k K        keep the K most likely tokens; 0: all (default 0)\n"
         "  --seed S         the draw at position p depends on (S, p) only (default: random,\n"
         "                   printed in the summary)\n"
+        "  --min-p P        drop tokens less likely than P times the top one, in [0, 1] (0)\n"
+        "  --repetition-penalty R  vLLM's, over prompt and output, in (0, 2] (default 1: off)\n"
+        "  --presence-penalty X, --frequency-penalty X\n"
+        "                   OpenAI's, over the output, in [-2, 2] (default 0: off)\n"
+        "  --min-tokens N   no stop token before N tokens were generated (default 0)\n"
+        "  --ignore-eos     the model's end-of-sequence ids do not end the reply\n"
+        "  --stop-token-ids IDS  token ids that end the reply too (spaces or commas)\n"
+        "  --no-skip-special     special tokens are shown in the text\n"
         "  --no-stream      print the reply once it is complete\n"
         "  --thinking, --no-thinking, --effort LEVEL\n"
         "                   as the request's \"thinking\" and \"reasoning_effort\" (--messages)\n"
@@ -98,7 +109,88 @@ typedef struct {
     uint64_t dep;                 /* 0: no DEP group */
     const char *placement;        /* NULL: contiguous ranges */
     uint64_t requests;
+    double min_p, repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t min_tokens;
+    bool ignore_eos;
+    bool show_special;            /* --no-skip-special */
+    int32_t stop_ids[TD_SAMPLE_MAX_STOP];   /* --stop-token-ids */
+    uint32_t nstop_ids;
 } gen_opts_t;
+
+enum {
+    OPT_MINP = 512, OPT_REP, OPT_PRES, OPT_FREQ, OPT_MINTOK, OPT_IGNORE_EOS, OPT_STOP_IDS,
+    OPT_SHOW_SPECIAL,
+};
+
+/* --stop-token-ids: ids separated by spaces or commas, at most 16. */
+static td_status_t
+parse_stop_ids(const char *arg, gen_opts_t *o, char *err, size_t errlen)
+{
+    const char *p = arg;
+
+    o->nstop_ids = 0;
+    while (*p) {
+        char *end;
+        unsigned long long v;
+
+        if (*p == ' ' || *p == ',') {
+            p++;
+            continue;
+        }
+        errno = 0;
+        v = strtoull(p, &end, 10);
+        if (end == p || errno != 0 || v > INT32_MAX || (*end && *end != ' ' && *end != ',')) {
+            snprintf(err, errlen, "--stop-token-ids: \"%s\" is not a list of token ids", arg);
+            return TD_ERR_INVALID;
+        }
+        if (o->nstop_ids == TD_SAMPLE_MAX_STOP) {
+            snprintf(err, errlen, "--stop-token-ids: more than %d ids", TD_SAMPLE_MAX_STOP);
+            return TD_ERR_RANGE;
+        }
+        o->stop_ids[o->nstop_ids++] = (int32_t)v;
+        p = end;
+    }
+    return TD_OK;
+}
+
+/* The sampling options past the classic ones (the sampler's other steps). */
+static td_status_t
+parse_sampling_opt(int c, const char *arg, gen_opts_t *o, char *err, size_t errlen)
+{
+    switch (c) {
+    case OPT_MINP:
+        return td_config_parse_double("--min-p", arg, 0, 1, &o->min_p, err, errlen);
+    case OPT_REP:
+        if (td_config_parse_double("--repetition-penalty", arg, 0, TD_SAMPLE_REPETITION_MAX,
+                                   &o->repetition_penalty, err, errlen) != TD_OK)
+            return TD_ERR_RANGE;
+        if (o->repetition_penalty == 0) {
+            snprintf(err, errlen, "--repetition-penalty: %s is not in (0, 2]", arg);
+            return TD_ERR_RANGE;
+        }
+        return TD_OK;
+    case OPT_PRES:
+        return td_config_parse_double("--presence-penalty", arg, -TD_SAMPLE_PENALTY_LIMIT,
+                                      TD_SAMPLE_PENALTY_LIMIT, &o->presence_penalty, err,
+                                      errlen);
+    case OPT_FREQ:
+        return td_config_parse_double("--frequency-penalty", arg, -TD_SAMPLE_PENALTY_LIMIT,
+                                      TD_SAMPLE_PENALTY_LIMIT, &o->frequency_penalty, err,
+                                      errlen);
+    case OPT_MINTOK:
+        return td_config_parse_uint("--min-tokens", arg, 0, UINT32_MAX, &o->min_tokens, err,
+                                    errlen);
+    case OPT_IGNORE_EOS:
+        o->ignore_eos = true;
+        return TD_OK;
+    case OPT_SHOW_SPECIAL:
+        o->show_special = true;
+        return TD_OK;
+    case OPT_STOP_IDS:
+        return parse_stop_ids(arg, o, err, errlen);
+    }
+    return TD_ERR_INTERNAL;
+}
 
 /* 0, or 2 after a message (usage error); 1 for --help printed. */
 static int
@@ -130,6 +222,14 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         { "dep", required_argument, NULL, OPT_DEP },
         { "placement", required_argument, NULL, OPT_PLACEMENT },
         { "requests", required_argument, NULL, OPT_REQUESTS },
+        { "min-p", required_argument, NULL, OPT_MINP },
+        { "repetition-penalty", required_argument, NULL, OPT_REP },
+        { "presence-penalty", required_argument, NULL, OPT_PRES },
+        { "frequency-penalty", required_argument, NULL, OPT_FREQ },
+        { "min-tokens", required_argument, NULL, OPT_MINTOK },
+        { "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
+        { "stop-token-ids", required_argument, NULL, OPT_STOP_IDS },
+        { "no-skip-special", no_argument, NULL, OPT_SHOW_SPECIAL },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -139,7 +239,7 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
 
     *o = (gen_opts_t){
         .model = getenv("TANDEM_MODEL"), .max_tokens = GEN_DEFAULT_MAX_TOKENS,
-        .temperature = 1.0, .top_p = 1.0, .stream = true,
+        .temperature = 1.0, .top_p = 1.0, .stream = true, .repetition_penalty = 1.0,
         .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
         .requests = 1,
     };
@@ -205,6 +305,10 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
                                       err, sizeof(err));
             break;
         case 'h': usage(stdout); return 1;
+        case OPT_MINP: case OPT_REP: case OPT_PRES: case OPT_FREQ: case OPT_MINTOK:
+        case OPT_IGNORE_EOS: case OPT_STOP_IDS: case OPT_SHOW_SPECIAL:
+            st = parse_sampling_opt(c, optarg, o, err, sizeof(err));
+            break;
         default: usage(stderr); return 2;
         }
         if (st != TD_OK) {
@@ -383,6 +487,7 @@ typedef struct {
     td_cache_t cache;
     float *logits;                /* [V] */
     td_sample_params_t sp;        /* request 0's; a copy's seed is S + i */
+    td_sample_hist_t hist;        /* its prompt and output, when a penalty is on */
     int32_t token;                /* the last chosen: the next step's input */
     size_t ngen;
     bool done;
@@ -520,8 +625,9 @@ gen_emit(gen_t *g, const td_sample_pick_t *pk, td_sample_finish_t fin)
 
     g->ids[g->ngen++] = pk->token;
     if (fin != TD_SAMPLE_FINISH_STOP) {
-        st = td_detok_feed(&g->detok, tok, (uint32_t)pk->token, TD_TOKENIZER_SKIP_SPECIAL,
-                           g->piece, g->piece_cap, &len);
+        st = td_detok_feed(&g->detok, tok, (uint32_t)pk->token,
+                           g->o->show_special ? 0 : TD_TOKENIZER_SKIP_SPECIAL, g->piece,
+                           g->piece_cap, &len);
         if (st != TD_OK) {
             fprintf(stderr, "generate: token %d has no text in the tokenizer (%s)\n", pk->token,
                     td_status_str(st));
@@ -751,11 +857,19 @@ gen_pick(gen_t *g, size_t i, uint64_t pos, uint64_t cap)
 {
     gen_req_t *q = &g->reqs[i];
     size_t V = (size_t)g->m->cfg->vocab_size;
-    uint32_t ntop = i == 0 && g->o->logprobs > 0 ? (uint32_t)g->o->logprobs : 0;
+    td_sample_params_t sp = q->sp;
+    td_sample_dist_t lg = { (uint32_t)V, NULL, q->logits };
+    td_sample_row_t row = { &sp, q->hist.count ? &q->hist : NULL, pos, q->ngen };
     td_sample_pick_t pk;
 
-    if (td_sample_pick(q->logits, V, &q->sp, pos, ntop, &pk) != TD_OK)   /* logs why */
+    sp.logprobs = i == 0 && g->o->logprobs >= 0;
+    sp.top_logprobs = sp.logprobs ? (uint32_t)g->o->logprobs : 0;
+    if (td_sample_row_pick(&lg, &row, -1, &pk) != TD_OK)   /* logs why */
         return -1;
+    if (q->hist.count && td_sample_hist_add(&q->hist, &pk.token, 1, true) != TD_OK) {
+        fprintf(stderr, "generate: out of memory\n");
+        return -1;
+    }
     td_sample_finish_t fin = td_sample_finish(&q->sp, pk.token, q->ngen + 1, pos + 1, cap);
     q->token = pk.token;
     q->ngen++;
@@ -803,6 +917,10 @@ gen_run(gen_t *g)
         q->rank = (uint32_t)(i % g->nranks);
         q->sp = g->sp;
         q->sp.seed = g->sp.seed + i;
+        if (td_sample_params_penalized(&q->sp) &&
+            (td_sample_hist_init(&q->hist, (uint32_t)V) != TD_OK ||
+             td_sample_hist_add(&q->hist, (const int32_t *)g->prompt, g->nprompt, false) != TD_OK))
+            goto nomem;
         const td_model_t *m = g->ranks[q->rank].m;
         if (td_kvmem_create(m->plan->layout, cap, 0, &q->mem) != TD_OK ||   /* logs why */
             td_cache_init(&q->cache, m->plan, &q->mem->kv) != TD_OK)
@@ -858,6 +976,7 @@ cleanup:
     gen_ranks_stop(g);
     for (size_t i = 0; g->reqs != NULL && i < g->nreq; i++) {
         free(g->reqs[i].logits);
+        td_sample_hist_free(&g->reqs[i].hist);
         td_kvmem_destroy(g->reqs[i].mem);
     }
     free(g->reqs);
@@ -990,8 +1109,18 @@ gen_prepare(gen_t *g)
     }
     g->sp = (td_sample_params_t){
         .temperature = o->temperature, .top_p = o->top_p, .top_k = (uint32_t)o->top_k,
-        .seed = o->seed, .max_tokens = (uint32_t)o->max_tokens,
+        .seed = o->seed, .max_tokens = (uint32_t)o->max_tokens, .min_p = o->min_p,
+        .repetition_penalty = o->repetition_penalty, .presence_penalty = o->presence_penalty,
+        .frequency_penalty = o->frequency_penalty, .min_tokens = (uint32_t)o->min_tokens,
     };
+    for (uint32_t i = 0; i < o->nstop_ids; i++) {
+        if (o->stop_ids[i] >= m->cfg->vocab_size) {
+            fprintf(stderr, "generate: --stop-token-ids: %d is outside the model's vocabulary "
+                            "of %lld\n", o->stop_ids[i], (long long)m->cfg->vocab_size);
+            return -1;
+        }
+        (void)td_sample_stop_add(&g->sp, o->stop_ids[i]);   /* <= 16: fits */
+    }
     if (!o->seed_set)
         g->sp.seed = td_rng_mix64((uint64_t)time(NULL) * TD_RNG_GAMMA ^
                                      td_rng_mix64((uint64_t)getpid() + (uint64_t)clock()));
@@ -1008,7 +1137,7 @@ gen_prepare(gen_t *g)
                         "--max-tokens\n", o->model);
     else if (st != TD_OK)
         return -1;
-    for (uint32_t i = 0; i < neos; i++)
+    for (uint32_t i = 0; !o->ignore_eos && i < neos; i++)
         if (td_sample_stop_add(&g->sp, eos[i]) != TD_OK) {
             fprintf(stderr, "generate: more than %d stop tokens\n", TD_SAMPLE_MAX_STOP);
             return -1;

@@ -59,12 +59,17 @@ td_wire_sampling(const Tandem__Sampling *in, const td_engine_t *e, td_sample_par
         }
         s.logprobs = in->logprobs;
         s.top_logprobs = in->top_logprobs;
+        s.min_p = in->min_p;
+        s.repetition_penalty = in->repetition_penalty;   /* 0: off, as 1 */
+        s.presence_penalty = in->presence_penalty;
+        s.frequency_penalty = in->frequency_penalty;
+        s.min_tokens = in->min_tokens;
         if (s.top_logprobs > 0 && !s.logprobs) {
             snprintf(why, whylen, "top_logprobs without logprobs");
             return TD_ERR_INVALID;
         }
     }
-    for (uint32_t i = 0; i < e->nstop; i++) {
+    for (uint32_t i = 0; !(in != NULL && in->ignore_eos) && i < e->nstop; i++) {
         if (td_sample_stop_add(&s, e->stop[i]) != TD_OK) {
             snprintf(why, whylen, "the request's stop tokens and the model's end-of-sequence "
                      "ids are more than %d", TD_SAMPLE_MAX_STOP);
@@ -77,6 +82,12 @@ td_wire_sampling(const Tandem__Sampling *in, const td_engine_t *e, td_sample_par
     }
     *out = s;
     return TD_OK;
+}
+
+uint32_t
+td_wire_choices(const Tandem__Sampling *in)
+{
+    return in == NULL || in->n == 0 ? 1 : in->n;
 }
 
 void

@@ -15,13 +15,22 @@
 #include "tandem.pb-c.h"
 
 /* in (NULL: greedy, max_tokens 0) as parameters for engine e: top_p 0 is
- * proto3's unset (1); stop_tokens (at most TD_SAMPLE_MAX_STOP, inside the
- * vocabulary) joined by e's end-of-sequence ids; logit_bias inside the
+ * proto3's unset (1), as a repetition_penalty of 0 is off; stop_tokens (at
+ * most TD_SAMPLE_MAX_STOP, inside the vocabulary) joined by e's
+ * end-of-sequence ids unless ignore_eos; min_p, the penalties and
+ * min_tokens as the sampler checks them; logit_bias inside the
  * vocabulary, each token once, in [-100, 100]; top_logprobs <= 20; then
  * td_sample_check. TD_ERR_INVALID with why (out set only on success). The
  * caller decides what max_tokens 0 means to it. */
 td_status_t td_wire_sampling(const Tandem__Sampling *in, const td_engine_t *e,
                              td_sample_params_t *out, char *why, size_t whylen);
+
+/* The most choices (rows) of one request a worker takes. */
+#define TD_WIRE_MAX_CHOICES 64
+
+/* The choices (rows) of a request: Sampling.n, 0 (unset) being 1. The
+ * caller bounds it (TD_WIRE_MAX_CHOICES, its batch rows). */
+uint32_t td_wire_choices(const Tandem__Sampling *in);
 
 /* A TokenLogprob of a pick, and the storage it points into. */
 typedef struct {

@@ -150,6 +150,8 @@ static const refusal_t refusals[] = {
       "thinking.type", "Invalid 'thinking'" },
     { "{\"messages\":[" U("x") "],\"thinking\":true}", TD_ERR_INVALID, "thinking.type",
       "Invalid 'thinking'" },
+    { "{\"messages\":[" U("x") "],\"chat_template_kwargs\":{\"thinking\":1}}", TD_ERR_INVALID,
+      "chat_template_kwargs.thinking", "expected a boolean" },
     { "{\"messages\":[" U("x") "],\"reasoning_effort\":\"extreme\"}", TD_ERR_INVALID,
       "reasoning_effort", "'extreme'" },
     { "{\"messages\":[" U("x") "],\"reasoning_effort\":5}", TD_ERR_INVALID,
@@ -298,6 +300,17 @@ test_overrides(void)
           "\"thinking\":{\"type\":\"enabled\"}}" },
         { "[{\"role\":\"developer\",\"content\":\"d\"}," U("x") "]", { -1, NULL },
           "[{\"role\":\"system\",\"content\":\"d\"}," U("x") "]" },
+        /* chat_template_kwargs.thinking (vLLM's switch) wins over "thinking" */
+        { "[" U("x") "]", { 0, NULL },
+          "{\"messages\":[" U("x") "],\"chat_template_kwargs\":{\"thinking\":false}}" },
+        { "[" U("x") "]", { 0, NULL },
+          "{\"messages\":[" U("x") "],\"thinking\":{\"type\":\"enabled\"},"
+          "\"chat_template_kwargs\":{\"thinking\":false}}" },
+        { "[" U("x") "]", { 1, NULL },
+          "{\"messages\":[" U("x") "],\"thinking\":{\"type\":\"disabled\"},"
+          "\"chat_template_kwargs\":{\"thinking\":true}}" },
+        { "[" U("x") "]", { -1, NULL },
+          "{\"messages\":[" U("x") "],\"chat_template_kwargs\":{\"thinking\":null}}" },
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
@@ -495,6 +508,24 @@ test_stop(void)
     CHECK(nd == 0);
     CHECK(td_chat_reply_reader_reply(p)->finish == TD_CHAT_REPLY_FINISH_STOP);
     CHECK_STR(td_chat_reply_reader_reply(p)->content, "abc");
+    td_chat_reply_reader_destroy(p);
+
+    /* include_stop_str_in_output: the stop string ends the content; not
+     * armed (min_tokens), a completed one is content and the reader goes on */
+    o.stop_include = true;
+    p = NULL;
+    CHECK_STATUS(td_chat_reply_reader_create(&o, &p), TD_OK);
+    if (p == NULL)
+        return;
+    td_chat_reply_reader_arm(p, false);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "xEND", 4, &d, &nd), TD_OK);
+    CHECK(!td_chat_reply_reader_stopped(p));
+    td_chat_reply_reader_arm(p, true);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "yEN", 3, &d, &nd), TD_OK);
+    CHECK_STATUS(td_chat_reply_reader_feed(p, "Dz", 2, &d, &nd), TD_OK);
+    CHECK(td_chat_reply_reader_stopped(p));
+    CHECK_STATUS(td_chat_reply_reader_finish(p, TD_CHAT_REPLY_FINISH_STOP, &d, &nd), TD_OK);
+    CHECK_STR(td_chat_reply_reader_reply(p)->content, "xENDyEND");
     td_chat_reply_reader_destroy(p);
 }
 

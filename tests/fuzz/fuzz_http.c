@@ -5,7 +5,7 @@
  * route table, the bearer-key check of routerd/apikeys.c), delivered in
  * pieces over a UNIX socket added to that listener. The routes stand in for
  * routerd's chat and completions routes up to scheduling: the body is parsed
- * by the OpenAI parser (routerd/openai.c) and, for chat, rendered by the V4.1
+ * by the request model's OpenAI adapter (routerd/adapt-openai.c) and, for chat, rendered by the V4.1
  * chat encoder and tokenized with the tiny checkpoint's tokenizer
  * ($TD_FUZZ_TINY), completions through routerd's tokenizer layer; errors go
  * out through td_http_refuse. With bit 7 of the first byte set, the rest is
@@ -28,6 +28,8 @@
 #include "fuzz.h"
 #include "http.h"
 #include "metrics.h"
+#include "adapt-openai.h"
+#include "ireq.h"
 #include "openai.h"
 #include "tok.h"
 #include "tok_bpe.h"
@@ -45,7 +47,7 @@ typedef struct {
     td_tok_t *tok;
     const td_tokenizer_t *v41;
     const char *models[2];
-    td_openai_cfg_t api;
+    td_ireq_cfg_t api;
     struct sockaddr_un addr;
     socklen_t addr_len;
 } fuzz_http_t;
@@ -58,14 +60,14 @@ http_serve(td_http_req_t *req, td_openai_kind_t kind)
 {
     size_t len;
     const char *body = td_http_body(req, &len);
-    td_openai_req_t *o = NULL;
+    td_ireq_t *o = NULL;
     td_openai_err_t e;
     uint32_t *ids = NULL;
     size_t n = 0;
     td_status_t st;
 
     memset(&e, 0, sizeof e);
-    st = td_openai_req_parse(&H.api, kind, body, len, &o, &e);
+    st = td_adapt_openai_parse(&H.api, kind, body, len, &o, &e);
     if (st != TD_OK) {
         FUZZ_CHECK(o == NULL && e.http >= 400 && e.message[0]);
         td_http_refuse(&H.metrics, req, &e);
@@ -96,7 +98,7 @@ http_serve(td_http_req_t *req, td_openai_kind_t kind)
         td_http_refuse(&H.metrics, req, &e);
     }
     free(ids);
-    td_openai_req_destroy(o);
+    td_ireq_destroy(o);
 }
 
 static void
@@ -156,7 +158,7 @@ http_init(void)
     FUZZ_CHECK(td_tok_bpe_create(tiny, &H.tok) == TD_OK);
     H.v41 = td_tok_bpe_tokenizer(H.tok);
     H.models[0] = "tandem-fuzz";
-    H.api = (td_openai_cfg_t){ .models = H.models, .max_body = HTTP_MAX_BODY,
+    H.api = (td_ireq_cfg_t){ .models = H.models, .max_body = HTTP_MAX_BODY,
                                .max_tokens_limit = 4096, .max_tokens_default = 16,
                                .vocab = H.tok->vocab_size };
     H.base = event_base_new();

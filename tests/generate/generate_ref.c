@@ -1,7 +1,11 @@
 /* tests/generate/generate_ref.c — the plainest generation loop over the
  * library, for tools/generate to be compared with: one prefill call, one
  * decode step per token, argmax (or td_sample_rows with a seed), stop at the
- * config's eos ids, log-probabilities by a direct double loop. Prints
+ * config's eos ids, log-probabilities by a direct double loop; with
+ * --penalties R,P,F and --min-tokens N the logits are changed first by
+ * direct loops over the prompt and the ids so far (vLLM's repetition
+ * penalty, OpenAI's presence and frequency penalties, the eos ids at -inf
+ * before N tokens), not by the sampler's history. Prints
  * {"prompt_ids", "ids", "logprobs", "finish_reason"}. */
 #include "chat_prompt.h"
 #include "kvmem.h"
@@ -28,7 +32,8 @@ main(int argc, char **argv)
     const char *dir = NULL, *prompt = NULL, *messages = NULL;
     td_chat_prompt_opts_t copts = { .thinking = -1 };
     td_sample_params_t sp = td_sample_params_greedy();
-    unsigned long max_tokens = 16;
+    unsigned long max_tokens = 16, min_tokens = 0;
+    double rep = 1, pres = 0, freq = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -48,6 +53,9 @@ main(int argc, char **argv)
         else if (strcmp(a, "--top-p") == 0) sp.top_p = strtod(v, NULL);
         else if (strcmp(a, "--top-k") == 0) sp.top_k = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(a, "--seed") == 0) sp.seed = strtoull(v, NULL, 10);
+        else if (strcmp(a, "--penalties") == 0 && sscanf(v, "%lf,%lf,%lf", &rep, &pres, &freq) == 3)
+            ;
+        else if (strcmp(a, "--min-tokens") == 0) min_tokens = strtoul(v, NULL, 10);
         else return fail(a);
         i++;
     }
@@ -93,14 +101,30 @@ main(int argc, char **argv)
     const td_sample_params_t *sps[1] = { &sp };
     for (size_t i = 0; i < n; i++)
         json_array_append_new(pids, json_integer(ids[i]));
+    int32_t *gen = malloc((max_tokens + 1) * sizeof(int32_t));
     for (unsigned long g = 0; g < max_tokens; g++) {
         uint64_t pos = n + g;
         int32_t t;
+        for (size_t v = 0; v < V; v++) {   /* the penalties and the mask, written out */
+            int seen = 0, cnt = 0;
+            for (size_t k = 0; k < n; k++)
+                seen |= ids[k] == v;
+            for (unsigned long k = 0; k < g; k++)
+                cnt += gen[k] == (int32_t)v;
+            if (rep != 1 && (seen || cnt > 0))
+                logits[v] = logits[v] > 0 ? logits[v] / (float)rep : logits[v] * (float)rep;
+            if (cnt > 0)
+                logits[v] -= (float)(freq * cnt + pres);
+            for (uint32_t k = 0; g < min_tokens && k < m->cfg->eos_token_id.n; k++)
+                if (m->cfg->eos_token_id.v[k] == (int64_t)v)
+                    logits[v] = -INFINITY;
+        }
         if (td_sample_rows(logits, 1, V, sps, &pos, &t) != TD_OK)
             return fail("sample");
         double z = 0;
         for (size_t i = 0; i < V; i++)
             z += exp((double)logits[i]);
+        gen[g] = t;
         json_array_append_new(out_ids, json_integer(t));
         json_array_append_new(lps, json_real((double)logits[t] - log(z)));
         int stop = 0;
@@ -121,6 +145,7 @@ main(int argc, char **argv)
     putchar('\n');
     json_decref(o);
     td_kvmem_destroy(mem);
+    free(gen);
     free(in);
     free(logits);
     free(ids);

@@ -167,6 +167,54 @@ try:
     rc2, d2, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--max-tokens", "4"])
     check("no --seed: a random seed, reported", rc == rc2 == 0 and d["seed"] != d2["seed"])
 
+    # ---- the sampler's other steps -----------------------------------------------------
+    greedy = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens", "16"])[1]
+    rc, k1, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "1.5", "--top-k", "1",
+                                   "--seed", "3", "--max-tokens", "16"])
+    check("--top-k 1 at temperature 1.5 is greedy", rc == 0 and k1["ids"] == greedy["ids"])
+    pen = ["--penalties", "1.8,0.7,0.9"]
+    want = ref(tiny, ["--prompt", PROMPT, "--max-tokens", "16"] + pen)
+    rc, got, toks, err = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0",
+                                         "--max-tokens", "16", "--logprobs", "0",
+                                         "--repetition-penalty", "1.8", "--presence-penalty",
+                                         "0.7", "--frequency-penalty", "0.9"])
+    tl = [t for t in toks if t["type"] == "token"]
+    check("penalties: ids equal a direct loop's", rc == 0 and got["ids"] == want["ids"],
+          err[-300:] if rc else "%s vs %s" % (got["ids"], want["ids"]))
+    check("penalties: logprobs of the penalized distribution",
+          rc == 0 and len(tl) == len(want["logprobs"]) and
+          all(abs(t["logprob"] - w) < 1e-5 for t, w in zip(tl, want["logprobs"])))
+    check("penalties change the reply", rc == 0 and got["ids"] != greedy["ids"])
+    # stop ids, min tokens, and the config's eos ignored
+    eos = json.load(open(os.path.join(tiny, "config.json")))["text_config"].get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    rc, st, _, err = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens",
+                                     "12", "--stop-token-ids", str(greedy["ids"][2])])
+    check("--stop-token-ids ends the reply", rc == 0 and st["ids"] == greedy["ids"][:3] and
+          st["finish_reason"] == "stop", err[-300:])
+    rc, st, _, err = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens",
+                                     "12", "--stop-token-ids", str(greedy["ids"][2]),
+                                     "--min-tokens", "5"])
+    check("--min-tokens masks stop tokens until reached",
+          rc == 0 and greedy["ids"][2] not in st["ids"][:5] and len(st["ids"]) >= 5, err[-300:])
+    # this prompt's greedy reply ends with the config's eos at token 128
+    rc, full, _, _ = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens",
+                                     "140"])
+    check("the greedy reply ends with eos", rc == 0 and full["finish_reason"] == "stop" and
+          full["ids"][-1] == eos and len(full["ids"]) < 135, str(full and full["ids"][-3:]))
+    rc, st, _, err = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens",
+                                     "140", "--ignore-eos"])
+    check("--ignore-eos runs past eos to max-tokens", rc == 0 and len(st["ids"]) == 140 and
+          st["finish_reason"] == "length" and st["ids"][:len(full["ids"])] == full["ids"],
+          err[-300:])
+    n = len(full["ids"]) + 4
+    want = ref(tiny, ["--prompt", PROMPT, "--max-tokens", "140", "--min-tokens", str(n)])
+    rc, st, _, err = gen_json(tiny, ["--prompt", PROMPT, "--temperature", "0", "--max-tokens",
+                                     "140", "--min-tokens", str(n)])
+    check("--min-tokens: no eos before it, ids equal a direct loop's",
+          rc == 0 and st["ids"] == want["ids"] and eos not in st["ids"][:n] and
+          st["ids"] != full["ids"], err[-300:])
+
     # ---- --dep N: a DEP group of rank threads prints the same bytes -----------------------
     def no_timing(out):
         ls = lines(out)

@@ -6,10 +6,12 @@
 #include "buf.h"
 #include "check.h"
 #include "log.h"
+#include "adapt-openai.h"
+#include "ireq.h"
 #include "openai.h"
+#include "reply.h"
 #include "rng.h"
 #include "sse.h"
-#include "stop.h"
 #include "tok_bytes.h"
 
 #include <jansson.h>
@@ -21,7 +23,7 @@
 #define MODEL "tandem-synthetic"
 
 static const char *const models[] = { MODEL, "other-model", NULL };
-static const td_openai_cfg_t cfg = {
+static const td_ireq_cfg_t cfg = {
     .models = models,
     .max_body = 64 * 1024,
     .max_tokens_limit = 4096,
@@ -145,7 +147,37 @@ static const struct {
     { C, "{" M "," MSG ",'stop':['a','b','c','d','e']}", TD_ERR_INVALID, 400, "stop", "array_above_max_length", "maximum length 4, but got an array with length 5" },
     { C, "{" M "," MSG ",'stop':['a',1]}", TD_ERR_INVALID, 400, "stop[1]", "invalid_type", "expected a string" },
     { C, "{" M "," MSG ",'stop':''}", TD_ERR_INVALID, 400, "stop", "invalid_value", "must not be empty" },
-    { C, "{" M "," MSG ",'n':2}", TD_ERR_UNSUPPORTED, 400, "n", "unsupported_value", "only n = 1 is supported" },
+    { C, "{" M "," MSG ",'n':17}", TD_ERR_INVALID, 400, "n", "integer_above_max_value", "Expected a value <= 16, but got 17" },
+    { C, "{" M "," MSG ",'n':0}", TD_ERR_INVALID, 400, "n", "integer_below_min_value", ">= 1" },
+    { C, "{" M "," MSG ",'best_of':3}", TD_ERR_UNSUPPORTED, 400, "best_of", "unsupported_value", "best_of is not supported by this server" },
+    { C, "{" M "," MSG ",'top_k':-2}", TD_ERR_INVALID, 400, "top_k", "integer_below_min_value", "Expected a value >= -1, but got -2" },
+    { C, "{" M "," MSG ",'top_k':1.5}", TD_ERR_INVALID, 400, "top_k", "invalid_type", "expected an integer" },
+    { C, "{" M "," MSG ",'min_p':1.5}", TD_ERR_INVALID, 400, "min_p", "decimal_above_max_value", "<= 1" },
+    { C, "{" M "," MSG ",'min_p':-0.1}", TD_ERR_INVALID, 400, "min_p", "decimal_below_min_value", ">= 0" },
+    { C, "{" M "," MSG ",'repetition_penalty':0}", TD_ERR_INVALID, 400, "repetition_penalty", "decimal_below_min_value", "> 0" },
+    { C, "{" M "," MSG ",'repetition_penalty':2.5}", TD_ERR_INVALID, 400, "repetition_penalty", "decimal_above_max_value", "<= 2" },
+    { C, "{" M "," MSG ",'frequency_penalty':-2.5}", TD_ERR_INVALID, 400, "frequency_penalty", "decimal_below_min_value", ">= -2" },
+    { C, "{" M "," MSG ",'min_tokens':-1}", TD_ERR_INVALID, 400, "min_tokens", "integer_below_min_value", ">= 0" },
+    { C, "{" M "," MSG ",'min_tokens':20,'max_tokens':10}", TD_ERR_INVALID, 400, "min_tokens", "invalid_value", "20 is above max_tokens (10)" },
+    { C, "{" M "," MSG ",'stop_token_ids':5}", TD_ERR_INVALID, 400, "stop_token_ids", "invalid_type", "expected an array of token ids" },
+    { C, "{" M "," MSG ",'stop_token_ids':[1,'x']}", TD_ERR_INVALID, 400, "stop_token_ids[1]", "invalid_type", "expected an integer (a token id)" },
+    { C, "{" M "," MSG ",'stop_token_ids':[-1]}", TD_ERR_INVALID, 400, "stop_token_ids[0]", "invalid_value", "token id -1 is not a token id" },
+    { C, "{" M "," MSG ",'ignore_eos':1}", TD_ERR_INVALID, 400, "ignore_eos", "invalid_type", "expected a boolean" },
+    { C, "{" M "," MSG ",'skip_special_tokens':'no'}", TD_ERR_INVALID, 400, "skip_special_tokens", "invalid_type", "expected a boolean" },
+    { C, "{" M "," MSG ",'include_stop_str_in_output':0}", TD_ERR_INVALID, 400, "include_stop_str_in_output", "invalid_type", "expected a boolean" },
+    { C, "{" M "," MSG ",'chat_template_kwargs':{'enable_thinking':true}}", TD_ERR_UNSUPPORTED, 400, "chat_template_kwargs.enable_thinking", "unsupported_value", "takes only 'thinking'" },
+    { C, "{" M "," MSG ",'chat_template_kwargs':{'thinking':'yes'}}", TD_ERR_INVALID, 400, "chat_template_kwargs.thinking", "invalid_type", "expected a boolean" },
+    { C, "{" M "," MSG ",'chat_template_kwargs':[]}", TD_ERR_INVALID, 400, "chat_template_kwargs", "invalid_type", "expected an object" },
+    { C, "{" M "," MSG ",'guided_json':{'type':'object'}}", TD_ERR_UNSUPPORTED, 400, "guided_json", "unsupported_value", "structured output" },
+    { C, "{" M "," MSG ",'guided_regex':'a+'}", TD_ERR_UNSUPPORTED, 400, "guided_regex", "unsupported_value", "structured output" },
+    { C, "{" M "," MSG ",'guided_choice':'a'}", TD_ERR_INVALID, 400, "guided_choice", "invalid_type", "expected an array" },
+    { P, "{" M ",'prompt':'x','guided_grammar':'root ::= \\\"a\\\"'}", TD_ERR_UNSUPPORTED, 400, "guided_grammar", "unsupported_value", "structured output" },
+    { C, "{" M "," MSG ",'structured_outputs':{'choice':['a','b']}}", TD_ERR_UNSUPPORTED, 400, "structured_outputs.choice", "unsupported_value", "structured output" },
+    { C, "{" M "," MSG ",'structured_outputs':{'xml':'x'}}", TD_ERR_UNSUPPORTED, 400, "structured_outputs.xml", "unsupported_value", "json, regex, choice or grammar" },
+    { C, "{" M "," MSG ",'response_format':{'type':'json_schema','json_schema':{'name':'x','schema':{}}}}", TD_ERR_UNSUPPORTED, 400, "response_format.json_schema", "unsupported_value", "structured output" },
+    { C, "{" M "," MSG ",'response_format':{'type':'yaml'}}", TD_ERR_INVALID, 400, "response_format.type", "invalid_value", "'text', 'json_object' and 'json_schema'" },
+    { C, "{" M "," MSG ",'use_beam_search':true}", TD_ERR_INVALID, 400, "use_beam_search", "unsupported_parameter", "use_beam_search (a vLLM extension this server does not support" },
+    { P, "{" M ",'prompt':'x','prompt_logprobs':1}", TD_ERR_INVALID, 400, "prompt_logprobs", "unsupported_parameter", "a vLLM extension" },
     { C, "{" M "," MSG ",'n':'1'}", TD_ERR_INVALID, 400, "n", "invalid_type", "expected an integer" },
     { C, "{" M "," MSG ",'foo':1}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: foo" },
     { C, "{" M "," MSG ",'prompt':'x'}", TD_ERR_INVALID, 400, NULL, NULL, "Unrecognized request argument supplied: prompt" },
@@ -163,7 +195,7 @@ static const struct {
     { C, "{" M "," MSG ",'logit_bias':{'50':-100.5}}", TD_ERR_INVALID, 400, "logit_bias.50", "decimal_below_min_value", ">= -100" },
     { C, "{" M "," MSG ",'logit_bias':{'50':'x'}}", TD_ERR_INVALID, 400, "logit_bias.50", "invalid_type", "expected a number" },
     { C, "{" M "," MSG ",'logit_bias':{'7':1,'07':2}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "token id 7 is given twice" },
-    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "only 'text'" },
+    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "structured output (constrained decoding) is not supported" },
     { C, "{" M "," MSG ",'tools':'x'}", TD_ERR_INVALID, 400, "tools", "invalid_type", "expected an array" },
     { C, "{" M "," MSG ",'tools':[1]}", TD_ERR_INVALID, 400, "tools[0]", "invalid_type", "expected an object" },
     { C, "{" M "," MSG ",'tool_choice':5}", TD_ERR_INVALID, 400, "tool_choice", "invalid_type", "expected a string or an object" },
@@ -203,10 +235,10 @@ test_bad_bodies(void)
 {
     for (size_t i = 0; i < sizeof bad_bodies / sizeof bad_bodies[0]; i++) {
         char *body = body_of(bad_bodies[i].body);
-        td_openai_req_t *req = NULL;
+        td_ireq_t *req = NULL;
         td_openai_err_t e;
         memset(&e, 0, sizeof e);
-        td_status_t st = td_openai_req_parse(&cfg, bad_bodies[i].kind, body, strlen(body), &req, &e);
+        td_status_t st = td_adapt_openai_parse(&cfg, bad_bodies[i].kind, body, strlen(body), &req, &e);
         if (st != bad_bodies[i].st)
             fprintf(stderr, "case %zu (%s): status %s\n", i, body, td_status_str(st));
         CHECK_STATUS(st, bad_bodies[i].st);
@@ -217,6 +249,38 @@ test_bad_bodies(void)
     }
 }
 
+/* A stop string over the cap (max-stop-bytes, 512 by default) gets a 400
+ * that names the cap; one at the cap is taken. */
+static void
+test_stop_cap(void)
+{
+    td_ireq_cfg_t small = cfg;
+    char body[2048], big[600];
+    td_ireq_t *req = NULL;
+    td_openai_err_t e;
+
+    memset(big, 'x', sizeof big);
+    big[512] = '\0';   /* at the default cap */
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"hi\"}],\"stop\":[\"a\",\"%s\"]}", MODEL, big);
+    CHECK_STATUS(td_adapt_openai_parse(&cfg, C, body, strlen(body), &req, &e), TD_OK);
+    td_ireq_destroy(req);
+    req = NULL;
+    big[512] = 'x';
+    big[513] = '\0';
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+             "\"content\":\"hi\"}],\"stop\":[\"a\",\"%s\"]}", MODEL, big);
+    CHECK_STATUS(td_adapt_openai_parse(&cfg, C, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    CHECK(req == NULL);
+    check_err("stop over 512", &e, 400, IR, "stop[1]", "string_above_max_length",
+              "of 513 bytes; this server takes at most 512 bytes per stop sequence");
+    small.max_stop_bytes = 8;
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"p\",\"stop\":\"123456789\"}",
+             MODEL);
+    CHECK_STATUS(td_adapt_openai_parse(&small, P, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    check_err("stop over 8", &e, 400, IR, "stop", "string_above_max_length", "at most 8 bytes");
+}
+
 static void
 test_oversized_body(void)
 {
@@ -224,16 +288,16 @@ test_oversized_body(void)
     char *body = malloc(n);
     memset(body, ' ', n);
     memcpy(body, "{\"model\":\"x\"", 12);  /* would parse if the size were not checked */
-    td_openai_req_t *req = NULL;
+    td_ireq_t *req = NULL;
     td_openai_err_t e;
-    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, n, &req, &e), TD_ERR_TOO_BIG);
+    CHECK_STATUS(td_adapt_openai_parse(&cfg, C, body, n, &req, &e), TD_ERR_TOO_BIG);
     CHECK(req == NULL);
     check_err("oversized", &e, 413, IR, NULL, "request_too_large", "65537 bytes, the limit is 65536");
     free(body);
     /* a body exactly at the limit is parsed (and fails later, as JSON) */
     body = malloc(cfg.max_body);
     memset(body, ' ', cfg.max_body);
-    CHECK_STATUS(td_openai_req_parse(&cfg, C, body, cfg.max_body, &req, &e), TD_ERR_INVALID);
+    CHECK_STATUS(td_adapt_openai_parse(&cfg, C, body, cfg.max_body, &req, &e), TD_ERR_INVALID);
     free(body);
 }
 
@@ -241,13 +305,13 @@ test_oversized_body(void)
 /* Good bodies                                                            */
 /* ===================================================================== */
 
-static td_openai_req_t *
+static td_ireq_t *
 parse_ok(td_openai_kind_t kind, const char *tmpl)
 {
     char *body = body_of(tmpl);
-    td_openai_req_t *req = NULL;
+    td_ireq_t *req = NULL;
     td_openai_err_t e;
-    td_status_t st = td_openai_req_parse(&cfg, kind, body, strlen(body), &req, &e);
+    td_status_t st = td_adapt_openai_parse(&cfg, kind, body, strlen(body), &req, &e);
     if (st != TD_OK)
         fprintf(stderr, "good body refused: %s: %d %s\n", body, e.http, e.message);
     CHECK_STATUS(st, TD_OK);
@@ -258,7 +322,7 @@ parse_ok(td_openai_kind_t kind, const char *tmpl)
 static void
 test_good_chat(void)
 {
-    td_openai_req_t *r = parse_ok(C,
+    td_ireq_t *r = parse_ok(C,
         "{" M ",'messages':["
         "{'role':'system','content':'be brief'},"
         "{'role':'developer','content':'dev'},"
@@ -289,46 +353,46 @@ test_good_chat(void)
     CHECK_STR(r->msgs[4].tool_call_id, "c1");
     CHECK_STR(r->msgs[4].content, "42");
     CHECK(r->msgs[0].name == NULL && r->msgs[0].tool_calls == NULL && r->msgs[0].tool_call_id == NULL);
-    CHECK(r->stream && r->include_usage);
-    CHECK_EQ_INT(r->max_tokens, 100);
-    CHECK(r->temperature == 0.5 && r->top_p == 0.9);
-    CHECK(r->has_seed && r->seed == -7);
+    CHECK(r->out.stream && r->out.include_usage);
+    CHECK_EQ_INT(r->sampling.max_tokens, 100);
+    CHECK(r->sampling.temperature == 0.5 && r->sampling.top_p == 0.9);
+    CHECK(r->sampling.has_seed && r->sampling.seed == -7);
     CHECK_EQ_INT(r->priority, -3);
-    CHECK_EQ_INT(r->nstop, 2);
-    CHECK_STR(r->stop[0], "\n\n");
-    CHECK_STR(r->stop[1], "END");
-    CHECK(r->presence_penalty == 0.5 && r->frequency_penalty == -1);
+    CHECK_EQ_INT(r->stop.nstrings, 2);
+    CHECK_STR(r->stop.strings[0], "\n\n");
+    CHECK_STR(r->stop.strings[1], "END");
+    CHECK(r->sampling.presence_penalty == 0.5 && r->sampling.frequency_penalty == -1);
     CHECK_STR(r->tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
     CHECK_STR(r->tool_choice, "\"auto\"");
     CHECK(r->prompt == NULL);
     CHECK_STR(td_openai_role_str(r->msgs[3].role), "assistant");
-    td_openai_req_destroy(r);
+    td_ireq_destroy(r);
 
     /* defaults; null fields are the defaults */
     r = parse_ok(C, "{" M "," MSG ",'temperature':null,'stop':null,'max_tokens':null,'seed':null}");
     if (r) {
-        CHECK_EQ_INT(r->max_tokens, cfg.max_tokens_default);
-        CHECK(r->temperature == 1 && r->top_p == 1 && !r->has_seed && !r->stream);
+        CHECK_EQ_INT(r->sampling.max_tokens, cfg.max_tokens_default);
+        CHECK(r->sampling.temperature == 1 && r->sampling.top_p == 1 && !r->sampling.has_seed && !r->out.stream);
         CHECK_EQ_INT(r->priority, 0);
-        CHECK(!r->include_usage && r->nstop == 0 && r->tools == NULL && r->tool_choice == NULL);
-        CHECK(r->presence_penalty == 0 && r->frequency_penalty == 0);
-        td_openai_req_destroy(r);
+        CHECK(!r->out.include_usage && r->stop.nstrings == 0 && r->tools == NULL && r->tool_choice == NULL);
+        CHECK(r->sampling.presence_penalty == 0 && r->sampling.frequency_penalty == 0);
+        td_ireq_destroy(r);
     }
     /* bounds are inclusive where OpenAI's are; one stop string; max_completion_tokens */
     r = parse_ok(C, "{'model':'other-model'," MSG ",'temperature':0,'top_p':1,'max_completion_tokens':4096,'stop':'x'}");
     if (r) {
         CHECK_STR(r->model, "other-model");
-        CHECK(r->temperature == 0 && r->top_p == 1);
-        CHECK_EQ_INT(r->max_tokens, 4096);
-        CHECK_EQ_INT(r->nstop, 1);
-        CHECK_STR(r->stop[0], "x");
-        td_openai_req_destroy(r);
+        CHECK(r->sampling.temperature == 0 && r->sampling.top_p == 1);
+        CHECK_EQ_INT(r->sampling.max_tokens, 4096);
+        CHECK_EQ_INT(r->stop.nstrings, 1);
+        CHECK_STR(r->stop.strings[0], "x");
+        td_ireq_destroy(r);
     }
     r = parse_ok(C, "{" M "," MSG ",'temperature':2,'max_tokens':7,'max_completion_tokens':7,'stop':[]}");
     if (r) {
-        CHECK_EQ_INT(r->max_tokens, 7);
-        CHECK_EQ_INT(r->nstop, 0);
-        td_openai_req_destroy(r);
+        CHECK_EQ_INT(r->sampling.max_tokens, 7);
+        CHECK_EQ_INT(r->stop.nstrings, 0);
+        td_ireq_destroy(r);
     }
 }
 
@@ -337,65 +401,134 @@ test_good_chat(void)
 static void
 test_good_logprobs_bias(void)
 {
-    td_openai_req_t *r = parse_ok(C, "{" M "," MSG ",'logprobs':true,'top_logprobs':20,"
+    td_ireq_t *r = parse_ok(C, "{" M "," MSG ",'logprobs':true,'top_logprobs':20,"
                                      "'logit_bias':{'50':-100,'7':2.5,'0':100}}");
     if (r) {
-        CHECK(r->logprobs && r->top_logprobs == 20);
-        CHECK_EQ_INT(r->nbias, 3);
-        if (r->nbias == 3)
-            CHECK(r->logit_bias[0].token == 50 && r->logit_bias[0].bias == -100 &&
-                  r->logit_bias[1].token == 7 && r->logit_bias[1].bias == 2.5f &&
-                  r->logit_bias[2].token == 0 && r->logit_bias[2].bias == 100);
-        td_openai_req_destroy(r);
+        CHECK(r->out.logprobs && r->out.top_logprobs == 20);
+        CHECK_EQ_INT(r->sampling.nbias, 3);
+        if (r->sampling.nbias == 3)
+            CHECK(r->sampling.logit_bias[0].token == 50 && r->sampling.logit_bias[0].bias == -100 &&
+                  r->sampling.logit_bias[1].token == 7 && r->sampling.logit_bias[1].bias == 2.5f &&
+                  r->sampling.logit_bias[2].token == 0 && r->sampling.logit_bias[2].bias == 100);
+        td_ireq_destroy(r);
     }
     r = parse_ok(C, "{" M "," MSG ",'logprobs':true}");
     if (r) {
-        CHECK(r->logprobs && r->top_logprobs == 0 && r->nbias == 0);
-        td_openai_req_destroy(r);
+        CHECK(r->out.logprobs && r->out.top_logprobs == 0 && r->sampling.nbias == 0);
+        td_ireq_destroy(r);
     }
     r = parse_ok(P, "{" M ",'prompt':'x','logprobs':0}");
     if (r) {
-        CHECK(r->logprobs && r->top_logprobs == 0);
-        td_openai_req_destroy(r);
+        CHECK(r->out.logprobs && r->out.top_logprobs == 0);
+        td_ireq_destroy(r);
     }
     r = parse_ok(P, "{" M ",'prompt':'x','logprobs':5,'logit_bias':{'3':1}}");
     if (r) {
-        CHECK(r->logprobs && r->top_logprobs == 5 && r->nbias == 1);
-        td_openai_req_destroy(r);
+        CHECK(r->out.logprobs && r->out.top_logprobs == 5 && r->sampling.nbias == 1);
+        td_ireq_destroy(r);
     }
 
-    td_openai_cfg_t vc = cfg;
-    td_openai_req_t *req = NULL;
+    td_ireq_cfg_t vc = cfg;
+    td_ireq_t *req = NULL;
     td_openai_err_t e;
     char *body = body_of("{" M "," MSG ",'logit_bias':{'99':1,'100':1}}");
     vc.vocab = 100;
-    CHECK_STATUS(td_openai_req_parse(&vc, C, body, strlen(body), &req, &e), TD_ERR_INVALID);
+    CHECK_STATUS(td_adapt_openai_parse(&vc, C, body, strlen(body), &req, &e), TD_ERR_INVALID);
     check_err(body, &e, 400, IR, "logit_bias", "invalid_value",
               "token id 100 is outside the vocabulary of this model (100 tokens)");
     free(body);
     body = body_of("{" M "," MSG ",'logit_bias':{'99':1}}");
-    CHECK_STATUS(td_openai_req_parse(&vc, C, body, strlen(body), &req, &e), TD_OK);
-    td_openai_req_destroy(req);
+    CHECK_STATUS(td_adapt_openai_parse(&vc, C, body, strlen(body), &req, &e), TD_OK);
+    td_ireq_destroy(req);
     free(body);
+}
+
+
+/* vLLM's sampling extensions land in the request model as sent; ids are
+ * checked against the vocabulary, the stop ids with the model's EOS ids
+ * against the sampler's bound. */
+static void
+test_vllm_fields(void)
+{
+    static const int32_t eos[2] = { 7, 8 };
+    td_ireq_cfg_t vc = cfg;
+    td_ireq_t *r;
+    td_openai_err_t e;
+    char body[1024];
+
+    vc.vocab = 1000;
+    vc.nmodel_stop = 2;
+    vc.model_stop = eos;
+    vc.max_n = 4;
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"hi\"}],\"top_k\":5,\"min_p\":0.1,\"repetition_penalty\":1.3,\"min_tokens\":3,"
+             "\"ignore_eos\":false,\"skip_special_tokens\":false,\"stop_token_ids\":[9,8,9],"
+             "\"include_stop_str_in_output\":true,\"chat_template_kwargs\":{\"thinking\":false},"
+             "\"n\":4,\"best_of\":1,\"structured_outputs\":{\"json\":null},"
+             "\"response_format\":{\"type\":\"text\"},\"seed\":5}", MODEL);
+    r = NULL;
+    CHECK_STATUS(td_adapt_openai_parse(&vc, C, body, strlen(body), &r, &e), TD_OK);
+    if (r != NULL) {
+        int32_t ids[TD_IREQ_MAX_STOP_IDS];
+        size_t n = td_ireq_stop_ids(r, &vc, ids);
+        CHECK(r->sampling.top_k == 5 && r->sampling.min_p == 0.1 &&
+              r->sampling.repetition_penalty == 1.3 && r->sampling.min_tokens == 3);
+        CHECK(!r->stop.ignore_eos && !r->out.skip_special && r->stop.include_stop_str);
+        CHECK(r->stop.ntoken_ids == 2 && r->stop.token_ids[0] == 9 && r->stop.token_ids[1] == 8);
+        CHECK(n == 3 && ids[0] == 9 && ids[1] == 8 && ids[2] == 7);   /* EOS joined, once */
+        CHECK(r->reasoning.thinking == 0 && r->n == 4);
+        CHECK(r->constraint.kind == TD_IREQ_CONSTRAINT_NONE);
+        r->stop.ignore_eos = true;
+        CHECK_EQ_INT(td_ireq_stop_ids(r, &vc, ids), 2);
+    }
+    td_ireq_destroy(r);
+    /* defaults: off */
+    r = parse_ok(P, "{" M ",'prompt':'x','top_k':-1}");
+    if (r != NULL)
+        CHECK(r->sampling.top_k == 0 && r->sampling.min_p == 0 &&
+              r->sampling.repetition_penalty == 1 && r->out.skip_special && r->n == 1 &&
+              r->reasoning.thinking == -1 && !r->stop.include_stop_str);
+    td_ireq_destroy(r);
+    /* a stop id outside the vocabulary; too many with the model's */
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"x\",\"stop_token_ids\":[1,1000]}",
+             MODEL);
+    r = NULL;
+    CHECK_STATUS(td_adapt_openai_parse(&vc, P, body, strlen(body), &r, &e), TD_ERR_INVALID);
+    check_err(body, &e, 400, IR, "stop_token_ids[1]", "invalid_value",
+              "token id 1000 is outside the vocabulary of this model (ids 0 to 999)");
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"x\",\"stop_token_ids\":[10,11,12,"
+             "13,14,15,16,17,18,19,20,21,22,23,24,25]}", MODEL);
+    CHECK_STATUS(td_adapt_openai_parse(&vc, P, body, strlen(body), &r, &e), TD_ERR_INVALID);
+    check_err(body, &e, 400, IR, "stop_token_ids", "array_above_max_length",
+              "with the model's 2 end-of-sequence ids they are 18 stop tokens");
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"x\",\"ignore_eos\":true,"
+             "\"stop_token_ids\":[10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25]}", MODEL);
+    CHECK_STATUS(td_adapt_openai_parse(&vc, P, body, strlen(body), &r, &e), TD_OK);
+    td_ireq_destroy(r);
+    /* n above the configured max-n */
+    snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"x\",\"n\":5}", MODEL);
+    r = NULL;
+    CHECK_STATUS(td_adapt_openai_parse(&vc, P, body, strlen(body), &r, &e), TD_ERR_INVALID);
+    check_err(body, &e, 400, IR, "n", "integer_above_max_value", "<= 4, but got 5");
 }
 
 static void
 test_good_completion(void)
 {
-    td_openai_req_t *r = parse_ok(P, "{" M ",'prompt':'Once upon','max_tokens':3,'echo':false,"
+    td_ireq_t *r = parse_ok(P, "{" M ",'prompt':'Once upon','max_tokens':3,'echo':false,"
                                      "'best_of':1,'n':1,'logprobs':null,'suffix':'','seed':9,'stream':false}");
     if (r) {
         CHECK_EQ_INT(r->kind, P);
         CHECK_STR(r->prompt, "Once upon");
         CHECK(r->msgs == NULL && r->nmsgs == 0);
-        CHECK_EQ_INT(r->max_tokens, 3);
-        CHECK(r->has_seed && r->seed == 9);
-        td_openai_req_destroy(r);
+        CHECK_EQ_INT(r->sampling.max_tokens, 3);
+        CHECK(r->sampling.has_seed && r->sampling.seed == 9);
+        td_ireq_destroy(r);
     }
     r = parse_ok(P, "{" M ",'prompt':['only one \\u00e9']}");
     if (r) {
         CHECK_STR(r->prompt, "only one \xc3\xa9");
-        td_openai_req_destroy(r);
+        td_ireq_destroy(r);
     }
 }
 
@@ -418,15 +551,15 @@ test_token_prompt(void)
           "token id -5 is outside the vocabulary of this model (ids 0 to 99)" },
         { "{" M ",'prompt':[99999999999]}", 0, {0}, "prompt[0]", "token id 99999999999 is outside" },
     };
-    td_openai_cfg_t vc = cfg;
+    td_ireq_cfg_t vc = cfg;
     vc.vocab = 100;
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *body = body_of(cases[i].body);
-        td_openai_req_t *r = NULL;
+        td_ireq_t *r = NULL;
         td_openai_err_t e;
         memset(&e, 0, sizeof e);
-        td_status_t st = td_openai_req_parse(&vc, P, body, strlen(body), &r, &e);
+        td_status_t st = td_adapt_openai_parse(&vc, P, body, strlen(body), &r, &e);
         if (cases[i].param) {
             CHECK_STATUS(st, TD_ERR_INVALID);
             CHECK(r == NULL);
@@ -440,14 +573,14 @@ test_token_prompt(void)
                                                       cases[i].n * sizeof(int32_t)) == 0);
             }
         }
-        td_openai_req_destroy(r);
+        td_ireq_destroy(r);
         free(body);
     }
     /* a text prompt has no ids */
-    td_openai_req_t *r = parse_ok(P, "{" M ",'prompt':'abc'}");
+    td_ireq_t *r = parse_ok(P, "{" M ",'prompt':'abc'}");
     if (r) {
         CHECK(r->prompt_ids == NULL && r->nprompt_ids == 0);
-        td_openai_req_destroy(r);
+        td_ireq_destroy(r);
     }
 }
 
@@ -489,13 +622,36 @@ only_choice(json_t *o, const char *finish)
     return c;
 }
 
+
+/* ---- One choice, as a request of one (n = 1) answers ------------------------------ */
+
+static td_status_t
+resp1(const td_openai_meta_t *m, td_openai_logprobs_t *lp, const char *text, size_t len,
+      td_openai_finish_t finish, const td_openai_usage_t *u, td_buf_t *out)
+{
+    json_t *c = td_openai_choice_text(m->kind, 0, text, len, finish, lp);
+    return td_openai_response_json(m, &c, 1, u, out);
+}
+
+static td_status_t
+finish1(td_openai_stream_t *s, td_openai_logprobs_t *lp, td_openai_finish_t finish,
+        const td_openai_usage_t *u, td_buf_t *out)
+{
+    td_status_t st;
+
+    if (s->include_usage && u == NULL)
+        return TD_ERR_INVALID;
+    st = td_openai_stream_choice_end(s, 0, lp, finish, out);
+    return st == TD_OK ? td_openai_stream_end(s, u, out) : st;
+}
+
 static void
 test_responses(void)
 {
-    td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem", NULL };
+    td_openai_meta_t m = { C, "chatcmpl-abc", 1700000000, MODEL, "fp_tandem" };
     td_openai_usage_t u = { 12, 5, 0 };
     td_buf_t out = {0};
-    CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    CHECK_STATUS(resp1(&m, NULL, "h\xc3\xa9llo \"q\"\n", 11, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK(o != NULL);
     check_base(o, "chatcmpl-abc", "chat.completion");
@@ -507,8 +663,8 @@ test_responses(void)
     json_decref(o);
 
     td_buf_reset(&out);
-    m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem", NULL };
-    CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
+    m = (td_openai_meta_t){ P, "cmpl-xyz", 1700000000, MODEL, "fp_tandem" };
+    CHECK_STATUS(resp1(&m, NULL, "abc", 3, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
     check_base(o, "cmpl-xyz", "text_completion");
     c = only_choice(o, "length");
@@ -522,7 +678,7 @@ test_responses(void)
     /* served from a prefix cache: usage.prompt_tokens_details.cached_tokens */
     td_buf_reset(&out);
     td_openai_usage_t uc = { 12, 5, 8 };
-    CHECK_STATUS(td_openai_response_json(&m, "abc", 3, TD_OPENAI_FINISH_STOP, &uc, &out), TD_OK);
+    CHECK_STATUS(resp1(&m, NULL, "abc", 3, TD_OPENAI_FINISH_STOP, &uc, &out), TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK(o != NULL);
     json_t *uo = json_object_get(o, "usage");
@@ -535,12 +691,12 @@ test_responses(void)
 
     /* invalid UTF-8 text is refused, not emitted as broken JSON */
     td_buf_reset(&out);
-    CHECK_STATUS(td_openai_response_json(&m, "\xff", 1, TD_OPENAI_FINISH_STOP, &u, &out), TD_ERR_INVALID);
+    CHECK_STATUS(resp1(&m, NULL, "\xff", 1, TD_OPENAI_FINISH_STOP, &u, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
 
     /* no fingerprint: JSON null */
     m.fingerprint = NULL;
-    CHECK_STATUS(td_openai_response_json(&m, "", 0, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    CHECK_STATUS(resp1(&m, NULL, "", 0, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
     CHECK(json_is_null(json_object_get(o, "system_fingerprint")));
     json_decref(o);
@@ -574,12 +730,12 @@ free_payloads(char **p, size_t n)
 static void
 test_chat_stream(bool include_usage)
 {
-    td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem", NULL }, include_usage, false };
+    td_openai_stream_t s = { { C, "chatcmpl-s", 1700000000, MODEL, "fp_tandem" }, include_usage, 0 };
     td_openai_usage_t u = { 4, 2, 0 };
     td_buf_t out = {0};
-    CHECK_STATUS(td_openai_stream_text(&s, "Hel", 3, &out), TD_OK);
-    CHECK_STATUS(td_openai_stream_text(&s, "lo", 2, &out), TD_OK);
-    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, NULL, "Hel", 3, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, NULL, "lo", 2, &out), TD_OK);
+    CHECK_STATUS(finish1(&s, NULL, TD_OPENAI_FINISH_LENGTH, &u, &out), TD_OK);
     char *p[8];
     size_t n = sse_payloads(out.data, p, 8);
     CHECK_EQ_INT(n, include_usage ? 5 : 4);
@@ -627,12 +783,12 @@ test_streams(void)
     test_chat_stream(true);
 
     /* a chat stream that ends at once still names the role; usage required */
-    td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL, NULL }, true, false };
+    td_openai_stream_t s = { { C, "chatcmpl-e", 1700000000, MODEL, NULL }, true, 0 };
     td_buf_t out = {0};
-    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
+    CHECK_STATUS(finish1(&s, NULL, TD_OPENAI_FINISH_STOP, NULL, &out), TD_ERR_INVALID);
     CHECK_EQ_INT(out.len, 0);
     td_openai_usage_t u = { 1, 0, 0 };
-    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
+    CHECK_STATUS(finish1(&s, NULL, TD_OPENAI_FINISH_STOP, &u, &out), TD_OK);
     char *p[8];
     size_t n = sse_payloads(out.data, p, 8);
     CHECK_EQ_INT(n, 3);
@@ -647,9 +803,9 @@ test_streams(void)
     td_buf_reset(&out);
 
     /* completions: text chunks, no role, a final chunk with text "" */
-    td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem", NULL }, false, false };
-    CHECK_STATUS(td_openai_stream_text(&cs, "ab", 2, &out), TD_OK);
-    CHECK_STATUS(td_openai_stream_finish(&cs, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
+    td_openai_stream_t cs = { { P, "cmpl-s", 1700000000, MODEL, "fp_tandem" }, false, 0 };
+    CHECK_STATUS(td_openai_stream_text(&cs, 0, NULL, "ab", 2, &out), TD_OK);
+    CHECK_STATUS(finish1(&cs, NULL, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
     n = sse_payloads(out.data, p, 8);
     CHECK_EQ_INT(n, 3);
     if (n == 3) {
@@ -708,10 +864,10 @@ test_logprobs_json(void)
     CHECK_STATUS(td_openai_logprobs_create(C, &lp), TD_OK);
     if (lp == NULL)
         return;
-    td_openai_meta_t m = { C, "chatcmpl-l", 1700000000, MODEL, "fp_tandem", lp };
+    td_openai_meta_t m = { C, "chatcmpl-l", 1700000000, MODEL, "fp_tandem" };
     CHECK_STATUS(td_openai_logprobs_add(lp, &t1, alts, 2), TD_OK);
     CHECK_STATUS(td_openai_logprobs_add(lp, &t2, NULL, 0), TD_OK);
-    CHECK_STATUS(td_openai_response_json(&m, "Hi\xef\xbf\xbd", 5, TD_OPENAI_FINISH_STOP, &u,
+    CHECK_STATUS(resp1(&m, lp, "Hi\xef\xbf\xbd", 5, TD_OPENAI_FINISH_STOP, &u,
                                          &out), TD_OK);
     json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
     json_t *c = json_array_get(json_object_get(o, "choices"), 0);
@@ -736,13 +892,13 @@ test_logprobs_json(void)
     td_buf_reset(&out);
 
     /* a stream: each chunk takes what came since the last one, none: null */
-    td_openai_stream_t s = { m, false, false };
+    td_openai_stream_t s = { m, false, 0 };
     CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
-    CHECK_STATUS(td_openai_stream_text(&s, "Hi", 2, &out), TD_OK);
-    CHECK_STATUS(td_openai_stream_text(&s, "", 0, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, lp, "Hi", 2, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, lp, "", 0, &out), TD_OK);
     CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
     CHECK_STATUS(td_openai_logprobs_add(lp, &t1, NULL, 0), TD_OK);
-    CHECK_STATUS(td_openai_stream_finish(&s, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
+    CHECK_STATUS(finish1(&s, lp, TD_OPENAI_FINISH_STOP, NULL, &out), TD_OK);
     char *p[8];
     size_t n = sse_payloads(out.data, p, 8);
     static const int want[3] = { 1, -1, 2 };   /* entries per chunk; -1: null */
@@ -765,11 +921,11 @@ test_logprobs_json(void)
     CHECK_STATUS(td_openai_logprobs_create(P, &lp), TD_OK);
     if (lp == NULL)
         return;
-    m = (td_openai_meta_t){ P, "cmpl-l", 1700000000, MODEL, "fp_tandem", lp };
+    m = (td_openai_meta_t){ P, "cmpl-l", 1700000000, MODEL, "fp_tandem" };
     td_openai_token_lp_t w1 = { "h\xc3\xa9", 3, -0.25 }, w2 = { "!", 1, -2 };
     CHECK_STATUS(td_openai_logprobs_add(lp, &w1, alts, 2), TD_OK);
     CHECK_STATUS(td_openai_logprobs_add(lp, &w2, alts, 1), TD_OK);
-    CHECK_STATUS(td_openai_response_json(&m, "h\xc3\xa9!", 4, TD_OPENAI_FINISH_LENGTH, &u, &out),
+    CHECK_STATUS(resp1(&m, lp, "h\xc3\xa9!", 4, TD_OPENAI_FINISH_LENGTH, &u, &out),
                  TD_OK);
     o = json_loads(out.data ? out.data : "", 0, NULL);
     l = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
@@ -869,118 +1025,147 @@ test_sse(void)
     td_buf_free(&out);
 }
 
+
 /* ===================================================================== */
-/* Stop strings                                                           */
+/* Several choices; the reply reader                                       */
 /* ===================================================================== */
 
-/* Feed text cut at the offsets in cuts (ascending, ending with 0), then
- * flush; returns what came out and whether a stop matched. */
-static char *
-stop_run(const char *const *stops, size_t nstops, const char *text, const size_t *cuts,
-         bool *matched)
+/* n = 2: a response with choices 0 and 1; a stream whose chunks each carry
+ * one choice with its index, role once per choice, a finish chunk each. */
+static void
+test_choices_json(void)
 {
-    td_stop_t *m = NULL;
+    td_openai_meta_t m = { C, "chatcmpl-n", 1700000000, MODEL, "fp_tandem" };
+    td_openai_usage_t u = { 3, 7, 0 };
     td_buf_t out = {0};
-    *matched = false;
-    CHECK_STATUS(td_stop_create(stops, nstops, &m), TD_OK);
-    if (m == NULL)
-        return strdup("");
-    size_t len = strlen(text), at = 0;
-    for (size_t i = 0;; i++) {
-        size_t end = cuts && cuts[i] ? cuts[i] : len;
-        bool mt = false;
-        size_t before = out.len;
-        CHECK_STATUS(td_stop_feed(m, text + at, end - at, &out, &mt), TD_OK);
-        if (*matched)
-            CHECK_EQ_INT(out.len, before); /* nothing after a match */
-        *matched |= mt;
-        at = end;
-        if (end == len)
-            break;
+    json_t *ch[2] = { td_openai_choice_text(C, 0, "a", 1, TD_OPENAI_FINISH_STOP, NULL),
+                      td_openai_choice_text(C, 1, "bc", 2, TD_OPENAI_FINISH_LENGTH, NULL) };
+
+    CHECK_STATUS(td_openai_response_json(&m, ch, 2, &u, &out), TD_OK);
+    json_t *o = json_loads(out.data ? out.data : "", 0, NULL);
+    json_t *cs = json_object_get(o, "choices");
+    CHECK_EQ_INT(json_array_size(cs), 2);
+    for (int i = 0; i < 2 && json_array_size(cs) == 2; i++) {
+        json_t *c = json_array_get(cs, i);
+        CHECK_EQ_INT(json_integer_value(json_object_get(c, "index")), i);
+        CHECK_STR(json_string_value(json_object_get(json_object_get(c, "message"), "content")),
+                  i == 0 ? "a" : "bc");
+        CHECK_STR(json_string_value(json_object_get(c, "finish_reason")),
+                  i == 0 ? "stop" : "length");
     }
-    CHECK_STATUS(td_stop_flush(m, &out), TD_OK);
-    td_stop_destroy(m);
-    char *s = strdup(out.data ? out.data : "");
+    json_decref(o);
+    td_buf_reset(&out);
+
+    td_openai_stream_t s = { m, false, 0 };
+    CHECK_STATUS(td_openai_stream_text(&s, 1, NULL, "x", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 0, NULL, "y", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_text(&s, 1, NULL, "z", 1, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_choice_end(&s, 1, NULL, TD_OPENAI_FINISH_STOP, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_choice_end(&s, 0, NULL, TD_OPENAI_FINISH_LENGTH, &out), TD_OK);
+    CHECK_STATUS(td_openai_stream_end(&s, NULL, &out), TD_OK);
+    char *p[8];
+    size_t n = sse_payloads(out.data, p, 8);
+    static const int want_index[5] = { 1, 0, 1, 1, 0 };
+    static const int want_role[5] = { 1, 1, 0, 0, 0 };
+    CHECK_EQ_INT(n, 6);
+    for (size_t i = 0; i < 5 && n == 6; i++) {
+        json_t *co = json_loads(p[i], 0, NULL);
+        json_t *c = json_array_get(json_object_get(co, "choices"), 0);
+        json_t *d = json_object_get(c, "delta");
+        CHECK_EQ_INT(json_array_size(json_object_get(co, "choices")), 1);
+        CHECK_EQ_INT(json_integer_value(json_object_get(c, "index")), want_index[i]);
+        CHECK((json_object_get(d, "role") != NULL) == want_role[i]);
+        json_decref(co);
+    }
+    if (n == 6)
+        CHECK_STR(p[5], "[DONE]");
+    free_payloads(p, n);
     td_buf_free(&out);
-    return s;
 }
 
-static void
-test_stop(void)
+static td_status_t
+reply_collect(void *arg, td_reply_t *rp, const td_chat_reply_delta_t *d)
 {
-    static const struct {
-        const char *stops[4];
-        const char *text, *want;
-        bool matched;
-    } cases[] = {
-        { { NULL }, "no stops at all", "no stops at all", false },
-        { { "END" }, "abcEND", "abc", true },
-        { { "END" }, "abcENDdef", "abc", true },
-        { { "END" }, "ENDabc", "", true },
-        { { "END" }, "abcEN", "abcEN", false },          /* partial at the end: flushed */
-        { { "END" }, "EEND", "E", true },
-        { { "aab" }, "aaab", "a", true },                /* restart inside a partial */
-        { { "abc", "bcd" }, "xabcd", "x", true },       /* overlapping: abc completes first */
-        { { "bcd", "abc" }, "xabcd", "x", true },
-        { { "abcd", "bc" }, "xabcd", "xa", true },       /* bc completes before abcd */
-        { { "b", "ab" }, "xab", "x", true },             /* same end: the longest */
-        { { "\n\n", "###" }, "line\n#\n\nrest", "line\n#", true },
-        { { "x", "y" }, "abc", "abc", false },
-        { { "\xc3\xa9t\xc3\xa9" }, "caf\xc3\xa9 \xc3\xa9t\xc3\xa9!", "caf\xc3\xa9 ", true },
-        { { "aaaa" }, "aaa", "aaa", false },
-        { { "aa", "aaa" }, "baaa", "b", true },
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        size_t ns = 0;
-        while (ns < 4 && cases[i].stops[ns])
-            ns++;
-        size_t len = strlen(cases[i].text);
-        /* whole, byte by byte, and every split into two pieces */
-        size_t bytes[64] = {0};
-        for (size_t j = 1; j < len && j < 63; j++)
-            bytes[j - 1] = j;
-        for (size_t split = 0; split <= len + 1; split++) {
-            size_t two[2] = { split, 0 };
-            const size_t *cuts = split == 0 ? NULL : split == len + 1 ? bytes : two;
-            if (split == len)
-                continue; /* same as whole */
-            bool matched = false;
-            char *got = stop_run(cases[i].stops, ns, cases[i].text, cuts, &matched);
-            if (strcmp(got, cases[i].want) != 0 || matched != cases[i].matched)
-                fprintf(stderr, "stop case %zu split %zu: got \"%s\" matched %d\n", i, split, got,
-                        matched);
-            CHECK_STR(got, cases[i].want);
-            CHECK(matched == cases[i].matched);
-            free(got);
-        }
-    }
+    return td_buf_append(arg, d->text, d->len);
+}
 
-    /* held text is released as soon as it cannot start a stop string */
-    td_stop_t *m;
-    const char *stops[] = { "STOP" };
+/* Feed text as byte tokens (one token per byte) to a reply reader in
+ * messages of `per` tokens; last_stop on the last; returns its text. */
+static char *
+reply_run(const td_ireq_t *r, const td_tok_t *tok, const char *text, size_t per,
+          bool last_stop, uint32_t *ntokens, bool *stopped)
+{
+    td_reply_cfg_t rc = { .tok = tok, .req = r };
+    td_reply_t *rp = NULL;
     td_buf_t out = {0};
-    bool mt;
-    CHECK_STATUS(td_stop_create(stops, 1, &m), TD_OK);
-    CHECK_STATUS(td_stop_feed(m, "abST", 4, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "ab");
-    CHECK(!mt);
-    CHECK_STATUS(td_stop_feed(m, "x", 1, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "STO", 3, &out, &mt), TD_OK);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "P tail", 6, &out, &mt), TD_OK);
-    CHECK(mt);
-    CHECK_STR(out.data, "abSTx");
-    CHECK_STATUS(td_stop_feed(m, "more", 4, &out, &mt), TD_OK);
-    CHECK(mt);
-    CHECK_STR(out.data, "abSTx");
-    td_stop_destroy(m);
-    td_buf_free(&out);
+    size_t len = strlen(text);
+    char *res;
 
-    const char *empty[] = { "ok", "" };
-    m = NULL;
-    CHECK_STATUS(td_stop_create(empty, 2, &m), TD_ERR_INVALID);
-    CHECK(m == NULL);
+    *stopped = false;
+    CHECK_STATUS(td_reply_create(&rc, &rp), TD_OK);
+    if (rp == NULL)
+        return strdup("");
+    for (size_t at = 0; at < len && !*stopped; at += per) {
+        uint32_t ids[64];
+        size_t k = len - at < per ? len - at : per;
+        for (size_t i = 0; i < k; i++)
+            ids[i] = (unsigned char)text[at + i];
+        CHECK_STATUS(td_reply_feed(rp, ids, k, last_stop && at + k == len, NULL, reply_collect,
+                                   &out, stopped), TD_OK);
+    }
+    CHECK_STATUS(td_reply_end(rp, *stopped ? TD_OPENAI_FINISH_STOP : TD_OPENAI_FINISH_LENGTH,
+                              reply_collect, &out), TD_OK);
+    *ntokens = td_reply_ntokens(rp);
+    td_reply_destroy(rp);
+    res = strdup(out.data ? out.data : "");
+    td_buf_free(&out);
+    return res;
+}
+
+/* The reply reader: a stop string is armed only past min_tokens tokens,
+ * kept with include_stop_str_in_output; a stop token's text is left out
+ * unless included; every token counts. */
+static void
+test_reply_reader(void)
+{
+    td_tok_t *tok = NULL;
+    td_ireq_t *r = parse_ok(P, "{" M ",'prompt':'x','stop':['END']}");
+    uint32_t nt;
+    bool stopped;
+    char *got;
+
+    CHECK_STATUS(td_tok_bytes_create(&tok), TD_OK);
+    if (tok == NULL || r == NULL)
+        return;
+    got = reply_run(r, tok, "aENDbENDc", 4, false, &nt, &stopped);
+    CHECK_STR(got, "a");
+    CHECK(stopped && nt == 4);   /* the message's tokens count */
+    free(got);
+    r->sampling.min_tokens = 4;   /* the first END ends at token 4: not past 4 */
+    for (size_t per = 1; per <= 9; per += 4) {
+        got = reply_run(r, tok, "aENDbENDc", per, false, &nt, &stopped);
+        CHECK_STR(got, "aENDb");
+        CHECK(stopped);
+        free(got);
+    }
+    r->stop.include_stop_str = true;
+    got = reply_run(r, tok, "aENDbENDc", 9, false, &nt, &stopped);
+    CHECK_STR(got, "aENDbEND");
+    free(got);
+    r->stop.include_stop_str = false;
+    r->sampling.min_tokens = 0;
+    r->stop.nstrings = 0;   /* (the strings stay the request's to free) */
+    got = reply_run(r, tok, "hello!", 3, true, &nt, &stopped);
+    CHECK_STR(got, "hello");   /* "!" is the stop token */
+    CHECK_EQ_INT(nt, 6);
+    free(got);
+    r->stop.include_stop_str = true;
+    got = reply_run(r, tok, "hello!", 3, true, &nt, &stopped);
+    CHECK_STR(got, "hello!");
+    free(got);
+    r->stop.nstrings = 1;
+    td_ireq_destroy(r);
+    td_tok_destroy(tok);
 }
 
 /* ===================================================================== */
@@ -1006,7 +1191,7 @@ decode_pieces(const td_tok_t *tok, const uint32_t *ids, size_t n, td_buf_t *out)
         size_t k = 1 + (size_t)(td_rng_next(&rng) % 5);
         if (k > n - i)
             k = n - i;
-        CHECK_STATUS(td_tok_decode(tok, &st, ids + i, k, out), TD_OK);
+        CHECK_STATUS(td_tok_decode(tok, &st, ids + i, k, true, out), TD_OK);
         i += k;
     }
     CHECK_STATUS(td_tok_decode_flush(&st, out), TD_OK);
@@ -1042,10 +1227,10 @@ test_tok_bytes(void)
     td_buf_t out = {0};
     const uint32_t emoji[] = { 0xf0, 0x9f, 0x98, 0x80 };
     for (size_t i = 0; i < 3; i++) {
-        CHECK_STATUS(td_tok_decode(tok, &st, &emoji[i], 1, &out), TD_OK);
+        CHECK_STATUS(td_tok_decode(tok, &st, &emoji[i], 1, true, &out), TD_OK);
         CHECK_EQ_INT(out.len, 0);
     }
-    CHECK_STATUS(td_tok_decode(tok, &st, &emoji[3], 1, &out), TD_OK);
+    CHECK_STATUS(td_tok_decode(tok, &st, &emoji[3], 1, true, &out), TD_OK);
     CHECK_STR(out.data, "\xf0\x9f\x98\x80");
 
     /* invalid sequences become U+FFFD; a dangling lead byte at the end too */
@@ -1061,7 +1246,7 @@ test_tok_bytes(void)
     for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
         td_buf_reset(&out);
         td_tok_dec_t s2 = {0};
-        CHECK_STATUS(td_tok_decode(tok, &s2, invalid[i].ids, invalid[i].n, &out), TD_OK);
+        CHECK_STATUS(td_tok_decode(tok, &s2, invalid[i].ids, invalid[i].n, true, &out), TD_OK);
         CHECK_STATUS(td_tok_decode_flush(&s2, &out), TD_OK);
         CHECK_STR(out.data, invalid[i].want);
     }
@@ -1077,7 +1262,7 @@ test_tok_bytes(void)
         CHECK_STATUS(td_tok_encode(tok, raw, len, &ids, &n), TD_OK);
         td_buf_t whole = {0}, cut = {0};
         td_tok_dec_t s3 = {0};
-        CHECK_STATUS(td_tok_decode(tok, &s3, ids, n, &whole), TD_OK);
+        CHECK_STATUS(td_tok_decode(tok, &s3, ids, n, true, &whole), TD_OK);
         CHECK_STATUS(td_tok_decode_flush(&s3, &whole), TD_OK);
         decode_pieces(tok, ids, n, &cut);
         CHECK(whole.len == cut.len && (whole.len == 0 || memcmp(whole.data, cut.data, whole.len) == 0));
@@ -1093,7 +1278,7 @@ test_tok_bytes(void)
     td_buf_reset(&out);
     td_tok_dec_t s4 = {0};
     const uint32_t oob[] = { 'a', 300, 'b' };
-    CHECK_STATUS(td_tok_decode(tok, &s4, oob, 3, &out), TD_ERR_RANGE);
+    CHECK_STATUS(td_tok_decode(tok, &s4, oob, 3, true, &out), TD_ERR_RANGE);
     CHECK_STR(out.data, "a");
     CHECK_STATUS(td_tok_encode(tok, "", 0, &ids, &n), TD_OK);
     CHECK_EQ_INT(n, 0);
@@ -1240,6 +1425,8 @@ main(void)
 {
     test_bad_bodies();
     test_oversized_body();
+    test_stop_cap();
+    test_vllm_fields();
     test_good_chat();
     test_good_completion();
     test_token_prompt();
@@ -1249,8 +1436,9 @@ main(void)
     test_streams();
     test_models_and_errors();
     test_sse();
-    test_stop();
     test_tok_bytes();
+    test_choices_json();
+    test_reply_reader();
     test_apikeys();
     return td_check_exit("test_openai");
 }

@@ -3,7 +3,11 @@
  * weights, top-p and the draw) on random rows: dense and sparse, continuous
  * and tied logits, -inf holes, logit_bias; greedy and tie rules by hand;
  * logit_bias forcing and banning; log-probabilities after the bias; the
- * refusals (NaN, +inf, nothing finite, bad bias). */
+ * row's own steps (min_tokens mask, repetition / presence / frequency
+ * penalties over a token history, min-p) against the reference with those
+ * written out from token lists; min-p over 20 000 draws; the refusals (NaN,
+ * +inf, nothing finite, bad bias, bad penalties, a penalty without a
+ * history). */
 #include "check.h"
 #include "logcap.h"
 #include "log.h"
@@ -380,6 +384,276 @@ test_logprobs(void)
     CHECK(fabs(pk.top[2].logprob - (1.0 - lse)) < 1e-12);
 }
 
+
+/* ---- A row's own steps: mask, penalties, min-p -------------------------------------- */
+
+/* A history as plain token lists, written out independently of sample.c. */
+typedef struct {
+    const int32_t *prompt, *out;
+    size_t nprompt, nout;
+} ref_hist_t;
+
+static int
+ref_in(const int32_t *t, size_t n, int32_t id)
+{
+    int c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += t[i] == id;
+    return c;
+}
+
+/* The row's logit of id (bias, mask, penalties as sample.h states them). */
+static float
+ref_row_logit(const td_sample_params_t *sp, const ref_hist_t *h, uint64_t generated,
+              int32_t id, float l)
+{
+    int c = ref_in(h->out, h->nout, id);
+
+    l += ref_bias(sp, id);
+    if (generated < sp->min_tokens)
+        for (uint32_t i = 0; i < sp->nstop; i++)
+            if (sp->stop[i] == id)
+                return -INFINITY;
+    if (sp->repetition_penalty != 0 && sp->repetition_penalty != 1 &&
+        (c > 0 || ref_in(h->prompt, h->nprompt, id) > 0)) {
+        float r = (float)sp->repetition_penalty;
+        l = l > 0 ? l / r : l * r;
+    }
+    if (c > 0)
+        l -= (float)(sp->frequency_penalty * c + sp->presence_penalty);
+    return l;
+}
+
+/* The reference for a row: the row's logits, then ref_sample's rule with
+ * min-p (weight >= min_p) among the top_k. */
+static int32_t
+ref_row(const td_sample_dist_t *lg, const td_sample_params_t *sp, const ref_hist_t *h,
+        uint64_t generated, uint64_t pos, float *rowl)
+{
+    td_sample_params_t plain = *sp;
+    td_sample_dist_t d = { lg->n, lg->ids, rowl };
+    float mx = -INFINITY;
+
+    for (uint32_t i = 0; i < lg->n; i++) {
+        int32_t id = lg->ids ? lg->ids[i] : (int32_t)i;
+        rowl[i] = ref_row_logit(sp, h, generated, id, lg->logits[i]);
+        mx = rowl[i] > mx ? rowl[i] : mx;
+    }
+    plain.nbias = 0;
+    if (sp->min_p > 0 && sp->temperature > 0 && sp->top_k != 1) {
+        td_sample_params_t g = plain;   /* min-p cuts the tail the top-k keeps */
+        g.min_p = 0;
+        for (uint32_t i = 0; i < lg->n; i++)
+            if (rowl[i] != -INFINITY && exp(((double)rowl[i] - mx) / sp->temperature) < sp->min_p)
+                rowl[i] = -INFINITY;
+        return ref_sample(&d, &g, pos);
+    }
+    return ref_sample(&d, &plain, pos);
+}
+
+static void
+test_row_reference(void)
+{
+    static const size_t sizes[] = { 3, 8, 65, 700 };
+    unsigned checked = 0, differs = 0;
+
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t n = sizes[si];
+        float *row = malloc(n * sizeof(float)), *rowl = malloc(n * sizeof(float));
+        int32_t *ids = malloc(n * sizeof(int32_t)), prompt[40], out[40];
+        uint32_t vocab = (uint32_t)(3 * n + 8);
+
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (int32_t)(((i * 7919u) % n) * 3 + 5);
+        for (int round = 0; round < 60; round++) {
+            int sparse = round & 1;
+            td_sample_dist_t lg = { (uint32_t)n, sparse ? ids : NULL, row };
+            td_sample_params_t sp = td_sample_params_greedy();
+            td_sample_hist_t h;
+            ref_hist_t rh = { prompt, out, 1 + (size_t)(rnd() * 39), (size_t)(rnd() * 40) };
+            uint64_t gen = (uint64_t)(rnd() * 6), pos = 100 + (uint64_t)round;
+            td_sample_pick_t pk, plain;
+            td_sample_row_t r;
+            int32_t want;
+
+            make_row(row, n, (row_kind_t)(round % 4));
+            for (size_t i = 0; i < rh.nprompt; i++)   /* ids of the distribution, mostly */
+                prompt[i] = sparse ? ids[(size_t)(rnd() * n)] : (int32_t)(rnd() * n);
+            for (size_t i = 0; i < rh.nout; i++)
+                out[i] = sparse ? ids[(size_t)(rnd() * n)] : (int32_t)(rnd() * n);
+            sp.temperature = round % 5 == 0 ? 0 : 0.3 + rnd() * 2;
+            sp.top_k = round % 3 == 0 ? 0 : 1 + (uint32_t)(rnd() * n);
+            sp.top_p = round % 4 == 0 ? 0.8 : 1;
+            sp.min_p = round % 2 == 0 ? rnd() * 0.5 : 0;
+            sp.repetition_penalty = round % 3 == 1 ? 0.5 + rnd() * 1.5 : 1;
+            sp.presence_penalty = rnd() * 4 - 2;
+            sp.frequency_penalty = rnd() * 4 - 2;
+            sp.min_tokens = (uint32_t)(rnd() * 6);
+            sp.seed = (uint64_t)round * 31;
+            sp.logprobs = true;
+            sp.top_logprobs = 5;
+            for (int k = 0; k < 3; k++)
+                (void)td_sample_stop_add(&sp, sparse ? ids[(size_t)(rnd() * n)]
+                                                     : (int32_t)(rnd() * n));
+            CHECK_STATUS(td_sample_hist_init(&h, vocab), TD_OK);
+            CHECK_STATUS(td_sample_hist_add(&h, prompt, rh.nprompt, false), TD_OK);
+            CHECK_STATUS(td_sample_hist_add(&h, out, rh.nout, true), TD_OK);
+            r = (td_sample_row_t){ &sp, &h, pos, gen };
+            want = ref_row(&lg, &sp, &rh, gen, pos, rowl);
+            if (want < 0) {   /* the mask left nothing: refused */
+                CHECK_STATUS(td_sample_row_pick(&lg, &r, -1, &pk), TD_ERR_INVALID);
+                td_sample_hist_free(&h);
+                continue;
+            }
+            CHECK_STATUS(td_sample_row_pick(&lg, &r, -1, &pk), TD_OK);
+            if (pk.token != want) {
+                fprintf(stderr, "row n %zu round %d: %d, reference %d\n", n, round, pk.token,
+                        want);
+                td_check_failures++;
+            }
+            /* log-probabilities of the row's logits (before min-p: that is a cut) */
+            for (uint32_t i = 0; i < n; i++) {
+                int32_t id = sparse ? ids[i] : (int32_t)i;
+                rowl[i] = ref_row_logit(&sp, &rh, gen, id, row[i]);
+            }
+            if (!sparse) {
+                CHECK_STATUS(td_sample_logprobs(rowl, n, pk.token, 5, &plain), TD_OK);
+                CHECK(fabs(plain.logprob - pk.logprob) < 1e-9 && plain.ntop == pk.ntop);
+                for (uint32_t k = 0; k < plain.ntop && k < pk.ntop; k++)
+                    CHECK(plain.top[k].id == pk.top[k].id &&
+                          (plain.top[k].logprob == pk.top[k].logprob ||   /* -inf */
+                           fabs(plain.top[k].logprob - pk.top[k].logprob) < 1e-9));
+            }
+            td_sample_hist_free(&h);
+            checked++;
+            differs += pk.token != ref_sample(&lg, &(td_sample_params_t){ .temperature =
+                                              sp.temperature, .top_p = 1, .seed = sp.seed },
+                                              pos);
+        }
+        free(row);
+        free(rowl);
+        free(ids);
+    }
+    /* the row's steps changed the outcome often (a sampler that ignored them
+     * would agree with the plain draw) */
+    CHECK(differs > checked / 5);
+    fprintf(stderr, "test_sample: %u rows equal the reference with mask, penalties and "
+                    "min-p (%u differ from the plain draw)\n", checked, differs);
+}
+
+/* Penalties by hand: a dense row of 4, token 0 in the prompt, token 1
+ * generated twice, token 3 once. */
+static void
+test_penalties(void)
+{
+    const float l[4] = { 2.0f, 1.0f, -1.0f, -0.5f };
+    const int32_t prompt[2] = { 0, 2 }, out[3] = { 1, 1, 3 };
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_dist_t d = { 4, NULL, l };
+    td_sample_hist_t h;
+    td_sample_pick_t pk, want;
+    float pl[4];
+
+    CHECK_STATUS(td_sample_hist_init(&h, 4), TD_OK);
+    CHECK_STATUS(td_sample_hist_add(&h, prompt, 2, false), TD_OK);
+    CHECK_STATUS(td_sample_hist_add(&h, out, 3, true), TD_OK);
+    CHECK_EQ_INT(h.nseen, 4);
+    sp.logprobs = true;
+    sp.top_logprobs = 4;
+    sp.repetition_penalty = 2.0;
+    sp.presence_penalty = 0.5;
+    sp.frequency_penalty = 0.25;
+    /* 2/2 = 1; 1/2 - (0.25*2 + 0.5) = -0.5; -1*2 = -2; -0.5*2 - (0.25 + 0.5) = -1.75 */
+    pl[0] = 1.0f, pl[1] = -0.5f, pl[2] = -2.0f, pl[3] = -1.75f;
+    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, &h, 9, 3 }, -1, &pk), TD_OK);
+    CHECK_STATUS(td_sample_logprobs(pl, 4, 0, 4, &want), TD_OK);
+    CHECK_EQ_INT(pk.token, 0);
+    CHECK(pk.logprob == want.logprob);
+    for (int k = 0; k < 4; k++)
+        CHECK(pk.top[k].id == want.top[k].id && pk.top[k].logprob == want.top[k].logprob);
+    /* a penalty without a history is refused, never skipped */
+    td_logcap_reset();
+    CHECK_STATUS(td_sample_dist_pick(&d, &sp, 9, -1, &pk), TD_ERR_INVALID);
+    CHECK(strstr(td_logcap.last, "history") != NULL);
+    /* off: nothing changes, no copy needed */
+    sp = td_sample_params_greedy();
+    sp.repetition_penalty = 1;
+    CHECK(!td_sample_params_penalized(&sp));
+    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 9, 3 }, -1, &pk), TD_OK);
+    CHECK_EQ_INT(pk.token, 0);
+    td_sample_hist_free(&h);
+}
+
+/* min_tokens: a stop id forced by logit_bias is masked until min_tokens
+ * tokens were generated, and finishes nothing before. */
+static void
+test_min_tokens(void)
+{
+    const float l[5] = { 0.3f, 0.1f, 0.0f, 0.2f, -0.4f };
+    const td_sample_bias_t force = { 4, 100.0f };
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_dist_t d = { 5, NULL, l };
+    td_sample_pick_t pk;
+
+    CHECK_STATUS(td_sample_bias_set(&sp, &force, 1, NULL, 0), TD_OK);
+    CHECK_STATUS(td_sample_stop_add(&sp, 4), TD_OK);
+    sp.min_tokens = 3;
+    sp.temperature = 1;
+    for (uint64_t g = 0; g < 5; g++) {
+        CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 10 + g, g }, -1, &pk),
+                     TD_OK);
+        CHECK(g < 3 ? pk.token != 4 : pk.token == 4);
+    }
+    CHECK_EQ_INT(td_sample_finish(&sp, 4, 3, 10, 0), TD_SAMPLE_FINISH_NONE);
+    CHECK_EQ_INT(td_sample_finish(&sp, 4, 4, 10, 0), TD_SAMPLE_FINISH_STOP);
+    /* no count of generated tokens: refused */
+    CHECK_STATUS(td_sample_dist_pick(&d, &sp, 0, -1, &pk), TD_ERR_INVALID);
+}
+
+/* min-p: over 20 000 draws of a small vocabulary at temperature 1, no token
+ * whose probability is below min_p times the top one's; the others come. */
+static void
+test_min_p_draws(void)
+{
+    enum { V = 12 };
+    float l[V];
+    unsigned seen[V] = { 0 };
+    td_sample_params_t sp = td_sample_params_greedy();
+    td_sample_dist_t d = { V, NULL, l };
+    double pmax = 0, p[V], z = 0;
+
+    for (int i = 0; i < V; i++)
+        l[i] = (float)(-0.35 * i);
+    for (int i = 0; i < V; i++)
+        z += exp(l[i]);
+    for (int i = 0; i < V; i++)
+        pmax = (p[i] = exp(l[i]) / z) > pmax ? p[i] : pmax;
+    sp.temperature = 1;
+    sp.min_p = 0.2;
+    for (uint64_t pos = 0; pos < 20000; pos++) {
+        int32_t t = -1;
+        sp.seed = pos;
+        CHECK_STATUS(td_sample_dist(&d, &sp, pos, &t), TD_OK);
+        if (t >= 0 && t < V)
+            seen[t]++;
+    }
+    for (int i = 0; i < V; i++) {
+        if (p[i] < sp.min_p * pmax)
+            CHECK_EQ_INT(seen[i], 0);
+        else
+            CHECK(seen[i] > 100);
+    }
+    /* min_p 0 is off: the tail comes */
+    sp.min_p = 0;
+    memset(seen, 0, sizeof(seen));
+    for (uint64_t pos = 0; pos < 20000; pos++) {
+        int32_t t = -1;
+        CHECK_STATUS(td_sample_dist(&d, &sp, pos, &t), TD_OK);
+        seen[t >= 0 && t < V ? t : 0]++;
+    }
+    CHECK(seen[V - 1] > 0);
+}
+
 /* ---- Refusals ------------------------------------------------------------------- */
 
 
@@ -455,6 +729,23 @@ test_refusals(void)
     sp.top_p = 1;
     CHECK_STATUS(td_sample_dist(&lg, &sp, 0, &t), TD_OK);
     CHECK_EQ_INT(t, 2);
+    static const struct {
+        double min_p, rep, pres, freq;
+        const char *why;
+    } bad[] = {
+        { -0.1, 1, 0, 0, "min_p" }, { 1.5, 1, 0, 0, "min_p" }, { 0, -1, 0, 0, "repetition" },
+        { 0, 2.5, 0, 0, "repetition" }, { 0, 1, 2.5, 0, "presence" }, { 0, 1, 0, -3, "frequency" },
+        { NAN, 1, 0, 0, "min_p" }, { 0, 1, NAN, 0, "presence" },
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sp = td_sample_params_greedy();
+        sp.min_p = bad[i].min_p;
+        sp.repetition_penalty = bad[i].rep;
+        sp.presence_penalty = bad[i].pres;
+        sp.frequency_penalty = bad[i].freq;
+        CHECK_STATUS(td_sample_check(&sp, why, sizeof(why)), TD_ERR_INVALID);
+        CHECK(strstr(why, bad[i].why) != NULL);
+    }
 }
 
 int
@@ -465,6 +756,10 @@ main(void)
     test_vocab();
     test_ties_and_bias();
     test_logprobs();
+    test_row_reference();
+    test_penalties();
+    test_min_tokens();
+    test_min_p_draws();
     test_refusals();
     return td_check_exit("test_sample");
 }

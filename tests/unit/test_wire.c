@@ -2,7 +2,8 @@
  * sampling parameters both worker daemons use: a table of Sampling messages
  * and what each becomes or why it is refused (more than 16 stop ids is a
  * refusal on either side), the model's stop ids joined in, logit_bias
- * checked and sorted; TokenLogprob packed, sent as bytes and read back. */
+ * checked and sorted; min_p, the penalties, min_tokens, ignore_eos and n;
+ * TokenLogprob packed, sent as bytes and read back. */
 #include "check.h"
 #include "registry.h"
 #include "status.h"
@@ -149,6 +150,51 @@ test_sampling(td_engine_t *e)
     e->nstop = 0;
 }
 
+/* The sampler's other steps cross the wire as they are; 0 is off for each;
+ * ignore_eos leaves the model's end-of-sequence ids out; n 0 is 1. */
+static void
+test_sampling_steps(td_engine_t *e)
+{
+    Tandem__Sampling s = TANDEM__SAMPLING__INIT;
+    td_sample_params_t sp;
+    char why[160] = "";
+    int32_t stop = 9;
+
+    e->nstop = 2;
+    e->stop[0] = 1;
+    e->stop[1] = 2;
+    s.temperature = 1;
+    s.min_p = 0.25;
+    s.repetition_penalty = 1.5;
+    s.presence_penalty = -0.5;
+    s.frequency_penalty = 1.25;
+    s.min_tokens = 7;
+    s.n_stop_tokens = 1;
+    s.stop_tokens = &stop;
+    CHECK_EQ_INT(td_wire_choices(&s), 1);
+    CHECK_STATUS(td_wire_sampling(&s, e, &sp, why, sizeof(why)), TD_OK);
+    CHECK(sp.min_p == 0.25 && sp.repetition_penalty == 1.5 && sp.presence_penalty == -0.5 &&
+          sp.frequency_penalty == 1.25 && sp.min_tokens == 7 && sp.nstop == 3);
+    CHECK(td_sample_params_penalized(&sp));
+    s.ignore_eos = true;
+    s.n = 3;
+    CHECK_EQ_INT(td_wire_choices(&s), 3);
+    CHECK_STATUS(td_wire_sampling(&s, e, &sp, why, sizeof(why)), TD_OK);
+    CHECK(sp.nstop == 1 && sp.stop[0] == 9);
+    s.repetition_penalty = 0;   /* unset: off */
+    s.presence_penalty = s.frequency_penalty = 0;
+    CHECK_STATUS(td_wire_sampling(&s, e, &sp, why, sizeof(why)), TD_OK);
+    CHECK(!td_sample_params_penalized(&sp));
+    s.min_p = 1.5;
+    CHECK_STATUS(td_wire_sampling(&s, e, &sp, why, sizeof(why)), TD_ERR_INVALID);
+    CHECK(strstr(why, "min_p") != NULL);
+    s.min_p = 0;
+    s.frequency_penalty = 2.5;
+    CHECK_STATUS(td_wire_sampling(&s, e, &sp, why, sizeof(why)), TD_ERR_INVALID);
+    CHECK(strstr(why, "frequency_penalty") != NULL);
+    e->nstop = 0;
+}
+
 static void
 test_logprob(void)
 {
@@ -223,6 +269,7 @@ main(void)
     if (e == NULL)
         return td_check_exit("test_wire");
     test_sampling(e);
+    test_sampling_steps(e);
     test_logprob();
     td_engine_destroy(e);
     return td_check_exit("test_wire");

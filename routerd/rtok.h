@@ -1,0 +1,39 @@
+/* routerd/rtok.h — POST /tokenize and POST /detokenize in vLLM's shapes: a
+ * prompt or a conversation turned into the ids routerd would send the model
+ * for it (the request model's adapter and encoder, so the ids are exactly a
+ * completion's or a chat's prompt), and ids back into text. The work runs on
+ * routerd's text threads (one job per request); the loop only answers.
+ * Ownership: the router owns the td_rtok_t and destroys it after the text
+ * threads are stopped (td_rreq_tab_destroy); it owns the jobs in flight and
+ * frees those whose done never came. */
+#ifndef TD_ROUTERD_RTOK_H
+#define TD_ROUTERD_RTOK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "http.h"
+#include "jobq.h"
+#include "metrics.h"
+#include "rtext.h"
+#include "status.h"
+
+typedef struct td_rtok_s td_rtok_t;
+
+typedef struct {
+    td_jobq_t *pool;            /* the text threads (borrowed) */
+    const td_rtext_cfg_t *text; /* the request model's config, tokenizer, model id */
+    td_metrics_t *metrics;      /* refusals counted */
+    uint64_t max_context;       /* max_model_len of /tokenize (0: not known) */
+} td_rtok_cfg_t;
+
+/* TD_ERR_NOMEM. */
+td_status_t td_rtok_create(const td_rtok_cfg_t *cfg, td_rtok_t **out);
+void td_rtok_destroy(td_rtok_t *x);
+
+/* Serve a /tokenize (detok false) or /detokenize request: its body goes to
+ * a text thread, the answer (or a 4xx in OpenAI's error format) comes back
+ * on the loop. */
+void td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok);
+
+#endif
