@@ -446,12 +446,13 @@ drank_release(td_drank_t *r, td_dreq_t *req)
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
+    Tandem__Released rel = TANDEM__RELEASED__INIT;
+    rel.req_id = req->id;
+    rel.tokens = req->res->ntokens;
     td_kvpool_release(r->kp, req->res);
     req->res = NULL;
     r->slots[slot] = NULL;
     r->stats.released++;
-    Tandem__Released rel = TANDEM__RELEASED__INIT;
-    rel.req_id = req->id;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
     env.released = &rel;

@@ -227,11 +227,7 @@ rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
             rk->node->name, rk->rank_id, how, rk->inflight);
     rk->conn = NULL;
     /* its last Load says nothing about a rank that is gone */
-    memset(&rk->load, 0, sizeof rk->load);
-    rk->n_expert_tokens = 0;
-    rk->pend_tokens = 0;
-    rk->pend_reqs = 0;
-    rk->has_cache_stats = false;
+    td_rrank_load_clear(rk);
     td_rcache_clear(&rk->cache, true);   /* a rank that comes back announces again */
     c->hold++;   /* rk stays while its requests let go of it */
     if (c->h.on_rank_lost)
@@ -288,12 +284,7 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     }
     rk->conn = conn;
     rk->incarnation = peer->incarnation;
-    memset(&rk->load, 0, sizeof rk->load);
-    rk->n_expert_tokens = 0;
-    rk->pend_tokens = 0;
-    rk->pend_reqs = 0;
-    rk->refused = false;
-    rk->has_cache_stats = false;
+    td_rrank_load_clear(rk);
     td_rcache_clear(&rk->cache, true);
     td_info("%s: connected (incarnation %016llx)", td_ctl_conn_name(conn),
             (unsigned long long)peer->incarnation);
@@ -394,6 +385,20 @@ on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
     capacity_changed(c);
 }
 
+/* A decode rank freed a request's row and blocks: room now, not at its
+ * next Load (a Released of a decoded that does not say its tokens frees
+ * the row only). */
+static void
+on_released(td_cluster_t *c, td_rrank_t *rk, const Tandem__Released *rel)
+{
+    td_debug("%s: request %016llx: blocks released", td_ctl_conn_name(rk->conn),
+             (unsigned long long)rel->req_id);
+    if (rk->role != TANDEM__ROLE__ROLE_DECODE)
+        return;
+    td_rrank_admit_freed(rk, rel->tokens);
+    capacity_changed(c);
+}
+
 /* A prefill rank's CacheEvent: applied to its set of blocks; one that
  * cannot be trusted empties the set (logged here, the connection stays). */
 static void
@@ -489,11 +494,13 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     case TANDEM__ENVELOPE__PAYLOAD_CACHE_EVENT:
         on_cache_event(rk, env->cache_event);
         break;
+    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
+        on_released(c, rk, env->released);
+        break;
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:
     case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE:
     case TANDEM__ENVELOPE__PAYLOAD_TOKENS:
-    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
     case TANDEM__ENVELOPE__PAYLOAD_FORGET:
         if (c->h.on_message)
             c->h.on_message(c, rk, env, c->h.arg);

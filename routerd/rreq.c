@@ -56,6 +56,7 @@ struct td_rreq_s {
     td_rqueue_entry_t qe;           /* its place in the admission queue */
     bool too_long;                  /* a decode rank said TOO_LONG */
     bool prefill_sent;              /* this attempt's Prefill went out */
+    bool admit_open;                /* its Admit went out, not answered yet (rrank.h) */
     bool streaming;                 /* 200 and the first chunk went out */
     td_rtext_t *text;               /* its text work: parse, prompt, tokens to text */
     bool text_busy;                 /* a job of text is queued or running */
@@ -208,6 +209,23 @@ bind_rank(td_rreq_t *q, td_rrank_t **slot, td_rrank_t *rk)
     td_cluster_rank_bind(q->t->cfg.cluster, rk);
 }
 
+/* The KV tokens q's Admit asks for: prompt + max_tokens. */
+static uint64_t
+admit_need(const td_rreq_t *q)
+{
+    return q->nprompt + q->oreq->max_tokens;
+}
+
+/* The decode rank answered this attempt's Admit, or q waits for the answer
+ * no more: its room is counted from the Loads again (rrank.h). */
+static void
+admit_answered(td_rreq_t *q)
+{
+    if (q->admit_open && q->decode)
+        td_rrank_admit_answered(q->decode, admit_need(q));
+    q->admit_open = false;
+}
+
 static void
 unbind_rank(td_rreq_t *q, td_rrank_t **slot)
 {
@@ -215,6 +233,8 @@ unbind_rank(td_rreq_t *q, td_rrank_t **slot)
 
     if (!rk)
         return;
+    if (slot == &q->decode)
+        admit_answered(q);
     *slot = NULL;
     td_cluster_rank_release(q->t->cfg.cluster, rk);
 }
@@ -570,8 +590,8 @@ admit_send(td_rreq_t *q, uint64_t need)
     env.admit = &a;
     if (td_rrank_send(d, &env) != TD_OK)
         return false;
-    d->pend_tokens += need;
-    d->pend_reqs++;
+    td_rrank_admit_sent(d, need);
+    q->admit_open = true;
     set_state(q, TD_RREQ_ADMITTING, p != NULL ? "admit sent" : "admit sent: continues a kept state");
     return true;
 }
@@ -631,7 +651,7 @@ admit_try(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
     unsigned retry_after = t->cfg.retry_after_s;
-    uint64_t need = q->nprompt + q->oreq->max_tokens;
+    uint64_t need = admit_need(q);
 
     if (t->cfg.max_context && need > t->cfg.max_context) {
         fail_too_long(q, t->cfg.max_context);
@@ -825,6 +845,7 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     Tandem__Sampling s;
     Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
 
+    admit_answered(q);
     if (q->cont.rank != NULL) {   /* the decode rank prefills the rest of the prompt */
         q->t->cfg.metrics->continue_kept_tokens += q->cont.ntokens;
         q->t->cfg.metrics->continue_suffix_tokens += q->nprompt - q->cont.ntokens;
@@ -873,6 +894,8 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     td_info("request %016" PRIx64 ": %s rank %s/%u: admit rejected (%d): %s", q->id,
             td_hello_role_str(rk->role), rk->node->name, rk->rank_id, (int)rej->code,
             rej->reason);
+    admit_answered(q);
+    td_rrank_admit_freed(rk, admit_need(q));   /* it holds no row of q's */
     if (q->cont.rank != NULL) {   /* admitted anew, as any request */
         q->no_continue = true;
         q->t->cfg.metrics->continue_refused++;
@@ -1182,8 +1205,12 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     }
     q->ntokens += (uint32_t)n;
     m->completion_tokens += n;
-    if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE)
+    if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE) {
         kept_note(q, rk, tk->retained_tokens);
+        /* no Released follows: the row is free now, the blocks yield to admissions */
+        td_rrank_admit_freed(rk, admit_need(q));
+        td_rqueue_kick(q->t->queue);
+    }
     if (td_rtext_push(q->text, tk->tokens, n, q->oreq->logprobs ? tk->logprobs : NULL) !=
         TD_OK) {
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");

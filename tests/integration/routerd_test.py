@@ -490,6 +490,28 @@ def test_order(c):
     c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "idle")
 
 
+def test_rows(c):
+    """A decode rank's rows come back with its Released messages, not only
+    with its next Load: on a rank of 2 rows that sends its Load once, 12
+    requests one after another and a burst of 8 all complete (each would
+    wait for a Load that never comes, then get 503, if the router counted
+    only Loads)."""
+    c.start_router("--queue-timeout", "2s")
+    c.start_worker("fake", "--max-batch", "2", "--tok-ms", "2", "--load-once")
+    c.wait_up(2)
+    t0 = time.time()
+    for i in range(12):
+        st, _, data = chat(c.http, content="one by one %d" % i, max_tokens=3)
+        check(st == 200, "request %d after %.2f s: %d %r" % (i, time.time() - t0, st, data))
+    check(time.time() - t0 < 3, "12 short requests took %.2f s" % (time.time() - t0))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        res = list(pool.map(lambda i: chat(c.http, content="burst %d" % i, max_tokens=3),
+                            range(8)))
+    bad = [(st, data) for st, _, data in res if st != 200]
+    check(not bad, "%d of 8 failed on 2 rows: %r" % (len(bad), bad[:2]))
+    c.wait(lambda: not requests_in_flight(c), "idle")
+
+
 def test_flood(c):
     """About 300 silent connections from one address on the control port (more
     than the 256 in the handshake routerd allows) must not keep a worker from
