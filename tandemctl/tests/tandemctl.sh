@@ -138,6 +138,26 @@ has err 'requests: router answered with invalid json'
 run 1 config
 has err 'config: internal error \(HTTP 500\)'
 
+# ready: no admin key needed; 503 with the router's reason, 200; waiting
+routes <<'J'
+{"GET /ready": [503, {"status": "not ready", "ready": false, "reason": "no decode rank up"}]}
+J
+timeout 20 "$ctl" --router "$url" --admin-key-file "$tmp/no-such.key" ready >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready on a router that is not: exit status"
+has err 'not ready: no decode rank up'
+start=$(date +%s%N)
+timeout 20 "$ctl" --router "$url" ready 2 >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready 2 on a router that is not: exit status"
+[ $(( ($(date +%s%N) - start) / 1000000 )) -ge 1900 ] || fail "ready 2 did not wait 2 s"
+routes <<'J'
+{"GET /ready": [200, {"status": "ready", "ready": true, "reason": null}]}
+J
+timeout 20 "$ctl" --router "$url" ready 5 >"$tmp/out" 2>"$tmp/err" || fail "ready: $(cat "$tmp/err")"
+has out '^ready$'
+timeout 20 "$ctl" --router "http://127.0.0.1:$closed" ready >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready on an unreachable router: exit status"
+has err "router http://127.0.0.1:$closed: unreachable"
+
 # odd json: "?" and a warning per odd field, never a crash
 routes <<'J'
 {"GET /admin/status": [200, {"nodes": [

@@ -512,6 +512,49 @@ def test_rows(c):
     c.wait(lambda: not requests_in_flight(c), "idle")
 
 
+def test_ready(c):
+    """GET /ready (no key, on both listeners): 503 with the reason before any
+    rank registered, with a decode rank but no prefill rank up, with the
+    decode node drained, after the prefill rank died, and while the router
+    shuts down; 200 while a prefill and a decode rank are up. /health says
+    200 in every one of these states (liveness)."""
+    def expect(code, reason):
+        for port in (c.http, c.admin):
+            st, _, data = request(port, "GET", "/ready", key=None)
+            j = json.loads(data)
+            check(st == code and j["reason"] == reason and j["ready"] == (code == 200),
+                  "/ready on %d: %d %r, want %d %r" % (port, st, j, code, reason))
+            st, _, _ = request(port, "GET", "/health", key=None)
+            check(st == 200, "/health %d while %r" % (st, reason))
+
+    router = c.start_router("--drain-timeout", "10s")
+    expect(503, "no rank has registered yet")
+    c.start_worker("dec", "--role", "decode", "--tok-ms", "50")
+    c.wait_up(1)
+    expect(503, "no prefill rank up")
+    pre = c.start_worker("pre", "--role", "prefill")
+    c.wait_up(2)
+    expect(200, None)
+    for path, want in (("/admin/drain", (503, "no decode rank up")), ("/admin/undrain", (200, None))):
+        st, _, data = request(c.admin, "POST", path, {"node": "dec"}, key=ADMIN_KEY)
+        check(st == 200, "%s: %d %r" % (path, st, data))
+        expect(*want)
+    pre.kill()
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks()) == 1, "the prefill rank dead")
+    expect(503, "no prefill rank up")
+    c.start_worker("pre2", "--role", "prefill")
+    c.wait_up(2)
+    expect(200, None)
+    holder = Stream(c.http, max_tokens=100)   # 5 s: the router drains meanwhile
+    check(holder.status == 200, "holder: %d" % holder.status)
+    holder.event()
+    router.send_signal(signal.SIGTERM)
+    c.wait(lambda: "stopping" in open(c.rlog).read(), "the router stopping")
+    st, _, data = request(c.admin, "GET", "/ready", key=None)
+    check(st == 503 and json.loads(data)["reason"] == "shutting down", "draining: %d %r" % (st, data))
+    holder.close()
+
+
 def test_flood(c):
     """About 300 silent connections from one address on the control port (more
     than the 256 in the handshake routerd allows) must not keep a worker from
