@@ -512,6 +512,23 @@ drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
+/* The prefill deadline a names (a router's value: at most the configured
+ * cap, or a huge one would pin the blocks for weeks). */
+static uint32_t
+drank_deadline_clamp(td_drank_t *r, const Tandem__Admit *a)
+{
+    uint32_t max = r->cfg.prefill_deadline_max_ms ? r->cfg.prefill_deadline_max_ms
+                                                  : TD_DRANK_PREFILL_DEADLINE_MAX_MS;
+
+    if (a->prefill_deadline_ms <= max)
+        return a->prefill_deadline_ms;
+    r->stats.deadlines_clamped++;
+    td_log_every(TD_LOG_WARN, 1000, "decode rank %u: admit %016llx: prefill deadline %u ms "
+                 "clamped to %u ms (prefill-deadline-max)", r->cfg.rank_id,
+                 (unsigned long long)a->req_id, a->prefill_deadline_ms, max);
+    return max;
+}
+
 /* A live request of a's prompt in reservation res (the caller's until this
  * succeeds): its engine request computes in res's blocks — they are its
  * cache, and what a prefill writes lands there — it takes res's slot and
@@ -622,7 +639,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         return;
     }
     req->prefill_inc = a->prefill_incarnation;
-    req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
+    req->grace_ms = drank_grace_ms(r, drank_deadline_clamp(r, a));
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);

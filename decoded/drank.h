@@ -36,6 +36,9 @@ typedef struct td_drank_s td_drank_t;
 #define TD_DRANK_STR_(x) #x
 #define TD_DRANK_STR(x) TD_DRANK_STR_(x)
 #define TD_DRANK_GRACE_DEADLINES_STR TD_DRANK_STR(TD_DRANK_GRACE_DEADLINES)
+/* The default cap on a router's prefill deadline (decoded's
+ * prefill-deadline-max). */
+#define TD_DRANK_PREFILL_DEADLINE_MAX_MS 60000u
 
 typedef struct {
     /* Send one message to a router (the handle passed to td_drank_on_message). */
@@ -55,6 +58,9 @@ typedef struct {
     uint32_t max_batch;           /* batch rows = fixed slots */
     uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline, at least (Admit may
                                      name a longer one: the larger counts) */
+    uint32_t prefill_deadline_max_ms;   /* the longest prefill deadline an Admit may name
+                                     (prefill_deadline_ms): longer ones are clamped to
+                                     it; 0: TD_DRANK_PREFILL_DEADLINE_MAX_MS */
     uint32_t grace_margin_ms;     /* replaces the last of the grace period's deadlines
                                      (the prefill chunk in progress when the Cancel
                                      came); 0: one deadline */
@@ -79,6 +85,7 @@ typedef struct {
     uint64_t notes_stale;         /* KV notes from another prefill incarnation than the
                                      request's (dropped) */
     uint64_t kv_sum_mismatch;     /* requests failed: received KV checksum differs */
+    uint64_t deadlines_clamped;   /* Admits whose prefill deadline was over the cap */
     uint64_t steps;               /* decode steps run */
     uint64_t kept;                /* finished requests whose state was kept */
     uint64_t kept_dropped;        /*   of them dropped again (room, drain, router gone) */

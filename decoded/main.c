@@ -14,6 +14,7 @@ typedef struct {
     uint64_t kv_tokens;
     uint64_t max_batch;
     uint64_t retain;
+    uint64_t prefill_deadline_max_ms;
     char *trace_file;
 } decoded_config_t;
 
@@ -30,6 +31,11 @@ static const td_config_opt_t decoded_opts[] = {
                          "finished requests per rank whose kv the rank keeps for a next turn "
                          "to continue here (routerd's continue-max-suffix; extra fixed slots; "
                          "their blocks yield to new requests); 0: none"),
+    TD_CONFIG_OPT_DURATION("prefill-deadline-max", decoded_config_t, prefill_deadline_max_ms,
+                           "60s", 1, 3600000,
+                           "the longest prefill transfer deadline a router's Admit may name "
+                           "(its prefill rank's xfer-deadline-ms); a longer one is clamped to "
+                           "this"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
     TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
@@ -49,6 +55,7 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .max_batch = (uint32_t)c->max_batch,
         .retain = (uint32_t)c->retain,
         .xfer_deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
+        .prefill_deadline_max_ms = (uint32_t)c->prefill_deadline_max_ms,
         .trace_path = c->trace_file,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,

@@ -526,6 +526,7 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
         int established = c->state == TD_CTL_ESTABLISHED;
         uint32_t max = ctl_conn_frame_max(c), len = 0, field = 0;
         Tandem__Envelope *env = NULL;
+        char why[160] = "";
         td_status_t st;
 
         /* Before authentication, only a frame holding one handshake field is
@@ -541,7 +542,7 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
             break;
         }
         if (st == TD_OK)
-            st = td_frame_decode(in, max, &env, &len);
+            st = td_frame_decode(in, max, &env, &len, why, sizeof why);
 
         if (st == TD_INPROGRESS)
             break;
@@ -549,9 +550,12 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
             ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_TOO_BIG,
                           "frame of %" PRIu32 " bytes exceeds the %" PRIu32 "-byte limit%s",
                           len, max, established ? "" : " before authentication");
+        } else if (st == TD_ERR_RANGE) {
+            ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_TOO_BIG,
+                          "frame refused unparsed: %s", why);
         } else if (st == TD_ERR_PROTO) {
             ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_PROTO,
-                          "malformed frame (not a tandem envelope)");
+                          "malformed frame (%s)", why[0] ? why : "not a tandem envelope");
         } else if (st != TD_OK) {
             ctl_conn_fail(c, st, 0, "cannot decode frame: %s", td_status_str(st));
         } else {

@@ -304,6 +304,32 @@ test_cancel(env_t *t)
     fk_router_clear(t->rt);
 }
 
+/* A router's Admit naming a prefill deadline of 49 days: clamped to
+ * prefill-deadline-max (DEADLINE_MS here), so a request canceled before its
+ * prefill's note gets its blocks back within the usual grace period, not
+ * in weeks. */
+static void
+test_deadline_clamp(env_t *t)
+{
+    int32_t p[20];
+    fk_admit_t adm;
+    td_drank_stats_t st0, st;
+
+    fk_prompt(p, 20, 9);
+    td_drank_stats(t->rk, &st0);
+    fk_admit_init(&adm, 451, p, 20, 4);
+    adm.a.prefill_deadline_ms = UINT32_MAX;
+    td_drank_on_message(t->rk, t->rt, &adm.env);
+    CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, 451) != NULL);
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.deadlines_clamped - st0.deadlines_clamped, 1);
+    cancel(t, 451);
+    CHECK(blocks_used(t) > 0);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 451, GRACE_MS + 2000));
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_router_clear(t->rt);
+}
+
 /* ---- Peer input that does not fit the request's state --------------------------- */
 
 static void
@@ -824,6 +850,7 @@ main(void)
     td_xfer_config_t xc = { .incarnation = D_INC, .transports = TLS };
     td_drank_config_t rc = { .node_id = "dec-test", .rank_id = 0, .kv_tokens = KV_TOKENS,
                              .max_batch = MAX_BATCH, .xfer_deadline_ms = DEADLINE_MS,
+                             .prefill_deadline_max_ms = DEADLINE_MS,
                              .grace_margin_ms = GRACE_MARGIN_MS };
     td_drank_io_t io = { fk_router_send, fk_router_load, &rt, NULL };
     CHECK(t.e != NULL);
@@ -842,6 +869,7 @@ main(void)
         test_rejects(&t);
         test_corrupt(&t);
         test_cancel(&t);
+        test_deadline_clamp(&t);
         test_unfit_input(&t);
         test_sender_incarnation(&t);
         test_xfer_ids(&t);
