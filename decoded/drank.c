@@ -25,6 +25,9 @@
 #include "rng.h"
 #include "wire.h"
 
+/* Lines a peer can make this rank repeat: at most one per this, per kind. */
+#define DRANK_LOG_MS 1000u
+
 /* A finished request's state kept for a next turn (cfg.retain): its blocks
  * and fixed slot, and the token sequence they hold; in a list, oldest
  * first (the first to go when an admission needs room). */
@@ -69,6 +72,8 @@ struct td_drank_s {
     bool stopping;
     bool idle_told;               /* io.idle ran (after td_drank_stop) */
     td_drank_stats_t stats;
+    td_log_limit_t peer_log;         /* lines a prefill's notes make us write */
+    td_log_limit_t fail_log;         /* requests' failures (peers can cause them) */
     Tandem__Load last_load;
     bool load_sent;
 };
@@ -390,8 +395,8 @@ drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    td_log(level, "decode rank %u: request %016llx: failed: %s", r->cfg.rank_id,
-           (unsigned long long)req->id, why);
+    td_log_limited(&r->fail_log, level, DRANK_LOG_MS, "decode rank %u: request %016llx: "
+                   "failed: %s", r->cfg.rank_id, (unsigned long long)req->id, why);
     drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
 }
 
@@ -468,8 +473,8 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
              const char *reason)
 {
     r->stats.rejected++;
-    td_info("decode rank %u: admit %016llx rejected: %s", r->cfg.rank_id, (unsigned long long)id,
-            reason);
+    td_log_every(TD_LOG_INFO, DRANK_LOG_MS, "decode rank %u: admit %016llx rejected: %s",
+                 r->cfg.rank_id, (unsigned long long)id, reason);
     Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
     rej.req_id = id;
     rej.code = code;
@@ -479,8 +484,8 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
     env.admit_reject = &rej;
     td_status_t st = r->io.send(router, &env, r->io.arg);
     if (st != TD_OK)
-        td_warn("decode rank %u: admit %016llx: reject not sent: %s", r->cfg.rank_id,
-                (unsigned long long)id, td_status_str(st));
+        td_log_every(TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: admit %016llx: reject not "
+                     "sent: %s", r->cfg.rank_id, (unsigned long long)id, td_status_str(st));
 }
 
 /* Sampling from the wire, checked (a peer's bytes: a reason, never an abort):
@@ -541,7 +546,13 @@ drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
 {
     td_engine_req_t *ereq = NULL;
     td_dreq_t *req = NULL;
+    td_xfer_token_t token;
 
+    if (td_xfer_token_draw(&token) != TD_OK) {   /* logged */
+        *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
+        *why = "no random bytes for a transfer token";
+        return TD_ERR_IO;
+    }
     if (td_engine_req_create(r->engine, sp, &res->kv, &ereq) != TD_OK) {
         *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID;
         *why = "bad sampling parameters";
@@ -559,6 +570,7 @@ drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
     req->res = res;
     req->router = router;
     req->xfer_id = drank_xfer_id(r);
+    req->token = token;
     r->slots[res->slot] = req;
     r->stats.admitted++;
     *out = req;
@@ -671,6 +683,8 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     dest.rank_id = r->cfg.rank_id;
     dest.incarnation = td_xfer_incarnation(r->xfer);
     dest.xfer_id = req->xfer_id;
+    dest.xfer_token.data = req->token.b;
+    dest.xfer_token.len = TD_XFER_TOKEN_LEN;
     dest.n_segs = nsegs;
     dest.segs = segp;
     td_status_t st = drank_admit_ok(r, router, a->req_id, &dest);
@@ -1001,20 +1015,17 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
     td_drank_t *r = arg;
     td_dreq_t *req = drank_find_xfer(r, note->xfer_id);
     (void)x;
-    if (req == NULL) {
-        r->stats.notes_unknown++;
-        td_warn("decode rank %u: note for unknown transfer %llu (status %s) dropped",
-                r->cfg.rank_id, (unsigned long long)note->xfer_id,
-                td_status_str(note->status));
-        return;
-    }
+    if (req == NULL)
+        return;   /* xfer asked drank_note_auth just before: not reached */
     if (!drank_note_sender_ok(r, req, note))
         return;
     if (note->status == TD_OK && note->payload_len == 0)
         return;   /* one (chunk, layer) landed; more follow */
     if (req->kv_done) {
-        td_warn("decode rank %u: request %016llx: note after the terminal one dropped (status %s)",
-                r->cfg.rank_id, (unsigned long long)req->id, td_status_str(note->status));
+        td_log_limited(&r->peer_log, TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: request "
+                       "%016llx: note after the terminal one dropped (status %s)",
+                       r->cfg.rank_id, (unsigned long long)req->id,
+                       td_status_str(note->status));
         return;
     }
     if (note->status != TD_OK) {
@@ -1026,9 +1037,10 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
             drank_fail(r, req, TD_LOG_WARN, true, "kv transfer from prefill %s failed: %s",
                        req->prefill, td_status_str(note->status));
         else
-            td_info("decode rank %u: request %016llx: kv transfer from prefill %s failed "
-                    "after its end: %s", r->cfg.rank_id, (unsigned long long)req->id,
-                    req->prefill, td_status_str(note->status));
+            td_log_limited(&r->peer_log, TD_LOG_INFO, DRANK_LOG_MS, "decode rank %u: request "
+                           "%016llx: kv transfer from prefill %s failed after its end: %s",
+                           r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
+                           td_status_str(note->status));
         drank_grace_start(r, req);   /* not released: kv_done is false */
         return;
     }
@@ -1041,8 +1053,8 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
      * only after this note, and a second one was dropped above). */
     Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, note->payload_len, note->payload);
     if (td_dreq_ended(req)) {
-        td_info("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
-                r->cfg.rank_id, (unsigned long long)req->id);
+        td_debug("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
+                 r->cfg.rank_id, (unsigned long long)req->id);
         drank_release(r, req);
     } else if (kn == NULL) {
         drank_fail(r, req, TD_LOG_WARN, true, "malformed kv note from prefill %s",
@@ -1063,7 +1075,18 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
         tandem__kv_note__free_unpacked(kn, NULL);
 }
 
-/* ---- KV integrity: the notes' sender, the checksum ---------------------------- */
+/* ---- KV integrity: the notes' token and sender, the checksum ------------------- */
+
+/* xfer asks first, with nothing else of a note read: does token belong to
+ * a request of this rank whose transfers carry xfer_id? */
+static bool
+drank_note_auth(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token, void *arg)
+{
+    const td_dreq_t *req = drank_find_xfer(arg, xfer_id);
+
+    (void)x;
+    return req != NULL && td_xfer_token_eq(&req->token, token);
+}
 
 /* A note for req counts only from the prefill incarnation its Admit named;
  * one from another incarnation (an earlier life of that rank, or another
@@ -1074,10 +1097,11 @@ drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *
     if (note->src_incarnation == req->prefill_inc)
         return true;
     r->stats.notes_stale++;
-    td_warn("decode rank %u: request %016llx: note from incarnation %016llx dropped: its "
-            "prefill is %s (status %s)", r->cfg.rank_id, (unsigned long long)req->id,
-            (unsigned long long)note->src_incarnation, req->prefill,
-            td_status_str(note->status));
+    td_log_limited(&r->peer_log, TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: request %016llx: "
+                   "note from incarnation %016llx dropped: its prefill is %s (status %s)",
+                   r->cfg.rank_id, (unsigned long long)req->id,
+                   (unsigned long long)note->src_incarnation, req->prefill,
+                   td_status_str(note->status));
     return false;
 }
 
@@ -1415,6 +1439,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     if (st != TD_OK)
         goto err_destroy;
     td_xfer_set_note_handler(r->xfer, drank_on_note, r);
+    td_xfer_set_note_auth(r->xfer, drank_note_auth, r);
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < nsegs; s++) {
         uint64_t bb = td_kvpool_seg_block_bytes(r->kp, s), nb = td_kvpool_seg_nblocks(r->kp, s);
@@ -1456,6 +1481,7 @@ td_drank_destroy(td_drank_t *r)
     td_jobq_destroy(r->jq);
     r->jq = NULL;
     td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
+    td_xfer_set_note_auth(r->xfer, NULL, NULL);
     for (uint32_t i = 0; r->slots != NULL && i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL)

@@ -81,7 +81,6 @@ typedef struct {
 typedef struct {
     uint64_t admitted, rejected, finished, canceled, failed, released;
     uint64_t verified_bytes;      /* received KV bytes checked against the engine */
-    uint64_t notes_unknown;       /* KV notes for no live request (late: dropped) */
     uint64_t notes_stale;         /* KV notes from another prefill incarnation than the
                                      request's (dropped) */
     uint64_t kv_sum_mismatch;     /* requests failed: received KV checksum differs */

@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "kvpool.h"
 #include "status.h"
+#include "xfer.h"
 
 struct event;
 
@@ -33,6 +34,8 @@ typedef struct {
     uint64_t id;                 /* the router's request id */
     uint64_t xfer_id;            /* the id the prefill's transfers carry (random, non-zero,
                                     unique among the rank's live requests) */
+    td_xfer_token_t token;       /* its transfers' token (KvDest.xfer_token): a note
+                                    without it is dropped unparsed */
     uint64_t prefill_inc;        /* the prefill incarnation its notes must come from */
     td_dreq_state_t state;
     void *router;                /* the router that admitted it; NULL once it is gone */

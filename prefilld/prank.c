@@ -90,6 +90,7 @@ typedef struct task {
     void *router;                /* NULL once that router is gone */
     uint64_t req_id;
     uint64_t xfer_id;
+    td_xfer_token_t token;       /* the decode rank's for this transfer (KvDest) */
     task_state_t state;
     int32_t *tokens;             /* [ntokens] the prompt */
     uint64_t ntokens;
@@ -585,8 +586,8 @@ task_try_terminal(task_t *t)
     }
     uint8_t buf[TD_KVMAP_REASON_MAX + 64 + 32 * (TD_SAMPLE_MAX_TOP + 1)];
     size_t len = tandem__kv_note__pack(&note, buf);
-    td_status_t st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, rk->cfg.deadline_ms,
-                                  task_on_note_done, t);
+    td_status_t st = td_xfer_post(xp, t->xfer_id, &t->token, NULL, 0, buf, len,
+                                  rk->cfg.deadline_ms, task_on_note_done, t);
     if (st != TD_OK) {
         task_fail(t, st, "terminal notification refused: %s", td_status_str(st));
         task_end(t);
@@ -638,8 +639,8 @@ task_post_layer(prank_layer_msg_t *m)
         goto err_stop;
     }
     b->user = t;
-    st = td_xfer_post(xp, t->xfer_id, b->descs, b->ndescs, NULL, 0, rk->cfg.deadline_ms,
-                      task_on_data_done, b);
+    st = td_xfer_post(xp, t->xfer_id, &t->token, b->descs, b->ndescs, NULL, 0,
+                      rk->cfg.deadline_ms, task_on_data_done, b);
     if (st != TD_OK) {
         td_kvmap_batch_free(b);
         task_fail(t, st, "layer %u: transfer refused: %s", m->layer, td_status_str(st));
@@ -1064,8 +1065,8 @@ static void
 prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
     if (prank_task_find(rk, router, msg->req_id)) {
-        td_warn("prefill rank %u: req %016" PRIx64 ": prefill refused: already here",
-                rk->cfg.rank_id, msg->req_id);
+        td_log_every(TD_LOG_WARN, 1000, "prefill rank %u: req %016" PRIx64 ": prefill refused: "
+                     "already here", rk->cfg.rank_id, msg->req_id);
         prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
                         "duplicate prefill: the request is already on this rank", 0, 0, 0);
         return;
@@ -1074,8 +1075,8 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     if (t)
         t->tokens = malloc((msg->n_tokens ? msg->n_tokens : 1) * sizeof(int32_t));
     if (!t || !t->tokens) {
-        td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
-                 msg->req_id);
+        td_log_every(TD_LOG_ERROR, 1000, "prefill rank %u: req %016" PRIx64 ": out of memory",
+                     rk->cfg.rank_id, msg->req_id);
         free(t);
         return;
     }
@@ -1090,8 +1091,8 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         size_t nh = (size_t)(t->ntokens / G);
 
         if ((t->hashes = malloc((nh ? nh : 1) * sizeof(uint64_t))) == NULL) {
-            td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
-                     msg->req_id);
+            td_log_every(TD_LOG_ERROR, 1000, "prefill rank %u: req %016" PRIx64 ": out of "
+                         "memory", rk->cfg.rank_id, msg->req_id);
             free(t->tokens);
             free(t);
             return;
@@ -1107,8 +1108,12 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     rk->stats.tasks++;
     rk->stats.live++;
     const Tandem__KvDest *d = msg->dest;
-    if (d) {
+    if (d && d->xfer_token.len != TD_XFER_TOKEN_LEN) {
+        task_fail(t, TD_ERR_INVALID, "kv dest with a transfer token of %zu bytes (want %u)",
+                  d->xfer_token.len, TD_XFER_TOKEN_LEN);
+    } else if (d) {
         t->xfer_id = d->xfer_id;
+        memcpy(t->token.b, d->xfer_token.data, TD_XFER_TOKEN_LEN);
         t->peer = prank_peer_find(rk, d->node_id ? d->node_id : "", d->rank_id);
         if (t->peer && t->peer->incarnation != d->incarnation) {
             task_fail(t, TD_ERR_STALE, "decode rank %s/%u: incarnation %016" PRIx64

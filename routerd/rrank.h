@@ -11,6 +11,7 @@
 
 #include "ctl.h"
 #include "hello.h"
+#include "log.h"
 #include "rcache.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -74,6 +75,7 @@ typedef struct td_rrank_s {
     Tandem__CacheStats cache_stats;   /* scalars; valid when has_cache_stats */
     bool has_cache_stats;
     td_rrank_cache_counters_t cache_ctr;
+    td_log_limit_t log;         /* the lines its messages can make the router repeat */
 } td_rrank_t;
 
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);

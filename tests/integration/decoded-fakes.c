@@ -246,8 +246,8 @@ fk_p_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces
         }
         p += pc->count * seg->entry_bytes;
     }
-    td_status_t st = td_xfer_post(fp->peer, fp->dest->xfer_id, d, nd, NULL, 0, DEADLINE_MS,
-                                  fk_p_done, fp);
+    td_status_t st = td_xfer_post(fp->peer, fp->dest->xfer_id, fk_dest_token(fp->dest), d, nd,
+                                  NULL, 0, DEADLINE_MS, fk_p_done, fp);
     FK_CHECK((st) == TD_OK);
     if (st == TD_OK)
         fp->inflight++;
@@ -325,8 +325,8 @@ fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
         note.kv_sum = canceled ? 0 : sum ^ (fp->bad_sum ? 1 : 0);
         fp->bad_sum = 0;
         size_t len = tandem__kv_note__pack(&note, buf);
-        td_status_t st = td_xfer_post(fp->peer, dest->xfer_id, NULL, 0, buf, len, DEADLINE_MS,
-                                      fk_p_done, fp);
+        td_status_t st = td_xfer_post(fp->peer, dest->xfer_id, fk_dest_token(dest), NULL, 0,
+                                      buf, len, DEADLINE_MS, fk_p_done, fp);
         FK_CHECK((st) == TD_OK);
         fp->inflight += st == TD_OK;
     }
@@ -395,6 +395,17 @@ fk_admit_init(fk_admit_t *adm, uint64_t id, const int32_t *prompt, size_t n,
     tandem__envelope__init(&adm->env);
     adm->env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
     adm->env.admit = &adm->a;
+}
+
+const td_xfer_token_t *
+fk_dest_token(const Tandem__KvDest *dest)
+{
+    static td_xfer_token_t tok;
+
+    memset(&tok, 0, sizeof tok);
+    if (dest->xfer_token.len == TD_XFER_TOKEN_LEN)
+        memcpy(tok.b, dest->xfer_token.data, TD_XFER_TOKEN_LEN);
+    return &tok;
 }
 
 /* ---- Framed messages over a socket (to a forked helper) -------------------- */

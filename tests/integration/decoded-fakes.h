@@ -99,6 +99,10 @@ void fk_p_destroy(fk_p_t *fp);
 /* Prefill prompt into dest (every layer's pieces, one transfer each); with
  * `terminal` post the KvNote (canceled, or the first token and the checksum
  * of the pieces as the engine gave them). Returns the first token. */
+/* The transfer token a decode rank put in its KvDest (all zeros when it is
+ * not 16 bytes: the rank then drops the notes, as it would anyone's). */
+const td_xfer_token_t *fk_dest_token(const Tandem__KvDest *dest);
+
 int32_t fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
                   const int32_t *prompt, size_t n, uint32_t max_tokens, int terminal,
                   int canceled);

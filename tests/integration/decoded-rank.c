@@ -147,7 +147,9 @@ test_stream(env_t *t)
     td_drank_stats(t->rk, &st);
     CHECK(st.verified_bytes > 0);
     CHECK_EQ_INT(st.finished, 2);
-    CHECK_EQ_INT(st.notes_unknown, 0);   /* no note came after its request's end */
+    td_xfer_stats_t xs;
+    td_xfer_stats(t->x, &xs);
+    CHECK_EQ_INT(xs.notes_forged, 0);   /* no note came after its request's end */
     CHECK_EQ_INT(blocks_used(t), 0);
     CHECK_EQ_INT(t->rt->load.kv_blocks_used, 0);
 out:
@@ -341,22 +343,22 @@ raw_done(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg)
 /* A transfer the xfer engine refuses (a block outside the pool): the rank
  * gets a failure note for xfer_id. */
 static void
-post_refused(fk_p_t *fp, uint64_t xfer_id)
+post_refused(fk_p_t *fp, const Tandem__KvDest *dest)
 {
     uint8_t byte = 0;
     td_xfer_desc_t d = { .src = &byte, .pool_id = 0, .block = UINT32_MAX, .len = 1 };
-    CHECK(td_xfer_post(fp->peer, xfer_id, &d, 1, NULL, 0, DEADLINE_MS, raw_done, NULL) !=
-          TD_OK);
+    CHECK(td_xfer_post(fp->peer, dest->xfer_id, fk_dest_token(dest), &d, 1, NULL, 0,
+                       DEADLINE_MS, raw_done, NULL) != TD_OK);
 }
 
 /* A terminal note whose payload is not a KvNote. */
 static void
-post_garbage(env_t *t, fk_p_t *fp, uint64_t xfer_id)
+post_garbage(env_t *t, fk_p_t *fp, const Tandem__KvDest *dest)
 {
     static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f };
     int inflight = 1;
-    CHECK_STATUS(td_xfer_post(fp->peer, xfer_id, NULL, 0, junk, sizeof(junk), DEADLINE_MS,
-                              raw_done, &inflight), TD_OK);
+    CHECK_STATUS(td_xfer_post(fp->peer, dest->xfer_id, fk_dest_token(dest), NULL, 0, junk,
+                              sizeof(junk), DEADLINE_MS, raw_done, &inflight), TD_OK);
     uint64_t end = td_testutil_now_ms() + 2000;
     while (inflight > 0 && td_testutil_now_ms() < end)
         event_base_loop(t->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
@@ -425,7 +427,7 @@ test_unfit_input(env_t *t)
         CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 801, 5000));
         uint64_t in0 = notes_in(t), out0 = notes_out(&fp);
         fk_p_push(&fp, t->e, dest, 801, p, 16, LONG_TOKENS, 1, 0);
-        post_refused(&fp, dest->xfer_id);
+        post_refused(&fp, dest);
         wait_notes(t, &fp, in0, out0);
         td_drank_stats(t->rk, &st);
         CHECK_EQ_INT(st.running, 1);
@@ -452,7 +454,7 @@ test_unfit_input(env_t *t)
     }
     d = admit(t, 803, p, 16, 10, 0);
     if (d != NULL) {
-        post_garbage(t, &fp, d->xfer_id);
+        post_garbage(t, &fp, d);
         CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 803, 5000));
         CHECK(strstr(end_error(t, 803, &fin), "malformed") != NULL);
         CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_ERROR);
@@ -464,21 +466,22 @@ test_unfit_input(env_t *t)
     d = admit(t, 804, p, 16, 10, 0);
     if (d != NULL) {
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
-        post_refused(&fp, dest->xfer_id);
+        post_refused(&fp, dest);
         CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 804, 5000));
         CHECK(strstr(end_error(t, 804, &fin), "transfer") != NULL);
-        post_refused(&fp, dest->xfer_id);
+        post_refused(&fp, dest);
         cancel(t, 804);
         fk_run_until(t->base, fk_never, NULL, 50);
         CHECK(blocks_used(t) > 0);
         CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804) == NULL);
         fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 1);
         CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 804, 5000));
-        td_drank_stats(t->rk, &st0);
+        td_xfer_stats_t xs0, xs;
+        td_xfer_stats(t->x, &xs0);
         fk_p_push(&fp, t->e, dest, 804, p, 16, 10, 1, 0);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_drank_stats(t->rk, &st);
-        CHECK(st.notes_unknown > st0.notes_unknown);
+        td_xfer_stats(t->x, &xs);   /* its transfer id and token died with it */
+        CHECK(xs.notes_forged > xs0.notes_forged);
     }
     CHECK_EQ_INT(blocks_used(t), 0);
     fk_run_until(t->base, fk_never, NULL, 20);
@@ -507,7 +510,7 @@ test_sender_incarnation(env_t *t)
         td_drank_stats(t->rk, &st0);
         uint64_t in0 = notes_in(t), out0 = notes_out(&other);
         fk_p_push(&other, t->e, d, 901, p, 18, 10, 0, 0);
-        post_refused(&other, d->xfer_id);
+        post_refused(&other, d);
         fk_p_push(&other, t->e, d, 901, p, 18, 10, 1, 1);
         wait_notes(t, &other, in0, out0);
         td_drank_stats(t->rk, &st);
@@ -689,11 +692,12 @@ test_router_match(env_t *t)
     CHECK(fk_router_find(&rt2, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 701) == NULL);
     if (d != NULL) {                /* a (misbehaving) late writer of the freed request */
         Tandem__KvDest *dest = (Tandem__KvDest *)d;
+        td_xfer_stats_t xs0, xs;
+        td_xfer_stats(t->x, &xs0);
         fk_p_push(&fp, t->e, dest, 701, p, 12, 5, 1, 1);
         fk_run_until(t->base, fk_never, NULL, 100);
-        td_drank_stats_t st;
-        td_drank_stats(t->rk, &st);
-        CHECK(st.notes_unknown >= 1);
+        td_xfer_stats(t->x, &xs);   /* dropped unparsed: no live transfer has its token */
+        CHECK(xs.notes_forged > xs0.notes_forged);
     }
     CHECK(fk_wait_msg(t->base, &rt2, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 701, GRACE_MS + 2000));
     CHECK_EQ_INT(blocks_used(t), 0);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "testtoken.h"
 #include "kvmem.h"
 #include "logcap.h"
 #include "testutil.h"
@@ -293,6 +294,7 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
         td_xfer_create(e->rcv_base, &cr, &e->rcv) != TD_OK)
         return -1;
     td_xfer_set_note_handler(e->rcv, on_note, e);
+    td_xfer_set_note_auth(e->rcv, td_test_token_auth, NULL);
     const td_layout_t *l = e->check->layout;
     e->pools = calloc(l->nsegs, sizeof(*e->pools));
     e->next_block = calloc(l->nsegs, sizeof(*e->next_block));
@@ -385,6 +387,9 @@ prefill_tokens(env_t *e, int i, const int32_t *tokens, size_t n, void *router, i
     d.rank_id = 0;
     d.incarnation = td_xfer_incarnation(e->rcv);
     d.xfer_id = (uint64_t)i;
+    td_xfer_token_t tok = td_test_token(d.xfer_id);
+    d.xfer_token.data = tok.b;
+    d.xfer_token.len = TD_XFER_TOKEN_LEN;
     d.n_segs = l->nsegs;
     d.segs = sdp;
     Tandem__Prefill m = TANDEM__PREFILL__INIT;
@@ -707,6 +712,9 @@ test_bad_dest(void)
     Tandem__KvDest d = TANDEM__KV_DEST__INIT;
     d.node_id = "nobody";
     d.xfer_id = 2;
+    td_xfer_token_t tok2 = td_test_token(d.xfer_id);
+    d.xfer_token.data = tok2.b;
+    d.xfer_token.len = TD_XFER_TOKEN_LEN;
     Tandem__Prefill m = TANDEM__PREFILL__INIT;
     int32_t tok = 1;
     m.req_id = 2;
@@ -929,7 +937,8 @@ test_fail_between_chunks(void)
     int filled = 0, posted = 0;
     td_xfer_stats_t xs = { 0 };
     while (filler && posted < 4096) {
-        CHECK_STATUS(td_xfer_post(filler, 1000, NULL, 0, NULL, 0, 0, filler_done, &filled),
+        CHECK_STATUS(td_xfer_post(filler, 1000, td_test_tokp(1000), NULL, 0, NULL, 0, 0,
+                                  filler_done, &filled),
                      TD_OK);
         posted++;
         td_xfer_progress(e.snd);
