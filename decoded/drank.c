@@ -25,9 +25,6 @@
 #include "rng.h"
 #include "wire.h"
 
-/* Lines a peer can make this rank repeat: at most one per this, per kind. */
-#define DRANK_LOG_MS 1000u
-
 /* A finished request's state kept for a next turn (cfg.retain): its blocks
  * and fixed slot, and the token sequence they hold; in a list, oldest
  * first (the first to go when an admission needs room). */
@@ -395,7 +392,7 @@ drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    td_log_limited(&r->fail_log, level, DRANK_LOG_MS, "decode rank %u: request %016llx: "
+    td_log_peer(&r->fail_log, level, "decode rank %u: request %016llx: "
                    "failed: %s", r->cfg.rank_id, (unsigned long long)req->id, why);
     drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
 }
@@ -473,7 +470,7 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
              const char *reason)
 {
     r->stats.rejected++;
-    td_log_every(TD_LOG_INFO, DRANK_LOG_MS, "decode rank %u: admit %016llx rejected: %s",
+    td_log_peer_every(TD_LOG_INFO, "decode rank %u: admit %016llx rejected: %s",
                  r->cfg.rank_id, (unsigned long long)id, reason);
     Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
     rej.req_id = id;
@@ -484,7 +481,7 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
     env.admit_reject = &rej;
     td_status_t st = r->io.send(router, &env, r->io.arg);
     if (st != TD_OK)
-        td_log_every(TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: admit %016llx: reject not "
+        td_log_peer_every(TD_LOG_WARN, "decode rank %u: admit %016llx: reject not "
                      "sent: %s", r->cfg.rank_id, (unsigned long long)id, td_status_str(st));
 }
 
@@ -528,7 +525,7 @@ drank_deadline_clamp(td_drank_t *r, const Tandem__Admit *a)
     if (a->prefill_deadline_ms <= max)
         return a->prefill_deadline_ms;
     r->stats.deadlines_clamped++;
-    td_log_every(TD_LOG_WARN, 1000, "decode rank %u: admit %016llx: prefill deadline %u ms "
+    td_log_peer_every(TD_LOG_WARN, "decode rank %u: admit %016llx: prefill deadline %u ms "
                  "clamped to %u ms (prefill-deadline-max)", r->cfg.rank_id,
                  (unsigned long long)a->req_id, a->prefill_deadline_ms, max);
     return max;
@@ -1022,7 +1019,7 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
     if (note->status == TD_OK && note->payload_len == 0)
         return;   /* one (chunk, layer) landed; more follow */
     if (req->kv_done) {
-        td_log_limited(&r->peer_log, TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: request "
+        td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request "
                        "%016llx: note after the terminal one dropped (status %s)",
                        r->cfg.rank_id, (unsigned long long)req->id,
                        td_status_str(note->status));
@@ -1037,7 +1034,7 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
             drank_fail(r, req, TD_LOG_WARN, true, "kv transfer from prefill %s failed: %s",
                        req->prefill, td_status_str(note->status));
         else
-            td_log_limited(&r->peer_log, TD_LOG_INFO, DRANK_LOG_MS, "decode rank %u: request "
+            td_log_peer(&r->peer_log, TD_LOG_INFO, "decode rank %u: request "
                            "%016llx: kv transfer from prefill %s failed after its end: %s",
                            r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
                            td_status_str(note->status));
@@ -1053,8 +1050,8 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
      * only after this note, and a second one was dropped above). */
     Tandem__KvNote *kn = tandem__kv_note__unpack(NULL, note->payload_len, note->payload);
     if (td_dreq_ended(req)) {
-        td_debug("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
-                 r->cfg.rank_id, (unsigned long long)req->id);
+        td_info("decode rank %u: request %016llx: prefill's terminal note in, freeing blocks",
+                r->cfg.rank_id, (unsigned long long)req->id);
         drank_release(r, req);
     } else if (kn == NULL) {
         drank_fail(r, req, TD_LOG_WARN, true, "malformed kv note from prefill %s",
@@ -1097,7 +1094,7 @@ drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *
     if (note->src_incarnation == req->prefill_inc)
         return true;
     r->stats.notes_stale++;
-    td_log_limited(&r->peer_log, TD_LOG_WARN, DRANK_LOG_MS, "decode rank %u: request %016llx: "
+    td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: "
                    "note from incarnation %016llx dropped: its prefill is %s (status %s)",
                    r->cfg.rank_id, (unsigned long long)req->id,
                    (unsigned long long)note->src_incarnation, req->prefill,

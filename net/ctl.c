@@ -350,8 +350,8 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
     else if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
         td_info("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
     else   /* a peer can end connection after connection this way: rate-limited */
-        td_log_every(TD_LOG_WARN, 1000, "ctl %s: closing in state %s: %s", c->name,
-                     td_ctl_state_str(c->state), c->reason);
+        td_log_peer_every(TD_LOG_WARN, "ctl %s: closing in state %s: %s", c->name,
+                          td_ctl_state_str(c->state), c->reason);
 
     if (c->bev && code != TANDEM__REJECT_CODE__REJECT_UNSPECIFIED &&
         c->state != TD_CTL_CONNECTING) {

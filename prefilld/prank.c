@@ -1065,7 +1065,7 @@ static void
 prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
     if (prank_task_find(rk, router, msg->req_id)) {
-        td_log_every(TD_LOG_WARN, 1000, "prefill rank %u: req %016" PRIx64 ": prefill refused: "
+        td_log_peer_every(TD_LOG_WARN, "prefill rank %u: req %016" PRIx64 ": prefill refused: "
                      "already here", rk->cfg.rank_id, msg->req_id);
         prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
                         "duplicate prefill: the request is already on this rank", 0, 0, 0);
@@ -1075,7 +1075,7 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     if (t)
         t->tokens = malloc((msg->n_tokens ? msg->n_tokens : 1) * sizeof(int32_t));
     if (!t || !t->tokens) {
-        td_log_every(TD_LOG_ERROR, 1000, "prefill rank %u: req %016" PRIx64 ": out of memory",
+        td_log_peer_every(TD_LOG_ERROR, "prefill rank %u: req %016" PRIx64 ": out of memory",
                      rk->cfg.rank_id, msg->req_id);
         free(t);
         return;
@@ -1091,7 +1091,7 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         size_t nh = (size_t)(t->ntokens / G);
 
         if ((t->hashes = malloc((nh ? nh : 1) * sizeof(uint64_t))) == NULL) {
-            td_log_every(TD_LOG_ERROR, 1000, "prefill rank %u: req %016" PRIx64 ": out of "
+            td_log_peer_every(TD_LOG_ERROR, "prefill rank %u: req %016" PRIx64 ": out of "
                          "memory", rk->cfg.rank_id, msg->req_id);
             free(t->tokens);
             free(t);

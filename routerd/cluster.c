@@ -13,9 +13,6 @@
 
 #include "log.h"
 
-/* Lines a rank can make the router repeat: at most one a second per rank. */
-#define CLUSTER_LOG_MS 1000u
-
 /* ======================================================================= */
 /* Nodes and ranks                                                          */
 /* ======================================================================= */
@@ -415,21 +412,21 @@ on_cache_event(td_rrank_t *rk, const Tandem__CacheEvent *ev)
     td_status_t st;
 
     if (td_rrank_cache_block(rk) == 0) {
-        td_log_limited(&rk->log, TD_LOG_WARN, CLUSTER_LOG_MS, "%s: cache event from a rank "
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event from a rank "
                        "without a prefix cache (a %s rank, cache block tokens 0): ignored",
                        name, td_hello_role_str(rk->role));
         return;
     }
     st = td_rcache_apply(&rk->cache, &e, &why);
     if (st == TD_ERR_PROTO)
-        td_log_limited(&rk->log, TD_LOG_WARN, CLUSTER_LOG_MS, "%s: cache event %llu malformed "
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event %llu malformed "
                        "(%s): its cache blocks forgotten", name, seq, why);
     else if (st == TD_ERR_TOO_BIG)
-        td_log_limited(&rk->log, TD_LOG_WARN, CLUSTER_LOG_MS, "%s: more than %zu cache blocks "
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: more than %zu cache blocks "
                        "announced (cache-max-blocks): the rest are not tracked until its cache "
                        "is cleared", name, rk->cache.max);
     else if (st != TD_OK)
-        td_log_limited(&rk->log, TD_LOG_WARN, CLUSTER_LOG_MS, "%s: cache event %llu: %s: its "
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event %llu: %s: its "
                        "cache blocks forgotten", name, seq, td_status_str(st));
     td_trace("%s: cache event %llu: cleared %d, +%zu -%zu, %zu blocks", name, seq, ev->cleared,
              ev->n_added, ev->n_removed, rk->cache.n);

@@ -1290,13 +1290,13 @@ td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env
             return;
         }
         if (!(rreq_msgs[i].states & TD_FSM_BIT(q->state))) {
-            td_log_limited(&rk->log, TD_LOG_WARN, 1000, "%s: %s for request %016" PRIx64
+            td_log_peer(&rk->log, TD_LOG_WARN, "%s: %s for request %016" PRIx64
                            ", which is %s: does not fit; ignored", td_ctl_conn_name(rk->conn),
                            rreq_msgs[i].name, id, td_rreq_state_str(q->state));
             return;
         }
         if (rk != (rreq_msgs[i].from_decode ? q->decode : q->prefill)) {
-            td_log_limited(&rk->log, TD_LOG_WARN, 1000, "%s: %s for request %016" PRIx64
+            td_log_peer(&rk->log, TD_LOG_WARN, "%s: %s for request %016" PRIx64
                            ": not its %s rank; ignored", td_ctl_conn_name(rk->conn),
                            rreq_msgs[i].name, id, rreq_msgs[i].from_decode ? "decode"
                                                                            : "prefill");
