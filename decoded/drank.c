@@ -61,6 +61,9 @@ struct td_drank_s {
     td_jobq_t *jq;                   /* the compute thread */
     td_rng_t xfer_ids;               /* transfer ids: seeded from getrandom at create */
     struct event *step_ev;
+    struct event *fence_ev;       /* Fences again, while requests are quarantined */
+    uint32_t nquar;               /* quarantined requests, their KV tokens and blocks */
+    uint64_t quar_tokens, quar_blocks;
     bool step_scheduled;          /* step_ev is active or pending */
     bool stepping;                /* a step is on the compute thread */
     bool closing;                 /* destroying: jobs' ends only clean up */
@@ -79,6 +82,8 @@ static void drank_release(td_drank_t *r, td_dreq_t *req);
 static void drank_check_idle(td_drank_t *r);
 static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
+static void drank_fence_schedule(td_drank_t *r, bool now);
+static void drank_quarantine_lift(td_drank_t *r, td_dreq_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
@@ -103,15 +108,29 @@ drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
 }
 
 /* Requests holding a batch row: every live one, ended ones waiting for
- * their blocks to be freed included (kept states hold none). */
+ * their blocks to be freed included (kept states and quarantined requests
+ * hold none). */
 static uint32_t
 drank_live(const td_drank_t *r)
 {
     uint32_t n = 0;
 
     for (uint32_t i = 0; i < r->nslots; i++)
-        n += r->slots[i] != NULL;
+        n += r->slots[i] != NULL && !r->slots[i]->quarantined;
     return n;
+}
+
+/* The KV tokens quarantined requests may hold before admission waits. */
+static uint64_t
+drank_quar_budget(const td_drank_t *r)
+{
+    return r->cfg.quarantine_max_tokens ? r->cfg.quarantine_max_tokens : r->cfg.kv_tokens / 4;
+}
+
+static bool
+drank_quar_over(const td_drank_t *r)
+{
+    return r->nquar > 0 && r->quar_tokens >= drank_quar_budget(r);
 }
 
 /* A fresh transfer id: random (a stale or forged note cannot guess it),
@@ -142,15 +161,20 @@ drank_publish_load(td_drank_t *r)
     }
     load.kept = r->nkept;
     kept += c.tokens_free;
-    load.kv_tokens_free = r->draining ? 0 : kept < c.tokens_total ? kept : c.tokens_total;
+    load.kv_tokens_free = r->draining || drank_quar_over(r) ? 0
+                          : kept < c.tokens_total ? kept : c.tokens_total;
+    load.quarantined = r->nquar;
+    load.kv_tokens_quarantined = r->quar_tokens;
+    load.kv_blocks_quarantined = r->quar_blocks;
     load.kv_blocks_used = c.blocks_used;
     load.kv_blocks_free = c.blocks_free;
     uint32_t running = 0, waiting = 0;
     for (uint32_t i = 0; i < r->nslots; i++) {
-        if (r->slots[i] == NULL)
+        if (r->slots[i] == NULL || r->slots[i]->quarantined)
             continue;
         running += r->slots[i]->state == TD_DREQ_RUNNING;
-        waiting += r->slots[i]->state == TD_DREQ_ADMITTED;
+        /* waiting for their KV, or ended and waiting for their blocks: rows */
+        waiting += r->slots[i]->state != TD_DREQ_RUNNING;
     }
     load.running = running;
     load.queued = waiting;
@@ -445,6 +469,8 @@ drank_release(td_drank_t *r, td_dreq_t *req)
         return;
     if (req->keep && req->state == TD_DREQ_FINISHED && drank_keep(r, req))
         return;   /* no Released: its blocks are the kept state's */
+    if (req->quarantined)
+        drank_quarantine_lift(r, req);
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
@@ -629,6 +655,11 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                      "no batch row free");
         return;
     }
+    if (drank_quar_over(r)) {   /* waits for fences rather than reuse a block */
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     "quarantined kv over its budget: waiting for fences");
+        return;
+    }
     if (a->continue_from != 0) {
         drank_admit_continue(r, router, a, &sp, ntokens);
         return;
@@ -649,6 +680,9 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
     }
     req->prefill_inc = a->prefill_incarnation;
     req->grace_ms = drank_grace_ms(r, drank_deadline_clamp(r, a));
+    snprintf(req->prefill_node, sizeof(req->prefill_node), "%.64s",
+             a->prefill_node ? a->prefill_node : "");
+    req->prefill_rank = a->prefill_rank;
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
@@ -1104,19 +1138,31 @@ drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *
 
 /* ---- Cancel and the grace period --------------------------------------------- */
 
+/* P missed its deadlines: its writes may still come (a frozen process, a
+ * transport that cannot revoke them), so the blocks are quarantined, not
+ * freed: they wait for P's terminal note or a Fenced (below). */
 static void
 drank_on_grace(evutil_socket_t fd, short what, void *arg)
 {
     td_dreq_t *req = arg;
     td_drank_t *r = req->rank;
+    uint64_t blocks = 0;
     (void)fd;
     (void)what;
-    assert(!req->kv_done && td_dreq_ended(req));
-    td_warn("decode rank %u: request %016llx: no terminal note from prefill %s within the "
-            "%u ms grace period: freeing its blocks", r->cfg.rank_id,
-            (unsigned long long)req->id, req->prefill, req->grace_ms);
-    req->kv_done = true;
-    drank_release(r, req);
+    assert(!req->kv_done && td_dreq_ended(req) && !req->quarantined);
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)   /* paged, and the fixed slot's */
+        blocks += req->res->nblocks[s];
+    req->quarantined = true;
+    r->nquar++;
+    r->quar_tokens += req->res->ntokens;
+    r->quar_blocks += blocks;
+    r->stats.quarantined++;
+    td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: no terminal note "
+                "from prefill %s within the %u ms grace period: its %llu blocks quarantined "
+                "until that prefill is fenced", r->cfg.rank_id, (unsigned long long)req->id,
+                req->prefill, req->grace_ms, (unsigned long long)blocks);
+    drank_fence_schedule(r, true);
+    drank_publish_load(r);
 }
 
 /* P may still write: free only after the grace period (req->grace_ms),
@@ -1137,6 +1183,120 @@ drank_grace_start(td_drank_t *r, td_dreq_t *req)
     struct timeval tv = { .tv_sec = (time_t)(req->grace_ms / 1000),
                           .tv_usec = (suseconds_t)(req->grace_ms % 1000 * 1000) };
     evtimer_add(req->grace, &tv);
+}
+
+/* ---- Quarantine and fences (docs/decoded.md, "Fencing") ------------------------ */
+
+/* req leaves quarantine (its blocks are about to be freed). */
+static void
+drank_quarantine_lift(td_drank_t *r, td_dreq_t *req)
+{
+    uint64_t blocks = 0;
+
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)   /* paged, and the fixed slot's */
+        blocks += req->res->nblocks[s];
+    req->quarantined = false;
+    r->nquar--;
+    r->quar_tokens -= req->res->ntokens;
+    r->quar_blocks -= blocks;
+}
+
+/* One Fence for the quarantined requests of one prefill incarnation
+ * (ids[n]), to every router. */
+static void
+drank_fence_send(td_drank_t *r, const td_dreq_t *first, uint64_t *ids, size_t n)
+{
+    Tandem__Fence f = TANDEM__FENCE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    f.prefill_node = (char *)first->prefill_node;
+    f.prefill_rank = first->prefill_rank;
+    f.prefill_incarnation = first->prefill_inc;
+    f.decode_node = r->node_id;
+    f.decode_rank = r->cfg.rank_id;
+    f.decode_incarnation = td_xfer_incarnation(r->xfer);
+    f.n_xfer_ids = n;
+    f.xfer_ids = ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+    env.fence = &f;
+    if (r->io.broadcast != NULL)
+        r->io.broadcast(&env, r->io.arg);
+    r->stats.fences_sent++;
+}
+
+/* A Fence for every prefill incarnation that quarantined requests wait on
+ * (at most FENCE_IDS_MAX transfers each: the rest go next time). */
+#define FENCE_IDS_MAX 4096u
+static void
+drank_fence_all(td_drank_t *r)
+{
+    static uint64_t ids[FENCE_IDS_MAX];
+    bool *done = calloc(r->nslots, sizeof(*done));
+
+    for (uint32_t i = 0; done != NULL && i < r->nslots; i++) {
+        const td_dreq_t *q = r->slots[i];
+        size_t n = 0;
+        if (q == NULL || !q->quarantined || done[i])
+            continue;
+        for (uint32_t j = i; j < r->nslots && n < FENCE_IDS_MAX; j++) {
+            const td_dreq_t *o = r->slots[j];
+            if (o != NULL && o->quarantined && !done[j] && o->prefill_inc == q->prefill_inc) {
+                ids[n++] = o->xfer_id;
+                done[j] = true;
+            }
+        }
+        drank_fence_send(r, q, ids, n);
+    }
+    free(done);
+}
+
+static void
+drank_on_fence_timer(evutil_socket_t fd, short what, void *arg)
+{
+    td_drank_t *r = arg;
+
+    (void)fd, (void)what;
+    drank_fence_schedule(r, true);
+}
+
+/* Fences now (now) and again every fence_retry_ms while requests are
+ * quarantined. */
+static void
+drank_fence_schedule(td_drank_t *r, bool now)
+{
+    uint32_t ms = r->cfg.fence_retry_ms ? r->cfg.fence_retry_ms : 1000;
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+    if (r->nquar == 0 || r->closing)
+        return;
+    if (now)
+        drank_fence_all(r);
+    evtimer_add(r->fence_ev, &tv);
+}
+
+/* A Fenced (through a router): none of these transfers of that prefill
+ * incarnation writes here any more, so their quarantined (or still
+ * waiting) blocks are freed. Anything that does not match is ignored. */
+static void
+drank_on_fenced(td_drank_t *r, const Tandem__Fenced *f)
+{
+    if (f->decode_incarnation != td_xfer_incarnation(r->xfer) || f->decode_rank != r->cfg.rank_id)
+        return;
+    for (size_t i = 0; i < f->n_xfer_ids; i++) {
+        td_dreq_t *req = drank_find_xfer(r, f->xfer_ids[i]);
+        if (req == NULL || !td_dreq_ended(req) || req->kv_done ||
+            req->prefill_inc != f->prefill_incarnation)
+            continue;
+        td_info("decode rank %u: request %016llx: prefill %s %s: freeing its blocks",
+                r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
+                f->gone ? "is gone (a new incarnation registered)" : "fenced its transfers");
+        r->stats.fenced += !f->gone;
+        r->stats.gone_fenced += f->gone;
+        req->kv_done = true;
+        if (req->grace != NULL)
+            event_del(req->grace);
+        drank_release(r, req);
+    }
 }
 
 static void
@@ -1308,6 +1468,9 @@ td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
     case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
         drank_cancel(r, router, env->cancel);
         break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCED:
+        drank_on_fenced(r, env->fenced);
+        break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         if (!r->stopping && r->draining != env->drain->draining) {
             r->draining = env->drain->draining;
@@ -1400,13 +1563,14 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
-    r->nslots = cfg->max_batch + cfg->retain;
+    r->nslots = cfg->max_batch + cfg->retain + cfg->quarantine_slots;
     r->slots = calloc(r->nslots, sizeof(*r->slots));
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
     r->step_ev = evtimer_new(base, drank_on_step, r);
+    r->fence_ev = evtimer_new(base, drank_on_fence_timer, r);
     if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
-        !r->rows || !r->row_req || !r->step_ev)
+        !r->rows || !r->row_req || !r->step_ev || !r->fence_ev)
         goto err_destroy;
     if (cfg->trace_path != NULL && cfg->trace_path[0] != '\0') {
         char path[4096];
@@ -1502,6 +1666,8 @@ td_drank_destroy(td_drank_t *r)
     td_kvpool_destroy(r->kp);
     if (r->step_ev != NULL)
         event_free(r->step_ev);
+    if (r->fence_ev != NULL)
+        event_free(r->fence_ev);
     free(r->slots);
     free(r->rows);
     free(r->row_req);
@@ -1536,6 +1702,9 @@ td_drank_stats(const td_drank_t *r, td_drank_stats_t *out)
 {
     *out = r->stats;
     out->kept_now = r->nkept;
+    out->quarantined_now = r->nquar;
+    out->quarantined_tokens = r->quar_tokens;
+    out->quarantined_blocks = r->quar_blocks;
     out->live = out->running = out->waiting = 0;
     for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] == NULL)

@@ -49,6 +49,9 @@ typedef struct {
     /* After td_drank_stop: no request is live any more (called once, from
      * the loop; NULL: nobody to tell). */
     void (*idle)(void *arg);
+    /* One message to every router that is up (a Fence: whichever knows the
+     * prefill rank forwards it); NULL: send to none. */
+    void (*broadcast)(const Tandem__Envelope *env, void *arg);
 } td_drank_io_t;
 
 typedef struct {
@@ -65,6 +68,11 @@ typedef struct {
                                      (the prefill chunk in progress when the Cancel
                                      came); 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
+    uint32_t quarantine_slots;    /* fixed slots for requests whose blocks wait for a fence
+                                     (docs/decoded.md, "Fencing"), besides the batch rows */
+    uint64_t quarantine_max_tokens;   /* KV tokens quarantined requests may hold; past it
+                                     admission waits (0: kv_tokens / 4) */
+    uint32_t fence_retry_ms;      /* a Fence is sent again this often (0: 1000) */
     uint32_t retain;              /* finished requests whose state the rank keeps for a
                                      next turn (docs/kvcache.md, "Multi-turn"): extra
                                      fixed slots; their blocks yield to admissions; 0: none */
@@ -85,6 +93,13 @@ typedef struct {
                                      request's (dropped) */
     uint64_t kv_sum_mismatch;     /* requests failed: received KV checksum differs */
     uint64_t deadlines_clamped;   /* Admits whose prefill deadline was over the cap */
+    uint64_t quarantined;         /* requests whose blocks went to quarantine */
+    uint64_t fenced;              /*   of them freed on a Fenced (gone: gone_fenced) */
+    uint64_t gone_fenced;
+    uint64_t fences_sent;         /* Fence messages sent */
+    uint32_t quarantined_now;     /* requests in quarantine now */
+    uint64_t quarantined_tokens;  /*   the KV tokens they hold, */
+    uint64_t quarantined_blocks;  /*   and their paged blocks */
     uint64_t steps;               /* decode steps run */
     uint64_t kept;                /* finished requests whose state was kept */
     uint64_t kept_dropped;        /*   of them dropped again (room, drain, router gone) */

@@ -60,6 +60,11 @@ typedef struct {
     void *rank;                  /* the rank it lives on (for timers) */
     uint32_t grace_ms;           /* its grace period (decoded/drank.c) */
     char prefill[96];            /* "node/rank#incarnation", for the logs */
+    char prefill_node[65];       /* its prefill rank, for a Fence ("" when it prefills
+                                    here: a continued conversation) */
+    uint32_t prefill_rank;
+    bool quarantined;            /* P missed its deadline: the blocks wait for a fence
+                                    (docs/decoded.md, "Fencing"); holds no batch row */
 } td_dreq_t;
 
 const char *td_dreq_state_str(td_dreq_state_t st);

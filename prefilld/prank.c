@@ -69,6 +69,17 @@ static const td_fsm_t task_fsm = {
     .nstates = TASK_NSTATES,
 };
 
+/* A decode rank's Fence (docs/decoded.md, "Fencing"): Fenced goes out
+ * once none of its transfers can land any more. */
+typedef struct prank_fence {
+    TAILQ_ENTRY(prank_fence) link;
+    char dnode[65];
+    uint32_t drank;
+    uint64_t dinc;
+    uint64_t *ids;               /* [nids] */
+    size_t nids;
+} prank_fence_t;
+
 /* A decode rank we may push to, as the router described it. */
 typedef struct prank_peer {
     TAILQ_ENTRY(prank_peer) link;
@@ -159,6 +170,8 @@ struct td_prank_s {
     int stopping, draining, closing;
     td_prank_stats_t stats;
     Tandem__Load last_load;
+    TAILQ_HEAD(, prank_fence) fences;   /* Fences waiting for their transfers to end */
+    struct event *fence_ev;      /* looks again while any waits */
     td_pcache_t *pc;             /* the prefix cache, or NULL */
     struct event *cache_ev;      /* its events to the routers, every 50 ms */
     uint64_t cache_seq;
@@ -1175,6 +1188,114 @@ prank_drain(td_prank_t *rk, int draining)
     prank_publish_load(rk);
 }
 
+/* ---- Fences (docs/decoded.md, "Fencing") -------------------------------------- */
+
+#define PRANK_FENCE_POLL_MS 10u
+
+/* Whether nothing of transfer id towards decode incarnation dinc can land
+ * any more: no task of it left (a canceled one still sends its terminal
+ * note, then ends) and the xfer engine has nothing of it in flight. */
+static bool
+prank_fence_quiet(td_prank_t *rk, uint64_t dinc, uint64_t id)
+{
+    task_t *t;
+
+    TAILQ_FOREACH(t, &rk->tasks, all)
+        if (t->xfer_id == id && t->peer != NULL && t->peer->incarnation == dinc)
+            return false;
+    return td_xfer_quiet(rk->x, dinc, id);
+}
+
+static void
+prank_fence_answer(td_prank_t *rk, const prank_fence_t *f)
+{
+    Tandem__Fenced ans = TANDEM__FENCED__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    ans.prefill_node = "";   /* the router names the rank from its connection */
+    ans.prefill_rank = rk->cfg.rank_id;
+    ans.prefill_incarnation = td_xfer_incarnation(rk->x);
+    ans.decode_node = (char *)f->dnode;
+    ans.decode_rank = f->drank;
+    ans.decode_incarnation = f->dinc;
+    ans.n_xfer_ids = f->nids;
+    ans.xfer_ids = f->ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCED;
+    env.fenced = &ans;
+    td_info("prefill rank %u: %zu transfers to decode rank %s/%u fenced", rk->cfg.rank_id,
+            f->nids, f->dnode, f->drank);
+    if (rk->io.broadcast != NULL)   /* every router: any of them reaches the decode rank */
+        rk->io.broadcast(&env, rk->io.arg);
+}
+
+/* Answer the fences whose transfers are all quiet; look again soon while
+ * some wait. */
+static void
+prank_fence_check(td_prank_t *rk)
+{
+    prank_fence_t *f, *fn;
+    struct timeval tv = { 0, PRANK_FENCE_POLL_MS * 1000 };
+
+    TAILQ_FOREACH_SAFE(f, &rk->fences, link, fn) {
+        size_t i = 0;
+        while (i < f->nids && prank_fence_quiet(rk, f->dinc, f->ids[i]))
+            i++;
+        if (i < f->nids)
+            continue;
+        prank_fence_answer(rk, f);
+        TAILQ_REMOVE(&rk->fences, f, link);
+        free(f->ids);
+        free(f);
+    }
+    if (!TAILQ_EMPTY(&rk->fences) && !rk->closing)
+        evtimer_add(rk->fence_ev, &tv);
+}
+
+static void
+prank_on_fence_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    prank_fence_check(arg);
+}
+
+/* A decode rank quarantined these transfers' blocks: stop their tasks (a
+ * frozen process resumed, or a late one) and answer once nothing of them
+ * can land. A Fence for another incarnation of this rank is not ours. */
+static void
+prank_fence(td_prank_t *rk, const Tandem__Fence *msg)
+{
+    prank_fence_t *f;
+    task_t *t;
+
+    if (msg->prefill_incarnation != td_xfer_incarnation(rk->x) ||
+        msg->prefill_rank != rk->cfg.rank_id) {
+        td_log_peer_every(TD_LOG_WARN, "prefill rank %u: fence for prefill %u#%016" PRIx64
+                          " ignored: not this rank", rk->cfg.rank_id, msg->prefill_rank,
+                          msg->prefill_incarnation);
+        return;
+    }
+    for (size_t i = 0; i < msg->n_xfer_ids; i++)
+        TAILQ_FOREACH(t, &rk->tasks, all)
+            if (t->xfer_id == msg->xfer_ids[i] && t->peer != NULL &&
+                t->peer->incarnation == msg->decode_incarnation)
+                task_cancel(t, "fenced by the decode rank");
+    f = calloc(1, sizeof(*f));
+    if (f != NULL && msg->n_xfer_ids > 0)
+        f->ids = malloc(msg->n_xfer_ids * sizeof(*f->ids));
+    if (f == NULL || (msg->n_xfer_ids > 0 && f->ids == NULL)) {
+        free(f);
+        return;   /* the decode rank asks again */
+    }
+    snprintf(f->dnode, sizeof(f->dnode), "%.64s", msg->decode_node ? msg->decode_node : "");
+    f->drank = msg->decode_rank;
+    f->dinc = msg->decode_incarnation;
+    f->nids = msg->n_xfer_ids;
+    if (f->nids > 0)
+        memcpy(f->ids, msg->xfer_ids, f->nids * sizeof(*f->ids));
+    TAILQ_INSERT_TAIL(&rk->fences, f, link);
+    prank_fence_check(rk);
+}
+
 void
 td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
 {
@@ -1187,6 +1308,9 @@ td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
         prank_decode_peer(rk, env->decode_peer);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCE:
+        prank_fence(rk, env->fence);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         prank_drain(rk, env->drain->draining);
@@ -1371,6 +1495,12 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     TAILQ_INIT(&rk->tasks);
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
+    TAILQ_INIT(&rk->fences);
+    rk->fence_ev = evtimer_new(base, prank_on_fence_timer, rk);
+    if (rk->fence_ev == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_destroy;
+    }
     tandem__load__init(&rk->last_load);
     if (cfg->cache.max_blocks > 0) {
         rk->cfg.cache.rank_id = cfg->rank_id;
@@ -1480,6 +1610,14 @@ td_prank_destroy(td_prank_t *rk)
     }
     if (rk->cache_ev != NULL)
         event_free(rk->cache_ev);
+    if (rk->fence_ev != NULL)
+        event_free(rk->fence_ev);
+    while (!TAILQ_EMPTY(&rk->fences)) {
+        prank_fence_t *f = TAILQ_FIRST(&rk->fences);
+        TAILQ_REMOVE(&rk->fences, f, link);
+        free(f->ids);
+        free(f);
+    }
     td_pcache_destroy(rk->pc);   /* after the tasks: nothing pins a block now */
     if (rk->pools != NULL)
         for (uint32_t s = 0; s < rk->e->layout->nsegs; s++)

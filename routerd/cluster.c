@@ -463,6 +463,86 @@ td_cluster_node_cache_flush(td_cluster_t *c, const char *name, const char *reaso
     return TD_OK;
 }
 
+/* ======================================================================= */
+/* Fences (docs/decoded.md, "Fencing"): the router relays, keeps nothing     */
+/* ======================================================================= */
+
+static void
+fenced_send(td_rrank_t *to, Tandem__Fenced *f)
+{
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCED;
+    env.fenced = f;
+    (void)td_rrank_send(to, &env);
+}
+
+/* A decode rank's Fence (for its own transfers only): to the prefill rank
+ * it names when that incarnation is connected; {gone} back at once when
+ * another incarnation of that rank registered since; else nothing (the
+ * decode rank asks again). */
+static void
+on_fence(td_cluster_t *c, td_rrank_t *rk, const Tandem__Fence *msg)
+{
+    Tandem__Fence fwd = *msg, *f = &fwd;   /* the message's strings stay its own */
+    td_rrank_t *p;
+
+    if (rk->role != TANDEM__ROLE__ROLE_DECODE || f->decode_incarnation != rk->incarnation ||
+        f->decode_rank != rk->rank_id) {
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: fence for another rank's transfers ignored",
+                    td_ctl_conn_name(rk->conn));
+        return;
+    }
+    fwd.decode_node = rk->node->name;
+    p = rank_find(c, f->prefill_node ? f->prefill_node : "", f->prefill_rank,
+                  TANDEM__ROLE__ROLE_PREFILL);
+    if (p == NULL || p->incarnation == 0)
+        return;
+    if (p->incarnation == f->prefill_incarnation) {
+        if (p->conn != NULL && p->reg != NULL) {
+            Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+            env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+            env.fence = f;
+            (void)td_rrank_send(p, &env);
+        }
+        return;
+    }
+    Tandem__Fenced ans = TANDEM__FENCED__INIT;
+    ans.prefill_node = p->node->name;
+    ans.prefill_rank = f->prefill_rank;
+    ans.prefill_incarnation = f->prefill_incarnation;
+    ans.decode_node = f->decode_node;
+    ans.decode_rank = f->decode_rank;
+    ans.decode_incarnation = f->decode_incarnation;
+    ans.n_xfer_ids = f->n_xfer_ids;
+    ans.xfer_ids = f->xfer_ids;
+    ans.gone = true;
+    td_info("prefill rank %s/%u: incarnation %016llx gone (now %016llx): %zu transfers of "
+            "decode rank %s/%u fenced", p->node->name, p->rank_id,
+            (unsigned long long)f->prefill_incarnation, (unsigned long long)p->incarnation,
+            f->n_xfer_ids, rk->node->name, rk->rank_id);
+    fenced_send(rk, &ans);
+}
+
+/* A prefill rank's Fenced (for its own transfers: named from its
+ * connection) to the decode rank it names, when connected. */
+static void
+on_fenced(td_cluster_t *c, td_rrank_t *rk, const Tandem__Fenced *msg)
+{
+    Tandem__Fenced fwd = *msg, *f = &fwd;   /* the message's strings stay its own */
+    td_rrank_t *d;
+
+    if (rk->role != TANDEM__ROLE__ROLE_PREFILL || f->gone)
+        return;
+    fwd.prefill_node = rk->node->name;
+    fwd.prefill_rank = rk->rank_id;
+    fwd.prefill_incarnation = rk->incarnation;
+    d = rank_find(c, f->decode_node ? f->decode_node : "", f->decode_rank,
+                  TANDEM__ROLE__ROLE_DECODE);
+    if (d != NULL && d->incarnation == f->decode_incarnation && d->conn != NULL)
+        fenced_send(d, f);
+}
+
 static void
 cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
 {
@@ -498,6 +578,12 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
         break;
     case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
         on_released(c, rk, env->released);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCE:
+        on_fence(c, rk, env->fence);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCED:
+        on_fenced(c, rk, env->fenced);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:

@@ -28,8 +28,11 @@ static td_status_t
 rank_gauges(td_router_t *r, td_buf_t *out)
 {
     static const struct { const char *name, *help; } g[] = {
-        { "tandem_router_rank_kv_blocks", "kv blocks of a decode rank (used, free)" },
-        { "tandem_router_rank_kv_tokens", "kv capacity of a decode rank in tokens (used, free)" },
+        { "tandem_router_rank_kv_blocks",
+          "kv blocks of a decode rank (used, free; quarantined: of the used, waiting for a "
+          "fence)" },
+        { "tandem_router_rank_kv_tokens",
+          "kv capacity of a decode rank in tokens (used, free; quarantined: of the used)" },
         { "tandem_router_rank_queue_depth", "requests waiting at a rank (queued, queued_tokens)" },
         { "tandem_router_rank_running", "requests running at a rank" },
         { "tandem_router_rank_inflight", "this router's requests bound to a rank" },
@@ -59,11 +62,14 @@ rank_gauges(td_router_t *r, td_buf_t *out)
             case 0:
             case 1:
                 if (dec)
-                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
-                                       g[i].name, lbl,
+                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n"
+                                       "%s{%s,kind=\"quarantined\"} %llu\n", g[i].name, lbl,
                                        (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
                                        g[i].name, lbl,
-                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
+                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free),
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_quarantined
+                                                              : l->kv_blocks_quarantined));
                 break;
             case 2:
                 st = td_buf_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",

@@ -1477,6 +1477,21 @@ td_xfer_peer_destroy(td_xfer_peer_t *peer)
         td_xfer_peer_free(peer, 0);
 }
 
+bool
+td_xfer_quiet(const td_xfer_t *x, uint64_t dst_incarnation, uint64_t xfer_id)
+{
+    if (x->closing > 0)
+        return false;
+    for (const td_xfer_peer_t *p = x->peers; p != NULL; p = p->next) {
+        if (p->incarnation != dst_incarnation)
+            continue;
+        for (const td_xfer_op_t *op = p->ops; op != NULL; op = op->next)
+            if (op->xfer_id == xfer_id)
+                return false;
+    }
+    return true;
+}
+
 int
 td_xfer_peer_failed(const td_xfer_peer_t *peer)
 {

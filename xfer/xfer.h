@@ -174,6 +174,13 @@ td_status_t td_xfer_peer_import_pool(td_xfer_peer_t *peer, const void *buf, size
 void td_xfer_peer_destroy(td_xfer_peer_t *peer);
 int td_xfer_peer_failed(const td_xfer_peer_t *peer);
 
+/* Whether nothing of transfer xfer_id towards receiver incarnation dst_inc
+ * can land any more: none of its ops is in flight on an endpoint to that
+ * receiver (every one posted ended: puts flushed, or failed and the
+ * endpoint closed), and no endpoint of this engine is still closing. A
+ * fence (docs/decoded.md, "Fencing") is answered only then. */
+bool td_xfer_quiet(const td_xfer_t *x, uint64_t dst_incarnation, uint64_t xfer_id);
+
 /* ---- transfers ----------------------------------------------------------- */
 
 /* Post a transfer: the pieces as batched one-sided puts, then a flush, then

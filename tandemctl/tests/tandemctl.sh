@@ -208,6 +208,25 @@ printf '%s\n' "m decode 0" "n2 decode 0" "n2 decode 1" "n2 prefill 0" "n2 prefil
 has out '^m +active +decode +0 +dead +- +- +- +- +0$'
 [ -s "$tmp/err" ] && fail "a dead rank's null load warned: $(cat "$tmp/err")"
 
+# quarantined blocks (docs/decoded.md, "Fencing"): a QUARANTINED column once
+# some decode rank has any
+routes <<'J'
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "d", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "up", "incarnation": "00000000000000aa",
+      "engine": "synthetic", "inflight": 0, "load": {"running": 0, "queued": 0,
+      "queued_tokens": 0}, "kv": {"blocks_used": 9, "blocks_free": 5, "tokens_used": 0,
+      "tokens_free": 0, "blocks_quarantined": 7}},
+     {"rank": 1, "role": "decode", "state": "up", "incarnation": "00000000000000aa",
+      "engine": "synthetic", "inflight": 0, "load": {"running": 0, "queued": 0,
+      "queued_tokens": 0}, "kv": {"blocks_used": 0, "blocks_free": 5, "tokens_used": 0,
+      "tokens_free": 0, "blocks_quarantined": 0}}]}]}]}
+J
+run 0 status
+has out '^NODE +NODE-STATE +ROLE +RANK +STATE +RUNNING +QUEUED +KV-USED +KV-FREE +QUARANTINED +IN-FLIGHT$'
+has out '^d +active +decode +0 +up +0 +0 +9 +5 +7 +0$'
+has out '^d +active +decode +1 +up +0 +0 +0 +5 +0 +0$'
+
 # DEP groups: a DEP column (DOMAIN:RANK/SIZE) on their ranks, "-" on the others,
 # and a table of the groups: state, nodes with their ranks in the group, passes,
 # rows. A rank with no group name (an older router's "dep") has no DEP cell.

@@ -105,6 +105,12 @@ fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc, uint64_t
         const Tandem__Envelope *e = rt->msgs[i];
         if (e->payload_case != pc)
             continue;
+        if (pc == TANDEM__ENVELOPE__PAYLOAD_FENCE) {   /* id: one of its transfers */
+            for (size_t k = 0; k < e->fence->n_xfer_ids; k++)
+                if (e->fence->xfer_ids[k] == id)
+                    return e;
+            continue;
+        }
         uint64_t rid = pc == TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK       ? e->admit_ok->req_id
                        : pc == TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT ? e->admit_reject->req_id
                        : pc == TANDEM__ENVELOPE__PAYLOAD_TOKENS       ? e->tokens->req_id
@@ -113,6 +119,12 @@ fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc, uint64_t
             return e;
     }
     return NULL;
+}
+
+void
+fk_router_broadcast(const Tandem__Envelope *env, void *arg)
+{
+    fk_router_record(arg, env);
 }
 
 /* Tokens of request id in order; *finish = the last finish, *error its error. */

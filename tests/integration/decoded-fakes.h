@@ -47,10 +47,13 @@ typedef struct {
 /* td_drank_io_t callbacks (router must be the fk_router_t itself). */
 td_status_t fk_router_send(void *router, const Tandem__Envelope *env, void *arg);
 void fk_router_load(const Tandem__Load *load, void *arg);
+/* td_drank_io_t's broadcast: recorded in arg (the fk_router_t). */
+void fk_router_broadcast(const Tandem__Envelope *env, void *arg);
 /* Record a copy of env (also for a fake router on a control connection). */
 void fk_router_record(fk_router_t *rt, const Tandem__Envelope *env);
 void fk_router_clear(fk_router_t *rt);
-/* The first AdmitOk / AdmitReject / Tokens / Released of request id. */
+/* The first AdmitOk / AdmitReject / Tokens / Released of request id, or
+ * the first Fence naming transfer id. */
 const Tandem__Envelope *fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc,
                                        uint64_t id);
 /* Tokens of request id in order; *finish = the last finish, *error its error. */

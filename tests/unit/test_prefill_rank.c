@@ -67,6 +67,9 @@ typedef struct {
     uint64_t blocks[MAX_REQS][MAX_SEGS][MAX_BLOCKS];
     int ndone;
     int idle;
+    int fenced;               /* Fenced broadcasts */
+    size_t fenced_ids;        /*   the transfers the last one named */
+    int fenced_after_note;    /*   request 0's terminal note had come before it */
     struct event_base *rcv_base;  /* the receiver's loop: e->base, or one never run */
 } env_t;
 
@@ -226,6 +229,19 @@ on_idle(void *arg)
     ((env_t *)arg)->idle++;
 }
 
+static void
+on_broadcast(const Tandem__Envelope *env, void *arg)
+{
+    env_t *e = arg;
+
+    if (env->payload_case != TANDEM__ENVELOPE__PAYLOAD_FENCED)
+        return;
+    CHECK(env->fenced->decode_incarnation == 0x2222 && env->fenced->prefill_incarnation == 0x1111);
+    e->fenced++;
+    e->fenced_ids = env->fenced->n_xfer_ids;
+    e->fenced_after_note = e->reqs[0].terminal > 0;
+}
+
 static td_status_t
 engine_create(td_engine_t **out)
 {
@@ -309,7 +325,7 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
     td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
                             .max_queued_tokens = max_queued, .deadline_ms = deadline_ms,
                             .kv_tokens = 8192, .cache = env_cache };
-    td_prank_io_t io = { on_send, NULL, on_idle, e, NULL };
+    td_prank_io_t io = { on_send, NULL, on_idle, e, on_broadcast };
     if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
@@ -682,6 +698,56 @@ test_cancel(void)
     CHECK_STATUS(e.reqs[2].done_status, TD_OK);
     CHECK(notes_of(&e, 2) == 1 && e.reqs[2].verified && e.reqs[2].sum_ok);
     CHECK_EQ_INT(notes_of(&e, 2), 1);
+    env_destroy(&e);
+}
+
+static void
+fence(env_t *e, uint64_t prefill_inc, const uint64_t *ids, size_t n)
+{
+    Tandem__Fence f = TANDEM__FENCE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    f.prefill_incarnation = prefill_inc;
+    f.decode_node = "dec";
+    f.decode_incarnation = 0x2222;
+    f.n_xfer_ids = n;
+    f.xfer_ids = (uint64_t *)ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+    env.fence = &f;
+    td_prank_on_message(e->rk, ROUTER_A, &env);
+}
+
+/* A Fence (docs/decoded.md, "Fencing"): a running task for one of its
+ * transfers stops (its canceled terminal note goes out), and Fenced goes
+ * to the routers only after that, naming every transfer, also those the
+ * rank has no task for; a Fence for another incarnation is not answered. */
+static void
+test_fence(void)
+{
+    env_t e;
+    uint64_t ids[] = { 0, 777 };
+
+    engine_shape.prefill_us = 100;   /* 400 tokens x 4 layers: 160 ms */
+    int bad = env_create(&e, 4, 1, 0);
+    engine_shape.prefill_us = 0;
+    if (bad != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 400, ROUTER_A, 0, 0);
+    run_for(&e, 20);
+    fence(&e, 0x1112, ids, 2);   /* not this incarnation */
+    run_for(&e, 50);
+    CHECK_EQ_INT(e.fenced, 0);
+    CHECK(!e.reqs[0].done);
+    fence(&e, 0x1111, ids, 2);
+    run_until(&e, &e.fenced, 1, 5000);
+    CHECK_EQ_INT(e.fenced, 1);
+    CHECK_EQ_INT(e.fenced_ids, 2);
+    CHECK(e.fenced_after_note);
+    wait_done(&e, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_CANCELED);
+    CHECK(e.reqs[0].canceled);
     env_destroy(&e);
 }
 
@@ -1192,6 +1258,7 @@ main(void)
     test_kvmap();
     test_interleaved();
     test_cancel();
+    test_fence();
     test_bad_dest();
     test_peer_gone();
     test_router_down_and_stop();

@@ -546,8 +546,9 @@ def test_kill_prefill(c):
     res, err = bg.outcome()
     check(err is None, "request not retried: %r" % err)
     Expect.chat(body).check("retried request", *res)
-    # The first attempt's blocks: freed only by the grace period (P died
-    # without its terminal note), not before it.
+    # The first attempt's blocks: quarantined when the grace period ends (P
+    # died without its terminal note), not before it; freed only once a new
+    # incarnation of P registers (the router answers the rank's Fence: gone).
     d = c.workers[q["decode"]["node"]]
     rid = q["id"]
     c.wait(lambda: log_has(d, r"request %s: no terminal note from prefill" % rid),
@@ -573,9 +574,20 @@ def test_kill_prefill(c):
     check(secs[1] - secs[0] >= grace_ms / 1000 - 0.05, "blocks freed %.2f s after the cancel, "
           "before the grace period" % (secs[1] - secs[0]))
     check(not log_has(d, r"request %s: prefill's terminal note" % rid), "a note from a dead P")
+    check(log_has(d, r"request %s: no terminal note .* quarantined" % rid), "not quarantined")
+    quar = lambda: sum((r.get("kv") or {}).get("blocks_quarantined", 0) for r in c.ranks()
+                       if r["role"] == "decode")
+    check(quar() > 0, "no quarantined blocks in the admin status")
+    fenced = r"request %s: prefill .* is gone \(a new incarnation registered\): freeing" % rid
+    time.sleep(1.5)   # Fences meanwhile: none answered while P is dead
+    check(not log_has(d, fenced) and quar() > 0, "quarantine lifted with P dead")
+    c.workers[victim] = c.start_worker("prefilld", victim, "--ranks", "1", "--synth-prefill-us",
+                                       "500", *dl)
+    c.wait(lambda: log_has(d, fenced), "the fence of %s once %s is back" % (rid, victim))
     traffic.finish(least=3)
     c.wait_idle()
     # With no prefill group left the request fails with a clear error.
+    c.workers[victim].kill()
     survivor = [n for n in ("prefill0", "prefill1") if n != victim][0]
     body = chat_body("q" * 600, 12, 6)
     ntok = Expect.chat(body).prompt_tokens
@@ -587,7 +599,11 @@ def test_kill_prefill(c):
     check(isinstance(err, openai.APIError) and re.search("prefill", str(err)),
           "no clear error with no prefill rank left: %r %r" % (res, err))
     print("last prefill lost: %s" % err)
-    c.wait_idle(timeout=10)
+    # its blocks stay quarantined: no incarnation of that prefill comes back
+    c.wait(lambda: not c.requests() and quar() > 0 and
+           all(r["kv"]["blocks_used"] == r["kv"]["blocks_quarantined"] for r in c.ranks()
+               if r["role"] == "decode" and r["state"] != "dead"),
+           "the last request gone, its blocks quarantined", timeout=10)
 
 
 # ---- 5. bad input ----------------------------------------------------------------------
