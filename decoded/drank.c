@@ -87,6 +87,25 @@ static void drank_quarantine_lift(td_drank_t *r, td_dreq_t *req);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
+/* A trace line (cfg.trace_path) about req's blocks: what ("admit",
+ * "quarantine", "release") and every block of its reservation, seg:b,b,...
+ * per segment (a fixed segment's one block is its slot). */
+static void
+drank_trace_blocks(td_drank_t *r, const char *what, const td_dreq_t *req)
+{
+    if (r->trace == NULL || req->res == NULL)
+        return;
+    fprintf(r->trace, "%s req=%016llx xfer=%llu t=%llu blocks=", what,
+            (unsigned long long)req->id, (unsigned long long)req->xfer_id,
+            (unsigned long long)td_clock_ns());
+    for (uint32_t s = 0; s < req->res->nsegs; s++) {
+        fprintf(r->trace, "%s%u:", s ? ";" : "", s);
+        for (uint64_t i = 0; i < req->res->nblocks[s]; i++)
+            fprintf(r->trace, "%s%llu", i ? "," : "", (unsigned long long)req->res->blocks[s][i]);
+    }
+    fputc('\n', r->trace);
+}
+
 /* A request by the router that sent it and its id (ids are unique per
  * router only). */
 static td_dreq_t *
@@ -471,6 +490,7 @@ drank_release(td_drank_t *r, td_dreq_t *req)
         return;   /* no Released: its blocks are the kept state's */
     if (req->quarantined)
         drank_quarantine_lift(r, req);
+    drank_trace_blocks(r, "release", req);
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
@@ -727,6 +747,7 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
         return;
     }
+    drank_trace_blocks(r, "admit", req);
     td_info("decode rank %u: request %016llx admitted: %zu prompt + %u tokens, slot %u, "
             "prefill %s, xfer %llu", r->cfg.rank_id, (unsigned long long)req->id,
             req->nprompt, sp.max_tokens, res->slot, req->prefill,
@@ -1157,6 +1178,7 @@ drank_on_grace(evutil_socket_t fd, short what, void *arg)
     r->quar_tokens += req->res->ntokens;
     r->quar_blocks += blocks;
     r->stats.quarantined++;
+    drank_trace_blocks(r, "quarantine", req);
     td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: no terminal note "
                 "from prefill %s within the %u ms grace period: its %llu blocks quarantined "
                 "until that prefill is fenced", r->cfg.rank_id, (unsigned long long)req->id,

@@ -8,6 +8,7 @@ v41-dep-fail | v41-dep-domain | v41-dep-domain-dir | v41-dep-domain-kill | cance
 router-threads | shutdown | remove | local-cluster | v41-kvcache | kvcache-pressure |
 multiturn | v41-multiturn)"""
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import math
@@ -954,6 +955,127 @@ def test_v41_chat(c):
 
 
 # ---- 9. the DeepSeek-V4.1 model as the engine ----------------------------------------
+
+
+def trace_blocks_check(path):
+    """A decode rank's trace (--trace-file): no admission was handed a block
+    between that block's quarantine and its release. Returns (admissions,
+    quarantines, releases of quarantined requests)."""
+    held = {}          # xfer -> its blocks (every admission)
+    quarantined = {}   # (seg, block) -> the xfer whose quarantine holds it
+    counts = [0, 0, 0]
+    with open(path) as f:
+        for line in f:
+            kv = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+            what = line.split()[0]
+            if what not in ("admit", "quarantine", "release"):
+                continue
+            blocks = {(int(seg), int(b)) for part in kv["blocks"].split(";") if part
+                      for seg, bs in [part.split(":")] for b in bs.split(",") if b}
+            x = kv["xfer"]
+            if what == "admit":
+                counts[0] += 1
+                bad = blocks & set(quarantined)
+                check(not bad, "request %s admitted onto quarantined blocks %r (of %r)" %
+                      (kv["req"], sorted(bad)[:5], {quarantined[b] for b in bad}))
+                held[x] = blocks
+            elif what == "quarantine":
+                counts[1] += 1
+                for b in blocks:
+                    quarantined[b] = x
+            else:
+                if any(quarantined.get(b) == x for b in blocks):
+                    counts[2] += 1
+                for b in blocks:
+                    if quarantined.get(b) == x:
+                        del quarantined[b]
+    return counts
+
+
+def test_frozen_prefill(c):
+    """A prefilld stopped (SIGSTOP) in the middle of a request's prefill and
+    transfer, and resumed (SIGCONT) after the decode rank's grace period
+    (2.1 s) has passed, round after round ($FROZEN_ROUNDS, default 3; the
+    50-round run is bench/frozen-prefill) on the real tiny model: the request
+    is retried on the other prefill rank, and requests admitted to the same
+    decode rank meanwhile; every reply equals tools/generate's, and the
+    decode rank's trace shows no block handed out between its quarantine
+    and its release (the resumed prefill's late writes land only in its own
+    quarantined blocks, which its fence or terminal note frees)."""
+    rounds = int(os.environ.get("FROZEN_ROUNDS", "3"))
+    model = c.path("tiny-model")
+    r = subprocess.run([os.path.join(c.build, "tools", "mk-tiny-model"), model],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
+    c.engine = ["--engine", "deepseek-v41", "--model", model]
+    hb = ["--heartbeat", "200ms", "--xfer-deadline-ms", "700"]   # dead in 0.6 s, grace 2.1 s
+    trace = c.path("dtrace")
+    c.start_router("--tokenizer", model, "--heartbeat", "200ms")
+    c.workers = {}
+    for i in range(2):
+        c.workers["prefill%d" % i] = c.start_worker("prefilld", "prefill%d" % i, "--ranks", "1",
+                                                    "--chunk-tokens", "1", *hb)
+    c.workers["decode0"] = c.start_worker("decoded", "decode0", "--ranks", "1", "--trace-file",
+                                          trace, *hb)
+    c.wait_ranks_up(3)
+    client = c.client()
+    refs = {}
+
+    def reply(messages, max_tokens):
+        body = {"model": "tandem-deepseek-v41", "messages": messages, "max_tokens": max_tokens,
+                "temperature": 0, "seed": 1}
+        rsp = client.chat.completions.create(**body)
+        m = rsp.choices[0].message.model_dump()
+        return {k: m.get(k) or "" for k in ("content", "reasoning_content")}
+
+    def want(messages, max_tokens):
+        key = json.dumps(messages)
+        if key not in refs:
+            m = generate_ref(c, model, messages, max_tokens)["message"]
+            refs[key] = {k: m.get(k) or "" for k in ("content", "reasoning_content")}
+        return refs[key]
+
+    long_msgs = lambda i: [{"role": "user", "content": "frozen %d " % i + "tok " * 120}]
+    short_msgs = lambda i, j: [{"role": "user", "content": "meanwhile %d %d" % (i, j)}]
+    for i in range(rounds):
+        victim, other = ("prefill0", "prefill1") if i % 2 == 0 else ("prefill1", "prefill0")
+        c.tandemctl("drain", other)   # the long request goes to the victim
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        fut = pool.submit(reply, long_msgs(i), 8)
+        pool.shutdown(wait=False)
+        q = c.wait(lambda: next((q for q in c.requests() if q["state"] == "prefilling"), None),
+                   "round %d: the long request prefilling" % i)
+        time.sleep(0.05)   # some layers pushed
+        c.workers[victim].p.send_signal(signal.SIGSTOP)
+        c.tandemctl("undrain", other)
+        # the router finds the victim dead, the request is retried on the other
+        # requests onto the same decode rank while the victim is frozen, past
+        # the grace period, until its blocks are quarantined (and one more)
+        t0, j, quar0 = time.time(), 0, trace_blocks_check(trace + ".0")[1]
+        quar_seen = None
+        while quar_seen is None or j <= quar_seen:
+            check(time.time() - t0 < 10 * SLOW, "round %d: nothing quarantined in 10 s" % i)
+            got = reply(short_msgs(i, j), 6)
+            check(got == want(short_msgs(i, j), 6), "round %d: a request meanwhile: %r" % (i, got))
+            if quar_seen is None and trace_blocks_check(trace + ".0")[1] > quar0:
+                quar_seen = j
+            j += 1
+        c.workers[victim].p.send_signal(signal.SIGCONT)
+        got = fut.result(timeout=30 * SLOW)
+        check(got == want(long_msgs(i), 8), "round %d: the long request's reply %r, generate %r"
+              % (i, got, want(long_msgs(i), 8)))
+        c.wait_ranks_up(3)
+        c.wait(lambda: not c.requests() and not any(c.blocks_used().values()),
+               "round %d: the victim fenced, every block back" % i, timeout=15)
+        trace_blocks_check(trace + ".0")
+    admits, quar, released = trace_blocks_check(trace + ".0")
+    dlog = c.workers["decode0"].text()
+    print("frozen prefill: %d rounds, %d admissions, %d quarantines, %d of them freed (%d by a "
+          "fence, %d by the resumed prefill's terminal note)" %
+          (rounds, admits, quar, released, len(re.findall(r"fenced its transfers", dlog)),
+           len(re.findall(r"terminal note in, freeing", dlog))))
+    check(quar >= 1, "no request was quarantined in %d rounds: nothing was tested" % rounds)
+    check(released == quar, "quarantined blocks never freed")
 
 
 def test_v41_model(c):
