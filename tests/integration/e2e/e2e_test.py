@@ -1035,16 +1035,23 @@ def test_frozen_prefill(c):
             refs[key] = {k: m.get(k) or "" for k in ("content", "reasoning_content")}
         return refs[key]
 
-    long_msgs = lambda i: [{"role": "user", "content": "frozen %d " % i + "tok " * 120}]
+    long_msgs = lambda i: [{"role": "user", "content": "frozen %d " % i + "tok " * 300}]
     short_msgs = lambda i, j: [{"role": "user", "content": "meanwhile %d %d" % (i, j)}]
-    for i in range(rounds):
+    done = 0
+    for i in range(3 * rounds):
+        if done == rounds:
+            break
         victim, other = ("prefill0", "prefill1") if i % 2 == 0 else ("prefill1", "prefill0")
         c.tandemctl("drain", other)   # the long request goes to the victim
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         fut = pool.submit(reply, long_msgs(i), 8)
         pool.shutdown(wait=False)
-        q = c.wait(lambda: next((q for q in c.requests() if q["state"] == "prefilling"), None),
-                   "round %d: the long request prefilling" % i)
+        c.wait(lambda: fut.done() or any(q["state"] == "prefilling" for q in c.requests()),
+               "round %d: the long request prefilling" % i)
+        if fut.done():   # done before we saw it prefilling: this round again
+            check(fut.result() == want(long_msgs(i), 8), "round %d: a long reply" % i)
+            c.tandemctl("undrain", other)
+            continue
         time.sleep(0.05)   # some layers pushed
         c.workers[victim].p.send_signal(signal.SIGSTOP)
         c.tandemctl("undrain", other)
@@ -1068,11 +1075,14 @@ def test_frozen_prefill(c):
         c.wait(lambda: not c.requests() and not any(c.blocks_used().values()),
                "round %d: the victim fenced, every block back" % i, timeout=15)
         trace_blocks_check(trace + ".0")
+        done += 1
+    check(done == rounds, "only %d of %d rounds caught the long request prefilling" %
+          (done, rounds))
     admits, quar, released = trace_blocks_check(trace + ".0")
     dlog = c.workers["decode0"].text()
-    print("frozen prefill: %d rounds, %d admissions, %d quarantines, %d of them freed (%d by a "
+    print("frozen prefill: %d rounds (%d tries), %d admissions, %d quarantines, %d of them freed (%d by a "
           "fence, %d by the resumed prefill's terminal note)" %
-          (rounds, admits, quar, released, len(re.findall(r"fenced its transfers", dlog)),
+          (rounds, i + 1, admits, quar, released, len(re.findall(r"fenced its transfers", dlog)),
            len(re.findall(r"terminal note in, freeing", dlog))))
     check(quar >= 1, "no request was quarantined in %d rounds: nothing was tested" % rounds)
     check(released == quar, "quarantined blocks never freed")
