@@ -84,6 +84,7 @@ static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
 static void drank_fence_schedule(td_drank_t *r, bool now);
 static void drank_quarantine_lift(td_drank_t *r, td_dreq_t *req);
+static void drank_resume_waiting(td_drank_t *r);
 
 /* ---- Small helpers -------------------------------------------------------- */
 
@@ -135,8 +136,32 @@ drank_live(const td_drank_t *r)
     uint32_t n = 0;
 
     for (uint32_t i = 0; i < r->nslots; i++)
-        n += r->slots[i] != NULL && !r->slots[i]->quarantined;
+        n += r->slots[i] != NULL && !r->slots[i]->quarantined &&
+             (!r->slots[i]->paused || r->slots[i]->resume_wanted);
     return n;
+}
+
+/* Batch rows in use now: drank_live less the paused requests that wait for
+ * a row to resume in. */
+static uint32_t
+drank_rows(const td_drank_t *r)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < r->nslots; i++)
+        n += r->slots[i] != NULL && !r->slots[i]->quarantined && !r->slots[i]->paused;
+    return n;
+}
+
+/* The KV bytes of req's reservation (every block of every segment). */
+static uint64_t
+drank_req_bytes(const td_drank_t *r, const td_dreq_t *req)
+{
+    uint64_t b = 0;
+
+    for (uint32_t s = 0; req->res != NULL && s < req->res->nsegs; s++)
+        b += req->res->nblocks[s] * td_kvpool_seg_block_bytes(r->kp, s);
+    return b;
 }
 
 /* The KV tokens quarantined requests may hold before admission waits. */
@@ -191,6 +216,12 @@ drank_publish_load(td_drank_t *r)
     for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] == NULL || r->slots[i]->quarantined)
             continue;
+        if (r->slots[i]->paused) {
+            load.paused++;
+            load.kv_bytes_paused += drank_req_bytes(r, r->slots[i]);
+            if (!r->slots[i]->resume_wanted)
+                continue;
+        }
         running += r->slots[i]->state == TD_DREQ_RUNNING;
         /* waiting for their KV, or ended and waiting for their blocks: rows */
         waiting += r->slots[i]->state != TD_DREQ_RUNNING;
@@ -506,6 +537,7 @@ drank_release(td_drank_t *r, td_dreq_t *req)
     env.released = &rel;
     drank_send(r, req, &env);
     td_dreq_destroy(req);
+    drank_resume_waiting(r);   /* a row is free */
     drank_publish_load(r);
 }
 
@@ -1413,6 +1445,7 @@ drank_step_done(void *arg)
             drank_emit(r, req, r->rows[i].next, r->rows[i].finish, &r->rows[i].pick);
         }
     }
+    drank_resume_waiting(r);
     drank_publish_load(r);
     drank_step_schedule(r);
 }
@@ -1427,7 +1460,7 @@ drank_step(td_drank_t *r)
         return;
     for (uint32_t i = 0; i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
-        if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy)
+        if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy || req->paused)
             continue;
         r->rows[n] = (td_engine_row_t){ .req = req->ereq, .token = req->last };
         r->row_req[n++] = req;
@@ -1469,13 +1502,121 @@ drank_step_schedule(td_drank_t *r)
     if (r->step_scheduled || r->stepping || r->closing)
         return;
     for (uint32_t i = 0; i < r->nslots; i++) {
-        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING) {
+        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING &&
+            !r->slots[i]->paused) {
             struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
             r->step_scheduled = true;
             evtimer_add(r->step_ev, &tv);
             return;
         }
     }
+}
+
+/* ---- Paused rows (docs/decoded.md, "Paused rows") ------------------------------ */
+
+static uint64_t
+drank_pause_budget(const td_drank_t *r)
+{
+    uint64_t total = 0;
+
+    if (r->cfg.pause_max_bytes)
+        return r->cfg.pause_max_bytes;
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)
+        total += td_kvpool_seg_nblocks(r->kp, s) * td_kvpool_seg_block_bytes(r->kp, s);
+    return total / 4;
+}
+
+/* The oldest paused request other than keep, or NULL. */
+static td_dreq_t *
+drank_pause_oldest(const td_drank_t *r, const td_dreq_t *keep, uint32_t *npaused,
+                   uint64_t *bytes)
+{
+    td_dreq_t *old = NULL;
+
+    *npaused = 0;
+    *bytes = 0;
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        td_dreq_t *q = r->slots[i];
+        if (q == NULL || !q->paused)
+            continue;
+        (*npaused)++;
+        *bytes += drank_req_bytes(r, q);
+        if (q != keep && (old == NULL || q->paused_ns < old->paused_ns))
+            old = q;
+    }
+    return old;
+}
+
+/* Resume the paused requests the router resumed, while rows are free. */
+static void
+drank_resume_waiting(td_drank_t *r)
+{
+    for (uint32_t i = 0; i < r->nslots && drank_rows(r) < r->cfg.max_batch; i++) {
+        td_dreq_t *q = r->slots[i];
+        if (q != NULL && q->paused && q->resume_wanted) {
+            q->paused = q->resume_wanted = false;
+            r->stats.resumed++;
+        }
+    }
+}
+
+/* Room in the paused budget for req (req_bytes more): the oldest paused
+ * requests end (CANCELED) until there is; false when req itself does not
+ * fit (it ends too). */
+static bool
+drank_pause_room(td_drank_t *r, td_dreq_t *req)
+{
+    uint64_t need = drank_req_bytes(r, req), bytes;
+    uint32_t n;
+    td_dreq_t *old;
+
+    while ((old = drank_pause_oldest(r, req, &n, &bytes)) != NULL &&
+           (bytes + need > drank_pause_budget(r) || n >= r->cfg.pause_slots)) {
+        r->stats.pause_evicted++;
+        td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: paused kv "
+                    "over its budget: the oldest paused request ends", r->cfg.rank_id,
+                    (unsigned long long)old->id);
+        drank_end(r, old, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                  "paused kv over its budget: its client reads too slowly", true);
+    }
+    return bytes + need <= drank_pause_budget(r) && n < r->cfg.pause_slots;
+}
+
+/* The router's Pause: a RUNNING request leaves the batch (a step it is in
+ * still brings its token), keeping its blocks; or it comes back. */
+static void
+drank_pause(td_drank_t *r, void *router, const Tandem__Pause *p)
+{
+    td_dreq_t *req = drank_find(r, router, p->req_id);
+
+    if (req == NULL || req->state != TD_DREQ_RUNNING)
+        return;   /* ended meanwhile: nothing to pause */
+    if (!p->paused) {
+        if (req->paused) {
+            req->resume_wanted = true;
+            drank_resume_waiting(r);
+            drank_step_schedule(r);
+            drank_publish_load(r);
+        }
+        return;
+    }
+    if (req->paused) {
+        req->resume_wanted = false;
+        return;
+    }
+    if (!drank_pause_room(r, req)) {
+        r->stats.pause_evicted++;
+        drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                  "paused kv over its budget: its client reads too slowly", true);
+        return;
+    }
+    req->paused = true;
+    req->paused_ns = td_clock_ns();
+    r->stats.paused++;
+    td_debug("decode rank %u: request %016llx paused", r->cfg.rank_id,
+             (unsigned long long)req->id);
+    drank_resume_waiting(r);   /* its row is free: a resumed one may take it */
+    drank_publish_load(r);
 }
 
 /* ---- Messages, life cycle ---------------------------------------------------------- */
@@ -1492,6 +1633,9 @@ td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
         break;
     case TANDEM__ENVELOPE__PAYLOAD_FENCED:
         drank_on_fenced(r, env->fenced);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_PAUSE:
+        drank_pause(r, router, env->pause);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         if (!r->stopping && r->draining != env->drain->draining) {
@@ -1585,7 +1729,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
-    r->nslots = cfg->max_batch + cfg->retain + cfg->quarantine_slots;
+    r->nslots = cfg->max_batch + cfg->retain + cfg->quarantine_slots + cfg->pause_slots;
     r->slots = calloc(r->nslots, sizeof(*r->slots));
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
@@ -1725,6 +1869,13 @@ td_drank_stats(const td_drank_t *r, td_drank_stats_t *out)
     *out = r->stats;
     out->kept_now = r->nkept;
     out->quarantined_now = r->nquar;
+    out->paused_now = 0;
+    out->paused_bytes = 0;
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i] != NULL && r->slots[i]->paused) {
+            out->paused_now++;
+            out->paused_bytes += drank_req_bytes(r, r->slots[i]);
+        }
     out->quarantined_tokens = r->quar_tokens;
     out->quarantined_blocks = r->quar_blocks;
     out->live = out->running = out->waiting = 0;

@@ -73,6 +73,10 @@ typedef struct {
     uint64_t quarantine_max_tokens;   /* KV tokens quarantined requests may hold; past it
                                      admission waits (0: kv_tokens / 4) */
     uint32_t fence_retry_ms;      /* a Fence is sent again this often (0: 1000) */
+    uint32_t pause_slots;         /* fixed slots for requests paused for slow clients,
+                                     besides the batch rows */
+    uint64_t pause_max_bytes;     /* their KV bytes at most; past it the oldest paused
+                                     one ends (0: a quarter of the pools) */
     uint32_t retain;              /* finished requests whose state the rank keeps for a
                                      next turn (docs/kvcache.md, "Multi-turn"): extra
                                      fixed slots; their blocks yield to admissions; 0: none */
@@ -100,6 +104,10 @@ typedef struct {
     uint32_t quarantined_now;     /* requests in quarantine now */
     uint64_t quarantined_tokens;  /*   the KV tokens they hold, */
     uint64_t quarantined_blocks;  /*   and their paged blocks */
+    uint64_t paused, resumed;     /* Pause and resume taken */
+    uint64_t pause_evicted;       /* paused requests ended for the paused budget */
+    uint32_t paused_now;          /* requests paused now, */
+    uint64_t paused_bytes;        /*   their KV bytes */
     uint64_t steps;               /* decode steps run */
     uint64_t kept;                /* finished requests whose state was kept */
     uint64_t kept_dropped;        /*   of them dropped again (room, drain, router gone) */

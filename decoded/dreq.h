@@ -63,6 +63,10 @@ typedef struct {
     char prefill_node[65];       /* its prefill rank, for a Fence ("" when it prefills
                                     here: a continued conversation) */
     uint32_t prefill_rank;
+    bool paused;                 /* its client reads slowly (Pause): out of the batch,
+                                    its blocks kept (docs/decoded.md, "Paused rows") */
+    bool resume_wanted;          /*   resumed by the router, waiting for a free row */
+    uint64_t paused_ns;          /*   since when (CLOCK_MONOTONIC) */
     bool quarantined;            /* P missed its deadline: the blocks wait for a fence
                                     (docs/decoded.md, "Fencing"); holds no batch row */
 } td_dreq_t;

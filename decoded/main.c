@@ -17,6 +17,8 @@ typedef struct {
     uint64_t prefill_deadline_max_ms;
     uint64_t quarantine_slots;
     uint64_t quarantine_max_tokens;
+    uint64_t pause_slots;
+    uint64_t pause_max_bytes;
     char *trace_file;
 } decoded_config_t;
 
@@ -46,6 +48,13 @@ static const td_config_opt_t decoded_opts[] = {
                          1ull << 32,
                          "kv tokens per rank that quarantined requests may hold; past it "
                          "admission waits for fences (0: a quarter of kv-tokens)"),
+    TD_CONFIG_OPT_UINT64("pause-slots", decoded_config_t, pause_slots, "64", 0, 65536,
+                         "fixed slots per rank for requests paused because their clients "
+                         "read slowly (they leave the batch, keep their kv), besides the "
+                         "batch rows"),
+    TD_CONFIG_OPT_SIZE("pause-max", decoded_config_t, pause_max_bytes, "0", 0, 1ull << 44,
+                       "kv bytes per rank that paused requests may hold; past it the oldest "
+                       "paused request ends (0: a quarter of the pools)"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
     TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
@@ -68,6 +77,8 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .prefill_deadline_max_ms = (uint32_t)c->prefill_deadline_max_ms,
         .quarantine_slots = (uint32_t)c->quarantine_slots,
         .quarantine_max_tokens = c->quarantine_max_tokens,
+        .pause_slots = (uint32_t)c->pause_slots,
+        .pause_max_bytes = c->pause_max_bytes,
         .trace_path = c->trace_file,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,

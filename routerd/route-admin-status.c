@@ -81,9 +81,11 @@ rank_json(const td_rrank_t *rk)
     char inc[17];
 
     if (st != TD_RRANK_DEAD) {
-        load = json_pack("{s:I, s:I, s:I}", "running", (json_int_t)l->running,
+        load = json_pack("{s:I, s:I, s:I, s:I, s:I}", "running", (json_int_t)l->running,
                          "queued", (json_int_t)l->queued,
-                         "queued_tokens", (json_int_t)l->queued_tokens);
+                         "queued_tokens", (json_int_t)l->queued_tokens,
+                         "paused", (json_int_t)l->paused,
+                         "paused_kv_bytes", (json_int_t)l->kv_bytes_paused);
         kv = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "blocks_used",
                        (json_int_t)l->kv_blocks_used, "blocks_free", (json_int_t)l->kv_blocks_free,
                        "tokens_used", (json_int_t)l->kv_tokens_used,

@@ -200,6 +200,32 @@ cache_metrics(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* Backpressure now: answer bytes buffered, the caps, streams paused. */
+static td_status_t
+flow_gauges(td_router_t *r, td_buf_t *out)
+{
+    const struct { const char *name, *help; unsigned long long v; } g[] = {
+        { "tandem_router_response_buffered_bytes",
+          "answer bytes buffered for clients (not yet taken by the kernel)",
+          (unsigned long long)r->out_budget.used },
+        { "tandem_router_response_buffer_max_bytes", "response-buffer-max: their budget",
+          (unsigned long long)r->out_budget.max },
+        { "tandem_router_stream_buffer_max_bytes",
+          "stream-buffer-max: one stream's buffered bytes before its decode row pauses",
+          (unsigned long long)r->cfg->stream_buffer_max },
+        { "tandem_router_streams_paused", "streams whose decode row is paused now",
+          (unsigned long long)r->metrics.paused_now },
+    };
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
+        st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
+        if (st == TD_OK)
+            st = td_buf_printf(out, "%s %llu\n", g[i].name, g[i].v);
+    }
+    return st;
+}
+
 /* The admission queue now (its waits are the queue_wait histogram). */
 static td_status_t
 queue_gauges(td_router_t *r, td_buf_t *out)
@@ -248,6 +274,8 @@ td_route_metrics(td_http_req_t *req, void *router)
                            (unsigned long long)states[s]);
     if (st == TD_OK)
         st = queue_gauges(r, &out);
+    if (st == TD_OK)
+        st = flow_gauges(r, &out);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {

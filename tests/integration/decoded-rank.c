@@ -478,6 +478,74 @@ test_quarantine(env_t *t)
     fk_router_clear(t->rt);
 }
 
+static void
+pause_msg(env_t *t, uint64_t id, int paused)
+{
+    Tandem__Pause pm = TANDEM__PAUSE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    pm.req_id = id;
+    pm.paused = paused;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PAUSE;
+    env.pause = &pm;
+    td_drank_on_message(t->rk, t->rt, &env);
+}
+
+/* Paused rows (a slow client, docs/decoded.md): a paused request leaves the
+ * batch (the Load runs it no more; its row admits another) and keeps its
+ * blocks; resumed, it goes on to its last token, the stream exactly the
+ * engine's; past the paused budget (pause_slots 2 here) the oldest paused
+ * request ends CANCELED. */
+static void
+test_pause(env_t *t)
+{
+    enum { PAUSE_TOKENS = 500 };   /* three fit the KV with room to spare */
+    int32_t p[10], got[PAUSE_TOKENS], want[PAUSE_TOKENS];
+    fk_p_t fp;
+    int fin;
+    const char *err;
+    td_drank_stats_t st;
+
+    fk_prompt(p, 10, 21);
+    CHECK_STATUS(fk_p_create(t->base, &t->reg, D_INC, t->e->layout, &fp), TD_OK);
+    for (uint64_t id = 1301; id <= 1303; id++) {
+        const Tandem__KvDest *d = admit(t, id, p, 10, PAUSE_TOKENS, 0);
+        if (d == NULL)
+            return;
+        fk_p_push(&fp, t->e, d, id, p, 10, PAUSE_TOKENS, 1, 0);
+        CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, id, 5000));
+    }
+    pause_msg(t, 1301, 1);
+    pause_msg(t, 1302, 1);
+    fk_run_until(t->base, fk_never, NULL, 50);
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.paused_now, 2);
+    CHECK(st.paused_bytes > 0);
+    CHECK(t->rt->load.paused == 2 && t->rt->load.running == 1);
+    size_t n1 = fk_router_tokens(t->rt, 1301, got, PAUSE_TOKENS, &fin, &err);
+    fk_run_until(t->base, fk_never, NULL, 100);
+    CHECK_EQ_INT(fk_router_tokens(t->rt, 1301, got, PAUSE_TOKENS, &fin, &err), n1);   /* paused */
+    pause_msg(t, 1303, 1);   /* a third: the oldest paused (1301) ends */
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 1301, 2000));
+    fk_router_tokens(t->rt, 1301, got, PAUSE_TOKENS, &fin, &err);
+    CHECK(fin == TANDEM__FINISH__FINISH_CANCELED && err != NULL && strstr(err, "paused") != NULL);
+    pause_msg(t, 1302, 0);   /* resumed: on to its end, exactly */
+    pause_msg(t, 1303, 0);
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 1302, 20000));
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 1303, 20000));
+    for (uint64_t id = 1302; id <= 1303; id++) {
+        size_t n = fk_router_tokens(t->rt, id, got, PAUSE_TOKENS, &fin, &err);
+        CHECK(n == PAUSE_TOKENS && fk_expect(t->e, p, 10, PAUSE_TOKENS, want) == PAUSE_TOKENS &&
+              memcmp(got, want, n * sizeof(*got)) == 0);
+        CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+    }
+    td_drank_stats(t->rk, &st);
+    CHECK(st.paused_now == 0 && st.pause_evicted >= 1 && st.resumed >= 2);
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_p_destroy(&fp);
+    fk_router_clear(t->rt);
+}
+
 /* ---- Peer input that does not fit the request's state --------------------------- */
 
 static void
@@ -1045,6 +1113,19 @@ main(void)
             tandem__register__init(&t.reg);
             td_drank_register_fill(t.rk, &t.reg);
             test_keep(&t);
+            td_drank_destroy(t.rk);
+        }
+        /* the same rank stepping every 2 ms, with 2 paused slots */
+        rc.retain = 0;
+        rc.step_gap_us = 2000;
+        rc.pause_slots = 2;
+        rc.pause_max_bytes = 1u << 30;
+        t.rk = NULL;
+        CHECK_STATUS(td_drank_create(t.base, t.x, t.e, &rc, &io, &t.rk), TD_OK);
+        if (t.rk != NULL) {
+            tandem__register__init(&t.reg);
+            td_drank_register_fill(t.rk, &t.reg);
+            test_pause(&t);
             td_drank_destroy(t.rk);
         }
     } else {

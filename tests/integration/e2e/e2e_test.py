@@ -957,6 +957,156 @@ def test_v41_chat(c):
 # ---- 9. the DeepSeek-V4.1 model as the engine ----------------------------------------
 
 
+class SlowReader:
+    """A streamed chat on a socket with a small receive buffer, read at
+    `rate` bytes a second (0: not at all) until told otherwise: what arrived,
+    parsed as SSE once it ends."""
+
+    def __init__(self, c, body, rate=0, rcvbuf=4096):
+        data = json.dumps(dict(body, stream=True)).encode()
+        self.sock = socket.socket()
+        if rcvbuf:   # else the kernel's: a window that does not slow a fast reader
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect(("127.0.0.1", c.http))
+        self.sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e2e\r\n"
+                          b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                          % len(data) + data)
+        self.rate, self.buf, self.ended = rate, b"", False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.ended:
+            with self.lock:
+                rate = self.rate
+            if rate == 0:
+                time.sleep(0.05)
+                continue
+            self.sock.settimeout(30 * SLOW)
+            try:
+                d = self.sock.recv(min(rate, 65536) if rate < 1 << 30 else 1 << 20)
+            except OSError:
+                d = b""
+            if not d:
+                self.ended = True
+                break
+            self.buf += d
+            if self.buf.endswith(b"\r\n0\r\n\r\n"):   # the chunked answer's end
+                self.ended = True
+                break
+            if rate < 1 << 30:
+                time.sleep(len(d) / rate)
+
+    def speed_up(self):
+        with self.lock:
+            self.rate = 1 << 30
+
+    def finish(self, timeout=60):
+        self.speed_up()
+        self.thread.join(timeout * SLOW)
+        check(self.ended, "a stream did not end")
+        self.sock.close()
+        head, _, body = self.buf.partition(b"\r\n\r\n")
+        check(head.startswith(b"HTTP/1.1 200"), "stream answer %r" % head[:80])
+        text = dechunk(body)
+        return [ev[len("data: "):] for ev in text.split("\n\n") if ev.startswith("data: ")]
+
+
+def dechunk(body):
+    out, i = [], 0
+    while i < len(body):
+        j = body.index(b"\r\n", i)
+        n = int(body[i:j], 16)
+        if n == 0:
+            break
+        out.append(body[j + 2:j + 2 + n])
+        i = j + 2 + n + 2
+    return b"".join(out).decode()
+
+
+def metric_value(c, name):
+    m = re.search(r"^%s (\S+)$" % re.escape(name), c.metrics(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def ttft_ms(client, i):
+    body = chat_body("quick %d" % i, 4, i, temperature=0)
+    t0 = time.time()
+    with client.chat.completions.create(**body, stream=True) as st:
+        for ch in st:
+            if ch.choices and ch.choices[0].delta.content:
+                return (time.time() - t0) * 1000
+    return (time.time() - t0) * 1000
+
+
+def test_slow_readers(c):
+    """Backpressure (docs/routerd.md): streams whose clients read slowly
+    pause their decode rows at the stream cap (the rows free their batch
+    slots; answer bytes buffered stay within the total budget + 10 %); a
+    normal client's TTFT meanwhile is within the idle cluster's + 5 ms; a
+    reader that speeds up gets its complete stream, every token, valid SSE; one
+    that stays slow is canceled at slow-reader-timeout; when a decode rank's
+    paused budget is full the oldest paused stream is canceled. A short
+    version of bench/slow-readers (12 streams at 2 KiB/s for 150 s, 50 at
+    1 byte/s for 3 min)."""
+    stream_max, total = 32 << 10, 192 << 10
+    c.up(prefill=1, decode=1, decode_ranks=1,
+         router=("--stream-buffer-max", "32KiB", "--response-buffer-max", "192KiB",
+                 "--slow-reader-timeout", "4s", "--stream-sndbuf", "8KiB"),
+         decode_flags=("--synth-step-us", "2000", "--max-batch", "8", "--pause-slots", "5"))
+    client = c.client()
+    idle = sorted(ttft_ms(client, i) for i in range(50))
+    big = dict(max_tokens=400, logprobs=True, top_logprobs=20, temperature=0)
+    # the oldest paused one is canceled when the paused budget (5 slots) is full
+    paused = lambda n: c.wait(lambda: metric_value(c, "tandem_router_streams_paused_total") >= n,
+                              "%d streams paused" % n)
+    more = []
+    for i in range(4):
+        more.append(SlowReader(c, chat_body("budget %d" % i, seed=3 + i, **big)))
+        paused(i + 1)
+    slow = SlowReader(c, chat_body("stays slow", seed=2, **big))
+    paused(5)
+    fast = SlowReader(c, chat_body("speeds up", seed=1, **big), rcvbuf=0)
+    paused(6)
+    # their rows are free: the decode rank runs none of them, and serves others
+    c.wait(lambda: any(r["role"] == "decode" and (r["load"] or {}).get("paused", 0) >= 5 and
+                       r["load"]["running"] == 0 for r in c.ranks()),
+           "paused rows out of the batch")
+    fast.speed_up()   # before slow-reader-timeout: it resumes and goes on to its end
+    peak, busy = 0, []
+    for i in range(50):
+        busy.append(ttft_ms(client, 100 + i))
+        peak = max(peak, metric_value(c, "tandem_router_response_buffered_bytes"))
+    busy.sort()
+    print("ttft p50 idle %.2f ms, with 5 slow streams %.2f ms; buffered peak %d of %d bytes" %
+          (idle[25], busy[25], peak, total))
+    check(busy[25] <= idle[25] + 5, "ttft p50 %.2f ms with slow readers, %.2f ms idle" %
+          (busy[25], idle[25]))
+    check(peak <= total * 1.1, "buffered %d bytes, budget %d" % (peak, total))
+    # the paused budget (5 slots): one of the six was canceled, the oldest
+    check(metric_value(c, "tandem_router_slow_readers_evicted_total") >= 1, "none evicted")
+    ev = fast.finish()
+    check(ev[-1] == "[DONE]" and "error" not in ev[-2], "the fast one's end: %r" % ev[-2:])
+    chunks = [json.loads(e) for e in ev[:-1]]
+    ntok = sum(len(ch["choices"][0]["logprobs"]["content"]) for ch in chunks
+               if ch.get("choices") and ch["choices"][0].get("logprobs"))
+    check(ntok == 400, "the stream that sped up has %d tokens of 400: %r" % (ntok, ev[-3:]))
+    check(chunks[-1]["choices"][0]["finish_reason"] == "length" or
+          any(ch.get("choices") and ch["choices"][0].get("finish_reason") == "length"
+              for ch in chunks), "no finish_reason length")
+    # the four that stayed slow (the oldest was evicted) are canceled at the timeout
+    c.wait(lambda: metric_value(c, "tandem_router_slow_readers_timeout_total") >= 4,
+           "the slow readers canceled", timeout=15)
+    # canceled: its connection ended, what was buffered for it dropped
+    ev = slow.finish()
+    check(ev[-1] != "[DONE]", "the slow one ended whole: %r" % ev[-2:])
+    for r in more:
+        r.finish()
+    c.wait_idle()
+
+
 def trace_blocks_check(path):
     """A decode rank's trace (--trace-file): no admission was handed a block
     between that block's quarantine and its release. Returns (admissions,
