@@ -1210,8 +1210,7 @@ def test_frozen_prefill(c):
         # the grace period, until its blocks are quarantined (and one more)
         t0, j, quar0 = time.time(), 0, trace_blocks_check(trace + ".0")[1]
         quar_seen = None
-        while quar_seen is None or j <= quar_seen:
-            check(time.time() - t0 < 10 * SLOW, "round %d: nothing quarantined in 10 s" % i)
+        while (quar_seen is None or j <= quar_seen) and time.time() - t0 < 10 * SLOW:
             got = reply(short_msgs(i, j), 6)
             check(got == want(short_msgs(i, j), 6), "round %d: a request meanwhile: %r" % (i, got))
             if quar_seen is None and trace_blocks_check(trace + ".0")[1] > quar0:
@@ -1225,7 +1224,9 @@ def test_frozen_prefill(c):
         c.wait(lambda: not c.requests() and not any(c.blocks_used().values()),
                "round %d: the victim fenced, every block back" % i, timeout=15)
         trace_blocks_check(trace + ".0")
-        done += 1
+        # nothing quarantined: the victim had sent its terminal note before it
+        # stopped (its KV was all there): not a round of the test, try again
+        done += quar_seen is not None
     check(done == rounds, "only %d of %d rounds caught the long request prefilling" %
           (done, rounds))
     admits, quar, released = trace_blocks_check(trace + ".0")
