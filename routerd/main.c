@@ -537,7 +537,7 @@ main(int argc, char **argv)
     r.table = router_opts;
     st = router_init(&r);
     if (st == TD_OK) {
-        event_base_dispatch(r.base);
+        td_loopstat_dispatch(r.base, &r.loop);
         rc = 0;
     } else {
         rc = st == TD_ERR_INVALID ? 2 : 1;

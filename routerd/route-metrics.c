@@ -226,6 +226,72 @@ flow_gauges(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* One loop's passes as a histogram in seconds, with labels (or none). */
+static td_status_t
+loop_hist(td_buf_t *out, const char *name, const char *lbl, const td_loopstat_t *ls)
+{
+    uint64_t cum = 0;
+    td_status_t st = TD_OK;
+    const char *sep = lbl[0] ? "," : "";
+
+    for (size_t b = 0; st == TD_OK && b <= TD_LOOPSTAT_NBUCKETS; b++) {
+        char le[32];
+        cum += ls->counts[b];
+        if (b < TD_LOOPSTAT_NBUCKETS)
+            snprintf(le, sizeof le, "%g", (double)td_loopstat_bounds_us[b] / 1e6);
+        else
+            snprintf(le, sizeof le, "+Inf");
+        st = td_buf_printf(out, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, lbl, sep, le,
+                           (unsigned long long)cum);
+    }
+    if (st == TD_OK)
+        st = td_buf_printf(out, "%s_sum%s%s%s %.6f\n%s_count%s%s%s %llu\n", name,
+                           lbl[0] ? "{" : "", lbl, lbl[0] ? "}" : "", (double)ls->sum_us / 1e6,
+                           name, lbl[0] ? "{" : "", lbl, lbl[0] ? "}" : "",
+                           (unsigned long long)cum);
+    return st;
+}
+
+/* Loop threads (net/loopstat.h): routerd's own, and every rank's from its
+ * Load: how long each pass of callbacks took (thread CPU time); the
+ * longest too. A loop thread never computes: the tail says whether one
+ * did. */
+static td_status_t
+loop_metrics(td_router_t *r, td_buf_t *out)
+{
+    td_status_t st = td_metrics_header(out, "tandem_router_loop_pass_seconds", "histogram",
+                                       "routerd's event loop: each pass's callbacks, thread "
+                                       "cpu time");
+    if (st == TD_OK)
+        st = loop_hist(out, "tandem_router_loop_pass_seconds", "", &r->loop);
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_rank_loop_pass_seconds", "histogram",
+                               "a worker rank's event loop: each pass's callbacks, thread cpu "
+                               "time (from its Load)");
+    for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+        char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
+        if (rk->loop.n == 0)
+            continue;
+        label_escape(node, sizeof node, rk->node->name);
+        snprintf(lbl, sizeof lbl, "node=\"%s\",rank=\"%u\",role=\"%s\"", node, rk->rank_id,
+                 td_hello_role_str(rk->role));
+        st = loop_hist(out, "tandem_router_rank_loop_pass_seconds", lbl, &rk->loop);
+    }
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_rank_loop_pass_max_seconds", "gauge",
+                               "a worker rank's longest loop pass since it started");
+    for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+        char node[2 * TD_HELLO_NODE_ID_MAX + 1];
+        if (rk->loop.n == 0)
+            continue;
+        label_escape(node, sizeof node, rk->node->name);
+        st = td_buf_printf(out, "tandem_router_rank_loop_pass_max_seconds{node=\"%s\",rank="
+                           "\"%u\",role=\"%s\"} %.6f\n", node, rk->rank_id,
+                           td_hello_role_str(rk->role), (double)rk->loop.max_us / 1e6);
+    }
+    return st;
+}
+
 /* The admission queue now (its waits are the queue_wait histogram). */
 static td_status_t
 queue_gauges(td_router_t *r, td_buf_t *out)
@@ -276,6 +342,8 @@ td_route_metrics(td_http_req_t *req, void *router)
         st = queue_gauges(r, &out);
     if (st == TD_OK)
         st = flow_gauges(r, &out);
+    if (st == TD_OK)
+        st = loop_metrics(r, &out);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {

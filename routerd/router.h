@@ -102,6 +102,7 @@ typedef struct {
     td_http_site_t http_site, admin_site;
     td_http_budget_t http_budget;   /* request bytes held, both listeners */
     td_http_budget_t out_budget;    /* answer bytes buffered, the api listener's streams */
+    td_loopstat_t loop;             /* the event loop's passes (net/loopstat.h) */
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;

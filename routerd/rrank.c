@@ -28,6 +28,16 @@ td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld)
     rk->load.expert_tokens = NULL;   /* the message's: copied below */
     rk->load.n_expert_tokens = 0;
     rk->load.cache = NULL;           /* the message's: its scalars copied here */
+    rk->load.loop_pass_counts = NULL;   /* the message's: into rk->loop */
+    rk->load.n_loop_pass_counts = 0;
+    if (ld->n_loop_pass_counts == TD_LOOPSTAT_NBUCKETS + 1) {
+        memcpy(rk->loop.counts, ld->loop_pass_counts, sizeof rk->loop.counts);
+        rk->loop.n = 0;
+        for (size_t i = 0; i < ld->n_loop_pass_counts; i++)
+            rk->loop.n += ld->loop_pass_counts[i];
+        rk->loop.sum_us = ld->loop_pass_sum_us;
+        rk->loop.max_us = ld->loop_pass_max_us;
+    }
     rk->has_cache_stats = ld->cache != NULL;
     if (ld->cache) {
         rk->cache_stats = *ld->cache;

@@ -12,6 +12,7 @@
 #include "ctl.h"
 #include "hello.h"
 #include "log.h"
+#include "loopstat.h"
 #include "rcache.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -76,6 +77,7 @@ typedef struct td_rrank_s {
     bool has_cache_stats;
     td_rrank_cache_counters_t cache_ctr;
     td_log_limit_t log;         /* the lines its messages can make the router repeat */
+    td_loopstat_t loop;         /* its loop thread's passes, from its latest Load */
 } td_rrank_t;
 
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);

@@ -130,12 +130,15 @@ typedef struct {
     struct event *broken_ev;     /* --dep: the group broke (from the compute thread) */
     uint32_t fault_at, fault_seen; /* --dep: TD_DEP_FAULT (tests; compute thread) */
     td_worker_domain_comm_t dom; /* --domain-size: the rank's communicator over UCX (owned) */
-    Tandem__Load load;           /* --dep: the rank's last Load (scalars), sent again with */
-    bool have_load;              /*   the group's counters when they move (dep_timer) */
-    uint64_t *experts;           /*   [nexperts] the counters last sent (owned) */
+    Tandem__Load load;           /* the rank's last Load (scalars), sent again every second
+                                    with its loop's passes and --dep the group's counters */
+    bool have_load;
+    struct event *load_timer;
+    td_loopstat_t *loop;         /* its loop thread's passes (net/ranks.h) */
+    uint64_t loop_counts[TD_LOOPSTAT_NBUCKETS + 1];   /* as last sent */
+    uint64_t *experts;           /* --dep: [nexperts] the counters last sent (owned) */
     uint32_t nexperts;
     uint64_t passes_sent;
-    struct event *dep_timer;
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
     struct event *drain_ev;      /* SIGTERM's drain deadline, or NULL */
