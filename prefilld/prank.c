@@ -180,6 +180,7 @@ struct td_prank_s {
 
 static void task_try_terminal(task_t *t);
 static void prank_schedule(td_prank_t *rk);
+static void prank_cache_work(td_prank_t *rk);
 
 
 /* ---- Task state --------------------------------------------------------------- */
@@ -768,6 +769,39 @@ task_job_ended(task_t *t, td_status_t st, const char *what)
     return 0;
 }
 
+/* ---- The prefix cache's bulk work (compute thread) ----------------------------- */
+
+static void
+prank_cache_work_run(void *arg)
+{
+    td_pcache_work_run(((td_prank_t *)arg)->pc);
+}
+
+static void
+prank_cache_work_done(void *arg)
+{
+    td_prank_t *rk = arg;
+
+    td_pcache_work_done(rk->pc);
+    if (rk->closing)
+        return;
+    prank_cache_work(rk);   /* what was queued meanwhile */
+    prank_schedule(rk);     /* demoted blocks are free: a task may start */
+}
+
+/* The cache's write-backs and demotions, queued by its loop-thread calls,
+ * go to the compute thread (a pass of the loop never copies a prompt's KV). */
+static void
+prank_cache_work(td_prank_t *rk)
+{
+    if (rk->closing || !td_pcache_work_take(rk->pc))
+        return;
+    if (td_jobq_post(rk->jq, prank_cache_work_run, prank_cache_work_done, rk) != TD_OK) {
+        td_pcache_work_run(rk->pc);   /* out of memory for a job: here, as before */
+        td_pcache_work_done(rk->pc);
+    }
+}
+
 /* Loop thread: the chunk came back. */
 static void
 task_chunk_done(void *arg)
@@ -796,6 +830,7 @@ task_chunk_done(void *arg)
                 td_pcache_insert(rk->pc, t->tokens, t->ntokens, t->hashes, t->res, t->snap,
                                  t->snap_end);
                 t->snap = NULL;
+                prank_cache_work(rk);
             }
             task_finish_engine(t);
         }
@@ -910,6 +945,7 @@ task_reserve_cached(task_t *t)
             need[s] = td_layout_blocks(l, &l->segs[s], t->ntokens) - (np != NULL ? np[s] : 0);
     if (td_pcache_make_room(rk->pc, need))
         st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens, np, pp, &t->res, &why);
+    prank_cache_work(rk);   /* demotions it queued: their blocks come after them */
     free(need);
     return st;
 }
