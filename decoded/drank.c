@@ -1774,6 +1774,8 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         if (st != TD_OK)
             goto err_destroy;
         r->pool_base[s] = td_xfer_pool_base(r->pools[s]);
+        if (cfg->prefault)
+            td_xfer_pool_prefault(r->pools[s]);
         st = td_xfer_pool_export(r->pools[s], (void **)&r->exports[s].data,
                                  &r->exports[s].len);
         if (st != TD_OK)

@@ -81,6 +81,7 @@ typedef struct {
                                      next turn (docs/kvcache.md, "Multi-turn"): extra
                                      fixed slots; their blocks yield to admissions; 0: none */
     const char *trace_path;       /* append adoption timings to PATH.<rank>; NULL: none */
+    int prefault;                 /* fault the pools in at create (td_xfer_pool_prefault) */
     /* Run first on the compute thread (binding it to its own compute pool);
      * NULL: nothing. */
     void (*compute_start)(void *arg);

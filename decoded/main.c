@@ -80,6 +80,7 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .pause_slots = (uint32_t)c->pause_slots,
         .pause_max_bytes = c->pause_max_bytes,
         .trace_path = c->trace_file,
+        .prefault = c->w.prefault_pools,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
         .step = wr->stepping,

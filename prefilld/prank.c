@@ -1499,6 +1499,8 @@ prank_pools_create(td_prank_t *rk)
         if (st != TD_OK)
             goto out;
         bases[s] = td_xfer_pool_base(rk->pools[s]);
+        if (rk->cfg.prefault)
+            td_xfer_pool_prefault(rk->pools[s]);
         bytes += bb * nb;
     }
     td_kvpool_set_memory(rk->kp, bases);

@@ -450,6 +450,7 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
         .incarnation = td_daemon_incarnation(w->d),
         .transports = tls[0] ? tls : NULL,
         .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
+        .map_peer_pools = spec->wcfg->prefault_pools,
     };
     if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
         goto err;

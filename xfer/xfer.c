@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/timerfd.h>
 
@@ -39,6 +40,7 @@
 #define TD_XFER_MAX_RKEY       65536u
 #define TD_XFER_MAX_ADDR       (1u << 20)
 #define TD_XFER_SWEEP_MS       50
+#define TD_XFER_MAP_CHUNK      (4u << 20)   /* td_xfer_on_map: bytes a pass (~1 ms) */
 #define TD_XFER_PROGRESS_MAX   64
 #define TD_XFER_RETRY_US       200
 #define TD_XFER_PENDING_US     50           /* poll period while flushes/notes wait */
@@ -143,6 +145,8 @@ typedef struct {
     uint64_t block_size;
     uint64_t nblocks;
     ucp_rkey_h rkey;
+    uint8_t *map;                  /* where UCX mapped it here (shm); NULL: not mapped */
+    size_t map_len, map_done;      /* td_xfer_on_map: its pages mapped in so far */
 } td_xfer_rpool_t;
 
 struct td_xfer_peer_s {
@@ -180,6 +184,8 @@ struct td_xfer_s {
     struct event *ev_sweep;        /* deadline sweep */
     struct event *ev_drain;        /* deliver queued completions */
     struct event *ev_retry;        /* retry_fd readable: progress again */
+    struct event *ev_map;          /* map imported pools in, a chunk a pass */
+    int map_peer_pools;            /* td_xfer_config_t.map_peer_pools */
     int retry_fd;                  /* timerfd: short re-polls, µs-precise */
     uint64_t retry_at_ns;          /* when retry_fd expires; 0: not armed */
     uint64_t rx_spin_ns;           /* keep polling this long after a notification */
@@ -244,6 +250,7 @@ td_xfer_now_ns(void)
 
 static void td_xfer_drain(td_xfer_t *x);
 static void td_xfer_on_sweep(evutil_socket_t fd, short what, void *arg);
+static void td_xfer_on_map(evutil_socket_t fd, short what, void *arg);
 static void td_xfer_peer_free(td_xfer_peer_t *peer, int force);
 
 /* Drive UCX without waiting; never re-entered from a UCX callback. Bounded,
@@ -956,7 +963,9 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
     x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
     x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
-    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry)
+    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
+    x->map_peer_pools = cfg->map_peer_pools;
+    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map)
         goto err_free_events;
     struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
     if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
@@ -981,6 +990,8 @@ err_free_events:
         event_free(x->ev_drain);
     if (x->ev_retry)
         event_free(x->ev_retry);
+    if (x->ev_map)
+        event_free(x->ev_map);
     close(x->retry_fd);
 err_destroy_worker:
     ucp_worker_destroy(x->worker);
@@ -1024,6 +1035,7 @@ td_xfer_destroy(td_xfer_t *x)
     event_free(x->ev_sweep);
     event_free(x->ev_drain);
     event_free(x->ev_retry);
+    event_free(x->ev_map);
     close(x->retry_fd);
     ucp_worker_destroy(x->worker);
     ucp_cleanup(x->ctx);
@@ -1098,6 +1110,23 @@ td_xfer_stats(const td_xfer_t *x, td_xfer_stats_t *out)
 /* ======================================================================== */
 /* Pools                                                                    */
 /* ======================================================================== */
+
+void
+td_xfer_pool_prefault(td_xfer_pool_t *pool)
+{
+    size_t len = pool->block_size * (size_t)pool->nblocks, page = (size_t)sysconf(_SC_PAGESIZE);
+    volatile uint8_t *p = pool->base;
+
+    if (pool->mem != TD_XFER_MEM_HOST || len == 0)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t a = (uintptr_t)pool->base & ~(uintptr_t)(page - 1);
+    if (madvise((void *)a, len + ((uintptr_t)pool->base - a), MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    for (size_t i = 0; i < len; i += page)
+        p[i] = p[i];   /* the same byte back: the page is ours now */
+}
 
 td_status_t
 td_xfer_pool_create(td_xfer_t *x, uint32_t pool_id, td_xfer_mem_t mem, void *base,
@@ -1439,10 +1468,62 @@ td_xfer_peer_import_pool(td_xfer_peer_t *peer, const void *buf, size_t len)
                 peer->incarnation, rp.id, ucs_status_string(s));
         return TD_ERR_PROTO;
     }
+    void *map = NULL;
+    if (x->map_peer_pools && mem == TD_XFER_MEM_HOST &&
+        ucp_rkey_ptr(rp.rkey, rp.base, &map) == UCS_OK && map != NULL) {
+        rp.map = map;
+        rp.map_len = rp.block_size * rp.nblocks;
+        struct timeval now = { 0, 0 };
+        evtimer_add(x->ev_map, &now);
+    }
     peer->pools[peer->npools++] = rp;
-    td_debug("xfer %016" PRIx64 ": peer %016" PRIx64 ": pool %" PRIu32 " imported",
-             x->incarnation, peer->incarnation, rp.id);
+    td_debug("xfer %016" PRIx64 ": peer %016" PRIx64 ": pool %" PRIu32 " imported%s",
+             x->incarnation, peer->incarnation, rp.id, map ? " (mapped here)" : "");
     return TD_OK;
+}
+
+/* Map in the next chunk of rp's pages (the pool is the peer's memory that
+ * UCX attached here): after it, a transfer that first reaches them adds
+ * nothing to this process's resident memory. Reads only: a page fault per
+ * page, nothing written. Returns the bytes done. */
+static size_t
+td_xfer_map_chunk(td_xfer_rpool_t *rp)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = rp->map_len - rp->map_done;
+    uintptr_t a = (uintptr_t)(rp->map + rp->map_done) & ~(uintptr_t)(page - 1);
+    volatile const uint8_t *p = (const uint8_t *)a;
+
+    if (n > TD_XFER_MAP_CHUNK)
+        n = TD_XFER_MAP_CHUNK;
+    size_t span = n + ((uintptr_t)(rp->map + rp->map_done) - a);
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)a, span, MADV_POPULATE_READ) != 0)
+#endif
+        for (size_t i = 0; i < span; i += page)
+            (void)p[i];
+    rp->map_done += n;
+    return n;
+}
+
+/* A chunk a pass (then the loop's other events get their turn) until every
+ * imported pool that UCX mapped here is mapped in. */
+static void
+td_xfer_on_map(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    td_xfer_t *x = arg;
+    for (td_xfer_peer_t *peer = x->peers; peer; peer = peer->next) {
+        for (size_t i = 0; i < peer->npools; i++) {
+            td_xfer_rpool_t *rp = &peer->pools[i];
+            if (rp->map == NULL || rp->map_done >= rp->map_len)
+                continue;
+            x->stats.peer_bytes_mapped += td_xfer_map_chunk(rp);
+            struct timeval next = { 0, 0 };   /* the next pass */
+            evtimer_add(x->ev_map, &next);
+            return;
+        }
+    }
 }
 
 static void

@@ -40,6 +40,12 @@ typedef struct {
      * 100 µs; TD_XFER_RX_SPIN_OFF: sleep at once). Costs up to that much
      * CPU after the last notification of a burst; latency is unaffected. */
     uint32_t rx_spin_us;
+    /* Map in the pages of every imported host pool that UCX maps into this
+     * process (shared memory transports: the receiver's pool, attached
+     * here), a few MiB per loop pass from the import on, so that this
+     * process's resident memory does not grow as transfers first reach
+     * them (td_xfer_stats_t.peer_bytes_mapped). 0: as transfers touch them. */
+    int map_peer_pools;
 } td_xfer_config_t;
 
 #define TD_XFER_RX_SPIN_OFF UINT32_MAX
@@ -105,6 +111,7 @@ typedef struct {
     uint64_t notes_forged;     /* dropped unparsed: no transfer of that id and token */
     uint64_t notes_malformed;  /* authenticated, but not a well-formed notification */
     uint64_t peers_failed;     /* endpoints that failed */
+    uint64_t peer_bytes_mapped;/* of imported pools, mapped in (map_peer_pools) */
 } td_xfer_stats_t;
 
 /* ---- engine ------------------------------------------------------------- */
@@ -151,6 +158,10 @@ td_status_t td_xfer_pool_create(td_xfer_t *x, uint32_t pool_id, td_xfer_mem_t me
                                 void *base, size_t block_size, uint64_t nblocks,
                                 td_xfer_pool_t **out);
 void td_xfer_pool_destroy(td_xfer_pool_t *pool);
+/* Fault every page of a host pool in now (MADV_POPULATE_WRITE, else a
+ * write to each page), so that the process's resident memory does not grow
+ * under load as requests first reach its blocks. Nothing for CUDA memory. */
+void td_xfer_pool_prefault(td_xfer_pool_t *pool);
 void *td_xfer_pool_base(const td_xfer_pool_t *pool);
 size_t td_xfer_pool_block_size(const td_xfer_pool_t *pool);
 uint64_t td_xfer_pool_nblocks(const td_xfer_pool_t *pool);

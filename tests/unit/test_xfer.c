@@ -534,6 +534,42 @@ test_stalled_receiver(const char *tls)
     free(e);
 }
 
+/* ---- map_peer_pools: a pool that shm attaches to the sender is mapped in - */
+
+static void
+test_map_peer_pools(const char *tls, int mapped)
+{
+    struct event_base *base = event_base_new();
+    td_xfer_config_t cs = { .incarnation = 0x1111, .transports = tls, .map_peer_pools = 1 };
+    td_xfer_config_t cr = { .incarnation = 0x2222, .transports = tls };
+    td_xfer_t *snd = NULL, *rcv = NULL;
+    td_xfer_peer_t *peer = NULL;   /* tcp: nothing is attached here, nothing to map */
+    td_xfer_pool_t *pool = NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    const size_t bs = 1 << 20, nb = 24;   /* 6 chunks */
+
+    CHECK_STATUS(td_xfer_create(base, &cs, &snd), TD_OK);
+    CHECK_STATUS(td_xfer_create(base, &cr, &rcv), TD_OK);
+    CHECK_STATUS(td_xfer_address(rcv, &buf, &len), TD_OK);
+    CHECK_STATUS(td_xfer_peer_create(snd, buf, len, 0x2222, &peer), TD_OK);
+    free(buf);
+    CHECK_STATUS(td_xfer_pool_create(rcv, 7, TD_XFER_MEM_HOST, NULL, bs, nb, &pool), TD_OK);
+    CHECK_STATUS(td_xfer_pool_export(pool, &buf, &len), TD_OK);
+    CHECK_STATUS(td_xfer_peer_import_pool(peer, buf, len), TD_OK);
+    free(buf);
+    td_xfer_stats_t st;
+    uint64_t until = td_testutil_now_ms() + (mapped ? 5000 : 200);
+    do {
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        td_xfer_stats(snd, &st);
+    } while (st.peer_bytes_mapped < bs * nb && td_testutil_now_ms() < until);
+    CHECK(st.peer_bytes_mapped == (mapped ? bs * nb : 0));
+    td_xfer_destroy(snd);   /* and its peer */
+    td_xfer_destroy(rcv);
+    event_base_free(base);
+}
+
 int
 main(void)
 {
@@ -547,5 +583,7 @@ main(void)
     test_peer_destroy();
     test_stalled_receiver("shm,self");
     test_stalled_receiver("tcp,self");
+    test_map_peer_pools("shm,self", 1);
+    test_map_peer_pools("tcp,self", 0);
     return td_check_exit("test_xfer");
 }

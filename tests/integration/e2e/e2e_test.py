@@ -2598,6 +2598,55 @@ def test_cache_insert_loop(c):
         check(v <= 0.005, "the %s rank's loop ran a pass of %.1f ms" % (role, v * 1000))
 
 
+def _rss_kib(proc):
+    with open("/proc/%d/status" % proc.p.pid) as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+def test_prefill_rss(c):
+    """prefilld's resident memory is flat under load: its kv pool is
+    prefaulted at start, and the decode ranks' pools that UCX's shared memory
+    transport attaches to it (its puts land there) are mapped in from the
+    import on (--prefault-pools, docs/prefilld.md "Memory"). After one warm-up
+    batch, 5 batches of 8 distinct ~3000-token prompts (each reaching blocks
+    of the decode pools that no earlier one did) grow neither prefilld's RSS
+    nor decoded's by more than 6 MiB. E2E_RSS_FLAGS: extra flags of both
+    daemons (--no-prefault-pools shows the growth)."""
+    flags = tuple(os.environ.get("E2E_RSS_FLAGS", "").split())
+    c.up(prefill=1, decode=1, decode_ranks=2, prefill_flags=flags, decode_flags=flags)
+    procs = {"prefilld": c.workers["prefill0"], "decoded": c.workers["decode0"]}
+    last = {}
+
+    def settled():   # the mapping-in is done: RSS stays put for 0.5 s
+        time.sleep(0.5)
+        now = {k: _rss_kib(p) for k, p in procs.items()}
+        ok = all(abs(now[k] - last.get(k, 0)) < 1024 for k in now)
+        last.update(now)
+        return ok
+    c.wait(settled, "prefilld's RSS to settle", timeout=20)
+
+    def batch(k):
+        def one(i):
+            body = {"model": MODEL, "prompt": "%d-%d " % (k, i) + "ab" * (1500 + 37 * i),
+                    "max_tokens": 2, "temperature": 0}
+            st, _, data = http_call(c.http, "POST", "/v1/completions", body, timeout=60 * SLOW)
+            check(st == 200, "HTTP %d %r" % (st, data[:200]))
+        th = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        [t.start() for t in th]
+        [t.join() for t in th]
+    batch(0)
+    c.wait_idle()
+    base = {k: _rss_kib(p) for k, p in procs.items()}
+    for k in range(1, 6):
+        batch(k)
+    c.wait_idle()
+    end = {k: _rss_kib(p) for k, p in procs.items()}
+    print("RSS after the warm-up batch %r KiB, after 5 more %r KiB" % (base, end))
+    for k in procs:
+        check(end[k] - base[k] <= 6 * 1024, "%s's RSS grew %d KiB under load" %
+              (k, end[k] - base[k]))
+
+
 def test_kvcache_pressure(c):
     """The prefix cache's budgets under a long mixed load (synthetic engine):
     300 requests, 8 at a time, on 40 shared prefixes (some hotter) with random suffixes and
