@@ -2599,8 +2599,12 @@ def test_cache_insert_loop(c):
 
 
 def _rss_kib(proc):
+    """(VmRSS, RssShmem) of proc in KiB: the shared memory part is the kv
+    pools (UCX allocates them as shared memory segments)."""
     with open("/proc/%d/status" % proc.p.pid) as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+        text = f.read()
+    return tuple(int(re.search(r"%s:\s+(\d+)" % k, text).group(1))
+                 for k in ("VmRSS", "RssShmem"))
 
 
 def test_prefill_rss(c):
@@ -2609,9 +2613,11 @@ def test_prefill_rss(c):
     transport attaches to it (its puts land there) are mapped in from the
     import on (--prefault-pools, docs/prefilld.md "Memory"). After one warm-up
     batch, 5 batches of 8 distinct ~3000-token prompts (each reaching blocks
-    of the decode pools that no earlier one did) grow neither prefilld's RSS
-    nor decoded's by more than 6 MiB. E2E_RSS_FLAGS: extra flags of both
-    daemons (--no-prefault-pools shows the growth)."""
+    of the decode pools that no earlier one did) grow neither prefilld's
+    shared memory (the pools) nor decoded's by more than 1 MiB, nor their
+    whole RSS by more than 6 MiB (not checked in the sanitizer build, whose
+    allocator keeps what is freed in quarantine). E2E_RSS_FLAGS: extra flags
+    of both daemons (--no-prefault-pools shows the growth)."""
     flags = tuple(os.environ.get("E2E_RSS_FLAGS", "").split())
     c.up(prefill=1, decode=1, decode_ranks=2, prefill_flags=flags, decode_flags=flags)
     procs = {"prefilld": c.workers["prefill0"], "decoded": c.workers["decode0"]}
@@ -2619,7 +2625,7 @@ def test_prefill_rss(c):
 
     def settled():   # the mapping-in is done: RSS stays put for 0.5 s
         time.sleep(0.5)
-        now = {k: _rss_kib(p) for k, p in procs.items()}
+        now = {k: _rss_kib(p)[0] for k, p in procs.items()}
         ok = all(abs(now[k] - last.get(k, 0)) < 1024 for k in now)
         last.update(now)
         return ok
@@ -2641,10 +2647,12 @@ def test_prefill_rss(c):
         batch(k)
     c.wait_idle()
     end = {k: _rss_kib(p) for k, p in procs.items()}
-    print("RSS after the warm-up batch %r KiB, after 5 more %r KiB" % (base, end))
+    print("(RSS, of it shared) KiB after the warm-up batch %r, after 5 more %r" % (base, end))
     for k in procs:
-        check(end[k] - base[k] <= 6 * 1024, "%s's RSS grew %d KiB under load" %
-              (k, end[k] - base[k]))
+        check(end[k][1] - base[k][1] <= 1024, "%s's kv pools grew %d KiB under load" %
+              (k, end[k][1] - base[k][1]))
+        check(SLOW > 1 or end[k][0] - base[k][0] <= 6 * 1024,
+              "%s's RSS grew %d KiB under load" % (k, end[k][0] - base[k][0]))
 
 
 def test_kvcache_pressure(c):
