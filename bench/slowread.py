@@ -22,7 +22,7 @@ class SlowReader(threading.Thread):
                           b"Authorization: Bearer " + key.encode() + b"\r\n"
                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                           % len(data) + data)
-        self.rate, self.buf, self.ended, self.closed = rate, b"", False, False
+        self.rate, self.buf, self.ended, self.closed = rate, bytearray(), False, False
         self.t_end = None
         self.lock = threading.Lock()
         self.start()
@@ -56,7 +56,7 @@ class SlowReader(threading.Thread):
 
     def events(self):
         """The SSE data payloads received (the answer's chunked framing undone)."""
-        _, _, body = self.buf.partition(b"\r\n\r\n")
+        _, _, body = bytes(self.buf).partition(b"\r\n\r\n")
         out, i = [], 0
         while i < len(body):
             j = body.find(b"\r\n", i)
