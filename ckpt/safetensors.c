@@ -338,74 +338,88 @@ st_check_spans(const td_st_t *st, const char *fname, st_span_t *sp, size_t n,
     return TD_OK;
 }
 
-/* Parse the header of mapped file `fi` and append its tensors to st. */
+/* The header's length: the file's first 8 bytes (little-endian), within the
+ * file and ST_HEADER_MAX. */
 static td_status_t
-st_parse_file(td_st_t *st, size_t fi)
+st_header_len(const st_file_t *f, uint64_t *out)
 {
-    const st_file_t *f = &st->files[fi];
     const unsigned char *base = f->map;
-    const char *fname = f->name;
-    uint64_t hlen, data_len;
-    json_error_t jerr;
-    json_t *hdr = NULL, *meta;
-    const char *key;
-    json_t *val;
-    st_span_t *spans = NULL;
-    size_t n = 0;
-    td_status_t rc = TD_OK;
+    uint64_t hlen = 0;
 
     if (f->size < 8)
         return st_fail(TD_ERR_INVALID, "%s: truncated: %zu bytes, no room for the 8-byte header "
-                       "length", fname, f->size);
-    hlen = 0;
+                       "length", f->name, f->size);
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | base[i];
     if (hlen > f->size - 8)
         return st_fail(TD_ERR_INVALID, "%s: truncated: header says %" PRIu64 " bytes, file has %zu",
-                       fname, hlen, f->size);
+                       f->name, hlen, f->size);
     if (hlen > ST_HEADER_MAX)
         return st_fail(TD_ERR_TOO_BIG, "%s: header of %" PRIu64 " bytes exceeds the %llu-byte "
-                       "limit", fname, hlen, ST_HEADER_MAX);
-    data_len = f->size - 8 - hlen;
+                       "limit", f->name, hlen, ST_HEADER_MAX);
+    *out = hlen;
+    return TD_OK;
+}
 
-    hdr = json_loadb((const char *)base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+/* The header's JSON (hlen bytes after the length), no key twice. */
+static td_status_t
+st_header_load(const st_file_t *f, uint64_t hlen, json_t **out)
+{
+    json_error_t jerr;
+    json_t *hdr = json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
+                             &jerr);
+
     if (hdr == NULL) {
         if (json_error_code(&jerr) == json_error_duplicate_key) {
             char k[256];
             st_dup_key(jerr.text, k, sizeof(k));
-            return st_fail(TD_ERR_INVALID, "%s: duplicate tensor '%s' in the header", fname, k);
+            return st_fail(TD_ERR_INVALID, "%s: duplicate tensor '%s' in the header", f->name, k);
         }
-        return st_fail(TD_ERR_INVALID, "%s: bad header JSON at line %d column %d: %s", fname,
+        return st_fail(TD_ERR_INVALID, "%s: bad header JSON at line %d column %d: %s", f->name,
                        jerr.line, jerr.column, jerr.text);
     }
-    if (!json_is_object(hdr)) {
-        rc = st_fail(TD_ERR_INVALID, "%s: header is not a JSON object", fname);
-        goto out;
-    }
-    meta = json_object_get(hdr, "__metadata__");
-    if (meta != NULL) {
-        const char *mk;
-        json_t *mv;
+    *out = hdr;
+    return TD_OK;
+}
 
-        if (!json_is_object(meta)) {
-            rc = st_fail(TD_ERR_INVALID, "%s: __metadata__ is not a JSON object", fname);
-            goto out;
-        }
-        json_object_foreach(meta, mk, mv) {
-            if (!json_is_string(mv)) {
-                rc = st_fail(TD_ERR_INVALID, "%s: __metadata__ value '%s' is not a string",
-                             fname, mk);
-                goto out;
-            }
-        }
-        if (st->metadata == NULL)
-            st->metadata = json_incref(meta);
+/* The header's __metadata__, when there is one: an object of strings. The
+ * first file's is st's. */
+static td_status_t
+st_parse_metadata(td_st_t *st, const char *fname, json_t *hdr)
+{
+    json_t *meta = json_object_get(hdr, "__metadata__"), *mv;
+    const char *mk;
+
+    if (meta == NULL)
+        return TD_OK;
+    if (!json_is_object(meta))
+        return st_fail(TD_ERR_INVALID, "%s: __metadata__ is not a JSON object", fname);
+    json_object_foreach(meta, mk, mv) {
+        if (!json_is_string(mv))
+            return st_fail(TD_ERR_INVALID, "%s: __metadata__ value '%s' is not a string",
+                           fname, mk);
     }
+    if (st->metadata == NULL)
+        st->metadata = json_incref(meta);
+    return TD_OK;
+}
+
+/* The header's tensors, appended to st; their data pointers set once their
+ * spans tile file fi's data region (after the hlen-byte header). */
+static td_status_t
+st_parse_tensors(td_st_t *st, size_t fi, json_t *hdr, uint64_t hlen)
+{
+    const st_file_t *f = &st->files[fi];
+    const unsigned char *data = (const unsigned char *)f->map + 8 + hlen;
+    const char *key;
+    json_t *val;
+    st_span_t *spans;
+    size_t n = 0;
+    td_status_t rc = TD_OK;
+
     spans = calloc(json_object_size(hdr) + 1, sizeof(*spans));
-    if (spans == NULL) {
-        rc = st_fail(TD_ERR_NOMEM, "%s: out of memory", fname);
-        goto out;
-    }
+    if (spans == NULL)
+        return st_fail(TD_ERR_NOMEM, "%s: out of memory", f->name);
     json_object_foreach(hdr, key, val) {
         td_st_tensor_t t;
         uint64_t b = 0, e = 0;
@@ -413,13 +427,13 @@ st_parse_file(td_st_t *st, size_t fi)
         if (strcmp(key, "__metadata__") == 0)
             continue;
         memset(&t, 0, sizeof(t));
-        rc = st_parse_entry(fname, key, val, &t, &b, &e);
+        rc = st_parse_entry(f->name, key, val, &t, &b, &e);
         if (rc != TD_OK)
             goto out;
         t.name = strdup(key);
         t.file = f->name;
         if (t.name == NULL) {
-            rc = st_fail(TD_ERR_NOMEM, "%s: out of memory", fname);
+            rc = st_fail(TD_ERR_NOMEM, "%s: out of memory", f->name);
             goto out;
         }
         rc = st_push(st, &t);
@@ -432,13 +446,31 @@ st_parse_file(td_st_t *st, size_t fi)
         spans[n].end = e;
         n++;
     }
-    rc = st_check_spans(st, fname, spans, n, data_len);
+    rc = st_check_spans(st, f->name, spans, n, f->size - 8 - hlen);
     if (rc != TD_OK)
         goto out;
     for (size_t i = 0; i < n; i++)
-        st->tensors[spans[i].idx].data = base + 8 + hlen + spans[i].begin;
+        st->tensors[spans[i].idx].data = data + spans[i].begin;
 out:
     free(spans);
+    return rc;
+}
+
+/* Parse the header of mapped file `fi` and append its tensors to st. */
+static td_status_t
+st_parse_file(td_st_t *st, size_t fi)
+{
+    const st_file_t *f = &st->files[fi];
+    uint64_t hlen;
+    json_t *hdr;
+    td_status_t rc;
+
+    if ((rc = st_header_len(f, &hlen)) != TD_OK || (rc = st_header_load(f, hlen, &hdr)) != TD_OK)
+        return rc;
+    if (!json_is_object(hdr))
+        rc = st_fail(TD_ERR_INVALID, "%s: header is not a JSON object", f->name);
+    else if ((rc = st_parse_metadata(st, f->name, hdr)) == TD_OK)
+        rc = st_parse_tensors(st, fi, hdr, hlen);
     json_decref(hdr);
     return rc;
 }
@@ -572,14 +604,14 @@ st_read_index(const char *path, char **out, size_t *len)
     return TD_OK;
 }
 
+/* The index file's JSON, no key twice. */
 static td_status_t
-st_open_sharded(td_st_t *st, const char *dir, const char *index_path)
+st_index_load(const char *index_path, json_t **out)
 {
     char *text = NULL;
     size_t len = 0;
     json_error_t jerr;
-    json_t *idx = NULL, *wmap, *shards = NULL, *val, *meta;
-    const char *key;
+    json_t *idx;
     td_status_t rc;
 
     rc = st_read_index(index_path, &text, &len);
@@ -597,74 +629,92 @@ st_open_sharded(td_st_t *st, const char *dir, const char *index_path)
         return st_fail(TD_ERR_INVALID, ST_INDEX_NAME ": bad JSON at line %d column %d: %s",
                        jerr.line, jerr.column, jerr.text);
     }
-    wmap = json_is_object(idx) ? json_object_get(idx, "weight_map") : NULL;
-    if (!json_is_object(wmap)) {
-        rc = st_fail(TD_ERR_INVALID, ST_INDEX_NAME ": no \"weight_map\" object");
-        goto out;
-    }
-    /* Distinct shards, in the order they first appear. */
-    shards = json_object();
-    if (shards == NULL) {
-        rc = st_fail(TD_ERR_NOMEM, ST_INDEX_NAME ": out of memory");
-        goto out;
-    }
+    *out = idx;
+    return TD_OK;
+}
+
+/* *out: the distinct shards of the weight map, in the order they first
+ * appear (name -> its rank); each a string naming a file inside the
+ * checkpoint directory. */
+static td_status_t
+st_index_shards(json_t *wmap, json_t **out)
+{
+    json_t *shards = json_object(), *val;
+    const char *key;
+
+    if (shards == NULL)
+        return st_fail(TD_ERR_NOMEM, ST_INDEX_NAME ": out of memory");
     json_object_foreach(wmap, key, val) {
         const char *s = json_string_value(val);
+        td_status_t rc = TD_OK;
 
-        if (s == NULL) {
+        if (s == NULL)
             rc = st_fail(TD_ERR_INVALID, ST_INDEX_NAME ": weight_map entry '%s' is not a string",
                          key);
-            goto out;
-        }
-        if (!st_shard_name_ok(s)) {
+        else if (!st_shard_name_ok(s))
             rc = st_fail(TD_ERR_INVALID, ST_INDEX_NAME ": shard name '%s' (for tensor '%s') "
                          "leaves the checkpoint directory", s, key);
-            goto out;
-        }
-        if (json_object_get(shards, s) == NULL &&
-            json_object_set_new(shards, s, json_integer((json_int_t)json_object_size(shards))) != 0) {
+        else if (json_object_get(shards, s) == NULL &&
+                 json_object_set_new(shards, s,
+                                     json_integer((json_int_t)json_object_size(shards))) != 0)
             rc = st_fail(TD_ERR_NOMEM, ST_INDEX_NAME ": out of memory");
-            goto out;
+        if (rc != TD_OK) {
+            json_decref(shards);
+            return rc;
         }
     }
+    *out = shards;
+    return TD_OK;
+}
+
+/* Map and parse each shard of dir. */
+static td_status_t
+st_add_shards(td_st_t *st, const char *dir, json_t *shards)
+{
+    const char *key;
+    json_t *val;
+
     json_object_foreach(shards, key, val) {
         char *path = st_join(dir, key);
         struct stat sb;
+        td_status_t rc;
 
-        if (path == NULL) {
-            rc = st_fail(TD_ERR_NOMEM, ST_INDEX_NAME ": out of memory");
-            goto out;
-        }
+        if (path == NULL)
+            return st_fail(TD_ERR_NOMEM, ST_INDEX_NAME ": out of memory");
         if (stat(path, &sb) != 0 && errno == ENOENT) {
             free(path);
-            rc = st_fail(TD_ERR_NOT_FOUND, ST_INDEX_NAME ": shard '%s' is missing", key);
-            goto out;
+            return st_fail(TD_ERR_NOT_FOUND, ST_INDEX_NAME ": shard '%s' is missing", key);
         }
         rc = st_add_file(st, path, key);
         free(path);
         if (rc != TD_OK)
-            goto out;
+            return rc;
     }
-    rc = st_finalize(st);
-    if (rc != TD_OK)
-        goto out;
+    return TD_OK;
+}
+
+/* The index and the shards agree: every tensor listed is in the shard named
+ * for it, every tensor of the shards is listed; a metadata.total_size other
+ * than the tensors' bytes is only warned about. */
+static td_status_t
+st_index_match(const td_st_t *st, json_t *idx, json_t *wmap)
+{
+    const char *key;
+    json_t *val, *meta;
+
     json_object_foreach(wmap, key, val) {
         td_st_tensor_t probe = {.name = key};
         const td_st_tensor_t *t = bsearch(&probe, st->tensors, st->ntensors,
                                           sizeof(*st->tensors), st_tensor_cmp);
 
-        if (t == NULL || strcmp(t->file, json_string_value(val)) != 0) {
-            rc = st_fail(TD_ERR_NOT_FOUND, "tensor '%s' listed in index is missing from shard '%s'",
-                         key, json_string_value(val));
-            goto out;
-        }
+        if (t == NULL || strcmp(t->file, json_string_value(val)) != 0)
+            return st_fail(TD_ERR_NOT_FOUND, "tensor '%s' listed in index is missing from shard '%s'",
+                           key, json_string_value(val));
     }
     for (size_t i = 0; i < st->ntensors; i++) {
-        if (json_object_get(wmap, st->tensors[i].name) == NULL) {
-            rc = st_fail(TD_ERR_INVALID, "tensor '%s' in shard '%s' is not listed in "
-                         ST_INDEX_NAME, st->tensors[i].name, st->tensors[i].file);
-            goto out;
-        }
+        if (json_object_get(wmap, st->tensors[i].name) == NULL)
+            return st_fail(TD_ERR_INVALID, "tensor '%s' in shard '%s' is not listed in "
+                           ST_INDEX_NAME, st->tensors[i].name, st->tensors[i].file);
     }
     meta = json_object_get(idx, "metadata");
     if (json_is_object(meta) && json_is_integer(json_object_get(meta, "total_size"))) {
@@ -676,7 +726,26 @@ st_open_sharded(td_st_t *st, const char *dir, const char *index_path)
             td_warn(ST_INDEX_NAME ": metadata.total_size is %" PRIu64 " but the tensors hold %"
                     PRIu64 " bytes", said, total);
     }
-out:
+    return TD_OK;
+}
+
+/* A sharded checkpoint: the index at index_path, its shards in dir. */
+static td_status_t
+st_open_sharded(td_st_t *st, const char *dir, const char *index_path)
+{
+    json_t *idx, *wmap, *shards = NULL;
+    td_status_t rc;
+
+    rc = st_index_load(index_path, &idx);
+    if (rc != TD_OK)
+        return rc;
+    wmap = json_is_object(idx) ? json_object_get(idx, "weight_map") : NULL;
+    if (!json_is_object(wmap))
+        rc = st_fail(TD_ERR_INVALID, ST_INDEX_NAME ": no \"weight_map\" object");
+    else if ((rc = st_index_shards(wmap, &shards)) == TD_OK &&
+             (rc = st_add_shards(st, dir, shards)) == TD_OK &&
+             (rc = st_finalize(st)) == TD_OK)
+        rc = st_index_match(st, idx, wmap);
     json_decref(shards);
     json_decref(idx);
     return rc;

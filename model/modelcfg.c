@@ -699,25 +699,17 @@ typedef struct {
     bool compress_ratios, kv, index, dspark, candidate, engram_ids, engram_num;
 } cfg_given_t;
 
+/* compress_ratios: the released schedule, or it scaled to n layers, unless
+ * given; n to n + nn entries, padded to n + nn with zeros (draft layers are
+ * window-only). */
 static td_status_t
-cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
+cfg_resolve_ratios(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
 {
     const int64_t n = cfg->num_hidden_layers, nn = cfg->num_nextn_predict_layers;
-    td_modelcfg_list_t *r = &cfg->compress_ratios, *kv = &cfg->kv_source_layer_ids;
-    td_modelcfg_list_t *ix = &cfg->index_source_layer_ids;
-    char a[512];
+    td_modelcfg_list_t *r = &cfg->compress_ratios;
     td_status_t st;
-    int64_t *tmp = NULL;
-    uint32_t m;
+    int64_t *tmp;
 
-    if (n < 0)
-        return cfg_fail(cx, "%snum_hidden_layers: %" PRId64 " must not be negative", cx->prefix, n);
-    if (n > MODELCFG_MAX_LAYERS || nn > MODELCFG_MAX_LAYERS)
-        return cfg_fail(cx, "%snum_hidden_layers + num_nextn_predict_layers: %" PRId64 " + %" PRId64
-                        " is too large (at most %d each)", cx->prefix, n, nn,
-                        MODELCFG_MAX_LAYERS);
-
-    /* compress_ratios: the released schedule, or it scaled to n layers */
     if (!g->compress_ratios) {
         if (n == 40) {
             st = list_set(r, cfg_default_ratios, 40);
@@ -731,7 +723,6 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
                 tmp[i] = i < slide ? 0 : i < slide + enc ? 2 : 1;
             st = list_set(r, tmp, (uint32_t)n);
             free(tmp);
-            tmp = NULL;
         }
         if (st != TD_OK)
             return st;
@@ -742,23 +733,33 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
     if ((int64_t)r->n > n + nn)
         return cfg_fail(cx, "%scompress_ratios: %u entries, but num_hidden_layers + "
                         "num_nextn_predict_layers = %" PRId64, cx->prefix, r->n, n + nn);
-    /* draft layers are window-only: pad the schedule to n + nn with zeros */
     tmp = calloc((size_t)(n + nn) + 1, sizeof(*tmp));
     if (tmp == NULL)
         return TD_ERR_NOMEM;
     memcpy(tmp, r->v, r->n * sizeof(*tmp));
     st = list_set(r, tmp, (uint32_t)(n + nn));
     free(tmp);
-    tmp = NULL;
-    if (st != TD_OK)
-        return st;
+    return st;
+}
 
-    /* kv / index sources */
+/* The defaults of the layer lists not given, from the ratio schedule: kv
+ * sources (each layer that starts a run of one compressed ratio), index
+ * sources (the kv sources) and the DSpark targets (the last three layers that
+ * are no kv source). */
+static td_status_t
+cfg_resolve_sources(td_modelcfg_t *cfg, const cfg_given_t *g)
+{
+    const int64_t n = cfg->num_hidden_layers;
+    td_modelcfg_list_t *r = &cfg->compress_ratios, *kv = &cfg->kv_source_layer_ids;
+    td_modelcfg_list_t *ix = &cfg->index_source_layer_ids;
+    td_status_t st;
+    uint32_t m;
+
     if (!g->kv) {
         if (n <= 40 && memcmp(r->v, cfg_default_ratios, (size_t)n * sizeof(int64_t)) == 0) {
             st = list_set(kv, cfg_default_kv, 4);
         } else {
-            tmp = malloc(((size_t)n + 1) * sizeof(*tmp));
+            int64_t *tmp = malloc(((size_t)n + 1) * sizeof(*tmp));
             if (tmp == NULL)
                 return TD_ERR_NOMEM;
             m = 0;
@@ -767,7 +768,6 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
                     tmp[m++] = i;
             st = list_set(kv, tmp, m);
             free(tmp);
-            tmp = NULL;
         }
         if (st != TD_OK)
             return st;
@@ -790,6 +790,20 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
         if ((st = list_set(&cfg->dspark_target_layer_ids, asc, m)) != TD_OK)
             return st;
     }
+    return TD_OK;
+}
+
+/* The kv and index sources are backbone layers with a compressed branch, each
+ * index source has a kv source at or before it, the candidate source (by
+ * default the last kv source) is an index source, and every compressed layer
+ * has a kv source at or before it. */
+static td_status_t
+cfg_check_sources(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
+{
+    const int64_t n = cfg->num_hidden_layers;
+    const td_modelcfg_list_t *r = &cfg->compress_ratios, *kv = &cfg->kv_source_layer_ids;
+    const td_modelcfg_list_t *ix = &cfg->index_source_layer_ids;
+    char a[512];
 
     for (uint32_t i = 0; i < kv->n; i++)
         if (kv->v[i] < 0 || kv->v[i] >= n)
@@ -835,15 +849,21 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
                             PRId64 "] = %" PRId64 " but no kv source at or before it", cx->prefix,
                             cfg_show_list(kv, a, sizeof(a)), i, i, r->v[i]);
     }
+    return TD_OK;
+}
 
-    /* engram */
+/* engram_num_embeddings: zeros unless given, one per engram layer. */
+static td_status_t
+cfg_resolve_engram(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
+{
+    td_status_t st;
+
     if (!g->engram_num) {
-        tmp = calloc((size_t)cfg->engram_layer_ids.n + 1, sizeof(*tmp));
+        int64_t *tmp = calloc((size_t)cfg->engram_layer_ids.n + 1, sizeof(*tmp));
         if (tmp == NULL)
             return TD_ERR_NOMEM;
         st = list_set(&cfg->engram_num_embeddings, tmp, cfg->engram_layer_ids.n);
         free(tmp);
-        tmp = NULL;
         if (st != TD_OK)
             return st;
     }
@@ -851,8 +871,27 @@ cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
         return cfg_fail(cx, "%sengram_num_embeddings: %u entries, must match engram_layer_ids "
                         "(%u entries)", cx->prefix, cfg->engram_num_embeddings.n,
                         cfg->engram_layer_ids.n);
+    return TD_OK;
+}
 
-    if ((st = rope_resolve(cx, cfg)) != TD_OK)
+/* The derived fields and their checks, in __post_init__'s order. */
+static td_status_t
+cfg_resolve(cfg_ctx_t *cx, td_modelcfg_t *cfg, const cfg_given_t *g)
+{
+    const int64_t n = cfg->num_hidden_layers, nn = cfg->num_nextn_predict_layers;
+    td_status_t st;
+
+    if (n < 0)
+        return cfg_fail(cx, "%snum_hidden_layers: %" PRId64 " must not be negative", cx->prefix, n);
+    if (n > MODELCFG_MAX_LAYERS || nn > MODELCFG_MAX_LAYERS)
+        return cfg_fail(cx, "%snum_hidden_layers + num_nextn_predict_layers: %" PRId64 " + %" PRId64
+                        " is too large (at most %d each)", cx->prefix, n, nn,
+                        MODELCFG_MAX_LAYERS);
+    if ((st = cfg_resolve_ratios(cx, cfg, g)) != TD_OK ||
+        (st = cfg_resolve_sources(cfg, g)) != TD_OK ||
+        (st = cfg_check_sources(cx, cfg, g)) != TD_OK ||
+        (st = cfg_resolve_engram(cx, cfg, g)) != TD_OK ||
+        (st = rope_resolve(cx, cfg)) != TD_OK)
         return st;
     return rope_validate(cx, cfg);
 }
@@ -1476,10 +1515,10 @@ check_candidate_groups(const td_modelcfg_t *cfg, const char *pfx, char *err, siz
     return TD_OK;
 }
 
-td_status_t
-td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
+/* Every size is 1 .. MODELCFG_MAX_DIM, and the sizes fit one another. */
+static td_status_t
+check_sizes(const td_modelcfg_t *cfg, const char *pfx, char *err, size_t errlen)
 {
-    const char *pfx = cfg->composite ? "text_config." : "";
     const struct {
         const char *name;
         int64_t v;
@@ -1506,7 +1545,6 @@ td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
         { "hc_mult", cfg->hc_mult },
         { "hc_sinkhorn_iters", cfg->hc_sinkhorn_iters },
     };
-    const td_modelcfg_rope_t *rm = &cfg->rope_main, *rc = &cfg->rope_compress;
 
     for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
         if (dims[i].v < 1 || dims[i].v > MODELCFG_MAX_DIM)
@@ -1524,6 +1562,14 @@ td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
         return check_fail(TD_ERR_INVALID, err, errlen, "%snum_experts_per_tok: %" PRId64 " is more "
                           "than n_routed_experts (%" PRId64 ")", pfx, cfg->num_experts_per_tok,
                           cfg->n_routed_experts);
+    return TD_OK;
+}
+
+/* The block the forward pass implements: one shared expert, silu, the
+ * routers it has, and a ratio schedule it can lay out. */
+static td_status_t
+check_block(const td_modelcfg_t *cfg, const char *pfx, char *err, size_t errlen)
+{
     if (cfg->n_shared_experts != 1)
         return check_fail(TD_ERR_UNSUPPORTED, err, errlen, "%sn_shared_experts: %" PRId64 ": the "
                           "V4.1 block has exactly one shared expert", pfx, cfg->n_shared_experts);
@@ -1541,12 +1587,16 @@ td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
         if (cfg->compress_ratios.v[i] < 0 || cfg->compress_ratios.v[i] > MODELCFG_MAX_DIM)
             return check_fail(TD_ERR_INVALID, err, errlen, "%scompress_ratios[%" PRId64 "]: %" PRId64
                               " is not a ratio (0, 1 or more)", pfx, i, cfg->compress_ratios.v[i]);
-    td_status_t st = check_candidate_groups(cfg, pfx, err, errlen);
-    if (st != TD_OK)
-        return st;
+    return check_candidate_groups(cfg, pfx, err, errlen);
+}
 
-    /* rope: the forward pass implements default on both branches and yarn on
-     * the compressed one, rotating qk_rope_head_dim channels */
+/* rope: the forward pass implements default on both branches and yarn on the
+ * compressed one, rotating qk_rope_head_dim channels. */
+static td_status_t
+check_rope(const td_modelcfg_t *cfg, const char *pfx, char *err, size_t errlen)
+{
+    const td_modelcfg_rope_t *rm = &cfg->rope_main, *rc = &cfg->rope_compress;
+
     if (strcmp(rm->rope_type, "default") != 0)
         return check_fail(TD_ERR_UNSUPPORTED, err, errlen, "%srope_parameters.main.rope_type: \"%s\" "
                           "is not supported (default only)", pfx, rm->rope_type);
@@ -1570,51 +1620,70 @@ td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
         (!rc->has_factor || !(rc->factor > 0) || !rc->has_original_max || !(rc->original_max_position_embeddings > 0)))
         return check_fail(TD_ERR_INVALID, err, errlen, "%srope_parameters.compress: yarn needs "
                           "positive factor and original_max_position_embeddings", pfx);
+    return TD_OK;
+}
 
-    /* engram */
-    if (cfg->engram_layer_ids.n > 0) {
-        if (cfg->engram_max_ngram_size < 2 || cfg->engram_max_ngram_size > 64)
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_max_ngram_size: %" PRId64
-                              " is not in 2 .. 64", pfx, cfg->engram_max_ngram_size);
-        if (cfg->engram_n_heads < 1 || cfg->engram_n_heads > 4096)
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_n_heads: %" PRId64
-                              " is not in 1 .. 4096", pfx, cfg->engram_n_heads);
-        if (cfg->engram_head_dim < 32 || cfg->engram_head_dim % 32 != 0 ||
-            cfg->engram_head_dim > MODELCFG_MAX_DIM)
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_head_dim: %" PRId64 " must be "
-                              "a positive multiple of 32 (one scale per 32 channels)", pfx,
-                              cfg->engram_head_dim);
-        if (cfg->engram_vocab_size < 1 || cfg->engram_vocab_size > (INT64_C(1) << 56))
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_vocab_size: %" PRId64
-                              " is not in 1 .. 2^56", pfx, cfg->engram_vocab_size);
-        if (cfg->engram_compressed_vocab_size < 1)
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_compressed_vocab_size: %" PRId64
-                              " is not positive", pfx, cfg->engram_compressed_vocab_size);
-        if (cfg->engram_pad_id < 0 || cfg->engram_pad_id >= cfg->vocab_size)
-            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_pad_id: %" PRId64 " is not a "
-                              "token id (vocab_size %" PRId64 ")", pfx, cfg->engram_pad_id,
-                              cfg->vocab_size);
-        for (uint32_t k = 0; k < cfg->engram_layer_ids.n; k++) {
-            int64_t id = cfg->engram_layer_ids.v[k];
-            uint64_t rows;
-            if (id < 0 || id >= cfg->num_hidden_layers)
-                return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_layer_ids[%u]: %" PRId64
-                                  " is not a backbone layer (0 .. %" PRId64 ")", pfx, k, id,
-                                  cfg->num_hidden_layers - 1);
-            for (uint32_t j = 0; j < k; j++)
-                if (cfg->engram_layer_ids.v[j] == id)
-                    return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_layer_ids: layer %"
-                                      PRId64 " is listed twice", pfx, id);
-            if (td_modelcfg_engram_primes(cfg, k, NULL, &rows) != TD_OK)
-                return check_fail(TD_ERR_INVALID, err, errlen, "%sengram: no bucket layout", pfx);
-            if (cfg->engram_num_embeddings.v[k] < 0 ||
-                (uint64_t)cfg->engram_num_embeddings.v[k] < rows)
-                return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_num_embeddings[%u]: %"
-                                  PRId64 " rows, but layer %" PRId64 "'s hash buckets need %"
-                                  PRIu64, pfx, k, cfg->engram_num_embeddings.v[k], id, rows);
-        }
+/* engram: sizes in range, distinct backbone layers, and each layer's table
+ * holds its hash buckets. */
+static td_status_t
+check_engram(const td_modelcfg_t *cfg, const char *pfx, char *err, size_t errlen)
+{
+    if (cfg->engram_layer_ids.n == 0)
+        return TD_OK;
+    if (cfg->engram_max_ngram_size < 2 || cfg->engram_max_ngram_size > 64)
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_max_ngram_size: %" PRId64
+                          " is not in 2 .. 64", pfx, cfg->engram_max_ngram_size);
+    if (cfg->engram_n_heads < 1 || cfg->engram_n_heads > 4096)
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_n_heads: %" PRId64
+                          " is not in 1 .. 4096", pfx, cfg->engram_n_heads);
+    if (cfg->engram_head_dim < 32 || cfg->engram_head_dim % 32 != 0 ||
+        cfg->engram_head_dim > MODELCFG_MAX_DIM)
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_head_dim: %" PRId64 " must be "
+                          "a positive multiple of 32 (one scale per 32 channels)", pfx,
+                          cfg->engram_head_dim);
+    if (cfg->engram_vocab_size < 1 || cfg->engram_vocab_size > (INT64_C(1) << 56))
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_vocab_size: %" PRId64
+                          " is not in 1 .. 2^56", pfx, cfg->engram_vocab_size);
+    if (cfg->engram_compressed_vocab_size < 1)
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_compressed_vocab_size: %" PRId64
+                          " is not positive", pfx, cfg->engram_compressed_vocab_size);
+    if (cfg->engram_pad_id < 0 || cfg->engram_pad_id >= cfg->vocab_size)
+        return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_pad_id: %" PRId64 " is not a "
+                          "token id (vocab_size %" PRId64 ")", pfx, cfg->engram_pad_id,
+                          cfg->vocab_size);
+    for (uint32_t k = 0; k < cfg->engram_layer_ids.n; k++) {
+        int64_t id = cfg->engram_layer_ids.v[k];
+        uint64_t rows;
+        if (id < 0 || id >= cfg->num_hidden_layers)
+            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_layer_ids[%u]: %" PRId64
+                              " is not a backbone layer (0 .. %" PRId64 ")", pfx, k, id,
+                              cfg->num_hidden_layers - 1);
+        for (uint32_t j = 0; j < k; j++)
+            if (cfg->engram_layer_ids.v[j] == id)
+                return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_layer_ids: layer %"
+                                  PRId64 " is listed twice", pfx, id);
+        if (td_modelcfg_engram_primes(cfg, k, NULL, &rows) != TD_OK)
+            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram: no bucket layout", pfx);
+        if (cfg->engram_num_embeddings.v[k] < 0 ||
+            (uint64_t)cfg->engram_num_embeddings.v[k] < rows)
+            return check_fail(TD_ERR_INVALID, err, errlen, "%sengram_num_embeddings[%u]: %"
+                              PRId64 " rows, but layer %" PRId64 "'s hash buckets need %"
+                              PRIu64, pfx, k, cfg->engram_num_embeddings.v[k], id, rows);
     }
     return TD_OK;
+}
+
+td_status_t
+td_modelcfg_check(const td_modelcfg_t *cfg, char *err, size_t errlen)
+{
+    const char *pfx = cfg->composite ? "text_config." : "";
+    td_status_t st;
+
+    if ((st = check_sizes(cfg, pfx, err, errlen)) != TD_OK ||
+        (st = check_block(cfg, pfx, err, errlen)) != TD_OK ||
+        (st = check_rope(cfg, pfx, err, errlen)) != TD_OK)
+        return st;
+    return check_engram(cfg, pfx, err, errlen);
 }
 
 td_status_t

@@ -1,5 +1,5 @@
 /* prefilld/pcache.c — a prefill rank's prefix cache (pcache.h): nodes of G
- * tokens in a hash table by chain hash and an LRU list (most recent last),
+ * tokens in a hash table by chain hash (base/hmap.h) and an LRU list (most recent last),
  * each holding its paged blocks in the rank's pool; eviction demotes a node
  * to the host tier; every new node is also written back to the SSD tier;
  * the routing table's news as added / removed hash lists. */
@@ -12,12 +12,12 @@
 #include <sys/queue.h>
 
 #include "chainhash.h"
+#include "hmap.h"
 #include "kvmem.h"
 #include "kvtier.h"
 #include "log.h"
 
 typedef struct pc_node {
-    struct pc_node *hnext;           /* hash bucket chain */
     TAILQ_ENTRY(pc_node) lru;        /* most recently used last */
     uint64_t hash, parent, end;
     int32_t *tokens;                 /* [G] */
@@ -49,8 +49,7 @@ struct td_pcache {
     uint32_t seg0;                   /* the segment of every node's blocks[0] */
     uint64_t payload_bytes;          /* a record's paged bytes */
     uint64_t snap_bytes;             /* the fixed segments' bytes */
-    pc_node_t **buckets;
-    uint64_t nbuckets;               /* a power of two */
+    td_hmap_t *nodes;                /* hash -> pc_node_t *; room for max_blocks */
     uint64_t nnodes;
     TAILQ_HEAD(, pc_node) lru;
     td_kvtier_t *tier;               /* NULL: no host or SSD tier */
@@ -136,20 +135,12 @@ pc_vec_push(pc_vec_t *v, pc_node_t *nd)
     return true;
 }
 
-static pc_node_t **
-pc_slot(td_pcache_t *c, uint64_t hash)
-{
-    pc_node_t **pp = &c->buckets[hash & (c->nbuckets - 1)];
-
-    while (*pp != NULL && (*pp)->hash != hash)
-        pp = &(*pp)->hnext;
-    return pp;
-}
-
 static pc_node_t *
 pc_find(td_pcache_t *c, uint64_t hash)
 {
-    return *pc_slot(c, hash);
+    uint64_t v = td_hmap_get(c->nodes, hash);
+
+    return v != TD_HMAP_NONE ? (pc_node_t *)(uintptr_t)v : NULL;
 }
 
 static int
@@ -223,10 +214,8 @@ pc_node_free(td_pcache_t *c, pc_node_t *nd)
 static void
 pc_node_drop(td_pcache_t *c, pc_node_t *nd, int demote)
 {
-    pc_node_t **pp = pc_slot(c, nd->hash);
-
-    assert(*pp == nd && nd->pins == 0);
-    *pp = nd->hnext;
+    assert(pc_find(c, nd->hash) == nd && nd->pins == 0);
+    td_hmap_del(c->nodes, nd->hash);
     TAILQ_REMOVE(&c->lru, nd, lru);
     c->nnodes--;
     if (demote && c->tier != NULL && pc_vec_push(&c->dem, nd)) {
@@ -291,9 +280,8 @@ td_pcache_create(const td_pcache_config_t *cfg, const td_layout_t *l, td_kvpool_
         c->payload_bytes += c->k[s] * td_kvpool_seg_block_bytes(kp, s);
     }
     c->snap_bytes = td_kvmem_state_bytes(l, 0);
-    for (c->nbuckets = 64; c->nbuckets < 2 * cfg->max_blocks; c->nbuckets *= 2)
-        ;
-    if ((c->buckets = calloc(c->nbuckets, sizeof(*c->buckets))) == NULL ||
+    /* nodes never outnumber max_blocks: the table never grows */
+    if (td_hmap_create(cfg->max_blocks, &c->nodes) != TD_OK ||
         (c->dem_blocks = calloc(l->nsegs, sizeof(*c->dem_blocks))) == NULL)
         goto err_free;
     if (cfg->host_bytes > 0 || (cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0')) {
@@ -356,7 +344,7 @@ td_pcache_destroy(td_pcache_t *c)
     free(c->removed.v);
     free(c->out_added.v);
     free(c->out_removed.v);
-    free(c->buckets);
+    td_hmap_destroy(c->nodes);
     free(c->k);
     free(c);
 }
@@ -643,8 +631,7 @@ td_pcache_insert(td_pcache_t *c, const int32_t *tokens, uint64_t n, const uint64
             nd->snap = snap;
             snap = NULL;
         }
-        nd->hnext = NULL;
-        *pc_slot(c, nd->hash) = nd;
+        (void)td_hmap_put(c->nodes, nd->hash, (uintptr_t)nd);   /* room made at create */
         TAILQ_INSERT_TAIL(&c->lru, nd, lru);
         c->nnodes++;
         if (!pc_tier_has(c, nd->hash)) {

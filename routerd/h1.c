@@ -422,11 +422,108 @@ h1_size_done(td_h1_chunked_t *c, td_h1_err_t *e)
     return TD_OK;
 }
 
+/* One byte of a size line: the digits (CH_SIZE), the extensions (CH_EXT),
+ * the LF after a CR (CH_SIZE_LF). */
+static td_status_t
+h1_size_byte(td_h1_chunked_t *c, char ch, td_h1_err_t *e)
+{
+    int d;
+
+    if (c->state == CH_SIZE_LF) {
+        if (ch != '\n')
+            return h1_fail(e, 400, "A chunk size line has a bare CR.");
+        return h1_size_done(c, e);
+    }
+    if (++c->line > TD_H1_MAX_CHUNK_LINE)
+        return h1_fail(e, 400, "A chunk size line is too long.");
+    if (ch == '\r') {
+        c->state = CH_SIZE_LF;
+        return TD_OK;
+    }
+    if (ch == '\n')
+        return h1_size_done(c, e);
+    if (c->state == CH_EXT) {
+        if (!h1_vchar((unsigned char)ch))
+            return h1_fail(e, 400, "A chunk extension holds a control character.");
+        return TD_OK;
+    }
+    if ((d = h1_hex(ch)) >= 0) {
+        c->digits = true;
+        c->size = c->size * 16 + (uint64_t)d;
+        if (c->size > c->max_body - c->total)
+            return h1_fail(e, 413, "The request body is too large.");
+    } else if (ch == ';' || h1_blank(ch)) {
+        if (!c->digits)
+            return h1_fail(e, 400, "A chunk size is malformed.");
+        c->state = CH_EXT;
+    } else {
+        return h1_fail(e, 400, "A chunk size is malformed.");
+    }
+    return TD_OK;
+}
+
+/* One byte of the line end after a chunk's data (CH_DATA_END, CH_DATA_LF). */
+static td_status_t
+h1_data_end_byte(td_h1_chunked_t *c, char ch, td_h1_err_t *e)
+{
+    if (ch == '\n')
+        c->state = CH_SIZE;
+    else if (ch == '\r' && c->state == CH_DATA_END)
+        c->state = CH_DATA_LF;
+    else
+        return h1_fail(e, 400, "A chunk is longer than its size.");
+    return TD_OK;
+}
+
+/* One byte of the trailer: a line's start (CH_TRAILER), its rest
+ * (CH_TRAILER_LINE), the LF after a CR in it (CH_TRAILER_LF) or after the CR
+ * of the final empty line (CH_END_LF). */
+static td_status_t
+h1_trailer_byte(td_h1_chunked_t *c, char ch, td_h1_err_t *e)
+{
+    switch (c->state) {
+    case CH_TRAILER:
+        if (ch == '\r') {
+            c->state = CH_END_LF;
+            return TD_OK;
+        }
+        if (ch == '\n') {
+            c->state = CH_DONE;
+            return TD_OK;
+        }
+        if (h1_blank(ch))
+            return h1_fail(e, 400, "Folded trailer lines are not accepted.");
+        c->state = CH_TRAILER_LINE;   /* and this byte is its first: */
+        /* fall through */
+    case CH_TRAILER_LINE:
+        if (++c->trailer > c->max_trailer)
+            return h1_fail(e, 431, "The request's trailer fields are too large.");
+        if (ch == '\r')
+            c->state = CH_TRAILER_LF;
+        else if (ch == '\n')
+            c->state = CH_TRAILER;
+        else if (!h1_vchar((unsigned char)ch))
+            return h1_fail(e, 400, "A trailer line holds a control character.");
+        return TD_OK;
+    case CH_TRAILER_LF:
+        if (ch != '\n')
+            return h1_fail(e, 400, "A trailer line holds a bare CR.");
+        c->state = CH_TRAILER;
+        return TD_OK;
+    default:   /* CH_END_LF */
+        if (ch != '\n')
+            return h1_fail(e, 400, "The chunked body ends with a bare CR.");
+        c->state = CH_DONE;
+        return TD_OK;
+    }
+}
+
 td_status_t
 td_h1_chunked_step(td_h1_chunked_t *c, const char *p, size_t n, size_t *used, size_t *data,
                    td_h1_err_t *e)
 {
     size_t i = 0;
+    td_status_t st;
 
     *data = 0;
     if (c->state == CH_DATA) {
@@ -439,97 +536,27 @@ td_h1_chunked_step(td_h1_chunked_t *c, const char *p, size_t n, size_t *used, si
         return TD_INPROGRESS;
     }
     for (; i < n && c->state != CH_DATA && c->state != CH_DONE; i++) {
-        char ch = p[i];
-        int d;
-
         switch (c->state) {
         case CH_SIZE:
-            if (++c->line > TD_H1_MAX_CHUNK_LINE)
-                return h1_fail(e, 400, "A chunk size line is too long.");
-            if ((d = h1_hex(ch)) >= 0) {
-                c->digits = true;
-                c->size = c->size * 16 + (uint64_t)d;
-                if (c->size > c->max_body - c->total)
-                    return h1_fail(e, 413, "The request body is too large.");
-            } else if (ch == ';' || h1_blank(ch)) {
-                if (!c->digits)
-                    return h1_fail(e, 400, "A chunk size is malformed.");
-                c->state = CH_EXT;
-            } else if (ch == '\r') {
-                c->state = CH_SIZE_LF;
-            } else if (ch == '\n') {
-                if (h1_size_done(c, e) != TD_OK)
-                    return TD_ERR_INVALID;
-            } else {
-                return h1_fail(e, 400, "A chunk size is malformed.");
-            }
-            break;
         case CH_EXT:
-            if (++c->line > TD_H1_MAX_CHUNK_LINE)
-                return h1_fail(e, 400, "A chunk size line is too long.");
-            if (ch == '\r')
-                c->state = CH_SIZE_LF;
-            else if (ch == '\n') {
-                if (h1_size_done(c, e) != TD_OK)
-                    return TD_ERR_INVALID;
-            } else if (!h1_vchar((unsigned char)ch))
-                return h1_fail(e, 400, "A chunk extension holds a control character.");
-            break;
         case CH_SIZE_LF:
-            if (ch != '\n')
-                return h1_fail(e, 400, "A chunk size line has a bare CR.");
-            if (h1_size_done(c, e) != TD_OK)
-                return TD_ERR_INVALID;
+            st = h1_size_byte(c, p[i], e);
             break;
         case CH_DATA_END:
-            if (ch == '\r')
-                c->state = CH_DATA_LF;
-            else if (ch == '\n')
-                c->state = CH_SIZE;
-            else
-                return h1_fail(e, 400, "A chunk is longer than its size.");
-            break;
         case CH_DATA_LF:
-            if (ch != '\n')
-                return h1_fail(e, 400, "A chunk is longer than its size.");
-            c->state = CH_SIZE;
+            st = h1_data_end_byte(c, p[i], e);
             break;
         case CH_TRAILER:
-            if (ch == '\r') {
-                c->state = CH_END_LF;
-                break;
-            }
-            if (ch == '\n') {
-                c->state = CH_DONE;
-                break;
-            }
-            if (h1_blank(ch))
-                return h1_fail(e, 400, "Folded trailer lines are not accepted.");
-            c->state = CH_TRAILER_LINE;   /* and this byte is its first: */
-            /* fall through */
         case CH_TRAILER_LINE:
-            if (++c->trailer > c->max_trailer)
-                return h1_fail(e, 431, "The request's trailer fields are too large.");
-            if (ch == '\r')
-                c->state = CH_TRAILER_LF;
-            else if (ch == '\n')
-                c->state = CH_TRAILER;
-            else if (!h1_vchar((unsigned char)ch))
-                return h1_fail(e, 400, "A trailer line holds a control character.");
-            break;
         case CH_TRAILER_LF:
-            if (ch != '\n')
-                return h1_fail(e, 400, "A trailer line holds a bare CR.");
-            c->state = CH_TRAILER;
-            break;
         case CH_END_LF:
-            if (ch != '\n')
-                return h1_fail(e, 400, "The chunked body ends with a bare CR.");
-            c->state = CH_DONE;
+            st = h1_trailer_byte(c, p[i], e);
             break;
         default:
             return h1_fail(e, 500, "The chunked body reader is in no known state.");
         }
+        if (st != TD_OK)
+            return st;
     }
     *used = i;
     return c->state == CH_DONE ? TD_OK : TD_INPROGRESS;

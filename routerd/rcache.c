@@ -1,13 +1,13 @@
 /* routerd/rcache.c — a prefill rank's announced cache blocks as a hash set
- * (linear probing, backward-shift deletion, grown to stay at most half
- * full), CacheEvents applied to it, longest cached prefixes, and a prompt's
- * block hashes per block size (rcache.h). */
+ * (base/hmap.h), CacheEvents applied to it, longest cached prefixes, and a
+ * prompt's block hashes per block size (rcache.h). */
 #include "rcache.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "chainhash.h"
+#include "hmap.h"
 
 void
 td_rcache_init(td_rcache_t *c, size_t max)
@@ -19,36 +19,25 @@ td_rcache_init(td_rcache_t *c, size_t max)
 void
 td_rcache_fini(td_rcache_t *c)
 {
-    free(c->slots);
+    td_hmap_destroy(c->set);
     memset(c, 0, sizeof *c);
 }
 
 void
 td_rcache_clear(td_rcache_t *c, bool seq_too)
 {
-    free(c->slots);   /* a set that was large gives its memory back */
-    c->slots = NULL;
-    c->cap = 0;
+    if (c->set != NULL)
+        td_hmap_clear(c->set);   /* a set that was large gives its memory back */
     c->n = 0;
     c->over = false;
     if (seq_too)
         c->seq = 0;
 }
 
-static size_t
-slot_of(const td_rcache_t *c, uint64_t h)
-{
-    size_t m = c->cap - 1, i = (size_t)h & m;
-
-    while (c->slots[i] != 0 && c->slots[i] != h)
-        i = (i + 1) & m;
-    return i;
-}
-
 bool
 td_rcache_has(const td_rcache_t *c, uint64_t h)
 {
-    return c->cap > 0 && h != 0 && c->slots[slot_of(c, h)] == h;
+    return c->set != NULL && h != 0 && td_hmap_get(c->set, h) != TD_HMAP_NONE;
 }
 
 size_t
@@ -61,37 +50,20 @@ td_rcache_prefix(const td_rcache_t *c, const uint64_t *h, size_t n)
     return i;
 }
 
-static td_status_t
-grow(td_rcache_t *c)
-{
-    size_t cap = c->cap ? c->cap * 2 : 1024;
-    uint64_t *s = calloc(cap, sizeof *s), *old = c->slots;
-    size_t oldcap = c->cap;
-
-    if (!s)
-        return TD_ERR_NOMEM;
-    c->slots = s;
-    c->cap = cap;
-    for (size_t i = 0; i < oldcap; i++)
-        if (old[i] != 0)
-            c->slots[slot_of(c, old[i])] = old[i];
-    free(old);
-    return TD_OK;
-}
-
 /* Add h; TD_ERR_TOO_BIG when the set is at max (h not kept). */
 static td_status_t
 add(td_rcache_t *c, uint64_t h)
 {
     td_status_t st;
 
-    if (c->cap > 0 && c->slots[slot_of(c, h)] == h)
+    if (td_rcache_has(c, h))
         return TD_OK;
     if (c->n >= c->max)
         return TD_ERR_TOO_BIG;
-    if ((c->n + 1) * 2 > c->cap && (st = grow(c)) != TD_OK)
+    if (c->set == NULL && (st = td_hmap_create(0, &c->set)) != TD_OK)
         return st;
-    c->slots[slot_of(c, h)] = h;
+    if ((st = td_hmap_put(c->set, h, 1)) != TD_OK)
+        return st;
     c->n++;
     return TD_OK;
 }
@@ -99,28 +71,8 @@ add(td_rcache_t *c, uint64_t h)
 static void
 del(td_rcache_t *c, uint64_t h)
 {
-    size_t m, i, j;
-
-    if (c->cap == 0)
-        return;
-    m = c->cap - 1;
-    i = slot_of(c, h);
-    if (c->slots[i] != h)
-        return;
-    /* backward shift: move up every later entry of the run whose home is
-     * not cyclically within (i, j] */
-    for (j = i;;) {
-        j = (j + 1) & m;
-        if (c->slots[j] == 0)
-            break;
-        size_t k = (size_t)c->slots[j] & m;
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
-            continue;
-        c->slots[i] = c->slots[j];
-        i = j;
-    }
-    c->slots[i] = 0;
-    c->n--;
+    if (c->set != NULL && td_hmap_del(c->set, h) != TD_HMAP_NONE)
+        c->n--;
 }
 
 td_status_t

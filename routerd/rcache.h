@@ -17,11 +17,10 @@
 /* The default cap of one rank's set (routerd's cache-max-blocks). */
 #define TD_RCACHE_MAX_DEFAULT (4u << 20)
 
-/* A set of nonzero 64-bit block hashes (open addressing, linear probing,
- * at most half full). Zeroed = empty, holding nothing. */
+/* A set of nonzero 64-bit block hashes (base/hmap.h). Zeroed = empty,
+ * holding nothing. */
 typedef struct {
-    uint64_t *slots;    /* [cap]; 0 = empty slot (td_chain_hash is never 0) */
-    size_t cap;         /* a power of two, or 0 */
+    struct td_hmap *set;    /* hash -> 1; NULL until the first hash is added */
     size_t n;           /* hashes held */
     size_t max;         /* hashes held at most (0: none) */
     uint64_t seq;       /* seq of the last event applied (0: none yet) */

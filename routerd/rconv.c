@@ -1,14 +1,15 @@
 /* routerd/rconv.c — the kept conversation states of the decode ranks, by
- * the hash of their sequence's whole blocks and by request id (rconv.h). */
+ * the hash of their sequence's whole blocks and by request id (two tables of
+ * base/hmap.h; rconv.h). */
 #include "rconv.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "chainhash.h"
+#include "hmap.h"
 
 typedef struct ent_s {
-    struct ent_s *knext, *inext;   /* chains: by key, by id */
     struct ent_s *prev, *next;     /* age: oldest first */
     void *rank;
     uint64_t id;
@@ -19,17 +20,11 @@ typedef struct ent_s {
 } ent_t;
 
 struct td_rconv_s {
-    ent_t **bykey, **byid;         /* [nb] chains */
-    size_t nb;                     /* a power of two */
+    td_hmap_t *bykey;              /* key -> ent_t *, several per key, oldest first */
+    td_hmap_t *byid;               /* id -> ent_t * */
     ent_t *oldest, *newest;
     size_t n, max;
 };
-
-static size_t
-bucket(const td_rconv_t *t, uint64_t h)
-{
-    return (size_t)((h * 0x9e3779b97f4a7c15ull) >> 17) & (t->nb - 1);
-}
 
 td_status_t
 td_rconv_create(size_t max, td_rconv_t **out)
@@ -41,12 +36,7 @@ td_rconv_create(size_t max, td_rconv_t **out)
         return max == 0 ? TD_ERR_INVALID : TD_ERR_NOMEM;
     }
     t->max = max;
-    t->nb = 64;
-    while (t->nb < max && t->nb < ((size_t)1 << 24))
-        t->nb <<= 1;
-    t->bykey = calloc(t->nb, sizeof(*t->bykey));
-    t->byid = calloc(t->nb, sizeof(*t->byid));
-    if (t->bykey == NULL || t->byid == NULL) {
+    if (td_hmap_create(0, &t->bykey) != TD_OK || td_hmap_create(0, &t->byid) != TD_OK) {
         td_rconv_destroy(t);
         return TD_ERR_NOMEM;
     }
@@ -63,26 +53,16 @@ td_rconv_destroy(td_rconv_t *t)
         next = e->next;
         free(e);
     }
-    free(t->bykey);
-    free(t->byid);
+    td_hmap_destroy(t->bykey);
+    td_hmap_destroy(t->byid);
     free(t);
-}
-
-static void
-unchain(ent_t **head, ent_t *e, size_t off)
-{
-    for (ent_t **pp = head; *pp != NULL; pp = (ent_t **)((char *)*pp + off))
-        if (*pp == e) {
-            *pp = *(ent_t **)((char *)e + off);
-            return;
-        }
 }
 
 static void
 ent_remove(td_rconv_t *t, ent_t *e)
 {
-    unchain(&t->bykey[bucket(t, e->key)], e, offsetof(ent_t, knext));
-    unchain(&t->byid[bucket(t, e->id)], e, offsetof(ent_t, inext));
+    td_hmap_del_pair(t->bykey, e->key, (uintptr_t)e);
+    td_hmap_del(t->byid, e->id);
     if (e->prev != NULL)
         e->prev->next = e->next;
     else
@@ -98,10 +78,9 @@ ent_remove(td_rconv_t *t, ent_t *e)
 static ent_t *
 find_id(const td_rconv_t *t, uint64_t id)
 {
-    for (ent_t *e = t->byid[bucket(t, id)]; e != NULL; e = e->inext)
-        if (e->id == id)
-            return e;
-    return NULL;
+    uint64_t v = td_hmap_get(t->byid, id);
+
+    return v != TD_HMAP_NONE ? (ent_t *)(uintptr_t)v : NULL;
 }
 
 td_status_t
@@ -114,8 +93,12 @@ td_rconv_add(td_rconv_t *t, void *rank, uint64_t id, uint64_t seed, const int32_
     if (n == 0)
         return TD_ERR_INVALID;
     e = calloc(1, sizeof(*e));
-    if (e == NULL)
+    /* room for one more first: the insertions below cannot fail */
+    if (e == NULL || td_hmap_reserve(t->bykey, t->n + 1) != TD_OK ||
+        td_hmap_reserve(t->byid, t->n + 1) != TD_OK) {
+        free(e);
         return TD_ERR_NOMEM;
+    }
     for (uint64_t i = 0; i < whole; i += TD_RCONV_BLOCK)
         key = td_chain_hash(key, tokens + i, TD_RCONV_BLOCK);
     e->rank = rank;
@@ -128,10 +111,8 @@ td_rconv_add(td_rconv_t *t, void *rank, uint64_t id, uint64_t seed, const int32_
         ent_remove(t, old);
     if (t->n >= t->max)
         ent_remove(t, t->oldest);
-    e->knext = t->bykey[bucket(t, key)];
-    t->bykey[bucket(t, key)] = e;
-    e->inext = t->byid[bucket(t, id)];
-    t->byid[bucket(t, id)] = e;
+    (void)td_hmap_add(t->bykey, key, (uintptr_t)e);
+    (void)td_hmap_put(t->byid, id, (uintptr_t)e);
     e->prev = t->newest;
     if (t->newest != NULL)
         t->newest->next = e;
@@ -156,11 +137,15 @@ td_rconv_find(td_rconv_t *t, td_rcache_prompt_t *p, bool (*usable)(void *rank, v
     for (size_t k = (p->ntokens - 1) / TD_RCONV_BLOCK;; k--) {
         uint64_t key = k == 0 ? p->seed : k <= nh ? h[k - 1] : 0;
         const ent_t *best = NULL;
+        size_t pos = 0;
+        uint64_t v;
 
-        for (const ent_t *e = key ? t->bykey[bucket(t, key)] : NULL; e != NULL; e = e->knext) {
+        /* oldest first: of equal lengths the newest wins */
+        while (key != 0 && (v = td_hmap_each(t->bykey, key, &pos)) != TD_HMAP_NONE) {
+            const ent_t *e = (const ent_t *)(uintptr_t)v;
             uint64_t base = (uint64_t)k * TD_RCONV_BLOCK;
-            if (e->key != key || e->n < base || e->n >= p->ntokens ||
-                e->n - base != e->ntail || (best != NULL && e->n <= best->n) ||
+            if (e->n < base || e->n >= p->ntokens ||
+                e->n - base != e->ntail || (best != NULL && e->n < best->n) ||
                 memcmp(e->tail, p->tokens + base, e->ntail * sizeof(int32_t)) != 0 ||
                 (usable != NULL && !usable(e->rank, arg)))
                 continue;

@@ -20,19 +20,18 @@
 #include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
+#include "hmap.h"
 #include "http.h"
 #include "jobq.h"
 #include "log.h"
-#include "rng.h"
 #include "rconv.h"
 #include "rqueue.h"
 #include "rsched.h"
 #include "rtext.h"
 
-#define REQTAB_BUCKETS 4096u   /* power of two; chains stay short at thousands in flight */
+#define REQTAB_HINT 4096u   /* requests in flight before the table first grows */
 
 struct td_rreq_s {
-    td_rreq_t *hnext;               /* hash chain */
     td_rreq_t *prev, *next;         /* every request in flight (or ended, in the
                                        table's zombies, until its text job is back) */
     td_rreq_tab_t *t;
@@ -86,7 +85,7 @@ struct td_rreq_s {
 
 struct td_rreq_tab_s {
     td_rreq_config_t cfg;
-    td_rreq_t *buckets[REQTAB_BUCKETS];
+    td_hmap_t *byid;                /* wire id -> td_rreq_t * */
     td_rreq_t *head;
     size_t n;
     uint64_t id_seq;
@@ -161,38 +160,25 @@ now_ns(void)
 /* The table                                                                 */
 /* ======================================================================= */
 
-static size_t
-bucket_of(uint64_t id)
-{
-    return (size_t)(td_rng_mix64(id) & (REQTAB_BUCKETS - 1));
-}
-
 static td_rreq_t *
 req_find(td_rreq_tab_t *t, uint64_t id)
 {
-    for (td_rreq_t *q = t->buckets[bucket_of(id)]; q; q = q->hnext)
-        if (q->id == id)
-            return q;
-    return NULL;
+    uint64_t v = td_hmap_get(t->byid, id);
+
+    return v != TD_HMAP_NONE ? (td_rreq_t *)(uintptr_t)v : NULL;
 }
 
 static void
 hash_del(td_rreq_tab_t *t, td_rreq_t *q)
 {
-    for (td_rreq_t **p = &t->buckets[bucket_of(q->id)]; *p; p = &(*p)->hnext)
-        if (*p == q) {
-            *p = q->hnext;
-            return;
-        }
+    td_hmap_del(t->byid, q->id);
 }
 
-static void
+/* TD_ERR_NOMEM; never after a hash_del (hmap.h: no allocation then). */
+static td_status_t
 hash_add(td_rreq_tab_t *t, td_rreq_t *q)
 {
-    size_t b = bucket_of(q->id);
-
-    q->hnext = t->buckets[b];
-    t->buckets[b] = q;
+    return td_hmap_put(t->byid, q->id, (uintptr_t)q);
 }
 
 /* A fresh router-unique id: router id in the top 16 bits. */
@@ -709,7 +695,7 @@ attempt_begin(td_rreq_t *q)
     if (q->attempts > 0) {
         hash_del(t, q);
         q->id = id_next(t);
-        hash_add(t, q);
+        (void)hash_add(t, q);   /* one out, one in: no allocation */
         t->cfg.metrics->retries++;
     }
     q->attempts++;
@@ -1556,7 +1542,10 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
         return;
     }
     q = calloc(1, sizeof *q);
-    if (!q) {
+    if (q)
+        q->id = id_next(t);
+    if (!q || hash_add(t, q) != TD_OK) {
+        free(q);
         td_openai_err_internal(&e, "out of memory");
         td_http_refuse(t->cfg.metrics, hreq, &e);
         return;
@@ -1564,11 +1553,9 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
     q->t = t;
     q->kind = kind;
     q->http = hreq;
-    q->id = id_next(t);
     q->t_start = now_ns();
     q->t_last = q->t_start;
     td_rqueue_entry_init(t->queue, &q->qe, 0);   /* its place; its priority once parsed */
-    hash_add(t, q);
     q->next = t->head;
     if (t->head)
         t->head->prev = q;
@@ -1756,6 +1743,10 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
         return TD_ERR_NOMEM;
     }
     t->cfg = *cfg;
+    if ((st = td_hmap_create(REQTAB_HINT, &t->byid)) != TD_OK) {
+        td_error("requests: out of memory for the request table");
+        goto err_free_tab;
+    }
     t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
                                     .model = cfg->model, .fingerprint = cfg->fingerprint };
     st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
@@ -1780,6 +1771,7 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
 err_free_pool:
     td_jobq_destroy(t->pool);
 err_free_tab:
+    td_hmap_destroy(t->byid);
     free(t);
     return st;
 }
@@ -1806,5 +1798,6 @@ td_rreq_tab_destroy(td_rreq_tab_t *t)
     td_rqueue_destroy(t->queue);
     td_rconv_destroy(t->conv);
     td_buf_free(&t->sse);
+    td_hmap_destroy(t->byid);
     free(t);
 }

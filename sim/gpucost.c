@@ -309,38 +309,51 @@ gc_read_v3(td_gpucost_t *c, json_t *t, const char *where)
     return TD_OK;
 }
 
-/* DeepSeek-V4.1 (composite config.json with text_config, or flat). */
+/* The V4.1 fields beyond the MoE ones, and the per-layer schedule they give. */
+typedef struct {
+    int64_t q_lora, o_groups, o_lora, nshared, hc, cand_src, cand_blocks, cand_block, ngram,
+        eng_heads, eng_dim;
+    int64_t ratios[4096];
+    char kv_src[4096], idx_src[4096], eng[4096];   /* kv source, index source, engram layer */
+    size_t neng;                                   /* engram_layer_ids given: its length */
+} gc_v41_t;
+
+/* The scalar fields: attention, indexer, candidates, hyper-connections, engram. */
 static td_status_t
-gc_read_v41(td_gpucost_t *c, json_t *t, const char *where)
+gc_read_v41_sizes(td_gpucost_t *c, json_t *t, const char *where, gc_v41_t *v)
 {
     td_status_t st;
-    int64_t inter, q_lora, o_groups, o_lora, nshared, hc, ratios[4096], ids[4096], cand_src,
-        cand_blocks, cand_block, ngram, eng_heads, eng_dim;
-    size_t n, nkv, nidx, neng;
-    double H, attn_p, dense_b = gc_param_bytes(c->dense_bits);
-    char kv_src[4096] = {0}, idx_src[4096] = {0}, eng[4096] = {0};
 
-    st = gc_read_moe(c, t, where, &inter);
-    if (st != TD_OK)
-        return st;
     GC_INT("head_dim", -1, 1, 1 << 16, c->head_dim);
-    GC_INT("q_lora_rank", -1, 1, 1 << 20, q_lora);
-    GC_INT("o_groups", -1, 1, 1 << 16, o_groups);
-    GC_INT("o_lora_rank", -1, 1, 1 << 20, o_lora);
+    GC_INT("q_lora_rank", -1, 1, 1 << 20, v->q_lora);
+    GC_INT("o_groups", -1, 1, 1 << 16, v->o_groups);
+    GC_INT("o_lora_rank", -1, 1, 1 << 20, v->o_lora);
     GC_INT("sliding_window", -1, 1, 1 << 24, c->window);
     GC_INT("index_n_heads", -1, 1, 1 << 16, c->index_heads);
     GC_INT("index_head_dim", -1, 1, 1 << 16, c->index_head_dim);
     GC_INT("index_topk", -1, 1, 1 << 30, c->index_topk);
-    GC_INT("n_shared_experts", 1, 0, 64, nshared);
-    GC_INT("hc_mult", 1, 1, 64, hc);
-    GC_INT("candidate_source_layer_id", 0x7fffffff, -1, 0x7fffffff, cand_src);
-    GC_INT("candidate_topk_blocks", 0, 0, 1 << 30, cand_blocks);
-    GC_INT("candidate_block_size", 0, 0, 1 << 20, cand_block);
-    GC_INT("engram_max_ngram_size", 0, 0, 64, ngram);
-    GC_INT("engram_n_heads", 0, 0, 1 << 10, eng_heads);
-    GC_INT("engram_head_dim", 0, 0, 1 << 16, eng_dim);
+    GC_INT("n_shared_experts", 1, 0, 64, v->nshared);
+    GC_INT("hc_mult", 1, 1, 64, v->hc);
+    GC_INT("candidate_source_layer_id", 0x7fffffff, -1, 0x7fffffff, v->cand_src);
+    GC_INT("candidate_topk_blocks", 0, 0, 1 << 30, v->cand_blocks);
+    GC_INT("candidate_block_size", 0, 0, 1 << 20, v->cand_block);
+    GC_INT("engram_max_ngram_size", 0, 0, 64, v->ngram);
+    GC_INT("engram_n_heads", 0, 0, 1 << 10, v->eng_heads);
+    GC_INT("engram_head_dim", 0, 0, 1 << 16, v->eng_dim);
+    return TD_OK;
+}
 
-    st = gc_list(t, where, "compress_ratios", 0, 1 << 20, ratios, 4096, &n);
+/* The layer lists: compress_ratios, the kv and index sources (by default the
+ * first layer of each run of equal non-zero ratios, and the kv sources), the
+ * engram layers (none by default; only with an engram shape). */
+static td_status_t
+gc_read_v41_layers(td_gpucost_t *c, json_t *t, const char *where, gc_v41_t *v)
+{
+    int64_t ids[4096];
+    size_t n, nkv, nidx;
+    td_status_t st;
+
+    st = gc_list(t, where, "compress_ratios", 0, 1 << 20, v->ratios, 4096, &n);
     if (st != TD_OK)
         return st;
     if (n < c->layers) {
@@ -353,80 +366,105 @@ gc_read_v41(td_gpucost_t *c, json_t *t, const char *where)
         if (st != TD_OK)
             return st;
         for (size_t i = 0; i < nkv; i++)
-            kv_src[ids[i]] = 1;
-    } else {   /* the first layer of each run of equal non-zero ratios */
+            v->kv_src[ids[i]] = 1;
+    } else {
         for (uint32_t L = 0; L < c->layers; L++)
-            kv_src[L] = ratios[L] != 0 && (L == 0 || ratios[L - 1] != ratios[L]);
+            v->kv_src[L] = v->ratios[L] != 0 && (L == 0 || v->ratios[L - 1] != v->ratios[L]);
     }
     if (json_object_get(t, "index_source_layer_ids") != NULL) {
         st = gc_list(t, where, "index_source_layer_ids", 0, c->layers - 1, ids, 4096, &nidx);
         if (st != TD_OK)
             return st;
         for (size_t i = 0; i < nidx; i++)
-            idx_src[ids[i]] = 1;
+            v->idx_src[ids[i]] = 1;
     } else {
-        memcpy(idx_src, kv_src, sizeof(idx_src));
+        memcpy(v->idx_src, v->kv_src, sizeof(v->idx_src));
     }
     if (json_object_get(t, "engram_layer_ids") != NULL) {
-        st = gc_list(t, where, "engram_layer_ids", 0, c->layers - 1, ids, 4096, &neng);
+        st = gc_list(t, where, "engram_layer_ids", 0, c->layers - 1, ids, 4096, &v->neng);
         if (st != TD_OK)
             return st;
-        for (size_t i = 0; i < neng; i++)
-            eng[ids[i]] = ngram > 1 && eng_heads > 0 && eng_dim > 0;
+        for (size_t i = 0; i < v->neng; i++)
+            v->eng[ids[i]] = v->ngram > 1 && v->eng_heads > 0 && v->eng_dim > 0;
     }
+    return TD_OK;
+}
+
+/* Layer L's terms: its projections (attn_p of the attention proper, plus the
+ * compressor's and the indexer's), shared expert, router, hyper-connections,
+ * engram, and its KV bytes per token and fixed KV bytes. */
+static void
+gc_add_v41_layer(td_gpucost_t *c, const gc_v41_t *v, uint32_t L, double attn_p, double dense_b)
+{
+    gc_layer_t *ly = &c->layer[L];
+    double H = c->hidden;
+    double proj_d = attn_p, proj_b = 0;                 /* fp8 / bf16 parameters */
+    double shared_d = (double)v->nshared * c->expert_params, router = c->experts * H;
+    double hc_p = 2.0 * (2 + v->hc) * v->hc * (v->hc * H);   /* two sites' projections, f32 */
+
+    ly->moe = 1;
+    ly->ratio = (uint32_t)v->ratios[L];
+    ly->index_source = ly->ratio != 0 && v->idx_src[L];
+    ly->scan_limited = ly->index_source && v->cand_src >= 0 && (int64_t)L > v->cand_src &&
+                       c->candidate_keys > 0;
+    c->moe_layers++;
+    if (v->kv_src[L] && ly->ratio != 0) {
+        proj_b += H * c->head_dim * (ly->ratio > 1 ? 2 : 1);   /* compressor wkv, wgate */
+        proj_b += (double)c->index_head_dim * c->head_dim;     /* indexer wk */
+        c->kv_bytes_per_token += (c->kv_entry + (v->idx_src[L] ? c->index_entry : 0)) / ly->ratio;
+        if (ly->ratio > 1)
+            c->kv_fixed_bytes += ly->ratio * 2.0 * c->head_dim * 4;   /* partial: f32 kv + gate */
+    }
+    if (ly->index_source) {
+        proj_d += (double)v->q_lora * c->index_heads * c->index_head_dim;   /* indexer wq_b */
+        proj_b += (double)c->index_heads * H;                               /* weights_proj */
+    }
+    c->kv_fixed_bytes += (c->window - 1) * c->window_entry;           /* the window ring */
+    c->proj_fl[CL_DENSE] += 2 * proj_d;
+    c->proj_fl[CL_BF16] += 2 * proj_b;
+    c->shared_fl[CL_DENSE] += 2 * shared_d;
+    c->shared_fl[CL_BF16] += 2 * router;
+    c->hc_fl += 2 * hc_p;
+    c->dense_weight_bytes += (proj_d + shared_d) * dense_b + (proj_b + router) * 2 + hc_p * 4;
+    if (v->eng[L]) {
+        double rows = (double)(v->ngram - 1) * v->eng_heads;
+        double wkv = H * (v->hc + 1) * rows * v->eng_dim;   /* engram wkv, fp8 */
+        double qk = 2.0 * v->hc * H;                        /* q_weight, k_weight, bf16 */
+
+        c->engram_fl[CL_DENSE] += 2 * wkv;
+        c->engram_fl[CL_BF16] += 2 * qk;
+        c->dense_weight_bytes += wkv * dense_b + qk * 2;
+        c->engram_gather_bytes += rows * (v->eng_dim + v->eng_dim / 32.0);   /* fp8 rows + scales */
+    }
+}
+
+/* DeepSeek-V4.1 (composite config.json with text_config, or flat). */
+static td_status_t
+gc_read_v41(td_gpucost_t *c, json_t *t, const char *where)
+{
+    gc_v41_t v = {0};
+    td_status_t st;
+    int64_t inter;
+    double H, attn_p, dense_b = gc_param_bytes(c->dense_bits);
+
+    if ((st = gc_read_moe(c, t, where, &inter)) != TD_OK ||
+        (st = gc_read_v41_sizes(c, t, where, &v)) != TD_OK ||
+        (st = gc_read_v41_layers(c, t, where, &v)) != TD_OK)
+        return st;
     H = c->hidden;
     c->expert_params = 3.0 * H * (double)inter;
     /* wq_a, wq_b, wkv, wo_a (grouped), wo_b */
-    attn_p = H * q_lora + (double)q_lora * c->heads * c->head_dim + H * c->head_dim +
-             (double)c->heads * c->head_dim * o_lora + (double)o_groups * o_lora * H;
-    c->candidate_keys = (uint64_t)cand_blocks * (uint64_t)cand_block;
+    attn_p = H * v.q_lora + (double)v.q_lora * c->heads * c->head_dim + H * c->head_dim +
+             (double)c->heads * c->head_dim * v.o_lora + (double)v.o_groups * v.o_lora * H;
+    c->candidate_keys = (uint64_t)v.cand_blocks * (uint64_t)v.cand_block;
     c->kv_entry = c->head_dim / 2.0 + c->head_dim / 16.0;           /* e2m1 + e4m3 per 16 */
     c->index_entry = c->index_head_dim / 2.0 + c->index_head_dim / 32.0;  /* e2m1 + ue8m0 per 32 */
     c->window_entry = c->head_dim + c->head_dim / 32.0;             /* e4m3 + ue8m0 per 32 */
     c->kv_fixed_bytes = 8;                                          /* the counter */
-    for (uint32_t L = 0; L < c->layers; L++) {
-        gc_layer_t *ly = &c->layer[L];
-        double proj_d = attn_p, proj_b = 0;                 /* fp8 / bf16 parameters */
-        double shared_d = (double)nshared * c->expert_params, router = c->experts * H;
-        double hc_p = 2.0 * (2 + hc) * hc * (hc * H);       /* two sites' projections, f32 */
-
-        ly->moe = 1;
-        ly->ratio = (uint32_t)ratios[L];
-        ly->index_source = ly->ratio != 0 && idx_src[L];
-        ly->scan_limited = ly->index_source && cand_src >= 0 && (int64_t)L > cand_src &&
-                           c->candidate_keys > 0;
-        c->moe_layers++;
-        if (kv_src[L] && ly->ratio != 0) {
-            proj_b += H * c->head_dim * (ly->ratio > 1 ? 2 : 1);   /* compressor wkv, wgate */
-            proj_b += (double)c->index_head_dim * c->head_dim;     /* indexer wk */
-            c->kv_bytes_per_token += (c->kv_entry + (idx_src[L] ? c->index_entry : 0)) / ly->ratio;
-            if (ly->ratio > 1)
-                c->kv_fixed_bytes += ly->ratio * 2.0 * c->head_dim * 4;   /* partial: f32 kv + gate */
-        }
-        if (ly->index_source) {
-            proj_d += (double)q_lora * c->index_heads * c->index_head_dim;   /* indexer wq_b */
-            proj_b += (double)c->index_heads * H;                            /* weights_proj */
-        }
-        c->kv_fixed_bytes += (c->window - 1) * c->window_entry;           /* the window ring */
-        c->proj_fl[CL_DENSE] += 2 * proj_d;
-        c->proj_fl[CL_BF16] += 2 * proj_b;
-        c->shared_fl[CL_DENSE] += 2 * shared_d;
-        c->shared_fl[CL_BF16] += 2 * router;
-        c->hc_fl += 2 * hc_p;
-        c->dense_weight_bytes += (proj_d + shared_d) * dense_b + (proj_b + router) * 2 + hc_p * 4;
-        if (eng[L]) {
-            double rows = (double)(ngram - 1) * eng_heads;
-            double wkv = H * (hc + 1) * rows * eng_dim;   /* engram wkv, fp8 */
-            double qk = 2.0 * hc * H;                     /* q_weight, k_weight, bf16 */
-
-            c->engram_fl[CL_DENSE] += 2 * wkv;
-            c->engram_fl[CL_BF16] += 2 * qk;
-            c->dense_weight_bytes += wkv * dense_b + qk * 2;
-            c->engram_gather_bytes += rows * (eng_dim + eng_dim / 32.0);   /* fp8 rows + scales */
-        }
-    }
-    if (ngram > 1 && json_object_get(t, "engram_layer_ids") != NULL && neng > 0)
-        c->kv_fixed_bytes += (ngram - 1) * 4.0;    /* engram look-back token ids */
+    for (uint32_t L = 0; L < c->layers; L++)
+        gc_add_v41_layer(c, &v, L, attn_p, dense_b);
+    if (v.ngram > 1 && v.neng > 0)
+        c->kv_fixed_bytes += (v.ngram - 1) * 4.0;    /* engram look-back token ids */
     return TD_OK;
 }
 

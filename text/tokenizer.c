@@ -5,6 +5,7 @@
 #include "tokenizer.h"
 
 #include "buf.h"
+#include "hmap.h"
 #include "log.h"
 
 #include <errno.h>
@@ -21,7 +22,7 @@
 #define TOK_MAX_ID        (1u << 24)  /* ids above this are refused at load */
 #define TOK_MAX_STAGES    16          /* pre-tokenizer steps */
 #define TOK_SMALL_WORD    96          /* BPE by rescanning up to this many symbols */
-#define TOK_CACHE_SLOTS   (1u << 15)  /* pre-token cache, per scratch (power of 2) */
+#define TOK_CACHE_SLOTS   (1u << 15)  /* pre-token cache, per scratch: slots, half used */
 #define TOK_CACHE_KEY_MAX 48          /* longest pre-token cached, bytes */
 #define TOK_CACHE_KEYS    (TOK_CACHE_SLOTS / 2 * 16)   /* key arena, bytes */
 #define TOK_CACHE_IDS     (TOK_CACHE_SLOTS / 2 * 4)    /* id arena, ids */
@@ -45,20 +46,17 @@ typedef struct {
     uint8_t flags;          /* TOK_ID_* */
 } tok_id_t;
 
-/* String -> id, open addressing; len == TOK_NONE marks an empty slot. */
+/* String -> id: a hash table (base/hmap.h) from each string's tok_hash to
+ * where the string is in tok->arena, off << 32 | len; its id is the 4 bytes
+ * before it there (tok_map_add). */
 typedef struct {
-    uint32_t off, len, id;
-} tok_slot_t;
-
-typedef struct {
-    tok_slot_t *slots;
-    size_t mask;
+    td_hmap_t *idx;         /* several strings per hash */
 } tok_map_t;
 
-/* (left id, right id) -> (rank, merged id); key UINT64_MAX is empty. */
+/* A merge, (left id, right id) -> (rank, merged id): in tok->merges, the key
+ * left << 32 | right, the value rank << 32 | merged id. */
 typedef struct {
-    uint64_t key;
-    uint32_t rank, id;
+    uint32_t rank, id;      /* both TOK_NONE: the pair does not merge */
 } tok_merge_t;
 
 typedef struct {
@@ -92,12 +90,12 @@ typedef struct {
     bool jit;
 } tok_stage_t;
 
-/* Pre-token -> ids cache slot; key_len 0 is empty. */
+/* Pre-token -> ids cache entry: in sc->cache, the key the pre-token's
+ * tok_hash, the value the four fields packed (tok_cache_pack). */
 typedef struct {
-    uint64_t hash;
     uint32_t key_off, ids_off;
-    uint16_t key_len, nids;
-} tok_cslot_t;
+    uint32_t key_len, nids;
+} tok_cent_t;
 
 /* Per-encode working memory, taken from tok->pool and given back. */
 typedef struct tok_scratch {
@@ -111,10 +109,10 @@ typedef struct tok_scratch {
     int32_t *prev, *succ;           /* BPE heap path: links */
     uint64_t *heap;
     size_t sym_cap, heap_cap;
-    tok_cslot_t *cache;
+    td_hmap_t *cache;               /* tok_hash -> tok_cent_t packed, TOK_CACHE_SLOTS slots */
     char *ckeys;
     uint32_t *cids;
-    size_t ckeys_len, cids_len, ccount;
+    size_t ckeys_len, cids_len;
 } tok_scratch_t;
 
 struct td_tokenizer {
@@ -125,8 +123,7 @@ struct td_tokenizer {
     uint32_t nids;                  /* vocab size: highest id + 1 */
     tok_map_t vocab;                /* model vocabulary */
     tok_map_t added_map;            /* added-token contents */
-    tok_merge_t *merges;
-    size_t merges_mask;
+    td_hmap_t *merges;              /* tok_merge_t's key -> its value */
     uint32_t byte_id[256];          /* id of each byte's byte-level symbol */
     uint16_t byte_char[256];        /* each byte's byte-level character */
     tok_added_t *added;
@@ -167,12 +164,6 @@ tok_hash(const char *p, size_t n)
     memcpy(&w, p, n);
     h = (h ^ w) * 0x94d049bb133111ebull;
     return tok_mix(h);
-}
-
-static inline size_t
-tok_pair_slot(uint64_t key, size_t mask)
-{
-    return (size_t)(tok_mix(key * 0x9e3779b97f4a7c15ull)) & mask;
 }
 
 /* ---- UTF-8 --------------------------------------------------------------- */
@@ -484,6 +475,86 @@ tok_regex_prop(td_buf_t *b, const char *name, size_t len, bool neg, bool in_clas
     return true;
 }
 
+/* \p or \P at pat[*i]: \p{Name}, \p{^Name} or the one-letter \pL, as PCRE2
+ * text; *i left on the escape's last character. False when malformed or not
+ * expressible. */
+static bool
+tok_regex_escape_prop(td_buf_t *b, const char *pat, size_t n, size_t *i, bool in_class)
+{
+    bool neg = pat[*i] == 'P';
+    const char *name = NULL;
+    size_t len = 0;
+
+    if (*i + 1 < n && pat[*i + 1] == '{') {
+        const char *close = strchr(pat + *i + 2, '}');
+        if (!close)
+            return false;
+        name = pat + *i + 2;
+        len = (size_t)(close - name);
+        *i = (size_t)(close - pat);
+        if (len && name[0] == '^') {
+            neg = !neg;
+            name++;
+            len--;
+        }
+    } else if (*i + 1 < n) {
+        name = pat + ++*i;
+        len = 1;
+    }
+    return name && len && tok_regex_prop(b, name, len, neg, in_class);
+}
+
+/* \uHHHH at pat[*i] as \x{HHHH}; *i left on the last digit. False without
+ * four hex digits. */
+static bool
+tok_regex_escape_u(td_buf_t *b, const char *pat, size_t n, size_t *i)
+{
+    size_t k = 0;
+    char x[16];
+
+    while (k < 4 && *i + 1 + k < n && strchr("0123456789abcdefABCDEF", pat[*i + 1 + k]))
+        k++;
+    if (k != 4)
+        return false;
+    snprintf(x, sizeof x, "\\x{%.4s}", pat + *i + 1);
+    td_buf_puts(b, x);
+    *i += 4;
+    return true;
+}
+
+/* The escape whose letter is pat[*i] (after a backslash), as PCRE2 text; *i
+ * left on its last character. False for one the two dialects read
+ * differently, or a malformed one. */
+static bool
+tok_regex_escape(td_buf_t *b, const char *pat, size_t n, size_t *i, bool in_class)
+{
+    char e = pat[*i];
+
+    switch (e) {
+    case 's': td_buf_puts(b, "\\p{White_Space}"); return true;
+    case 'S': td_buf_puts(b, "\\P{White_Space}"); return true;
+    case 'd':
+    case 'D':
+        return tok_regex_prop(b, "Nd", 2, e == 'D', in_class);
+    case 'p':
+    case 'P':
+        return tok_regex_escape_prop(b, pat, n, i, in_class);
+    case 'v': td_buf_puts(b, "\\x{0B}"); return true;
+    case 'u':
+        return tok_regex_escape_u(b, pat, n, i);
+    case 't': case 'n': case 'r': case 'f': case 'a': case 'e': case 'x': case 'A':
+    case 'z': case 'Z': case 'G': case 'k': case '0': case '1': case '2': case '3':
+    case '4': case '5': case '6': case '7': case '8': case '9':
+        td_buf_append(b, pat + *i - 1, 2);
+        return true;
+    default:
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
+            return false;
+        td_buf_append(b, pat + *i - 1, 2);   /* an escaped literal */
+        return true;
+    }
+}
+
 /* Rewrite an Oniguruma pattern (HF tokenizers' dialect) into PCRE2 with the
  * same meaning: \s \S -> White_Space (PCRE2's \s adds U+180E); \d \D -> Nd;
  * general categories gain what Unicode 15.0-16.0 assigned (PCRE2 10.42 has
@@ -537,67 +608,7 @@ tok_regex_translate(tok_load_t *ld, const char *where, const char *pat, char **o
             continue;
         }
         char e = pat[++i];
-        const char *name = NULL;
-        size_t len = 0;
-        bool neg = false, ok = true;
-        switch (e) {
-        case 's': td_buf_puts(&b, "\\p{White_Space}"); break;
-        case 'S': td_buf_puts(&b, "\\P{White_Space}"); break;
-        case 'd':
-        case 'D':
-            ok = tok_regex_prop(&b, "Nd", 2, e == 'D', in_class);
-            break;
-        case 'p':
-        case 'P':
-            neg = e == 'P';
-            if (i + 1 < n && pat[i + 1] == '{') {
-                const char *close = strchr(pat + i + 2, '}');
-                if (!close) {
-                    ok = false;
-                    break;
-                }
-                name = pat + i + 2;
-                len = (size_t)(close - name);
-                i = (size_t)(close - pat);
-                if (len && name[0] == '^') {
-                    neg = !neg;
-                    name++;
-                    len--;
-                }
-            } else if (i + 1 < n) {
-                name = pat + ++i;
-                len = 1;
-            }
-            ok = name && len && tok_regex_prop(&b, name, len, neg, in_class);
-            break;
-        case 'v': td_buf_puts(&b, "\\x{0B}"); break;
-        case 'u': {
-            size_t k = 0;
-            while (k < 4 && i + 1 + k < n && strchr("0123456789abcdefABCDEF", pat[i + 1 + k]))
-                k++;
-            if (k != 4) {
-                ok = false;
-                break;
-            }
-            char x[16];
-            snprintf(x, sizeof x, "\\x{%.4s}", pat + i + 1);
-            td_buf_puts(&b, x);
-            i += 4;
-            break;
-        }
-        case 't': case 'n': case 'r': case 'f': case 'a': case 'e': case 'x': case 'A':
-        case 'z': case 'Z': case 'G': case 'k': case '0': case '1': case '2': case '3':
-        case '4': case '5': case '6': case '7': case '8': case '9':
-            td_buf_append(&b, pat + i - 1, 2);
-            break;
-        default:
-            if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
-                ok = false;
-            else
-                td_buf_append(&b, pat + i - 1, 2);   /* an escaped literal */
-            break;
-        }
-        if (!ok) {
+        if (!tok_regex_escape(&b, pat, n, &i, in_class)) {
             td_buf_free(&b);
             return tok_fail(ld, TD_ERR_UNSUPPORTED, "%s.pattern: the escape \\%c (at offset %zu) "
                             "is not supported (Oniguruma and PCRE2 read it differently, or it "
@@ -638,53 +649,58 @@ tok_arena_add(td_tokenizer_t *tok, const char *s, size_t n, tok_span_t *span)
 static td_status_t
 tok_map_init(tok_map_t *m, size_t entries)
 {
-    size_t cap = 16;
-    while (cap < entries * 2)
-        cap *= 2;
-    m->slots = malloc(cap * sizeof *m->slots);
-    if (!m->slots)
-        return TD_ERR_NOMEM;
-    for (size_t i = 0; i < cap; i++)
-        m->slots[i].len = TOK_NONE;
-    m->mask = cap - 1;
-    return TD_OK;
+    return td_hmap_create(entries, &m->idx);
 }
 
-/* The slot holding s, or the empty slot where it would go. */
-static tok_slot_t *
-tok_map_slot(const tok_map_t *m, const char *arena, const char *s, size_t n)
+/* The id of the string an entry's value places. */
+static inline uint32_t
+tok_map_id(const char *arena, uint64_t v)
 {
-    size_t i = (size_t)tok_hash(s, n) & m->mask;
-    for (;;) {
-        tok_slot_t *sl = &m->slots[i];
-        if (sl->len == TOK_NONE || (sl->len == n && memcmp(arena + sl->off, s, n) == 0))
-            return sl;
-        i = (i + 1) & m->mask;
-    }
+    uint32_t id;
+    memcpy(&id, arena + (v >> 32) - sizeof id, sizeof id);
+    return id;
+}
+
+/* The entry holding s (off << 32 | len), or TD_HMAP_NONE. */
+static uint64_t
+tok_map_find(const tok_map_t *m, const char *arena, const char *s, size_t n)
+{
+    uint64_t h = tok_hash(s, n), v;
+    size_t pos = 0;
+    if (!m->idx)
+        return TD_HMAP_NONE;
+    while ((v = td_hmap_each(m->idx, h, &pos)) != TD_HMAP_NONE)
+        if ((uint32_t)v == n && memcmp(arena + (v >> 32), s, n) == 0)
+            return v;
+    return TD_HMAP_NONE;
+}
+
+/* Add s (n bytes, not in m yet) with its id: the id, then s, into the arena;
+ * *span where s is. */
+static td_status_t
+tok_map_add(td_tokenizer_t *tok, tok_map_t *m, const char *s, size_t n, uint32_t id,
+            tok_span_t *span)
+{
+    tok_span_t at;
+    td_status_t rc;
+    if ((rc = tok_arena_add(tok, (const char *)&id, sizeof id, &at)) != TD_OK ||
+        (rc = tok_arena_add(tok, s, n, span)) != TD_OK)
+        return rc;
+    return td_hmap_add(m->idx, tok_hash(s, n), (uint64_t)span->off << 32 | span->len);
 }
 
 static uint32_t
 tok_map_get(const tok_map_t *m, const char *arena, const char *s, size_t n)
 {
-    if (!m->slots)
-        return TOK_NONE;
-    const tok_slot_t *sl = tok_map_slot(m, arena, s, n);
-    return sl->len == TOK_NONE ? TOK_NONE : sl->id;
+    uint64_t v = tok_map_find(m, arena, s, n);
+    return v != TD_HMAP_NONE ? tok_map_id(arena, v) : TOK_NONE;
 }
 
-static const tok_merge_t *
+static inline tok_merge_t
 tok_merge_get(const td_tokenizer_t *tok, uint32_t a, uint32_t b)
 {
-    uint64_t key = ((uint64_t)a << 32) | b;
-    size_t i = tok_pair_slot(key, tok->merges_mask);
-    for (;;) {
-        const tok_merge_t *m = &tok->merges[i];
-        if (m->key == key)
-            return m;
-        if (m->key == UINT64_MAX)
-            return NULL;
-        i = (i + 1) & tok->merges_mask;
-    }
+    uint64_t v = td_hmap_get(tok->merges, ((uint64_t)a << 32) | b);
+    return (tok_merge_t){ (uint32_t)(v >> 32), (uint32_t)v };
 }
 
 /* ---- Added-token tries --------------------------------------------------- */
@@ -871,13 +887,11 @@ tok_load_vocab(tok_load_t *ld, json_t *model, uint32_t *max_id)
                             TOK_MAX_ID, json_is_integer(v) ? "one outside" : tok_json_type(v));
         uint32_t id = (uint32_t)json_integer_value(v);
         size_t n = strlen(key);
-        tok_slot_t *sl = tok_map_slot(&tok->vocab, tok->arena, key, n);
-        if (sl->len != TOK_NONE)
+        if (tok_map_find(&tok->vocab, tok->arena, key, n) != TD_HMAP_NONE)
             return tok_fail(ld, TD_ERR_INVALID, "model.vocab: \"%s\" given twice", key);
         tok_span_t span;
-        if ((rc = tok_arena_add(tok, key, n, &span)) != TD_OK)
+        if ((rc = tok_map_add(tok, &tok->vocab, key, n, id, &span)) != TD_OK)
             return rc;
-        *sl = (tok_slot_t){ span.off, span.len, id };
         if (id + 1 > *max_id)
             *max_id = id + 1;
     }
@@ -931,11 +945,12 @@ tok_load_added(tok_load_t *ld, json_t *root, uint32_t *max_id)
                             where);
         a->id = (uint32_t)json_integer_value(idv);
         size_t len = strlen(content);
-        if ((rc = tok_arena_add(tok, content, len, &a->content)) != TD_OK)
+        uint64_t old = tok_map_find(&tok->added_map, tok->arena, content, len);
+        if ((rc = tok_map_add(tok, &tok->added_map, content, len, a->id, &a->content)) != TD_OK)
             return rc;
         /* a later entry with the same content replaces the earlier one */
-        tok_slot_t *sl = tok_map_slot(&tok->added_map, tok->arena, content, len);
-        *sl = (tok_slot_t){ a->content.off, a->content.len, a->id };
+        if (old != TD_HMAP_NONE)
+            td_hmap_del_pair(tok->added_map.idx, tok_hash(content, len), old);
         if (a->id + 1 > *max_id)
             *max_id = a->id + 1;
         tok->nadded++;
@@ -949,15 +964,14 @@ tok_load_ids(tok_load_t *ld)
 {
     td_tokenizer_t *tok = ld->tok;
     td_status_t rc;
-    for (size_t i = 0; i <= tok->vocab.mask; i++) {
-        const tok_slot_t *sl = &tok->vocab.slots[i];
-        if (sl->len == TOK_NONE)
-            continue;
-        tok_id_t *e = &tok->ids[sl->id];
+    size_t pos = 0;
+    uint64_t h, v;
+    while (td_hmap_next(tok->vocab.idx, &pos, &h, &v)) {
+        uint32_t id = tok_map_id(tok->arena, v);
+        tok_id_t *e = &tok->ids[id];
         if (e->flags & TOK_ID_PRESENT)
-            return tok_fail(ld, TD_ERR_INVALID, "model.vocab: id %u given to two tokens",
-                            sl->id);
-        e->token = (tok_span_t){ sl->off, sl->len };
+            return tok_fail(ld, TD_ERR_INVALID, "model.vocab: id %u given to two tokens", id);
+        e->token = (tok_span_t){ (uint32_t)(v >> 32), (uint32_t)v };
         e->flags = TOK_ID_PRESENT;
     }
     for (size_t i = 0; i < tok->nadded; i++) {
@@ -1022,15 +1036,9 @@ tok_load_merges(tok_load_t *ld, json_t *model)
     if (!json_is_array(merges))
         return tok_fail(ld, TD_ERR_INVALID, "model.merges: want an array, found %s",
                         tok_json_type(merges));
-    size_t n = json_array_size(merges), cap = 16;
-    while (cap < n * 2)
-        cap *= 2;
-    tok->merges = malloc(cap * sizeof *tok->merges);
-    if (!tok->merges)
+    size_t n = json_array_size(merges);
+    if (td_hmap_create(n, &tok->merges) != TD_OK)
         return TD_ERR_NOMEM;
-    for (size_t i = 0; i < cap; i++)
-        tok->merges[i].key = UINT64_MAX;
-    tok->merges_mask = cap - 1;
     char *buf = NULL;
     size_t bufcap = 0;
     td_status_t rc = TD_OK;
@@ -1087,12 +1095,9 @@ tok_load_merges(tok_load_t *ld, json_t *model)
                           ia == TOK_NONE ? a : ib == TOK_NONE ? b : buf);
             goto out;
         }
-        uint64_t key = ((uint64_t)ia << 32) | ib;
-        size_t i = tok_pair_slot(key, tok->merges_mask);
-        while (tok->merges[i].key != UINT64_MAX && tok->merges[i].key != key)
-            i = (i + 1) & tok->merges_mask;
-        /* a pair listed twice keeps its last rank, as HF's map does */
-        tok->merges[i] = (tok_merge_t){ key, (uint32_t)r, iab };
+        /* a pair listed twice keeps its last rank, as HF's map does; the
+         * room for n was made above */
+        (void)td_hmap_put(tok->merges, ((uint64_t)ia << 32) | ib, ((uint64_t)r << 32) | iab);
     }
 out:
     free(buf);
@@ -1409,9 +1414,9 @@ td_tokenizer_destroy(td_tokenizer_t *tok)
     free(tok->trie[0].nodes);
     free(tok->trie[1].nodes);
     free(tok->added);
-    free(tok->merges);
-    free(tok->added_map.slots);
-    free(tok->vocab.slots);
+    td_hmap_destroy(tok->merges);
+    td_hmap_destroy(tok->added_map.idx);
+    td_hmap_destroy(tok->vocab.idx);
     free(tok->ids);
     free(tok->arena);
     free(tok->path);
@@ -1497,7 +1502,7 @@ tok_scratch_free(tok_scratch_t *sc)
     free(sc->prev);
     free(sc->succ);
     free(sc->heap);
-    free(sc->cache);
+    td_hmap_destroy(sc->cache);
     free(sc->ckeys);
     free(sc->cids);
     free(sc);
@@ -1519,10 +1524,10 @@ tok_scratch_get(td_tokenizer_t *tok)
     sc->md = pcre2_match_data_create(1, NULL);
     sc->mctx = pcre2_match_context_create(NULL);
     sc->jstack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-    sc->cache = calloc(TOK_CACHE_SLOTS, sizeof *sc->cache);
     sc->ckeys = malloc(TOK_CACHE_KEYS);
     sc->cids = malloc(TOK_CACHE_IDS * sizeof *sc->cids);
-    if (!sc->md || !sc->mctx || !sc->jstack || !sc->cache || !sc->ckeys || !sc->cids) {
+    if (td_hmap_create(TOK_CACHE_SLOTS / 2, &sc->cache) != TD_OK || !sc->md || !sc->mctx ||
+        !sc->jstack || !sc->ckeys || !sc->cids) {
         tok_scratch_free(sc);
         return NULL;
     }
@@ -1597,9 +1602,9 @@ tok_sym_reserve(tok_scratch_t *sc, size_t n)
 static inline void
 tok_pair_rank(const td_tokenizer_t *tok, tok_scratch_t *sc, size_t i)
 {
-    const tok_merge_t *m = tok_merge_get(tok, sc->sym[i], sc->sym[i + 1]);
-    sc->rank[i] = m ? m->rank : TOK_NONE;
-    sc->mid[i] = m ? m->id : TOK_NONE;
+    tok_merge_t m = tok_merge_get(tok, sc->sym[i], sc->sym[i + 1]);
+    sc->rank[i] = m.rank;
+    sc->mid[i] = m.id;
 }
 
 /* Merge n symbols (sc->sym) by rescanning for the lowest rank each time:
@@ -1691,9 +1696,9 @@ tok_bpe_heap(const td_tokenizer_t *tok, tok_scratch_t *sc, size_t *np)
         next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
     for (size_t i = 0; i + 1 < n; i++) {
-        const tok_merge_t *m = tok_merge_get(tok, sym[i], sym[i + 1]);
-        if (m)
-            tok_heap_push(heap, &hn, ((uint64_t)m->rank << 32) | i);
+        tok_merge_t m = tok_merge_get(tok, sym[i], sym[i + 1]);
+        if (m.rank != TOK_NONE)
+            tok_heap_push(heap, &hn, ((uint64_t)m.rank << 32) | i);
     }
     /* every merge removes a symbol and pushes at most two pairs: the heap
      * never holds more than 2n entries */
@@ -1704,23 +1709,23 @@ tok_bpe_heap(const td_tokenizer_t *tok, tok_scratch_t *sc, size_t *np)
         if (sym[pos] == TOK_NONE || next[pos] < 0)
             continue;
         size_t nx = (size_t)next[pos];
-        const tok_merge_t *m = tok_merge_get(tok, sym[pos], sym[nx]);
-        if (!m || m->rank != rank)
+        tok_merge_t m = tok_merge_get(tok, sym[pos], sym[nx]);
+        if (m.rank != rank)
             continue;
-        sym[pos] = m->id;
+        sym[pos] = m.id;
         sym[nx] = TOK_NONE;
         next[pos] = next[nx];
         if (next[nx] >= 0)
             prev[next[nx]] = (int32_t)pos;
         if (prev[pos] >= 0) {
-            const tok_merge_t *l = tok_merge_get(tok, sym[prev[pos]], sym[pos]);
-            if (l)
-                tok_heap_push(heap, &hn, ((uint64_t)l->rank << 32) | (uint32_t)prev[pos]);
+            tok_merge_t l = tok_merge_get(tok, sym[prev[pos]], sym[pos]);
+            if (l.rank != TOK_NONE)
+                tok_heap_push(heap, &hn, ((uint64_t)l.rank << 32) | (uint32_t)prev[pos]);
         }
         if (next[pos] >= 0) {
-            const tok_merge_t *r = tok_merge_get(tok, sym[pos], sym[next[pos]]);
-            if (r)
-                tok_heap_push(heap, &hn, ((uint64_t)r->rank << 32) | pos);
+            tok_merge_t r = tok_merge_get(tok, sym[pos], sym[next[pos]]);
+            if (r.rank != TOK_NONE)
+                tok_heap_push(heap, &hn, ((uint64_t)r.rank << 32) | pos);
         }
     }
     size_t o = 0;
@@ -1733,8 +1738,27 @@ tok_bpe_heap(const td_tokenizer_t *tok, tok_scratch_t *sc, size_t *np)
 static void
 tok_cache_clear(tok_scratch_t *sc)
 {
-    memset(sc->cache, 0, TOK_CACHE_SLOTS * sizeof *sc->cache);
-    sc->ckeys_len = sc->cids_len = sc->ccount = 0;
+    td_hmap_clear(sc->cache);
+    sc->ckeys_len = sc->cids_len = 0;
+}
+
+/* A cache entry in 64 bits: key_off and ids_off 24 each, key_len and nids 8
+ * each (nids <= key_len: never all ones, never TD_HMAP_NONE). */
+_Static_assert(TOK_CACHE_KEYS <= 1u << 24 && TOK_CACHE_IDS <= 1u << 24 &&
+               TOK_CACHE_KEY_MAX < 255, "a cache entry packs into 64 bits");
+
+static inline uint64_t
+tok_cache_pack(tok_cent_t c)
+{
+    return c.key_off | (uint64_t)c.ids_off << 24 | (uint64_t)c.key_len << 48 |
+           (uint64_t)c.nids << 56;
+}
+
+static inline tok_cent_t
+tok_cache_unpack(uint64_t v)
+{
+    return (tok_cent_t){ (uint32_t)v & 0xffffff, (uint32_t)(v >> 24) & 0xffffff,
+                         (uint32_t)(v >> 48) & 0xff, (uint32_t)(v >> 56) };
 }
 
 /* Whole-word lookup of ignore_merges: the vocabulary id of s byte-level
@@ -1762,25 +1786,20 @@ tok_bpe(tok_enc_t *e, const char *s, size_t n)
     const td_tokenizer_t *tok = e->tok;
     tok_scratch_t *sc = e->sc;
     td_status_t rc;
-    uint64_t h = 0;
-    tok_cslot_t *slot = NULL;
-    if (n <= TOK_CACHE_KEY_MAX) {
+    uint64_t h = 0, v;
+    bool cacheable = n <= TOK_CACHE_KEY_MAX;
+    if (cacheable) {
+        size_t pos = 0;
         h = tok_hash(s, n);
-        size_t i = (size_t)h & (TOK_CACHE_SLOTS - 1);
-        for (;;) {
-            tok_cslot_t *c = &sc->cache[i];
-            if (c->key_len == 0) {
-                slot = c;
-                break;
-            }
-            if (c->hash == h && c->key_len == n && memcmp(sc->ckeys + c->key_off, s, n) == 0) {
-                if ((rc = tok_reserve(e, c->nids)) != TD_OK)
+        while ((v = td_hmap_each(sc->cache, h, &pos)) != TD_HMAP_NONE) {
+            tok_cent_t c = tok_cache_unpack(v);
+            if (c.key_len == n && memcmp(sc->ckeys + c.key_off, s, n) == 0) {
+                if ((rc = tok_reserve(e, c.nids)) != TD_OK)
                     return rc;
-                memcpy(e->ids + e->n, sc->cids + c->ids_off, c->nids * sizeof *e->ids);
-                e->n += c->nids;
+                memcpy(e->ids + e->n, sc->cids + c.ids_off, c.nids * sizeof *e->ids);
+                e->n += c.nids;
                 return TD_OK;
             }
-            i = (i + 1) & (TOK_CACHE_SLOTS - 1);
         }
     }
 
@@ -1815,21 +1834,19 @@ tok_bpe(tok_enc_t *e, const char *s, size_t n)
         e->n += m;
     }
 
-    if (slot) {
+    if (cacheable) {
         size_t nids = e->n - start;
-        if (sc->ccount >= TOK_CACHE_SLOTS / 2 || sc->ckeys_len + n > TOK_CACHE_KEYS ||
-            sc->cids_len + nids > TOK_CACHE_IDS) {
+        if (td_hmap_count(sc->cache) >= TOK_CACHE_SLOTS / 2 ||
+            sc->ckeys_len + n > TOK_CACHE_KEYS || sc->cids_len + nids > TOK_CACHE_IDS)
             tok_cache_clear(sc);
-            slot = &sc->cache[(size_t)h & (TOK_CACHE_SLOTS - 1)];
-        }
-        *slot = (tok_cslot_t){ .hash = h, .key_off = (uint32_t)sc->ckeys_len,
-                               .ids_off = (uint32_t)sc->cids_len, .key_len = (uint16_t)n,
-                               .nids = (uint16_t)nids };
+        /* made with room for TOK_CACHE_SLOTS / 2: no allocation */
+        (void)td_hmap_add(sc->cache, h, tok_cache_pack((tok_cent_t){
+                              (uint32_t)sc->ckeys_len, (uint32_t)sc->cids_len, (uint32_t)n,
+                              (uint32_t)nids }));
         memcpy(sc->ckeys + sc->ckeys_len, s, n);
         memcpy(sc->cids + sc->cids_len, e->ids + start, nids * sizeof *e->ids);
         sc->ckeys_len += n;
         sc->cids_len += nids;
-        sc->ccount++;
     }
     return TD_OK;
 }

@@ -9,6 +9,7 @@
 #include <utf8proc.h>
 
 #include "buf.h"
+#include "hmap.h"
 #include "log.h"
 
 /* ---- Unicode tables --------------------------------------------------------
@@ -574,17 +575,15 @@ err_free_work:
 
 /* ---- The map ----------------------------------------------------------------- */
 
-/* One class: its key's bytes in the arena, and its number. */
+/* One class: its key's bytes in the arena. */
 typedef struct {
-    uint64_t hash;
     size_t off;
     uint32_t len;
-    uint32_t cls;   /* UINT32_MAX: empty slot */
-} tokmap_slot_t;
+} tokmap_key_t;
 
 typedef struct {
-    tokmap_slot_t *slots;   /* [mask + 1] */
-    size_t mask;
+    td_hmap_t *idx;         /* tokmap_hash of a key -> its class, several per hash */
+    tokmap_key_t *keys;     /* [ids]: each class's key */
     td_buf_t arena;         /* the keys, one after another */
     uint32_t nclasses;
 } tokmap_table_t;
@@ -605,24 +604,22 @@ tokmap_hash(const char *s, size_t n)
 static td_status_t
 tokmap_table_class(tokmap_table_t *t, const char *key, size_t n, uint32_t *cls)
 {
-    uint64_t h = tokmap_hash(key, n);
-    size_t i = (size_t)h & t->mask;
+    uint64_t h = tokmap_hash(key, n), c;
+    size_t pos = 0;
 
-    for (;; i = (i + 1) & t->mask) {
-        tokmap_slot_t *s = &t->slots[i];
-        if (s->cls == UINT32_MAX)
-            break;
-        if (s->hash == h && s->len == n && memcmp(t->arena.data + s->off, key, n) == 0) {
-            *cls = s->cls;
+    while ((c = td_hmap_each(t->idx, h, &pos)) != TD_HMAP_NONE) {
+        const tokmap_key_t *k = &t->keys[c];
+        if (k->len == n && memcmp(t->arena.data + k->off, key, n) == 0) {
+            *cls = (uint32_t)c;
             return TD_OK;
         }
     }
     size_t off = t->arena.len;
-    if (td_buf_append(&t->arena, key, n) != TD_OK) {
+    if (td_buf_append(&t->arena, key, n) != TD_OK || td_hmap_add(t->idx, h, t->nclasses) != TD_OK) {
         td_error("tokmap: out of memory (%zu bytes of keys)", off + n);
         return TD_ERR_NOMEM;
     }
-    t->slots[i] = (tokmap_slot_t){.hash = h, .off = off, .len = (uint32_t)n, .cls = t->nclasses};
+    t->keys[t->nclasses] = (tokmap_key_t){ .off = off, .len = (uint32_t)n };
     *cls = t->nclasses++;
     return TD_OK;
 }
@@ -681,7 +678,6 @@ td_tokmap_build(const td_tokenizer_t *tok, uint32_t **map, uint32_t *nclasses)
     tokmap_work_t w = {0};
     uint32_t *m = NULL;
     uint32_t v;
-    size_t cap = 1;
     td_status_t st;
 
     if (!tok || !map || !nclasses) {
@@ -689,18 +685,13 @@ td_tokmap_build(const td_tokenizer_t *tok, uint32_t **map, uint32_t *nclasses)
         return TD_ERR_INVALID;
     }
     v = td_tokenizer_vocab_size(tok);
-    while (cap < 2 * (size_t)v + 2)
-        cap *= 2;
     m = malloc(((size_t)v + 1) * sizeof(*m));
-    t.slots = malloc(cap * sizeof(*t.slots));
-    if (!m || !t.slots) {
+    t.keys = malloc(((size_t)v + 1) * sizeof(*t.keys));   /* a class per id at most */
+    if (!m || !t.keys || td_hmap_create((size_t)v + 1, &t.idx) != TD_OK) {
         td_error("tokmap: out of memory (map of %u ids)", v);
         st = TD_ERR_NOMEM;
         goto err_free;
     }
-    for (size_t i = 0; i < cap; i++)
-        t.slots[i].cls = UINT32_MAX;
-    t.mask = cap - 1;
 
     for (uint32_t id = 0; id < v; id++) {
         const char *key;
@@ -722,7 +713,8 @@ td_tokmap_build(const td_tokenizer_t *tok, uint32_t **map, uint32_t *nclasses)
 
 err_free:
     free(m);
-    free(t.slots);
+    free(t.keys);
+    td_hmap_destroy(t.idx);
     td_buf_free(&t.arena);
     tokmap_work_free(&w);
     return st;

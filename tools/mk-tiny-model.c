@@ -110,6 +110,90 @@ mk_usage(FILE *f)
                 i == 0 ? " (default)" : "");
 }
 
+/* A word option's choices and the value each stands for. */
+typedef struct {
+    const char *word;
+    int value;
+} mk_choice_t;
+
+static const mk_choice_t mk_dtypes[] = { { "f32", TD_DT_F32 }, { "bf16", TD_DT_BF16 }, { NULL, 0 } };
+static const mk_choice_t mk_quants[] = {
+    { "none", MK_QUANT_NONE }, { "fp8", MK_QUANT_FP8 }, { "fp8+fp4", MK_QUANT_FP8_FP4 }, { NULL, 0 },
+};
+static const mk_choice_t mk_inits[] = { { "reference", 0 }, { "perturbed", 1 }, { NULL, 0 } };
+
+/* *value: the value of arg among words; 2 with a message naming the choices
+ * when it is none of them. */
+static int
+mk_choose(const char *opt, const char *arg, const mk_choice_t *words, const char *choices, int *value)
+{
+    for (const mk_choice_t *w = words; w->word != NULL; w++)
+        if (strcmp(arg, w->word) == 0) {
+            *value = w->value;
+            return 0;
+        }
+    fprintf(stderr, "mk-tiny-model: %s %s: %s\n", opt, arg, choices);
+    return 2;
+}
+
+/* *v: arg as an integer in min .. max (max 0: no bound); 2 with a message
+ * saying what it must be when it is not. */
+static int
+mk_uint(const char *opt, const char *arg, uint64_t min, uint64_t max, const char *must,
+        uint64_t *v)
+{
+    if (td_config_parse_uint(opt, arg, min, max, v, NULL, 0) == TD_OK)
+        return 0;
+    fprintf(stderr, "mk-tiny-model: %s %s: %s\n", opt, arg, must);
+    return 2;
+}
+
+/* One option of the command line (getopt_long's c and optarg) into o. */
+static int
+mk_parse_opt(int c, const char *arg, mk_opts_t *o)
+{
+    int v = 0, rc = 0;
+
+    switch (c) {
+    case 'p':
+        o->preset = NULL;
+        for (size_t i = 0; i < sizeof(mk_presets) / sizeof(mk_presets[0]); i++)
+            if (strcmp(arg, mk_presets[i].name) == 0)
+                o->preset = &mk_presets[i];
+        if (o->preset == NULL) {
+            fprintf(stderr, "mk-tiny-model: --preset %s: no such preset\n", arg);
+            return 2;
+        }
+        return 0;
+    case 's':
+        return mk_uint("--seed", arg, 0, 0, "not a non-negative integer", &o->seed);
+    case 'd':
+        if ((rc = mk_choose("--dtype", arg, mk_dtypes, "f32 or bf16", &v)) == 0)
+            o->dtype = (td_dtype_t)v;
+        return rc;
+    case 'q':
+        if ((rc = mk_choose("--quant", arg, mk_quants, "none, fp8 or fp8+fp4", &v)) == 0)
+            o->quant = (mk_quant_t)v;
+        return rc;
+    case 'i':
+        if ((rc = mk_choose("--init", arg, mk_inits, "reference or perturbed", &v)) == 0)
+            o->perturbed = v != 0;
+        return rc;
+    case 't':
+        o->tokenizer = arg;
+        return 0;
+    case 'm':
+        return mk_uint("--shard-mb", arg, 1, 1u << 20, "1 .. 1048576", &o->shard_mb);
+    case 'e':
+        return mk_uint("--experts", arg, 1, 1024, "1 .. 1024", &o->experts);
+    case 'k':
+        return mk_uint("--topk", arg, 1, 1024, "1 .. 1024", &o->topk);
+    default:
+        mk_usage(stderr);
+        return 2;
+    }
+}
+
 static int
 mk_parse_args(int argc, char **argv, mk_opts_t *o)
 {
@@ -126,91 +210,18 @@ mk_parse_args(int argc, char **argv, mk_opts_t *o)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    int c;
+    int c, rc;
 
     memset(o, 0, sizeof(*o));
     o->preset = &mk_presets[0];
     o->dtype = TD_DT_BF16;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'p':
-            o->preset = NULL;
-            for (size_t i = 0; i < sizeof(mk_presets) / sizeof(mk_presets[0]); i++)
-                if (strcmp(optarg, mk_presets[i].name) == 0)
-                    o->preset = &mk_presets[i];
-            if (o->preset == NULL) {
-                fprintf(stderr, "mk-tiny-model: --preset %s: no such preset\n", optarg);
-                return 2;
-            }
-            break;
-        case 's':
-            if (td_config_parse_uint("--seed", optarg, 0, 0, &o->seed, NULL, 0) != TD_OK) {
-                fprintf(stderr, "mk-tiny-model: --seed %s: not a non-negative integer\n", optarg);
-                return 2;
-            }
-            break;
-        case 'd':
-            if (strcmp(optarg, "f32") == 0)
-                o->dtype = TD_DT_F32;
-            else if (strcmp(optarg, "bf16") == 0)
-                o->dtype = TD_DT_BF16;
-            else {
-                fprintf(stderr, "mk-tiny-model: --dtype %s: f32 or bf16\n", optarg);
-                return 2;
-            }
-            break;
-        case 'q':
-            if (strcmp(optarg, "none") == 0)
-                o->quant = MK_QUANT_NONE;
-            else if (strcmp(optarg, "fp8") == 0)
-                o->quant = MK_QUANT_FP8;
-            else if (strcmp(optarg, "fp8+fp4") == 0)
-                o->quant = MK_QUANT_FP8_FP4;
-            else {
-                fprintf(stderr, "mk-tiny-model: --quant %s: none, fp8 or fp8+fp4\n", optarg);
-                return 2;
-            }
-            break;
-        case 'i':
-            if (strcmp(optarg, "reference") == 0)
-                o->perturbed = false;
-            else if (strcmp(optarg, "perturbed") == 0)
-                o->perturbed = true;
-            else {
-                fprintf(stderr, "mk-tiny-model: --init %s: reference or perturbed\n", optarg);
-                return 2;
-            }
-            break;
-        case 't':
-            o->tokenizer = optarg;
-            break;
-        case 'm':
-            if (td_config_parse_uint("--shard-mb", optarg, 1, 1u << 20, &o->shard_mb, NULL,
-                                     0) != TD_OK) {
-                fprintf(stderr, "mk-tiny-model: --shard-mb %s: 1 .. 1048576\n", optarg);
-                return 2;
-            }
-            break;
-        case 'e':
-            if (td_config_parse_uint("--experts", optarg, 1, 1024, &o->experts, NULL, 0) !=
-                TD_OK) {
-                fprintf(stderr, "mk-tiny-model: --experts %s: 1 .. 1024\n", optarg);
-                return 2;
-            }
-            break;
-        case 'k':
-            if (td_config_parse_uint("--topk", optarg, 1, 1024, &o->topk, NULL, 0) != TD_OK) {
-                fprintf(stderr, "mk-tiny-model: --topk %s: 1 .. 1024\n", optarg);
-                return 2;
-            }
-            break;
-        case 'h':
+        if (c == 'h') {
             mk_usage(stdout);
             exit(0);
-        default:
-            mk_usage(stderr);
-            return 2;
         }
+        if ((rc = mk_parse_opt(c, optarg, o)) != 0)
+            return rc;
     }
     if (optind != argc - 1) {
         mk_usage(stderr);
@@ -826,19 +837,13 @@ mk_int_array(const int *v, int n)
     return a;
 }
 
-/* The composite config of the release's shape. engram_rows: NULL for the
- * first pass (before the bucket sizes are known). */
+/* The text config's fields of the model's shape (attention, compression,
+ * indexer, experts, routing), in the release's order. */
 static json_t *
-mk_config_json(const mk_opts_t *o, uint32_t vocab, int64_t bos, int64_t eos,
-               uint32_t compressed_vocab, const uint64_t *engram_rows)
+mk_text_shape(const mk_preset_t *p, uint32_t vocab)
 {
-    const mk_preset_t *p = o->preset;
-    json_t *text, *root, *rows = json_array();
-
-    for (int k = 0; rows != NULL && engram_rows != NULL && k < p->nengram; k++)
-        json_array_append_new(rows, json_integer((json_int_t)engram_rows[k]));
     json_error_t jerr;
-    text = json_pack_ex(&jerr, 0,
+    json_t *text = json_pack_ex(&jerr, 0,
         "{ss si si si si si si si si sf sf"
         " s{sssisisisi} si sb sf si so so so si si si si si si si si"
         " si si si si si ss sf sb sf ss sf si si sf"
@@ -887,14 +892,31 @@ mk_config_json(const mk_opts_t *o, uint32_t vocab, int64_t bos, int64_t eos,
         "hc_eps", 1e-6,
         "engram_layer_ids", mk_int_array(p->engram, p->nengram),
         "engram_vocab_size", p->engram_vocab);
+
     if (text == NULL)
         fprintf(stderr, "mk-tiny-model: config: %s\n", jerr.text);
-    if (text == NULL || rows == NULL)
-        goto err;
-    if (json_object_set_new(text, "engram_num_embeddings", rows) != 0)
-        goto err_text;
-    rows = NULL;
-    if (json_object_set_new(text, "engram_max_ngram_size", json_integer(p->engram_ngram)) ||
+    return text;
+}
+
+/* The text config: its shape, then the engram's sizes and the token ids.
+ * engram_rows: NULL for the first pass (before the bucket sizes are known). */
+static json_t *
+mk_text_config(const mk_preset_t *p, uint32_t vocab, int64_t bos, int64_t eos,
+               uint32_t compressed_vocab, const uint64_t *engram_rows)
+{
+    json_t *text, *rows = json_array();
+
+    for (int k = 0; rows != NULL && engram_rows != NULL && k < p->nengram; k++)
+        json_array_append_new(rows, json_integer((json_int_t)engram_rows[k]));
+    text = mk_text_shape(p, vocab);
+    if (text == NULL || rows == NULL) {
+        json_decref(rows);
+        json_decref(text);
+        return NULL;
+    }
+    /* json_object_set_new takes rows, also when it fails */
+    if (json_object_set_new(text, "engram_num_embeddings", rows) ||
+        json_object_set_new(text, "engram_max_ngram_size", json_integer(p->engram_ngram)) ||
         json_object_set_new(text, "engram_n_heads", json_integer(p->engram_heads)) ||
         json_object_set_new(text, "engram_head_dim", json_integer(p->engram_dim)) ||
         json_object_set_new(text, "engram_pad_id", json_integer(2)) ||
@@ -910,7 +932,24 @@ mk_config_json(const mk_opts_t *o, uint32_t vocab, int64_t bos, int64_t eos,
         goto err_text;
     if (engram_rows == NULL)   /* first pass: the bucket sizes are computed from it */
         json_object_del(text, "engram_num_embeddings");
+    return text;
 
+err_text:
+    json_decref(text);
+    return NULL;
+}
+
+/* The composite config of the release's shape: the text config, the dtype
+ * and the quantization. engram_rows: as for mk_text_config. */
+static json_t *
+mk_config_json(const mk_opts_t *o, uint32_t vocab, int64_t bos, int64_t eos,
+               uint32_t compressed_vocab, const uint64_t *engram_rows)
+{
+    json_t *text, *root;
+
+    text = mk_text_config(o->preset, vocab, bos, eos, compressed_vocab, engram_rows);
+    if (text == NULL)
+        return NULL;
     root = json_pack("{s[s]ssso sbss}", "architectures", "DeepseekV41ForCausalLM",
                      "model_type", "deepseek_v41", "text_config", text,
                      "tie_word_embeddings", 0,
@@ -927,12 +966,6 @@ mk_config_json(const mk_opts_t *o, uint32_t vocab, int64_t bos, int64_t eos,
         }
     }
     return root;
-
-err_text:
-    json_decref(text);
-err:
-    json_decref(rows);
-    return NULL;
 }
 
 /* ---- Tensors ------------------------------------------------------------------------ */

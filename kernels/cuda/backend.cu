@@ -6,6 +6,14 @@
 #define TD_CUDA_ARCHS "?"
 #endif
 
+#ifdef TD_SIMT_EMU
+#define TD_CUDA_BACKEND "cuda-emu"   /* the kernels under the SIMT emulation */
+#else
+#define TD_CUDA_BACKEND "cuda"
+#endif
+
+namespace td_cuda {
+
 td_status_t
 td_kernels_cuda_status(cudaError_t err, const char *what)
 {
@@ -32,19 +40,26 @@ td_kernels_cuda_status(cudaError_t err, const char *what)
     return td_kernels_fail(st, "cuda: %s: %s", what, cudaGetErrorString(err));
 }
 
-static td_status_t
+namespace {
+
+td_status_t
 cuda_sync(void *stream)
 {
     return td_kernels_cuda_status(cudaStreamSynchronize((cudaStream_t)stream),
                                   "stream synchronize");
 }
 
-static const td_kernels_t td_kernels_cuda_table = {
-    "cuda",
+const td_kernels_t td_kernels_cuda_table = {
+    TD_CUDA_BACKEND,
     td_kernels_cuda_kv_pack,
     td_kernels_cuda_kv_unpack,
     cuda_sync,
 };
+
+}  // namespace
+}  // namespace td_cuda
+
+using namespace td_cuda;
 
 td_status_t
 td_kernels_cuda(const td_kernels_t **out)

@@ -2,9 +2,11 @@
  * segment into a contiguous buffer, or scatter it back. One CTA per (block, chunk),
  * copying with the widest word (16 B .. 1 B) both sides are mutually aligned to. */
 #include "backend.h"
+#include "simt.h"
 
-#include <cuda_runtime.h>
 #include <string.h>
+
+namespace td_cuda {
 
 static constexpr unsigned KV_THREADS = 256;       /* threads per CTA */
 static constexpr size_t KV_CHUNK_MIN = 64 * 1024; /* bytes per CTA at least */
@@ -43,8 +45,8 @@ kv_copy_words(unsigned char *__restrict__ dst, const unsigned char *__restrict__
     if (head > len)
         head = len;
     size_t nw = (len - head) / sizeof(W);
-    W *d = (W *)(dst + head);
-    const W *s = (const W *)(src + head);
+    unsigned char *d = dst + head;
+    const unsigned char *s = src + head;
 
     for (size_t i = threadIdx.x; i < head; i += blockDim.x)
         dst[i] = src[i];
@@ -54,11 +56,11 @@ kv_copy_words(unsigned char *__restrict__ dst, const unsigned char *__restrict__
 #pragma unroll
         for (unsigned k = 0; k < KV_UNROLL; k++)
             if (i + k * blockDim.x < nw)
-                v[k] = s[i + k * blockDim.x];
+                v[k] = td_ld<W>(s + (i + k * blockDim.x) * sizeof(W));
 #pragma unroll
         for (unsigned k = 0; k < KV_UNROLL; k++)
             if (i + k * blockDim.x < nw)
-                d[i + k * blockDim.x] = v[k];
+                td_st<W>(d + (i + k * blockDim.x) * sizeof(W), v[k]);
     }
     for (size_t i = head + nw * sizeof(W) + threadIdx.x; i < len; i += blockDim.x)
         dst[i] = src[i];
@@ -144,11 +146,9 @@ kv_launch(const char *op, bool pack, const td_kernels_pool_t *pool,
 
         memcpy(a.ids, table + a.jfirst, n * sizeof(*table));
         dim3 grid(n, nchunks);
-        if (pack)
-            kv_copy_kernel<true><<<grid, KV_THREADS, 0, s>>>(a);
-        else
-            kv_copy_kernel<false><<<grid, KV_THREADS, 0, s>>>(a);
-        st = td_kernels_cuda_status(cudaGetLastError(), op);
+        cudaError_t e = pack ? TD_LAUNCH(kv_copy_kernel<true>, grid, KV_THREADS, 0, s, a)
+                             : TD_LAUNCH(kv_copy_kernel<false>, grid, KV_THREADS, 0, s, a);
+        st = td_kernels_cuda_status(e, op);
         if (st != TD_OK || rest < KV_IDS)
             return st;
     }
@@ -176,3 +176,5 @@ td_kernels_cuda_kv_probe(void)
     cudaFuncAttributes attr;
     return cudaFuncGetAttributes(&attr, kv_copy_kernel<true>);
 }
+
+}  // namespace td_cuda

@@ -14,6 +14,7 @@
 #include <event2/event.h>
 
 #include "chainhash.h"
+#include "hmap.h"
 #include "log.h"
 #include "rcache.h"
 #include "rng.h"
@@ -84,19 +85,18 @@ td_des_outcome_str(td_des_outcome_t o)
 #define NONE UINT32_MAX
 
 /* A rank's prefix cache: an LRU of chain hashes (what prefilld's pcache
- * keys its blocks by), capacity in blocks. Chained hash table of node
- * indices; list most recently used last. */
+ * keys its blocks by), capacity in blocks. A hash table (base/hmap.h) of
+ * node indices; list most recently used last. */
 typedef struct {
     uint64_t h;
-    uint32_t bnext;             /* next in its bucket */
     uint32_t prev, next;        /* LRU */
 } lru_node_t;
 
 typedef struct {
     lru_node_t *nodes;
     uint32_t nnodes, capnodes;
-    uint32_t *buckets;          /* [nbuckets] node index or NONE */
-    uint32_t nbuckets;          /* power of two */
+    td_hmap_t *map;             /* hash -> node index, room for capnodes; NULL until
+                                   the first node */
     uint32_t head, tail;        /* least / most recently used */
     uint64_t max;
     uint64_t *added, *removed;  /* the last insert's announcement */
@@ -269,7 +269,7 @@ static void
 lru_fini(lru_t *c)
 {
     free(c->nodes);
-    free(c->buckets);
+    td_hmap_destroy(c->map);
     free(c->added);
     free(c->removed);
     memset(c, 0, sizeof *c);
@@ -278,12 +278,9 @@ lru_fini(lru_t *c)
 static uint32_t
 lru_find(const lru_t *c, uint64_t h)
 {
-    if (c->nbuckets == 0)
-        return NONE;
-    for (uint32_t i = c->buckets[h & (c->nbuckets - 1)]; i != NONE; i = c->nodes[i].bnext)
-        if (c->nodes[i].h == h)
-            return i;
-    return NONE;
+    uint64_t v = c->map != NULL ? td_hmap_get(c->map, h) : TD_HMAP_NONE;
+
+    return v != TD_HMAP_NONE ? (uint32_t)v : NONE;
 }
 
 static void
@@ -327,36 +324,15 @@ lru_grow(lru_t *c)
 {
     uint32_t cap = c->capnodes ? c->capnodes * 2 : 1024;
     lru_node_t *nodes = realloc(c->nodes, (size_t)cap * sizeof *nodes);
-    uint32_t *b;
 
     if (!nodes)
         return TD_ERR_NOMEM;
     c->nodes = nodes;
-    b = malloc((size_t)cap * sizeof *b);
-    if (!b)
+    if ((c->map == NULL && td_hmap_create(cap, &c->map) != TD_OK) ||
+        td_hmap_reserve(c->map, cap) != TD_OK)
         return TD_ERR_NOMEM;
-    for (uint32_t i = 0; i < cap; i++)
-        b[i] = NONE;
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        uint32_t k = (uint32_t)(c->nodes[i].h & (cap - 1));
-        c->nodes[i].bnext = b[k];
-        b[k] = i;
-    }
-    free(c->buckets);
-    c->buckets = b;
-    c->nbuckets = cap;
     c->capnodes = cap;
     return TD_OK;
-}
-
-static void
-lru_bucket_del(lru_t *c, uint32_t i)
-{
-    uint32_t *p = &c->buckets[c->nodes[i].h & (c->nbuckets - 1)];
-
-    while (*p != i)
-        p = &c->nodes[*p].bnext;
-    *p = c->nodes[i].bnext;
 }
 
 /* Room for one more hash in both announcement arrays. */
@@ -418,7 +394,7 @@ lru_insert(lru_t *c, const uint64_t *h, size_t n)
              * earlier blocks: they were just touched) */
             i = c->head;
             lru_unlink(c, i);
-            lru_bucket_del(c, i);
+            td_hmap_del(c->map, c->nodes[i].h);
             c->removed[c->nremoved++] = c->nodes[i].h;
         } else {
             if (c->nnodes == c->capnodes && (st = lru_grow(c)) != TD_OK)
@@ -426,9 +402,7 @@ lru_insert(lru_t *c, const uint64_t *h, size_t n)
             i = c->nnodes++;
         }
         c->nodes[i].h = h[k];
-        uint32_t b = (uint32_t)(h[k] & (c->nbuckets - 1));
-        c->nodes[i].bnext = c->buckets[b];
-        c->buckets[b] = i;
+        (void)td_hmap_put(c->map, h[k], i);   /* room for capnodes: no allocation */
         lru_append(c, i);
         c->added[c->nadded++] = h[k];
     }

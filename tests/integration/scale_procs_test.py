@@ -16,6 +16,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "..", "..", "bench", "scale", "procs")
+GOODPUT_PY = os.path.join(HERE, "..", "..", "sim", "goodput.py")
 
 TRACE = [{"timestamp": 100 * i, "input_length": n, "output_length": m, "hash_ids": [i, 100 + i]}
          for i, (n, m) in enumerate([(900, 6), (600, 4), (1000, 8), (700, 5), (800, 1),
@@ -41,9 +42,9 @@ EOF
 '''
 
 
-def load_procs():
-    loader = importlib.machinery.SourceFileLoader("scale_procs", PROCS)
-    spec = importlib.util.spec_from_loader("scale_procs", loader)
+def load_goodput():
+    loader = importlib.machinery.SourceFileLoader("sim_goodput", GOODPUT_PY)
+    spec = importlib.util.spec_from_loader("sim_goodput", loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
@@ -51,9 +52,9 @@ def load_procs():
 
 def main():
     build = sys.argv[1]
-    procs = load_procs()
+    gp = load_goodput()
     for pts, target, want in GOODPUT:
-        got = procs.goodput([{"rate": r, "attainment": a} for r, a in pts], target)
+        got = gp.goodput([{"rate": r, "attainment": a} for r, a in pts], target)
         if abs(got - want) > 1e-9:
             print("FAIL: goodput(%r, %g) = %g, want %g" % (pts, target, got, want))
             return 1

@@ -2,7 +2,8 @@
  * conversation states as routerd finds them: the longest kept sequence a
  * prompt begins with (and is longer than), at every length around the
  * hashed blocks; ranks that cannot take work skipped; replacement by id,
- * removal by id and by rank, the oldest forgotten at the cap. */
+ * removal by id and by rank, the oldest forgotten at the cap; of two states
+ * of the same tokens, the newer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,10 +118,36 @@ test_ranks_and_removal(void)
     CHECK_STATUS(td_rconv_create(0, &t), TD_ERR_INVALID);
 }
 
+/* Two ranks keep the same tokens: the newer state is found, then the older
+ * once the newer is gone. */
+static void
+test_same_tokens(void)
+{
+    int32_t tok[40];
+    td_rconv_t *t = NULL;
+
+    for (int i = 0; i < 40; i++)
+        tok[i] = 3 + i;
+    CHECK_STATUS(td_rconv_create(8, &t), TD_OK);
+    if (t == NULL)
+        return;
+    for (uint64_t n = 20; n <= 36; n += 16) {   /* a tail after 1 block, and 2 whole blocks */
+        CHECK_STATUS(td_rconv_add(t, &rank_a, 10 + n, SEED, tok, n), TD_OK);
+        CHECK_STATUS(td_rconv_add(t, &rank_b, 20 + n, SEED, tok, n), TD_OK);
+        CHECK_STATUS(td_rconv_add(t, &rank_a, 30 + n, SEED, tok, n - 1), TD_OK);
+        CHECK_EQ_INT(find(t, tok, n + 1, NULL).id, 20 + n);
+        CHECK_EQ_INT(find(t, tok, n + 1, not_b).id, 10 + n);
+        td_rconv_remove(t, 20 + n);
+        CHECK_EQ_INT(find(t, tok, n + 1, NULL).id, 10 + n);
+    }
+    td_rconv_destroy(t);
+}
+
 int
 main(void)
 {
     test_lengths();
     test_ranks_and_removal();
+    test_same_tokens();
     return td_check_exit("test_rconv");
 }
