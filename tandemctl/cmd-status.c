@@ -337,6 +337,19 @@ out_free:
 
 /* ---- The command ------------------------------------------------------------ */
 
+/* The columns shown: CACHE, QUARANTINED and DEP only when some rank has one. */
+static size_t
+status_pick_cols(bool any_cache, bool any_dep, bool any_quar, tdctl_col_t *cols)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < STATUS_NCOLS; i++)
+        if ((i != STATUS_COL_CACHE || any_cache) && (i != STATUS_NCOLS - 1 || any_dep) &&
+            (i != STATUS_COL_QUAR || any_quar))
+            cols[n++] = status_cols[i];
+    return n;
+}
+
 static td_status_t
 status_render(tdctl_t *ctl, const json_t *ans)
 {
@@ -344,7 +357,7 @@ status_render(tdctl_t *ctl, const json_t *ans)
     size_t i, j, nranks = 0, cap = 0;
     bool any_dep = false, any_cache = false, any_quar = false;
     tdctl_col_t cols[STATUS_NCOLS];
-    size_t ncols = 0;
+    size_t ncols;
     const json_t *node, *rank;
     const json_t *nodes = tdctl_out_array(ctl, ans, "nodes", "status");
     json_t *sums = json_array();   /* owns the node summaries and rows' own ones */
@@ -406,10 +419,7 @@ status_render(tdctl_t *ctl, const json_t *ans)
         }
         rows[i].sum = own;
     }
-    for (i = 0; i < STATUS_NCOLS; i++)
-        if ((i != STATUS_COL_CACHE || any_cache) && (i != STATUS_NCOLS - 1 || any_dep) &&
-            (i != STATUS_COL_QUAR || any_quar))
-            cols[ncols++] = status_cols[i];
+    ncols = status_pick_cols(any_cache, any_dep, any_quar, cols);
     if ((t = tdctl_out_table_create(cols, ncols)) == NULL)
         goto err_nomem;
     for (i = 0; i < nranks; i++) {
