@@ -132,20 +132,33 @@ td_log_write_limited(td_log_level_t level, uint64_t suppressed, const char *fmt,
 /* Rate limits                                                              */
 /* ------------------------------------------------------------------------ */
 
+/* next_ns is the time the next line is due at the steady rate (one per
+ * interval); a line passes when it is at most burst - 1 intervals early,
+ * and moves it one interval on (from now, when the limit was idle). With a
+ * burst of 1: the first line, then one per interval. */
 bool
-td_log_limit_pass_at(td_log_limit_t *l, uint64_t interval_ms, uint64_t now_ns,
-                     uint64_t *suppressed)
+td_log_limit_pass_burst_at(td_log_limit_t *l, uint64_t interval_ms, uint32_t burst,
+                           uint64_t now_ns, uint64_t *suppressed)
 {
+    uint64_t iv = interval_ms * 1000000u;
+    uint64_t slack = (burst > 1 ? burst - 1 : 0) * iv;
     uint64_t next = atomic_load_explicit(&l->next_ns, memory_order_relaxed);
 
-    /* of the threads that find the interval over, one wins the exchange */
-    if (now_ns < next ||
-        !atomic_compare_exchange_strong(&l->next_ns, &next, now_ns + interval_ms * 1000000u)) {
+    /* of the threads that find room, one wins the exchange */
+    if (now_ns + slack < next ||
+        !atomic_compare_exchange_strong(&l->next_ns, &next, (next > now_ns ? next : now_ns) + iv)) {
         atomic_fetch_add_explicit(&l->suppressed, 1, memory_order_relaxed);
         return false;
     }
     *suppressed = atomic_exchange(&l->suppressed, 0);
     return true;
+}
+
+bool
+td_log_limit_pass_at(td_log_limit_t *l, uint64_t interval_ms, uint64_t now_ns,
+                     uint64_t *suppressed)
+{
+    return td_log_limit_pass_burst_at(l, interval_ms, 1, now_ns, suppressed);
 }
 
 bool

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "clock.h"
 #include "status.h"
 
 typedef enum {
@@ -73,6 +74,10 @@ typedef struct {
 bool td_log_limit_pass(td_log_limit_t *l, uint64_t interval_ms, uint64_t *suppressed);
 bool td_log_limit_pass_at(td_log_limit_t *l, uint64_t interval_ms, uint64_t now_ns,
                           uint64_t *suppressed);
+/* The same with a burst: up to burst lines at once, then one per interval
+ * (a line may come burst - 1 intervals before the steady rate would let it). */
+bool td_log_limit_pass_burst_at(td_log_limit_t *l, uint64_t interval_ms, uint32_t burst,
+                                uint64_t now_ns, uint64_t *suppressed);
 
 /* td_log_write with " (N more suppressed)" appended when suppressed > 0. */
 void td_log_write_limited(td_log_level_t level, uint64_t suppressed, const char *fmt, ...)
@@ -84,6 +89,30 @@ void td_log_write_limited(td_log_level_t level, uint64_t suppressed, const char 
         if ((lvl) <= td_log_threshold &&                                    \
             td_log_limit_pass((lim), (interval_ms), &td_log_n_))            \
             td_log_write_limited((lvl), td_log_n_, __VA_ARGS__);            \
+    } while (0)
+
+/* td_log_limited with a burst (td_log_limit_pass_burst_at). */
+#define td_log_limited_burst(lim, lvl, interval_ms, burst, ...)             \
+    do {                                                                    \
+        uint64_t td_log_n_;                                                 \
+        if ((lvl) <= td_log_threshold &&                                    \
+            td_log_limit_pass_burst_at((lim), (interval_ms), (burst),       \
+                                       td_clock_ns(), &td_log_n_))          \
+            td_log_write_limited((lvl), td_log_n_, __VA_ARGS__);            \
+    } while (0)
+
+/* Lines a peer can make us repeat (a worker's or a router's malformed or
+ * untimely messages, connections refused or ended): bursts of
+ * TD_LOG_PEER_BURST, then one a second. xfer's notifications, which anyone
+ * who reaches a worker can send, get no burst (td_log_limited). */
+#define TD_LOG_PEER_MS    1000u
+#define TD_LOG_PEER_BURST 10u
+#define td_log_peer(lim, lvl, ...) \
+    td_log_limited_burst((lim), (lvl), TD_LOG_PEER_MS, TD_LOG_PEER_BURST, __VA_ARGS__)
+#define td_log_peer_every(lvl, ...)                                         \
+    do {                                                                    \
+        static td_log_limit_t td_log_plim_;                                 \
+        td_log_peer(&td_log_plim_, (lvl), __VA_ARGS__);                     \
     } while (0)
 
 #define td_log_every(lvl, interval_ms, ...)                                 \

@@ -380,6 +380,17 @@ static void xferbench_rx_on_ctl(evutil_socket_t fd, short what, void *arg)
         xferbench_rx_stop(rx, 1);
 }
 
+/* Every transfer of the benchmark carries this token: its two processes are
+ * the only ends, and no third party talks to them, so a fixed one serves. */
+static const td_xfer_token_t xferbench_token = { .b = "xferbench-token" };
+
+static bool
+xferbench_auth(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token, void *arg)
+{
+    (void)x, (void)xfer_id, (void)arg;
+    return td_xfer_token_eq(token, &xferbench_token);
+}
+
 /* The receiver process: owns the destination pool, driven by its event loop. */
 static int xferbench_rx_run(const xferbench_opts_t *o, int fd, uint64_t key)
 {
@@ -393,6 +404,7 @@ static int xferbench_rx_run(const xferbench_opts_t *o, int fd, uint64_t key)
     if (xferbench_engine_create(o, XFERBENCH_RX_INC, &rx.base, &rx.x) != TD_OK)
         return 1;
     td_xfer_set_note_handler(rx.x, xferbench_rx_note, &rx);
+    td_xfer_set_note_auth(rx.x, xferbench_auth, NULL);
     if (td_xfer_pool_create(rx.x, XFERBENCH_POOL_ID, TD_XFER_MEM_HOST, NULL, o->size,
                             xferbench_nblocks(o), &rx.pool) != TD_OK)
         goto err_destroy_engine;
@@ -509,8 +521,8 @@ static td_status_t xferbench_tx_post(xferbench_tx_t *tx, uint64_t t, uint64_t pu
         };
     }
     slot->puts = n;
-    td_status_t st = td_xfer_post(tx->peer, tx->next_id++, slot->descs, n, &slot->puts,
-                                  sizeof(slot->puts), 0, xferbench_tx_done, slot);
+    td_status_t st = td_xfer_post(tx->peer, tx->next_id++, &xferbench_token, slot->descs, n,
+                                  &slot->puts, sizeof(slot->puts), 0, xferbench_tx_done, slot);
     if (st != TD_OK) {
         tx->nfree++;
         td_error("sender: transfer %" PRIu64 " refused: %s", t, td_status_str(st));

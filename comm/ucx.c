@@ -22,10 +22,13 @@
 /* ======================================================================== */
 
 /* Address blob: magic u32 "TDCA" | version u8 | 3 reserved bytes |
- * incarnation u64 | the worker address. */
+ * incarnation u64 | token [16] | the worker address. The token is the
+ * rank's engine's (td_xfer_rx_token): every message to it carries it, and a
+ * message without it is dropped unparsed (the blobs travel over the
+ * authenticated control plane, or a private domain directory). */
 #define UCX_ADDR_MAGIC    0x41434454u
-#define UCX_ADDR_VERSION  1u
-#define UCX_ADDR_HDR_LEN  16u
+#define UCX_ADDR_VERSION  2u
+#define UCX_ADDR_HDR_LEN  32u
 #define UCX_MAX_ADDR      (1u << 20)
 
 /* Message header, the payload of every notification (56 bytes):
@@ -44,7 +47,7 @@
  * the receive pool's export (td_xfer_pool_export). */
 #define UCX_HELLO_LEN     16u
 /* xfer/xfer.c's notification header (docs/xfer.md), for the wire counts. */
-#define UCX_XFER_HDR_LEN  40u
+#define UCX_XFER_HDR_LEN  56u
 
 #define UCX_POOL_ID       0x434f4d4du   /* the engine is the communicator's */
 #define UCX_MAX_SIZE      4096u
@@ -165,6 +168,7 @@ typedef struct {
 typedef struct {
     td_xfer_peer_t *peer;      /* NULL for this rank */
     uint64_t incarnation;
+    td_xfer_token_t token;     /* what a message to it carries (its address blob) */
     int hello;                 /* its hello arrived: its pool is imported */
     int lost;                  /* gone: its endpoint failed, or it gave up */
     /* its receive pool, from its hello */
@@ -336,8 +340,8 @@ ucx_send(ucx_comm_t *u, uint32_t to, ucx_msg_t *m, const void *data)
     }
     uint64_t id = (uint64_t)m->kind << 56 | (uint64_t)(to & 0xffffu) << 40 |
                   (u->next_id++ & ((1ull << 40) - 1));
-    td_status_t st = td_xfer_post(r->peer, id, ndescs ? &desc : NULL, ndescs, u->msg, plen, 0,
-                                  ucx_on_sent, u);
+    td_status_t st = td_xfer_post(r->peer, id, &r->token, ndescs ? &desc : NULL, ndescs, u->msg,
+                                  plen, 0, ucx_on_sent, u);
     if (st == TD_ERR_PEER) {
         ucx_rank_lost(u, to, "its endpoint has failed");
         return st;
@@ -497,6 +501,16 @@ ucx_on_data(ucx_comm_t *u, ucx_rank_t *r, uint32_t s, const ucx_msg_t *m, const 
         .full = 1, .coll = m->coll, .flags = m->flags, .len = m->len, .seq = m->seq,
         .chunk = m->chunk, .off = m->off, .total = m->total,
     };
+}
+
+/* A message is for this rank when it carries this engine's token (in the
+ * address blob the other ranks got). */
+static bool
+ucx_note_auth(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token, void *arg)
+{
+    (void)xfer_id;
+    (void)arg;
+    return td_xfer_token_eq(token, td_xfer_rx_token(x));
 }
 
 static void
@@ -982,6 +996,7 @@ ucx_free(ucx_comm_t *u)
     if (peers)
         td_xfer_progress(u->x);
     td_xfer_set_note_handler(u->x, NULL, NULL);
+    td_xfer_set_note_auth(u->x, NULL, NULL);
     td_xfer_set_peer_fail_handler(u->x, NULL, NULL);
     if (u->ev_wake)
         event_free(u->ev_wake);
@@ -1030,6 +1045,7 @@ td_comm_ucx_address(td_xfer_t *x, void **buf, size_t *len)
     b[4] = UCX_ADDR_VERSION;
     b[5] = b[6] = b[7] = 0;
     ucx_put64(b + 8, td_xfer_incarnation(x));
+    memcpy(b + 16, td_xfer_rx_token(x)->b, TD_XFER_TOKEN_LEN);
     memcpy(b + UCX_ADDR_HDR_LEN, addr, alen);
     free(addr);
     *buf = b;
@@ -1037,9 +1053,9 @@ td_comm_ucx_address(td_xfer_t *x, void **buf, size_t *len)
     return TD_OK;
 }
 
-/* Rank r's address blob: its incarnation and worker address. */
+/* Rank r's address blob: its incarnation, token and worker address. */
 static td_status_t
-ucx_addr_parse(const td_comm_ucx_peer_t *p, uint32_t r, uint64_t *inc, const void **addr,
+ucx_addr_parse(const td_comm_ucx_peer_t *p, uint32_t r, ucx_rank_t *rk, const void **addr,
                size_t *alen)
 {
     const uint8_t *b = p->addr;
@@ -1049,7 +1065,8 @@ ucx_addr_parse(const td_comm_ucx_peer_t *p, uint32_t r, uint64_t *inc, const voi
         td_error("comm ucx: rank %u's address is malformed (%zu bytes)", r, p->len);
         return TD_ERR_PROTO;
     }
-    *inc = ucx_get64(b + 8);
+    rk->incarnation = ucx_get64(b + 8);
+    memcpy(rk->token.b, b + 16, TD_XFER_TOKEN_LEN);
     *addr = b + UCX_ADDR_HDR_LEN;
     *alen = p->len - UCX_ADDR_HDR_LEN;
     return TD_OK;
@@ -1073,7 +1090,7 @@ ucx_connect(ucx_comm_t *u, const td_comm_ucx_peer_t *peers, uint64_t connect_ms)
     for (uint32_t s = 0; s < u->head.size; s++) {
         const void *addr;
         size_t alen;
-        if ((st = ucx_addr_parse(&peers[s], s, &u->ranks[s].incarnation, &addr, &alen)) != TD_OK)
+        if ((st = ucx_addr_parse(&peers[s], s, &u->ranks[s], &addr, &alen)) != TD_OK)
             return st;
         if (s == me && u->ranks[s].incarnation != td_xfer_incarnation(u->x)) {
             td_error("%s rank %u/%u: its own address names incarnation %016" PRIx64
@@ -1096,7 +1113,7 @@ ucx_connect(ucx_comm_t *u, const td_comm_ucx_peer_t *peers, uint64_t connect_ms)
         size_t alen;
         if (s == me)
             continue;
-        ucx_addr_parse(&peers[s], s, &u->ranks[s].incarnation, &addr, &alen);
+        ucx_addr_parse(&peers[s], s, &u->ranks[s], &addr, &alen);
         st = td_xfer_peer_create(u->x, addr, alen, u->ranks[s].incarnation, &u->ranks[s].peer);
     }
     uint8_t *hello = malloc(UCX_HELLO_LEN + elen);
@@ -1185,6 +1202,7 @@ td_comm_ucx_create(td_xfer_t *x, uint32_t rank, uint32_t size, const td_comm_ucx
         goto err_free;
     u->pool_base = td_xfer_pool_base(u->pool);
     td_xfer_set_note_handler(x, ucx_on_note, u);
+    td_xfer_set_note_auth(x, ucx_note_auth, u);
     td_xfer_set_peer_fail_handler(x, ucx_on_peer_fail, u);
     if ((st = ucx_connect(u, peers, cf.connect_ms)) != TD_OK)
         goto err_free;

@@ -61,6 +61,9 @@ struct td_drank_s {
     td_jobq_t *jq;                   /* the compute thread */
     td_rng_t xfer_ids;               /* transfer ids: seeded from getrandom at create */
     struct event *step_ev;
+    struct event *fence_ev;       /* Fences again, while requests are quarantined */
+    uint32_t nquar;               /* quarantined requests, their KV tokens and blocks */
+    uint64_t quar_tokens, quar_blocks;
     bool step_scheduled;          /* step_ev is active or pending */
     bool stepping;                /* a step is on the compute thread */
     bool closing;                 /* destroying: jobs' ends only clean up */
@@ -69,6 +72,8 @@ struct td_drank_s {
     bool stopping;
     bool idle_told;               /* io.idle ran (after td_drank_stop) */
     td_drank_stats_t stats;
+    td_log_limit_t peer_log;         /* lines a prefill's notes make us write */
+    td_log_limit_t fail_log;         /* requests' failures (peers can cause them) */
     Tandem__Load last_load;
     bool load_sent;
 };
@@ -79,8 +84,30 @@ static void drank_end_siblings(td_drank_t *r, const void *router, uint64_t id,
                                td_dreq_state_t to, Tandem__Finish finish, const char *why);
 static void drank_step_schedule(td_drank_t *r);
 static void drank_grace_start(td_drank_t *r, td_dreq_t *req);
+static void drank_fence_schedule(td_drank_t *r, bool now);
+static void drank_quarantine_lift(td_drank_t *r, td_dreq_t *req);
+static void drank_resume_waiting(td_drank_t *r);
 
 /* ---- Small helpers -------------------------------------------------------- */
+
+/* A trace line (cfg.trace_path) about req's blocks: what ("admit",
+ * "quarantine", "release") and every block of its reservation, seg:b,b,...
+ * per segment (a fixed segment's one block is its slot). */
+static void
+drank_trace_blocks(td_drank_t *r, const char *what, const td_dreq_t *req)
+{
+    if (r->trace == NULL || req->res == NULL)
+        return;
+    fprintf(r->trace, "%s req=%016llx xfer=%llu t=%llu blocks=", what,
+            (unsigned long long)req->id, (unsigned long long)req->xfer_id,
+            (unsigned long long)td_clock_ns());
+    for (uint32_t s = 0; s < req->res->nsegs; s++) {
+        fprintf(r->trace, "%s%u:", s ? ";" : "", s);
+        for (uint64_t i = 0; i < req->res->nblocks[s]; i++)
+            fprintf(r->trace, "%s%llu", i ? "," : "", (unsigned long long)req->res->blocks[s][i]);
+    }
+    fputc('\n', r->trace);
+}
 
 /* A request by the router that sent it and its id (ids are unique per
  * router only): its lead row (choice 0). */
@@ -104,15 +131,53 @@ drank_find_xfer(const td_drank_t *r, uint64_t xfer_id)
 }
 
 /* Requests holding a batch row: every live one, ended ones waiting for
- * their blocks to be freed included (kept states hold none). */
+ * their blocks to be freed included (kept states and quarantined requests
+ * hold none). */
 static uint32_t
 drank_live(const td_drank_t *r)
 {
     uint32_t n = 0;
 
     for (uint32_t i = 0; i < r->nslots; i++)
-        n += r->slots[i] != NULL;
+        n += r->slots[i] != NULL && !r->slots[i]->quarantined &&
+             (!r->slots[i]->paused || r->slots[i]->resume_wanted);
     return n;
+}
+
+/* Batch rows in use now: drank_live less the paused requests that wait for
+ * a row to resume in. */
+static uint32_t
+drank_rows(const td_drank_t *r)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < r->nslots; i++)
+        n += r->slots[i] != NULL && !r->slots[i]->quarantined && !r->slots[i]->paused;
+    return n;
+}
+
+/* The KV bytes of req's reservation (every block of every segment). */
+static uint64_t
+drank_req_bytes(const td_drank_t *r, const td_dreq_t *req)
+{
+    uint64_t b = 0;
+
+    for (uint32_t s = 0; req->res != NULL && s < req->res->nsegs; s++)
+        b += req->res->nblocks[s] * td_kvpool_seg_block_bytes(r->kp, s);
+    return b;
+}
+
+/* The KV tokens quarantined requests may hold before admission waits. */
+static uint64_t
+drank_quar_budget(const td_drank_t *r)
+{
+    return r->cfg.quarantine_max_tokens ? r->cfg.quarantine_max_tokens : r->cfg.kv_tokens / 4;
+}
+
+static bool
+drank_quar_over(const td_drank_t *r)
+{
+    return r->nquar > 0 && r->quar_tokens >= drank_quar_budget(r);
 }
 
 /* A fresh transfer id: random (a stale or forged note cannot guess it),
@@ -143,15 +208,26 @@ drank_publish_load(td_drank_t *r)
     }
     load.kept = r->nkept;
     kept += c.tokens_free;
-    load.kv_tokens_free = r->draining ? 0 : kept < c.tokens_total ? kept : c.tokens_total;
+    load.kv_tokens_free = r->draining || drank_quar_over(r) ? 0
+                          : kept < c.tokens_total ? kept : c.tokens_total;
+    load.quarantined = r->nquar;
+    load.kv_tokens_quarantined = r->quar_tokens;
+    load.kv_blocks_quarantined = r->quar_blocks;
     load.kv_blocks_used = c.blocks_used;
     load.kv_blocks_free = c.blocks_free;
     uint32_t running = 0, waiting = 0;
     for (uint32_t i = 0; i < r->nslots; i++) {
-        if (r->slots[i] == NULL)
+        if (r->slots[i] == NULL || r->slots[i]->quarantined)
             continue;
+        if (r->slots[i]->paused) {
+            load.paused++;
+            load.kv_bytes_paused += drank_req_bytes(r, r->slots[i]);
+            if (!r->slots[i]->resume_wanted)
+                continue;
+        }
         running += r->slots[i]->state == TD_DREQ_RUNNING;
-        waiting += r->slots[i]->state == TD_DREQ_ADMITTED;
+        /* waiting for their KV, or ended and waiting for their blocks: rows */
+        waiting += r->slots[i]->state != TD_DREQ_RUNNING;
     }
     load.running = running;
     load.queued = waiting;
@@ -402,8 +478,8 @@ drank_fail(td_drank_t *r, td_dreq_t *req, td_log_level_t level, bool tell_router
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    td_log(level, "decode rank %u: request %016llx: failed: %s", r->cfg.rank_id,
-           (unsigned long long)req->id, why);
+    td_log_peer(&r->fail_log, level, "decode rank %u: request %016llx: "
+                   "failed: %s", r->cfg.rank_id, (unsigned long long)req->id, why);
     drank_end(r, req, TD_DREQ_FAILED, TANDEM__FINISH__FINISH_ERROR, why, tell_router);
 }
 
@@ -455,21 +531,26 @@ drank_release(td_drank_t *r, td_dreq_t *req)
         return;
     if (req->keep && req->state == TD_DREQ_FINISHED && drank_keep(r, req))
         return;   /* no Released: its blocks are the kept state's */
+    if (req->quarantined)
+        drank_quarantine_lift(r, req);
+    drank_trace_blocks(r, "release", req);
     td_dreq_set_state(req, TD_DREQ_RELEASED, NULL);
     uint32_t slot = req->res->slot;
     assert(r->slots[slot] == req);
+    Tandem__Released rel = TANDEM__RELEASED__INIT;
+    rel.req_id = req->id;
+    rel.tokens = req->res->ntokens;
     td_kvpool_release(r->kp, req->res);
     req->res = NULL;
     r->slots[slot] = NULL;
     r->stats.released++;
-    Tandem__Released rel = TANDEM__RELEASED__INIT;
-    rel.req_id = req->id;
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
     env.released = &rel;
     if (req->choice == 0)   /* one Released per request: its lead's */
         drank_send(r, req, &env);
     td_dreq_destroy(req);
+    drank_resume_waiting(r);   /* a row is free */
     drank_publish_load(r);
 }
 
@@ -480,8 +561,8 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
              const char *reason)
 {
     r->stats.rejected++;
-    td_info("decode rank %u: admit %016llx rejected: %s", r->cfg.rank_id, (unsigned long long)id,
-            reason);
+    td_log_peer_every(TD_LOG_INFO, "decode rank %u: admit %016llx rejected: %s",
+                 r->cfg.rank_id, (unsigned long long)id, reason);
     Tandem__AdmitReject rej = TANDEM__ADMIT_REJECT__INIT;
     rej.req_id = id;
     rej.code = code;
@@ -491,8 +572,8 @@ drank_reject(td_drank_t *r, void *router, uint64_t id, Tandem__AdmitRejectCode c
     env.admit_reject = &rej;
     td_status_t st = r->io.send(router, &env, r->io.arg);
     if (st != TD_OK)
-        td_warn("decode rank %u: admit %016llx: reject not sent: %s", r->cfg.rank_id,
-                (unsigned long long)id, td_status_str(st));
+        td_log_peer_every(TD_LOG_WARN, "decode rank %u: admit %016llx: reject not "
+                     "sent: %s", r->cfg.rank_id, (unsigned long long)id, td_status_str(st));
 }
 
 /* Sampling from the wire, checked (a peer's bytes: a reason, never an abort):
@@ -524,6 +605,23 @@ drank_grace_ms(const td_drank_t *r, uint32_t prefill_deadline_ms)
     return g > UINT32_MAX ? UINT32_MAX : (uint32_t)g;
 }
 
+/* The prefill deadline a names (a router's value: at most the configured
+ * cap, or a huge one would pin the blocks for weeks). */
+static uint32_t
+drank_deadline_clamp(td_drank_t *r, const Tandem__Admit *a)
+{
+    uint32_t max = r->cfg.prefill_deadline_max_ms ? r->cfg.prefill_deadline_max_ms
+                                                  : TD_DRANK_PREFILL_DEADLINE_MAX_MS;
+
+    if (a->prefill_deadline_ms <= max)
+        return a->prefill_deadline_ms;
+    r->stats.deadlines_clamped++;
+    td_log_peer_every(TD_LOG_WARN, "decode rank %u: admit %016llx: prefill deadline %u ms "
+                 "clamped to %u ms (prefill-deadline-max)", r->cfg.rank_id,
+                 (unsigned long long)a->req_id, a->prefill_deadline_ms, max);
+    return max;
+}
+
 /* A live request of a's prompt in reservation res (the caller's until this
  * succeeds): its engine request computes in res's blocks — they are its
  * cache, and what a prefill writes lands there — it takes res's slot and
@@ -536,7 +634,13 @@ drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
 {
     td_engine_req_t *ereq = NULL;
     td_dreq_t *req = NULL;
+    td_xfer_token_t token;
 
+    if (td_xfer_token_draw(&token) != TD_OK) {   /* logged */
+        *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
+        *why = "no random bytes for a transfer token";
+        return TD_ERR_IO;
+    }
     if (td_engine_req_create(r->engine, sp, &res->kv, &ereq) != TD_OK) {
         *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_INVALID;
         *why = "bad sampling parameters";
@@ -554,6 +658,7 @@ drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
     req->res = res;
     req->router = router;
     req->xfer_id = drank_xfer_id(r);
+    req->token = token;
     r->slots[res->slot] = req;
     r->stats.admitted++;
     *out = req;
@@ -610,6 +715,8 @@ drank_admit_dest(td_drank_t *r, void *router, const Tandem__Admit *a, td_dreq_t 
     dest.rank_id = r->cfg.rank_id;
     dest.incarnation = td_xfer_incarnation(r->xfer);
     dest.xfer_id = req->xfer_id;
+    dest.xfer_token.data = req->token.b;
+    dest.xfer_token.len = TD_XFER_TOKEN_LEN;
     dest.n_segs = nsegs;
     dest.segs = segp;
     st = drank_admit_ok(r, router, a->req_id, &dest);
@@ -619,7 +726,9 @@ drank_admit_dest(td_drank_t *r, void *router, const Tandem__Admit *a, td_dreq_t 
         /* The router never learnt the destination: no peer can write. */
         req->kv_done = true;
         drank_fail(r, req, TD_LOG_WARN, false, "admit ok not sent: %s", td_status_str(st));
+        return st;
     }
+    drank_trace_blocks(r, "admit", req);
     return st;
 }
 
@@ -675,6 +784,11 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
                      "no batch row free");
         return;
     }
+    if (drank_quar_over(r)) {   /* waits for fences rather than reuse a block */
+        drank_reject(r, router, a->req_id, TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY,
+                     "quarantined kv over its budget: waiting for fences");
+        return;
+    }
     if (a->continue_from != 0) {
         drank_admit_continue(r, router, a, &sp, ntokens);
         return;
@@ -694,7 +808,10 @@ drank_admit(td_drank_t *r, void *router, const Tandem__Admit *a)
         return;
     }
     req->prefill_inc = a->prefill_incarnation;
-    req->grace_ms = drank_grace_ms(r, a->prefill_deadline_ms);
+    req->grace_ms = drank_grace_ms(r, drank_deadline_clamp(r, a));
+    snprintf(req->prefill_node, sizeof(req->prefill_node), "%.64s",
+             a->prefill_node ? a->prefill_node : "");
+    req->prefill_rank = a->prefill_rank;
     snprintf(req->prefill, sizeof(req->prefill), "%.64s/%u#%016" PRIx64,
              a->prefill_node ? a->prefill_node : "?", a->prefill_rank,
              a->prefill_incarnation);
@@ -1248,20 +1365,17 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
     td_drank_t *r = arg;
     td_dreq_t *req = drank_find_xfer(r, note->xfer_id);
     (void)x;
-    if (req == NULL) {
-        r->stats.notes_unknown++;
-        td_warn("decode rank %u: note for unknown transfer %llu (status %s) dropped",
-                r->cfg.rank_id, (unsigned long long)note->xfer_id,
-                td_status_str(note->status));
-        return;
-    }
+    if (req == NULL)
+        return;   /* xfer asked drank_note_auth just before: not reached */
     if (!drank_note_sender_ok(r, req, note))
         return;
     if (note->status == TD_OK && note->payload_len == 0)
         return;   /* one (chunk, layer) landed; more follow */
     if (req->kv_done) {
-        td_warn("decode rank %u: request %016llx: note after the terminal one dropped (status %s)",
-                r->cfg.rank_id, (unsigned long long)req->id, td_status_str(note->status));
+        td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request "
+                       "%016llx: note after the terminal one dropped (status %s)",
+                       r->cfg.rank_id, (unsigned long long)req->id,
+                       td_status_str(note->status));
         return;
     }
     if (note->status != TD_OK) {
@@ -1273,9 +1387,10 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
             drank_fail(r, req, TD_LOG_WARN, true, "kv transfer from prefill %s failed: %s",
                        req->prefill, td_status_str(note->status));
         else
-            td_info("decode rank %u: request %016llx: kv transfer from prefill %s failed "
-                    "after its end: %s", r->cfg.rank_id, (unsigned long long)req->id,
-                    req->prefill, td_status_str(note->status));
+            td_log_peer(&r->peer_log, TD_LOG_INFO, "decode rank %u: request "
+                           "%016llx: kv transfer from prefill %s failed after its end: %s",
+                           r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
+                           td_status_str(note->status));
         drank_grace_start(r, req);   /* not released: kv_done is false */
         return;
     }
@@ -1310,7 +1425,18 @@ drank_on_note(td_xfer_t *x, const td_xfer_note_t *note, void *arg)
         tandem__kv_note__free_unpacked(kn, NULL);
 }
 
-/* ---- KV integrity: the notes' sender, the checksum ---------------------------- */
+/* ---- KV integrity: the notes' token and sender, the checksum ------------------- */
+
+/* xfer asks first, with nothing else of a note read: does token belong to
+ * a request of this rank whose transfers carry xfer_id? */
+static bool
+drank_note_auth(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token, void *arg)
+{
+    const td_dreq_t *req = drank_find_xfer(arg, xfer_id);
+
+    (void)x;
+    return req != NULL && td_xfer_token_eq(&req->token, token);
+}
 
 /* A note for req counts only from the prefill incarnation its Admit named;
  * one from another incarnation (an earlier life of that rank, or another
@@ -1321,28 +1447,42 @@ drank_note_sender_ok(td_drank_t *r, const td_dreq_t *req, const td_xfer_note_t *
     if (note->src_incarnation == req->prefill_inc)
         return true;
     r->stats.notes_stale++;
-    td_warn("decode rank %u: request %016llx: note from incarnation %016llx dropped: its "
-            "prefill is %s (status %s)", r->cfg.rank_id, (unsigned long long)req->id,
-            (unsigned long long)note->src_incarnation, req->prefill,
-            td_status_str(note->status));
+    td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: "
+                   "note from incarnation %016llx dropped: its prefill is %s (status %s)",
+                   r->cfg.rank_id, (unsigned long long)req->id,
+                   (unsigned long long)note->src_incarnation, req->prefill,
+                   td_status_str(note->status));
     return false;
 }
 
 /* ---- Cancel and the grace period --------------------------------------------- */
 
+/* P missed its deadlines: its writes may still come (a frozen process, a
+ * transport that cannot revoke them), so the blocks are quarantined, not
+ * freed: they wait for P's terminal note or a Fenced (below). */
 static void
 drank_on_grace(evutil_socket_t fd, short what, void *arg)
 {
     td_dreq_t *req = arg;
     td_drank_t *r = req->rank;
+    uint64_t blocks = 0;
     (void)fd;
     (void)what;
-    assert(!req->kv_done && td_dreq_ended(req));
-    td_warn("decode rank %u: request %016llx: no terminal note from prefill %s within the "
-            "%u ms grace period: freeing its blocks", r->cfg.rank_id,
-            (unsigned long long)req->id, req->prefill, req->grace_ms);
-    req->kv_done = true;
-    drank_release(r, req);
+    assert(!req->kv_done && td_dreq_ended(req) && !req->quarantined);
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)   /* paged, and the fixed slot's */
+        blocks += req->res->nblocks[s];
+    req->quarantined = true;
+    r->nquar++;
+    r->quar_tokens += req->res->ntokens;
+    r->quar_blocks += blocks;
+    r->stats.quarantined++;
+    drank_trace_blocks(r, "quarantine", req);
+    td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: no terminal note "
+                "from prefill %s within the %u ms grace period: its %llu blocks quarantined "
+                "until that prefill is fenced", r->cfg.rank_id, (unsigned long long)req->id,
+                req->prefill, req->grace_ms, (unsigned long long)blocks);
+    drank_fence_schedule(r, true);
+    drank_publish_load(r);
 }
 
 /* P may still write: free only after the grace period (req->grace_ms),
@@ -1380,6 +1520,120 @@ drank_cancel_choices(td_drank_t *r, void *router, uint64_t id, const Tandem__Can
                  r->cfg.rank_id, (unsigned long long)id, row->choice);
         drank_end(r, row, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED, "choice ended",
                   false);
+    }
+}
+
+/* ---- Quarantine and fences (docs/decoded.md, "Fencing") ------------------------ */
+
+/* req leaves quarantine (its blocks are about to be freed). */
+static void
+drank_quarantine_lift(td_drank_t *r, td_dreq_t *req)
+{
+    uint64_t blocks = 0;
+
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)   /* paged, and the fixed slot's */
+        blocks += req->res->nblocks[s];
+    req->quarantined = false;
+    r->nquar--;
+    r->quar_tokens -= req->res->ntokens;
+    r->quar_blocks -= blocks;
+}
+
+/* One Fence for the quarantined requests of one prefill incarnation
+ * (ids[n]), to every router. */
+static void
+drank_fence_send(td_drank_t *r, const td_dreq_t *first, uint64_t *ids, size_t n)
+{
+    Tandem__Fence f = TANDEM__FENCE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    f.prefill_node = (char *)first->prefill_node;
+    f.prefill_rank = first->prefill_rank;
+    f.prefill_incarnation = first->prefill_inc;
+    f.decode_node = r->node_id;
+    f.decode_rank = r->cfg.rank_id;
+    f.decode_incarnation = td_xfer_incarnation(r->xfer);
+    f.n_xfer_ids = n;
+    f.xfer_ids = ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+    env.fence = &f;
+    if (r->io.broadcast != NULL)
+        r->io.broadcast(&env, r->io.arg);
+    r->stats.fences_sent++;
+}
+
+/* A Fence for every prefill incarnation that quarantined requests wait on
+ * (at most FENCE_IDS_MAX transfers each: the rest go next time). */
+#define FENCE_IDS_MAX 4096u
+static void
+drank_fence_all(td_drank_t *r)
+{
+    static uint64_t ids[FENCE_IDS_MAX];
+    bool *done = calloc(r->nslots, sizeof(*done));
+
+    for (uint32_t i = 0; done != NULL && i < r->nslots; i++) {
+        const td_dreq_t *q = r->slots[i];
+        size_t n = 0;
+        if (q == NULL || !q->quarantined || done[i])
+            continue;
+        for (uint32_t j = i; j < r->nslots && n < FENCE_IDS_MAX; j++) {
+            const td_dreq_t *o = r->slots[j];
+            if (o != NULL && o->quarantined && !done[j] && o->prefill_inc == q->prefill_inc) {
+                ids[n++] = o->xfer_id;
+                done[j] = true;
+            }
+        }
+        drank_fence_send(r, q, ids, n);
+    }
+    free(done);
+}
+
+static void
+drank_on_fence_timer(evutil_socket_t fd, short what, void *arg)
+{
+    td_drank_t *r = arg;
+
+    (void)fd, (void)what;
+    drank_fence_schedule(r, true);
+}
+
+/* Fences now (now) and again every fence_retry_ms while requests are
+ * quarantined. */
+static void
+drank_fence_schedule(td_drank_t *r, bool now)
+{
+    uint32_t ms = r->cfg.fence_retry_ms ? r->cfg.fence_retry_ms : 1000;
+    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+    if (r->nquar == 0 || r->closing)
+        return;
+    if (now)
+        drank_fence_all(r);
+    evtimer_add(r->fence_ev, &tv);
+}
+
+/* A Fenced (through a router): none of these transfers of that prefill
+ * incarnation writes here any more, so their quarantined (or still
+ * waiting) blocks are freed. Anything that does not match is ignored. */
+static void
+drank_on_fenced(td_drank_t *r, const Tandem__Fenced *f)
+{
+    if (f->decode_incarnation != td_xfer_incarnation(r->xfer) || f->decode_rank != r->cfg.rank_id)
+        return;
+    for (size_t i = 0; i < f->n_xfer_ids; i++) {
+        td_dreq_t *req = drank_find_xfer(r, f->xfer_ids[i]);
+        if (req == NULL || !td_dreq_ended(req) || req->kv_done ||
+            req->prefill_inc != f->prefill_incarnation)
+            continue;
+        td_info("decode rank %u: request %016llx: prefill %s %s: freeing its blocks",
+                r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
+                f->gone ? "is gone (a new incarnation registered)" : "fenced its transfers");
+        r->stats.fenced += !f->gone;
+        r->stats.gone_fenced += f->gone;
+        req->kv_done = true;
+        if (req->grace != NULL)
+            event_del(req->grace);
+        drank_release(r, req);
     }
 }
 
@@ -1488,6 +1742,7 @@ drank_step_done(void *arg)
             drank_emit(r, req, r->rows[i].next, r->rows[i].finish, &r->rows[i].pick);
         }
     }
+    drank_resume_waiting(r);
     drank_publish_load(r);
     drank_step_schedule(r);
 }
@@ -1502,7 +1757,7 @@ drank_step(td_drank_t *r)
         return;
     for (uint32_t i = 0; i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
-        if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy)
+        if (req == NULL || req->state != TD_DREQ_RUNNING || req->busy || req->paused)
             continue;
         r->rows[n] = (td_engine_row_t){ .req = req->ereq, .token = req->last };
         r->row_req[n++] = req;
@@ -1544,13 +1799,121 @@ drank_step_schedule(td_drank_t *r)
     if (r->step_scheduled || r->stepping || r->closing)
         return;
     for (uint32_t i = 0; i < r->nslots; i++) {
-        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING) {
+        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_RUNNING &&
+            !r->slots[i]->paused) {
             struct timeval tv = { 0, (suseconds_t)r->cfg.step_gap_us };
             r->step_scheduled = true;
             evtimer_add(r->step_ev, &tv);
             return;
         }
     }
+}
+
+/* ---- Paused rows (docs/decoded.md, "Paused rows") ------------------------------ */
+
+static uint64_t
+drank_pause_budget(const td_drank_t *r)
+{
+    uint64_t total = 0;
+
+    if (r->cfg.pause_max_bytes)
+        return r->cfg.pause_max_bytes;
+    for (uint32_t s = 0; s < r->layout->nsegs; s++)
+        total += td_kvpool_seg_nblocks(r->kp, s) * td_kvpool_seg_block_bytes(r->kp, s);
+    return total / 4;
+}
+
+/* The oldest paused request other than keep, or NULL. */
+static td_dreq_t *
+drank_pause_oldest(const td_drank_t *r, const td_dreq_t *keep, uint32_t *npaused,
+                   uint64_t *bytes)
+{
+    td_dreq_t *old = NULL;
+
+    *npaused = 0;
+    *bytes = 0;
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        td_dreq_t *q = r->slots[i];
+        if (q == NULL || !q->paused)
+            continue;
+        (*npaused)++;
+        *bytes += drank_req_bytes(r, q);
+        if (q != keep && (old == NULL || q->paused_ns < old->paused_ns))
+            old = q;
+    }
+    return old;
+}
+
+/* Resume the paused requests the router resumed, while rows are free. */
+static void
+drank_resume_waiting(td_drank_t *r)
+{
+    for (uint32_t i = 0; i < r->nslots && drank_rows(r) < r->cfg.max_batch; i++) {
+        td_dreq_t *q = r->slots[i];
+        if (q != NULL && q->paused && q->resume_wanted) {
+            q->paused = q->resume_wanted = false;
+            r->stats.resumed++;
+        }
+    }
+}
+
+/* Room in the paused budget for req (req_bytes more): the oldest paused
+ * requests end (CANCELED) until there is; false when req itself does not
+ * fit (it ends too). */
+static bool
+drank_pause_room(td_drank_t *r, td_dreq_t *req)
+{
+    uint64_t need = drank_req_bytes(r, req), bytes;
+    uint32_t n;
+    td_dreq_t *old;
+
+    while ((old = drank_pause_oldest(r, req, &n, &bytes)) != NULL &&
+           (bytes + need > drank_pause_budget(r) || n >= r->cfg.pause_slots)) {
+        r->stats.pause_evicted++;
+        td_log_peer(&r->peer_log, TD_LOG_WARN, "decode rank %u: request %016llx: paused kv "
+                    "over its budget: the oldest paused request ends", r->cfg.rank_id,
+                    (unsigned long long)old->id);
+        drank_end(r, old, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                  "paused kv over its budget: its client reads too slowly", true);
+    }
+    return bytes + need <= drank_pause_budget(r) && n < r->cfg.pause_slots;
+}
+
+/* The router's Pause: a RUNNING request leaves the batch (a step it is in
+ * still brings its token), keeping its blocks; or it comes back. */
+static void
+drank_pause(td_drank_t *r, void *router, const Tandem__Pause *p)
+{
+    td_dreq_t *req = drank_find(r, router, p->req_id);
+
+    if (req == NULL || req->state != TD_DREQ_RUNNING)
+        return;   /* ended meanwhile: nothing to pause */
+    if (!p->paused) {
+        if (req->paused) {
+            req->resume_wanted = true;
+            drank_resume_waiting(r);
+            drank_step_schedule(r);
+            drank_publish_load(r);
+        }
+        return;
+    }
+    if (req->paused) {
+        req->resume_wanted = false;
+        return;
+    }
+    if (!drank_pause_room(r, req)) {
+        r->stats.pause_evicted++;
+        drank_end(r, req, TD_DREQ_CANCELED, TANDEM__FINISH__FINISH_CANCELED,
+                  "paused kv over its budget: its client reads too slowly", true);
+        return;
+    }
+    req->paused = true;
+    req->paused_ns = td_clock_ns();
+    r->stats.paused++;
+    td_debug("decode rank %u: request %016llx paused", r->cfg.rank_id,
+             (unsigned long long)req->id);
+    drank_resume_waiting(r);   /* its row is free: a resumed one may take it */
+    drank_publish_load(r);
 }
 
 /* ---- Messages, life cycle ---------------------------------------------------------- */
@@ -1564,6 +1927,12 @@ td_drank_on_message(td_drank_t *r, void *router, const Tandem__Envelope *env)
         break;
     case TANDEM__ENVELOPE__PAYLOAD_CANCEL:
         drank_cancel(r, router, env->cancel);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCED:
+        drank_on_fenced(r, env->fenced);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_PAUSE:
+        drank_pause(r, router, env->pause);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         if (!r->stopping && r->draining != env->drain->draining) {
@@ -1657,13 +2026,14 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     r->pools = calloc(nsegs, sizeof(*r->pools));
     r->pool_base = calloc(nsegs, sizeof(*r->pool_base));
     r->exports = calloc(nsegs, sizeof(*r->exports));
-    r->nslots = cfg->max_batch + cfg->retain;
+    r->nslots = cfg->max_batch + cfg->retain + cfg->quarantine_slots + cfg->pause_slots;
     r->slots = calloc(r->nslots, sizeof(*r->slots));
     r->rows = calloc(cfg->max_batch, sizeof(*r->rows));
     r->row_req = calloc(cfg->max_batch, sizeof(*r->row_req));
     r->step_ev = evtimer_new(base, drank_on_step, r);
+    r->fence_ev = evtimer_new(base, drank_on_fence_timer, r);
     if (r->node_id == NULL || !r->pools || !r->pool_base || !r->exports || !r->slots ||
-        !r->rows || !r->row_req || !r->step_ev)
+        !r->rows || !r->row_req || !r->step_ev || !r->fence_ev)
         goto err_destroy;
     if (cfg->trace_path != NULL && cfg->trace_path[0] != '\0') {
         char path[4096];
@@ -1693,6 +2063,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     if (st != TD_OK)
         goto err_destroy;
     td_xfer_set_note_handler(r->xfer, drank_on_note, r);
+    td_xfer_set_note_auth(r->xfer, drank_note_auth, r);
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < nsegs; s++) {
         uint64_t bb = td_kvpool_seg_block_bytes(r->kp, s), nb = td_kvpool_seg_nblocks(r->kp, s);
@@ -1700,6 +2071,8 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         if (st != TD_OK)
             goto err_destroy;
         r->pool_base[s] = td_xfer_pool_base(r->pools[s]);
+        if (cfg->prefault)
+            td_xfer_pool_prefault(r->pools[s]);
         st = td_xfer_pool_export(r->pools[s], (void **)&r->exports[s].data,
                                  &r->exports[s].len);
         if (st != TD_OK)
@@ -1734,6 +2107,7 @@ td_drank_destroy(td_drank_t *r)
     td_jobq_destroy(r->jq);
     r->jq = NULL;
     td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
+    td_xfer_set_note_auth(r->xfer, NULL, NULL);
     for (uint32_t i = 0; r->slots != NULL && i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL)
@@ -1757,6 +2131,8 @@ td_drank_destroy(td_drank_t *r)
     td_kvpool_destroy(r->kp);
     if (r->step_ev != NULL)
         event_free(r->step_ev);
+    if (r->fence_ev != NULL)
+        event_free(r->fence_ev);
     free(r->slots);
     free(r->rows);
     free(r->row_req);
@@ -1791,6 +2167,16 @@ td_drank_stats(const td_drank_t *r, td_drank_stats_t *out)
 {
     *out = r->stats;
     out->kept_now = r->nkept;
+    out->quarantined_now = r->nquar;
+    out->paused_now = 0;
+    out->paused_bytes = 0;
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i] != NULL && r->slots[i]->paused) {
+            out->paused_now++;
+            out->paused_bytes += drank_req_bytes(r, r->slots[i]);
+        }
+    out->quarantined_tokens = r->quar_tokens;
+    out->quarantined_blocks = r->quar_blocks;
     out->live = out->running = out->waiting = 0;
     for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->slots[i] == NULL)

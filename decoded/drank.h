@@ -36,6 +36,9 @@ typedef struct td_drank_s td_drank_t;
 #define TD_DRANK_STR_(x) #x
 #define TD_DRANK_STR(x) TD_DRANK_STR_(x)
 #define TD_DRANK_GRACE_DEADLINES_STR TD_DRANK_STR(TD_DRANK_GRACE_DEADLINES)
+/* The default cap on a router's prefill deadline (decoded's
+ * prefill-deadline-max). */
+#define TD_DRANK_PREFILL_DEADLINE_MAX_MS 60000u
 
 typedef struct {
     /* Send one message to a router (the handle passed to td_drank_on_message). */
@@ -46,6 +49,9 @@ typedef struct {
     /* After td_drank_stop: no request is live any more (called once, from
      * the loop; NULL: nobody to tell). */
     void (*idle)(void *arg);
+    /* One message to every router that is up (a Fence: whichever knows the
+     * prefill rank forwards it); NULL: send to none. */
+    void (*broadcast)(const Tandem__Envelope *env, void *arg);
 } td_drank_io_t;
 
 typedef struct {
@@ -55,14 +61,27 @@ typedef struct {
     uint32_t max_batch;           /* batch rows = fixed slots */
     uint32_t xfer_deadline_ms;    /* the prefill's transfer deadline, at least (Admit may
                                      name a longer one: the larger counts) */
+    uint32_t prefill_deadline_max_ms;   /* the longest prefill deadline an Admit may name
+                                     (prefill_deadline_ms): longer ones are clamped to
+                                     it; 0: TD_DRANK_PREFILL_DEADLINE_MAX_MS */
     uint32_t grace_margin_ms;     /* replaces the last of the grace period's deadlines
                                      (the prefill chunk in progress when the Cancel
                                      came); 0: one deadline */
     uint32_t step_gap_us;         /* pause between decode steps; 0 = none */
+    uint32_t quarantine_slots;    /* fixed slots for requests whose blocks wait for a fence
+                                     (docs/decoded.md, "Fencing"), besides the batch rows */
+    uint64_t quarantine_max_tokens;   /* KV tokens quarantined requests may hold; past it
+                                     admission waits (0: kv_tokens / 4) */
+    uint32_t fence_retry_ms;      /* a Fence is sent again this often (0: 1000) */
+    uint32_t pause_slots;         /* fixed slots for requests paused for slow clients,
+                                     besides the batch rows */
+    uint64_t pause_max_bytes;     /* their KV bytes at most; past it the oldest paused
+                                     one ends (0: a quarter of the pools) */
     uint32_t retain;              /* finished requests whose state the rank keeps for a
                                      next turn (docs/kvcache.md, "Multi-turn"): extra
                                      fixed slots; their blocks yield to admissions; 0: none */
     const char *trace_path;       /* append adoption timings to PATH.<rank>; NULL: none */
+    int prefault;                 /* fault the pools in at create (td_xfer_pool_prefault) */
     /* Run first on the compute thread (binding it to its own compute pool);
      * NULL: nothing. */
     void (*compute_start)(void *arg);
@@ -75,10 +94,21 @@ typedef struct {
 typedef struct {
     uint64_t admitted, rejected, finished, canceled, failed, released;
     uint64_t verified_bytes;      /* received KV bytes checked against the engine */
-    uint64_t notes_unknown;       /* KV notes for no live request (late: dropped) */
     uint64_t notes_stale;         /* KV notes from another prefill incarnation than the
                                      request's (dropped) */
     uint64_t kv_sum_mismatch;     /* requests failed: received KV checksum differs */
+    uint64_t deadlines_clamped;   /* Admits whose prefill deadline was over the cap */
+    uint64_t quarantined;         /* requests whose blocks went to quarantine */
+    uint64_t fenced;              /*   of them freed on a Fenced (gone: gone_fenced) */
+    uint64_t gone_fenced;
+    uint64_t fences_sent;         /* Fence messages sent */
+    uint32_t quarantined_now;     /* requests in quarantine now */
+    uint64_t quarantined_tokens;  /*   the KV tokens they hold, */
+    uint64_t quarantined_blocks;  /*   and their paged blocks */
+    uint64_t paused, resumed;     /* Pause and resume taken */
+    uint64_t pause_evicted;       /* paused requests ended for the paused budget */
+    uint32_t paused_now;          /* requests paused now, */
+    uint64_t paused_bytes;        /*   their KV bytes */
     uint64_t steps;               /* decode steps run */
     uint64_t kept;                /* finished requests whose state was kept */
     uint64_t kept_dropped;        /*   of them dropped again (room, drain, router gone) */

@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "kvpool.h"
 #include "status.h"
+#include "xfer.h"
 
 struct event;
 
@@ -33,6 +34,8 @@ typedef struct {
     uint64_t id;                 /* the router's request id */
     uint64_t xfer_id;            /* the id the prefill's transfers carry (random, non-zero,
                                     unique among the rank's live requests) */
+    td_xfer_token_t token;       /* its transfers' token (KvDest.xfer_token): a note
+                                    without it is dropped unparsed */
     uint64_t prefill_inc;        /* the prefill incarnation its notes must come from */
     td_dreq_state_t state;
     void *router;                /* the router that admitted it; NULL once it is gone */
@@ -62,6 +65,15 @@ typedef struct {
     void *rank;                  /* the rank it lives on (for timers) */
     uint32_t grace_ms;           /* its grace period (decoded/drank.c) */
     char prefill[96];            /* "node/rank#incarnation", for the logs */
+    char prefill_node[65];       /* its prefill rank, for a Fence ("" when it prefills
+                                    here: a continued conversation) */
+    uint32_t prefill_rank;
+    bool paused;                 /* its client reads slowly (Pause): out of the batch,
+                                    its blocks kept (docs/decoded.md, "Paused rows") */
+    bool resume_wanted;          /*   resumed by the router, waiting for a free row */
+    uint64_t paused_ns;          /*   since when (CLOCK_MONOTONIC) */
+    bool quarantined;            /* P missed its deadline: the blocks wait for a fence
+                                    (docs/decoded.md, "Fencing"); holds no batch row */
 } td_dreq_t;
 
 const char *td_dreq_state_str(td_dreq_state_t st);

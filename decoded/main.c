@@ -14,6 +14,11 @@ typedef struct {
     uint64_t kv_tokens;
     uint64_t max_batch;
     uint64_t retain;
+    uint64_t prefill_deadline_max_ms;
+    uint64_t quarantine_slots;
+    uint64_t quarantine_max_tokens;
+    uint64_t pause_slots;
+    uint64_t pause_max_bytes;
     char *trace_file;
 } decoded_config_t;
 
@@ -30,6 +35,26 @@ static const td_config_opt_t decoded_opts[] = {
                          "finished requests per rank whose kv the rank keeps for a next turn "
                          "to continue here (routerd's continue-max-suffix; extra fixed slots; "
                          "their blocks yield to new requests); 0: none"),
+    TD_CONFIG_OPT_DURATION("prefill-deadline-max", decoded_config_t, prefill_deadline_max_ms,
+                           "60s", 1, 3600000,
+                           "the longest prefill transfer deadline a router's Admit may name "
+                           "(its prefill rank's xfer-deadline-ms); a longer one is clamped to "
+                           "this"),
+    TD_CONFIG_OPT_UINT64("quarantine-slots", decoded_config_t, quarantine_slots, "4", 0, 4096,
+                         "fixed slots per rank for requests whose blocks wait for a fence "
+                         "(their prefill rank missed its deadline; docs/decoded.md, "
+                         "Fencing), besides the batch rows"),
+    TD_CONFIG_OPT_UINT64("quarantine-max", decoded_config_t, quarantine_max_tokens, "0", 0,
+                         1ull << 32,
+                         "kv tokens per rank that quarantined requests may hold; past it "
+                         "admission waits for fences (0: a quarter of kv-tokens)"),
+    TD_CONFIG_OPT_UINT64("pause-slots", decoded_config_t, pause_slots, "64", 0, 65536,
+                         "fixed slots per rank for requests paused because their clients "
+                         "read slowly (they leave the batch, keep their kv), besides the "
+                         "batch rows"),
+    TD_CONFIG_OPT_SIZE("pause-max", decoded_config_t, pause_max_bytes, "0", 0, 1ull << 44,
+                       "kv bytes per rank that paused requests may hold; past it the oldest "
+                       "paused request ends (0: a quarter of the pools)"),
     TD_CONFIG_OPT_STRING("trace-file", decoded_config_t, trace_file, "",
                          "append adoption timings to FILE.<rank> (benchmarks)"),
     TD_WORKER_DOMAIN_OPTS(decoded_config_t, w),
@@ -49,12 +74,19 @@ decoded_rank_create(td_worker_rank_t *wr, void **out)
         .max_batch = (uint32_t)c->max_batch,
         .retain = (uint32_t)c->retain,
         .xfer_deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
+        .prefill_deadline_max_ms = (uint32_t)c->prefill_deadline_max_ms,
+        .quarantine_slots = (uint32_t)c->quarantine_slots,
+        .quarantine_max_tokens = c->quarantine_max_tokens,
+        .pause_slots = (uint32_t)c->pause_slots,
+        .pause_max_bytes = c->pause_max_bytes,
         .trace_path = c->trace_file,
+        .prefault = c->w.prefault_pools,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,
         .step = wr->stepping,
     };
-    td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr, td_worker_rank_idle };
+    td_drank_io_t io = { td_worker_rank_send, td_worker_rank_load, wr, td_worker_rank_idle,
+                         td_worker_rank_broadcast };
     return td_drank_create(wr->base, wr->xfer, wr->engine, &rc, &io, (td_drank_t **)out);
 }
 

@@ -349,8 +349,9 @@ ctl_conn_fail(td_ctl_conn_t *c, td_status_t why, Tandem__RejectCode code, const 
         td_debug("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
     else if (why == TD_ERR_CLOSED || why == TD_ERR_CANCELED)
         td_info("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
-    else
-        td_warn("ctl %s: closing in state %s: %s", c->name, td_ctl_state_str(c->state), c->reason);
+    else   /* a peer can end connection after connection this way: rate-limited */
+        td_log_peer_every(TD_LOG_WARN, "ctl %s: closing in state %s: %s", c->name,
+                          td_ctl_state_str(c->state), c->reason);
 
     if (c->bev && code != TANDEM__REJECT_CODE__REJECT_UNSPECIFIED &&
         c->state != TD_CTL_CONNECTING) {
@@ -526,6 +527,7 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
         int established = c->state == TD_CTL_ESTABLISHED;
         uint32_t max = ctl_conn_frame_max(c), len = 0, field = 0;
         Tandem__Envelope *env = NULL;
+        char why[160] = "";
         td_status_t st;
 
         /* Before authentication, only a frame holding one handshake field is
@@ -541,7 +543,7 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
             break;
         }
         if (st == TD_OK)
-            st = td_frame_decode(in, max, &env, &len);
+            st = td_frame_decode(in, max, &env, &len, why, sizeof why);
 
         if (st == TD_INPROGRESS)
             break;
@@ -549,9 +551,12 @@ ctl_conn_read_cb(struct bufferevent *bev, void *arg)
             ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_TOO_BIG,
                           "frame of %" PRIu32 " bytes exceeds the %" PRIu32 "-byte limit%s",
                           len, max, established ? "" : " before authentication");
+        } else if (st == TD_ERR_RANGE) {
+            ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_TOO_BIG,
+                          "frame refused unparsed: %s", why);
         } else if (st == TD_ERR_PROTO) {
             ctl_conn_fail(c, st, TANDEM__REJECT_CODE__REJECT_PROTO,
-                          "malformed frame (not a tandem envelope)");
+                          "malformed frame (%s)", why[0] ? why : "not a tandem envelope");
         } else if (st != TD_OK) {
             ctl_conn_fail(c, st, 0, "cannot decode frame: %s", td_status_str(st));
         } else {

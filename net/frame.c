@@ -3,6 +3,9 @@
 #include "frame.h"
 
 #include <event2/buffer.h>
+#include <stdio.h>
+
+#include "pbcap.h"
 
 td_status_t
 td_frame_encode(struct evbuffer *out, const Tandem__Envelope *env, uint32_t max_body)
@@ -97,7 +100,7 @@ td_frame_peek(struct evbuffer *in, uint32_t max_body, uint32_t *field_out,
 
 td_status_t
 td_frame_decode(struct evbuffer *in, uint32_t max_body, Tandem__Envelope **env_out,
-                uint32_t *body_len_out)
+                uint32_t *body_len_out, char *why, size_t whylen)
 {
     Tandem__Envelope *env;
     unsigned char *frame;
@@ -111,12 +114,23 @@ td_frame_decode(struct evbuffer *in, uint32_t max_body, Tandem__Envelope **env_o
     frame = evbuffer_pullup(in, (ev_ssize_t)(TD_FRAME_HEADER_LEN + body));
     if (frame == NULL)
         return TD_ERR_NOMEM;
+    st = td_pbcap_check(&tandem__envelope__descriptor, frame + TD_FRAME_HEADER_LEN, body,
+                        &td_pbcap_tandem, why, whylen);
+    if (st != TD_OK) {
+        evbuffer_drain(in, TD_FRAME_HEADER_LEN + (size_t)body);
+        return st == TD_ERR_TOO_BIG ? TD_ERR_RANGE : TD_ERR_PROTO;
+    }
     env = tandem__envelope__unpack(NULL, body, frame + TD_FRAME_HEADER_LEN);
     evbuffer_drain(in, TD_FRAME_HEADER_LEN + (size_t)body);
-    if (env == NULL)
+    if (env == NULL) {
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "not a tandem envelope");
         return TD_ERR_PROTO;
+    }
     if (env->payload_case == TANDEM__ENVELOPE__PAYLOAD__NOT_SET) {
         tandem__envelope__free_unpacked(env, NULL);
+        if (why != NULL && whylen > 0)
+            snprintf(why, whylen, "an envelope without a payload");
         return TD_ERR_PROTO;
     }
     if (body_len_out)

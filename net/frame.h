@@ -27,12 +27,18 @@ td_status_t td_frame_encode(struct evbuffer *out, const Tandem__Envelope *env,
  *   TD_INPROGRESS  not a whole frame yet; nothing consumed.
  *   TD_ERR_TOO_BIG the length prefix exceeds max_body; nothing consumed and
  *                  *body_len_out says the announced length.
+ *   TD_ERR_RANGE   a whole frame arrived with more repeated elements than
+ *                  td_pbcap_tandem allows (net/pbcap.h): refused before
+ *                  unpacking, consumed, why says which field.
  *   TD_ERR_PROTO   a whole frame arrived but is not an Envelope with a payload
  *                  (garbage, truncated message, unknown payload); it is consumed.
  * body_len_out may be NULL; when given it is set for TD_OK and TD_ERR_TOO_BIG.
- * Decides; does not log (the connection owning in names itself in the log). */
+ * why (whylen bytes, may be NULL) says what was wrong for TD_ERR_RANGE and
+ * TD_ERR_PROTO. Decides; does not log (the connection owning in names itself
+ * in the log). */
 td_status_t td_frame_decode(struct evbuffer *in, uint32_t max_body,
-                            Tandem__Envelope **env_out, uint32_t *body_len_out);
+                            Tandem__Envelope **env_out, uint32_t *body_len_out, char *why,
+                            size_t whylen);
 
 /* Look at the frame at the front of in without consuming or unpacking it, so
  * that a receiver can refuse a payload before protobuf-c parses any of it.

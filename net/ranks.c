@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "log.h"
+#include "loopstat.h"
 
 /* One rank thread; base and stop_ev belong to it, the rest is under rs->lock. */
 typedef struct {
@@ -22,6 +23,7 @@ typedef struct {
     td_status_t init_st;         /* under rs->lock */
     bool init_done;              /* under rs->lock */
     bool alive;                  /* under rs->lock: its loop may take stop_ev */
+    td_loopstat_t loop;          /* its loop's passes (td_ranks_loopstat) */
 } td_ranks_rank_t;
 
 struct td_ranks {
@@ -37,6 +39,9 @@ struct td_ranks {
 };
 
 /* ---- Rank thread ---------------------------------------------------------------- */
+
+/* The calling rank thread's loop statistics (td_ranks_current_loopstat). */
+static _Thread_local td_loopstat_t *ranks_self_loop;
 
 static void
 td_ranks_on_stop(evutil_socket_t fd, short what, void *arg)
@@ -77,7 +82,10 @@ td_ranks_rank_main(void *arg)
 {
     td_ranks_rank_t *r = arg;
     td_ranks_t *rs = r->rs;
-    td_status_t st = td_ranks_rank_setup(r);
+    td_status_t st;
+
+    ranks_self_loop = &r->loop;
+    st = td_ranks_rank_setup(r);
     pthread_mutex_lock(&rs->lock);
     r->init_st = st;
     r->init_done = true;
@@ -85,7 +93,7 @@ td_ranks_rank_main(void *arg)
     pthread_cond_broadcast(&rs->cond);
     pthread_mutex_unlock(&rs->lock);
     if (st == TD_OK) {
-        event_base_dispatch(r->base);
+        td_loopstat_dispatch(r->base, &r->loop);
         pthread_mutex_lock(&rs->lock);
         r->alive = false;
         pthread_mutex_unlock(&rs->lock);
@@ -105,6 +113,12 @@ td_ranks_on_exit(evutil_socket_t fd, short what, void *arg)
     td_ranks_t *rs = arg;
     if (atomic_load(&rs->exited) == rs->n)
         event_base_loopexit(rs->main_base, NULL);
+}
+
+td_loopstat_t *
+td_ranks_current_loopstat(void)
+{
+    return ranks_self_loop;
 }
 
 void

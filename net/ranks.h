@@ -8,6 +8,7 @@
 
 #include <event2/event.h>
 
+#include "loopstat.h"
 #include "status.h"
 
 /* How the main thread asks a rank to stop; the rank's stop handler decides
@@ -40,6 +41,11 @@ typedef struct td_ranks td_ranks_t;
  * (TD_RANKS_STOP_NOW) and joined and the last failure is returned. */
 td_status_t td_ranks_create(struct event_base *main_base, const char *name, uint32_t n,
                             const td_ranks_handlers_t *h, td_ranks_t **out);
+
+/* On a rank thread (its init included): its loop's statistics (the
+ * passes' durations, net/loopstat.h), read on that thread; NULL on any
+ * other thread. */
+td_loopstat_t *td_ranks_current_loopstat(void);
 
 /* Ask every rank still in its loop to stop; safe from any non-rank thread. */
 void td_ranks_stop(td_ranks_t *rs, td_ranks_stop_t how);

@@ -94,6 +94,7 @@ prefilld_rank_create(td_worker_rank_t *wr, void **out)
         .deadline_ms = (uint32_t)c->w.xfer_deadline_ms,
         .kv_tokens = c->kv_tokens,
         .trace_path = c->trace_file,
+        .prefault = c->w.prefault_pools,
         .hold_layers = !c->layer_streaming,
         .compute_start = td_worker_rank_compute_start,
         .compute_arg = wr,

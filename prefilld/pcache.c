@@ -24,13 +24,20 @@ typedef struct pc_node {
     uint64_t *blocks;                /* [nblk]: per paged segment its k_s block ids, layout
                                         order */
     uint8_t *snap;                   /* the fixed state at end, or NULL */
-    uint32_t pins;                   /* hits holding it */
+    uint32_t pins;                   /* hits holding it, and its write-back */
+    bool wb;                         /* queued or taken for its write-back: the compute
+                                        thread reads it, so its snap stays as it is */
 } pc_node_t;
 
 typedef struct {
     uint64_t *v;
     size_t n, cap;
 } pc_list_t;
+
+typedef struct {
+    pc_node_t **v;
+    size_t n, cap;
+} pc_vec_t;
 
 struct td_pcache {
     td_pcache_config_t cfg;
@@ -52,7 +59,12 @@ struct td_pcache {
     int cleared;
     /* counters */
     uint64_t lookup_tokens, hit_tokens[3], computed, replayed;
-    uint8_t *scratch;                /* payload_bytes, loop thread (demotion) */
+    /* bulk work for the compute thread (td_pcache_work_*): new nodes to
+     * write back to SSD (pinned), evicted ones to demote to the host tier
+     * (out of the table, their blocks still held); the batch a job took */
+    pc_vec_t wb, dem, job_wb, job_dem;
+    bool working;                    /* a batch is out */
+    uint64_t *dem_blocks;            /* [nsegs] pool blocks the demotions queued will free */
 };
 
 /* ---- Small helpers ---------------------------------------------------------------- */
@@ -105,6 +117,22 @@ pc_list_push(pc_list_t *l, uint64_t v)
         l->cap = cap;
     }
     l->v[l->n++] = v;
+}
+
+static bool
+pc_vec_push(pc_vec_t *v, pc_node_t *nd)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        pc_node_t **nv = realloc(v->v, cap * sizeof(*nv));
+
+        if (nv == NULL)
+            return false;
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = nd;
+    return true;
 }
 
 static pc_node_t *
@@ -162,38 +190,40 @@ pc_record(const td_pcache_t *c, const pc_node_t *nd, const uint8_t *payload, td_
     };
 }
 
-/* Drop a node from the pool tier; demote: its record goes to the host tier
- * first. */
+/* A node out of the table: its pool blocks go back, and the router hears
+ * it is gone unless a tier has it; then it is freed. */
 static void
-pc_node_drop(td_pcache_t *c, pc_node_t *nd, int demote)
+pc_node_free(td_pcache_t *c, pc_node_t *nd)
 {
     uint64_t i = 0;
 
-    assert(pc_find(c, nd->hash) == nd && nd->pins == 0);
-    if (demote && c->tier != NULL && c->scratch != NULL) {
-        td_kvrec_t r;
-        /* to the host tier; to SSD again if its file is gone (evicted for
-         * budget, or deleted with a bad neighbour while this block was read) */
-        unsigned to = TD_KVTIER_HOST | (td_kvtier_has(c->tier, nd->hash) & TD_KVTIER_SSD
-                                            ? 0u
-                                            : (unsigned)TD_KVTIER_SSD);
-
-        pc_gather(c, nd, c->scratch);
-        pc_record(c, nd, c->scratch, &r);
-        (void)td_kvtier_put_many_to(c->tier, &r, 1, to);
-    }
-    td_hmap_del(c->nodes, nd->hash);
-    TAILQ_REMOVE(&c->lru, nd, lru);
     for (uint32_t s = 0; s < c->l->nsegs; s++)
         for (uint64_t j = 0; j < c->k[s]; j++, i++)
             td_kvpool_unhold(c->kp, s, nd->blocks[i]);
     if (!pc_tier_has(c, nd->hash))
         pc_list_push(&c->removed, nd->hash);
-    c->nnodes--;
     free(nd->snap);
     free(nd->tokens);
     free(nd->blocks);
     free(nd);
+}
+
+/* Drop a node from the pool tier; demote: its record goes to the host tier
+ * first, copied on the compute thread (td_pcache_work_run): its blocks stay
+ * held until then. */
+static void
+pc_node_drop(td_pcache_t *c, pc_node_t *nd, int demote)
+{
+    assert(pc_find(c, nd->hash) == nd && nd->pins == 0);
+    td_hmap_del(c->nodes, nd->hash);
+    TAILQ_REMOVE(&c->lru, nd, lru);
+    c->nnodes--;
+    if (demote && c->tier != NULL && pc_vec_push(&c->dem, nd)) {
+        for (uint32_t s = 0; s < c->l->nsegs; s++)
+            c->dem_blocks[s] += c->k[s];
+        return;   /* it is going to a tier: nothing for the router yet */
+    }
+    pc_node_free(c, nd);
 }
 
 /* Evict the least recently used idle node; 0 when none is idle. */
@@ -252,7 +282,7 @@ td_pcache_create(const td_pcache_config_t *cfg, const td_layout_t *l, td_kvpool_
     c->snap_bytes = td_kvmem_state_bytes(l, 0);
     /* nodes never outnumber max_blocks: the table never grows */
     if (td_hmap_create(cfg->max_blocks, &c->nodes) != TD_OK ||
-        (c->scratch = malloc(c->payload_bytes ? c->payload_bytes : 1)) == NULL)
+        (c->dem_blocks = calloc(l->nsegs, sizeof(*c->dem_blocks))) == NULL)
         goto err_free;
     if (cfg->host_bytes > 0 || (cfg->ssd_dir != NULL && cfg->ssd_dir[0] != '\0')) {
         td_kvtier_config_t tc = {
@@ -291,16 +321,29 @@ td_pcache_destroy(td_pcache_t *c)
 
     if (c == NULL)
         return;
+    /* the compute thread is gone: queued work is dropped */
+    for (size_t i = 0; i < c->wb.n; i++)
+        c->wb.v[i]->pins--;
+    for (size_t i = 0; i < c->job_wb.n; i++)
+        c->job_wb.v[i]->pins--;
+    for (size_t i = 0; i < c->dem.n; i++)
+        pc_node_free(c, c->dem.v[i]);
+    for (size_t i = 0; i < c->job_dem.n; i++)
+        pc_node_free(c, c->job_dem.v[i]);
     while ((nd = TAILQ_FIRST(&c->lru)) != NULL) {
         assert(nd->pins == 0);
         pc_node_drop(c, nd, 0);
     }
     td_kvtier_destroy(c->tier);
+    free(c->wb.v);
+    free(c->dem.v);
+    free(c->job_wb.v);
+    free(c->job_dem.v);
+    free(c->dem_blocks);
     free(c->added.v);
     free(c->removed.v);
     free(c->out_added.v);
     free(c->out_removed.v);
-    free(c->scratch);
     td_hmap_destroy(c->nodes);
     free(c->k);
     free(c);
@@ -404,13 +447,17 @@ int
 td_pcache_make_room(td_pcache_t *c, const uint64_t *need)
 {
     for (;;) {
-        int ok = 1;
+        int now = 1, soon = 1;
 
-        for (uint32_t s = 0; s < c->l->nsegs && ok; s++)
-            if (c->l->segs[s].kind == TD_LAYOUT_PAGED && td_kvpool_seg_free(c->kp, s) < need[s])
-                ok = 0;
-        if (ok)
-            return 1;
+        for (uint32_t s = 0; s < c->l->nsegs; s++) {
+            uint64_t f = td_kvpool_seg_free(c->kp, s);
+            if (c->l->segs[s].kind != TD_LAYOUT_PAGED)
+                continue;
+            now &= f >= need[s];
+            soon &= f + c->dem_blocks[s] >= need[s];
+        }
+        if (soon)   /* enough, now or once the queued demotions are done */
+            return now;
         if (!pc_evict_one(c))
             return 0;
     }
@@ -533,38 +580,11 @@ td_pcache_resync(td_pcache_t *c)
 
 /* ---- Insert ----------------------------------------------------------------------- */
 
-/* The prompt's new blocks, written back to the SSD tier now (one file; the
- * tier's thread writes it): they survive a restart. */
-static void
-pc_write_back(td_pcache_t *c, pc_node_t *const *nodes, uint64_t n)
-{
-    td_kvrec_t *recs;
-    uint8_t *buf;
-
-    if (n == 0)
-        return;
-    recs = calloc(n, sizeof(*recs));
-    buf = malloc(n * c->payload_bytes);
-    if (recs != NULL && buf != NULL) {
-        for (uint64_t i = 0; i < n; i++) {
-            pc_gather(c, nodes[i], buf + i * c->payload_bytes);
-            pc_record(c, nodes[i], buf + i * c->payload_bytes, &recs[i]);
-        }
-        (void)td_kvtier_put_many_to(c->tier, recs, n, TD_KVTIER_SSD);   /* copies; logs */
-    } else {
-        td_warn("prefill rank %u: prefix cache: out of memory: %" PRIu64 " blocks not written "
-                "back", c->cfg.rank_id, n);
-    }
-    free(buf);
-    free(recs);
-}
-
 void
 td_pcache_insert(td_pcache_t *c, const int32_t *tokens, uint64_t n, const uint64_t *hashes,
                  const td_kvpool_res_t *res, uint8_t *snap, uint64_t snap_end)
 {
-    uint64_t nb = n / c->G, nnew = 0;
-    pc_node_t **fresh = c->tier != NULL ? calloc(nb ? nb : 1, sizeof(*fresh)) : NULL;
+    uint64_t nb = n / c->G;
 
     for (uint64_t i = 0; i < nb; i++) {
         pc_node_t *nd = pc_find(c, hashes[i]);
@@ -573,7 +593,7 @@ td_pcache_insert(td_pcache_t *c, const int32_t *tokens, uint64_t n, const uint64
         if (nd != NULL) {
             if (memcmp(nd->tokens, tokens + i * c->G, c->G * sizeof(int32_t)) != 0)
                 break;   /* a chain hash collision: keep the one there */
-            if (snap != NULL && snap_end == nd->end && nd->snap == NULL) {
+            if (snap != NULL && snap_end == nd->end && nd->snap == NULL && !nd->wb) {
                 nd->snap = snap;
                 snap = NULL;
             }
@@ -616,13 +636,91 @@ td_pcache_insert(td_pcache_t *c, const int32_t *tokens, uint64_t n, const uint64
         c->nnodes++;
         if (!pc_tier_has(c, nd->hash)) {
             pc_list_push(&c->added, nd->hash);
-            if (fresh != NULL)
-                fresh[nnew++] = nd;
+            /* written back to SSD (it survives a restart) by the compute
+             * thread: pinned till then */
+            if (c->ssd && pc_vec_push(&c->wb, nd)) {
+                nd->pins++;
+                nd->wb = true;
+            }
         }
     }
     free(snap);
-    pc_write_back(c, fresh, nnew);
-    free(fresh);
+}
+
+/* ---- Bulk work (compute thread) --------------------------------------------------- */
+
+/* Records of a batch's nodes written per put (one SSD file each at most). */
+#define PC_WORK_BATCH 64u
+
+bool
+td_pcache_work_take(td_pcache_t *c)
+{
+    pc_vec_t t;
+
+    if (c->working || (c->wb.n == 0 && c->dem.n == 0))
+        return false;
+    t = c->job_wb, c->job_wb = c->wb, c->wb = t;
+    t = c->job_dem, c->job_dem = c->dem, c->dem = t;
+    c->wb.n = c->dem.n = 0;
+    c->working = true;
+    return true;
+}
+
+/* n nodes' records into the tiers `to` (one put), gathered into buf. */
+static void
+pc_work_put(td_pcache_t *c, pc_node_t *const *nodes, size_t n, unsigned to, uint8_t *buf,
+            td_kvrec_t *recs)
+{
+    for (size_t i = 0; i < n; i++) {
+        pc_gather(c, nodes[i], buf + i * c->payload_bytes);
+        pc_record(c, nodes[i], buf + i * c->payload_bytes, &recs[i]);
+    }
+    (void)td_kvtier_put_many_to(c->tier, recs, n, to);   /* copies; logs */
+}
+
+void
+td_pcache_work_run(td_pcache_t *c)
+{
+    uint8_t *buf = malloc(PC_WORK_BATCH * (c->payload_bytes ? c->payload_bytes : 1));
+    td_kvrec_t *recs = calloc(PC_WORK_BATCH, sizeof(*recs));
+
+    if (buf == NULL || recs == NULL) {
+        td_warn("prefill rank %u: prefix cache: out of memory: %zu blocks not written back, "
+                "%zu not demoted", c->cfg.rank_id, c->job_wb.n, c->job_dem.n);
+        goto out;
+    }
+    for (size_t i = 0; i < c->job_wb.n; i += PC_WORK_BATCH)
+        pc_work_put(c, c->job_wb.v + i,
+                    c->job_wb.n - i < PC_WORK_BATCH ? c->job_wb.n - i : PC_WORK_BATCH,
+                    TD_KVTIER_SSD, buf, recs);
+    for (size_t i = 0; i < c->job_dem.n; i++) {
+        pc_node_t *nd = c->job_dem.v[i];
+        /* to the host tier; to SSD again if its file is gone (evicted for
+         * budget, or deleted with a bad neighbour while this block was read) */
+        unsigned to = TD_KVTIER_HOST | (td_kvtier_has(c->tier, nd->hash) & TD_KVTIER_SSD
+                                            ? 0u
+                                            : (unsigned)TD_KVTIER_SSD);
+        pc_work_put(c, &nd, 1, to, buf, recs);
+    }
+out:
+    free(buf);
+    free(recs);
+}
+
+void
+td_pcache_work_done(td_pcache_t *c)
+{
+    for (size_t i = 0; i < c->job_wb.n; i++) {
+        c->job_wb.v[i]->pins--;
+        c->job_wb.v[i]->wb = false;
+    }
+    for (size_t i = 0; i < c->job_dem.n; i++) {
+        for (uint32_t s = 0; s < c->l->nsegs; s++)
+            c->dem_blocks[s] -= c->k[s];
+        pc_node_free(c, c->job_dem.v[i]);
+    }
+    c->job_wb.n = c->job_dem.n = 0;
+    c->working = false;
 }
 
 void

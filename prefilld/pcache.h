@@ -8,13 +8,17 @@
  * cached prefix; the rank rebuilds the fixed state from the nearest
  * snapshot or by bounded replay (td_engine_replay_bound).
  * Threads: everything runs on the rank's loop thread except
- * td_pcache_load, which the compute thread calls for a hit's tier blocks.
+ * td_pcache_load, which the compute thread calls for a hit's tier blocks,
+ * and td_pcache_work_run: the bulk copies (write-back of new blocks to the
+ * SSD tier, demotion of evicted ones to the host tier) that the loop only
+ * queues (no loop callback copies a prompt's KV).
  * Ownership: the cache borrows the pool and the layout (they outlive it),
  * holds its blocks in the pool (td_kvpool_hold) and owns its nodes,
  * snapshots and tiers. */
 #ifndef TD_PCACHE_H
 #define TD_PCACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -83,8 +87,9 @@ td_status_t td_pcache_lookup(td_pcache_t *c, const int32_t *tokens, uint64_t n,
 void td_pcache_hit_free(td_pcache_t *c, td_pcache_hit_t *hit);
 
 /* Make room: evict least recently used blocks nobody uses until every
- * paged segment has need[s] free blocks (demoted to the host tier). 1 when
- * it has. */
+ * paged segment has need[s] free blocks, or will have once the demotions
+ * queued (td_pcache_work_*) are done. 1 when it has them now; 0 when not
+ * (the caller waits for td_pcache_work_done, or for requests to end). */
 int td_pcache_make_room(td_pcache_t *c, const uint64_t *need);
 
 /* Starts reading ahead the SSD blocks that a lookup of this prompt would
@@ -135,5 +140,17 @@ void td_pcache_count(td_pcache_t *c, uint64_t lookup, const td_pcache_hit_t *hit
                      uint64_t computed, uint64_t replayed);
 
 uint32_t td_pcache_block(const td_pcache_t *c);
+
+/* ---- Bulk work off the loop thread ------------------------------------------- */
+/* Loop thread: take the queued write-backs and demotions as one batch for
+ * a job (false: nothing queued, or a batch is out already). */
+bool td_pcache_work_take(td_pcache_t *c);
+/* Compute thread: the batch's copies into the tiers (its nodes are pinned
+ * or already out of the cache, their blocks held: nothing else frees them
+ * meanwhile). */
+void td_pcache_work_run(td_pcache_t *c);
+/* Loop thread: the batch is done: written-back blocks unpinned, demoted
+ * ones' pool blocks freed. */
+void td_pcache_work_done(td_pcache_t *c);
 
 #endif

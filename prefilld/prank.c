@@ -69,6 +69,17 @@ static const td_fsm_t task_fsm = {
     .nstates = TASK_NSTATES,
 };
 
+/* A decode rank's Fence (docs/decoded.md, "Fencing"): Fenced goes out
+ * once none of its transfers can land any more. */
+typedef struct prank_fence {
+    TAILQ_ENTRY(prank_fence) link;
+    char dnode[65];
+    uint32_t drank;
+    uint64_t dinc;
+    uint64_t *ids;               /* [nids] */
+    size_t nids;
+} prank_fence_t;
+
 /* A decode rank we may push to, as the router described it. */
 typedef struct prank_peer {
     TAILQ_ENTRY(prank_peer) link;
@@ -90,6 +101,7 @@ typedef struct task {
     void *router;                /* NULL once that router is gone */
     uint64_t req_id;
     uint64_t xfer_id;
+    td_xfer_token_t token;       /* the decode rank's for this transfer (KvDest) */
     task_state_t state;
     int32_t *tokens;             /* [ntokens] the prompt */
     uint64_t ntokens;
@@ -161,6 +173,8 @@ struct td_prank_s {
     int stopping, draining, closing;
     td_prank_stats_t stats;
     Tandem__Load last_load;
+    TAILQ_HEAD(, prank_fence) fences;   /* Fences waiting for their transfers to end */
+    struct event *fence_ev;      /* looks again while any waits */
     td_pcache_t *pc;             /* the prefix cache, or NULL */
     struct event *cache_ev;      /* its events to the routers, every 50 ms */
     uint64_t cache_seq;
@@ -169,6 +183,7 @@ struct td_prank_s {
 
 static void task_try_terminal(task_t *t);
 static void prank_schedule(td_prank_t *rk);
+static void prank_cache_work(td_prank_t *rk);
 
 
 /* ---- Task state --------------------------------------------------------------- */
@@ -586,7 +601,7 @@ task_note_post(task_t *t, td_xfer_peer_t *xp, Tandem__KvNote *note)
     if ((buf = malloc(len ? len : 1)) == NULL)
         goto out;
     len = tandem__kv_note__pack(note, buf);
-    st = td_xfer_post(xp, t->xfer_id, NULL, 0, buf, len, t->rk->cfg.deadline_ms,
+    st = td_xfer_post(xp, t->xfer_id, &t->token, NULL, 0, buf, len, t->rk->cfg.deadline_ms,
                       task_on_note_done, t);
 out:
     free(buf);
@@ -680,8 +695,8 @@ task_post_layer(prank_layer_msg_t *m)
         goto err_stop;
     }
     b->user = t;
-    st = td_xfer_post(xp, t->xfer_id, b->descs, b->ndescs, NULL, 0, rk->cfg.deadline_ms,
-                      task_on_data_done, b);
+    st = td_xfer_post(xp, t->xfer_id, &t->token, b->descs, b->ndescs, NULL, 0,
+                      rk->cfg.deadline_ms, task_on_data_done, b);
     if (st != TD_OK) {
         td_kvmap_batch_free(b);
         task_fail(t, st, "layer %u: transfer refused: %s", m->layer, td_status_str(st));
@@ -800,6 +815,39 @@ task_job_ended(task_t *t, td_status_t st, const char *what)
     return 0;
 }
 
+/* ---- The prefix cache's bulk work (compute thread) ----------------------------- */
+
+static void
+prank_cache_work_run(void *arg)
+{
+    td_pcache_work_run(((td_prank_t *)arg)->pc);
+}
+
+static void
+prank_cache_work_done(void *arg)
+{
+    td_prank_t *rk = arg;
+
+    td_pcache_work_done(rk->pc);
+    if (rk->closing)
+        return;
+    prank_cache_work(rk);   /* what was queued meanwhile */
+    prank_schedule(rk);     /* demoted blocks are free: a task may start */
+}
+
+/* The cache's write-backs and demotions, queued by its loop-thread calls,
+ * go to the compute thread (a pass of the loop never copies a prompt's KV). */
+static void
+prank_cache_work(td_prank_t *rk)
+{
+    if (rk->closing || !td_pcache_work_take(rk->pc))
+        return;
+    if (td_jobq_post(rk->jq, prank_cache_work_run, prank_cache_work_done, rk) != TD_OK) {
+        td_pcache_work_run(rk->pc);   /* out of memory for a job: here, as before */
+        td_pcache_work_done(rk->pc);
+    }
+}
+
 /* Loop thread: the chunk came back. */
 static void
 task_chunk_done(void *arg)
@@ -828,6 +876,7 @@ task_chunk_done(void *arg)
                 td_pcache_insert(rk->pc, t->tokens, t->ntokens, t->hashes, t->res, t->snap,
                                  t->snap_end);
                 t->snap = NULL;
+                prank_cache_work(rk);
             }
             task_finish_engine(t);
         }
@@ -942,6 +991,7 @@ task_reserve_cached(task_t *t)
             need[s] = td_layout_blocks(l, &l->segs[s], t->ntokens) - (np != NULL ? np[s] : 0);
     if (td_pcache_make_room(rk->pc, need))
         st = td_kvpool_reserve_prefix(rk->kp, t->req_id, t->ntokens, np, pp, &t->res, &why);
+    prank_cache_work(rk);   /* demotions it queued: their blocks come after them */
     free(need);
     return st;
 }
@@ -1118,8 +1168,8 @@ static void
 prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
 {
     if (prank_task_find(rk, router, msg->req_id)) {
-        td_warn("prefill rank %u: req %016" PRIx64 ": prefill refused: already here",
-                rk->cfg.rank_id, msg->req_id);
+        td_log_peer_every(TD_LOG_WARN, "prefill rank %u: req %016" PRIx64 ": prefill refused: "
+                     "already here", rk->cfg.rank_id, msg->req_id);
         prank_send_done(rk, router, msg->req_id, TD_ERR_INVALID,
                         "duplicate prefill: the request is already on this rank", 0, 0, 0);
         return;
@@ -1128,8 +1178,8 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     if (t)
         t->tokens = malloc((msg->n_tokens ? msg->n_tokens : 1) * sizeof(int32_t));
     if (!t || !t->tokens) {
-        td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
-                 msg->req_id);
+        td_log_peer_every(TD_LOG_ERROR, "prefill rank %u: req %016" PRIx64 ": out of memory",
+                     rk->cfg.rank_id, msg->req_id);
         free(t);
         return;
     }
@@ -1144,8 +1194,8 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
         size_t nh = (size_t)(t->ntokens / G);
 
         if ((t->hashes = malloc((nh ? nh : 1) * sizeof(uint64_t))) == NULL) {
-            td_error("prefill rank %u: req %016" PRIx64 ": out of memory", rk->cfg.rank_id,
-                     msg->req_id);
+            td_log_peer_every(TD_LOG_ERROR, "prefill rank %u: req %016" PRIx64 ": out of "
+                         "memory", rk->cfg.rank_id, msg->req_id);
             free(t->tokens);
             free(t);
             return;
@@ -1161,8 +1211,12 @@ prank_prefill(td_prank_t *rk, void *router, const Tandem__Prefill *msg)
     rk->stats.tasks++;
     rk->stats.live++;
     const Tandem__KvDest *d = msg->dest;
-    if (d) {
+    if (d && d->xfer_token.len != TD_XFER_TOKEN_LEN) {
+        task_fail(t, TD_ERR_INVALID, "kv dest with a transfer token of %zu bytes (want %u)",
+                  d->xfer_token.len, TD_XFER_TOKEN_LEN);
+    } else if (d) {
         t->xfer_id = d->xfer_id;
+        memcpy(t->token.b, d->xfer_token.data, TD_XFER_TOKEN_LEN);
         t->peer = prank_peer_find(rk, d->node_id ? d->node_id : "", d->rank_id);
         if (t->peer && t->peer->incarnation != d->incarnation) {
             task_fail(t, TD_ERR_STALE, "decode rank %s/%u: incarnation %016" PRIx64
@@ -1224,6 +1278,114 @@ prank_drain(td_prank_t *rk, int draining)
     prank_publish_load(rk);
 }
 
+/* ---- Fences (docs/decoded.md, "Fencing") -------------------------------------- */
+
+#define PRANK_FENCE_POLL_MS 10u
+
+/* Whether nothing of transfer id towards decode incarnation dinc can land
+ * any more: no task of it left (a canceled one still sends its terminal
+ * note, then ends) and the xfer engine has nothing of it in flight. */
+static bool
+prank_fence_quiet(td_prank_t *rk, uint64_t dinc, uint64_t id)
+{
+    task_t *t;
+
+    TAILQ_FOREACH(t, &rk->tasks, all)
+        if (t->xfer_id == id && t->peer != NULL && t->peer->incarnation == dinc)
+            return false;
+    return td_xfer_quiet(rk->x, dinc, id);
+}
+
+static void
+prank_fence_answer(td_prank_t *rk, const prank_fence_t *f)
+{
+    Tandem__Fenced ans = TANDEM__FENCED__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    ans.prefill_node = "";   /* the router names the rank from its connection */
+    ans.prefill_rank = rk->cfg.rank_id;
+    ans.prefill_incarnation = td_xfer_incarnation(rk->x);
+    ans.decode_node = (char *)f->dnode;
+    ans.decode_rank = f->drank;
+    ans.decode_incarnation = f->dinc;
+    ans.n_xfer_ids = f->nids;
+    ans.xfer_ids = f->ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCED;
+    env.fenced = &ans;
+    td_info("prefill rank %u: %zu transfers to decode rank %s/%u fenced", rk->cfg.rank_id,
+            f->nids, f->dnode, f->drank);
+    if (rk->io.broadcast != NULL)   /* every router: any of them reaches the decode rank */
+        rk->io.broadcast(&env, rk->io.arg);
+}
+
+/* Answer the fences whose transfers are all quiet; look again soon while
+ * some wait. */
+static void
+prank_fence_check(td_prank_t *rk)
+{
+    prank_fence_t *f, *fn;
+    struct timeval tv = { 0, PRANK_FENCE_POLL_MS * 1000 };
+
+    TAILQ_FOREACH_SAFE(f, &rk->fences, link, fn) {
+        size_t i = 0;
+        while (i < f->nids && prank_fence_quiet(rk, f->dinc, f->ids[i]))
+            i++;
+        if (i < f->nids)
+            continue;
+        prank_fence_answer(rk, f);
+        TAILQ_REMOVE(&rk->fences, f, link);
+        free(f->ids);
+        free(f);
+    }
+    if (!TAILQ_EMPTY(&rk->fences) && !rk->closing)
+        evtimer_add(rk->fence_ev, &tv);
+}
+
+static void
+prank_on_fence_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    prank_fence_check(arg);
+}
+
+/* A decode rank quarantined these transfers' blocks: stop their tasks (a
+ * frozen process resumed, or a late one) and answer once nothing of them
+ * can land. A Fence for another incarnation of this rank is not ours. */
+static void
+prank_fence(td_prank_t *rk, const Tandem__Fence *msg)
+{
+    prank_fence_t *f;
+    task_t *t;
+
+    if (msg->prefill_incarnation != td_xfer_incarnation(rk->x) ||
+        msg->prefill_rank != rk->cfg.rank_id) {
+        td_log_peer_every(TD_LOG_WARN, "prefill rank %u: fence for prefill %u#%016" PRIx64
+                          " ignored: not this rank", rk->cfg.rank_id, msg->prefill_rank,
+                          msg->prefill_incarnation);
+        return;
+    }
+    for (size_t i = 0; i < msg->n_xfer_ids; i++)
+        TAILQ_FOREACH(t, &rk->tasks, all)
+            if (t->xfer_id == msg->xfer_ids[i] && t->peer != NULL &&
+                t->peer->incarnation == msg->decode_incarnation)
+                task_cancel(t, "fenced by the decode rank");
+    f = calloc(1, sizeof(*f));
+    if (f != NULL && msg->n_xfer_ids > 0)
+        f->ids = malloc(msg->n_xfer_ids * sizeof(*f->ids));
+    if (f == NULL || (msg->n_xfer_ids > 0 && f->ids == NULL)) {
+        free(f);
+        return;   /* the decode rank asks again */
+    }
+    snprintf(f->dnode, sizeof(f->dnode), "%.64s", msg->decode_node ? msg->decode_node : "");
+    f->drank = msg->decode_rank;
+    f->dinc = msg->decode_incarnation;
+    f->nids = msg->n_xfer_ids;
+    if (f->nids > 0)
+        memcpy(f->ids, msg->xfer_ids, f->nids * sizeof(*f->ids));
+    TAILQ_INSERT_TAIL(&rk->fences, f, link);
+    prank_fence_check(rk);
+}
+
 void
 td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
 {
@@ -1236,6 +1398,9 @@ td_prank_on_message(td_prank_t *rk, void *router, const Tandem__Envelope *env)
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DECODE_PEER:
         prank_decode_peer(rk, env->decode_peer);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCE:
+        prank_fence(rk, env->fence);
         break;
     case TANDEM__ENVELOPE__PAYLOAD_DRAIN:
         prank_drain(rk, env->drain->draining);
@@ -1388,6 +1553,8 @@ prank_pools_create(td_prank_t *rk)
         if (st != TD_OK)
             goto out;
         bases[s] = td_xfer_pool_base(rk->pools[s]);
+        if (rk->cfg.prefault)
+            td_xfer_pool_prefault(rk->pools[s]);
         bytes += bb * nb;
     }
     td_kvpool_set_memory(rk->kp, bases);
@@ -1420,6 +1587,12 @@ td_prank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
     TAILQ_INIT(&rk->tasks);
     TAILQ_INIT(&rk->runq);
     TAILQ_INIT(&rk->peers);
+    TAILQ_INIT(&rk->fences);
+    rk->fence_ev = evtimer_new(base, prank_on_fence_timer, rk);
+    if (rk->fence_ev == NULL) {
+        st = TD_ERR_NOMEM;
+        goto err_destroy;
+    }
     tandem__load__init(&rk->last_load);
     if (cfg->cache.max_blocks > 0) {
         rk->cfg.cache.rank_id = cfg->rank_id;
@@ -1529,6 +1702,14 @@ td_prank_destroy(td_prank_t *rk)
     }
     if (rk->cache_ev != NULL)
         event_free(rk->cache_ev);
+    if (rk->fence_ev != NULL)
+        event_free(rk->fence_ev);
+    while (!TAILQ_EMPTY(&rk->fences)) {
+        prank_fence_t *f = TAILQ_FIRST(&rk->fences);
+        TAILQ_REMOVE(&rk->fences, f, link);
+        free(f->ids);
+        free(f);
+    }
     td_pcache_destroy(rk->pc);   /* after the tasks: nothing pins a block now */
     if (rk->pools != NULL)
         for (uint32_t s = 0; s < rk->e->layout->nsegs; s++)

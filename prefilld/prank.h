@@ -34,6 +34,7 @@ typedef struct {
                                     relies on it) */
     uint64_t kv_tokens;          /* the KV pool: prompt tokens of the running tasks (>= 1) */
     const char *trace_path;      /* append per-layer timings to PATH.<rank>; NULL: none */
+    int prefault;                /* fault the pool in at create (td_xfer_pool_prefault) */
     int hold_layers;             /* put a chunk's layers only when the whole chunk is
                                     computed (no layer-wise streaming: for comparison) */
     /* Run first on the compute thread (binding it to its own compute pool);

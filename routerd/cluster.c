@@ -227,11 +227,7 @@ rank_lost(td_cluster_t *c, td_rrank_t *rk, const char *how, bool forget)
             rk->node->name, rk->rank_id, how, rk->inflight);
     rk->conn = NULL;
     /* its last Load says nothing about a rank that is gone */
-    memset(&rk->load, 0, sizeof rk->load);
-    rk->n_expert_tokens = 0;
-    rk->pend_tokens = 0;
-    rk->pend_reqs = 0;
-    rk->has_cache_stats = false;
+    td_rrank_load_clear(rk);
     td_rcache_clear(&rk->cache, true);   /* a rank that comes back announces again */
     c->hold++;   /* rk stays while its requests let go of it */
     if (c->h.on_rank_lost)
@@ -288,12 +284,7 @@ cluster_on_established(td_ctl_conn_t *conn, const Tandem__Hello *peer, void *arg
     }
     rk->conn = conn;
     rk->incarnation = peer->incarnation;
-    memset(&rk->load, 0, sizeof rk->load);
-    rk->n_expert_tokens = 0;
-    rk->pend_tokens = 0;
-    rk->pend_reqs = 0;
-    rk->refused = false;
-    rk->has_cache_stats = false;
+    td_rrank_load_clear(rk);
     td_rcache_clear(&rk->cache, true);
     td_info("%s: connected (incarnation %016llx)", td_ctl_conn_name(conn),
             (unsigned long long)peer->incarnation);
@@ -394,6 +385,20 @@ on_load(td_cluster_t *c, td_rrank_t *rk, const Tandem__Load *ld)
     capacity_changed(c);
 }
 
+/* A decode rank freed a request's row and blocks: room now, not at its
+ * next Load (a Released of a decoded that does not say its tokens frees
+ * the row only). */
+static void
+on_released(td_cluster_t *c, td_rrank_t *rk, const Tandem__Released *rel)
+{
+    td_debug("%s: request %016llx: blocks released", td_ctl_conn_name(rk->conn),
+             (unsigned long long)rel->req_id);
+    if (rk->role != TANDEM__ROLE__ROLE_DECODE)
+        return;
+    td_rrank_admit_freed(rk, rel->tokens);
+    capacity_changed(c);
+}
+
 /* A prefill rank's CacheEvent: applied to its set of blocks; one that
  * cannot be trusted empties the set (logged here, the connection stays). */
 static void
@@ -402,27 +407,29 @@ on_cache_event(td_rrank_t *rk, const Tandem__CacheEvent *ev)
     td_rcache_event_t e = { .seq = ev->seq, .cleared = ev->cleared, .added = ev->added,
                             .nadded = ev->n_added, .removed = ev->removed,
                             .nremoved = ev->n_removed };
-    const char *why = "";
+    const char *why = "", *name = td_ctl_conn_name(rk->conn);
+    unsigned long long seq = (unsigned long long)ev->seq;
     td_status_t st;
 
     if (td_rrank_cache_block(rk) == 0) {
-        td_warn("%s: cache event from a rank without a prefix cache (a %s rank, cache block "
-                "tokens 0): ignored", td_ctl_conn_name(rk->conn), td_hello_role_str(rk->role));
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event from a rank "
+                       "without a prefix cache (a %s rank, cache block tokens 0): ignored",
+                       name, td_hello_role_str(rk->role));
         return;
     }
     st = td_rcache_apply(&rk->cache, &e, &why);
     if (st == TD_ERR_PROTO)
-        td_warn("%s: cache event %llu malformed (%s): its cache blocks forgotten",
-                td_ctl_conn_name(rk->conn), (unsigned long long)ev->seq, why);
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event %llu malformed "
+                       "(%s): its cache blocks forgotten", name, seq, why);
     else if (st == TD_ERR_TOO_BIG)
-        td_warn("%s: more than %zu cache blocks announced (cache-max-blocks): the rest are "
-                "not tracked until its cache is cleared", td_ctl_conn_name(rk->conn),
-                rk->cache.max);
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: more than %zu cache blocks "
+                       "announced (cache-max-blocks): the rest are not tracked until its cache "
+                       "is cleared", name, rk->cache.max);
     else if (st != TD_OK)
-        td_warn("%s: cache event %llu: %s: its cache blocks forgotten",
-                td_ctl_conn_name(rk->conn), (unsigned long long)ev->seq, td_status_str(st));
-    td_trace("%s: cache event %llu: cleared %d, +%zu -%zu, %zu blocks", td_ctl_conn_name(rk->conn),
-             (unsigned long long)ev->seq, ev->cleared, ev->n_added, ev->n_removed, rk->cache.n);
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: cache event %llu: %s: its "
+                       "cache blocks forgotten", name, seq, td_status_str(st));
+    td_trace("%s: cache event %llu: cleared %d, +%zu -%zu, %zu blocks", name, seq, ev->cleared,
+             ev->n_added, ev->n_removed, rk->cache.n);
 }
 
 static void
@@ -454,6 +461,86 @@ td_cluster_node_cache_flush(td_cluster_t *c, const char *name, const char *reaso
     td_info("node %s: cache flush sent to %u prefill ranks by the operator", n->name, k);
     *sent = k;
     return TD_OK;
+}
+
+/* ======================================================================= */
+/* Fences (docs/decoded.md, "Fencing"): the router relays, keeps nothing     */
+/* ======================================================================= */
+
+static void
+fenced_send(td_rrank_t *to, Tandem__Fenced *f)
+{
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCED;
+    env.fenced = f;
+    (void)td_rrank_send(to, &env);
+}
+
+/* A decode rank's Fence (for its own transfers only): to the prefill rank
+ * it names when that incarnation is connected; {gone} back at once when
+ * another incarnation of that rank registered since; else nothing (the
+ * decode rank asks again). */
+static void
+on_fence(td_cluster_t *c, td_rrank_t *rk, const Tandem__Fence *msg)
+{
+    Tandem__Fence fwd = *msg, *f = &fwd;   /* the message's strings stay its own */
+    td_rrank_t *p;
+
+    if (rk->role != TANDEM__ROLE__ROLE_DECODE || f->decode_incarnation != rk->incarnation ||
+        f->decode_rank != rk->rank_id) {
+        td_log_peer(&rk->log, TD_LOG_WARN, "%s: fence for another rank's transfers ignored",
+                    td_ctl_conn_name(rk->conn));
+        return;
+    }
+    fwd.decode_node = rk->node->name;
+    p = rank_find(c, f->prefill_node ? f->prefill_node : "", f->prefill_rank,
+                  TANDEM__ROLE__ROLE_PREFILL);
+    if (p == NULL || p->incarnation == 0)
+        return;
+    if (p->incarnation == f->prefill_incarnation) {
+        if (p->conn != NULL && p->reg != NULL) {
+            Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+            env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+            env.fence = f;
+            (void)td_rrank_send(p, &env);
+        }
+        return;
+    }
+    Tandem__Fenced ans = TANDEM__FENCED__INIT;
+    ans.prefill_node = p->node->name;
+    ans.prefill_rank = f->prefill_rank;
+    ans.prefill_incarnation = f->prefill_incarnation;
+    ans.decode_node = f->decode_node;
+    ans.decode_rank = f->decode_rank;
+    ans.decode_incarnation = f->decode_incarnation;
+    ans.n_xfer_ids = f->n_xfer_ids;
+    ans.xfer_ids = f->xfer_ids;
+    ans.gone = true;
+    td_info("prefill rank %s/%u: incarnation %016llx gone (now %016llx): %zu transfers of "
+            "decode rank %s/%u fenced", p->node->name, p->rank_id,
+            (unsigned long long)f->prefill_incarnation, (unsigned long long)p->incarnation,
+            f->n_xfer_ids, rk->node->name, rk->rank_id);
+    fenced_send(rk, &ans);
+}
+
+/* A prefill rank's Fenced (for its own transfers: named from its
+ * connection) to the decode rank it names, when connected. */
+static void
+on_fenced(td_cluster_t *c, td_rrank_t *rk, const Tandem__Fenced *msg)
+{
+    Tandem__Fenced fwd = *msg, *f = &fwd;   /* the message's strings stay its own */
+    td_rrank_t *d;
+
+    if (rk->role != TANDEM__ROLE__ROLE_PREFILL || f->gone)
+        return;
+    fwd.prefill_node = rk->node->name;
+    fwd.prefill_rank = rk->rank_id;
+    fwd.prefill_incarnation = rk->incarnation;
+    d = rank_find(c, f->decode_node ? f->decode_node : "", f->decode_rank,
+                  TANDEM__ROLE__ROLE_DECODE);
+    if (d != NULL && d->incarnation == f->decode_incarnation && d->conn != NULL)
+        fenced_send(d, f);
 }
 
 static void
@@ -489,11 +576,19 @@ cluster_on_message(td_ctl_conn_t *conn, const Tandem__Envelope *env, void *arg)
     case TANDEM__ENVELOPE__PAYLOAD_CACHE_EVENT:
         on_cache_event(rk, env->cache_event);
         break;
+    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
+        on_released(c, rk, env->released);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCE:
+        on_fence(c, rk, env->fence);
+        break;
+    case TANDEM__ENVELOPE__PAYLOAD_FENCED:
+        on_fenced(c, rk, env->fenced);
+        break;
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK:
     case TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT:
     case TANDEM__ENVELOPE__PAYLOAD_PREFILL_DONE:
     case TANDEM__ENVELOPE__PAYLOAD_TOKENS:
-    case TANDEM__ENVELOPE__PAYLOAD_RELEASED:
     case TANDEM__ENVELOPE__PAYLOAD_FORGET:
         if (c->h.on_message)
             c->h.on_message(c, rk, env, c->h.arg);

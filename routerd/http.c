@@ -63,6 +63,8 @@ struct td_http_req_s {
     td_buf_t out;            /* header lines the route added */
     void (*gone)(td_http_req_t *req, void *arg);
     void *gone_arg;
+    void (*drain)(td_http_req_t *req, void *arg);   /* td_http_on_drain */
+    void *drain_arg;
     bool started;            /* the answer's status line is queued */
     bool streaming, chunked, sse;
 };
@@ -82,6 +84,7 @@ struct td_http_conn_s {
     uint64_t body_left;             /* Content-Length bytes still to read */
     td_h1_chunked_t chunked;
     uint64_t held;                  /* bytes counted in the budget */
+    size_t out_len;                 /* answer bytes buffered: counted in out_budget */
     bool answered_one;              /* idle now means kept alive */
     bool close_after;               /* no request after the current one */
     bool peer_eof;                  /* the client half-closed */
@@ -787,6 +790,12 @@ conn_on_write(struct bufferevent *bev, void *arg)
         conn_shut_if_drained(c);
         return;
     }
+    if (c->req != NULL && c->req->drain != NULL) {   /* td_http_on_drain: once */
+        void (*fn)(td_http_req_t *, void *) = c->req->drain;
+        c->req->drain = NULL;
+        fn(c->req, c->req->drain_arg);
+        return;   /* fn may have answered, and the connection moved on */
+    }
     if (c->state != CONN_SEND || evbuffer_get_length(bufferevent_get_output(bev)) > 0)
         return;
     if (c->close_after || c->peer_eof) {
@@ -794,6 +803,7 @@ conn_on_write(struct bufferevent *bev, void *arg)
                                                : "answered, not kept alive");
         return;
     }
+    bufferevent_setwatermark(bev, EV_WRITE, 0, 0);   /* a stream's, td_http_on_drain */
     conn_set_state(c, CONN_IDLE, "answer written");
     conn_read(c);   /* a pipelined request */
 }
@@ -1026,9 +1036,18 @@ td_http_reply_json(td_http_req_t *req, int code, json_t *j)
 void
 td_http_stream_start(td_http_req_t *req, int code)
 {
+    int sndbuf;
+
     if (!req->conn || req->started)
         return;
     req->streaming = true;
+    if (req->conn->l->site.stream_max)   /* conn_on_write at a quarter: td_http_on_drain */
+        bufferevent_setwatermark(req->conn->bev, EV_WRITE, req->conn->l->site.stream_max / 4, 0);
+    sndbuf = req->conn->l->site.stream_sndbuf;
+    if (sndbuf > 0 &&
+        setsockopt(req->conn->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf) != 0)
+        td_debug("http conn %" PRIu64 ": SO_SNDBUF %d: %s", req->conn->id, sndbuf,
+                 strerror(errno));
     resp_head(req, code, NULL, -1);
 }
 
@@ -1045,6 +1064,62 @@ td_http_stream_send(td_http_req_t *req, const void *data, size_t len)
     evbuffer_add(o, data, len);
     if (req->chunked)
         evbuffer_add(o, "\r\n", 2);
+}
+
+void
+td_http_on_drain(td_http_req_t *req, void (*fn)(td_http_req_t *req, void *arg), void *arg)
+{
+    req->drain = fn;
+    req->drain_arg = arg;
+}
+
+size_t
+td_http_stream_pending(const td_http_req_t *req)
+{
+    return req->conn ? evbuffer_get_length(bufferevent_get_output(req->conn->bev)) : 0;
+}
+
+bool
+td_http_stream_over(const td_http_req_t *req)
+{
+    const td_http_site_t *s;
+
+    if (!req->conn)
+        return false;
+    s = &req->conn->l->site;
+    return (s->stream_max && td_http_stream_pending(req) > s->stream_max) ||
+           (s->out_budget && s->out_budget->used > s->out_budget->max);
+}
+
+void
+td_http_abort(td_http_req_t *req, const char *why)
+{
+    td_http_conn_t *c = req->conn;
+
+    if (c == NULL)
+        return;
+    req->gone = NULL;
+    conn_lost(c, why);
+}
+
+bool
+td_http_out_full(const td_http_req_t *req)
+{
+    const td_http_site_t *s = req->conn ? &req->conn->l->site : NULL;
+
+    return s != NULL && s->out_budget != NULL && s->out_budget->used > s->out_budget->max;
+}
+
+bool
+td_http_stream_drained(const td_http_req_t *req)
+{
+    const td_http_site_t *s;
+
+    if (!req->conn)
+        return true;
+    s = &req->conn->l->site;
+    return (!s->stream_max || td_http_stream_pending(req) <= s->stream_max / 4) &&
+           (!s->out_budget || s->out_budget->used <= s->out_budget->max);
 }
 
 void
@@ -1071,10 +1146,25 @@ conn_free(td_http_conn_t *c)
     conn_unlink(c);
     l->nconns--;
     conn_release(c);
+    if (l->site.out_budget != NULL)
+        l->site.out_budget->used -= c->out_len;
     event_free(c->timer);
     bufferevent_free(c->bev);   /* closes the socket */
     req_free(c->req);
     free(c);
+}
+
+/* The output buffer grew or shrank: the answer bytes every connection
+ * holds, counted in the site's out_budget. */
+static void
+conn_on_out(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    td_http_conn_t *c = arg;
+    td_http_budget_t *b = c->l->site.out_budget;
+
+    (void)buf;
+    c->out_len = c->out_len + info->n_added - info->n_deleted;
+    b->used = b->used + info->n_added - info->n_deleted;
 }
 
 static td_status_t
@@ -1102,6 +1192,8 @@ conn_new(td_http_listener_t *l, evutil_socket_t fd, const char *peer)
         return TD_ERR_NOMEM;
     }
     bufferevent_setcb(c->bev, conn_on_read, conn_on_write, conn_on_event, c);
+    if (l->site.out_budget != NULL)
+        evbuffer_add_cb(bufferevent_get_output(c->bev), conn_on_out, c);
     /* what is read ahead of a request being served stays small */
     bufferevent_setwatermark(c->bev, EV_READ, 0, TD_HTTP_MAX_HEAD + 1);
     if (l->site.write_timeout_ms) {

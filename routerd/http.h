@@ -65,6 +65,14 @@ typedef struct {
     uint64_t idle_timeout_ms;       /* between requests on a kept-alive connection */
     uint64_t write_timeout_ms;      /* an answer whose bytes make no progress that
                                        long ends its connection; 0: none */
+    /* Backpressure for streams (td_http_stream_over): a stream's answer bytes
+     * buffered (not yet taken by the kernel), at most stream_max (0: no cap),
+     * and every answer's together, at most out_budget->max (NULL: no cap);
+     * a streaming socket's kernel send buffer is set to stream_sndbuf (0:
+     * the kernel's), so that the bytes waiting are ours to count. */
+    size_t stream_max;
+    td_http_budget_t *out_budget;
+    int stream_sndbuf;
     unsigned retry_after_s;         /* in the 503 of a refused connection */
     td_http_budget_t *budget;
     void *arg;                      /* passed to every route */
@@ -131,5 +139,24 @@ void td_http_reply_json(td_http_req_t *req, int code, json_t *json);
 void td_http_stream_start(td_http_req_t *req, int code);
 void td_http_stream_send(td_http_req_t *req, const void *data, size_t len);
 void td_http_stream_end(td_http_req_t *req);
+/* The stream's bytes not yet taken by the kernel. */
+size_t td_http_stream_pending(const td_http_req_t *req);
+/* Whether the producer of req's stream should stop: more than stream_max
+ * buffered for it, or more than the budget for every answer together. */
+bool td_http_stream_over(const td_http_req_t *req);
+/* End req's connection now, its buffered bytes dropped (a stream whose
+ * client reads too slowly: waiting for it to read them would hold them for
+ * as long as it likes). Its gone callback is not called; req is freed. */
+void td_http_abort(td_http_req_t *req, const char *why);
+/* Whether every answer together is over the budget (out_budget). */
+bool td_http_out_full(const td_http_req_t *req);
+/* Whether a stopped producer may go on: at most a quarter of stream_max
+ * buffered for it (room to spare, so that it does not stop again at once),
+ * and every answer together within the budget. */
+bool td_http_stream_drained(const td_http_req_t *req);
+/* fn(req, arg), once, when req's stream has drained to a quarter of
+ * stream_max (it may still be over the total budget: td_http_stream_drained
+ * says); NULL: none. */
+void td_http_on_drain(td_http_req_t *req, void (*fn)(td_http_req_t *req, void *arg), void *arg);
 
 #endif

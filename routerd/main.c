@@ -70,6 +70,19 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_DURATION("http-write-timeout", ST, http_write_timeout_ms, "60s", 0, 3600000,
                            "an answer whose bytes make no progress to the client this long "
                            "ends its connection (0: never)"),
+    /* backpressure for slow readers (docs/routerd.md, "Backpressure") */
+    TD_CONFIG_OPT_SIZE("stream-buffer-max", ST, stream_buffer_max, "1MiB", 4096, 1ull << 30,
+                       "a stream's answer bytes buffered for its client before its decode row "
+                       "is paused (it resumes once the client has read three quarters)"),
+    TD_CONFIG_OPT_SIZE("response-buffer-max", ST, response_buffer_max, "64MiB", 65536,
+                       1ull << 40, "answer bytes buffered for every client together; past it "
+                       "every stream that sends is paused"),
+    TD_CONFIG_OPT_SIZE("stream-sndbuf", ST, stream_sndbuf, "64KiB", 0, 64u << 20,
+                       "kernel send buffer of a streaming connection (SO_SNDBUF; 0: the "
+                       "kernel's), so that what waits for a slow client is counted above"),
+    TD_CONFIG_OPT_DURATION("slow-reader-timeout", ST, slow_reader_timeout_ms, "60s", 100,
+                           86400000, "a stream paused this long (its client reads too "
+                           "slowly) is canceled"),
     TD_CONFIG_OPT_UINT64("max-tokens-limit", ST, max_tokens_limit, "32768", 1, 1u << 24,
                          "largest max_tokens a request may ask for"),
     TD_CONFIG_OPT_UINT64("max-tokens-default", ST, max_tokens_default, "256", 1, 1u << 24,
@@ -394,6 +407,7 @@ router_init(td_router_t *r)
                              .cache_weight = cfg->cache_weight,
                              .continue_max_suffix = cfg->continue_max_suffix,
                              .continue_max_states = (size_t)cfg->continue_max_states,
+                             .slow_reader_timeout_ms = cfg->slow_reader_timeout_ms,
                              .cache_seed = td_chain_seed(r->fingerprint, r->kv_layout_hash) };
     st = td_rreq_tab_create(&rq, &r->reqs);
     if (st != TD_OK)
@@ -433,6 +447,7 @@ router_init(td_router_t *r)
         admin_conns = 0;
     td_http_fit_fd_limit(&api_conns, &admin_conns, ROUTER_FD_RESERVE);
     r->http_budget = (td_http_budget_t){ .max = cfg->http_max_buffered };
+    r->out_budget = (td_http_budget_t){ .max = cfg->response_buffer_max };
     r->http_site = (td_http_site_t){ .base = r->base, .routes = td_routes, .admin = false,
                                      .keys = r->keys, .metrics = &r->metrics,
                                      .max_body = cfg->max_body, .max_conns = api_conns,
@@ -440,6 +455,9 @@ router_init(td_router_t *r)
                                      .idle_timeout_ms = cfg->http_idle_timeout_ms,
                                      .write_timeout_ms = cfg->http_write_timeout_ms,
                                      .retry_after_s = (unsigned)cfg->retry_after_s,
+                                     .stream_max = (size_t)cfg->stream_buffer_max,
+                                     .out_budget = &r->out_budget,
+                                     .stream_sndbuf = (int)cfg->stream_sndbuf,
                                      .budget = &r->http_budget, .arg = r };
     r->admin_site = r->http_site;
     r->admin_site.admin = true;
@@ -535,7 +553,7 @@ main(int argc, char **argv)
     r.table = router_opts;
     st = router_init(&r);
     if (st == TD_OK) {
-        event_base_dispatch(r.base);
+        td_loopstat_dispatch(r.base, &r.loop);
         rc = 0;
     } else {
         rc = st == TD_ERR_INVALID ? 2 : 1;

@@ -10,6 +10,7 @@ static const char *const errreason_names[TD_ERRREASON_N] = {
     "bad_request", "unauthorized", "not_found", "too_large", "no_capacity", "queue_full",
     "queue_timeout", "too_long",
     "rank_lost", "prefill_failed", "decode_failed", "timeout", "shutdown", "internal",
+    "slow_reader",
 };
 
 /* Upper bounds in seconds: 100 us .. 10 s, roughly x2 (the router's own share
@@ -132,6 +133,16 @@ td_metrics_render(const td_metrics_t *m, td_buf_t *out)
           "prompt tokens those requests took from kept states", m->continue_kept_tokens },
         { "tandem_router_continue_prefill_tokens_total",
           "prompt tokens their decode ranks prefilled", m->continue_suffix_tokens },
+        { "tandem_router_streams_paused_total",
+          "times a stream's decode row was paused: its client read slower than it was "
+          "generated (stream-buffer-max, response-buffer-max)", m->streams_paused },
+        { "tandem_router_streams_resumed_total", "of those, resumed once the client read",
+          m->streams_resumed },
+        { "tandem_router_slow_readers_timeout_total",
+          "streams canceled: paused longer than slow-reader-timeout", m->slow_timeout },
+        { "tandem_router_slow_readers_evicted_total",
+          "streams canceled: the oldest paused when a decode rank's paused budget was full",
+          m->slow_evicted },
     };
     for (size_t i = 0; st == TD_OK && i < sizeof counters / sizeof counters[0]; i++) {
         st = td_metrics_header(out, counters[i].name, "counter", counters[i].help);

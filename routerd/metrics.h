@@ -33,6 +33,7 @@ typedef enum {
     TD_ERRREASON_TIMEOUT,          /* --request-timeout */
     TD_ERRREASON_SHUTDOWN,         /* refused or ended by the router's shutdown */
     TD_ERRREASON_INTERNAL,         /* our bug or out of memory */
+    TD_ERRREASON_SLOW_READER,      /* a stream's client read too slowly (backpressure) */
     TD_ERRREASON_N
 } td_errreason_t;
 
@@ -62,6 +63,12 @@ typedef struct {
     uint64_t continue_refused;      /*   of them refused by the rank (admitted anew) */
     uint64_t continue_kept_tokens;  /* prompt tokens those requests took from kept states */
     uint64_t continue_suffix_tokens;/* prompt tokens their decode ranks prefilled */
+    /* backpressure of streams (docs/routerd.md, "Backpressure") */
+    uint64_t streams_paused;        /* times a stream's decode row was paused */
+    uint64_t streams_resumed;       /*   and resumed */
+    uint64_t slow_timeout;          /* streams canceled: paused past slow-reader-timeout */
+    uint64_t slow_evicted;          /*   the decode rank's paused budget was full */
+    uint64_t paused_now;            /* streams paused now */
 } td_metrics_t;
 
 const char *td_metrics_outcome_str(td_outcome_t o);

@@ -81,14 +81,19 @@ rank_json(const td_rrank_t *rk)
     char inc[17];
 
     if (st != TD_RRANK_DEAD) {
-        load = json_pack("{s:I, s:I, s:I}", "running", (json_int_t)l->running,
+        load = json_pack("{s:I, s:I, s:I, s:I, s:I}", "running", (json_int_t)l->running,
                          "queued", (json_int_t)l->queued,
-                         "queued_tokens", (json_int_t)l->queued_tokens);
-        kv = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "blocks_used",
+                         "queued_tokens", (json_int_t)l->queued_tokens,
+                         "paused", (json_int_t)l->paused,
+                         "paused_kv_bytes", (json_int_t)l->kv_bytes_paused);
+        kv = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "blocks_used",
                        (json_int_t)l->kv_blocks_used, "blocks_free", (json_int_t)l->kv_blocks_free,
                        "tokens_used", (json_int_t)l->kv_tokens_used,
                        "tokens_free", (json_int_t)l->kv_tokens_free,
-                       "kept", (json_int_t)l->kept, "kept_tokens", (json_int_t)l->kept_tokens);
+                       "kept", (json_int_t)l->kept, "kept_tokens", (json_int_t)l->kept_tokens,
+                       "quarantined", (json_int_t)l->quarantined,
+                       "blocks_quarantined", (json_int_t)l->kv_blocks_quarantined,
+                       "tokens_quarantined", (json_int_t)l->kv_tokens_quarantined);
     }
     if (td_rrank_dep_size(rk) > 0 || l->dep_passes > 0 || rk->n_expert_tokens > 0)
         dep = dep_json(rk, st == TD_RRANK_DEAD);   /* a DEP group's rank */

@@ -28,8 +28,11 @@ static td_status_t
 rank_gauges(td_router_t *r, td_buf_t *out)
 {
     static const struct { const char *name, *help; } g[] = {
-        { "tandem_router_rank_kv_blocks", "kv blocks of a decode rank (used, free)" },
-        { "tandem_router_rank_kv_tokens", "kv capacity of a decode rank in tokens (used, free)" },
+        { "tandem_router_rank_kv_blocks",
+          "kv blocks of a decode rank (used, free; quarantined: of the used, waiting for a "
+          "fence)" },
+        { "tandem_router_rank_kv_tokens",
+          "kv capacity of a decode rank in tokens (used, free; quarantined: of the used)" },
         { "tandem_router_rank_queue_depth", "requests waiting at a rank (queued, queued_tokens)" },
         { "tandem_router_rank_running", "requests running at a rank" },
         { "tandem_router_rank_inflight", "this router's requests bound to a rank" },
@@ -59,11 +62,14 @@ rank_gauges(td_router_t *r, td_buf_t *out)
             case 0:
             case 1:
                 if (dec)
-                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n",
-                                       g[i].name, lbl,
+                    st = td_buf_printf(out, "%s{%s,kind=\"used\"} %llu\n%s{%s,kind=\"free\"} %llu\n"
+                                       "%s{%s,kind=\"quarantined\"} %llu\n", g[i].name, lbl,
                                        (unsigned long long)(i ? l->kv_tokens_used : l->kv_blocks_used),
                                        g[i].name, lbl,
-                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free));
+                                       (unsigned long long)(i ? l->kv_tokens_free : l->kv_blocks_free),
+                                       g[i].name, lbl,
+                                       (unsigned long long)(i ? l->kv_tokens_quarantined
+                                                              : l->kv_blocks_quarantined));
                 break;
             case 2:
                 st = td_buf_printf(out, "%s{%s,kind=\"queued\"} %u\n%s{%s,kind=\"queued_tokens\"} %llu\n",
@@ -194,6 +200,98 @@ cache_metrics(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* Backpressure now: answer bytes buffered, the caps, streams paused. */
+static td_status_t
+flow_gauges(td_router_t *r, td_buf_t *out)
+{
+    const struct { const char *name, *help; unsigned long long v; } g[] = {
+        { "tandem_router_response_buffered_bytes",
+          "answer bytes buffered for clients (not yet taken by the kernel)",
+          (unsigned long long)r->out_budget.used },
+        { "tandem_router_response_buffer_max_bytes", "response-buffer-max: their budget",
+          (unsigned long long)r->out_budget.max },
+        { "tandem_router_stream_buffer_max_bytes",
+          "stream-buffer-max: one stream's buffered bytes before its decode row pauses",
+          (unsigned long long)r->cfg->stream_buffer_max },
+        { "tandem_router_streams_paused", "streams whose decode row is paused now",
+          (unsigned long long)r->metrics.paused_now },
+    };
+    td_status_t st = TD_OK;
+
+    for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
+        st = td_metrics_header(out, g[i].name, "gauge", g[i].help);
+        if (st == TD_OK)
+            st = td_buf_printf(out, "%s %llu\n", g[i].name, g[i].v);
+    }
+    return st;
+}
+
+/* One loop's passes as a histogram in seconds, with labels (or none). */
+static td_status_t
+loop_hist(td_buf_t *out, const char *name, const char *lbl, const td_loopstat_t *ls)
+{
+    uint64_t cum = 0;
+    td_status_t st = TD_OK;
+    const char *sep = lbl[0] ? "," : "";
+
+    for (size_t b = 0; st == TD_OK && b <= TD_LOOPSTAT_NBUCKETS; b++) {
+        char le[32];
+        cum += ls->counts[b];
+        if (b < TD_LOOPSTAT_NBUCKETS)
+            snprintf(le, sizeof le, "%g", (double)td_loopstat_bounds_us[b] / 1e6);
+        else
+            snprintf(le, sizeof le, "+Inf");
+        st = td_buf_printf(out, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, lbl, sep, le,
+                           (unsigned long long)cum);
+    }
+    if (st == TD_OK)
+        st = td_buf_printf(out, "%s_sum%s%s%s %.6f\n%s_count%s%s%s %llu\n", name,
+                           lbl[0] ? "{" : "", lbl, lbl[0] ? "}" : "", (double)ls->sum_us / 1e6,
+                           name, lbl[0] ? "{" : "", lbl, lbl[0] ? "}" : "",
+                           (unsigned long long)cum);
+    return st;
+}
+
+/* Loop threads (net/loopstat.h): routerd's own, and every rank's from its
+ * Load: how long each pass of callbacks took (thread CPU time); the
+ * longest too. A loop thread never computes: the tail says whether one
+ * did. */
+static td_status_t
+loop_metrics(td_router_t *r, td_buf_t *out)
+{
+    td_status_t st = td_metrics_header(out, "tandem_router_loop_pass_seconds", "histogram",
+                                       "routerd's event loop: each pass's callbacks, thread "
+                                       "cpu time");
+    if (st == TD_OK)
+        st = loop_hist(out, "tandem_router_loop_pass_seconds", "", &r->loop);
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_rank_loop_pass_seconds", "histogram",
+                               "a worker rank's event loop: each pass's callbacks, thread cpu "
+                               "time (from its Load)");
+    for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+        char node[2 * TD_HELLO_NODE_ID_MAX + 1], lbl[256];
+        if (rk->loop.n == 0)
+            continue;
+        label_escape(node, sizeof node, rk->node->name);
+        snprintf(lbl, sizeof lbl, "node=\"%s\",rank=\"%u\",role=\"%s\"", node, rk->rank_id,
+                 td_hello_role_str(rk->role));
+        st = loop_hist(out, "tandem_router_rank_loop_pass_seconds", lbl, &rk->loop);
+    }
+    if (st == TD_OK)
+        st = td_metrics_header(out, "tandem_router_rank_loop_pass_max_seconds", "gauge",
+                               "a worker rank's longest loop pass since it started");
+    for (const td_rrank_t *rk = r->cluster.ranks; st == TD_OK && rk; rk = rk->next) {
+        char node[2 * TD_HELLO_NODE_ID_MAX + 1];
+        if (rk->loop.n == 0)
+            continue;
+        label_escape(node, sizeof node, rk->node->name);
+        st = td_buf_printf(out, "tandem_router_rank_loop_pass_max_seconds{node=\"%s\",rank="
+                           "\"%u\",role=\"%s\"} %.6f\n", node, rk->rank_id,
+                           td_hello_role_str(rk->role), (double)rk->loop.max_us / 1e6);
+    }
+    return st;
+}
+
 /* The admission queue now (its waits are the queue_wait histogram). */
 static td_status_t
 queue_gauges(td_router_t *r, td_buf_t *out)
@@ -242,6 +340,10 @@ td_route_metrics(td_http_req_t *req, void *router)
                            (unsigned long long)states[s]);
     if (st == TD_OK)
         st = queue_gauges(r, &out);
+    if (st == TD_OK)
+        st = flow_gauges(r, &out);
+    if (st == TD_OK)
+        st = loop_metrics(r, &out);
     if (st == TD_OK) {
         td_http_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     } else {

@@ -13,6 +13,8 @@ void td_route_detokenize(td_http_req_t *req, void *router);
 void td_route_models(td_http_req_t *req, void *router);
 void td_route_health(td_http_req_t *req, void *router);
 void td_route_admin_health(td_http_req_t *req, void *router);
+void td_route_ready(td_http_req_t *req, void *router);
+void td_route_admin_ready(td_http_req_t *req, void *router);
 void td_route_metrics(td_http_req_t *req, void *router);
 void td_route_admin_status(td_http_req_t *req, void *router);
 void td_route_admin_drain(td_http_req_t *req, void *router);

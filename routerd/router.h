@@ -45,6 +45,10 @@ typedef struct {
     uint64_t admin_max_conns;   /* the HTTP listeners' limits (http.h); 0 = no cap */
     uint64_t http_idle_timeout_ms;
     uint64_t http_max_buffered;   /* bytes */
+    uint64_t stream_buffer_max;   /* backpressure (docs/routerd.md): one stream's bytes, */
+    uint64_t response_buffer_max; /*   every answer's, */
+    uint64_t stream_sndbuf;       /*   a stream socket's kernel send buffer, */
+    uint64_t slow_reader_timeout_ms;  /*   how long a stream may stay paused */
     uint64_t http_max_conns;
     uint64_t http_read_timeout_ms;
     uint64_t http_write_timeout_ms;   /* 0 = none */
@@ -100,6 +104,8 @@ typedef struct {
     td_http_listener_t *http, *admin;
     td_http_site_t http_site, admin_site;
     td_http_budget_t http_budget;   /* request bytes held, both listeners */
+    td_http_budget_t out_budget;    /* answer bytes buffered, the api listener's streams */
+    td_loopstat_t loop;             /* the event loop's passes (net/loopstat.h) */
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;

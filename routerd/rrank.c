@@ -28,6 +28,16 @@ td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld)
     rk->load.expert_tokens = NULL;   /* the message's: copied below */
     rk->load.n_expert_tokens = 0;
     rk->load.cache = NULL;           /* the message's: its scalars copied here */
+    rk->load.loop_pass_counts = NULL;   /* the message's: into rk->loop */
+    rk->load.n_loop_pass_counts = 0;
+    if (ld->n_loop_pass_counts == TD_LOOPSTAT_NBUCKETS + 1) {
+        memcpy(rk->loop.counts, ld->loop_pass_counts, sizeof rk->loop.counts);
+        rk->loop.n = 0;
+        for (size_t i = 0; i < ld->n_loop_pass_counts; i++)
+            rk->loop.n += ld->loop_pass_counts[i];
+        rk->loop.sum_us = ld->loop_pass_sum_us;
+        rk->loop.max_us = ld->loop_pass_max_us;
+    }
     rk->has_cache_stats = ld->cache != NULL;
     if (ld->cache) {
         rk->cache_stats = *ld->cache;
@@ -44,9 +54,64 @@ td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld)
     }
     if (rk->n_expert_tokens == ld->n_expert_tokens && ld->n_expert_tokens > 0)
         memcpy(rk->expert_tokens, ld->expert_tokens, ld->n_expert_tokens * sizeof(uint64_t));
+    /* what it has not answered may not be in it yet */
+    rk->pend_tokens = rk->unans_tokens;
+    rk->pend_reqs = rk->unans_reqs;
+    rk->freed_tokens = 0;
+    rk->freed_reqs = 0;
+    rk->refused = false;
+}
+
+void
+td_rrank_load_clear(td_rrank_t *rk)
+{
+    memset(&rk->load, 0, sizeof rk->load);
+    rk->n_expert_tokens = 0;
     rk->pend_tokens = 0;
     rk->pend_reqs = 0;
+    rk->freed_tokens = 0;
+    rk->freed_reqs = 0;
+    rk->unans_tokens = 0;
+    rk->unans_reqs = 0;
     rk->refused = false;
+    rk->has_cache_stats = false;
+}
+
+td_rrank_room_t
+td_rrank_room(const td_rrank_t *rk)
+{
+    uint64_t free_tok = rk->load.kv_tokens_free + rk->freed_tokens;
+    uint64_t rows = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs;
+    uint64_t total = rk->reg ? rk->reg->kv_tokens_total : 0;
+
+    free_tok = free_tok > rk->pend_tokens ? free_tok - rk->pend_tokens : 0;
+    if (total > 0 && free_tok > total)   /* a release the Load showed already */
+        free_tok = total;
+    rows = rows > rk->freed_reqs ? rows - rk->freed_reqs : 0;
+    return (td_rrank_room_t){ .free_tok = free_tok, .rows = rows };
+}
+
+void
+td_rrank_admit_sent(td_rrank_t *rk, uint64_t need)
+{
+    rk->pend_tokens += need;
+    rk->pend_reqs++;
+    rk->unans_tokens += need;
+    rk->unans_reqs++;
+}
+
+void
+td_rrank_admit_answered(td_rrank_t *rk, uint64_t need)
+{
+    rk->unans_tokens = rk->unans_tokens > need ? rk->unans_tokens - need : 0;
+    rk->unans_reqs -= rk->unans_reqs > 0;
+}
+
+void
+td_rrank_admit_freed(td_rrank_t *rk, uint64_t need)
+{
+    rk->freed_tokens += need;
+    rk->freed_reqs++;
 }
 
 td_rrank_state_t

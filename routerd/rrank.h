@@ -11,6 +11,8 @@
 
 #include "ctl.h"
 #include "hello.h"
+#include "log.h"
+#include "loopstat.h"
 #include "rcache.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -56,6 +58,14 @@ typedef struct td_rrank_s {
     size_t n_expert_tokens;
     uint64_t pend_tokens;       /* KV tokens / prompt tokens we sent since that Load */
     uint32_t pend_reqs;         /* requests we sent since that Load */
+    /* A decode rank's room between its Loads (td_rrank_admit_*): the rows
+     * and KV tokens of our requests it let go of since that Load, and the
+     * Admits we sent it that it has not answered yet (a Load may not show
+     * them: the next Load's pend_* start from these). */
+    uint64_t freed_tokens;
+    uint32_t freed_reqs;
+    uint64_t unans_tokens;
+    uint32_t unans_reqs;
     uint32_t inflight;          /* our requests bound to this rank */
     bool refused;               /* answered NO_CAPACITY since that Load: not chosen
                                    again until the next one */
@@ -66,6 +76,8 @@ typedef struct td_rrank_s {
     Tandem__CacheStats cache_stats;   /* scalars; valid when has_cache_stats */
     bool has_cache_stats;
     td_rrank_cache_counters_t cache_ctr;
+    td_log_limit_t log;         /* the lines its messages can make the router repeat */
+    td_loopstat_t loop;         /* its loop thread's passes, from its latest Load */
 } td_rrank_t;
 
 td_rrank_state_t td_rrank_state(const td_rrank_t *rk);
@@ -89,6 +101,27 @@ td_status_t td_rrank_send(td_rrank_t *rk, const Tandem__Envelope *env);
  * latest state, and what this router sent rk since (pend_*, refused) is in
  * it now. The message's arrays are copied, never kept. */
 void td_rrank_load(td_rrank_t *rk, const Tandem__Load *ld);
+/* Forget rk's load and what this router sent it (its connection ended, or
+ * a new one began). */
+void td_rrank_load_clear(td_rrank_t *rk);
+
+/* A decode rank's room as this router reckons it between Loads: its last
+ * Load, plus what it let go of since, less what we sent it since. */
+typedef struct {
+    uint64_t free_tok;          /* KV tokens free */
+    uint64_t rows;              /* batch rows in use (running + queued) */
+} td_rrank_room_t;
+
+td_rrank_room_t td_rrank_room(const td_rrank_t *rk);
+
+/* An Admit of need tokens (prompt + max_tokens) went to decode rank rk. */
+void td_rrank_admit_sent(td_rrank_t *rk, uint64_t need);
+/* rk answered it (AdmitOk or AdmitReject), or the request stopped waiting
+ * for the answer: the next Load shows it if rk took it. */
+void td_rrank_admit_answered(td_rrank_t *rk, uint64_t need);
+/* rk let go of a request of ours holding need tokens and a row: Released,
+ * a kept state (its blocks yield to admissions), or an AdmitReject. */
+void td_rrank_admit_freed(td_rrank_t *rk, uint64_t need);
 
 /* A prefill rank's cache block size in tokens (Register's
  * cache_block_tokens): 0 without a prefix cache or before it registered. */

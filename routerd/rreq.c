@@ -55,6 +55,7 @@ struct td_rreq_s {
     td_rqueue_entry_t qe;           /* its place in the admission queue */
     bool too_long;                  /* a decode rank said TOO_LONG */
     bool prefill_sent;              /* this attempt's Prefill went out */
+    bool admit_open;                /* its Admit went out, not answered yet (rrank.h) */
     bool streaming;                 /* 200 and the first chunk went out */
     td_rtext_t *text;               /* its text work: parse, prompt, tokens to text */
     bool text_busy;                 /* a job of text is queued or running */
@@ -79,6 +80,11 @@ struct td_rreq_s {
     bool no_continue;               /* a decode rank turned the continuation away */
     uint64_t t_start, t_last;       /* ns, CLOCK_MONOTONIC */
     struct event *timer;            /* request timeout, or NULL */
+    /* backpressure (flow_*): its decode row is paused while its client has
+     * more than the stream's share buffered */
+    bool paused;
+    uint64_t paused_ns;             /* since when */
+    struct event *flow_timer;       /* while paused: drained yet? too slow? */
 };
 
 struct td_rreq_tab_s {
@@ -198,6 +204,24 @@ bind_rank(td_rreq_t *q, td_rrank_t **slot, td_rrank_t *rk)
     td_cluster_rank_bind(q->t->cfg.cluster, rk);
 }
 
+/* The KV tokens q's Admit asks for: the prompt, and max_tokens for each of
+ * its n choices (they share the prompt's blocks; each grows its own). */
+static uint64_t
+admit_need(const td_rreq_t *q)
+{
+    return q->nprompt + (uint64_t)q->oreq->n * q->oreq->sampling.max_tokens;
+}
+
+/* The decode rank answered this attempt's Admit, or q waits for the answer
+ * no more: its room is counted from the Loads again (rrank.h). */
+static void
+admit_answered(td_rreq_t *q)
+{
+    if (q->admit_open && q->decode)
+        td_rrank_admit_answered(q->decode, admit_need(q));
+    q->admit_open = false;
+}
+
 static void
 unbind_rank(td_rreq_t *q, td_rrank_t **slot)
 {
@@ -205,6 +229,8 @@ unbind_rank(td_rreq_t *q, td_rrank_t **slot)
 
     if (!rk)
         return;
+    if (slot == &q->decode)
+        admit_answered(q);
     *slot = NULL;
     td_cluster_rank_release(q->t->cfg.cluster, rk);
 }
@@ -313,13 +339,18 @@ http_detach(td_rreq_t *q)
     q->http = NULL;
 }
 
+static void flow_check(td_rreq_t *q);
+static void flow_end(td_rreq_t *q);
+
 /* Send SSE events as one chunk (nothing when the client is gone or making
  * them failed). */
 static void
 stream_send(td_rreq_t *q, const td_buf_t *events)
 {
-    if (events->len > 0 && q->http && td_buf_status(events) == TD_OK)
+    if (events->len > 0 && q->http && td_buf_status(events) == TD_OK) {
         td_http_stream_send(q->http, events->data, events->len);
+        flow_check(q);
+    }
 }
 
 /* Send the SSE events in the table's sse buffer; the buffer is empty (and
@@ -392,6 +423,7 @@ request_end(td_rreq_t *q)
     if (q->timer)
         event_free(q->timer);
     q->timer = NULL;
+    flow_end(q);
     release_ranks(q, NULL);
     if (!q->text_busy) {
         request_release(q);
@@ -494,6 +526,153 @@ request_cancel(td_rreq_t *q, const char *why)
                       "The request was canceled: %s.", why);
     answer_error(q, &e);
     request_end(q);
+}
+
+/* ======================================================================= */
+/* Backpressure: a stream whose client reads slower than it is generated     */
+/* pauses its decode row (docs/routerd.md, "Backpressure")                   */
+/* ======================================================================= */
+
+#define FLOW_POLL_MS 50u
+
+static void
+flow_pause_send(td_rreq_t *q, bool paused)
+{
+    Tandem__Pause p = TANDEM__PAUSE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    if (q->decode == NULL)
+        return;
+    p.req_id = q->id;
+    p.paused = paused;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_PAUSE;
+    env.pause = &p;
+    (void)td_rrank_send(q->decode, &env);
+}
+
+/* The stream ends: it is paused no more. */
+static void
+flow_end(td_rreq_t *q)
+{
+    if (q->paused)
+        q->t->cfg.metrics->paused_now--;
+    q->paused = false;
+    if (q->flow_timer)
+        event_free(q->flow_timer);
+    q->flow_timer = NULL;
+}
+
+/* Cancel a stream whose client reads too slowly: paused past the timeout,
+ * or the oldest paused one when a budget was full (evicted: the decode
+ * rank's paused KV, or every stream's bytes together). Its connection ends
+ * at once, the bytes buffered for it dropped (a client that slow would hold
+ * them for as long as it likes). One log line (request_fail's) and a metric. */
+static void
+flow_slow_fail(td_rreq_t *q, bool evicted)
+{
+    td_openai_err_t e;
+    double paused_s = (double)(td_clock_ns() - q->paused_ns) / 1e9;
+    td_http_req_t *h = q->http;
+
+    http_detach(q);
+    if (h != NULL)
+        td_http_abort(h, "its client read the stream too slowly");
+
+    if (evicted)
+        q->t->cfg.metrics->slow_evicted++;
+    else
+        q->t->cfg.metrics->slow_timeout++;
+    td_openai_err_set(&e, 408, "server_error", NULL, "slow_reader",
+                      "The stream was canceled: the client read it too slowly (paused %.0f s%s).",
+                      paused_s, evicted ? ", and the decode rank needed the room" : "");
+    request_fail(q, TD_ERRREASON_SLOW_READER, &e);
+}
+
+/* The client has read most of it: the row resumes. */
+static void
+flow_resume(td_rreq_t *q)
+{
+    td_metrics_t *m = q->t->cfg.metrics;
+
+    q->paused = false;
+    m->paused_now--;
+    m->streams_resumed++;
+    evtimer_del(q->flow_timer);
+    td_http_on_drain(q->http, NULL, NULL);
+    flow_pause_send(q, false);
+}
+
+/* http.c: the stream drained to a quarter of its cap. */
+static void
+flow_on_drain(td_http_req_t *h, void *arg)
+{
+    td_rreq_t *q = arg;
+
+    (void)h;
+    if (q->paused && q->http != NULL && td_http_stream_drained(q->http))
+        flow_resume(q);   /* else the total is over: the timer looks again */
+}
+
+static void
+flow_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    td_rreq_t *q = arg;
+    uint64_t limit = q->t->cfg.slow_reader_timeout_ms ? q->t->cfg.slow_reader_timeout_ms
+                                                      : 60000;
+    struct timeval tv = { 0, FLOW_POLL_MS * 1000 };
+
+    (void)fd, (void)what;
+    if (!q->paused || q->http == NULL)
+        return;
+    if (td_http_stream_drained(q->http)) {
+        flow_resume(q);
+        return;
+    }
+    if (td_clock_ns() - q->paused_ns > limit * 1000000u) {
+        flow_slow_fail(q, false);
+        return;
+    }
+    evtimer_add(q->flow_timer, &tv);
+}
+
+/* Every stream together is over the budget: the oldest paused one is
+ * canceled (its buffered bytes go with its connection's end), or the
+ * streams that read would starve behind those that do not. */
+static void
+flow_evict_oldest(td_rreq_tab_t *t)
+{
+    td_rreq_t *old = NULL;
+
+    for (td_rreq_t *q = t->head; q != NULL; q = q->next)
+        if (q->paused && (old == NULL || q->paused_ns < old->paused_ns))
+            old = q;
+    if (old != NULL)
+        flow_slow_fail(old, true);
+}
+
+/* After a piece of the stream went out: when the client has more than the
+ * stream's share buffered (or every stream together more than theirs), its
+ * decode row pauses; a timer looks for the drain. */
+static void
+flow_check(td_rreq_t *q)
+{
+    struct timeval tv = { 0, FLOW_POLL_MS * 1000 };
+
+    if (q->paused || q->http == NULL || q->decode == NULL || q->state != TD_RREQ_DECODING ||
+        q->text_end || !td_http_stream_over(q->http))
+        return;
+    if (q->flow_timer == NULL &&
+        (q->flow_timer = evtimer_new(q->t->cfg.base, flow_on_timer, q)) == NULL)
+        return;   /* out of memory: the stream goes on unpaused */
+    if (td_http_out_full(q->http))
+        flow_evict_oldest(q->t);   /* the budget is held by paused streams: make room */
+    q->paused = true;
+    q->paused_ns = td_clock_ns();
+    q->t->cfg.metrics->streams_paused++;
+    q->t->cfg.metrics->paused_now++;
+    flow_pause_send(q, true);
+    td_http_on_drain(q->http, flow_on_drain, q);
+    evtimer_add(q->flow_timer, &tv);
 }
 
 static td_openai_finish_t
@@ -604,8 +783,8 @@ admit_send(td_rreq_t *q, uint64_t need)
     env.admit = &a;
     if (td_rrank_send(d, &env) != TD_OK)
         return false;
-    d->pend_tokens += need;
-    d->pend_reqs++;
+    td_rrank_admit_sent(d, need);
+    q->admit_open = true;
     set_state(q, TD_RREQ_ADMITTING, p != NULL ? "admit sent" : "admit sent: continues a kept state");
     return true;
 }
@@ -665,8 +844,7 @@ admit_try(td_rreq_t *q)
 {
     td_rreq_tab_t *t = q->t;
     unsigned retry_after = t->cfg.retry_after_s;
-    /* the choices share the prompt's blocks; each grows its own */
-    uint64_t need = q->nprompt + (uint64_t)q->oreq->n * q->oreq->sampling.max_tokens;
+    uint64_t need = admit_need(q);
 
     if (t->cfg.max_context && need > t->cfg.max_context) {
         fail_too_long(q, t->cfg.max_context);
@@ -860,6 +1038,7 @@ on_admit_ok(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     Tandem__Sampling s;
     Tandem__Envelope out = TANDEM__ENVELOPE__INIT;
 
+    admit_answered(q);
     if (q->cont.rank != NULL) {   /* the decode rank prefills the rest of the prompt */
         q->t->cfg.metrics->continue_kept_tokens += q->cont.ntokens;
         q->t->cfg.metrics->continue_suffix_tokens += q->nprompt - q->cont.ntokens;
@@ -908,6 +1087,8 @@ on_admit_reject(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
     td_info("request %016" PRIx64 ": %s rank %s/%u: admit rejected (%d): %s", q->id,
             td_hello_role_str(rk->role), rk->node->name, rk->rank_id, (int)rej->code,
             rej->reason);
+    admit_answered(q);
+    td_rrank_admit_freed(rk, admit_need(q));   /* it holds no row of q's */
     if (q->cont.rank != NULL) {   /* admitted anew, as any request */
         q->no_continue = true;
         q->t->cfg.metrics->continue_refused++;
@@ -1201,8 +1382,12 @@ tokens_take(td_rreq_t *q, td_rrank_t *rk, const Tandem__Tokens *tk)
     q->ntokens += (uint32_t)n;
     q->t->cfg.metrics->completion_tokens += n;
     if (tk->retained_tokens > 0 && tk->finish != TANDEM__FINISH__FINISH_NONE &&
-        q->oreq->n == 1)
+        q->oreq->n == 1) {
         kept_note(q, rk, tk->retained_tokens);
+        /* no Released follows: the row is free now, the blocks yield to admissions */
+        td_rrank_admit_freed(rk, admit_need(q));
+        td_rqueue_kick(q->t->queue);
+    }
     /* a stop token ends it (never one cut by max_tokens: then it is not last) */
     if (td_rtext_push(q->text, c, tk->tokens, n,
                       tk->finish == TANDEM__FINISH__FINISH_STOP && n == tk->n_tokens,
@@ -1238,6 +1423,11 @@ on_tokens(td_rreq_t *q, td_rrank_t *rk, const Tandem__Envelope *env)
 
     if (q->text_end) {   /* the reply is being finished; the ranks get Cancel after */
         td_debug("request %016" PRIx64 ": tokens after the end of the reply: ignored", q->id);
+        return;
+    }
+    if (q->paused && tk->finish == TANDEM__FINISH__FINISH_CANCELED) {
+        unbind_rank(q, &q->decode);   /* the rank ended it for its paused budget */
+        flow_slow_fail(q, true);
         return;
     }
     if (tk->finish == TANDEM__FINISH__FINISH_ERROR ||
@@ -1333,15 +1523,16 @@ td_rreq_on_message(td_rreq_tab_t *t, td_rrank_t *rk, const Tandem__Envelope *env
             return;
         }
         if (!(rreq_msgs[i].states & TD_FSM_BIT(q->state))) {
-            td_warn("%s: %s for request %016" PRIx64 ", which is %s: does not fit; ignored",
-                    td_ctl_conn_name(rk->conn), rreq_msgs[i].name, id,
-                    td_rreq_state_str(q->state));
+            td_log_peer(&rk->log, TD_LOG_WARN, "%s: %s for request %016" PRIx64
+                           ", which is %s: does not fit; ignored", td_ctl_conn_name(rk->conn),
+                           rreq_msgs[i].name, id, td_rreq_state_str(q->state));
             return;
         }
         if (rk != (rreq_msgs[i].from_decode ? q->decode : q->prefill)) {
-            td_warn("%s: %s for request %016" PRIx64 ": not its %s rank; ignored",
-                    td_ctl_conn_name(rk->conn), rreq_msgs[i].name, id,
-                    rreq_msgs[i].from_decode ? "decode" : "prefill");
+            td_log_peer(&rk->log, TD_LOG_WARN, "%s: %s for request %016" PRIx64
+                           ": not its %s rank; ignored", td_ctl_conn_name(rk->conn),
+                           rreq_msgs[i].name, id, rreq_msgs[i].from_decode ? "decode"
+                                                                           : "prefill");
             return;
         }
         rreq_msgs[i].fn(q, rk, env);

@@ -75,6 +75,7 @@ typedef struct {
                                        by at most this many tokens is prefilled there
                                        (docs/kvcache.md, "Multi-turn"); 0: never */
     size_t continue_max_states;     /* kept states tracked (>= 1 when the above is on) */
+    uint64_t slow_reader_timeout_ms;    /* a stream paused this long is canceled (0: 60 s) */
 } td_rreq_config_t;
 
 /* Starts the text threads. TD_ERR_NOMEM or TD_ERR_IO (logged). */

@@ -3,7 +3,9 @@
  * KV), a prefill rank with the least prefill work left (queued tokens plus
  * the prompt's uncached tokens, docs/kvrouting.md); draining, joining and
  * dead ranks are skipped. Load is the rank's latest Load plus what this
- * router sent it since (pend_*), so a burst does not pile onto one rank; when
+ * router sent it since (pend_*) less what the rank let go of since (a
+ * decode rank's releases, td_rrank_room), so a burst does not pile onto one
+ * rank and a release is room at once; when
  * no rank has room, whether one ever could decides between waiting and
  * refusing. */
 #include "rsched.h"
@@ -106,30 +108,12 @@ td_rsched_longest(const td_rrank_t *ranks)
     return most;
 }
 
-/* A decode rank's room: free KV tokens (the last Load less what this router
- * sent since) and batch rows in use (every admitted request holds one until
- * it ends: running + queued + sent since). */
-typedef struct {
-    uint64_t free_tok;
-    uint64_t load;
-} rsched_room_t;
-
-static rsched_room_t
-decode_room(const td_rrank_t *rk)
-{
-    return (rsched_room_t){
-        .free_tok = rk->load.kv_tokens_free > rk->pend_tokens
-                    ? rk->load.kv_tokens_free - rk->pend_tokens : 0,
-        .load = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs,
-    };
-}
-
 /* Whether an up decode rank that could hold need tokens and was not tried
  * has room for them now: free KV, a free row, no refusal since its Load. */
 static bool
-decode_fits(const td_rrank_t *rk, uint64_t need, rsched_room_t room)
+decode_fits(const td_rrank_t *rk, uint64_t need, td_rrank_room_t room)
 {
-    return !rk->refused && room.free_tok >= need && room.load < rk->reg->max_batch;
+    return !rk->refused && room.free_tok >= need && room.rows < rk->reg->max_batch;
 }
 
 /* Whether rk, with room for need tokens, is the one its DEP domain offers:
@@ -137,7 +121,7 @@ decode_fits(const td_rrank_t *rk, uint64_t need, rsched_room_t room)
  * rank with the most free KV (then the fewest rows, then the first in the
  * table) takes the request. */
 static bool
-domain_offers(td_rrank_t *ranks, const td_rrank_t *rk, rsched_room_t room, uint64_t need,
+domain_offers(td_rrank_t *ranks, const td_rrank_t *rk, td_rrank_room_t room, uint64_t need,
               const uint64_t *tried, size_t ntried)
 {
     bool before = true;   /* o comes before rk in the table */
@@ -150,12 +134,12 @@ domain_offers(td_rrank_t *ranks, const td_rrank_t *rk, rsched_room_t room, uint6
         if (!td_rrank_same_dep(o, rk) || !takes_requests(o, TANDEM__ROLE__ROLE_DECODE) ||
             !could_hold(o, need) || was_tried(o, tried, ntried))
             continue;
-        rsched_room_t r = decode_room(o);
+        td_rrank_room_t r = td_rrank_room(o);
         if (!decode_fits(o, need, r))
             continue;
         if (r.free_tok > room.free_tok ||
-            (r.free_tok == room.free_tok && (r.load < room.load ||
-                                             (r.load == room.load && before))))
+            (r.free_tok == room.free_tok && (r.rows < room.rows ||
+                                             (r.rows == room.rows && before))))
             return false;
     }
     return true;
@@ -166,7 +150,7 @@ td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried, s
                       td_rrank_t **out)
 {
     td_rrank_t *best = NULL;
-    rsched_room_t best_room = { 0, 0 };
+    td_rrank_room_t best_room = { 0, 0 };
     bool up = false, holds = false, untried = false;
 
     for (td_rrank_t *rk = ranks; rk; rk = rk->next) {
@@ -179,15 +163,15 @@ td_rsched_pick_decode(td_rrank_t *ranks, uint64_t need, const uint64_t *tried, s
         if (was_tried(rk, tried, ntried))
             continue;
         untried = true;
-        rsched_room_t room = decode_room(rk);
+        td_rrank_room_t room = td_rrank_room(rk);
         if (!decode_fits(rk, need, room))
             continue;
         if (td_rrank_dep_size(rk) > 0 && !domain_offers(ranks, rk, room, need, tried, ntried))
             continue;
         /* the least loaded, then the most free KV; a domain competes with
          * the rank it offers */
-        if (!best || room.load < best_room.load ||
-            (room.load == best_room.load && room.free_tok > best_room.free_tok)) {
+        if (!best || room.rows < best_room.rows ||
+            (room.rows == best_room.rows && room.free_tok > best_room.free_tok)) {
             best = rk;
             best_room = room;
         }

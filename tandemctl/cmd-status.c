@@ -34,11 +34,14 @@ static const tdctl_col_t status_cols[] = {
     { "QUEUED", "load.queued", false },
     { "KV-USED", "kv.blocks_used", false },
     { "KV-FREE", "kv.blocks_free", false },
+    /* only when some decode rank has blocks waiting for a fence */
+    { "QUARANTINED", "kv.blocks_quarantined", false },
     { "IN-FLIGHT", "inflight", false },
     { "CACHE", "cache", true },   /* only when some prefill rank has a prefix cache */
     { "DEP", "dep", true },       /* last: only when some rank is a DEP group's */
 };
 #define STATUS_COL_CACHE (STATUS_NCOLS_ - 2)
+#define STATUS_COL_QUAR 9
 #define STATUS_NCOLS_ (sizeof(status_cols) / sizeof(status_cols[0]))
 #define STATUS_NCOLS STATUS_NCOLS_
 
@@ -334,14 +337,27 @@ out_free:
 
 /* ---- The command ------------------------------------------------------------ */
 
+/* The columns shown: CACHE, QUARANTINED and DEP only when some rank has one. */
+static size_t
+status_pick_cols(bool any_cache, bool any_dep, bool any_quar, tdctl_col_t *cols)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < STATUS_NCOLS; i++)
+        if ((i != STATUS_COL_CACHE || any_cache) && (i != STATUS_NCOLS - 1 || any_dep) &&
+            (i != STATUS_COL_QUAR || any_quar))
+            cols[n++] = status_cols[i];
+    return n;
+}
+
 static td_status_t
 status_render(tdctl_t *ctl, const json_t *ans)
 {
     td_status_t st = TD_ERR_NOMEM;
     size_t i, j, nranks = 0, cap = 0;
-    bool any_dep = false, any_cache = false;
+    bool any_dep = false, any_cache = false, any_quar = false;
     tdctl_col_t cols[STATUS_NCOLS];
-    size_t ncols = 0;
+    size_t ncols;
     const json_t *node, *rank;
     const json_t *nodes = tdctl_out_array(ctl, ans, "nodes", "status");
     json_t *sums = json_array();   /* owns the node summaries and rows' own ones */
@@ -369,6 +385,8 @@ status_render(tdctl_t *ctl, const json_t *ans)
             }
             rows[nranks++] = (status_row_t){ .sum = sum, .rank = rank,
                                              .node = name ? name : "", .ni = i, .ri = j };
+            json_t *q = json_object_get(json_object_get(rank, "kv"), "blocks_quarantined");
+            any_quar = any_quar || (json_is_integer(q) && json_integer_value(q) > 0);
         }
     }
     if (nranks > 0)
@@ -401,9 +419,7 @@ status_render(tdctl_t *ctl, const json_t *ans)
         }
         rows[i].sum = own;
     }
-    for (i = 0; i < STATUS_NCOLS; i++)
-        if ((i != STATUS_COL_CACHE || any_cache) && (i != STATUS_NCOLS - 1 || any_dep))
-            cols[ncols++] = status_cols[i];
+    ncols = status_pick_cols(any_cache, any_dep, any_quar, cols);
     if ((t = tdctl_out_table_create(cols, ncols)) == NULL)
         goto err_nomem;
     for (i = 0; i < nranks; i++) {
@@ -447,7 +463,10 @@ const tdctl_cmd_entry_t tdctl_cmd_status_entry = {
                "router's view of the node (active, draining, removing); STATE the rank's\n"
                "(joining, up, draining, dead). RUNNING and QUEUED are requests, KV-USED\n"
                "and KV-FREE blocks, from the rank's latest load report; a dead rank\n"
-               "shows \"-\" there. IN-FLIGHT counts this router's requests bound to it.\n"
+               "shows \"-\" there. QUARANTINED, shown when some decode rank has any, are\n"
+               "blocks whose prefill rank went silent past its deadline and that wait\n"
+               "for a fence (docs/decoded.md). IN-FLIGHT counts this router's requests\n"
+               "bound to it.\n"
                "CACHE, shown when some prefill rank has a prefix cache, is that cache from\n"
                "the rank's latest report: bytes in its kv pool, host and ssd tiers and the\n"
                "share of looked-up prompt tokens found (\"-\": no cache; `tandemctl cache`\n"

@@ -13,6 +13,7 @@ const tdctl_cmd_entry_t *const tdctl_cmds_table[] = {
     &tdctl_cmd_cancel_entry,
     &tdctl_cmd_config_entry,
     &tdctl_cmd_cache_entry,
+    &tdctl_cmd_ready_entry,
     NULL,
 };
 

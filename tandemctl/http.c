@@ -267,3 +267,21 @@ out_free:
     http_result_free(&r);
     return st;
 }
+
+td_status_t
+tdctl_http_probe(tdctl_t *ctl, const char *path, uint64_t timeout_ms, int *code, json_t **out)
+{
+    http_result_t r = { .code = 0 };
+    td_status_t st = http_exchange(ctl, "GET", path, NULL, false, timeout_ms, &r);
+
+    *code = 0;
+    *out = NULL;
+    if (st == TD_OK) {
+        size_t n = evbuffer_get_length(r.body);
+        const char *p = (const char *)evbuffer_pullup(r.body, -1);
+        *code = r.code;
+        *out = p != NULL && n > 0 ? json_loadb(p, n, 0, NULL) : NULL;
+    }
+    http_result_free(&r);
+    return st;
+}

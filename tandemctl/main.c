@@ -123,9 +123,9 @@ main_resolve(char **slot, const char *env, const char *const *files, size_t nfil
     return st;
 }
 
-/* Router URL and admin key, from the options or their defaults. */
+/* Router URL and (with_key) admin key, from the options or their defaults. */
 static td_status_t
-main_setup(tdctl_t *ctl)
+main_setup(tdctl_t *ctl, bool with_key)
 {
     char url_file[4096], key_file[4096], etc_key_file[4096];
     snprintf(url_file, sizeof(url_file), "%s/admin.url", main_local_dir());
@@ -156,6 +156,8 @@ main_setup(tdctl_t *ctl)
         free(ctl->opts.router);
         ctl->opts.router = u;
     }
+    if (!with_key)
+        return TD_OK;
     st = main_resolve(&ctl->opts.admin_key_file, "TANDEM_ADMIN_KEY_FILE", key_files, 2,
                       "admin key", false);
     if (st == TD_ERR_NOT_FOUND)
@@ -303,7 +305,7 @@ main(int argc, char **argv)
     }
     rc = 1;
     ctl.nargs = npos - 1;
-    if (main_setup(&ctl) != TD_OK || cmd->exec(&ctl, argv + 2) != TD_OK)
+    if (main_setup(&ctl, !cmd->no_key) != TD_OK || cmd->exec(&ctl, argv + 2) != TD_OK)
         goto out_free_opts;
     if (fflush(stdout) != 0) {
         td_error("%s: cannot write the output: %s", cmd->name, strerror(errno));

@@ -31,8 +31,8 @@ typedef struct {
 
 /* A command: name, argument synopsis, one line of help, more lines for
  * `tandemctl CMD --help` (NULL: none), argument count (exact, or nargs to
- * nargs_max when nargs_max is above it), and the function run with
- * args[0 .. ctl->nargs-1]. */
+ * nargs_max when nargs_max is above it), whether it goes without the admin
+ * key, and the function run with args[0 .. ctl->nargs-1]. */
 typedef struct {
     const char *name;
     const char *args;
@@ -40,6 +40,7 @@ typedef struct {
     const char *details;
     int nargs;
     int nargs_max;
+    bool no_key;           /* needs no admin key (the router's public paths only) */
     td_status_t (*exec)(tdctl_t *ctl, char **args);
 } tdctl_cmd_entry_t;
 
@@ -51,6 +52,7 @@ extern const tdctl_cmd_entry_t tdctl_cmd_requests_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_cancel_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_config_entry;
 extern const tdctl_cmd_entry_t tdctl_cmd_cache_entry;
+extern const tdctl_cmd_entry_t tdctl_cmd_ready_entry;
 
 /* cmds.c: the table (NULL-terminated) and lookup by name. */
 extern const tdctl_cmd_entry_t *const tdctl_cmds_table[];
@@ -76,6 +78,13 @@ td_status_t tdctl_cmd_post(tdctl_t *ctl, const char *verb, const char *path, con
  * action for messages ("drain node n3"). */
 td_status_t tdctl_http_call(tdctl_t *ctl, const char *method, const char *path,
                             json_t *body, const char *what, json_t **out);
+/* One GET without the admin key, bounded by timeout_ms: on TD_OK (an answer
+ * came, whatever its status) *code is the HTTP status and *out its JSON body
+ * (NULL when it is not JSON; the caller decrefs); TD_ERR_TIMEOUT,
+ * TD_ERR_PEER (unreachable), TD_ERR_INVALID (the URL) otherwise. Logs
+ * nothing. */
+td_status_t tdctl_http_probe(tdctl_t *ctl, const char *path, uint64_t timeout_ms, int *code,
+                             json_t **out);
 
 /* out.c -------------------------------------------------------------------- */
 

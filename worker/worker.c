@@ -82,7 +82,6 @@ worker_dep_broken(void *arg, td_status_t st)
 }
 
 static void worker_rank_stop(void *arg, uint32_t id, td_ranks_stop_t how);
-static void worker_dep_on_timer(evutil_socket_t fd, short what, void *arg);
 static void worker_link_config(const td_worker_rank_t *wr, td_link_config_t *out);
 
 /* Loop thread: with the group gone every pass fails at once, so the rank
@@ -154,9 +153,7 @@ worker_dep_setup(td_worker_rank_t *wr)
     wr->engine = wr->own_engine;
     wr->nexperts = wr->engine->ops->expert_tokens(wr->engine, NULL, 0);
     wr->experts = calloc(wr->nexperts ? wr->nexperts : 1, sizeof(*wr->experts));
-    wr->dep_timer = event_new(wr->base, -1, EV_PERSIST, worker_dep_on_timer, wr);
-    if (wr->experts == NULL || wr->dep_timer == NULL ||
-        event_add(wr->dep_timer, &(struct timeval){ 1, 0 }) != 0) {
+    if (wr->experts == NULL) {
         td_error("%s %u: out of memory", w->spec->rank_name, wr->id);
         return TD_ERR_NOMEM;
     }
@@ -207,35 +204,45 @@ td_worker_rank_send(void *router, const Tandem__Envelope *env, void *arg)
     return td_link_send(wr->link, router, env);
 }
 
-/* --dep: the rank's Load with its group counters (per-expert rows, passes). */
+/* The rank's last Load with its loop thread's passes (net/loopstat.h) and,
+ * --dep, its group counters (per-expert rows, passes). */
 static void
-worker_dep_load_send(td_worker_rank_t *wr)
+worker_load_send(td_worker_rank_t *wr)
 {
     Tandem__Load l = wr->load;
-    uint64_t passes = wr->engine->ops->passes(wr->engine);
 
-    l.n_expert_tokens = wr->engine->ops->expert_tokens(wr->engine, wr->experts, wr->nexperts);
-    if (l.n_expert_tokens > wr->nexperts)
-        l.n_expert_tokens = 0;   /* not sized for them: none sent */
-    l.expert_tokens = wr->experts;   /* read by the link until the next Load */
-    l.dep_passes = passes;
-    wr->passes_sent = passes;
+    if (wr->loop != NULL) {
+        memcpy(wr->loop_counts, wr->loop->counts, sizeof wr->loop_counts);
+        l.n_loop_pass_counts = TD_LOOPSTAT_NBUCKETS + 1;
+        l.loop_pass_counts = wr->loop_counts;   /* read by the link until the next Load */
+        l.loop_pass_sum_us = wr->loop->sum_us;
+        l.loop_pass_max_us = wr->loop->max_us;
+    }
+    if (wr->own_engine != NULL) {
+        uint64_t passes = wr->engine->ops->passes(wr->engine);
+        l.n_expert_tokens = wr->engine->ops->expert_tokens(wr->engine, wr->experts,
+                                                           wr->nexperts);
+        if (l.n_expert_tokens > wr->nexperts)
+            l.n_expert_tokens = 0;   /* not sized for them: none sent */
+        l.expert_tokens = wr->experts;   /* read by the link until the next Load */
+        l.dep_passes = passes;
+        wr->passes_sent = passes;
+    }
     td_link_load(wr->link, &l);
 }
 
-/* --dep, every second: a rank whose passes moved sends its counters again,
- * also when its own load did not change (a rank serving only the others'
- * tokens never does). */
+/* Every second: the Load again with its loop's passes and (--dep) the
+ * group's counters, which move also when its own load does not (a rank
+ * serving only the others' tokens). */
 static void
-worker_dep_on_timer(evutil_socket_t fd, short what, void *arg)
+worker_on_load_timer(evutil_socket_t fd, short what, void *arg)
 {
     td_worker_rank_t *wr = arg;
 
     (void)fd;
     (void)what;
-    if (wr->link != NULL && wr->have_load &&
-        wr->engine->ops->passes(wr->engine) != wr->passes_sent)
-        worker_dep_load_send(wr);
+    if (wr->link != NULL && wr->have_load)
+        worker_load_send(wr);
 }
 
 void
@@ -250,13 +257,11 @@ td_worker_rank_load(const Tandem__Load *load, void *arg)
         worker_register(wr, &reg);
         (void)td_link_set_register(wr->link, &reg);
     }
-    if (wr->own_engine != NULL) {
-        wr->load = *load;
-        wr->have_load = true;
-        worker_dep_load_send(wr);
-        return;
-    }
-    td_link_load(wr->link, load);
+    wr->load = *load;
+    wr->load.base.n_unknown_fields = 0;
+    wr->load.base.unknown_fields = NULL;
+    wr->have_load = true;
+    worker_load_send(wr);
 }
 
 void
@@ -368,9 +373,9 @@ worker_rank_teardown(void *arg, uint32_t id)
     if (wr->rank != NULL)
         w->spec->rank_destroy(wr->rank);   /* with --dep its compute thread left the group */
     wr->rank = NULL;
-    if (wr->dep_timer != NULL)
-        event_free(wr->dep_timer);
-    wr->dep_timer = NULL;
+    if (wr->load_timer != NULL)
+        event_free(wr->load_timer);
+    wr->load_timer = NULL;
     free(wr->experts);
     wr->experts = NULL;
     td_engine_destroy(wr->own_engine);
@@ -438,12 +443,14 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     const td_worker_spec_t *spec = w->spec;
     td_worker_rank_t *wr = &w->ranks[id];
     td_status_t st;
-    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base, .engine = w->engine };
+    *wr = (td_worker_rank_t){ .w = w, .id = id, .base = base, .engine = w->engine,
+                              .loop = td_ranks_current_loopstat() };
     const char *tls = spec->wcfg->transports;
     td_xfer_config_t xc = {
         .incarnation = td_daemon_incarnation(w->d),
         .transports = tls[0] ? tls : NULL,
         .tcp_device = w->data_dev[0] ? w->data_dev : NULL,
+        .map_peer_pools = spec->wcfg->prefault_pools,
     };
     if ((st = td_xfer_create(base, &xc, &wr->xfer)) != TD_OK)
         goto err;
@@ -463,6 +470,11 @@ worker_rank_setup(void *arg, uint32_t id, struct event_base *base)
     td_link_handlers_t lh = { worker_on_up, worker_on_message, worker_on_down, wr };
     if ((st = td_link_create(base, &lc, &reg, &lh, &wr->link)) != TD_OK)
         goto err;
+    wr->load_timer = event_new(base, -1, EV_PERSIST, worker_on_load_timer, wr);
+    if (wr->load_timer == NULL || event_add(wr->load_timer, &(struct timeval){ 1, 0 }) != 0) {
+        st = TD_ERR_NOMEM;
+        goto err;
+    }
     if (spec->rank_started)
         spec->rank_started(wr->rank);
     return TD_OK;

@@ -46,6 +46,7 @@ typedef struct {
     uint64_t compute_threads;    /* per rank; 0: the CPUs shared among the ranks */
     uint64_t drain_timeout_ms;   /* SIGTERM: work in hand gets this long to finish */
     bool dep;                    /* the ranks are one DEP group (docs/dep.md, "In the daemons") */
+    bool prefault_pools;         /* fault the kv pools in at start */
     char *placement;             /*   its placement file; "": contiguous ranges */
     uint64_t dep_idle_ms;        /*   an idle group agrees again after this long */
     uint64_t dep_deadline_ms;    /*   deadline of each collective of the group */
@@ -96,6 +97,10 @@ typedef struct {
     TD_CONFIG_OPT_DURATION("drain-timeout", st, m.drain_timeout_ms, "30s", 0, 3600000,  \
                            "on SIGTERM the ranks take no new work and what they hold "   \
                            "gets this long to finish; then it ends with an error"),      \
+    TD_CONFIG_OPT_BOOL("prefault-pools", st, m.prefault_pools, "true",                  \
+                       "fault every page of the ranks' kv pools in at start (and map "  \
+                       "in the peers' pools that shared memory attaches here), so that " \
+                       "resident memory stays flat under load"),                         \
     TD_CONFIG_OPT_BOOL("dep", st, m.dep, "false",                                       \
                        "the ranks form one dep group: each loads only its experts and "  \
                        "every forward pass is the group's (deepseek-v41 only)"),         \
@@ -130,12 +135,15 @@ typedef struct {
     struct event *broken_ev;     /* --dep: the group broke (from the compute thread) */
     uint32_t fault_at, fault_seen; /* --dep: TD_DEP_FAULT (tests; compute thread) */
     td_worker_domain_comm_t dom; /* --domain-size: the rank's communicator over UCX (owned) */
-    Tandem__Load load;           /* --dep: the rank's last Load (scalars), sent again with */
-    bool have_load;              /*   the group's counters when they move (dep_timer) */
-    uint64_t *experts;           /*   [nexperts] the counters last sent (owned) */
+    Tandem__Load load;           /* the rank's last Load (scalars), sent again every second
+                                    with its loop's passes and --dep the group's counters */
+    bool have_load;
+    struct event *load_timer;
+    td_loopstat_t *loop;         /* its loop thread's passes (net/ranks.h) */
+    uint64_t loop_counts[TD_LOOPSTAT_NBUCKETS + 1];   /* as last sent */
+    uint64_t *experts;           /* --dep: [nexperts] the counters last sent (owned) */
     uint32_t nexperts;
     uint64_t passes_sent;
-    struct event *dep_timer;
     void *rank;                  /* td_prank_t, td_drank_t */
     bool draining;               /* what Register last said */
     struct event *drain_ev;      /* SIGTERM's drain deadline, or NULL */

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/timerfd.h>
 
 #include <event2/event.h>
@@ -25,8 +27,11 @@
 
 #define TD_XFER_AM_ID          7u
 #define TD_XFER_NOTE_MAGIC     0x4e584454u  /* "TDXN" */
-#define TD_XFER_NOTE_VERSION   1u
-#define TD_XFER_NOTE_HDR_LEN   40u          /* see td_xfer_note_hdr_pack */
+#define TD_XFER_NOTE_VERSION   2u
+#define TD_XFER_NOTE_HDR_LEN   56u          /* see td_xfer_note_hdr_pack */
+#define TD_XFER_NOTE_ID_OFF    0u           /* xfer_id, then the token: read first */
+#define TD_XFER_NOTE_TOKEN_OFF 8u
+#define TD_XFER_LOG_MS         1000u        /* lines a peer can trigger: at most one a second */
 #define TD_XFER_POOL_MAGIC     0x50584454u  /* "TDXP" */
 #define TD_XFER_POOL_VERSION   1u
 #define TD_XFER_POOL_HDR_LEN   40u          /* see td_xfer_pool_export */
@@ -35,6 +40,7 @@
 #define TD_XFER_MAX_RKEY       65536u
 #define TD_XFER_MAX_ADDR       (1u << 20)
 #define TD_XFER_SWEEP_MS       50
+#define TD_XFER_MAP_CHUNK      (4u << 20)   /* td_xfer_on_map: bytes a pass (~1 ms) */
 #define TD_XFER_PROGRESS_MAX   64
 #define TD_XFER_RETRY_US       200
 #define TD_XFER_PENDING_US     50           /* poll period while flushes/notes wait */
@@ -120,6 +126,7 @@ struct td_xfer_op_s {
     unsigned refs;
     int counted;                   /* a real transfer (0: reject notification) */
     uint64_t xfer_id;
+    td_xfer_token_t token;         /* the receiver's for this transfer */
     uint64_t dst_incarnation;      /* the receiver incarnation targeted */
     uint64_t deadline_ns;          /* 0: none */
     uint64_t bytes;
@@ -138,6 +145,8 @@ typedef struct {
     uint64_t block_size;
     uint64_t nblocks;
     ucp_rkey_h rkey;
+    uint8_t *map;                  /* where UCX mapped it here (shm); NULL: not mapped */
+    size_t map_len, map_done;      /* td_xfer_on_map: its pages mapped in so far */
 } td_xfer_rpool_t;
 
 struct td_xfer_peer_s {
@@ -175,6 +184,8 @@ struct td_xfer_s {
     struct event *ev_sweep;        /* deadline sweep */
     struct event *ev_drain;        /* deliver queued completions */
     struct event *ev_retry;        /* retry_fd readable: progress again */
+    struct event *ev_map;          /* map imported pools in, a chunk a pass */
+    int map_peer_pools;            /* td_xfer_config_t.map_peer_pools */
     int retry_fd;                  /* timerfd: short re-polls, µs-precise */
     uint64_t retry_at_ns;          /* when retry_fd expires; 0: not armed */
     uint64_t rx_spin_ns;           /* keep polling this long after a notification */
@@ -182,6 +193,10 @@ struct td_xfer_s {
     uint32_t max_payload;
     td_xfer_note_fn note_fn;
     void *note_arg;
+    td_xfer_auth_fn auth_fn;
+    void *auth_arg;
+    td_xfer_token_t rx_token;      /* td_xfer_rx_token */
+    td_log_limit_t rx_log;         /* the lines a sender can make this receiver write */
     td_xfer_peer_fail_fn fail_fn;
     void *fail_arg;
     td_xfer_pool_t *pools;
@@ -235,6 +250,7 @@ td_xfer_now_ns(void)
 
 static void td_xfer_drain(td_xfer_t *x);
 static void td_xfer_on_sweep(evutil_socket_t fd, short what, void *arg);
+static void td_xfer_on_map(evutil_socket_t fd, short what, void *arg);
 static void td_xfer_peer_free(td_xfer_peer_t *peer, int force);
 
 /* Drive UCX without waiting; never re-entered from a UCX callback. Bounded,
@@ -533,18 +549,23 @@ td_xfer_drain(td_xfer_t *x)
 /* Terminal notification                                                    */
 /* ======================================================================== */
 
+/* The notification header: xfer_id u64 | token [16] | magic u32 | version
+ * u16 | 0 u16 | status i32 | payload length u32 | sender incarnation u64 |
+ * receiver incarnation u64. The id and token come first: the receiver
+ * checks them before it reads anything else. */
 static void
 td_xfer_note_hdr_pack(td_xfer_op_t *op, uint64_t src_inc, uint64_t dst_inc)
 {
     uint8_t *h = op->hdr;
-    td_xfer_put32(h + 0, TD_XFER_NOTE_MAGIC);
-    td_xfer_put16(h + 4, TD_XFER_NOTE_VERSION);
-    td_xfer_put16(h + 6, 0);
-    td_xfer_put32(h + 8, (uint32_t)(int32_t)op->status);
-    td_xfer_put32(h + 12, (uint32_t)op->payload_len);
-    td_xfer_put64(h + 16, op->xfer_id);
-    td_xfer_put64(h + 24, src_inc);
-    td_xfer_put64(h + 32, dst_inc);
+    td_xfer_put64(h + TD_XFER_NOTE_ID_OFF, op->xfer_id);
+    memcpy(h + TD_XFER_NOTE_TOKEN_OFF, op->token.b, TD_XFER_TOKEN_LEN);
+    td_xfer_put32(h + 24, TD_XFER_NOTE_MAGIC);
+    td_xfer_put16(h + 28, TD_XFER_NOTE_VERSION);
+    td_xfer_put16(h + 30, 0);
+    td_xfer_put32(h + 32, (uint32_t)(int32_t)op->status);
+    td_xfer_put32(h + 36, (uint32_t)op->payload_len);
+    td_xfer_put64(h + 40, src_inc);
+    td_xfer_put64(h + 48, dst_inc);
 }
 
 static void
@@ -594,34 +615,51 @@ td_xfer_note_send(td_xfer_op_t *op, ucp_ep_h ep)
     }
 }
 
+/* A notification arrived (any sender that reached this worker: nothing of it
+ * is trusted). Its size first, then its transfer id and token, checked by
+ * the owner (td_xfer_auth_fn) before any other byte is read; every line a
+ * sender can cause here is rate-limited (x->rx_log). */
 static ucs_status_t
 td_xfer_on_note(void *arg, const void *header, size_t header_length, void *data,
                 size_t length, const ucp_am_recv_param_t *param)
 {
     td_xfer_t *x = arg;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        td_warn("xfer %016" PRIx64 ": notification by rendezvous (%zu bytes) refused",
-                x->incarnation, length);
-        return UCS_ERR_UNSUPPORTED;
-    }
     const uint8_t *h = header;
-    if (header_length != TD_XFER_NOTE_HDR_LEN || td_xfer_get32(h) != TD_XFER_NOTE_MAGIC ||
-        td_xfer_get16(h + 4) != TD_XFER_NOTE_VERSION) {
-        td_warn("xfer %016" PRIx64 ": malformed notification dropped (header %zu bytes)",
-                x->incarnation, header_length);
+    td_xfer_token_t tok;
+
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || header_length != TD_XFER_NOTE_HDR_LEN) {
+        x->stats.notes_forged++;
+        td_log_limited(&x->rx_log, TD_LOG_WARN, TD_XFER_LOG_MS,
+                       "xfer %016" PRIx64 ": notification of %zu + %zu bytes dropped unparsed "
+                       "(not a notification's size%s)", x->incarnation, header_length, length,
+                       (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ", by rendezvous" : "");
+        return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? UCS_ERR_UNSUPPORTED : UCS_OK;
+    }
+    uint64_t xfer_id = td_xfer_get64(h + TD_XFER_NOTE_ID_OFF);
+    memcpy(tok.b, h + TD_XFER_NOTE_TOKEN_OFF, TD_XFER_TOKEN_LEN);
+    if (x->auth_fn == NULL || !x->auth_fn(x, xfer_id, &tok, x->auth_arg)) {
+        x->stats.notes_forged++;
+        td_log_limited(&x->rx_log, TD_LOG_WARN, TD_XFER_LOG_MS,
+                       "xfer %016" PRIx64 ": notification for xfer %" PRIu64 " without its "
+                       "token dropped unparsed", x->incarnation, xfer_id);
         return UCS_OK;
     }
-    uint32_t plen = td_xfer_get32(h + 12);
-    if (plen != length || plen > x->max_payload) {
-        td_warn("xfer %016" PRIx64 ": notification dropped: payload %zu bytes, header says %" PRIu32
-                " (max %" PRIu32 ")", x->incarnation, length, plen, x->max_payload);
+    uint32_t plen = td_xfer_get32(h + 36);
+    if (td_xfer_get32(h + 24) != TD_XFER_NOTE_MAGIC ||
+        td_xfer_get16(h + 28) != TD_XFER_NOTE_VERSION || plen != length ||
+        plen > x->max_payload) {
+        x->stats.notes_malformed++;
+        td_log_limited(&x->rx_log, TD_LOG_WARN, TD_XFER_LOG_MS,
+                       "xfer %016" PRIx64 ": malformed notification for xfer %" PRIu64
+                       " dropped (payload %zu bytes, header says %" PRIu32 ", max %" PRIu32 ")",
+                       x->incarnation, xfer_id, length, plen, x->max_payload);
         return UCS_OK;
     }
-    int32_t st = (int32_t)td_xfer_get32(h + 8);
+    int32_t st = (int32_t)td_xfer_get32(h + 32);
     td_xfer_note_t note = {
-        .xfer_id = td_xfer_get64(h + 16),
-        .src_incarnation = td_xfer_get64(h + 24),
-        .dst_incarnation = td_xfer_get64(h + 32),
+        .xfer_id = xfer_id,
+        .src_incarnation = td_xfer_get64(h + 40),
+        .dst_incarnation = td_xfer_get64(h + 48),
         .status = (st <= TD_OK && st >= TD_ERR_INTERNAL) ? (td_status_t)st : TD_ERR_PROTO,
     };
     if (note.status == TD_OK && plen) {   /* a payload only with TD_OK (xfer.h) */
@@ -630,15 +668,57 @@ td_xfer_on_note(void *arg, const void *header, size_t header_length, void *data,
     }
     if (note.dst_incarnation != x->incarnation) {
         x->stats.notes_stale++;
-        td_warn("xfer %016" PRIx64 ": stale notification for xfer %" PRIu64
-                " (target incarnation %016" PRIx64 ") dropped",
-                x->incarnation, note.xfer_id, note.dst_incarnation);
+        td_log_limited(&x->rx_log, TD_LOG_WARN, TD_XFER_LOG_MS,
+                       "xfer %016" PRIx64 ": stale notification for xfer %" PRIu64
+                       " (target incarnation %016" PRIx64 ") dropped",
+                       x->incarnation, note.xfer_id, note.dst_incarnation);
         return UCS_OK;
     }
     x->stats.notes_received++;
     if (x->note_fn)
         x->note_fn(x, &note, x->note_arg);
     return UCS_OK;
+}
+
+void
+td_xfer_set_note_auth(td_xfer_t *x, td_xfer_auth_fn fn, void *arg)
+{
+    x->auth_fn = fn;
+    x->auth_arg = arg;
+}
+
+td_status_t
+td_xfer_token_draw(td_xfer_token_t *out)
+{
+    size_t got = 0;
+
+    while (got < TD_XFER_TOKEN_LEN) {
+        ssize_t n = getrandom(out->b + got, TD_XFER_TOKEN_LEN - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            td_error("xfer: no random bytes for a transfer token: %s", strerror(errno));
+            return TD_ERR_IO;
+        }
+        got += (size_t)n;
+    }
+    return TD_OK;
+}
+
+bool
+td_xfer_token_eq(const td_xfer_token_t *a, const td_xfer_token_t *b)
+{
+    uint8_t d = 0;
+
+    for (size_t i = 0; i < TD_XFER_TOKEN_LEN; i++)
+        d |= (uint8_t)(a->b[i] ^ b->b[i]);
+    return d == 0;
+}
+
+const td_xfer_token_t *
+td_xfer_rx_token(const td_xfer_t *x)
+{
+    return &x->rx_token;
 }
 
 /* ======================================================================== */
@@ -805,6 +885,10 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->max_payload = cfg->max_payload ? cfg->max_payload : TD_XFER_DEFAULT_PAYLOAD;
     x->rx_spin_ns = cfg->rx_spin_us == TD_XFER_RX_SPIN_OFF ? 0 :
                     1000u * (uint64_t)(cfg->rx_spin_us ? cfg->rx_spin_us : TD_XFER_RX_SPIN_US);
+    if (td_xfer_token_draw(&x->rx_token) != TD_OK) {
+        free(x);
+        return TD_ERR_IO;
+    }
 
     ucp_config_t *uc;
     s = ucp_config_read(NULL, NULL, &uc);
@@ -879,7 +963,9 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
     x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
     x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
-    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry)
+    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
+    x->map_peer_pools = cfg->map_peer_pools;
+    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map)
         goto err_free_events;
     struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
     if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
@@ -904,6 +990,8 @@ err_free_events:
         event_free(x->ev_drain);
     if (x->ev_retry)
         event_free(x->ev_retry);
+    if (x->ev_map)
+        event_free(x->ev_map);
     close(x->retry_fd);
 err_destroy_worker:
     ucp_worker_destroy(x->worker);
@@ -947,6 +1035,7 @@ td_xfer_destroy(td_xfer_t *x)
     event_free(x->ev_sweep);
     event_free(x->ev_drain);
     event_free(x->ev_retry);
+    event_free(x->ev_map);
     close(x->retry_fd);
     ucp_worker_destroy(x->worker);
     ucp_cleanup(x->ctx);
@@ -1021,6 +1110,23 @@ td_xfer_stats(const td_xfer_t *x, td_xfer_stats_t *out)
 /* ======================================================================== */
 /* Pools                                                                    */
 /* ======================================================================== */
+
+void
+td_xfer_pool_prefault(td_xfer_pool_t *pool)
+{
+    size_t len = pool->block_size * (size_t)pool->nblocks, page = (size_t)sysconf(_SC_PAGESIZE);
+    volatile uint8_t *p = pool->base;
+
+    if (pool->mem != TD_XFER_MEM_HOST || len == 0)
+        return;
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t a = (uintptr_t)pool->base & ~(uintptr_t)(page - 1);
+    if (madvise((void *)a, len + ((uintptr_t)pool->base - a), MADV_POPULATE_WRITE) == 0)
+        return;
+#endif
+    for (size_t i = 0; i < len; i += page)
+        p[i] = p[i];   /* the same byte back: the page is ours now */
+}
 
 td_status_t
 td_xfer_pool_create(td_xfer_t *x, uint32_t pool_id, td_xfer_mem_t mem, void *base,
@@ -1362,10 +1468,62 @@ td_xfer_peer_import_pool(td_xfer_peer_t *peer, const void *buf, size_t len)
                 peer->incarnation, rp.id, ucs_status_string(s));
         return TD_ERR_PROTO;
     }
+    void *map = NULL;
+    if (x->map_peer_pools && mem == TD_XFER_MEM_HOST &&
+        ucp_rkey_ptr(rp.rkey, rp.base, &map) == UCS_OK && map != NULL) {
+        rp.map = map;
+        rp.map_len = rp.block_size * rp.nblocks;
+        struct timeval now = { 0, 0 };
+        evtimer_add(x->ev_map, &now);
+    }
     peer->pools[peer->npools++] = rp;
-    td_debug("xfer %016" PRIx64 ": peer %016" PRIx64 ": pool %" PRIu32 " imported",
-             x->incarnation, peer->incarnation, rp.id);
+    td_debug("xfer %016" PRIx64 ": peer %016" PRIx64 ": pool %" PRIu32 " imported%s",
+             x->incarnation, peer->incarnation, rp.id, map ? " (mapped here)" : "");
     return TD_OK;
+}
+
+/* Map in the next chunk of rp's pages (the pool is the peer's memory that
+ * UCX attached here): after it, a transfer that first reaches them adds
+ * nothing to this process's resident memory. Reads only: a page fault per
+ * page, nothing written. Returns the bytes done. */
+static size_t
+td_xfer_map_chunk(td_xfer_rpool_t *rp)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = rp->map_len - rp->map_done;
+    uintptr_t a = (uintptr_t)(rp->map + rp->map_done) & ~(uintptr_t)(page - 1);
+    volatile const uint8_t *p = (const uint8_t *)a;
+
+    if (n > TD_XFER_MAP_CHUNK)
+        n = TD_XFER_MAP_CHUNK;
+    size_t span = n + ((uintptr_t)(rp->map + rp->map_done) - a);
+#ifdef MADV_POPULATE_READ
+    if (madvise((void *)a, span, MADV_POPULATE_READ) != 0)
+#endif
+        for (size_t i = 0; i < span; i += page)
+            (void)p[i];
+    rp->map_done += n;
+    return n;
+}
+
+/* A chunk a pass (then the loop's other events get their turn) until every
+ * imported pool that UCX mapped here is mapped in. */
+static void
+td_xfer_on_map(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    td_xfer_t *x = arg;
+    for (td_xfer_peer_t *peer = x->peers; peer; peer = peer->next) {
+        for (size_t i = 0; i < peer->npools; i++) {
+            td_xfer_rpool_t *rp = &peer->pools[i];
+            if (rp->map == NULL || rp->map_done >= rp->map_len)
+                continue;
+            x->stats.peer_bytes_mapped += td_xfer_map_chunk(rp);
+            struct timeval next = { 0, 0 };   /* the next pass */
+            evtimer_add(x->ev_map, &next);
+            return;
+        }
+    }
 }
 
 static void
@@ -1398,6 +1556,21 @@ td_xfer_peer_destroy(td_xfer_peer_t *peer)
 {
     if (peer)
         td_xfer_peer_free(peer, 0);
+}
+
+bool
+td_xfer_quiet(const td_xfer_t *x, uint64_t dst_incarnation, uint64_t xfer_id)
+{
+    if (x->closing > 0)
+        return false;
+    for (const td_xfer_peer_t *p = x->peers; p != NULL; p = p->next) {
+        if (p->incarnation != dst_incarnation)
+            continue;
+        for (const td_xfer_op_t *op = p->ops; op != NULL; op = op->next)
+            if (op->xfer_id == xfer_id)
+                return false;
+    }
+    return true;
 }
 
 int
@@ -1477,14 +1650,15 @@ td_xfer_peer_link_op(td_xfer_peer_t *peer, td_xfer_op_t *op, uint32_t deadline_m
  * list with the post's deadline, so that a receiver that stops taking
  * notifications fails the peer instead of keeping the note pending. */
 static void
-td_xfer_note_reject(td_xfer_peer_t *peer, uint64_t xfer_id, td_status_t why,
-                    uint32_t deadline_ms)
+td_xfer_note_reject(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_token_t *token,
+                    td_status_t why, uint32_t deadline_ms)
 {
     td_xfer_op_t *op = td_xfer_op_get(peer->x);
     if (!op)
         return;
     op->counted = 0;
     op->xfer_id = xfer_id;
+    op->token = *token;
     op->status = why;
     op->dst_incarnation = peer->incarnation;
     td_xfer_peer_link_op(peer, op, deadline_ms);
@@ -1506,9 +1680,9 @@ td_xfer_on_flushed(void *request, ucs_status_t s, void *user_data)
 }
 
 td_status_t
-td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs,
-             size_t ndescs, const void *payload, size_t payload_len, uint32_t deadline_ms,
-             td_xfer_done_fn done, void *arg)
+td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_token_t *token,
+             const td_xfer_desc_t *descs, size_t ndescs, const void *payload,
+             size_t payload_len, uint32_t deadline_ms, td_xfer_done_fn done, void *arg)
 {
     td_xfer_t *x = peer->x;
     td_status_t st;
@@ -1540,6 +1714,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
     }
     op->counted = 1;
     op->xfer_id = xfer_id;
+    op->token = *token;
     op->dst_incarnation = peer->incarnation;
     op->bytes = bytes;
     op->done = done;
@@ -1593,7 +1768,7 @@ td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_desc_t *descs
 
 err_reject:
     x->stats.rejected++;
-    td_xfer_note_reject(peer, xfer_id, st, deadline_ms);
+    td_xfer_note_reject(peer, xfer_id, token, st, deadline_ms);
     td_xfer_kick(x);
     return st;
 }

@@ -9,6 +9,7 @@
 #ifndef TD_XFER_H
 #define TD_XFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,9 +40,25 @@ typedef struct {
      * 100 µs; TD_XFER_RX_SPIN_OFF: sleep at once). Costs up to that much
      * CPU after the last notification of a burst; latency is unaffected. */
     uint32_t rx_spin_us;
+    /* Map in the pages of every imported host pool that UCX maps into this
+     * process (shared memory transports: the receiver's pool, attached
+     * here), a few MiB per loop pass from the import on, so that this
+     * process's resident memory does not grow as transfers first reach
+     * them (td_xfer_stats_t.peer_bytes_mapped). 0: as transfers touch them. */
+    int map_peer_pools;
 } td_xfer_config_t;
 
 #define TD_XFER_RX_SPIN_OFF UINT32_MAX
+
+/* A transfer's token: 16 secret bytes that only its two ends know. The
+ * receiver draws them (td_xfer_token_draw) and hands them to the sender over
+ * the authenticated control plane (KvDest.xfer_token); every notification
+ * of the transfer carries them, and the receiver checks them before it reads
+ * anything else of the notification (td_xfer_auth_fn). */
+#define TD_XFER_TOKEN_LEN 16u
+typedef struct {
+    uint8_t b[TD_XFER_TOKEN_LEN];
+} td_xfer_token_t;
 
 /* What the receiver learns when a transfer ends: exactly one per transfer. */
 typedef struct {
@@ -56,6 +73,13 @@ typedef struct {
 /* Receiver side: called on the loop thread for every notification addressed
  * to this incarnation (stale ones are dropped, counted and logged). */
 typedef void (*td_xfer_note_fn)(td_xfer_t *x, const td_xfer_note_t *note, void *arg);
+
+/* Receiver side: whether token is transfer xfer_id's (td_xfer_token_eq).
+ * Asked first, for every notification that arrives, with nothing else of it
+ * read; false: it is dropped unparsed, counted (notes_forged) and logged at
+ * most once a second. Without one, every notification is dropped. */
+typedef bool (*td_xfer_auth_fn)(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token,
+                                void *arg);
 
 /* Sender side: called exactly once per accepted transfer, on the loop thread,
  * when the source regions may be reused (status TD_OK or the failure). */
@@ -84,7 +108,10 @@ typedef struct {
     uint64_t bytes_sent;       /* payload bytes of completed transfers */
     uint64_t notes_received;   /* notifications delivered to the handler */
     uint64_t notes_stale;      /* notifications dropped for a stale incarnation */
+    uint64_t notes_forged;     /* dropped unparsed: no transfer of that id and token */
+    uint64_t notes_malformed;  /* authenticated, but not a well-formed notification */
     uint64_t peers_failed;     /* endpoints that failed */
+    uint64_t peer_bytes_mapped;/* of imported pools, mapped in (map_peer_pools) */
 } td_xfer_stats_t;
 
 /* ---- engine ------------------------------------------------------------- */
@@ -95,6 +122,16 @@ td_status_t td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg,
 void td_xfer_destroy(td_xfer_t *x);
 
 void td_xfer_set_note_handler(td_xfer_t *x, td_xfer_note_fn fn, void *arg);
+void td_xfer_set_note_auth(td_xfer_t *x, td_xfer_auth_fn fn, void *arg);
+
+/* 16 random bytes from the kernel (getrandom): a new transfer's token.
+ * TD_ERR_IO when the kernel gives none (logged). */
+td_status_t td_xfer_token_draw(td_xfer_token_t *out);
+/* Whether a and b are equal, in time independent of where they differ. */
+bool td_xfer_token_eq(const td_xfer_token_t *a, const td_xfer_token_t *b);
+/* The engine's own token, drawn at create: for peers that authenticate by
+ * receiver rather than by transfer (the communicator: comm/ucx.c). */
+const td_xfer_token_t *td_xfer_rx_token(const td_xfer_t *x);
 void td_xfer_set_peer_fail_handler(td_xfer_t *x, td_xfer_peer_fail_fn fn, void *arg);
 
 /* This worker's address, to publish on the control plane (caller frees). */
@@ -121,6 +158,10 @@ td_status_t td_xfer_pool_create(td_xfer_t *x, uint32_t pool_id, td_xfer_mem_t me
                                 void *base, size_t block_size, uint64_t nblocks,
                                 td_xfer_pool_t **out);
 void td_xfer_pool_destroy(td_xfer_pool_t *pool);
+/* Fault every page of a host pool in now (MADV_POPULATE_WRITE, else a
+ * write to each page), so that the process's resident memory does not grow
+ * under load as requests first reach its blocks. Nothing for CUDA memory. */
+void td_xfer_pool_prefault(td_xfer_pool_t *pool);
 void *td_xfer_pool_base(const td_xfer_pool_t *pool);
 size_t td_xfer_pool_block_size(const td_xfer_pool_t *pool);
 uint64_t td_xfer_pool_nblocks(const td_xfer_pool_t *pool);
@@ -144,11 +185,19 @@ td_status_t td_xfer_peer_import_pool(td_xfer_peer_t *peer, const void *buf, size
 void td_xfer_peer_destroy(td_xfer_peer_t *peer);
 int td_xfer_peer_failed(const td_xfer_peer_t *peer);
 
+/* Whether nothing of transfer xfer_id towards receiver incarnation dst_inc
+ * can land any more: none of its ops is in flight on an endpoint to that
+ * receiver (every one posted ended: puts flushed, or failed and the
+ * endpoint closed), and no endpoint of this engine is still closing. A
+ * fence (docs/decoded.md, "Fencing") is answered only then. */
+bool td_xfer_quiet(const td_xfer_t *x, uint64_t dst_incarnation, uint64_t xfer_id);
+
 /* ---- transfers ----------------------------------------------------------- */
 
 /* Post a transfer: the pieces as batched one-sided puts, then a flush, then
- * one terminal notification carrying (xfer_id, both incarnations, status,
- * payload) to the receiver's handler.
+ * one terminal notification carrying (xfer_id, token, both incarnations,
+ * status, payload) to the receiver's handler. token is the receiver's for
+ * this transfer (copied).
  * `descs` and `payload` are used only during the call (the payload is
  * copied); the source regions the pieces point at must stay unchanged until
  * `done`.
@@ -160,7 +209,7 @@ int td_xfer_peer_failed(const td_xfer_peer_t *peer);
  * deadline_ms > 0: a transfer not ended by then fails with TD_ERR_TIMEOUT; as
  * UCX cannot cancel one-sided puts, the endpoint is closed by force and every
  * transfer on it fails (the peer is reported failed). */
-td_status_t td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id,
+td_status_t td_xfer_post(td_xfer_peer_t *peer, uint64_t xfer_id, const td_xfer_token_t *token,
                          const td_xfer_desc_t *descs, size_t ndescs,
                          const void *payload, size_t payload_len,
                          uint32_t deadline_ms, td_xfer_done_fn done, void *arg);

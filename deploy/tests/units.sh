@@ -11,11 +11,11 @@ command -v systemd-analyze >/dev/null ||
 src=$(cd "$(dirname "$0")/../systemd" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for u in routerd.service prefilld@pf0.service decoded@dec0.service; do
+for u in routerd.service prefilld@pf0.service decoded@dec0.service tandem-ready.service; do
   sed 's|/usr/local/bin/[a-z]*|/bin/true|' "$src/${u/@*./@.}" >"$tmp/$u"
 done
 out=$(cd "$tmp" && systemd-analyze verify ./routerd.service ./prefilld@pf0.service \
-      ./decoded@dec0.service 2>&1)
+      ./decoded@dec0.service ./tandem-ready.service 2>&1)
 rc=$?
 if [ $rc -ne 0 ] || [ -n "$out" ]; then
   echo "systemd-analyze verify (exit $rc):" >&2

@@ -812,16 +812,6 @@ on_xfer_done(td_des_t *d, uint32_t q)
 /* The router: routerd's admission (rreq.c admit_try) over its rank table   */
 /* ======================================================================= */
 
-/* A decode rank's room as rsched.c reckons it: free KV tokens less those
- * sent since its Load, and rows in use. */
-static void
-decode_room(const td_rrank_t *rk, uint64_t *free_tok, uint64_t *load)
-{
-    *free_tok = rk->load.kv_tokens_free > rk->pend_tokens
-                ? rk->load.kv_tokens_free - rk->pend_tokens : 0;
-    *load = (uint64_t)rk->load.running + rk->load.queued + rk->pend_reqs;
-}
-
 /* td_rsched_pick_decode over the decode ranks. The table is kept as one
  * list per domain (the domains in table order: domain k's last rank links
  * to nothing); pick_full links them into one table for the call. Otherwise
@@ -835,7 +825,7 @@ pick_decode(td_des_t *d, uint64_t need, const uint64_t *tried, size_t ntried,
 {
     td_rsched_fit_t best_fit = TD_RSCHED_NONE, fit;
     td_rrank_t *best = NULL, *rk;
-    uint64_t best_free = 0, best_load = 0, f, l;
+    uint64_t best_free = 0, best_load = 0;
 
     if (d->cfg.pick_full) {
         for (uint32_t k = 0; k + 1 < d->ndd; k++)
@@ -855,11 +845,12 @@ pick_decode(td_des_t *d, uint64_t need, const uint64_t *tried, size_t ntried,
                 best_fit = fit;
             continue;
         }
-        decode_room(rk, &f, &l);
-        if (!best || l < best_load || (l == best_load && f > best_free)) {
+        td_rrank_room_t room = td_rrank_room(rk);   /* as rsched.c reckons it */
+        if (!best || room.rows < best_load ||
+            (room.rows == best_load && room.free_tok > best_free)) {
             best = rk;
-            best_free = f;
-            best_load = l;
+            best_free = room.free_tok;
+            best_load = room.rows;
         }
         best_fit = TD_RSCHED_FITS;
     }
@@ -941,9 +932,10 @@ admit_try(td_des_t *d, uint32_t q, bool *waits)
         r->by_cache = pick.by_cache;
         /* Admit to the decode rank */
         drank_t *dr = (drank_t *)(void *)dk;
-        dk->pend_tokens += need;
-        dk->pend_reqs++;
+        td_rrank_admit_sent(dk, need);
+        td_rrank_admit_answered(dk, need);   /* at once: no time on the wire */
         if (!decode_admit(d, dr, q)) {
+            td_rrank_admit_freed(dk, need);
             dk->refused = true;   /* AdmitReject NO_CAPACITY: not chosen until its next Load */
             s->bounced++;
             continue;

@@ -1,7 +1,7 @@
 #!/usr/bin/env -S sh -c 'exec "${0%/*}/../../tools/python" "$0" "$@"'
 """tandemctl/tests/fake_admin.py — a stand-in for routerd's admin API, for the
 tandemctl tests: binds 127.0.0.1 port 0, writes the port to PORTFILE, checks the
-bearer key (not for /health, as routerd), and answers each "METHOD PATH" from
+bearer key (not for /health and /ready, as routerd), and answers each "METHOD PATH" from
 ROUTES (a JSON file re-read on every request: {"GET /admin/status": [200,
 <json or raw string>, delay_s]});
 every request body is appended, one line each, to LOG. Further arguments:
@@ -23,7 +23,7 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n).decode() if n else ""
         with open(log_path, "a") as f:
             f.write(f"{method} {self.path} {body}\n")
-        if self.path != "/health" and self.headers.get("Authorization") != "Bearer " + key:
+        if self.path not in ("/health", "/ready") and self.headers.get("Authorization") != "Bearer " + key:
             return self.send(401, {"error": {"message": "Incorrect API key provided.",
                                              "type": "invalid_request_error"}})
         with open(routes_path) as f:

@@ -138,6 +138,26 @@ has err 'requests: router answered with invalid json'
 run 1 config
 has err 'config: internal error \(HTTP 500\)'
 
+# ready: no admin key needed; 503 with the router's reason, 200; waiting
+routes <<'J'
+{"GET /ready": [503, {"status": "not ready", "ready": false, "reason": "no decode rank up"}]}
+J
+timeout 20 "$ctl" --router "$url" --admin-key-file "$tmp/no-such.key" ready >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready on a router that is not: exit status"
+has err 'not ready: no decode rank up'
+start=$(date +%s%N)
+timeout 20 "$ctl" --router "$url" ready 2 >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready 2 on a router that is not: exit status"
+[ $(( ($(date +%s%N) - start) / 1000000 )) -ge 1900 ] || fail "ready 2 did not wait 2 s"
+routes <<'J'
+{"GET /ready": [200, {"status": "ready", "ready": true, "reason": null}]}
+J
+timeout 20 "$ctl" --router "$url" ready 5 >"$tmp/out" 2>"$tmp/err" || fail "ready: $(cat "$tmp/err")"
+has out '^ready$'
+timeout 20 "$ctl" --router "http://127.0.0.1:$closed" ready >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "ready on an unreachable router: exit status"
+has err "router http://127.0.0.1:$closed: unreachable"
+
 # odd json: "?" and a warning per odd field, never a crash
 routes <<'J'
 {"GET /admin/status": [200, {"nodes": [
@@ -187,6 +207,25 @@ printf '%s\n' "m decode 0" "n2 decode 0" "n2 decode 1" "n2 prefill 0" "n2 prefil
   "n10 decode 0" | diff - "$tmp/order" >/dev/null || fail "status not sorted: $(cat "$tmp/out")"
 has out '^m +active +decode +0 +dead +- +- +- +- +0$'
 [ -s "$tmp/err" ] && fail "a dead rank's null load warned: $(cat "$tmp/err")"
+
+# quarantined blocks (docs/decoded.md, "Fencing"): a QUARANTINED column once
+# some decode rank has any
+routes <<'J'
+{"GET /admin/status": [200, {"requests_in_flight": 0, "nodes": [
+   {"node": "d", "draining": false, "removing": false, "ranks": [
+     {"rank": 0, "role": "decode", "state": "up", "incarnation": "00000000000000aa",
+      "engine": "synthetic", "inflight": 0, "load": {"running": 0, "queued": 0,
+      "queued_tokens": 0}, "kv": {"blocks_used": 9, "blocks_free": 5, "tokens_used": 0,
+      "tokens_free": 0, "blocks_quarantined": 7}},
+     {"rank": 1, "role": "decode", "state": "up", "incarnation": "00000000000000aa",
+      "engine": "synthetic", "inflight": 0, "load": {"running": 0, "queued": 0,
+      "queued_tokens": 0}, "kv": {"blocks_used": 0, "blocks_free": 5, "tokens_used": 0,
+      "tokens_free": 0, "blocks_quarantined": 0}}]}]}]}
+J
+run 0 status
+has out '^NODE +NODE-STATE +ROLE +RANK +STATE +RUNNING +QUEUED +KV-USED +KV-FREE +QUARANTINED +IN-FLIGHT$'
+has out '^d +active +decode +0 +up +0 +0 +9 +5 +7 +0$'
+has out '^d +active +decode +1 +up +0 +0 +0 +5 +0 +0$'
 
 # DEP groups: a DEP column (DOMAIN:RANK/SIZE) on their ranks, "-" on the others,
 # and a table of the groups: state, nodes with their ranks in the group, passes,

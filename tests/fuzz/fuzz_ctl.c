@@ -197,7 +197,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
         FUZZ_CHECK(event_base_loop(ctl_base, EVLOOP_ONCE) == 0);
         FUZZ_CHECK(ctl_client_read(fd, rx));
-        st = td_frame_decode(rx, TD_CTL_HELLO_FRAME_MAX, &server, NULL);
+        st = td_frame_decode(rx, TD_CTL_HELLO_FRAME_MAX, &server, NULL, NULL, 0);
         FUZZ_CHECK(st == TD_OK || st == TD_INPROGRESS);
     }
     FUZZ_CHECK(server->payload_case == TANDEM__ENVELOPE__PAYLOAD_HELLO);

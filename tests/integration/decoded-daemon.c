@@ -5,8 +5,9 @@
  * within 5 s; the restarted daemon registers with a new incarnation and
  * serves), SIGTERM mid-stream: a drain (the request finishes, Admit is
  * refused, exit 0), and with a short --drain-timeout (Tokens ERROR at the
- * deadline, exit 0).
- * Usage: decoded-daemon PATH-TO-decoded */
+ * deadline, exit 0); forged notes from another UCX endpoint (xfer_forge)
+ * while a request streams: dropped unparsed, at most one log line a second.
+ * Usage: decoded-daemon PATH-TO-decoded PATH-TO-xfer_forge */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -36,7 +37,9 @@ typedef struct {
     Tandem__Load load;            /* the latest */
     int closed;                   /* connections ended */
     const char *exe;
+    const char *forge;            /* tests/integration/xfer_forge */
     char secret[64];
+    char log[64];                 /* the daemon's stderr, when daemon_start is told */
     pid_t pid;
 } rtr_t;
 
@@ -95,7 +98,7 @@ rtr_send(rtr_t *r, Tandem__Envelope *env)
 }
 
 static pid_t
-daemon_start(rtr_t *r, const char *step_us, const char *drain_timeout)
+daemon_start_log(rtr_t *r, const char *step_us, const char *drain_timeout, const char *log)
 {
     char routers[64], step[64], drain[64];
     snprintf(routers, sizeof(routers), "--routers=127.0.0.1:%u", td_ctl_listener_port(r->lst));
@@ -107,11 +110,58 @@ daemon_start(rtr_t *r, const char *step_us, const char *drain_timeout)
                      NULL };
     pid_t pid = fork();
     if (pid == 0) {
+        if (log != NULL) {
+            int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd < 0 || dup2(fd, 2) < 0)
+                _exit(127);
+        }
         execv(r->exe, argv);
         _exit(127);
     }
     return pid;
 }
+
+static pid_t
+daemon_start(rtr_t *r, const char *step_us, const char *drain_timeout)
+{
+    return daemon_start_log(r, step_us, drain_timeout, NULL);
+}
+
+/* A child and, once it is gone, how it ended. */
+typedef struct {
+    pid_t pid;
+    int gone;
+    int status;
+} child_t;
+
+static int
+child_gone(void *arg)
+{
+    child_t *c = arg;
+
+    if (!c->gone && waitpid(c->pid, &c->status, WNOHANG) == c->pid)
+        c->gone = 1;
+    return c->gone;
+}
+
+/* Lines of file that hold needle. */
+static int
+log_count(const char *file, const char *needle, int *lines)
+{
+    char line[1024];
+    int n = 0;
+    FILE *f = fopen(file, "r");
+
+    *lines = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+        (*lines)++;
+        n += strstr(line, needle) != NULL;
+    }
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
 
 static int
 registered(void *arg)
@@ -168,16 +218,75 @@ start_request(rtr_t *r, fk_p_t *fp, uint64_t id, const int32_t *p, size_t n, uin
     CHECK(fk_wait_msg(r->base, &r->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, id, 5000));
 }
 
+/* 6. Forged notes while a request streams (xfer_forge: 2000 in 2 s from an
+ * endpoint of its own, half naming the live request's transfer id, none
+ * with its token, each a KvNote that would cancel it): none is parsed (the
+ * request streams on to its last token), all are counted, and the daemon
+ * logs at most one line about them a second. */
+static void
+test_forged(rtr_t *r)
+{
+    int32_t p[16], got[800], want[800];
+    fk_p_t fp = { 0 };
+    char addr[2 * 4096 + 1], inc[17], id[24];
+    int fin, lines;
+    const char *err;
+
+    snprintf(r->log, sizeof r->log, "/tmp/decoded-daemon-%d.log", (int)getpid());
+    r->registers = 0;
+    r->pid = daemon_start_log(r, "3000", "30s", r->log);
+    CHECK(fk_run_until(r->base, registered, r, 10000));
+    if (r->reg == NULL || r->reg->xfer_address.len * 2 >= sizeof addr)
+        return;
+    for (size_t i = 0; i < r->reg->xfer_address.len; i++)
+        snprintf(addr + 2 * i, 3, "%02x", r->reg->xfer_address.data[i]);
+    snprintf(inc, sizeof inc, "%016" PRIx64, r->incarnation);
+    fk_prompt(p, 16, 13);
+    const Tandem__KvDest *d = admit(r, 8, p, 16, 800);
+    CHECK(d != NULL);
+    if (d == NULL)
+        return;
+    snprintf(id, sizeof id, "%" PRIu64, d->xfer_id);
+    CHECK_STATUS(fk_p_create(r->base, r->reg, r->incarnation, r->e->layout, &fp), TD_OK);
+    fk_p_push(&fp, r->e, d, 8, p, 16, 800, 1, 0);
+    uint64_t t0 = td_testutil_now_ms();
+    child_t forger = { .pid = fork() };
+    if (forger.pid == 0) {
+        execl(r->forge, r->forge, addr, inc, id, "2000", "2", (char *)NULL);
+        _exit(127);
+    }
+    CHECK(fk_run_until(r->base, child_gone, &forger, 15000));
+    uint64_t secs = (td_testutil_now_ms() - t0 + 999) / 1000;
+    /* every forged note went out and was taken */
+    CHECK(WIFEXITED(forger.status) && WEXITSTATUS(forger.status) == 0);
+    CHECK(fk_wait_msg(r->base, &r->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, 8, 10000));
+    size_t n = fk_router_tokens(&r->rt, 8, got, 800, &fin, &err);
+    CHECK_EQ_INT(fin, TANDEM__FINISH__FINISH_LENGTH);
+    CHECK(n == 800 && fk_expect(r->e, p, 16, 800, want) == 800 &&
+          memcmp(got, want, sizeof(int32_t) * 800) == 0);
+    kill(r->pid, SIGTERM);
+    waitpid(r->pid, NULL, 0);
+    r->pid = 0;
+    int dropped = log_count(r->log, "without its token dropped unparsed", &lines);
+    fprintf(stderr, "forged notes: %d log lines about them in %" PRIu64 " s, %d lines in all\n",
+            dropped, secs, lines);
+    CHECK(dropped >= 1 && (uint64_t)dropped <= secs + 1);
+    CHECK(lines < 30);
+    fk_p_destroy(&fp);
+    unlink(r->log);
+}
+
 int
 main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: decoded-daemon PATH-TO-decoded\n");
+    if (argc != 3) {
+        fprintf(stderr, "usage: decoded-daemon PATH-TO-decoded PATH-TO-xfer_forge\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
     rtr_t *r = &R;
     r->exe = argv[1];
+    r->forge = argv[2];
     snprintf(r->secret, sizeof(r->secret), "/tmp/decoded-daemon-%d.secret", (int)getpid());
     int fd = open(r->secret, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     CHECK(fd >= 0 && write(fd, "decoded test secret\n", 20) == 20);
@@ -298,6 +407,7 @@ main(int argc, char **argv)
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         r->pid = 0;
         fk_p_destroy(&fp4);
+        test_forged(r);
     }
     if (r->pid > 0) {
         kill(r->pid, SIGKILL);

@@ -105,6 +105,12 @@ fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc, uint64_t
         const Tandem__Envelope *e = rt->msgs[i];
         if (e->payload_case != pc)
             continue;
+        if (pc == TANDEM__ENVELOPE__PAYLOAD_FENCE) {   /* id: one of its transfers */
+            for (size_t k = 0; k < e->fence->n_xfer_ids; k++)
+                if (e->fence->xfer_ids[k] == id)
+                    return e;
+            continue;
+        }
         uint64_t rid = pc == TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK       ? e->admit_ok->req_id
                        : pc == TANDEM__ENVELOPE__PAYLOAD_ADMIT_REJECT ? e->admit_reject->req_id
                        : pc == TANDEM__ENVELOPE__PAYLOAD_TOKENS       ? e->tokens->req_id
@@ -113,6 +119,12 @@ fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc, uint64_t
             return e;
     }
     return NULL;
+}
+
+void
+fk_router_broadcast(const Tandem__Envelope *env, void *arg)
+{
+    fk_router_record(arg, env);
 }
 
 /* Tokens of request id in order; *finish = the last finish, *error its error. */
@@ -246,8 +258,8 @@ fk_p_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pieces
         }
         p += pc->count * seg->entry_bytes;
     }
-    td_status_t st = td_xfer_post(fp->peer, fp->dest->xfer_id, d, nd, NULL, 0, DEADLINE_MS,
-                                  fk_p_done, fp);
+    td_status_t st = td_xfer_post(fp->peer, fp->dest->xfer_id, fk_dest_token(fp->dest), d, nd,
+                                  NULL, 0, DEADLINE_MS, fk_p_done, fp);
     FK_CHECK((st) == TD_OK);
     if (st == TD_OK)
         fp->inflight++;
@@ -325,8 +337,8 @@ fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
         note.kv_sum = canceled ? 0 : sum ^ (fp->bad_sum ? 1 : 0);
         fp->bad_sum = 0;
         size_t len = tandem__kv_note__pack(&note, buf);
-        td_status_t st = td_xfer_post(fp->peer, dest->xfer_id, NULL, 0, buf, len, DEADLINE_MS,
-                                      fk_p_done, fp);
+        td_status_t st = td_xfer_post(fp->peer, dest->xfer_id, fk_dest_token(dest), NULL, 0,
+                                      buf, len, DEADLINE_MS, fk_p_done, fp);
         FK_CHECK((st) == TD_OK);
         fp->inflight += st == TD_OK;
     }
@@ -395,6 +407,17 @@ fk_admit_init(fk_admit_t *adm, uint64_t id, const int32_t *prompt, size_t n,
     tandem__envelope__init(&adm->env);
     adm->env.payload_case = TANDEM__ENVELOPE__PAYLOAD_ADMIT;
     adm->env.admit = &adm->a;
+}
+
+const td_xfer_token_t *
+fk_dest_token(const Tandem__KvDest *dest)
+{
+    static td_xfer_token_t tok;
+
+    memset(&tok, 0, sizeof tok);
+    if (dest->xfer_token.len == TD_XFER_TOKEN_LEN)
+        memcpy(tok.b, dest->xfer_token.data, TD_XFER_TOKEN_LEN);
+    return &tok;
 }
 
 /* ---- Framed messages over a socket (to a forked helper) -------------------- */

@@ -47,10 +47,13 @@ typedef struct {
 /* td_drank_io_t callbacks (router must be the fk_router_t itself). */
 td_status_t fk_router_send(void *router, const Tandem__Envelope *env, void *arg);
 void fk_router_load(const Tandem__Load *load, void *arg);
+/* td_drank_io_t's broadcast: recorded in arg (the fk_router_t). */
+void fk_router_broadcast(const Tandem__Envelope *env, void *arg);
 /* Record a copy of env (also for a fake router on a control connection). */
 void fk_router_record(fk_router_t *rt, const Tandem__Envelope *env);
 void fk_router_clear(fk_router_t *rt);
-/* The first AdmitOk / AdmitReject / Tokens / Released of request id. */
+/* The first AdmitOk / AdmitReject / Tokens / Released of request id, or
+ * the first Fence naming transfer id. */
 const Tandem__Envelope *fk_router_find(const fk_router_t *rt, Tandem__Envelope__PayloadCase pc,
                                        uint64_t id);
 /* Tokens of request id in order; *finish = the last finish, *error its error. */
@@ -99,6 +102,10 @@ void fk_p_destroy(fk_p_t *fp);
 /* Prefill prompt into dest (every layer's pieces, one transfer each); with
  * `terminal` post the KvNote (canceled, or the first token and the checksum
  * of the pieces as the engine gave them). Returns the first token. */
+/* The transfer token a decode rank put in its KvDest (all zeros when it is
+ * not 16 bytes: the rank then drops the notes, as it would anyone's). */
+const td_xfer_token_t *fk_dest_token(const Tandem__KvDest *dest);
+
 int32_t fk_p_push(fk_p_t *fp, td_engine_t *e, const Tandem__KvDest *dest, uint64_t id,
                   const int32_t *prompt, size_t n, uint32_t max_tokens, int terminal,
                   int canceled);

@@ -22,6 +22,7 @@
 
 #include "../unit/check.h"
 #include "kvmem.h"
+#include "../unit/testtoken.h"
 #include "../unit/testutil.h"
 #include "ctl.h"
 #include "engine.h"
@@ -270,6 +271,9 @@ prefill(int i, int rank, size_t n)
     d.node_id = "dec";
     d.incarnation = td_xfer_incarnation(g.rcv);
     d.xfer_id = (uint64_t)i;
+    td_xfer_token_t tok = td_test_token(d.xfer_id);
+    d.xfer_token.data = tok.b;
+    d.xfer_token.len = TD_XFER_TOKEN_LEN;
     d.n_segs = l->nsegs;
     d.segs = sdp;
     Tandem__Prefill p = TANDEM__PREFILL__INIT;
@@ -427,6 +431,7 @@ main(int argc, char **argv)
     td_xfer_config_t xc = { .incarnation = 0x2222, .transports = "shm,self" };
     CHECK_STATUS(td_xfer_create(g.base, &xc, &g.rcv), TD_OK);
     td_xfer_set_note_handler(g.rcv, on_note, NULL);
+    td_xfer_set_note_auth(g.rcv, td_test_token_auth, NULL);
     const td_layout_t *l = g.engine->layout;
     for (uint32_t s = 0; s < l->nsegs; s++) {
         const td_layout_seg_t *seg = &l->segs[s];

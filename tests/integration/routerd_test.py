@@ -490,6 +490,71 @@ def test_order(c):
     c.wait(lambda: blocks_used(c) == 0 and not requests_in_flight(c), "idle")
 
 
+def test_rows(c):
+    """A decode rank's rows come back with its Released messages, not only
+    with its next Load: on a rank of 2 rows that sends its Load once, 12
+    requests one after another and a burst of 8 all complete (each would
+    wait for a Load that never comes, then get 503, if the router counted
+    only Loads)."""
+    c.start_router("--queue-timeout", "2s")
+    c.start_worker("fake", "--max-batch", "2", "--tok-ms", "2", "--load-once")
+    c.wait_up(2)
+    t0 = time.time()
+    for i in range(12):
+        st, _, data = chat(c.http, content="one by one %d" % i, max_tokens=3)
+        check(st == 200, "request %d after %.2f s: %d %r" % (i, time.time() - t0, st, data))
+    check(time.time() - t0 < 3, "12 short requests took %.2f s" % (time.time() - t0))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        res = list(pool.map(lambda i: chat(c.http, content="burst %d" % i, max_tokens=3),
+                            range(8)))
+    bad = [(st, data) for st, _, data in res if st != 200]
+    check(not bad, "%d of 8 failed on 2 rows: %r" % (len(bad), bad[:2]))
+    c.wait(lambda: not requests_in_flight(c), "idle")
+
+
+def test_ready(c):
+    """GET /ready (no key, on both listeners): 503 with the reason before any
+    rank registered, with a decode rank but no prefill rank up, with the
+    decode node drained, after the prefill rank died, and while the router
+    shuts down; 200 while a prefill and a decode rank are up. /health says
+    200 in every one of these states (liveness)."""
+    def expect(code, reason):
+        for port in (c.http, c.admin):
+            st, _, data = request(port, "GET", "/ready", key=None)
+            j = json.loads(data)
+            check(st == code and j["reason"] == reason and j["ready"] == (code == 200),
+                  "/ready on %d: %d %r, want %d %r" % (port, st, j, code, reason))
+            st, _, _ = request(port, "GET", "/health", key=None)
+            check(st == 200, "/health %d while %r" % (st, reason))
+
+    router = c.start_router("--drain-timeout", "10s")
+    expect(503, "no rank has registered yet")
+    c.start_worker("dec", "--role", "decode", "--tok-ms", "50")
+    c.wait_up(1)
+    expect(503, "no prefill rank up")
+    pre = c.start_worker("pre", "--role", "prefill")
+    c.wait_up(2)
+    expect(200, None)
+    for path, want in (("/admin/drain", (503, "no decode rank up")), ("/admin/undrain", (200, None))):
+        st, _, data = request(c.admin, "POST", path, {"node": "dec"}, key=ADMIN_KEY)
+        check(st == 200, "%s: %d %r" % (path, st, data))
+        expect(*want)
+    pre.kill()
+    c.wait(lambda: sum(r["state"] == "up" for r in c.ranks()) == 1, "the prefill rank dead")
+    expect(503, "no prefill rank up")
+    c.start_worker("pre2", "--role", "prefill")
+    c.wait_up(2)
+    expect(200, None)
+    holder = Stream(c.http, max_tokens=100)   # 5 s: the router drains meanwhile
+    check(holder.status == 200, "holder: %d" % holder.status)
+    holder.event()
+    router.send_signal(signal.SIGTERM)
+    c.wait(lambda: "stopping" in open(c.rlog).read(), "the router stopping")
+    st, _, data = request(c.admin, "GET", "/ready", key=None)
+    check(st == 503 and json.loads(data)["reason"] == "shutting down", "draining: %d %r" % (st, data))
+    holder.close()
+
+
 def test_flood(c):
     """About 300 silent connections from one address on the control port (more
     than the 256 in the handshake routerd allows) must not keep a worker from

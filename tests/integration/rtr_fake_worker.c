@@ -19,6 +19,8 @@
  * empties it and is answered with a cleared event. --cache-junk follows the
  * announcement with malformed events (a skipped seq, a 0 hash).
  * --queued-tokens N: the prefill rank's Load says N tokens wait there.
+ * --load-once: the decode rank sends its Load once, when up, never again
+ * (the router must count the rows its Released messages free).
  * A decode domain's join instead (docs/dep.md, "A domain across processes"):
  * --join ID:RANK:SIZE sends DomainJoin with the address --join-addr TEXT
  * (or --join-addr-len N bytes), waits up to --join-wait-ms (5000) and prints
@@ -28,7 +30,8 @@
  *        [--role both|decode|prefill] [--reject] [--prefill-hang] [--tok-ms N]
  *        [--max-context N] [--admit-delay-ms N] [--prefill-done-early]
  *        [--max-batch N] [--dep ID:RANK:SIZE] [--kv-blocks N]
- *        [--cache-block G] [--cache-prompt TEXT] [--cache-junk] [--queued-tokens N] */
+ *        [--cache-block G] [--cache-prompt TEXT] [--cache-junk] [--queued-tokens N]
+ *        [--load-once] */
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -54,6 +57,7 @@ static const td_engine_kind_t *const test_engines[] = { &td_synth_kind, NULL };
 typedef struct {
     uint64_t id;            /* 0: free slot */
     uint32_t max_tokens, sent;
+    uint64_t ntokens;       /* prompt + max_tokens: Released.tokens */
     bool admitting;         /* AdmitOk not sent yet (--admit-delay-ms) */
     bool prefilled;
     struct event *tick;     /* AdmitOk when admitting, else the next token */
@@ -81,6 +85,8 @@ typedef struct {
     uint64_t cache_seq;     /* the last CacheEvent's seq on this connection */
     bool cache_junk;
     uint64_t queued_tokens; /* its Load's queued_tokens */
+    bool load_once;         /* the decode rank's Load only when up */
+    bool load_sent;
     Tandem__CacheStats cstats;
 } fake_t;
 
@@ -116,8 +122,9 @@ send_load(void)
     /* as decoded: the longest request that fits now, 0 with no row free */
     ld.kv_tokens_free = ld.kv_blocks_used < F.max_batch ? ld.kv_blocks_free * 64 : 0;
     ld.running = (uint32_t)ld.kv_blocks_used;
-    if (F.dlink)
+    if (F.dlink && !(F.load_once && F.load_sent))
         td_link_load(F.dlink, &ld);
+    F.load_sent = F.drouter != NULL;
 }
 
 /* The prefill rank's Load: --queued-tokens and its CacheStats. */
@@ -180,6 +187,7 @@ req_release(fake_req_t *q)
     Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
 
     rel.req_id = q->id;
+    rel.tokens = q->ntokens;
     env.payload_case = TANDEM__ENVELOPE__PAYLOAD_RELEASED;
     env.released = &rel;
     dsend(&env);
@@ -279,6 +287,7 @@ on_decode_msg(td_link_t *l, td_link_router_t *r, const Tandem__Envelope *env, vo
         }
         q->id = a->req_id;
         q->max_tokens = a->sampling->max_tokens;
+        q->ntokens = a->n_tokens + q->max_tokens;
         q->tick = evtimer_new(F.base, on_tick, q);
         printf("admit %016" PRIx64 " tokens=%zu max_tokens=%u\n", q->id, a->n_tokens,
                q->max_tokens);
@@ -450,7 +459,7 @@ main(int argc, char **argv)
         { "cache-prompt", 1, 0, 'P' }, { "cache-junk", 0, 0, 'J' },
         { "queued-tokens", 1, 0, 'Q' }, { "join", 1, 0, 'D' }, { "join-addr", 1, 0, 'A' },
         { "join-addr-len", 1, 0, 'L' }, { "join-wait-ms", 1, 0, 'W' },
-        { "join-as", 1, 0, 'R' }, { 0, 0, 0, 0 },
+        { "join-as", 1, 0, 'R' }, { "load-once", 0, 0, 'O' }, { 0, 0, 0, 0 },
     };
     char join_id[300] = "";
     unsigned join_rank = 0, join_size = 0;
@@ -505,6 +514,7 @@ main(int argc, char **argv)
         case 'L': join_len = strtoull(optarg, NULL, 10); break;
         case 'W': join_wait_ms = strtoull(optarg, NULL, 10); break;
         case 'R': join_as = optarg; break;
+        case 'O': F.load_once = true; break;
         default: return 2;
         }
     }

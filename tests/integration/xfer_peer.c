@@ -23,6 +23,7 @@
 #include <event2/event.h>
 
 #include "../unit/check.h"
+#include "../unit/testtoken.h"
 #include "../unit/testutil.h"
 #include "log.h"
 
@@ -134,6 +135,7 @@ receiver(int fd, const char *tls)
     free(exp);
     r.x = x;
     td_xfer_set_note_handler(x, on_note, &r);
+    td_xfer_set_note_auth(x, td_test_token_auth, NULL);
     struct event *ev = event_new(base, fd, EV_READ | EV_PERSIST, on_parent_msg, &r);
     event_add(ev, NULL);
     event_base_dispatch(base);
@@ -190,8 +192,8 @@ post_one(sender_t *s)
                                  .block = blk, .offset = (uint64_t)i * s->piece_len,
                                  .len = s->piece_len };
     uint64_t id = s->next_id++;
-    td_status_t st = td_xfer_post(s->peer, id, d, s->pieces, &id, sizeof(id), s->deadline_ms,
-                                  on_done, s);
+    td_status_t st = td_xfer_post(s->peer, id, td_test_tokp(id), d, s->pieces, &id, sizeof(id),
+                                  s->deadline_ms, on_done, s);
     if (st != TD_OK)
         note_failure(s, st); /* refused: the peer has failed */
 }
@@ -393,7 +395,8 @@ main(int argc, char **argv)
     CHECK_EQ_INT(st.completed + st.failed, st.posted);
     CHECK_EQ_INT(st.peers_failed, 1);
     td_xfer_desc_t d = { .src = s.src, .pool_id = 1, .block = 0, .len = 64 };
-    CHECK_STATUS(td_xfer_post(s.peer, 999999, &d, 1, NULL, 0, 0, on_done, &s), TD_ERR_PEER);
+    CHECK_STATUS(td_xfer_post(s.peer, 999999, td_test_tokp(999999), &d, 1, NULL, 0, 0, on_done,
+                              &s), TD_ERR_PEER);
     td_xfer_peer_destroy(s.peer);
 out_engine:
     td_xfer_destroy(s.x);

@@ -11,7 +11,7 @@ decode_all(struct evbuffer *buf, uint32_t max, td_status_t *st)
 {
     Tandem__Envelope *env = NULL;
 
-    *st = td_frame_decode(buf, max, &env, NULL);
+    *st = td_frame_decode(buf, max, &env, NULL, NULL, 0);
     return *st == TD_OK ? env : NULL;
 }
 
@@ -48,7 +48,7 @@ test_round_trip_and_partial(void)
         }
     }
     CHECK_EQ_INT(evbuffer_get_length(whole), 0);
-    CHECK_STATUS(td_frame_decode(whole, 1024, &got, NULL), TD_INPROGRESS);
+    CHECK_STATUS(td_frame_decode(whole, 1024, &got, NULL, NULL, 0), TD_INPROGRESS);
 
     /* One byte at a time: in progress until the last byte, nothing consumed. */
     for (size_t i = 0; i < n; i++) {
@@ -102,7 +102,7 @@ test_bad_input(void)
         td_status_t st;
 
         evbuffer_add(buf, cases[i].bytes, cases[i].len);
-        st = td_frame_decode(buf, cases[i].max, &env, &body_len);
+        st = td_frame_decode(buf, cases[i].max, &env, &body_len, NULL, 0);
         if (st != cases[i].want)
             fprintf(stderr, "case \"%s\":\n", cases[i].name);
         CHECK_STATUS(st, cases[i].want);
@@ -133,7 +133,8 @@ test_encode_limits(void)
     CHECK_STATUS(td_frame_encode(buf, &env, 1024), TD_OK);
     CHECK(evbuffer_get_length(buf) > sizeof(reason));
     /* The receiver's smaller limit refuses it from the header alone. */
-    CHECK_STATUS(td_frame_decode(buf, 100, &(Tandem__Envelope *){ NULL }, NULL), TD_ERR_TOO_BIG);
+    CHECK_STATUS(td_frame_decode(buf, 100, &(Tandem__Envelope *){ NULL }, NULL, NULL, 0),
+                 TD_ERR_TOO_BIG);
     evbuffer_free(buf);
 }
 

@@ -48,6 +48,33 @@ test_limit_table(void)
     }
 }
 
+/* A burst of 3 at one line per 100 ms: three at once, then the steady
+ * rate; a quiet while refills it. */
+static void
+test_burst_table(void)
+{
+    static const struct {
+        uint64_t at_ms;
+        bool pass;
+    } steps[] = {
+        { 1000, true }, { 1000, true }, { 1000, true },   /* the burst */
+        { 1000, false }, { 1050, false },
+        { 1100, true },    /* the fourth is due at 1100 + 200 (steady) - 200 (slack) */
+        { 1101, false }, { 1200, true }, { 1250, false }, { 1300, true },
+        { 5000, true }, { 5000, true }, { 5000, true }, { 5000, false },
+    };
+    td_log_limit_t l = {0};
+
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        uint64_t n;
+        bool pass = td_log_limit_pass_burst_at(&l, 100, 3, steps[i].at_ms * MS, &n);
+        if (pass != steps[i].pass)
+            fprintf(stderr, "burst step %zu at %llu ms\n", i,
+                    (unsigned long long)steps[i].at_ms);
+        CHECK(pass == steps[i].pass);
+    }
+}
+
 static char captured[8][256];
 static int ncaptured;
 
@@ -142,6 +169,7 @@ int
 main(void)
 {
     test_limit_table();
+    test_burst_table();
     test_every_macro();
     test_threads();
     return td_check_exit("test_log");

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "testtoken.h"
 #include "kvmem.h"
 #include "logcap.h"
 #include "testutil.h"
@@ -66,6 +67,9 @@ typedef struct {
     uint64_t blocks[MAX_REQS][MAX_SEGS][MAX_BLOCKS];
     int ndone;
     int idle;
+    int fenced;               /* Fenced broadcasts */
+    size_t fenced_ids;        /*   the transfers the last one named */
+    int fenced_after_note;    /*   request 0's terminal note had come before it */
     struct event_base *rcv_base;  /* the receiver's loop: e->base, or one never run */
 } env_t;
 
@@ -225,6 +229,19 @@ on_idle(void *arg)
     ((env_t *)arg)->idle++;
 }
 
+static void
+on_broadcast(const Tandem__Envelope *env, void *arg)
+{
+    env_t *e = arg;
+
+    if (env->payload_case != TANDEM__ENVELOPE__PAYLOAD_FENCED)
+        return;
+    CHECK(env->fenced->decode_incarnation == 0x2222 && env->fenced->prefill_incarnation == 0x1111);
+    e->fenced++;
+    e->fenced_ids = env->fenced->n_xfer_ids;
+    e->fenced_after_note = e->reqs[0].terminal > 0;
+}
+
 static td_status_t
 engine_create(td_engine_t **out)
 {
@@ -293,6 +310,7 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
         td_xfer_create(e->rcv_base, &cr, &e->rcv) != TD_OK)
         return -1;
     td_xfer_set_note_handler(e->rcv, on_note, e);
+    td_xfer_set_note_auth(e->rcv, td_test_token_auth, NULL);
     const td_layout_t *l = e->check->layout;
     e->pools = calloc(l->nsegs, sizeof(*e->pools));
     e->next_block = calloc(l->nsegs, sizeof(*e->next_block));
@@ -307,7 +325,7 @@ env_create_ex(env_t *e, uint64_t chunk, uint32_t max_running, uint64_t max_queue
     td_prank_config_t rc = { .rank_id = 0, .chunk_tokens = chunk, .max_running = max_running,
                             .max_queued_tokens = max_queued, .deadline_ms = deadline_ms,
                             .kv_tokens = 8192, .cache = env_cache };
-    td_prank_io_t io = { on_send, NULL, on_idle, e, NULL };
+    td_prank_io_t io = { on_send, NULL, on_idle, e, on_broadcast };
     if (td_prank_create(e->base, e->snd, e->engine, &rc, &io, &e->rk) != TD_OK)
         return -1;
     decode_peer(e, 0);
@@ -385,6 +403,9 @@ prefill_tokens(env_t *e, int i, const int32_t *tokens, size_t n, void *router, i
     d.rank_id = 0;
     d.incarnation = td_xfer_incarnation(e->rcv);
     d.xfer_id = (uint64_t)i;
+    td_xfer_token_t tok = td_test_token(d.xfer_id);
+    d.xfer_token.data = tok.b;
+    d.xfer_token.len = TD_XFER_TOKEN_LEN;
     d.n_segs = l->nsegs;
     d.segs = sdp;
     Tandem__Prefill m = TANDEM__PREFILL__INIT;
@@ -680,6 +701,56 @@ test_cancel(void)
     env_destroy(&e);
 }
 
+static void
+fence(env_t *e, uint64_t prefill_inc, const uint64_t *ids, size_t n)
+{
+    Tandem__Fence f = TANDEM__FENCE__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    f.prefill_incarnation = prefill_inc;
+    f.decode_node = "dec";
+    f.decode_incarnation = 0x2222;
+    f.n_xfer_ids = n;
+    f.xfer_ids = (uint64_t *)ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCE;
+    env.fence = &f;
+    td_prank_on_message(e->rk, ROUTER_A, &env);
+}
+
+/* A Fence (docs/decoded.md, "Fencing"): a running task for one of its
+ * transfers stops (its canceled terminal note goes out), and Fenced goes
+ * to the routers only after that, naming every transfer, also those the
+ * rank has no task for; a Fence for another incarnation is not answered. */
+static void
+test_fence(void)
+{
+    env_t e;
+    uint64_t ids[] = { 0, 777 };
+
+    engine_shape.prefill_us = 100;   /* 400 tokens x 4 layers: 160 ms */
+    int bad = env_create(&e, 4, 1, 0);
+    engine_shape.prefill_us = 0;
+    if (bad != 0) {
+        CHECK(!"env");
+        return;
+    }
+    prefill(&e, 0, 400, ROUTER_A, 0, 0);
+    run_for(&e, 20);
+    fence(&e, 0x1112, ids, 2);   /* not this incarnation */
+    run_for(&e, 50);
+    CHECK_EQ_INT(e.fenced, 0);
+    CHECK(!e.reqs[0].done);
+    fence(&e, 0x1111, ids, 2);
+    run_until(&e, &e.fenced, 1, 5000);
+    CHECK_EQ_INT(e.fenced, 1);
+    CHECK_EQ_INT(e.fenced_ids, 2);
+    CHECK(e.fenced_after_note);
+    wait_done(&e, 1);
+    CHECK_STATUS(e.reqs[0].done_status, TD_ERR_CANCELED);
+    CHECK(e.reqs[0].canceled);
+    env_destroy(&e);
+}
+
 /* Bad destinations: too few blocks (refused before running), a block outside
  * the pool (the post is refused), an unknown decode rank (no note possible). */
 static void
@@ -707,6 +778,9 @@ test_bad_dest(void)
     Tandem__KvDest d = TANDEM__KV_DEST__INIT;
     d.node_id = "nobody";
     d.xfer_id = 2;
+    td_xfer_token_t tok2 = td_test_token(d.xfer_id);
+    d.xfer_token.data = tok2.b;
+    d.xfer_token.len = TD_XFER_TOKEN_LEN;
     Tandem__Prefill m = TANDEM__PREFILL__INIT;
     int32_t tok = 1;
     m.req_id = 2;
@@ -929,7 +1003,8 @@ test_fail_between_chunks(void)
     int filled = 0, posted = 0;
     td_xfer_stats_t xs = { 0 };
     while (filler && posted < 4096) {
-        CHECK_STATUS(td_xfer_post(filler, 1000, NULL, 0, NULL, 0, 0, filler_done, &filled),
+        CHECK_STATUS(td_xfer_post(filler, 1000, td_test_tokp(1000), NULL, 0, NULL, 0, 0,
+                                  filler_done, &filled),
                      TD_OK);
         posted++;
         td_xfer_progress(e.snd);
@@ -1183,6 +1258,7 @@ main(void)
     test_kvmap();
     test_interleaved();
     test_cancel();
+    test_fence();
     test_bad_dest();
     test_peer_gone();
     test_router_down_and_stop();

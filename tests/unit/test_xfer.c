@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "check.h"
+#include "testtoken.h"
 #include "testutil.h"
 #include "log.h"
 #include "rng.h"
@@ -112,6 +113,7 @@ env_create(env_t *e, const char *tls, uint64_t target_incarnation)
     if (td_xfer_create(e->base, &cr, &e->rcv) != TD_OK)
         return -1;
     td_xfer_set_note_handler(e->rcv, on_note, e);
+    td_xfer_set_note_auth(e->rcv, td_test_token_auth, NULL);
     void *addr;
     size_t alen;
     CHECK_STATUS(td_xfer_address(e->rcv, &addr, &alen), TD_OK);
@@ -202,7 +204,8 @@ test_integrity(const char *tls)
         e->expect[nx].len = bs;
         e->expect[nx].payload = (uint32_t)td_rng_next(&rng);
         src_off += bs;
-        CHECK_STATUS(td_xfer_post(e->peer, (uint64_t)nx, d, 3, &e->expect[nx].payload,
+        CHECK_STATUS(td_xfer_post(e->peer, (uint64_t)nx, td_test_tokp((uint64_t)nx),
+                                  d, 3, &e->expect[nx].payload,
                                   sizeof(uint32_t), 10000, on_done, e), TD_OK);
         nx++;
     }
@@ -275,7 +278,8 @@ test_bounds(void)
             { .src = src, .pool_id = cases[i].pool, .block = cases[i].block,
               .offset = cases[i].offset, .len = cases[i].len },
         };
-        td_status_t got = td_xfer_post(e->peer, (uint64_t)i, d, 2, NULL, 0, 0, on_done, e);
+        td_status_t got = td_xfer_post(e->peer, (uint64_t)i, td_test_tokp((uint64_t)i),
+                                       d, 2, NULL, 0, 0, on_done, e);
         if (got != cases[i].want)
             fprintf(stderr, "bounds case '%s'\n", cases[i].name);
         CHECK_STATUS(got, cases[i].want);
@@ -283,7 +287,8 @@ test_bounds(void)
     /* payload larger than max_payload */
     char big[8192] = { 0 };
     td_xfer_desc_t ok = { .src = src, .pool_id = 1, .block = 0, .offset = 0, .len = 64 };
-    CHECK_STATUS(td_xfer_post(e->peer, NCASES, &ok, 1, big, sizeof(big), 0, on_done, e),
+    CHECK_STATUS(td_xfer_post(e->peer, NCASES, td_test_tokp(NCASES),
+                              &ok, 1, big, sizeof(big), 0, on_done, e),
                  TD_ERR_TOO_BIG);
     CHECK(run_until(e, &e->notes_total, NCASES + 1, 5000));
     for (int i = 0; i <= NCASES; i++) {
@@ -301,7 +306,8 @@ test_bounds(void)
     CHECK_EQ_INT(st.posted, 0);
     /* a zero-length piece at the very end of the pool is in bounds */
     td_xfer_desc_t edge = { .src = src, .pool_id = 1, .block = NB - 1, .offset = BS, .len = 0 };
-    CHECK_STATUS(td_xfer_post(e->peer, 100, &edge, 1, NULL, 0, 0, on_done, e), TD_OK);
+    CHECK_STATUS(td_xfer_post(e->peer, 100, td_test_tokp(100),
+                              &edge, 1, NULL, 0, 0, on_done, e), TD_OK);
     CHECK(run_until(e, &e->done_total, 1, 5000));
     CHECK_STATUS(e->done_status[100], TD_OK);
     env_destroy(e);
@@ -324,7 +330,7 @@ test_stale(void)
     (void)p;
     static uint8_t src[256];
     td_xfer_desc_t d = { .src = src, .pool_id = 1, .block = 0, .offset = 0, .len = 256 };
-    CHECK_STATUS(td_xfer_post(e->peer, 5, &d, 1, NULL, 0, 0, on_done, e), TD_OK);
+    CHECK_STATUS(td_xfer_post(e->peer, 5, td_test_tokp(5), &d, 1, NULL, 0, 0, on_done, e), TD_OK);
     CHECK(run_until(e, &e->done_total, 1, 5000));
     td_xfer_stats_t st;
     uint64_t until = td_testutil_now_ms() + 5000;
@@ -427,7 +433,8 @@ test_peer_destroy(void)
     uint8_t *src = calloc(1, BS);
     for (int i = 0; i < 16; i++) {
         td_xfer_desc_t d = { .src = src, .pool_id = 1, .block = (uint64_t)i, .len = BS };
-        CHECK_STATUS(td_xfer_post(e->peer, (uint64_t)i, &d, 1, NULL, 0, 0, on_done, e), TD_OK);
+        CHECK_STATUS(td_xfer_post(e->peer, (uint64_t)i, td_test_tokp((uint64_t)i),
+                                  &d, 1, NULL, 0, 0, on_done, e), TD_OK);
     }
     td_xfer_peer_destroy(e->peer);
     e->peer = NULL;
@@ -462,7 +469,8 @@ fifo_fill(env_t *e, uint32_t pool_id, const void *src)
     int posted = 0;
     while (posted < 4096 && st.inflight == 0) {
         d.block = (uint64_t)posted % 4;
-        CHECK_STATUS(td_xfer_post(e->peer, 0, &d, 1, NULL, 0, 0, on_done, e), TD_OK);
+        CHECK_STATUS(td_xfer_post(e->peer, 0, td_test_tokp(0),
+                                  &d, 1, NULL, 0, 0, on_done, e), TD_OK);
         posted++;
         td_xfer_progress(e->snd);
         td_xfer_stats(e->snd, &st);
@@ -500,7 +508,8 @@ test_stalled_receiver(const char *tls)
     td_xfer_desc_t bad = { .src = src, .pool_id = 1, .block = 99, .len = 64 };
 
     fifo_fill(e, 1, src);
-    CHECK_STATUS(td_xfer_post(e->peer, 1, &bad, 1, NULL, 0, 100, on_done, e), TD_ERR_RANGE);
+    CHECK_STATUS(td_xfer_post(e->peer, 1, td_test_tokp(1),
+                              &bad, 1, NULL, 0, 100, on_done, e), TD_ERR_RANGE);
     uint64_t t0 = td_testutil_now_ms();
     CHECK(run_until(e, &fails, 1, 3000));   /* the note's deadline failed the peer */
     CHECK(td_testutil_now_ms() - t0 < 1000);
@@ -513,7 +522,8 @@ test_stalled_receiver(const char *tls)
     pool_make(e, 2, NULL, 65536, 4);
     bad.pool_id = 2;
     fifo_fill(e, 2, src);
-    CHECK_STATUS(td_xfer_post(e->peer, 2, &bad, 1, NULL, 0, 0, on_done, e), TD_ERR_RANGE);
+    CHECK_STATUS(td_xfer_post(e->peer, 2, td_test_tokp(2),
+                              &bad, 1, NULL, 0, 0, on_done, e), TD_ERR_RANGE);
     t0 = td_testutil_now_ms();
     td_xfer_destroy(e->snd);
     CHECK(td_testutil_now_ms() - t0 < 1000);
@@ -522,6 +532,42 @@ test_stalled_receiver(const char *tls)
     event_base_free(rbase);
     free(src);
     free(e);
+}
+
+/* ---- map_peer_pools: a pool that shm attaches to the sender is mapped in - */
+
+static void
+test_map_peer_pools(const char *tls, int mapped)
+{
+    struct event_base *base = event_base_new();
+    td_xfer_config_t cs = { .incarnation = 0x1111, .transports = tls, .map_peer_pools = 1 };
+    td_xfer_config_t cr = { .incarnation = 0x2222, .transports = tls };
+    td_xfer_t *snd = NULL, *rcv = NULL;
+    td_xfer_peer_t *peer = NULL;   /* tcp: nothing is attached here, nothing to map */
+    td_xfer_pool_t *pool = NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    const size_t bs = 1 << 20, nb = 24;   /* 6 chunks */
+
+    CHECK_STATUS(td_xfer_create(base, &cs, &snd), TD_OK);
+    CHECK_STATUS(td_xfer_create(base, &cr, &rcv), TD_OK);
+    CHECK_STATUS(td_xfer_address(rcv, &buf, &len), TD_OK);
+    CHECK_STATUS(td_xfer_peer_create(snd, buf, len, 0x2222, &peer), TD_OK);
+    free(buf);
+    CHECK_STATUS(td_xfer_pool_create(rcv, 7, TD_XFER_MEM_HOST, NULL, bs, nb, &pool), TD_OK);
+    CHECK_STATUS(td_xfer_pool_export(pool, &buf, &len), TD_OK);
+    CHECK_STATUS(td_xfer_peer_import_pool(peer, buf, len), TD_OK);
+    free(buf);
+    td_xfer_stats_t st;
+    uint64_t until = td_testutil_now_ms() + (mapped ? 5000 : 200);
+    do {
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        td_xfer_stats(snd, &st);
+    } while (st.peer_bytes_mapped < bs * nb && td_testutil_now_ms() < until);
+    CHECK(st.peer_bytes_mapped == (mapped ? bs * nb : 0));
+    td_xfer_destroy(snd);   /* and its peer */
+    td_xfer_destroy(rcv);
+    event_base_free(base);
 }
 
 int
@@ -537,5 +583,7 @@ main(void)
     test_peer_destroy();
     test_stalled_receiver("shm,self");
     test_stalled_receiver("tcp,self");
+    test_map_peer_pools("shm,self", 1);
+    test_map_peer_pools("tcp,self", 0);
     return td_check_exit("test_xfer");
 }
