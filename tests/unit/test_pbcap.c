@@ -21,6 +21,8 @@ typedef struct {
 static void
 wb_put(wbuf_t *b, const void *src, size_t n)
 {
+    if (n == 0)   /* an empty field: src may be NULL (memcpy's arguments must not be) */
+        return;
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2 + 64;
         b->p = realloc(b->p, b->cap);
