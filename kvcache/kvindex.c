@@ -1,9 +1,8 @@
-/* kvcache/kvindex.c — the tier's index: the block map (hash -> entry, an
- * intrusive chained map also used for the events and the read-ahead's
- * blocks), the entries (a hash held by the host tier, an SSD file or both),
- * the host LRU of entries and the SSD LRU of files, and the events (the
- * hashes that entered or left both tiers since the last drain). Everything
- * here runs under mu (kvtier_int.h) but init and free. */
+/* kvcache/kvindex.c — the tier's index: the entries (a hash held by the host
+ * tier, an SSD file or both) by hash (a base/hmap.h table), the host LRU of
+ * entries and the SSD LRU of files, and the events (the hashes that entered
+ * or left both tiers since the last drain, by hash too). Everything here runs
+ * under mu (kvtier_int.h) but init and free. */
 #include "kvtier_int.h"
 
 #include <inttypes.h>
@@ -12,84 +11,9 @@
 #include "clock.h"
 #include "log.h"
 
-/* ---- The block map ----------------------------------------------------------- */
-static size_t
-map_slot(const kvbmap_t *m, uint64_t key)
-{
-    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (m->nb - 1);
-}
-
-td_status_t
-kvbmap_init(kvbmap_t *m)
-{
-    m->nb = 1024;
-    m->n = 0;
-    m->b = calloc(m->nb, sizeof(*m->b));
-    return m->b != NULL ? TD_OK : TD_ERR_NOMEM;
-}
-
-void
-kvbmap_free(kvbmap_t *m)
-{
-    free(m->b);
-    m->b = NULL;
-    m->nb = m->n = 0;
-}
-
-kvbnode_t *
-kvbmap_find(const kvbmap_t *m, uint64_t key)
-{
-    for (kvbnode_t *n = m->b[map_slot(m, key)]; n != NULL; n = n->next)
-        if (n->key == key)
-            return n;
-    return NULL;
-}
-
-/* Grows when full; a failed growth only lengthens the chains. */
-void
-kvbmap_insert(kvbmap_t *m, kvbnode_t *node)
-{
-    if (m->n >= m->nb) {
-        size_t nb = m->nb * 2;
-        kvbnode_t **b = calloc(nb, sizeof(*b));
-
-        if (b != NULL) {
-            kvbmap_t grown = { b, nb, 0 };
-
-            for (size_t i = 0; i < m->nb; i++)
-                for (kvbnode_t *n = m->b[i], *next; n != NULL; n = next) {
-                    size_t s = map_slot(&grown, n->key);
-
-                    next = n->next;
-                    n->next = b[s];
-                    b[s] = n;
-                }
-            free(m->b);
-            m->b = b;
-            m->nb = nb;
-        }
-    }
-    size_t s = map_slot(m, node->key);
-
-    node->next = m->b[s];
-    m->b[s] = node;
-    m->n++;
-}
-
-void
-kvbmap_remove(kvbmap_t *m, kvbnode_t *node)
-{
-    for (kvbnode_t **p = &m->b[map_slot(m, node->key)]; *p != NULL; p = &(*p)->next)
-        if (*p == node) {
-            *p = node->next;
-            m->n--;
-            return;
-        }
-}
-
 /* ---- Events ------------------------------------------------------------------ */
 struct kvevnode {               /* a hash's net change since the last drain */
-    kvbnode_t node;
+    uint64_t hash;              /* its key in evmap */
     int net;                    /* +1 added, -1 removed */
     kvevnode_t *prev, *next;
 };
@@ -97,7 +21,7 @@ struct kvevnode {               /* a hash's net change since the last drain */
 static void
 ev_unlink(td_kvtier_t *kt, kvevnode_t *ev)
 {
-    kvbmap_remove(&kt->evmap, &ev->node);
+    td_hmap_del_pair(kt->evmap, ev->hash, (uintptr_t)ev);
     if (ev->prev != NULL) ev->prev->next = ev->next; else kt->ev_head = ev->next;
     if (ev->next != NULL) ev->next->prev = ev->prev; else kt->ev_tail = ev->prev;
     free(ev);
@@ -106,7 +30,7 @@ ev_unlink(td_kvtier_t *kt, kvevnode_t *ev)
 static void
 ev_push(td_kvtier_t *kt, uint64_t hash, int d)
 {
-    kvevnode_t *ev = (kvevnode_t *)kvbmap_find(&kt->evmap, hash);
+    kvevnode_t *ev = kvmap_get(kt->evmap, hash);
 
     if (ev != NULL) {
         ev->net += d;
@@ -115,13 +39,13 @@ ev_push(td_kvtier_t *kt, uint64_t hash, int d)
         return;
     }
     ev = calloc(1, sizeof(*ev));
-    if (ev == NULL) {
+    if (ev == NULL || td_hmap_add(kt->evmap, hash, (uintptr_t)ev) != TD_OK) {
         td_log_every(TD_LOG_ERROR, 10000, "kvtier: block %016" PRIx64 ": event lost: out of memory", hash);
+        free(ev);
         return;
     }
-    ev->node.key = hash;
+    ev->hash = hash;
     ev->net = d;
-    kvbmap_insert(&kt->evmap, &ev->node);
     ev->prev = kt->ev_tail;
     if (kt->ev_tail != NULL) kt->ev_tail->next = ev; else kt->ev_head = ev;
     kt->ev_tail = ev;
@@ -145,9 +69,9 @@ td_kvtier_drain_events(td_kvtier_t *kt, uint64_t *added, size_t added_cap, size_
     for (kvevnode_t *ev = kt->ev_head, *next; ev != NULL; ev = next) {
         next = ev->next;
         if (ev->net > 0 && na < added_cap) {
-            added[na++] = ev->node.key;
+            added[na++] = ev->hash;
         } else if (ev->net < 0 && nr < removed_cap) {
-            removed[nr++] = ev->node.key;
+            removed[nr++] = ev->hash;
         } else {
             st = TD_INPROGRESS;
             continue;
@@ -163,17 +87,17 @@ td_kvtier_drain_events(td_kvtier_t *kt, uint64_t *added, size_t added_cap, size_
 td_status_t
 td_kvtier_snapshot(td_kvtier_t *kt, uint64_t *out, size_t cap, size_t *n)
 {
-    size_t k = 0;
+    size_t k = 0, pos = 0;
+    uint64_t hash, v;
 
     kvlock_lock(&kt->mu);
-    if (kt->index.n > cap) {
-        *n = kt->index.n;
+    if (td_hmap_count(kt->index) > cap) {
+        *n = td_hmap_count(kt->index);
         kvlock_unlock(&kt->mu);
         return TD_ERR_TOO_BIG;
     }
-    for (size_t i = 0; i < kt->index.nb; i++)
-        for (kvbnode_t *m = kt->index.b[i]; m != NULL; m = m->next)
-            out[k++] = m->key;
+    while (td_hmap_next(kt->index, &pos, &hash, &v))
+        out[k++] = hash;
     ev_clear(kt);
     kvlock_unlock(&kt->mu);
     *n = k;
@@ -184,32 +108,34 @@ td_kvtier_snapshot(td_kvtier_t *kt, uint64_t *out, size_t cap, size_t *n)
 td_status_t
 kvindex_init(td_kvtier_t *kt)
 {
-    td_status_t st = kvbmap_init(&kt->index);
+    td_status_t st = td_hmap_create(KVMAP_HINT, &kt->index);
 
-    return st == TD_OK ? kvbmap_init(&kt->evmap) : st;
+    return st == TD_OK ? td_hmap_create(KVMAP_HINT, &kt->evmap) : st;
 }
 
 void
 kvindex_free(td_kvtier_t *kt)
 {
-    for (size_t i = 0; kt->index.b != NULL && i < kt->index.nb; i++)
-        for (kvbnode_t *n = kt->index.b[i], *next; n != NULL; n = next) {
-            kvent_t *e = (kvent_t *)n;
+    size_t pos = 0;
+    uint64_t hash, v;
 
-            next = n->next;
-            kvrec_blob_unref(e->host);
-            free(e);
-        }
-    if (kt->evmap.b != NULL)
+    while (kt->index != NULL && td_hmap_next(kt->index, &pos, &hash, &v)) {
+        kvent_t *e = (kvent_t *)(uintptr_t)v;
+
+        kvrec_blob_unref(e->host);
+        free(e);
+    }
+    if (kt->evmap != NULL)
         ev_clear(kt);
-    kvbmap_free(&kt->index);
-    kvbmap_free(&kt->evmap);
+    td_hmap_destroy(kt->index);
+    td_hmap_destroy(kt->evmap);
+    kt->index = kt->evmap = NULL;
 }
 
 kvent_t *
 kvindex_find(td_kvtier_t *kt, uint64_t hash)
 {
-    return (kvent_t *)kvbmap_find(&kt->index, hash);
+    return kvmap_get(kt->index, hash);
 }
 
 kvent_t *
@@ -220,10 +146,11 @@ kvindex_get(td_kvtier_t *kt, uint64_t hash)
     if (e != NULL)
         return e;
     e = calloc(1, sizeof(*e));
-    if (e == NULL)
+    if (e == NULL || td_hmap_add(kt->index, hash, (uintptr_t)e) != TD_OK) {
+        free(e);
         return NULL;
-    e->node.key = hash;
-    kvbmap_insert(&kt->index, &e->node);
+    }
+    e->hash = hash;
     ev_push(kt, hash, +1);
     return e;
 }
@@ -233,8 +160,8 @@ kvindex_release(td_kvtier_t *kt, kvent_t *e)
 {
     if (e->host != NULL || e->file != NULL)
         return;
-    kvbmap_remove(&kt->index, &e->node);
-    ev_push(kt, e->node.key, -1);
+    td_hmap_del_pair(kt->index, e->hash, (uintptr_t)e);
+    ev_push(kt, e->hash, -1);
     free(e);
 }
 

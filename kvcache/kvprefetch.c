@@ -30,7 +30,7 @@
 enum { PF_FREE, PF_READING, PF_READY };
 
 typedef struct {                /* a block of a queued chain: in pfqmap until taken */
-    kvbnode_t node;             /* key: its hash */
+    uint64_t hash;              /* its key there */
     bool queued;                /* false: a run has it, or a get_many took it */
 } pfq_t;
 
@@ -41,7 +41,7 @@ struct kvpfjob {
 };
 
 typedef struct {                /* a block of a run: in pfmap until claimed */
-    kvbnode_t node;             /* key: its hash */
+    uint64_t hash;              /* its key there */
     kvpfrun_t *run;
     kvwhere_t w;
     bool mapped;
@@ -66,7 +66,7 @@ pf_unmap(td_kvtier_t *kt, kvpfrun_t *pr)
 {
     for (size_t k = 0; k <= pr->r.last - pr->r.first; k++)
         if (pr->blk[k].mapped) {
-            kvbmap_remove(&kt->pfmap, &pr->blk[k].node);
+            td_hmap_del_pair(kt->pfmap, pr->blk[k].hash, (uintptr_t)&pr->blk[k]);
             pr->blk[k].mapped = false;
             kt->st.prefetch_unused += pr->blk[k].read;
         }
@@ -135,7 +135,7 @@ static void
 pf_dequeue(td_kvtier_t *kt, pfq_t *q)
 {
     if (q->queued) {
-        kvbmap_remove(&kt->pfqmap, &q->node);
+        td_hmap_del_pair(kt->pfqmap, q->hash, (uintptr_t)q);
         q->queued = false;
     }
 }
@@ -153,7 +153,7 @@ pf_scan(td_kvtier_t *kt, kvpfjob_t *j, kvrun_t *r, size_t *first)
     *first = j->next_blk;
     for (; j->next_blk < j->n; j->next_blk++) {
         pfq_t *q = &j->q[j->next_blk];
-        kvent_t *e = q->queued ? kvindex_find(kt, q->node.key) : NULL;
+        kvent_t *e = q->queued ? kvindex_find(kt, q->hash) : NULL;
 
         if (q->queued && e == NULL) {   /* no tier holds it: the chain ends here */
             for (size_t k = j->next_blk; k < j->n; k++)
@@ -162,7 +162,7 @@ pf_scan(td_kvtier_t *kt, kvpfjob_t *j, kvrun_t *r, size_t *first)
             break;
         }
         if (!q->queued || e->host != NULL || e->file == NULL ||
-            kvbmap_find(&kt->pfmap, q->node.key) != NULL) {
+            td_hmap_get(kt->pfmap, q->hash) != TD_HMAP_NONE) {
             if (nb > 0)
                 break;   /* the run ends before it */
             pf_dequeue(kt, q);
@@ -180,10 +180,25 @@ pf_scan(td_kvtier_t *kt, kvpfjob_t *j, kvrun_t *r, size_t *first)
     return nb;
 }
 
+/* Room for nb blocks in pr and in pfmap; false when memory ran out. */
+static bool
+pf_room(td_kvtier_t *kt, kvpfrun_t *pr, size_t nb)
+{
+    if (nb > pr->bcap) {
+        pfblk_t *blk = realloc(pr->blk, nb * sizeof(*blk));
+
+        if (blk == NULL)
+            return false;
+        pr->blk = blk;
+        pr->bcap = nb;
+    }
+    return td_hmap_reserve(kt->pfmap, td_hmap_count(kt->pfmap) + nb) == TD_OK;
+}
+
 /* The next run of the queued chains into pr: consecutive blocks of one file
  * that the SSD tier holds, the host tier does not, and no run has; now in
- * pfmap. false when the queue has none left (or memory ran out). Chains
- * used up leave the queue. */
+ * pfmap. false when the queue has none left (or memory ran out: the run is
+ * tried again later). Chains used up leave the queue. */
 static bool
 pf_build(td_kvtier_t *kt, kvpfrun_t *pr)
 {
@@ -191,27 +206,21 @@ pf_build(td_kvtier_t *kt, kvpfrun_t *pr)
         kvpfjob_t *j = kt->pf_head;
         size_t first, nb = pf_scan(kt, j, &pr->r, &first);
 
-        if (nb > pr->bcap) {
-            pfblk_t *blk = realloc(pr->blk, nb * sizeof(*blk));
-
-            if (blk == NULL) {
+        if (nb > 0) {
+            if (!pf_room(kt, pr, nb)) {
                 j->next_blk = first;   /* tried again later */
                 return false;
             }
-            pr->blk = blk;
-            pr->bcap = nb;
-        }
-        if (nb > 0) {
             for (size_t k = 0; k < nb; k++) {
                 pfblk_t *pb = &pr->blk[k];
-                kvent_t *e = kvindex_find(kt, j->q[first + k].node.key);
+                kvent_t *e = kvindex_find(kt, j->q[first + k].hash);
 
                 pf_dequeue(kt, &j->q[first + k]);
-                pb->node.key = j->q[first + k].node.key;
+                pb->hash = j->q[first + k].hash;
                 pb->run = pr;
                 pb->w = kvindex_where(e);
                 pb->mapped = true;
-                kvbmap_insert(&kt->pfmap, &pb->node);
+                (void)td_hmap_add(kt->pfmap, pb->hash, (uintptr_t)pb);   /* reserved */
             }
             pr->state = PF_READING;
             pr->left = (uint32_t)nb;
@@ -417,12 +426,12 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
         return false;
     kvlock_lock(&kt->mu);
     for (;;) {
-        pb = (pfblk_t *)kvbmap_find(&kt->pfmap, hash);
+        pb = kvmap_get(kt->pfmap, hash);
         if (pb != NULL && pb->run->state == PF_READING) {
             kvlock_wait(&kt->pf_done, &kt->mu);
             continue;
         }
-        if (pb != NULL || kvbmap_find(&kt->pfqmap, hash) == NULL || !pf_slot_free(kt) ||
+        if (pb != NULL || td_hmap_get(kt->pfqmap, hash) == TD_HMAP_NONE || !pf_slot_free(kt) ||
             kt->pf_stop)
             break;
         uint64_t now = td_clock_ns();
@@ -434,7 +443,7 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
         kvlock_wait_ns(&kt->pf_done, &kt->mu, 200000);   /* broadcast when a run starts */
     }
     if (pb == NULL) {
-        pfq_t *q = (pfq_t *)kvbmap_find(&kt->pfqmap, hash);
+        pfq_t *q = kvmap_get(kt->pfqmap, hash);
 
         if (q != NULL)
             pf_dequeue(kt, q);
@@ -443,7 +452,7 @@ kvprefetch_claim(td_kvtier_t *kt, uint64_t hash, kvpre_t *pre)
     }
     kvpfrun_t *pr = pb->run;
 
-    kvbmap_remove(&kt->pfmap, &pb->node);
+    td_hmap_del_pair(kt->pfmap, hash, (uintptr_t)pb);
     pb->mapped = false;
     pr->left--;
     pr->claims++;
@@ -489,12 +498,17 @@ td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n)
         free(j);
         return TD_ERR_BUSY;
     }
+    if (td_hmap_reserve(kt->pfqmap, td_hmap_count(kt->pfqmap) + n) != TD_OK) {
+        kvlock_unlock(&kt->mu);
+        free(j);
+        return TD_ERR_NOMEM;
+    }
     for (size_t i = 0; i < n; i++) {   /* a block queued or read ahead already is not ours */
-        j->q[i].node.key = hashes[i];
-        j->q[i].queued = kvbmap_find(&kt->pfqmap, hashes[i]) == NULL &&
-                         kvbmap_find(&kt->pfmap, hashes[i]) == NULL;
+        j->q[i].hash = hashes[i];
+        j->q[i].queued = td_hmap_get(kt->pfqmap, hashes[i]) == TD_HMAP_NONE &&
+                         td_hmap_get(kt->pfmap, hashes[i]) == TD_HMAP_NONE;
         if (j->q[i].queued)
-            kvbmap_insert(&kt->pfqmap, &j->q[i].node);
+            (void)td_hmap_add(kt->pfqmap, hashes[i], (uintptr_t)&j->q[i]);   /* reserved */
     }
     if (kt->pf_tail != NULL)
         kt->pf_tail->next = j;
@@ -517,9 +531,9 @@ kvprefetch_flush(td_kvtier_t *kt)
 td_status_t
 kvprefetch_init(td_kvtier_t *kt)
 {
-    td_status_t st = kvbmap_init(&kt->pfmap);
+    td_status_t st = td_hmap_create(KVMAP_HINT, &kt->pfmap);
 
-    return st == TD_OK ? kvbmap_init(&kt->pfqmap) : st;
+    return st == TD_OK ? td_hmap_create(KVMAP_HINT, &kt->pfqmap) : st;
 }
 
 td_status_t
@@ -566,6 +580,7 @@ kvprefetch_free(td_kvtier_t *kt)
     if (kt->pf_aio != 0)
         syscall(SYS_io_destroy, kt->pf_aio);
     kt->pf_aio = 0;
-    kvbmap_free(&kt->pfmap);
-    kvbmap_free(&kt->pfqmap);
+    td_hmap_destroy(kt->pfmap);
+    td_hmap_destroy(kt->pfqmap);
+    kt->pfmap = kt->pfqmap = NULL;
 }

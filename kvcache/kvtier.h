@@ -149,7 +149,7 @@ td_status_t td_kvtier_get_many(td_kvtier_t *kt, const uint64_t *hashes, size_t n
  * chain ends at the first block neither tier holds. A run no get_many takes
  * goes a second after its read (prefetch_unused); a flush drops them all.
  * TD_ERR_UNSUPPORTED without an SSD tier, TD_ERR_BUSY when 65536 blocks are
- * queued already (prefetch_dropped). */
+ * queued already (prefetch_dropped), TD_ERR_NOMEM (nothing queued). */
 td_status_t td_kvtier_prefetch(td_kvtier_t *kt, const uint64_t *hashes, size_t n);
 
 /* Empties both tiers: drops the host records and the queued writes; the IO

@@ -6,8 +6,8 @@
  * The files, lowest first; each calls only the ones above it:
  *   kvlock.c     locks that check the lock order below in debug builds
  *   kvrec.c      the SSD record and file format; records in memory (blobs)
- *   kvindex.c    the index (the block map: hash -> entry), the host and file
- *                LRU lists, the events; has, drain_events, snapshot
+ *   kvindex.c    the index (hash -> entry, a base/hmap.h table), the host and
+ *                file LRU lists, the events; has, drain_events, snapshot
  *   kvhost.c     the host tier: insert within its budget, drop, copy out
  *   kvssd.c      the SSD files: the write-back queue and its IO thread,
  *                deletions, the directory's scan at create
@@ -42,6 +42,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "hmap.h"
 #include "kvtier.h"
 
 /* ---- Locks (kvlock.c) -------------------------------------------------------- */
@@ -132,21 +133,18 @@ const char *kvrec_table_parse(const uint8_t *tab, uint32_t n, uint64_t name, uin
                               kvtable_t *t);
 
 /* ---- The index (kvindex.c) --------------------------------------------------- */
-typedef struct kvbnode {       /* intrusive: the first member of what it maps */
-    uint64_t key;
-    struct kvbnode *next;
-} kvbnode_t;
+/* The tier's four maps (index, evmap, pfmap, pfqmap) are base/hmap.h tables
+ * from a block's hash to a pointer, one entry per hash; mu locks them. */
+#define KVMAP_HINT 512          /* entries each holds before it first grows */
 
-typedef struct {                /* the block map: u64 key -> node; the callers lock */
-    kvbnode_t **b;
-    size_t nb, n;               /* nb: a power of two */
-} kvbmap_t;
+/* What key maps to in m, or NULL. */
+static inline void *
+kvmap_get(const td_hmap_t *m, uint64_t key)
+{
+    uint64_t v = td_hmap_get(m, key);
 
-td_status_t kvbmap_init(kvbmap_t *m);
-void kvbmap_free(kvbmap_t *m);    /* the buckets; the nodes are the caller's */
-kvbnode_t *kvbmap_find(const kvbmap_t *m, uint64_t key);
-void kvbmap_insert(kvbmap_t *m, kvbnode_t *node);   /* grows when full */
-void kvbmap_remove(kvbmap_t *m, kvbnode_t *node);
+    return v != TD_HMAP_NONE ? (void *)(uintptr_t)v : NULL;
+}
 
 typedef struct kvent kvent_t;
 typedef struct kvfile kvfile_t;
@@ -170,7 +168,7 @@ typedef struct {
 } kvlru_t;
 
 struct kvent {                  /* one hash held by the host tier, the SSD tier or both */
-    kvbnode_t node;             /* key: the hash */
+    uint64_t hash;              /* its key in the index */
     kvblob_t *host;             /* the host copy, or NULL */
     kvent_t *hprev, *hnext;     /* in the host LRU while host != NULL */
     kvfile_t *file;             /* the SSD file holding it, or NULL */
@@ -232,10 +230,10 @@ struct td_kvtier {
     pthread_t io;
     bool io_started, stop, stalled, busy;
 
-    kvbmap_t index;             /* kvent_t by hash */
+    td_hmap_t *index;           /* hash -> kvent_t * */
     kvlru_t host_lru;
     kvflru_t ssd_lru;
-    kvbmap_t evmap;             /* kvevnode_t by hash */
+    td_hmap_t *evmap;           /* hash -> kvevnode_t * */
     kvevnode_t *ev_head, *ev_tail;
 
     kvjob_t *q_head, *q_tail;
@@ -269,8 +267,8 @@ struct td_kvtier {
     pthread_cond_t pf_done;     /* a get_many waits for a run being read */
     kvpfjob_t *pf_head, *pf_tail;
     uint64_t pf_queued;         /* blocks of the queued chains */
-    kvbmap_t pfmap;             /* blocks read or being read ahead, by hash */
-    kvbmap_t pfqmap;            /* blocks of queued chains, no run yet, by hash */
+    td_hmap_t *pfmap;           /* hash -> the block of a run read or being read ahead */
+    td_hmap_t *pfqmap;          /* hash -> the block of a queued chain, no run yet */
     kvpfrun_t *pfruns;          /* [PF_DEPTH] */
     aio_context_t pf_aio;       /* the prefetch thread's own, or 0 */
 };
