@@ -1,6 +1,7 @@
 /* routerd/main.c — the router daemon: options, the engine identity (model
  * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
  * control listeners on one event loop, and the ready line. */
+#include "grammar.h"
 #include "router.h"
 #include "chat.h"
 #include "routes.h"
@@ -284,6 +285,7 @@ router_fini(td_router_t *r)
     td_cluster_fini(&r->cluster);
     td_apikeys_destroy(r->keys);
     td_apikeys_destroy(r->admin_keys);
+    td_gvocab_destroy(r->gvocab);
     td_tok_destroy(r->tok);
 }
 
@@ -364,6 +366,9 @@ router_init(td_router_t *r)
     st = router_tokenizer(r);
     if (st == TD_OK)
         st = router_identity(r);
+    if (st == TD_OK && r->v41 != NULL &&
+        (st = td_gvocab_create(r->v41, r->stop_ids, r->nstop_ids, &r->gvocab)) != TD_OK)
+        td_error("constraints: the tokenizer's vocabulary: %s", td_status_str(st));
     if (st == TD_OK && cfg->api_keys_file[0])
         st = td_apikeys_load(cfg->api_keys_file, &r->keys);
     if (st == TD_OK && cfg->admin_listen[0]) {
@@ -390,6 +395,7 @@ router_init(td_router_t *r)
                                 .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
+                                .gvocab = r->gvocab,
                                 .vocab = r->tok->vocab_size };
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,

@@ -86,6 +86,8 @@ typedef struct {
     td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok (chat encoding and
                                        reply parsing on), or NULL (byte-level stand-in) */
+    struct td_gvocab *gvocab;       /* v41's tokens for constraints (structured output),
+                                       or NULL (refused) */
     td_apikeys_t *keys;
     td_apikeys_t *admin_keys;
     char model[96];                 /* id in /v1/models */

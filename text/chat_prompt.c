@@ -277,6 +277,8 @@ typedef struct {
     bool thinking;
     unsigned effort;
     bool in_tool_calls;         /* tool_choice required / named: the prompt opens the block */
+    int rformat;                /* response_format: 0 text, 1 json_object, 2 json_schema */
+    const json_t *rschema;      /* json_schema's schema (rformat 2) */
     const char **stop;
     size_t nstop;
 } chat_conv_t;
@@ -818,6 +820,35 @@ conv_tools(chat_conv_t *c, const json_t *tools, td_chat_prompt_err_t *err)
     return TD_OK;
 }
 
+/* "response_format": text, json_object or json_schema; the two JSON ones
+ * are told to the model in the system part, as the reference encoding does
+ * (the sampler's constraint then enforces them: docs/structured-output.md). */
+static td_status_t
+conv_response_format(chat_conv_t *c, const json_t *rf, const char *type,
+                     td_chat_prompt_err_t *err)
+{
+    if (type != NULL && strcmp(type, "json_object") == 0) {
+        c->rformat = 1;
+        return TD_OK;
+    }
+    if (type != NULL && strcmp(type, "json_schema") == 0) {
+        const json_t *js = json_object_get(rf, "json_schema");
+        const json_t *schema = json_is_object(js) ? get_opt(js, "schema") : NULL;
+        if (schema == NULL)
+            return chat_refuse(err, TD_ERR_INVALID, "response_format.json_schema.schema",
+                               "Invalid 'response_format.json_schema': expected an object "
+                               "with 'schema'.");
+        c->rformat = 2;
+        c->rschema = schema;
+        return TD_OK;
+    }
+    if (type == NULL || strcmp(type, "text") != 0)
+        return chat_refuse(err, TD_ERR_INVALID, "response_format.type",
+                           "Invalid 'response_format': expected a type of 'text', "
+                           "'json_object' or 'json_schema'.");
+    return TD_OK;
+}
+
 /* "tool_choice": auto (default), none (the tools are not shown), required or
  * a named function (thinking off only: the prompt opens the tool-call block;
  * a named function is the only one shown). Without tools it does nothing. */
@@ -1022,14 +1053,9 @@ conv_build(chat_conv_t *c, const json_t *request, const td_chat_prompt_opts_t *o
         if (rf != NULL) {
             const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
             const char *s = json_is_string(type) ? json_string_value(type) : NULL;
-            if (s != NULL && (strcmp(s, "json_object") == 0 || strcmp(s, "json_schema") == 0 ||
-                              strcmp(s, "regex") == 0))
-                return chat_refuse(err, TD_ERR_UNSUPPORTED, "response_format.type",
-                                   "response_format '%s' is not supported (no constrained "
-                                   "decoding); use 'text'.", s);
-            if (s == NULL || strcmp(s, "text") != 0)
-                return chat_refuse(err, TD_ERR_INVALID, "response_format.type",
-                                   "Invalid 'response_format': expected {\"type\": \"text\"}.");
+            st = conv_response_format(c, rf, s, err);
+            if (st != TD_OK)
+                return st;
         }
         st = conv_stop(c, get_opt(req, "stop"), err);
         if (st != TD_OK)
@@ -1119,6 +1145,20 @@ out_template(chat_out_t *o, const char *tpl)
     }
 }
 
+/* The response format's section of the system part (json_object, json_schema). */
+static void
+render_response_format(chat_out_t *o, const chat_conv_t *c)
+{
+    if (c->rformat == 0)
+        return;
+    out_texts(o, "\n\n## Response Format:\n\nYou MUST strictly adhere to the following "
+                 "schema to reply:\n");
+    if (c->rformat == 1)
+        out_texts(o, "{\"type\": \"json_object\"}");
+    else
+        py_dump(&o->text, c->rschema);
+}
+
 /* The first system block: effort line (thinking), the system text, the tools. */
 static void
 render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t len)
@@ -1129,8 +1169,10 @@ render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t
         out_texts(o, line);
     }
     out_text(o, text, len);
-    if (c->ntools == 0)
+    if (c->ntools == 0) {
+        render_response_format(o, c);
         return;
+    }
     out_template(o, chat_tools_head);
     for (size_t i = 0; i < c->ntools; i++) {
         const json_t *fn = c->tools[i];
@@ -1155,7 +1197,9 @@ render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t
         out_texts(o, "}");
     }
     out_template(o, chat_tools_tail);
+    render_response_format(o, c);
 }
+
 
 static void
 render_param(chat_out_t *o, const char *name, size_t name_len, bool string)
@@ -1241,7 +1285,7 @@ render_assistant(chat_out_t *o, const chat_conv_t *c, const chat_msg_t *m, bool 
 static void
 render(chat_out_t *o, const chat_conv_t *c)
 {
-    bool system_extra = c->thinking || c->ntools > 0;
+    bool system_extra = c->thinking || c->ntools > 0 || c->rformat != 0;
     const chat_msg_t *last = c->nmsgs ? &c->msgs[c->nmsgs - 1] : NULL;
     chat_role_t prev = ROLE_SYSTEM;
     bool have_prev = false;
