@@ -90,6 +90,12 @@ static const td_config_opt_t router_opts[] = {
                          "max_tokens of a request that gives none"),
     TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
                        "longest stop string accepted, in bytes (a longer one gets 400)"),
+    TD_CONFIG_OPT_SIZE("max-constraint-bytes", ST, max_constraint_bytes, "256KiB", 1024,
+                       1u << 20, "largest structured-output spec (JSON schema, regex, grammar) "
+                       "a request may carry (a larger one gets 400)"),
+    TD_CONFIG_OPT_DURATION("constraint-budget", ST, constraint_budget_ms, "2s", 1, 60000,
+                           "compile time a structured-output spec may take on a text thread "
+                           "(a slower one gets 400)"),
     TD_CONFIG_OPT_UINT64("max-n", ST, max_n, "16", 1, TD_IREQ_MAX_N,
                          "most choices (n) one request may ask for; they share the prompt's "
                          "prefill and kv blocks"),
@@ -396,6 +402,8 @@ router_init(td_router_t *r)
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
                                 .gvocab = r->gvocab,
+                                .max_constraint_bytes = (size_t)cfg->max_constraint_bytes,
+                                .constraint_budget_ms = (uint32_t)cfg->constraint_budget_ms,
                                 .vocab = r->tok->vocab_size };
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,

@@ -56,6 +56,8 @@ typedef struct {
     uint64_t max_tokens_default;
     uint64_t max_stop_bytes;    /* longest stop string, bytes */
     uint64_t max_n;             /* most choices per request */
+    uint64_t max_constraint_bytes;  /* largest structured-output spec, bytes */
+    uint64_t constraint_budget_ms;  /* its compile time budget */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */

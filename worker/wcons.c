@@ -13,6 +13,8 @@
 #include "wcons.h"
 
 #define WCONS_CACHE_BYTES ((size_t)512 << 20)
+#define WCONS_MAX_SPEC ((size_t)1 << 20)    /* routerd's max-constraint-bytes bound */
+#define WCONS_BUDGET_MS 60000u              /* routerd's constraint-budget bound */
 
 typedef struct {
     uint32_t kind;
@@ -125,7 +127,10 @@ wcons_entry(const Tandem__Constraint *in, size_t *ix, char *why, size_t whylen)
 {
     size_t len = strlen(in->spec), pos = 0;
     uint64_t h = wcons_hash(in->kind, in->strict, in->spec, len), v;
-    td_grammar_opts_t o = { .strict = in->strict };
+    /* routerd checked the spec within its own limits: a worker only guards
+     * against a spec no router would send */
+    td_grammar_opts_t o = { .strict = in->strict, .max_spec_bytes = WCONS_MAX_SPEC,
+                            .budget_ms = WCONS_BUDGET_MS };
     td_grammar_err_t e;
     td_grammar_t *g;
     td_status_t st;

@@ -3,6 +3,9 @@
 the tiny V4.1 checkpoint (tools/mk-tiny-model), 2 prefill x 2 decode, through
 the openai client. With random weights the grammar does all the work:
 
+  structured-dep  prefilld --dep over 2 ranks, decoded --dep over 2: concurrent
+              constrained requests, each rank sampling its own rows under
+              its requests' constraints; every reply valid
   structured  client.chat.completions.parse with a pydantic model (strict
               json_schema), json_object, vLLM's guided_choice / guided_regex /
               structured_outputs.json and the completions API, a reply cut by
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import sys
+import threading
 from typing import List, Literal
 
 import openai
@@ -144,6 +148,45 @@ def test_structured(c):
         "a schema over the size limit")
     r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0)
     check(r.choices[0].finish_reason in ("stop", "length"), "still serving")
+    c.wait_idle()
+
+
+def test_structured_dep(c):
+    model = tiny_model(c)
+    c.up(prefill=1, decode=1, prefill_ranks=2, decode_ranks=2, router=("--tokenizer", model),
+         prefill_flags=("--chunk-tokens", "8", "--dep", "--compute-threads", "1"),
+         decode_flags=("--dep", "--compute-threads", "1"))
+    check(re.search(r"dep group of 2 ranks", c.workers["prefill0"].text()),
+          "prefilld: no dep group in its ready line")
+    client = c.client()
+    off = {"chat_template_kwargs": {"thinking": False}}
+    results = [None] * 8
+
+    def one(i):
+        msgs = [{"role": "user", "content": "JSON pet number %d, please." % i}]
+        try:
+            if i % 2 == 0:
+                r = client.chat.completions.parse(model=MODEL, messages=msgs, response_format=Pet,
+                                                  temperature=1, seed=i, max_tokens=256,
+                                                  extra_body=off)
+                results[i] = r.choices[0].message.parsed
+            else:
+                r = client.chat.completions.create(
+                    model=MODEL, messages=msgs, temperature=1, seed=i, max_tokens=16,
+                    extra_body={"guided_choice": ["red", "green", "blue"], **off})
+                results[i] = r.choices[0].message.content
+        except Exception as e:  # reported below
+            results[i] = e
+
+    for rnd in range(2):
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, r in enumerate(results):
+            ok = isinstance(r, Pet) if i % 2 == 0 else r in ("red", "green", "blue")
+            check(ok, "dep round %d request %d: %r" % (rnd, i, r))
     c.wait_idle()
 
 
