@@ -612,57 +612,80 @@ model_experts_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
     return TD_OK;
 }
 
-td_status_t
-td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+/* The config (checked, with an implemented scoring function), the routed
+ * experts this rank keeps and the tokenizer when the folder has one. */
+static td_status_t
+model_cfg_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
 {
-    td_model_t *m;
+    char path[4096], err[512];
+    td_status_t st = td_modelcfg_load(dir, &m->cfg);
+
+    if (st != TD_OK)
+        return st;
+    st = td_modelcfg_check(m->cfg, err, sizeof(err));
+    if (st != TD_OK) {
+        td_error("model %s: %s", dir, err);
+        return st;
+    }
+    const td_modelcfg_t *c = m->cfg;
+    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
+        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
+                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
+        return TD_ERR_UNSUPPORTED;
+    }
+    st = model_experts_init(m, dir, opts);
+    if (st != TD_OK)
+        return st;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return TD_OK;
+    fclose(f);
+    return td_tokenizer_load(path, &m->tok);
+}
+
+/* The head: its own tensor, or a linear made from the embedding when tied. */
+static td_status_t
+model_bind_head(td_model_t *m, model_bind_t *b, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+
+    if (!c->tie_word_embeddings) {
+        m->head = model_mat(b, "head.weight");
+        return TD_OK;
+    }
+    if (m->embed == NULL)
+        return TD_OK;   /* b->st says why */
+    td_status_t st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size,
+                                        (size_t)c->hidden_size, &m->head);
+    if (st != TD_OK)
+        return st;   /* the op logged why */
+    st = model_keep_mat(m, m->head);
+    if (st != TD_OK)
+        td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
+    return st;
+}
+
+/* Read the checkpoint in dir: every tensor the model keeps, bound to its
+ * place in m (embedding, head, norms, every layer's). */
+static td_status_t
+model_load_weights(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
     td_weights_schema_t *schema = NULL;
     td_st_t *st_file = NULL;
     td_weights_t *w = NULL;
     model_bind_t b = { 0 };
     td_progress_t prog;
     bool loading = false;   /* prog has begun */
+    char what[4096];
     td_status_t st;
-    char path[4096], err[512];
-
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return model_nomem(dir);
-    m->ops = td_kernels_cpu_ops();
-    st = td_modelcfg_load(dir, &m->cfg);
-    if (st != TD_OK)
-        goto out;
-    st = td_modelcfg_check(m->cfg, err, sizeof(err));
-    if (st != TD_OK) {
-        td_error("model %s: %s", dir, err);
-        goto out;
-    }
-    const td_modelcfg_t *c = m->cfg;
-    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
-        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
-                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
-        st = TD_ERR_UNSUPPORTED;
-        goto out;
-    }
-    st = model_experts_init(m, dir, opts);
-    if (st != TD_OK)
-        goto out;
-    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (f != NULL) {
-        fclose(f);
-        st = td_tokenizer_load(path, &m->tok);
-        if (st != TD_OK)
-            goto out;
-    }
 
     st = td_weights_schema_create(c, &schema);
-    if (st != TD_OK)
-        goto out;
-    st = td_st_open(dir, &st_file);
-    if (st != TD_OK)
-        goto out;
-    st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
+    if (st == TD_OK)
+        st = td_st_open(dir, &st_file);
+    if (st == TD_OK)
+        st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
     if (st != TD_OK)
         goto out;
     b.schema = schema;
@@ -673,64 +696,19 @@ td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **ou
         st = model_nomem("the tensor tables");
         goto out;
     }
-    snprintf(path, sizeof(path), "model %s", dir);
-    td_progress_begin(&prog, path, "tensors", w->n, w->bytes);
+    snprintf(what, sizeof(what), "model %s", dir);
+    td_progress_begin(&prog, what, "tensors", w->n, w->bytes);
     loading = true;
     st = model_dequant_all(m, w, b.ptr, b.mat, &prog);
     if (st != TD_OK)
         goto out;
     m->embed = model_get(&b, "embed.weight");
     m->norm = model_get(&b, "norm.weight");
-    if (!c->tie_word_embeddings) {
-        m->head = model_mat(&b, "head.weight");
-    } else if (m->embed != NULL) {
-        st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
-                                &m->head);
-        if (st != TD_OK)
-            goto out;   /* the op logged why */
-        st = model_keep_mat(m, m->head);
-        if (st != TD_OK) {
-            td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
-            goto out;
-        }
-    }
+    st = model_bind_head(m, &b, dir);
     for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
         st = model_bind_layer(m, &b, i);
     if (st == TD_OK)
         st = b.st;
-    if (st != TD_OK)
-        goto out;
-
-    size_t half = (size_t)c->qk_rope_head_dim / 2;
-    m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
-    m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
-    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
-        st = model_nomem("the rope tables");
-        goto out;
-    }
-    st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
-    if (st == TD_OK)
-        st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
-                        &m->rope_scale_compress);
-    if (st != TD_OK)
-        goto out;
-    if (c->engram_layer_ids.n > 0) {
-        st = model_engram_init(m, dir);
-        if (st != TD_OK)
-            goto out;
-    }
-    td_cache_plan_t *plan;
-    st = td_cache_plan_create(c, &plan);
-    if (st != TD_OK)
-        goto out;
-    m->plan = plan;
-    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
-            "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
-            (long long)c->num_hidden_layers, (long long)c->hidden_size,
-            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
-            m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
-            m->expert_bytes >> 20);
-
 out:
     if (loading)
         td_progress_end(&prog, st);
@@ -739,10 +717,62 @@ out:
     td_weights_destroy(w);
     td_st_close(st_file);
     td_weights_schema_destroy(schema);
+    return st;
+}
+
+/* What the forward pass derives from the config: the rope tables, the
+ * engram hash state and the cache plan. */
+static td_status_t
+model_tables_init(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+    size_t half = (size_t)c->qk_rope_head_dim / 2;
+    td_status_t st;
+
+    m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
+    m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
+    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL)
+        return model_nomem("the rope tables");
+    st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
+    if (st == TD_OK)
+        st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
+                        &m->rope_scale_compress);
+    if (st == TD_OK && c->engram_layer_ids.n > 0)
+        st = model_engram_init(m, dir);
+    if (st != TD_OK)
+        return st;
+    td_cache_plan_t *plan;
+    st = td_cache_plan_create(c, &plan);
+    if (st == TD_OK)
+        m->plan = plan;
+    return st;
+}
+
+td_status_t
+td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+{
+    td_model_t *m = calloc(1, sizeof(*m));
+    td_status_t st;
+
+    if (m == NULL)
+        return model_nomem(dir);
+    m->ops = td_kernels_cpu_ops();
+    st = model_cfg_init(m, dir, opts);
+    if (st == TD_OK)
+        st = model_load_weights(m, dir);
+    if (st == TD_OK)
+        st = model_tables_init(m, dir);
     if (st != TD_OK) {
         td_model_destroy(m);
         return st;
     }
+    const td_modelcfg_t *c = m->cfg;
+    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
+            "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
+            (long long)c->num_hidden_layers, (long long)c->hidden_size,
+            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
+            m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
+            m->expert_bytes >> 20);
     *out = m;
     return TD_OK;
 }
