@@ -35,6 +35,14 @@ struct event_base;
 typedef struct td_http_req_s td_http_req_t;
 typedef struct td_http_listener_s td_http_listener_t;
 
+/* The format of a route's errors, also of the refusals made before the
+ * route ran (a bad head, a timeout, a missing key) for a request to its path. */
+typedef enum {
+    TD_HTTP_ERR_OPENAI = 0,    /* {"error":{"message","type","param","code"}} */
+    TD_HTTP_ERR_ANTHROPIC,     /* {"type":"error","error":{"type","message"}}, 503 as 529;
+                                  a key also by x-api-key */
+} td_http_errfmt_t;
+
 /* One entry of a route table (ends with path NULL). */
 typedef struct {
     const char *path;
@@ -42,6 +50,7 @@ typedef struct {
     bool admin;           /* served on the admin listener, with the admin key */
     bool auth;            /* needs a key */
     void (*fn)(td_http_req_t *req, void *arg);   /* arg: the site's */
+    td_http_errfmt_t errfmt;
 } td_http_route_t;
 
 /* Bytes of requests held (heads and bodies being read or served), across

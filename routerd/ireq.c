@@ -920,7 +920,8 @@ td_ireq_finish(td_ireq_parse_t *p)
     if (!p->has_model)
         return td_ireq_missing(p, "model");
     if (!p->has_body)
-        return td_ireq_missing(p, r->kind == TD_OPENAI_CHAT ? "messages" : "prompt");
+        return td_ireq_missing(p, r->kind == TD_OPENAI_COMPLETION ? "prompt"
+                                  : r->kind == TD_OPENAI_RESPONSES ? "input" : "messages");
     if (p->has_stream_options && !r->out.stream) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, "stream_options", "invalid_value",
                           "The 'stream_options' parameter is only allowed when 'stream' is "
@@ -1011,6 +1012,31 @@ td_ireq_parse_object(const td_ireq_cfg_t *cfg, td_openai_kind_t kind,
 err_destroy:
     td_ireq_destroy(req);
     return rc;
+}
+
+td_status_t
+td_ireq_set_msgs(td_ireq_parse_t *p, const json_t *messages)
+{
+    td_ireq_t *r = p->req;
+    size_t n = json_array_size(messages);
+
+    if (n == 0 || (r->msgs = calloc(n, sizeof *r->msgs)) == NULL)
+        return n == 0 ? td_ireq_empty_array(p, "messages") : td_ireq_nomem(p);
+    for (r->nmsgs = 0; r->nmsgs < n; r->nmsgs++) {
+        const json_t *m = json_array_get(messages, r->nmsgs);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        const char *text = json_string_value(json_object_get(m, "content"));
+        td_ireq_msg_t *msg = &r->msgs[r->nmsgs];
+
+        for (int k = TD_OPENAI_ROLE_SYSTEM; role && k <= TD_OPENAI_ROLE_DEVELOPER; k++)
+            if (strcmp(role, td_openai_role_str((td_openai_role_t)k)) == 0)
+                msg->role = (td_openai_role_t)k;
+        if ((msg->content = strdup(text ? text : "")) == NULL) {
+            r->nmsgs++;
+            return td_ireq_nomem(p);
+        }
+    }
+    return TD_OK;
 }
 
 void

@@ -113,6 +113,8 @@ typedef struct {
 typedef struct {
     int thinking;                /* -1: the request's "thinking" object or the default;
                                     0 / 1: chat_template_kwargs.thinking */
+    uint32_t budget;             /* most reasoning tokens of a choice (Messages'
+                                    thinking.budget_tokens); 0: no cap */
 } td_ireq_reasoning_t;
 
 /* A validated request; everything it points to is owned by it and freed by
@@ -240,6 +242,12 @@ td_status_t td_ireq_get_raw(td_ireq_parse_t *p, const json_t *v, char **out);
 /* An id in [0, vocab) (vocab 0: below 2^31) at param. */
 td_status_t td_ireq_get_token(td_ireq_parse_t *p, const char *param, const json_t *v,
                               int32_t *out);
+
+/* The stand-in's view of a chat-shaped messages array (role and text of
+ * each; tool calls kept raw), for adapters whose own input was converted
+ * into one (Messages, Responses): the V4.1 encoder reads the converted body
+ * itself. */
+td_status_t td_ireq_set_msgs(td_ireq_parse_t *p, const json_t *messages);
 
 /* "an integer", "a string", ... for messages. */
 const char *td_ireq_json_type(const json_t *v);

@@ -16,6 +16,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "anthropic.h"
 #include "buf.h"
 #include "chat.h"
 #include "clock.h"
@@ -486,7 +487,8 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
         return;
     if (q->streaming) {
         td_buf_reset(&q->t->sse);
-        if (td_openai_stream_error(e, &q->t->sse) == TD_OK)
+        if ((q->kind == TD_OPENAI_MESSAGES ? td_anthropic_stream_error(e, &q->t->sse)
+                                           : td_openai_stream_error(e, &q->t->sse)) == TD_OK)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
@@ -745,7 +747,8 @@ static void
 fail_too_long(td_rreq_t *q, uint64_t limit)
 {
     td_openai_err_t e;
-    const char *param = q->oreq->kind == TD_OPENAI_CHAT ? "messages" : "prompt";
+    const char *param = q->oreq->kind == TD_OPENAI_COMPLETION ? "prompt"
+                        : q->oreq->kind == TD_OPENAI_RESPONSES ? "input" : "messages";
     char most[64] = "";
 
     if (limit)

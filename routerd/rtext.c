@@ -9,7 +9,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "adapt-anthropic.h"
 #include "adapt-openai.h"
+#include "anthropic.h"
 #include "chat_prompt.h"
 #include "chat_reply.h"
 #include "reply.h"
@@ -49,6 +51,9 @@ struct td_rtext_s {
     td_reply_t **replies;           /* [nreplies]: one reader per choice */
     uint32_t nreplies;
     td_openai_stream_t stream;
+    td_anthropic_stream_t astream;  /* Messages' stream */
+    uint64_t by_string;             /* bit i: a stop string ended choice i */
+    bool thinking;                  /* the reply begins in reasoning */
     uint64_t cached;                /* prompt tokens served from a prefix cache (usage) */
     bool ended;                     /* every choice is complete: nothing more is decoded */
     rtext_batch_t inbox;            /* the loop's: pushed since the last take */
@@ -193,6 +198,8 @@ replies_create(td_rtext_t *x, const td_chat_reply_opts_t *chat)
     if (chat != NULL) {
         opts = *chat;
         opts.stop_include = x->oreq->stop.include_stop_str;
+        /* the Messages and Responses events carry the arguments piece by piece */
+        opts.split_args = x->kind == TD_OPENAI_MESSAGES || x->kind == TD_OPENAI_RESPONSES;
     }
     x->replies = calloc(x->oreq->n, sizeof *x->replies);
     if (x->replies == NULL)
@@ -246,7 +253,7 @@ td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **id
 
     if (chat != NULL)
         *chat = NULL;
-    if (cfg->v41 && o->kind == TD_OPENAI_CHAT)
+    if (cfg->v41 && o->kind != TD_OPENAI_COMPLETION)
         return encode_chat(cfg, o, ids, n, chat, err);
     if (o->prompt_ids) {   /* token ids, checked against the vocabulary by the parser */
         if ((*ids = malloc(o->nprompt_ids * sizeof **ids)) == NULL) {
@@ -278,6 +285,7 @@ prompt_tokens(td_rtext_t *x)
     if (st != TD_OK)
         return x->res.st = st;
     st = replies_create(x, chat ? &chat->reply : NULL);
+    x->thinking = chat && chat->reply.start == TD_CHAT_REPLY_START_REASONING;
     td_chat_prompt_destroy(chat);
     if (st != TD_OK) {
         free(ids);
@@ -298,8 +306,11 @@ td_rtext_prompt_run(td_rtext_t *x)
     memset(&x->res, 0, sizeof x->res);
     if (canceled(x))
         return;
-    st = td_adapt_openai_parse(x->cfg->api, x->kind, x->body, x->body_len, &x->oreq,
-                               &x->res.err);
+    st = x->kind == TD_OPENAI_MESSAGES
+             ? td_adapt_anthropic_parse(x->cfg->api, false, x->body, x->body_len, &x->oreq,
+                                        &x->res.err)
+             : td_adapt_openai_parse(x->cfg->api, x->kind, x->body, x->body_len, &x->oreq,
+                                     &x->res.err);
     free(x->body);
     x->body = NULL;
     if (st != TD_OK) {
@@ -315,6 +326,8 @@ td_rtext_prompt_run(td_rtext_t *x)
                                          .model = x->cfg->model,
                                          .fingerprint = x->cfg->fingerprint };
     x->stream.include_usage = o->out.include_usage;
+    x->astream = (td_anthropic_stream_t){ .id = x->oid, .model = x->cfg->model,
+                                          .thinking = x->thinking };
 }
 
 td_ireq_t *
@@ -445,6 +458,8 @@ reply_emit(void *arg, td_reply_t *rp, const td_chat_reply_delta_t *d)
     td_openai_logprobs_t *lp = td_reply_logprobs(rp);
     json_t *delta = NULL;
 
+    if (x->kind == TD_OPENAI_MESSAGES)
+        return td_anthropic_stream_delta(&x->astream, d, &x->out);
     switch (d->kind) {
     case TD_CHAT_REPLY_DELTA_CONTENT:
         return td_openai_stream_text(&x->stream, i, lp, d->text, d->len, &x->out);
@@ -470,6 +485,10 @@ td_rtext_stream_start(td_rtext_t *x, td_buf_t *out)
     td_status_t st = TD_OK;
 
     x->streaming = true;
+    if (x->kind == TD_OPENAI_MESSAGES) {
+        td_anthropic_usage_t u = { .input_tokens = (uint32_t)x->nprompt };
+        return td_anthropic_stream_start(&x->astream, &u, out);
+    }
     for (uint32_t i = 0; st == TD_OK && i < x->nreplies; i++)
         st = td_openai_stream_text(&x->stream, i, td_reply_logprobs(x->replies[i]), "", 0, out);
     return st;
@@ -501,9 +520,10 @@ tokens_message(td_rtext_t *x, uint32_t m, size_t from, size_t to, size_t *top_at
                                x->streaming ? reply_emit : NULL, x, &stopped);
         if (st == TD_OK && stopped) {
             x->res.cut |= 1ull << c;
+            x->by_string |= 1ull << c;
             x->res.by_us = true;
             st = td_reply_end(rp, TD_OPENAI_FINISH_STOP, x->streaming ? reply_emit : NULL, x);
-            if (st == TD_OK && x->streaming)
+            if (st == TD_OK && x->streaming && x->kind != TD_OPENAI_MESSAGES)
                 st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
                                                  td_reply_finish_reason(rp), &x->out);
         }
@@ -522,10 +542,36 @@ choice_end(td_rtext_t *x, uint32_t c, td_openai_finish_t finish)
     if (td_reply_ended(rp))
         return TD_OK;
     st = td_reply_end(rp, finish, x->streaming ? reply_emit : NULL, x);
-    if (st == TD_OK && x->streaming)
+    if (st == TD_OK && x->streaming && x->kind != TD_OPENAI_MESSAGES)
         st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
                                          td_reply_finish_reason(rp), &x->out);
     return st;
+}
+
+/* A Messages reply's end: message_delta and message_stop of a stream, or
+ * the message (one choice). */
+static td_status_t
+messages_finish(td_rtext_t *x, const td_openai_usage_t *usage)
+{
+    td_reply_t *rp = x->replies[0];
+    td_anthropic_usage_t u = { usage->prompt_tokens, usage->completion_tokens,
+                               usage->cached_tokens };
+    td_anthropic_stop_t stop = { .finish = td_reply_finish_reason(rp),
+                                 .by_stop_string = x->by_string & 1,
+                                 .stop = x->oreq->stop.nstrings == 1 ? x->oreq->stop.strings[0]
+                                                                     : NULL };
+    const td_chat_reply_t *cr = td_reply_chat(rp);
+    td_chat_reply_t plain = {0};
+
+    if (x->streaming)
+        return td_anthropic_stream_end(&x->astream, &stop, &u, &x->out);
+    if (cr == NULL) {   /* the stand-in's plain text */
+        plain.content = td_reply_text(rp)->data ? td_reply_text(rp)->data : "";
+        plain.content_len = td_reply_text(rp)->len;
+        cr = &plain;
+    }
+    td_buf_reset(&x->out);
+    return td_anthropic_message_json(x->oid, x->cfg->model, cr, &stop, &u, &x->out);
 }
 
 /* Every choice ended: usage and [DONE] of a stream, or the whole answer. */
@@ -540,6 +586,8 @@ tokens_finish(td_rtext_t *x)
         usage.completion_tokens += td_reply_ntokens(x->replies[i]);
     x->ended = true;
     x->res.ended = true;
+    if (x->kind == TD_OPENAI_MESSAGES)
+        return messages_finish(x, &usage);
     if (x->streaming)
         return td_openai_stream_end(&x->stream, &usage, &x->out);
     for (uint32_t i = 0; i < x->nreplies; i++) {

@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include "adapt-anthropic.h"
 #include "adapt-openai.h"
 #include "buf.h"
 #include "log.h"
@@ -18,7 +19,7 @@ typedef struct rtok_job {
     struct rtok_job *prev, *next;
     td_rtok_t *x;
     td_http_req_t *hreq;        /* NULL once its client is gone */
-    bool detok;
+    td_rtok_mode_t mode;
     char *body;
     size_t len;
     td_openai_err_t err;        /* the job's refusal (err.http 0: none) */
@@ -249,6 +250,23 @@ detokenize_run(rtok_job_t *j, json_t *body)
     free(text);
 }
 
+/* count_tokens: the prompt a Messages request would be sent with. */
+static void
+count_run(rtok_job_t *j)
+{
+    const td_rtext_cfg_t *cfg = j->x->cfg.text;
+    td_ireq_t *o = NULL;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+
+    if (td_adapt_anthropic_parse(cfg->api, true, j->body, j->len, &o, &j->err) == TD_OK &&
+        td_rtext_prompt_ids(cfg, o, &ids, &n, NULL, &j->err) == TD_OK &&
+        td_buf_printf(&j->out, "{\"input_tokens\":%zu}", n) != TD_OK)
+        td_openai_err_internal(&j->err, "out of memory");
+    free(ids);
+    td_ireq_destroy(o);
+}
+
 static void
 job_run(void *arg)
 {
@@ -269,10 +287,12 @@ job_run(void *arg)
         json_decref(body);
         return;
     }
-    if (j->detok)
+    if (j->mode == TD_RTOK_DETOKENIZE)
         detokenize_run(j, body);
-    else
+    else if (j->mode == TD_RTOK_TOKENIZE)
         tokenize_run(j, body);
+    else
+        count_run(j);
     json_decref(body);
 }
 
@@ -302,7 +322,7 @@ job_gone(td_http_req_t *hreq, void *arg)
 }
 
 void
-td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok)
+td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode)
 {
     rtok_job_t *j = calloc(1, sizeof *j);
     td_openai_err_t e;
@@ -317,7 +337,7 @@ td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok)
     }
     j->x = x;
     j->hreq = hreq;
-    j->detok = detok;
+    j->mode = mode;
     j->next = x->jobs;
     if (x->jobs)
         x->jobs->prev = j;

@@ -1,4 +1,5 @@
-/* routerd/rtok.h — POST /tokenize and POST /detokenize in vLLM's shapes: a
+/* routerd/rtok.h — POST /tokenize and POST /detokenize in vLLM's shapes
+ * (and the Messages API's count_tokens): a
  * prompt or a conversation turned into the ids routerd would send the model
  * for it (the request model's adapter and encoder, so the ids are exactly a
  * completion's or a chat's prompt), and ids back into text. The work runs on
@@ -31,9 +32,15 @@ typedef struct {
 td_status_t td_rtok_create(const td_rtok_cfg_t *cfg, td_rtok_t **out);
 void td_rtok_destroy(td_rtok_t *x);
 
-/* Serve a /tokenize (detok false) or /detokenize request: its body goes to
- * a text thread, the answer (or a 4xx in OpenAI's error format) comes back
- * on the loop. */
-void td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok);
+typedef enum {
+    TD_RTOK_TOKENIZE = 0,       /* /tokenize */
+    TD_RTOK_DETOKENIZE,         /* /detokenize */
+    TD_RTOK_COUNT_MESSAGES,     /* /v1/messages/count_tokens: {"input_tokens"} of a
+                                   Messages request's prompt */
+} td_rtok_mode_t;
+
+/* Serve such a request: its body goes to a text thread, the answer (or a
+ * 4xx in the route's error format) comes back on the loop. */
+void td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode);
 
 #endif
