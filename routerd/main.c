@@ -137,6 +137,10 @@ static const td_config_opt_t router_opts[] = {
                          "largest batch of generated tokens (each counted 1 + its log-probability "
                          "alternatives) that the event loop detokenizes itself, a few being "
                          "cheaper there than on a text thread (0: always a text thread)"),
+    TD_CONFIG_OPT_UINT64("text-inline-body", ST, text_inline_body, "512", 0, 65536,
+                         "largest request body in bytes that the event loop parses, encodes "
+                         "and tokenizes itself, a small one being cheaper there than on a text "
+                         "thread (0: always a text thread)"),
     /* shutdown */
     TD_CONFIG_OPT_DURATION("drain-timeout", ST, drain_timeout_ms, "30s", 0, 3600000,
                            "on SIGTERM the api takes no new requests and those in flight "
@@ -402,6 +406,7 @@ router_reqs_create(td_router_t *r)
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
+                             .text_inline_body = cfg->text_inline_body,
                              .cache_weight = cfg->cache_weight,
                              .continue_max_suffix = cfg->continue_max_suffix,
                              .continue_max_states = (size_t)cfg->continue_max_states,

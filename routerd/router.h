@@ -68,6 +68,7 @@ typedef struct {
     uint64_t ctl_max_unauth_per_source;   /* ... from one address */
     uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
     uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
+    uint64_t text_inline_body;  /* request bodies up to this many bytes tokenized on the loop */
     uint64_t drain_timeout_ms;  /* SIGTERM: requests in flight get this long to finish */
     /* KV-aware prefill placement (docs/kvrouting.md) */
     double cache_weight;        /* weight of a rank's cached prompt tokens; 0 = load only */

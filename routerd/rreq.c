@@ -1615,8 +1615,8 @@ serve_watch(td_rreq_t *q)
 
 /* Take the request: in the table at once (state new: the admin API lists
  * it, a cancel, a timeout or the client going away end it), its body parsed
- * and its prompt encoded and tokenized by a text thread (text_prompt_done
- * goes on). */
+ * and its prompt encoded and tokenized by a text thread, or by the loop for a
+ * body of at most text_inline_body bytes (text_prompt_done goes on). */
 void
 td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
 {
@@ -1659,14 +1659,20 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
+    q->text_busy = true;
+    if (td_rtext_body_len(q->text) <= t->cfg.text_inline_body) {
+        /* a small body: cheaper on the loop than a thread and back */
+        text_prompt_run(q);
+        text_prompt_done(q);
+        return;
+    }
     st = td_rtext_body_len(q->text) > TEXT_LONG_BODY
              ? td_jobq_post_long(t->pool, text_prompt_run, text_prompt_done, q)
              : td_jobq_post(t->pool, text_prompt_run, text_prompt_done, q);
     if (st != TD_OK) {
+        q->text_busy = false;
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
     }
-    q->text_busy = true;
 }
 
 /* The prompt is tokenized: the request's wire parameters, then admission. */
