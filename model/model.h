@@ -186,6 +186,16 @@ typedef td_status_t (*td_forward_layer_fn)(const td_forward_done_t *done, void *
 td_status_t td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs,
                        td_forward_layer_fn fn, void *arg);
 
+/* The workspace bytes a pass takes (model/fwspace.c, docs/forward.md): for
+ * nseq requests of n rows each with `tokens` tokens in its cache after the
+ * pass, split as td_forward splits calls of more than 256 rows. Every buffer
+ * of a pass comes from one block of this size (the pass allocates nothing
+ * else); tools/memplan's workspace figure is this function. */
+size_t td_forward_workspace_bytes(const td_modelcfg_t *c, const td_cache_plan_t *plan,
+                                  size_t nseq, size_t n, uint64_t tokens);
+/* The largest workspace a pass of this process has taken so far, bytes. */
+size_t td_forward_workspace_peak(void);
+
 /* Prefill a chunk of one request (any n >= 1, continuing from its cache). */
 td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens,
                                size_t n, int all_logits, float *logits);
