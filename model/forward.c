@@ -254,7 +254,7 @@ fw_engram(fw_t *f, uint32_t l)
             }
         }
     }
-    FW_CHECK(f->k->embed(L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
+    FW_CHECK(f->k->embed_fmt(&L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
     FW_CHECK(f->k->linear_mat(f->emb, L->eg_wkv, f->kvx, N));
     for (size_t r = 0; r < N; r++) {
         memcpy(f->ekey + r * hc * H, f->kvx + r * H * (hc + 1), hc * H * sizeof(float));
@@ -1456,7 +1456,7 @@ fw_dep_begin(fw_t *f)
 static td_status_t
 fw_embed(fw_t *f)
 {
-    FW_CHECK(f->k->embed(f->m->embed, (size_t)f->c->vocab_size, f->H, f->ids, f->N, f->x));
+    FW_CHECK(f->k->embed_fmt(&f->m->embed, (size_t)f->c->vocab_size, f->H, f->ids, f->N, f->x));
     for (size_t r = 0; r < f->N; r++) {
         for (size_t j = 0; j < f->hc; j++)
             memcpy(f->S + (r * f->hc + j) * f->H, f->x + r * f->H, f->H * sizeof(float));

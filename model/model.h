@@ -51,7 +51,7 @@ typedef struct {
     td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
     td_kernels_mat_t *sw2;      /* [H, I] */
     /* engram (engram layers) */
-    const float *eg_table;      /* [eg_rows, engram_head_dim] */
+    td_kernels_wsrc_t eg_table; /* [eg_rows, engram_head_dim] as stored (fp8 rows, bf16) or f32 */
     uint64_t eg_rows;
     td_kernels_mat_t *eg_wkv;   /* [H * (hc + 1), (max_ngram - 1) * engram_n_heads * engram_head_dim] */
     float *eg_qk;               /* [hc, H] q_weight * k_weight (computed at load) */
@@ -82,7 +82,7 @@ typedef struct {
     td_tokenizer_t *tok;        /* NULL when the directory has no tokenizer.json */
     const td_cache_plan_t *plan;/* the per-request cache layout (owned) */
 
-    const float *embed;         /* [vocab_size, H] */
+    td_kernels_wsrc_t embed;    /* [vocab_size, H] as stored (bf16) or f32 */
     const float *norm;          /* [H] */
     td_kernels_mat_t *head;     /* [vocab_size, H] (made from embed when tied) */
     td_model_layer_t *layers;   /* [num_hidden_layers] */
@@ -100,6 +100,9 @@ typedef struct {
     td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
     size_t nmats;
     size_t mat_bytes;           /* their bytes */
+    void **blobs;               /* [nblobs] the tables kept as stored (embed, engram; owned) */
+    size_t nblobs;
+    size_t table_bytes;         /* their bytes */
 
     unsigned char *expert_held; /* [E] 1 where the routed expert's weights are loaded */
     uint32_t experts_held;      /* how many (E unless loaded for one rank of a DEP group) */

@@ -210,6 +210,9 @@ gemm_src_value(const td_kernels_wsrc_t *src, size_t k, size_t r, size_t i)
         return td_numfmt_e2m1_to_f32(code & 0xF) *
                td_numfmt_e8m0_to_f32(src->scales[r * (k / 32) + i / 32]);
     }
+    case TD_KERNELS_W_F32:
+    case TD_KERNELS_W_FP8_ROWS:
+        break;   /* tables: gemm_src_bad rejects them */
     }
     return 0.0f;
 }
