@@ -28,13 +28,19 @@ typedef struct {
     int32_t index_seg;        /* the cache segment of the indexer keys the group scores */
     size_t nidx;              /* its entries [0, nidx) */
     int has_index_k;
-    float *bias;              /* [n, bias_t] top-k block bias (0 / -inf) */
+    /* The top-k block bias as lists: row i's bias is 0 at the entries
+     * tk[i, 0 .. ntk[i]) (each chosen with a score above -inf) and -inf
+     * elsewhere of its bias_t entries. */
+    int32_t *tk;              /* [n, index_topk] */
+    uint32_t *ntk;            /* [n] */
     size_t bias_t;
     int has_bias;
-    unsigned char *cand;      /* [n, cand_t] candidate mask of the two-level top-k */
+    /* The candidate mask of the two-level top-k as lists: row i keeps the
+     * entries of the blocks cb[i, 0 .. ncb[i]) of cand_t entries. */
+    int32_t *cb;              /* [n, candidate_topk_blocks] */
+    uint32_t *ncb;            /* [n] */
     size_t cand_t;
     int has_cand;
-    size_t cap_t;             /* bias and cand hold [n, cap_t] (the workspace's bound) */
 } fw_shared_t;
 
 /* One forward call. */
@@ -377,10 +383,11 @@ out:
 }
 
 /* select_candidate_blocks of the reference for one query row: sc [t] (-inf
- * where unreachable), clen = visible entries; keep [t]. */
+ * where unreachable), clen = visible entries; the kept blocks into cb (their
+ * count returned in *ncb). */
 static td_status_t
-fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned char *keep,
-              float *bscore, int64_t *bidx)
+fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, int32_t *cb,
+              uint32_t *ncb, float *bscore, int64_t *bidx)
 {
     size_t bs = (size_t)f->c->candidate_block_size, nb = (t + bs - 1) / bs;
     size_t kb = (size_t)f->c->candidate_topk_blocks < nb ? (size_t)f->c->candidate_topk_blocks : nb;
@@ -394,14 +401,49 @@ fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned 
     }
     if (clen > 0)   /* (clen - 1) // bs; clen 0 gives block -1: none pinned */
         bscore[(clen - 1) / bs] = INFINITY;
-    memset(keep, 0, t);
+    *ncb = 0;
     if (kb == 0)
         return TD_OK;
     FW_CHECK(f->k->topk(bscore, 1, nb, kb, bidx));
     for (size_t j = 0; j < kb; j++)
         if (bscore[bidx[j]] > -INFINITY)
-            for (size_t i = (size_t)bidx[j] * bs; i < ((size_t)bidx[j] + 1) * bs && i < t; i++)
-                keep[i] = 1;
+            cb[(*ncb)++] = (int32_t)bidx[j];
+    return TD_OK;
+}
+
+/* Query rows of the indexer scored at a time (bounds its scores: rows x
+ * entries). Each score depends on its query and key alone. */
+#define FW_INDEX_ROWS 32
+
+/* Scores of the rows [i0, i0 + nr) of request s against its t indexer keys
+ * into sc [nr, t], tile by tile of keys; entries a row cannot see yet are
+ * -inf. */
+static td_status_t
+fw_index_scores(fw_t *f, size_t s, size_t ratio, size_t i0, size_t nr, size_t t,
+                const float *qi, const float *w, float *keys, float *ksc, float *sc)
+{
+    const td_modelcfg_t *c = f->c;
+    const fw_shared_t *sh = &f->sh[s];
+    size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
+    size_t kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
+    uint64_t p0 = f->p0[s];
+
+    for (size_t j0 = 0; j0 < t; j0 += kt) {
+        size_t nk = t - j0 < kt ? t - j0 : kt;
+        for (size_t j = 0; j < nk; j++)
+            FW_CHECK(fw_load_one(f, f->m->plan->index_fmt, (uint32_t)idh,
+                                 td_cache_entry(f->seqs[s].cache, (uint32_t)sh->index_seg, j0 + j),
+                                 keys + j * idh));
+        FW_CHECK(f->k->index_scores(qi + i0 * ih * idh, keys, w + i0 * ih, nr, ih, nk, idh,
+                                    (float)(1.0 / sqrt((double)idh)), nr > 1 ? ksc : sc + j0));
+        for (size_t i = 0; nr > 1 && i < nr; i++)
+            memcpy(sc + i * t + j0, ksc + i * nk, nk * sizeof(float));
+    }
+    for (size_t i = 0; i < nr; i++) {        /* visible once the query passed the group */
+        uint64_t clen = (p0 + i0 + i + 1) / ratio;
+        for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
+            sc[i * t + j] = -INFINITY;
+    }
     return TD_OK;
 }
 
@@ -416,7 +458,6 @@ fw_index(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
     const td_model_layer_t *L = &f->m->layers[l];
     const td_cache_plan_t *plan = f->m->plan;
     fw_shared_t *sh = &f->sh[s];
-    td_cache_t *cache = f->seqs[s].cache;
     size_t n = f->seqs[s].n, r0 = f->row0[s], r = (size_t)cl->ratio;
     size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
     size_t ql = (size_t)c->q_lora_rank;
@@ -433,22 +474,22 @@ fw_index(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
     if (!sh->has_index_k || sh->nidx == 0)
         return TD_OK;
     size_t t = sh->nidx, kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
+    size_t qr = n < FW_INDEX_ROWS ? n : FW_INDEX_ROWS;
+    size_t bs = (size_t)c->candidate_block_size;
 
     size_t mark = sp->used;
     qi = fw_take(f, sp, n * ih * idh * sizeof(float));
     w = fw_take(f, sp, n * ih * sizeof(float));
-    sc = fw_take(f, sp, n * t * sizeof(float));
+    sc = fw_take(f, sp, qr * t * sizeof(float));
     keys = fw_take(f, sp, kt * idh * sizeof(float));
-    ksc = n > 1 ? fw_take(f, sp, n * kt * sizeof(float)) : NULL;
+    ksc = qr > 1 ? fw_take(f, sp, qr * kt * sizeof(float)) : NULL;
     size_t topk = (size_t)c->index_topk < t ? (size_t)c->index_topk : t;
-    idx = fw_take(f, sp, (topk ? topk : 1) * n * sizeof(int64_t));
+    idx = fw_take(f, sp, (topk ? topk : 1) * qr * sizeof(int64_t));
     bscore = fw_take(f, sp, t * sizeof(float));
     bidx = fw_take(f, sp, t * sizeof(int64_t));
+    unsigned char *blk = fw_take(f, sp, (t + bs - 1) / bs);
     if (qi == NULL || w == NULL || sc == NULL || idx == NULL || bscore == NULL ||
-        bidx == NULL || keys == NULL || (n > 1 && ksc == NULL) || t > sh->cap_t) {
-        if (t > sh->cap_t)
-            td_error("forward: the indexer scores %zu entries, the workspace holds %zu", t,
-                     sh->cap_t);
+        bidx == NULL || keys == NULL || (qr > 1 && ksc == NULL) || blk == NULL) {
         st = TD_ERR_INTERNAL;
         goto out;
     }
@@ -463,56 +504,47 @@ fw_index(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
     const float heads_scaling = (float)(1.0 / sqrt((double)ih));
     for (size_t i = 0; i < n * ih; i++)
         w[i] *= heads_scaling;
-    /* scores tile by tile of keys (each score depends on its key alone) */
-    for (size_t j0 = 0; j0 < t; j0 += kt) {
-        size_t nk = t - j0 < kt ? t - j0 : kt;
-        for (size_t j = 0; j < nk; j++) {
-            st = fw_load_one(f, plan->index_fmt, (uint32_t)idh,
-                             td_cache_entry(cache, (uint32_t)sh->index_seg, j0 + j),
-                             keys + j * idh);
-            if (st != TD_OK)
-                goto out;
-        }
-        FW_TRY(f->k->index_scores(qi, keys, w, n, ih, nk, idh,
-                                  (float)(1.0 / sqrt((double)idh)), n > 1 ? ksc : sc + j0));
-        for (size_t i = 0; n > 1 && i < n; i++)
-            memcpy(sc + i * t + j0, ksc + i * nk, nk * sizeof(float));
+    if (cl->uses_candidates && !cl->candidate_source && sh->has_cand && sh->cand_t != t) {
+        td_error("forward: layer %u scores %zu compressed entries against a candidate "
+                 "mask of %zu (the reference cannot broadcast them)", l, t, sh->cand_t);
+        st = TD_ERR_UNSUPPORTED;
+        goto out;
     }
-    for (size_t i = 0; i < n; i++) {        /* visible once the query passed the group */
-        uint64_t clen = (p0 + i + 1) / r;
-        for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
-            sc[i * t + j] = -INFINITY;
+    /* rows tile by tile: scores, candidates, top-k, each row on its own */
+    for (size_t i0 = 0; i0 < n; i0 += qr) {
+        size_t nr = n - i0 < qr ? n - i0 : qr;
+        FW_TRY(fw_index_scores(f, s, r, i0, nr, t, qi, w, keys, ksc, sc));
+        for (size_t i = 0; i < nr; i++) {
+            size_t row = i0 + i;
+            float *sr = sc + i * t;
+            if (cl->candidate_source) {
+                FW_TRY(fw_candidates(f, sr, t, (p0 + row + 1) / r,
+                                     sh->cb + row * (size_t)c->candidate_topk_blocks,
+                                     &sh->ncb[row], bscore, bidx));
+            } else if (cl->uses_candidates && sh->has_cand) {
+                memset(blk, 0, (t + bs - 1) / bs);
+                for (uint32_t k = 0; k < sh->ncb[row]; k++)
+                    blk[sh->cb[row * (size_t)c->candidate_topk_blocks + k]] = 1;
+                for (size_t j = 0; j < t; j++)
+                    if (!blk[j / bs])
+                        sr[j] = -INFINITY;
+            }
+        }
+        for (size_t i = 0; i < nr; i++)
+            sh->ntk[i0 + i] = 0;
+        if (topk > 0) {
+            FW_TRY(f->k->topk(sc, nr, t, topk, idx));
+            for (size_t i = 0; i < nr; i++)
+                for (size_t j = 0; j < topk; j++) {
+                    int64_t e = idx[i * topk + j];
+                    if (sc[i * t + (size_t)e] > -INFINITY)
+                        sh->tk[(i0 + i) * (size_t)c->index_topk + sh->ntk[i0 + i]++] = (int32_t)e;
+                }
+        }
     }
     if (cl->candidate_source) {
-        unsigned char *cand = sh->cand;
-        for (size_t i = 0; i < n; i++) {
-            st = fw_candidates(f, sc + i * t, t, (p0 + i + 1) / r, cand + i * t, bscore, bidx);
-            if (st != TD_OK)
-                goto out;
-        }
         sh->cand_t = t;
         sh->has_cand = 1;
-    } else if (cl->uses_candidates && sh->has_cand) {
-        if (sh->cand_t != t) {
-            td_error("forward: layer %u scores %zu compressed entries against a candidate "
-                     "mask of %zu (the reference cannot broadcast them)", l, t, sh->cand_t);
-            st = TD_ERR_UNSUPPORTED;
-            goto out;
-        }
-        for (size_t i = 0; i < n * t; i++)
-            if (!sh->cand[i])
-                sc[i] = -INFINITY;
-    }
-    for (size_t i = 0; i < n * t; i++)
-        sh->bias[i] = -INFINITY;
-    if (topk > 0) {
-        FW_TRY(f->k->topk(sc, n, t, topk, idx));
-        for (size_t i = 0; i < n; i++)
-            for (size_t j = 0; j < topk; j++) {
-                int64_t e = idx[i * topk + j];
-                if (sc[i * t + (size_t)e] > -INFINITY)
-                    sh->bias[i * t + (size_t)e] = 0.0f;
-            }
     }
     sh->bias_t = t;
     sh->has_bias = 1;
@@ -560,7 +592,7 @@ fw_attend(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
     memcpy(win + nprev * hd, f->kv + r0 * hd, n * hd * sizeof(float));
 
     size_t tc = 0;
-    const float *bias = NULL;
+    int bias = 0;
     if (cl->ratio > 0) {
         if (cl->kv_source) {
             st = fw_compress(f, l, s, sp);
@@ -582,22 +614,26 @@ fw_attend(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
                     st = TD_ERR_UNSUPPORTED;
                     goto out;
                 }
-                bias = sh->bias;
+                bias = 1;
             }
         }
     }
 
     /* Of the compressed entries, a tile reads those some row of it may weigh
-     * (its top-k bias is not -inf), in order, straight from the cache: the
-     * kernel skips masked keys, so leaving them out changes no bit. */
-    size_t tile = n < FW_TILE ? n : FW_TILE;
-    keys = fw_take(f, sp, (tile + wm + tc) * hd * sizeof(float));
-    mask = fw_take(f, sp, tile * (tile + wm + tc) * sizeof(float));
-    sel = fw_take(f, sp, (tc ? tc : 1) * sizeof(*sel));
-    if (keys == NULL || mask == NULL || sel == NULL) {
+     * (in a row's top-k list), in order, straight from the cache: the kernel
+     * skips masked keys, so leaving them out changes no bit. */
+    size_t tile = n < FW_TILE ? n : FW_TILE, K = (size_t)f->c->index_topk;
+    size_t most = bias ? (tc < tile * K ? tc : tile * K) : 0;
+    keys = fw_take(f, sp, (tile + wm + most) * hd * sizeof(float));
+    mask = fw_take(f, sp, tile * (tile + wm + most) * sizeof(float));
+    sel = fw_take(f, sp, (most ? most : 1) * sizeof(*sel));
+    uint32_t *at = fw_take(f, sp, (tc ? tc : 1) * sizeof(uint32_t));
+    unsigned char *want = fw_take(f, sp, tc ? tc : 1);
+    if (keys == NULL || mask == NULL || sel == NULL || at == NULL || want == NULL) {
         st = TD_ERR_INTERNAL;
         goto out;
     }
+    memset(want, 0, tc ? tc : 1);
     const float softmax_scale = (float)(1.0 / sqrt((double)hd));
     for (size_t a = 0; a < n; a += tile) {
         size_t bq = a + tile < n ? a + tile : n, nt = bq - a;
@@ -605,13 +641,15 @@ fw_attend(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
         uint64_t hi = p0 + bq;                          /* one past the last */
         size_t tw = (size_t)(hi - lo), ns = 0, tk;
         memcpy(keys, win + (lo - kbase) * hd, tw * hd * sizeof(float));
-        for (size_t j = 0; bias != NULL && j < tc; j++) {
-            size_t i = 0;
-            while (i < nt && bias[(a + i) * tc + j] == -INFINITY)
-                i++;
-            if (i < nt)
+        for (size_t i = 0; bias && i < nt; i++)
+            for (uint32_t c = 0; c < sh->ntk[a + i]; c++)
+                want[sh->tk[(a + i) * K + c]] = 1;
+        for (size_t j = 0; bias && j < tc; j++)
+            if (want[j]) {
+                want[j] = 0;
+                at[j] = (uint32_t)ns;
                 sel[ns++] = j;
-        }
+            }
         for (size_t k = 0; k < ns; k++) {
             st = fw_load_one(f, f->m->plan->kv_fmt, (uint32_t)hd,
                              td_cache_entry(cache, (uint32_t)sh->comp_seg, sel[k]),
@@ -628,7 +666,9 @@ fw_attend(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
                 mr[j] = kp <= p && kp + wm >= p ? 0.0f : -INFINITY;
             }
             for (size_t k = 0; k < ns; k++)
-                mr[tw + k] = bias[(a + i) * tc + sel[k]];
+                mr[tw + k] = -INFINITY;
+            for (uint32_t c = 0; bias && c < sh->ntk[a + i]; c++)
+                mr[tw + at[sh->tk[(a + i) * K + c]]] = 0.0f;
         }
         FW_TRY(f->k->attention(f->q + (r0 + a) * nh * hd, keys, mask,
                                f->m->layers[l].attn_sink, softmax_scale, nt, nh, tk, hd,
@@ -1251,22 +1291,28 @@ fw_seq_scratch(const td_modelcfg_t *c, const td_cache_plan_t *plan, size_t n, ui
         td_fwspace_take(&sp, (G ? G : 1) * big * sizeof(float));
         most = sp.used > most ? sp.used : most;
     }
+    size_t qr = n < FW_INDEX_ROWS ? n : FW_INDEX_ROWS, bs = (size_t)c->candidate_block_size;
     sp = (td_fwspace_t){ 0 };   /* the indexer */
     td_fwspace_take(&sp, n * ih * idh * sizeof(float));
     td_fwspace_take(&sp, n * ih * sizeof(float));
-    td_fwspace_take(&sp, n * t * sizeof(float));
+    td_fwspace_take(&sp, qr * t * sizeof(float));
     td_fwspace_take(&sp, kt * idh * sizeof(float));
-    if (n > 1)
-        td_fwspace_take(&sp, n * kt * sizeof(float));
-    td_fwspace_take(&sp, (topk ? topk : 1) * n * sizeof(int64_t));
+    if (qr > 1)
+        td_fwspace_take(&sp, qr * kt * sizeof(float));
+    td_fwspace_take(&sp, (topk ? topk : 1) * qr * sizeof(int64_t));
     td_fwspace_take(&sp, t * sizeof(float));
     td_fwspace_take(&sp, t * sizeof(int64_t));
+    td_fwspace_take(&sp, bs ? (t + bs - 1) / bs : t);
     td_fwspace_take(&sp, td_cache_fmt_bytes(plan->index_fmt, (uint32_t)idh));
     most = sp.used > most ? sp.used : most;
-    sp = (td_fwspace_t){ 0 };   /* the attention tiles */
-    td_fwspace_take(&sp, (tile + wm + t) * hd * sizeof(float));
-    td_fwspace_take(&sp, tile * (tile + wm + t) * sizeof(float));
-    td_fwspace_take(&sp, (t ? t : 1) * sizeof(size_t));
+    /* the attention tiles: window, the selected compressed entries */
+    size_t K = (size_t)c->index_topk, sel = t < tile * K ? t : tile * K;
+    sp = (td_fwspace_t){ 0 };
+    td_fwspace_take(&sp, (tile + wm + sel) * hd * sizeof(float));
+    td_fwspace_take(&sp, tile * (tile + wm + sel) * sizeof(float));
+    td_fwspace_take(&sp, (sel ? sel : 1) * sizeof(size_t));
+    td_fwspace_take(&sp, (t ? t : 1) * sizeof(uint32_t));
+    td_fwspace_take(&sp, t ? t : 1);
     most = sp.used > most ? sp.used : most;
     sp = (td_fwspace_t){ 0 };   /* the window, held across the rest */
     td_fwspace_take(&sp, (wm + n) * hd * sizeof(float));
@@ -1348,14 +1394,17 @@ fw_carve(fw_t *f, td_fwspace_t *sp)
         size_t n;
         uint64_t T;
         fw_seq_shape(f, s, &n, &T);
-        float *bias = td_fwspace_take(sp, n * (size_t)T * sizeof(float));
-        unsigned char *cand = td_fwspace_take(sp, n * (size_t)T);
+        int32_t *tk = td_fwspace_take(sp, n * (size_t)c->index_topk * sizeof(int32_t));
+        uint32_t *ntk = td_fwspace_take(sp, n * sizeof(uint32_t));
+        int32_t *cb = td_fwspace_take(sp, n * (size_t)c->candidate_topk_blocks * sizeof(int32_t));
+        uint32_t *ncb = td_fwspace_take(sp, n * sizeof(uint32_t));
         size_t need = fw_seq_scratch(c, f->plan, n, T);
         scratch = need > scratch ? need : scratch;
         if (f->sh != NULL) {
-            f->sh[s].bias = bias;
-            f->sh[s].cand = cand;
-            f->sh[s].cap_t = (size_t)T;
+            f->sh[s].tk = tk;
+            f->sh[s].ntk = ntk;
+            f->sh[s].cb = cb;
+            f->sh[s].ncb = ncb;
         }
     }
     f->nslots = ns < td_kernels_cpu_threads() ? ns : td_kernels_cpu_threads();
