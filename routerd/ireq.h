@@ -133,6 +133,9 @@ typedef struct {
     int32_t priority;            /* the admission queue's order, higher first */
     json_t *body;                /* the parsed body (a reference): the chat encoder
                                     reads the conversation from it */
+    json_t *proto;               /* what the protocol's writer needs of the request
+                                    (Responses: the settings its response objects echo,
+                                    the conversation a stored response keeps), or NULL */
 } td_ireq_t;
 
 /* What the adapters check requests against. */
@@ -231,6 +234,12 @@ td_status_t td_ireq_get_raw(td_ireq_parse_t *p, const json_t *v, char **out);
 /* An id in [0, vocab) (vocab 0: below 2^31) at param. */
 td_status_t td_ireq_get_token(td_ireq_parse_t *p, const char *param, const json_t *v,
                               int32_t *out);
+
+/* Record the request's constraint (structured output), asked for by param:
+ * a second one is refused; td_ireq_finish refuses every constraint until the
+ * grammar engine enforces them. spec: a reference is taken (NULL: none). */
+td_status_t td_ireq_constraint_set(td_ireq_parse_t *p, const char *param,
+                                   td_ireq_constraint_kind_t kind, const json_t *spec);
 
 /* The stand-in's view of a chat-shaped messages array (role and text of
  * each; tool calls kept raw), for adapters whose own input was converted

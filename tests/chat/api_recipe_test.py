@@ -36,7 +36,15 @@ REQ = {"messages": dr.MessagesRequest, "responses": dr.ResponsesRequest}
 # docs/api.md gives: max_tokens is required, temperature is 0-1 and a message's
 # role is user or assistant in Anthropic's API, unknown fields are refused as
 # the API does, images are refused (the model reads text only).
-OURS_ONLY = ["max_tokens: Field required", "temperature: must be between 0 and 1",
+OURS_ONLY = ["max_tokens: Field required",
+             # Responses: images and files refused (text only), unknown item types and
+             # hosted tools refused rather than dropped, structured output refused
+             # until the grammar engine enforces it, background responses refused
+             "Unsupported value for 'input[0].content[0]': content parts of type 'input_image'",
+             "Unsupported value for 'input[0].type': input items of type 'foo'",
+             "Unsupported value for 'tools[0].type': tools of type 'web_search'",
+             "Unsupported value for 'text.format': structured output",
+             "Unsupported value for 'background'", "temperature: must be between 0 and 1",
              "Unrecognized request argument supplied: bogus",
              "messages.0.role: the role must be 'user' or 'assistant'",
              "messages.0.content.0: content blocks of type 'image' are not supported"]
@@ -53,8 +61,13 @@ def recipe(api, body):
 
 
 def recipe_events(api, body, pieces, finish, nprompt):
-    cr = REQ[api](body).convert(OPT)
-    gen = REQ[api].chunk_generator(cr, "ID1", api_cases.M)
+    req = REQ[api](body)
+    echo = req.echo() if api == "responses" else None
+    cr = req.convert(OPT)
+    if api == "responses":
+        gen = REQ[api].chunk_generator(cr, "resp_ID1", api_cases.M).with_echo(echo)
+    else:
+        gen = REQ[api].chunk_generator(cr, "ID1", api_cases.M)
     sp = dr.StreamProcessor(gen, cr.parsing_options)
     out = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(
         prompt_tokens=nprompt, prompt_cache_hit_tokens=0)))
@@ -67,12 +80,19 @@ def recipe_events(api, body, pieces, finish, nprompt):
     return [[R.sse_event_name(e), json.loads(e.to_json())] for e in out]
 
 
+# What differs by design: times; "store" (the recipe stores nothing, routerd
+# stores by default); reasoning_tokens (the recipe's text chunks count none,
+# routerd counts the reasoning's tokens); metadata (the recipe's echo reports
+# {}, routerd reports the request's, as OpenAI does).
+UNEQUAL = ("created_at", "completed_at", "store", "reasoning_tokens", "metadata")
+
+
 def scrub(v):
-    """Tool-call ids are random on both sides: blanked."""
+    """Tool-call ids are random on both sides: blanked; UNEQUAL fields dropped."""
     if isinstance(v, dict):
         return {k: ("ID" if k in ("id", "call_id") and isinstance(x, str) and
-                    x.startswith(("call_", "fc_", "msg_", "rs_")) else scrub(x))
-                for k, x in v.items()}
+                    x.startswith("call_") else scrub(x))
+                for k, x in v.items() if k not in UNEQUAL}
     if isinstance(v, list):
         return [scrub(x) for x in v]
     return v
