@@ -421,20 +421,37 @@ convert_thinking(td_ireq_parse_t *p, const json_t *th, json_t *chat)
     return TD_OK;
 }
 
-/* output_config: {effort} as the V4.1 format's reasoning effort. */
+/* output_config.format (json_schema): the request model's constraint, the
+ * fields response_format sets; refused like it until the grammar engine
+ * enforces it (td_ireq_finish). Any key but effort and format: 400. */
+static td_status_t
+field_output_config(td_ireq_parse_t *p, const char *key, const json_t *oc)
+{
+    const json_t *f = json_object_get(oc, "format"), *v;
+    const char *k;
+
+    if (!json_is_object(oc))
+        return td_ireq_bad_type(p, key, "an object", oc);
+    json_object_foreach((json_t *)oc, k, v)
+        if (strcmp(k, "effort") != 0 && strcmp(k, "format") != 0)
+            return invalid(p, "output_config", "%s: '%s' is not supported by this server; it "
+                           "takes 'effort' and 'format'.", k);
+    if (f == NULL || json_is_null(f))
+        return TD_OK;
+    if (!json_is_object(f) || !json_is_string(json_object_get(f, "type")) ||
+        strcmp(json_string_value(json_object_get(f, "type")), "json_schema") != 0)
+        return invalid(p, "output_config.format", "%s: only {\"type\": \"json_schema\", "
+                       "\"schema\": ...} is a format%s.", "");
+    return td_ireq_constraint_set(p, "output_config.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA,
+                                  json_object_get(f, "schema"));
+}
+
+/* output_config.effort as the V4.1 format's reasoning effort. */
 static td_status_t
 convert_output_config(td_ireq_parse_t *p, const json_t *oc, json_t *chat)
 {
     const json_t *effort = json_object_get(oc, "effort");
-    const char *key;
-    const json_t *v;
 
-    if (!json_is_object(oc))
-        return td_ireq_bad_type(p, "output_config", "an object", oc);
-    json_object_foreach((json_t *)oc, key, v)
-        if (strcmp(key, "effort") != 0)
-            return invalid(p, "output_config", "%s: '%s' is not supported by this server; it "
-                           "takes only 'effort'.", key);
     if (effort == NULL || json_is_null(effort))
         return TD_OK;
     if (!json_is_string(effort))
@@ -477,6 +494,9 @@ convert(td_ireq_parse_t *p, const json_t *body, json_t *chat)
         rc = convert_thinking(p, v, chat);
     if (rc == TD_OK && (v = json_object_get(body, "output_config")) && !json_is_null(v))
         rc = convert_output_config(p, v, chat);
+    if (rc == TD_OK && p->cfg->no_default_thinking && json_object_get(chat, "thinking") == NULL &&
+        json_object_get(chat, "reasoning_effort") == NULL)
+        json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));
     if (rc == TD_OK && (v = json_object_get(body, "stop_sequences")) && json_array_size(v) > 0)
         json_object_set(chat, "stop", (json_t *)v);
     if (rc == TD_OK && p->req->reasoning.budget > 0 &&
@@ -494,6 +514,7 @@ field_later(td_ireq_parse_t *p, const char *key, const json_t *v)
         { "tools", JSON_ARRAY, "an array" },
         { "metadata", JSON_OBJECT, "an object" },
         { "service_tier", JSON_STRING, "a string" },
+        { "cache_control", JSON_OBJECT, "an object" },
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(types[i].name, key) == 0) {
@@ -544,7 +565,8 @@ static const td_ireq_field_t messages_fields[] = {
     { "tools",          MSG | CNT, field_later, false },
     { "tool_choice",    MSG | CNT, field_later, false },
     { "thinking",       MSG | CNT, field_later, false },
-    { "output_config",  MSG | CNT, field_later, false },
+    { "output_config",  MSG | CNT, field_output_config, false },
+    { "cache_control",  MSG | CNT, field_later, false },
     { "max_tokens",     MSG,       field_shared, true },
     { "stream",         MSG,       field_shared, false },
     { "temperature",    MSG,       field_shared, false },

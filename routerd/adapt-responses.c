@@ -593,6 +593,9 @@ convert(td_ireq_parse_t *p, const json_t *body, const json_t *prev, json_t *chat
         rc = convert_tool_choice(p, v, chat);
     if (rc == TD_OK && (v = json_object_get(body, "reasoning")) && !json_is_null(v))
         rc = convert_reasoning(p, v, chat, echo);
+    if (rc == TD_OK && p->cfg->no_default_thinking &&
+        json_object_get(chat, "reasoning_effort") == NULL)
+        json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));
     if (rc == TD_OK && json_array_size(msgs) == 0)
         rc = td_ireq_missing(p, "input");
     return rc;

@@ -148,6 +148,9 @@ typedef struct {
                                      must be below it (0: unchecked) */
     size_t max_stop_bytes;        /* longest stop string (0: TD_OPENAI_STOP_BYTES) */
     uint32_t max_n;               /* most choices (0: TD_IREQ_DEFAULT_MAX_N) */
+    bool no_default_thinking;     /* Messages and Responses requests that ask for neither
+                                     thinking nor an effort have thinking off (the
+                                     reference's default_thinking_mode false) */
     uint32_t nmodel_stop;         /* the model's end-of-sequence ids (they count in */
     const int32_t *model_stop;    /*   TD_IREQ_MAX_STOP_IDS with stop_token_ids) */
 } td_ireq_cfg_t;

@@ -118,6 +118,9 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("continue-max-states", ST, continue_max_states, "65536", 1, 1u << 24,
                          "kept states of the decode ranks tracked; the oldest is forgotten "
                          "beyond it"),
+    TD_CONFIG_OPT_BOOL("default-thinking", ST, default_thinking, "true",
+                       "Messages and Responses requests that ask for neither thinking nor a "
+                       "reasoning effort think (false: they do not)"),
     /* the Responses API's store (docs/api.md) */
     TD_CONFIG_OPT_STRING("responses-dir", ST, responses_dir, "",
                          "directory of stored responses (/v1/responses with store), shared "
@@ -400,7 +403,8 @@ router_init(td_router_t *r)
                                 .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
-                                .vocab = r->tok->vocab_size };
+                                .vocab = r->tok->vocab_size,
+                                .no_default_thinking = !cfg->default_thinking };
     if (cfg->responses_dir[0]) {
         td_rstore_cfg_t sc = { .dir = cfg->responses_dir, .max_bytes = cfg->responses_max_bytes,
                                .max_age_s = cfg->responses_max_age_ms / 1000 };

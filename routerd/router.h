@@ -76,6 +76,7 @@ typedef struct {
     uint64_t continue_max_suffix;   /* multi-turn on the decode ranks: longest suffix */
     uint64_t continue_max_states;   /*   kept states tracked */
     /* the Responses API's store (rstore.h; docs/api.md) */
+    bool default_thinking;      /* Messages / Responses asking for no thinking mode */
     char *responses_dir;        /* "" = no store */
     uint64_t responses_max_bytes;
     uint64_t responses_max_age_ms;

@@ -141,7 +141,7 @@ trim_scan(td_rstore_t *s, rstore_file_t **files, size_t *n, uint64_t *total)
             }
             *files = f;
         }
-        snprintf((*files)[*n].name, sizeof (*files)->name, "%s", e->d_name);
+        memcpy((*files)[*n].name, e->d_name, len + 1);   /* len < sizeof name: checked */
         (*files)[*n].mtime = st.st_mtim;
         (*files)[(*n)++].size = (uint64_t)st.st_size;
         *total += (uint64_t)st.st_size;
@@ -247,7 +247,7 @@ td_rstore_get(td_rstore_t *s, const char *id, const char *owner, json_t **rec)
     if (stat(path, &st) != 0 || (s->max_age_s &&
                                  (uint64_t)(time(NULL) - st.st_mtime) > s->max_age_s))
         return TD_ERR_NOT_FOUND;
-    r = json_load_file(path, 0, NULL);
+    r = json_load_file(path, JSON_ALLOW_NUL, NULL);   /* a reply may hold U+0000 */
     if (!json_is_object(r) || !json_is_string(json_object_get(r, "owner")) ||
         strcmp(json_string_value(json_object_get(r, "owner")), owner) != 0) {
         json_decref(r);

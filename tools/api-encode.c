@@ -24,6 +24,7 @@ usage(FILE *f)
     fprintf(f,
             "usage: api-encode --tokenizer PATH [--model NAME] [CASES|-]\n"
             "  CASES: {\"cases\": [{\"api\": \"messages\"|\"responses\", \"body\": {...},\n"
+            "          \"default_thinking\": false (optional: routerd's default-thinking false),\n"
             "          \"pieces\": [output text, ...] (optional), \"finish\": \"stop\"|\"length\"}]}\n"
             "  prints {\"results\": [{\"prompt\", \"ids\", \"thinking\", \"max_tokens\",\n"
             "          \"events\": [[name, data], ...]} or {\"status\", \"error\", \"param\"}]}\n");
@@ -232,8 +233,11 @@ main(int argc, char **argv)
                           .max_tokens_default = 256 };
     json_t *results = json_array();
     const json_t *cases = json_object_get(root, "cases");
-    for (size_t i = 0; i < json_array_size(cases); i++)
-        json_array_append_new(results, run_case(&cfg, tok, json_array_get(cases, i)));
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *one = json_array_get(cases, i);
+        cfg.no_default_thinking = json_is_false(json_object_get(one, "default_thinking"));
+        json_array_append_new(results, run_case(&cfg, tok, one));
+    }
     json_t *o = json_pack("{s:o}", "results", results);
     json_dumpf(o, stdout, JSON_COMPACT | JSON_ENSURE_ASCII);
     putchar('\n');

@@ -108,6 +108,8 @@ MESSAGES = [
     msg([U("x")], tool_choice={"type": "maybe"}, tools=[W]),
     msg([U(5)]),
     msg([U("x")], bogus=1),
+    msg([U("x")], cache_control={"type": "ephemeral"}),
+    msg([U("x")], output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}),
 ]
 
 # Output streams for the event comparison: (body, pieces, finish).
@@ -222,4 +224,17 @@ RSTREAMS = [
     ("responses", resp("W?", tools=[F, G], instructions="i", tool_choice="auto"),
      ["two", "</think>", calls(call("get_weather", city="P", days=2),
                                call("search_web", query="q"))], "stop"),
+]
+
+# With the server's default thinking off (routerd --default-thinking false,
+# the recipe's default_thinking_mode False): (api, body).
+NO_DEFAULT_THINKING = [
+    ("messages", msg([U("Hi")])),
+    ("messages", msg([U("Hi")], thinking=ON)),
+    ("messages", msg([U("Hi")], output_config={"effort": "high"})),
+    ("messages", msg([U("W?")], tools=[W])),
+    ("responses", resp("Hi")),
+    ("responses", resp("Hi", reasoning={"effort": "high"})),
+    ("responses", resp("Hi", reasoning={"summary": "auto"})),
+    ("responses", resp(RTOOLS, tools=[F])),
 ]

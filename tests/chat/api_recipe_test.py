@@ -29,6 +29,8 @@ subprocess.run([sys.argv[2], os.path.join(TMP.name, "tiny")], check=True,
                stdout=subprocess.DEVNULL)
 TOKJSON = os.path.join(TMP.name, "tiny", "tokenizer.json")
 OPT = dr.ConversionOptions().with_model_alias(api_cases.M, dr.ModelVersion.DeepseekV41Flash)
+OPT_OFF = dr.ConversionOptions(default_thinking_mode=False).with_model_alias(
+    api_cases.M, dr.ModelVersion.DeepseekV41Flash)
 ENC = dr.DeepseekV41Encoding().with_tokenizer(dr.Tokenizer.from_file(TOKJSON))
 REQ = {"messages": dr.MessagesRequest, "responses": dr.ResponsesRequest}
 
@@ -44,15 +46,16 @@ OURS_ONLY = ["max_tokens: Field required",
              "Unsupported value for 'input[0].type': input items of type 'foo'",
              "Unsupported value for 'tools[0].type': tools of type 'web_search'",
              "Unsupported value for 'text.format': structured output",
+             "Unsupported value for 'output_config.format': structured output",
              "Unsupported value for 'background'", "temperature: must be between 0 and 1",
              "Unrecognized request argument supplied: bogus",
              "messages.0.role: the role must be 'user' or 'assistant'",
              "messages.0.content.0: content blocks of type 'image' are not supported"]
 
 
-def recipe(api, body):
+def recipe(api, body, opt=OPT):
     try:
-        cr = REQ[api](body).convert(OPT)
+        cr = REQ[api](body).convert(opt)
     except (dr.ConversionError, ValueError) as e:
         return {"error": str(e)}
     conv = cr.conversation
@@ -102,6 +105,8 @@ def main():
     tool = sys.argv[1]
     cases = [{"api": "messages", "body": b} for b in api_cases.MESSAGES]
     cases += [{"api": "responses", "body": b} for b in getattr(api_cases, "RESPONSES", [])]
+    cases += [{"api": a, "body": b, "default_thinking": False}
+              for a, b in api_cases.NO_DEFAULT_THINKING]
     streams = [{"api": a, "body": b, "pieces": p, "finish": f}
                for a, b, p, f in [("messages",) + s for s in api_cases.STREAMS]
                + getattr(api_cases, "RSTREAMS", [])]
@@ -110,7 +115,8 @@ def main():
                                     stdout=subprocess.PIPE, check=True).stdout)["results"]
     bad = equal = refused = 0
     for i, c in enumerate(cases):
-        r, g = recipe(c["api"], c["body"]), got[i]
+        r = recipe(c["api"], c["body"], OPT_OFF if c.get("default_thinking") is False else OPT)
+        g = got[i]
         what = "%s case %d" % (c["api"], i)
         if "error" in r:
             if "status" not in g:
