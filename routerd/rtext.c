@@ -59,6 +59,7 @@ struct td_rtext_s {
     uint64_t by_string;             /* bit i: a stop string ended choice i */
     bool thinking;                  /* the reply begins in reasoning */
     td_oresp_t oresp;               /* Responses' response (once parsed: output set) */
+    uint64_t seq_sent;              /* its events handed out (the loop's copy) */
     bool store;                     /* Responses: the response is stored when done */
     char owner[TD_APIKEYS_OWNER_LEN];   /* the key's digest: what it stores is its own */
     uint64_t cached;                /* prompt tokens served from a prefix cache (usage) */
@@ -160,6 +161,7 @@ void
 td_rtext_out_reset(td_rtext_t *x)
 {
     td_buf_reset(&x->out);
+    x->seq_sent = x->oresp.seq;   /* the loop, no job running: what went out */
 }
 
 static void
@@ -556,8 +558,11 @@ td_rtext_stream_start(td_rtext_t *x, td_buf_t *out)
         td_anthropic_usage_t u = { .input_tokens = (uint32_t)x->nprompt };
         return td_anthropic_stream_start(&x->astream, &u, out);
     }
-    if (x->kind == TD_OPENAI_RESPONSES)
-        return td_oresp_start(&x->oresp, out);
+    if (x->kind == TD_OPENAI_RESPONSES) {
+        st = td_oresp_start(&x->oresp, out);
+        x->seq_sent = x->oresp.seq;
+        return st;
+    }
     for (uint32_t i = 0; st == TD_OK && i < x->nreplies; i++)
         st = td_openai_stream_text(&x->stream, i, td_reply_logprobs(x->replies[i]), "", 0, out);
     return st;
@@ -711,8 +716,8 @@ td_rtext_stream_error(td_rtext_t *x, const td_openai_err_t *e, td_buf_t *out)
 {
     if (x != NULL && x->kind == TD_OPENAI_MESSAGES)
         return td_anthropic_stream_error(e, out);
-    if (x != NULL && x->kind == TD_OPENAI_RESPONSES)
-        return td_oresp_stream_error(e, x->oresp.seq, out);
+    if (x != NULL && x->kind == TD_OPENAI_RESPONSES)   /* a job may run: not its seq */
+        return td_oresp_stream_error(e, x->seq_sent, out);
     return td_openai_stream_error(e, out);
 }
 

@@ -128,7 +128,8 @@ void td_rtext_tokens_run(td_rtext_t *x);
 bool td_rtext_off_loop(const td_rtext_t *x);
 
 /* An error in the middle of the stream, in the protocol's form (x NULL:
- * OpenAI's chunk). */
+ * OpenAI's chunk); the events of a job still running are dropped (it is
+ * numbered after those sent). Loop thread. */
 td_status_t td_rtext_stream_error(td_rtext_t *x, const td_openai_err_t *e, td_buf_t *out);
 
 /* ---- After a job ----------------------------------------------------------- */
