@@ -465,9 +465,10 @@ convert_output_config(td_ireq_parse_t *p, const json_t *oc, json_t *chat)
 /* ===================================================================== */
 
 /* The conversation as a chat body: system, messages, tools, tool_choice,
- * thinking, effort and stop strings (the V4.1 reader stops at them). */
+ * thinking, effort and stop strings (the V4.1 reader stops at them). count:
+ * count_tokens's shape (no max_tokens to hold the thinking budget). */
 static td_status_t
-convert(td_ireq_parse_t *p, const json_t *body, json_t *chat)
+convert(td_ireq_parse_t *p, const json_t *body, bool count, json_t *chat)
 {
     conv_t c = { .p = p, .msgs = json_array(), .prev_ids = json_array() };
     const json_t *v, *msgs = json_object_get(body, "messages");
@@ -499,8 +500,8 @@ convert(td_ireq_parse_t *p, const json_t *body, json_t *chat)
         json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));
     if (rc == TD_OK && (v = json_object_get(body, "stop_sequences")) && json_array_size(v) > 0)
         json_object_set(chat, "stop", (json_t *)v);
-    if (rc == TD_OK && p->req->reasoning.budget > 0 &&
-        p->req->reasoning.budget >= p->req->sampling.max_tokens && !json_is_null(body))
+    if (rc == TD_OK && !count && p->req->reasoning.budget > 0 &&
+        p->req->reasoning.budget >= p->req->sampling.max_tokens)
         rc = invalid(p, "thinking.budget_tokens", "%s: must be less than max_tokens%s.", "");
     return rc;
 }
@@ -612,7 +613,7 @@ td_adapt_anthropic_parse(const td_ireq_cfg_t *cfg, bool count, const char *body,
         req->kind = TD_OPENAI_MESSAGES;
         p.req = req;
         chat = json_object();
-        rc = chat ? convert(&p, root, chat) : td_ireq_nomem(&p);
+        rc = chat ? convert(&p, root, count, chat) : td_ireq_nomem(&p);
         if (rc == TD_OK)
             rc = td_ireq_set_msgs(&p, json_object_get(chat, "messages"));
         json_decref(req->body);

@@ -116,6 +116,15 @@ def test_messages(c):
                           headers=AV)
     check(st == 200 and json.loads(data) == {"input_tokens": len("user: hello\nassistant: ")},
           "count_tokens %d %r" % (st, data))
+    # count_tokens has no max_tokens: a thinking budget is not held against one
+    st, _, data = request(c.http, "POST", "/v1/messages/count_tokens",
+                          {"model": M, "messages": [{"role": "user", "content": "hello"}],
+                           "thinking": {"type": "enabled", "budget_tokens": 4096}},
+                          headers=AV)
+    check(st == 200, "count_tokens with a thinking budget: %d %r" % (st, data))
+    st, _, data = msg(c.http, body(thinking={"type": "enabled", "budget_tokens": 10}))
+    check_aerr(st, data, 400, "invalid_request_error",
+               "thinking.budget_tokens: must be less than max_tokens")
     st, _, data = request(c.http, "GET", "/v1/models", headers=AV)
     d = json.loads(data)
     check(d["data"][0]["type"] == "model" and d["data"][0]["id"] == M and
