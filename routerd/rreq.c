@@ -460,8 +460,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
         return;
     if (q->streaming) {
         td_buf_reset(&q->t->sse);
-        if ((q->kind == TD_OPENAI_MESSAGES ? td_anthropic_stream_error(e, &q->t->sse)
-                                           : td_openai_stream_error(e, &q->t->sse)) == TD_OK)
+        if (td_rtext_stream_error(q->text, e, &q->t->sse) == TD_OK)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
@@ -1310,7 +1309,8 @@ text_kick(td_rreq_t *q)
     weight = td_rtext_tokens_take(q->text);
     if (weight == 0)
         return;
-    if (weight <= q->t->cfg.text_inline_max) {   /* cheaper than a thread and back */
+    if (weight <= q->t->cfg.text_inline_max && !td_rtext_off_loop(q->text)) {
+        /* cheaper than a thread and back */
         td_rtext_tokens_run(q->text);
         text_tokens_apply(q);
         return;
@@ -1859,7 +1859,8 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
         goto err_free_tab;
     }
     t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
-                                    .model = cfg->model, .fingerprint = cfg->fingerprint };
+                                    .model = cfg->model, .fingerprint = cfg->fingerprint,
+                                    .store = cfg->store };
     st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
                              NULL, NULL, &t->pool);   /* logs */
     if (st != TD_OK)
