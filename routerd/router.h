@@ -57,6 +57,8 @@ typedef struct {
     uint64_t max_tokens_default;
     uint64_t max_stop_bytes;    /* longest stop string, bytes */
     uint64_t max_n;             /* most choices per request */
+    uint64_t max_constraint_bytes;  /* largest structured-output spec, bytes */
+    uint64_t constraint_budget_ms;  /* its compile time budget */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */
@@ -93,6 +95,8 @@ typedef struct {
     td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok (chat encoding and
                                        reply parsing on), or NULL (byte-level stand-in) */
+    struct td_gvocab *gvocab;       /* v41's tokens for constraints (structured output),
+                                       or NULL (refused) */
     td_apikeys_t *keys;
     td_apikeys_t *admin_keys;
     char model[96];                 /* id in /v1/models */
