@@ -1474,6 +1474,23 @@ drank_note_auth(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token, vo
     return req != NULL && td_xfer_token_eq(&req->token, token);
 }
 
+/* Whether a note is still expected: a request admitted whose prefill has not
+ * sent its terminal note (td_xfer_set_note_expect: the receiver's polling
+ * after a note stops once none is). Ended ones wait for theirs without
+ * hurry. */
+static bool
+drank_note_expect(td_xfer_t *x, void *arg)
+{
+    const td_drank_t *r = arg;
+
+    (void)x;
+    for (uint32_t i = 0; i < r->nslots; i++)
+        if (r->slots[i] != NULL && r->slots[i]->state == TD_DREQ_ADMITTED &&
+            !r->slots[i]->kv_done)
+            return true;
+    return false;
+}
+
 /* A note for req counts only from the prefill incarnation its Admit named;
  * one from another incarnation (an earlier life of that rank, or another
  * process writing with a known id) is dropped and counted. */
@@ -2117,6 +2134,7 @@ td_drank_create(struct event_base *base, td_xfer_t *xfer, td_engine_t *engine,
         goto err_destroy;
     td_xfer_set_note_handler(r->xfer, drank_on_note, r);
     td_xfer_set_note_auth(r->xfer, drank_note_auth, r);
+    td_xfer_set_note_expect(r->xfer, drank_note_expect, r);
     uint64_t bytes = 0;
     for (uint32_t s = 0; s < nsegs; s++) {
         uint64_t bb = td_kvpool_seg_block_bytes(r->kp, s), nb = td_kvpool_seg_nblocks(r->kp, s);
@@ -2161,6 +2179,7 @@ td_drank_destroy(td_drank_t *r)
     r->jq = NULL;
     td_xfer_set_note_handler(r->xfer, NULL, NULL);   /* no note may find a freed request */
     td_xfer_set_note_auth(r->xfer, NULL, NULL);
+    td_xfer_set_note_expect(r->xfer, NULL, NULL);
     for (uint32_t i = 0; r->slots != NULL && i < r->nslots; i++) {
         td_dreq_t *req = r->slots[i];
         if (req == NULL)

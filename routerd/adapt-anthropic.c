@@ -421,20 +421,37 @@ convert_thinking(td_ireq_parse_t *p, const json_t *th, json_t *chat)
     return TD_OK;
 }
 
-/* output_config: {effort} as the V4.1 format's reasoning effort. */
+/* output_config.format (json_schema): the request model's constraint, the
+ * fields response_format sets; refused like it until the grammar engine
+ * enforces it (td_ireq_finish). Any key but effort and format: 400. */
+static td_status_t
+field_output_config(td_ireq_parse_t *p, const char *key, const json_t *oc)
+{
+    const json_t *f = json_object_get(oc, "format"), *v;
+    const char *k;
+
+    if (!json_is_object(oc))
+        return td_ireq_bad_type(p, key, "an object", oc);
+    json_object_foreach((json_t *)oc, k, v)
+        if (strcmp(k, "effort") != 0 && strcmp(k, "format") != 0)
+            return invalid(p, "output_config", "%s: '%s' is not supported by this server; it "
+                           "takes 'effort' and 'format'.", k);
+    if (f == NULL || json_is_null(f))
+        return TD_OK;
+    if (!json_is_object(f) || !json_is_string(json_object_get(f, "type")) ||
+        strcmp(json_string_value(json_object_get(f, "type")), "json_schema") != 0)
+        return invalid(p, "output_config.format", "%s: only {\"type\": \"json_schema\", "
+                       "\"schema\": ...} is a format%s.", "");
+    return td_ireq_constraint_set(p, "output_config.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA,
+                                  json_object_get(f, "schema"));
+}
+
+/* output_config.effort as the V4.1 format's reasoning effort. */
 static td_status_t
 convert_output_config(td_ireq_parse_t *p, const json_t *oc, json_t *chat)
 {
     const json_t *effort = json_object_get(oc, "effort");
-    const char *key;
-    const json_t *v;
 
-    if (!json_is_object(oc))
-        return td_ireq_bad_type(p, "output_config", "an object", oc);
-    json_object_foreach((json_t *)oc, key, v)
-        if (strcmp(key, "effort") != 0)
-            return invalid(p, "output_config", "%s: '%s' is not supported by this server; it "
-                           "takes only 'effort'.", key);
     if (effort == NULL || json_is_null(effort))
         return TD_OK;
     if (!json_is_string(effort))
@@ -448,9 +465,10 @@ convert_output_config(td_ireq_parse_t *p, const json_t *oc, json_t *chat)
 /* ===================================================================== */
 
 /* The conversation as a chat body: system, messages, tools, tool_choice,
- * thinking, effort and stop strings (the V4.1 reader stops at them). */
+ * thinking, effort and stop strings (the V4.1 reader stops at them). count:
+ * count_tokens's shape (no max_tokens to hold the thinking budget). */
 static td_status_t
-convert(td_ireq_parse_t *p, const json_t *body, json_t *chat)
+convert(td_ireq_parse_t *p, const json_t *body, bool count, json_t *chat)
 {
     conv_t c = { .p = p, .msgs = json_array(), .prev_ids = json_array() };
     const json_t *v, *msgs = json_object_get(body, "messages");
@@ -477,10 +495,13 @@ convert(td_ireq_parse_t *p, const json_t *body, json_t *chat)
         rc = convert_thinking(p, v, chat);
     if (rc == TD_OK && (v = json_object_get(body, "output_config")) && !json_is_null(v))
         rc = convert_output_config(p, v, chat);
+    if (rc == TD_OK && p->cfg->no_default_thinking && json_object_get(chat, "thinking") == NULL &&
+        json_object_get(chat, "reasoning_effort") == NULL)
+        json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));
     if (rc == TD_OK && (v = json_object_get(body, "stop_sequences")) && json_array_size(v) > 0)
         json_object_set(chat, "stop", (json_t *)v);
-    if (rc == TD_OK && p->req->reasoning.budget > 0 &&
-        p->req->reasoning.budget >= p->req->sampling.max_tokens && !json_is_null(body))
+    if (rc == TD_OK && !count && p->req->reasoning.budget > 0 &&
+        p->req->reasoning.budget >= p->req->sampling.max_tokens)
         rc = invalid(p, "thinking.budget_tokens", "%s: must be less than max_tokens%s.", "");
     return rc;
 }
@@ -494,6 +515,7 @@ field_later(td_ireq_parse_t *p, const char *key, const json_t *v)
         { "tools", JSON_ARRAY, "an array" },
         { "metadata", JSON_OBJECT, "an object" },
         { "service_tier", JSON_STRING, "a string" },
+        { "cache_control", JSON_OBJECT, "an object" },
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(types[i].name, key) == 0) {
@@ -544,7 +566,8 @@ static const td_ireq_field_t messages_fields[] = {
     { "tools",          MSG | CNT, field_later, false },
     { "tool_choice",    MSG | CNT, field_later, false },
     { "thinking",       MSG | CNT, field_later, false },
-    { "output_config",  MSG | CNT, field_later, false },
+    { "output_config",  MSG | CNT, field_output_config, false },
+    { "cache_control",  MSG | CNT, field_later, false },
     { "max_tokens",     MSG,       field_shared, true },
     { "stream",         MSG,       field_shared, false },
     { "temperature",    MSG,       field_shared, false },
@@ -590,7 +613,7 @@ td_adapt_anthropic_parse(const td_ireq_cfg_t *cfg, bool count, const char *body,
         req->kind = TD_OPENAI_MESSAGES;
         p.req = req;
         chat = json_object();
-        rc = chat ? convert(&p, root, chat) : td_ireq_nomem(&p);
+        rc = chat ? convert(&p, root, count, chat) : td_ireq_nomem(&p);
         if (rc == TD_OK)
             rc = td_ireq_set_msgs(&p, json_object_get(chat, "messages"));
         json_decref(req->body);

@@ -358,6 +358,18 @@ req_new(td_http_conn_t *c, const char *p, size_t len, td_h1_err_t *e)
 }
 
 const char *
+td_http_path(const td_http_req_t *req)
+{
+    return req->path;
+}
+
+int
+td_http_method(const td_http_req_t *req)
+{
+    return (int)req->h.method;
+}
+
+const char *
 td_http_header(const td_http_req_t *req, const char *name)
 {
     const td_h1_field_t *f = td_h1_field(&req->h, name);
@@ -519,12 +531,24 @@ conn_answered(td_http_conn_t *c)
         bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS);
 }
 
+/* Whether route path rp serves path: equal, or rp ends in '*' and is a
+ * prefix of path (with something after it). */
+static bool
+path_match(const char *rp, const char *path)
+{
+    size_t n = strlen(rp);
+
+    if (n > 0 && rp[n - 1] == '*')
+        return strncmp(rp, path, n - 1) == 0 && path[n - 1] != '\0';
+    return strcmp(rp, path) == 0;
+}
+
 /* The error format of the route serving path (NULL: not known yet). */
 static td_http_errfmt_t
 path_errfmt(const td_http_site_t *site, const char *path)
 {
     for (const td_http_route_t *rt = site->routes; path && rt->path; rt++)
-        if (rt->admin == site->admin && strcmp(rt->path, path) == 0)
+        if (rt->admin == site->admin && path_match(rt->path, path))
             return rt->errfmt;
     return TD_HTTP_ERR_OPENAI;
 }
@@ -591,7 +615,7 @@ conn_dispatch(td_http_conn_t *c)
 
     conn_set_state(c, CONN_SERVE, "request read");
     for (const td_http_route_t *rt = site->routes; rt->path; rt++) {
-        if (rt->admin != site->admin || strcmp(rt->path, q->path) != 0 ||
+        if (rt->admin != site->admin || !path_match(rt->path, q->path) ||
             !(rt->methods & (int)q->h.method))
             continue;
         if (rt->auth && site->keys) {

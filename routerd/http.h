@@ -45,7 +45,7 @@ typedef enum {
 
 /* One entry of a route table (ends with path NULL). */
 typedef struct {
-    const char *path;
+    const char *path;     /* the path; ending in '*': every longer path with this prefix */
     int methods;          /* TD_H1_GET | ... */
     bool admin;           /* served on the admin listener, with the admin key */
     bool auth;            /* needs a key */
@@ -112,6 +112,9 @@ void td_http_fit_fd_limit(size_t *api_conns, size_t *admin_conns, size_t reserve
 
 /* The first field named name (case-insensitive), or NULL. */
 const char *td_http_header(const td_http_req_t *req, const char *name);
+/* The request's path (without the query) and method (a TD_H1_* bit). */
+const char *td_http_path(const td_http_req_t *req);
+int td_http_method(const td_http_req_t *req);
 /* The body, NUL-terminated (valid while req is). */
 const char *td_http_body(td_http_req_t *req, size_t *len);
 /* The body handed over (NUL-terminated, malloc'd, the caller frees it; NULL

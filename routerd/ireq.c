@@ -535,6 +535,13 @@ constraint_set(td_ireq_parse_t *p, const char *param, td_ireq_constraint_kind_t 
     return TD_OK;
 }
 
+td_status_t
+td_ireq_constraint_set(td_ireq_parse_t *p, const char *param, td_ireq_constraint_kind_t kind,
+                       const json_t *spec)
+{
+    return constraint_set(p, param, kind, spec);
+}
+
 static const struct {
     const char *name;     /* guided_<name> and structured_outputs.<name> */
     td_ireq_constraint_kind_t kind;
@@ -1062,5 +1069,6 @@ td_ireq_destroy(td_ireq_t *req)
     json_decref(req->constraint.spec);
     free(req->constraint.text);
     json_decref(req->body);
+    json_decref(req->proto);
     free(req);
 }

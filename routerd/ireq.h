@@ -141,6 +141,9 @@ typedef struct {
     int32_t priority;            /* the admission queue's order, higher first */
     json_t *body;                /* the parsed body (a reference): the chat encoder
                                     reads the conversation from it */
+    json_t *proto;               /* what the protocol's writer needs of the request
+                                    (Responses: the settings its response objects echo,
+                                    the conversation a stored response keeps), or NULL */
 } td_ireq_t;
 
 /* What the adapters check requests against. */
@@ -153,6 +156,9 @@ typedef struct {
                                      must be below it (0: unchecked) */
     size_t max_stop_bytes;        /* longest stop string (0: TD_OPENAI_STOP_BYTES) */
     uint32_t max_n;               /* most choices (0: TD_IREQ_DEFAULT_MAX_N) */
+    bool no_default_thinking;     /* Messages and Responses requests that ask for neither
+                                     thinking nor an effort have thinking off (the
+                                     reference's default_thinking_mode false) */
     uint32_t nmodel_stop;         /* the model's end-of-sequence ids (they count in */
     const int32_t *model_stop;    /*   TD_IREQ_MAX_STOP_IDS with stop_token_ids) */
     const struct td_gvocab *gvocab; /* constraints are checked against it; NULL: refused */
@@ -242,6 +248,12 @@ td_status_t td_ireq_get_raw(td_ireq_parse_t *p, const json_t *v, char **out);
 /* An id in [0, vocab) (vocab 0: below 2^31) at param. */
 td_status_t td_ireq_get_token(td_ireq_parse_t *p, const char *param, const json_t *v,
                               int32_t *out);
+
+/* Record the request's constraint (structured output), asked for by param:
+ * a second one is refused; td_ireq_finish refuses every constraint until the
+ * grammar engine enforces them. spec: a reference is taken (NULL: none). */
+td_status_t td_ireq_constraint_set(td_ireq_parse_t *p, const char *param,
+                                   td_ireq_constraint_kind_t kind, const json_t *spec);
 
 /* The stand-in's view of a chat-shaped messages array (role and text of
  * each; tool calls kept raw), for adapters whose own input was converted

@@ -125,6 +125,18 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("continue-max-states", ST, continue_max_states, "65536", 1, 1u << 24,
                          "kept states of the decode ranks tracked; the oldest is forgotten "
                          "beyond it"),
+    TD_CONFIG_OPT_BOOL("default-thinking", ST, default_thinking, "true",
+                       "Messages and Responses requests that ask for neither thinking nor a "
+                       "reasoning effort think (false: they do not)"),
+    /* the Responses API's store (docs/api.md) */
+    TD_CONFIG_OPT_STRING("responses-dir", ST, responses_dir, "",
+                         "directory of stored responses (/v1/responses with store), shared "
+                         "by the routers that name it (empty: nothing is stored; responses "
+                         "say store false)"),
+    TD_CONFIG_OPT_SIZE("responses-max-bytes", ST, responses_max_bytes, "1GiB", 4096,
+                       1ull << 50, "the stored responses' bytes together; the oldest go first"),
+    TD_CONFIG_OPT_DURATION("responses-max-age", ST, responses_max_age_ms, "720h", 1000,
+                           1ull << 40, "a stored response older than this is gone"),
     /* admission: the queue, and the control port's unauthenticated connections */
     TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
                          "requests that may wait for a decode rank with room; more get 503 "
@@ -144,6 +156,10 @@ static const td_config_opt_t router_opts[] = {
                          "largest batch of generated tokens (each counted 1 + its log-probability "
                          "alternatives) that the event loop detokenizes itself, a few being "
                          "cheaper there than on a text thread (0: always a text thread)"),
+    TD_CONFIG_OPT_UINT64("text-inline-body", ST, text_inline_body, "512", 0, 65536,
+                         "largest request body in bytes that the event loop parses, encodes "
+                         "and tokenizes itself, a small one being cheaper there than on a text "
+                         "thread (0: always a text thread)"),
     /* shutdown */
     TD_CONFIG_OPT_DURATION("drain-timeout", ST, drain_timeout_ms, "30s", 0, 3600000,
                            "on SIGTERM the api takes no new requests and those in flight "
@@ -286,6 +302,7 @@ router_fini(td_router_t *r)
         event_free(r->drain_timer);
     td_rreq_tab_destroy(r->reqs);   /* the text threads stop: rtok's jobs come back */
     td_rtok_destroy(r->rtok);
+    td_rstore_destroy(r->store);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
@@ -402,8 +419,16 @@ router_reqs_create(td_router_t *r)
                                 .gvocab = r->gvocab,
                                 .max_constraint_bytes = (size_t)cfg->max_constraint_bytes,
                                 .constraint_budget_ms = (uint32_t)cfg->constraint_budget_ms,
-                                .vocab = r->tok->vocab_size };
+                                .vocab = r->tok->vocab_size,
+                                .no_default_thinking = !cfg->default_thinking };
+    if (cfg->responses_dir[0]) {
+        td_rstore_cfg_t sc = { .dir = cfg->responses_dir, .max_bytes = cfg->responses_max_bytes,
+                               .max_age_s = cfg->responses_max_age_ms / 1000 };
+        if ((st = td_rstore_create(&sc, &r->store)) != TD_OK)
+            return st;   /* logged */
+    }
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
+                             .store = r->store,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
                              .fingerprint = r->fingerprint, .id_prefix = r->id_prefix,
                              .request_timeout_ms = cfg->request_timeout_ms,
@@ -416,6 +441,7 @@ router_reqs_create(td_router_t *r)
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
+                             .text_inline_body = cfg->text_inline_body,
                              .cache_weight = cfg->cache_weight,
                              .continue_max_suffix = cfg->continue_max_suffix,
                              .continue_max_states = (size_t)cfg->continue_max_states,
@@ -425,6 +451,7 @@ router_reqs_create(td_router_t *r)
     if (st != TD_OK)
         return st;
     st = td_rtok_create(&(td_rtok_cfg_t){ .pool = td_rreq_text_pool(r->reqs),
+                                          .store = r->store,
                                           .text = td_rreq_text_cfg(r->reqs),
                                           .metrics = &r->metrics,
                                           .max_context = r->max_context }, &r->rtok);

@@ -132,12 +132,12 @@ reply_text(td_reply_t *rp, const uint32_t *ids, size_t n, bool armed, td_reply_e
     return st;
 }
 
-/* The request caps the reasoning and the reply is in it: token by token. */
+/* The reply is in its reasoning: token by token, to count them (usage) and
+ * to stop at the request's cap. */
 static bool
-budget_watched(const td_reply_t *rp)
+in_reasoning(const td_reply_t *rp)
 {
-    return rp->cfg.req->reasoning.budget > 0 && rp->chat != NULL &&
-           td_chat_reply_reader_in_reasoning(rp->chat);
+    return rp->chat != NULL && td_chat_reply_reader_in_reasoning(rp->chat);
 }
 
 td_status_t
@@ -158,14 +158,14 @@ td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, bool last_stop,
      * token that passes it */
     size_t i = 0;
     while (st == TD_OK && i < ntext && !rp->stopped) {
-        bool watch = budget_watched(rp);
+        bool watch = in_reasoning(rp);
         size_t k = rp->ntokens >= min && !watch ? ntext - i : 1;
 
         rp->ntokens += (uint32_t)k;
         st = reply_text(rp, ids + i, k, rp->ntokens > min, emit, arg);
         i += k;
         if (watch && ++rp->nreasoning >= rp->cfg.req->reasoning.budget &&
-            td_chat_reply_reader_in_reasoning(rp->chat))
+            rp->cfg.req->reasoning.budget > 0 && in_reasoning(rp))
             rp->stopped = rp->over_budget = true;
     }
     rp->ntokens += (uint32_t)(n - i);   /* past a stop string, or the stop token: counted */
@@ -215,6 +215,12 @@ td_reply_end(td_reply_t *rp, td_openai_finish_t finish, td_reply_emit_fn emit, v
     rp->ended = true;
     rp->finish = finish;
     return st;
+}
+
+uint32_t
+td_reply_nreasoning(const td_reply_t *rp)
+{
+    return rp->nreasoning;
 }
 
 bool

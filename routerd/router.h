@@ -19,6 +19,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"
+#include "rstore.h"
 #include "rtok.h"
 #include "registry.h"
 #include "rreq.h"
@@ -70,12 +71,18 @@ typedef struct {
     uint64_t ctl_max_unauth_per_source;   /* ... from one address */
     uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
     uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
+    uint64_t text_inline_body;  /* request bodies up to this many bytes tokenized on the loop */
     uint64_t drain_timeout_ms;  /* SIGTERM: requests in flight get this long to finish */
     /* KV-aware prefill placement (docs/kvrouting.md) */
     double cache_weight;        /* weight of a rank's cached prompt tokens; 0 = load only */
     uint64_t cache_max_blocks;  /* cache block hashes tracked per prefill rank */
     uint64_t continue_max_suffix;   /* multi-turn on the decode ranks: longest suffix */
     uint64_t continue_max_states;   /*   kept states tracked */
+    /* the Responses API's store (rstore.h; docs/api.md) */
+    bool default_thinking;      /* Messages / Responses asking for no thinking mode */
+    char *responses_dir;        /* "" = no store */
+    uint64_t responses_max_bytes;
+    uint64_t responses_max_age_ms;
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
@@ -113,7 +120,8 @@ typedef struct {
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
-    td_rtok_t *rtok;                /* /tokenize and /detokenize */
+    td_rtok_t *rtok;                /* /tokenize, /detokenize, count_tokens, stored responses */
+    td_rstore_t *store;             /* stored responses, or NULL (no responses-dir) */
     bool stopping;                  /* SIGTERM: draining, the api takes no new request */
     struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;

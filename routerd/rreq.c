@@ -487,8 +487,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
         return;
     if (q->streaming) {
         td_buf_reset(&q->t->sse);
-        if ((q->kind == TD_OPENAI_MESSAGES ? td_anthropic_stream_error(e, &q->t->sse)
-                                           : td_openai_stream_error(e, &q->t->sse)) == TD_OK)
+        if (td_rtext_stream_error(q->text, e, &q->t->sse) == TD_OK)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
@@ -1337,7 +1336,8 @@ text_kick(td_rreq_t *q)
     weight = td_rtext_tokens_take(q->text);
     if (weight == 0)
         return;
-    if (weight <= q->t->cfg.text_inline_max) {   /* cheaper than a thread and back */
+    if (weight <= q->t->cfg.text_inline_max && !td_rtext_off_loop(q->text)) {
+        /* cheaper than a thread and back */
         td_rtext_tokens_run(q->text);
         text_tokens_apply(q);
         return;
@@ -1642,8 +1642,8 @@ serve_watch(td_rreq_t *q)
 
 /* Take the request: in the table at once (state new: the admin API lists
  * it, a cancel, a timeout or the client going away end it), its body parsed
- * and its prompt encoded and tokenized by a text thread (text_prompt_done
- * goes on). */
+ * and its prompt encoded and tokenized by a text thread, or by the loop for a
+ * body of at most text_inline_body bytes (text_prompt_done goes on). */
 void
 td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
 {
@@ -1686,14 +1686,20 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
+    q->text_busy = true;
+    if (td_rtext_body_len(q->text) <= t->cfg.text_inline_body) {
+        /* a small body: cheaper on the loop than a thread and back */
+        text_prompt_run(q);
+        text_prompt_done(q);
+        return;
+    }
     st = td_rtext_body_len(q->text) > TEXT_LONG_BODY
              ? td_jobq_post_long(t->pool, text_prompt_run, text_prompt_done, q)
              : td_jobq_post(t->pool, text_prompt_run, text_prompt_done, q);
     if (st != TD_OK) {
+        q->text_busy = false;
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
     }
-    q->text_busy = true;
 }
 
 /* The prompt is tokenized: the request's wire parameters, then admission. */
@@ -1881,7 +1887,8 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
         goto err_free_tab;
     }
     t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
-                                    .model = cfg->model, .fingerprint = cfg->fingerprint };
+                                    .model = cfg->model, .fingerprint = cfg->fingerprint,
+                                    .store = cfg->store };
     st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
                              NULL, NULL, &t->pool);   /* logs */
     if (st != TD_OK)

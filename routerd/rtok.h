@@ -16,6 +16,7 @@
 #include "http.h"
 #include "jobq.h"
 #include "metrics.h"
+#include "rstore.h"
 #include "rtext.h"
 #include "status.h"
 
@@ -26,6 +27,7 @@ typedef struct {
     const td_rtext_cfg_t *text; /* the request model's config, tokenizer, model id */
     td_metrics_t *metrics;      /* refusals counted */
     uint64_t max_context;       /* max_model_len of /tokenize (0: not known) */
+    td_rstore_t *store;         /* stored responses (borrowed), or NULL */
 } td_rtok_cfg_t;
 
 /* TD_ERR_NOMEM. */
@@ -37,10 +39,16 @@ typedef enum {
     TD_RTOK_DETOKENIZE,         /* /detokenize */
     TD_RTOK_COUNT_MESSAGES,     /* /v1/messages/count_tokens: {"input_tokens"} of a
                                    Messages request's prompt */
+    TD_RTOK_RESPONSE_GET,       /* GET /v1/responses/{id}: the stored response */
+    TD_RTOK_RESPONSE_DELETE,    /* DELETE /v1/responses/{id} */
+    TD_RTOK_RESPONSE_CANCEL,    /* POST /v1/responses/{id}/cancel */
 } td_rtok_mode_t;
 
 /* Serve such a request: its body goes to a text thread, the answer (or a
  * 4xx in the route's error format) comes back on the loop. */
 void td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode);
+/* A stored response's: id (copied), owned by the request's key. */
+void td_rtok_serve_stored(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode,
+                          const char *id);
 
 #endif

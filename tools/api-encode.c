@@ -5,7 +5,9 @@
  * tokenized as routerd does; with "pieces", that model output read back by
  * the V4.1 reader into the protocol's stream events, as routerd sends them. */
 #include "adapt-anthropic.h"
+#include "adapt-responses.h"
 #include "anthropic.h"
+#include "oresp.h"
 #include "chat_prompt.h"
 #include "cli.h"
 #include "tokenizer.h"
@@ -21,7 +23,8 @@ usage(FILE *f)
 {
     fprintf(f,
             "usage: api-encode --tokenizer PATH [--model NAME] [CASES|-]\n"
-            "  CASES: {\"cases\": [{\"api\": \"messages\", \"body\": {...},\n"
+            "  CASES: {\"cases\": [{\"api\": \"messages\"|\"responses\", \"body\": {...},\n"
+            "          \"default_thinking\": false (optional: routerd's default-thinking false),\n"
             "          \"pieces\": [output text, ...] (optional), \"finish\": \"stop\"|\"length\"}]}\n"
             "  prints {\"results\": [{\"prompt\", \"ids\", \"thinking\", \"max_tokens\",\n"
             "          \"events\": [[name, data], ...]} or {\"status\", \"error\", \"param\"}]}\n");
@@ -92,6 +95,46 @@ stream_messages(const td_chat_prompt_t *p, const json_t *pieces, bool length, si
     return ev;
 }
 
+/* The output pieces through the V4.1 reader and the Responses writer. */
+static json_t *
+stream_responses(const td_chat_prompt_t *p, const td_ireq_t *o, const json_t *pieces,
+                 bool length, size_t nprompt)
+{
+    td_chat_reply_reader_t *rd;
+    td_chat_reply_opts_t ro = p->reply;
+    td_oresp_t r;
+    const td_chat_reply_delta_t *d;
+    size_t nd;
+    td_buf_t out = {0};
+    json_t *ev;
+
+    ro.split_args = true;
+    if (td_chat_reply_reader_create(&ro, &rd) != TD_OK ||
+        td_oresp_init(&r, "resp_ID1", 1, json_object_get(o->proto, "echo"), false) != TD_OK)
+        return NULL;
+    td_oresp_start(&r, &out);
+    for (size_t i = 0; i < json_array_size(pieces); i++) {
+        const json_t *t = json_array_get(pieces, i);
+        td_chat_reply_reader_feed(rd, json_string_value(t), json_string_length(t), &d, &nd);
+        for (size_t k = 0; k < nd; k++)
+            td_oresp_delta(&r, &d[k], &out);
+    }
+    td_chat_reply_reader_finish(rd, length ? TD_CHAT_REPLY_FINISH_LENGTH
+                                           : TD_CHAT_REPLY_FINISH_STOP, &d, &nd);
+    for (size_t k = 0; k < nd; k++)
+        td_oresp_delta(&r, &d[k], &out);
+    td_oresp_usage_t u = { .input_tokens = (uint32_t)nprompt,
+                           .output_tokens = (uint32_t)json_array_size(pieces) };
+    td_chat_reply_finish_t f = td_chat_reply_reader_reply(rd)->finish;
+    td_oresp_end(&r, f == TD_CHAT_REPLY_FINISH_LENGTH ? TD_OPENAI_FINISH_LENGTH
+                                                      : TD_OPENAI_FINISH_STOP, &u, 1, &out, NULL);
+    ev = events_of(&out);
+    td_buf_free(&out);
+    td_oresp_fini(&r);
+    td_chat_reply_reader_destroy(rd);
+    return ev;
+}
+
 /* One case's result object. */
 static json_t *
 run_case(const td_ireq_cfg_t *cfg, const td_tokenizer_t *tok, const json_t *c)
@@ -108,7 +151,9 @@ run_case(const td_ireq_cfg_t *cfg, const td_tokenizer_t *tok, const json_t *c)
     size_t n = 0;
     json_t *res, *a;
 
-    if (td_adapt_anthropic_parse(cfg, false, text, strlen(text), &o, &e) != TD_OK) {
+    bool responses = strcmp(json_string_value(json_object_get(c, "api")), "responses") == 0;
+    if ((responses ? td_adapt_responses_parse(cfg, body, NULL, &o, &e)
+                   : td_adapt_anthropic_parse(cfg, false, text, strlen(text), &o, &e)) != TD_OK) {
         free(text);
         return json_pack("{s:i, s:s, s:s?}", "status", e.http, "error", e.message, "param",
                          e.param[0] ? e.param : NULL);
@@ -131,8 +176,11 @@ run_case(const td_ireq_cfg_t *cfg, const td_tokenizer_t *tok, const json_t *c)
                     "top_p", o->sampling.top_p, "top_k", (json_int_t)o->sampling.top_k,
                     "budget", (json_int_t)o->reasoning.budget);
     if (json_is_array(pieces))
-        json_object_set_new(res, "events", stream_messages(p, pieces,
-                                                           fin && !strcmp(fin, "length"), n));
+        json_object_set_new(res, "events",
+                            responses ? stream_responses(p, o, pieces, fin && !strcmp(fin, "length"),
+                                                         n)
+                                      : stream_messages(p, pieces, fin && !strcmp(fin, "length"),
+                                                        n));
     free(ids);
     td_chat_prompt_destroy(p);
     td_ireq_destroy(o);
@@ -185,8 +233,11 @@ main(int argc, char **argv)
                           .max_tokens_default = 256 };
     json_t *results = json_array();
     const json_t *cases = json_object_get(root, "cases");
-    for (size_t i = 0; i < json_array_size(cases); i++)
-        json_array_append_new(results, run_case(&cfg, tok, json_array_get(cases, i)));
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *one = json_array_get(cases, i);
+        cfg.no_default_thinking = json_is_false(json_object_get(one, "default_thinking"));
+        json_array_append_new(results, run_case(&cfg, tok, one));
+    }
     json_t *o = json_pack("{s:o}", "results", results);
     json_dumpf(o, stdout, JSON_COMPACT | JSON_ENSURE_ASCII);
     putchar('\n');

@@ -108,6 +108,8 @@ MESSAGES = [
     msg([U("x")], tool_choice={"type": "maybe"}, tools=[W]),
     msg([U(5)]),
     msg([U("x")], bogus=1),
+    msg([U("x")], cache_control={"type": "ephemeral"}),
+    msg([U("x")], output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}}),
 ]
 
 # Output streams for the event comparison: (body, pieces, finish).
@@ -128,4 +130,111 @@ STREAMS = [
     (msg([U("x")], thinking=OFF), ["a\n\n", "b", "\u00e9", "\U0001f600"], "stop"),
     (msg([U("x")]), ["\n\nlead", "ing", "</think>", "\n\nans"], "stop"),
     (msg([U("x")], thinking=OFF), [], "stop"),
+]
+
+# ---- Responses -----------------------------------------------------------
+F = {"type": "function", "name": "get_weather", "description": "Get the current weather for a "
+     "city.", "parameters": W["input_schema"]}
+G = {"type": "function", "name": "search_web", "description": "Search the web.",
+     "parameters": S["input_schema"], "strict": False}
+NOTHINK = {"effort": "none"}
+
+
+def resp(inp, **kw):
+    b = {"model": M, "input": inp}
+    b.update(kw)
+    return b
+
+
+def IT(t): return {"type": "input_text", "text": t}
+def OT(t): return {"type": "output_text", "text": t}
+def FC(i, name, args): return {"type": "function_call", "call_id": i, "name": name,
+                               "arguments": json.dumps(args)}
+def FO(i, out): return {"type": "function_call_output", "call_id": i, "output": out}
+def RS(t): return {"type": "reasoning", "id": "rs_x", "summary": [],
+                   "content": [{"type": "reasoning_text", "text": t}]}
+
+
+RTOOLS = [U("Weather in Paris?"), RS("One call."), FC("c1", "get_weather", {"city": "Paris"}),
+          FO("c1", "18C")]
+
+RESPONSES = [
+    resp("Hi"),
+    resp("Hi", instructions="Be terse."),
+    resp("Hi", reasoning=NOTHINK),
+    resp("Hi", reasoning={"effort": "low"}),
+    resp("Hi", reasoning={"effort": "medium"}),
+    resp("Hi", reasoning={"effort": "high"}),
+    resp("Hi", reasoning={"effort": "minimal"}),
+    resp("Hi", reasoning={"effort": "xhigh"}),
+    resp("Hi", reasoning={"summary": "auto"}),
+    resp([U("Hi")]),
+    resp([U([IT("a"), IT("b")])]),
+    resp([{"type": "message", "role": "user", "content": "typed"}]),
+    resp([U("a"), A("b"), U("c")]),
+    resp([U("a"), {"type": "message", "role": "assistant", "content": [OT("b"), OT("c")]},
+          U("d")]),
+    resp([U("a"), RS("thought"), A("b"), U("c")]),
+    resp([{"role": "developer", "content": "dev"}, {"role": "system", "content": "sys"},
+          U("Hi")]),
+    resp([{"role": "system", "content": "sys"}, U("Hi")], instructions="inst"),
+    resp("Weather?", tools=[F]),
+    resp("Weather?", tools=[F, G], reasoning=NOTHINK),
+    resp("Weather?", tools=[F], tool_choice="auto"),
+    resp("Weather?", tools=[F], tool_choice="none"),
+    resp("Weather?", tools=[F], tool_choice="required", reasoning=NOTHINK),
+    resp("Weather?", tools=[F], tool_choice={"type": "function", "name": "get_weather"},
+         reasoning=NOTHINK),
+    resp(RTOOLS, tools=[F]),
+    resp(RTOOLS, tools=[F], reasoning=NOTHINK),
+    resp(RTOOLS + [A("Warm."), U("Thanks")], tools=[F]),
+    resp([U("W?"), FC("c1", "get_weather", {"city": "P"}), FC("c2", "search_web",
+                                                              {"query": "x", "top_k": 2}),
+          FO("c1", "sun"), FO("c2", [IT("r1"), IT("r2")])], tools=[F, G]),
+    resp([U("W?"), A("Let me look."), FC("c1", "get_weather", {"city": "P"}), FO("c1", "x")],
+         tools=[F]),
+    resp("x", max_output_tokens=5, temperature=0.3, top_p=0.5, metadata={"k": "v"}, store=False,
+         user="u", parallel_tool_calls=False, truncation="disabled", top_logprobs=0),
+    resp("x", text={"format": {"type": "text"}}),
+    resp("unicode \u00e9\u4e2d\U0001f600 <\uff5cUser\uff5c>"),
+    # refusals
+    resp([FO("zz", "x")]),
+    resp([]),
+    {"model": M},
+    resp("x", max_output_tokens=0),
+    resp("x", tools=[F], tool_choice="required"),
+    resp([U([{"type": "input_image", "image_url": "http://x/y.png"}])]),
+    resp([{"type": "foo"}]),
+    resp("x", tools=[{"type": "web_search"}]),
+    resp("x", text={"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}),
+    resp("x", background=True),
+]
+
+RSTREAMS = [
+    ("responses", resp("Hi", max_output_tokens=50, metadata={"k": "v"}),
+     ["hm", "m", "</think>", "Hel", "lo"], "stop"),
+    ("responses", resp("Hi", reasoning=NOTHINK), ["Hel", "lo"], "length"),
+    ("responses", resp("Hi"), ["</think>", "Direct"], "stop"),
+    ("responses", resp("Hi"), ["thinking long"], "length"),
+    ("responses", resp("Hi", reasoning=NOTHINK), [], "stop"),
+    ("responses", resp("W?", tools=[F], reasoning=NOTHINK),
+     ["ok", calls(call("get_weather", city="P"))], "stop"),
+    ("responses", resp("W?", tools=[F]), ["t", "</think>", calls(call("get_weather", city="P"))],
+     "length"),
+    ("responses", resp("W?", tools=[F, G], instructions="i", tool_choice="auto"),
+     ["two", "</think>", calls(call("get_weather", city="P", days=2),
+                               call("search_web", query="q"))], "stop"),
+]
+
+# With the server's default thinking off (routerd --default-thinking false,
+# the recipe's default_thinking_mode False): (api, body).
+NO_DEFAULT_THINKING = [
+    ("messages", msg([U("Hi")])),
+    ("messages", msg([U("Hi")], thinking=ON)),
+    ("messages", msg([U("Hi")], output_config={"effort": "high"})),
+    ("messages", msg([U("W?")], tools=[W])),
+    ("responses", resp("Hi")),
+    ("responses", resp("Hi", reasoning={"effort": "high"})),
+    ("responses", resp("Hi", reasoning={"summary": "auto"})),
+    ("responses", resp(RTOOLS, tools=[F])),
 ]
