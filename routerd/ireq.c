@@ -837,10 +837,7 @@ finish_constraint_text(const td_ireq_constraint_t *c)
     case TD_IREQ_CONSTRAINT_JSON_OBJECT:
         return strdup("");
     case TD_IREQ_CONSTRAINT_JSON_SCHEMA:
-        schema = json_object_get(c->spec, "schema");
-        if (schema == NULL)   /* guided_json / structured_outputs.json: the schema itself */
-            schema = json_is_object(c->spec) && json_object_get(c->spec, "name") == NULL
-                         ? c->spec : NULL;
+        schema = c->spec;   /* every field records the schema itself */
         return schema != NULL ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)
                               : strdup("{}");
     case TD_IREQ_CONSTRAINT_CHOICE:
@@ -904,7 +901,8 @@ finish_constraint(td_ireq_parse_t *p)
     if (st != TD_OK) {
         /* "<param>.schema.<path> <message>": the message names the path's last part */
         const char *sub = c->kind == TD_IREQ_CONSTRAINT_JSON_SCHEMA &&
-                          strncmp(c->param, "response_format", 15) == 0 ? ".schema" : "";
+                          (strncmp(c->param, "response_format", 15) == 0 ||
+                           strcmp(c->param, "text.format") == 0) ? ".schema" : "";
         const char *last = strrchr(ge.path, '.') ? strrchr(ge.path, '.') + 1 : ge.path;
         size_t ll = strlen(last);
         bool named = ll > 0 && strncmp(ge.msg, last, ll) == 0 && ge.msg[ll] == ' ';

@@ -8,7 +8,8 @@ the openai client. With random weights the grammar does all the work:
               its requests' constraints; every reply valid
   structured  client.chat.completions.parse with a pydantic model (strict
               json_schema), json_object, vLLM's guided_choice / guided_regex /
-              structured_outputs.json and the completions API, a reply cut by
+              structured_outputs.json and the completions API, the Responses
+              API's text.format, a reply cut by
               max_tokens (length, a valid prefix), thinking whose reasoning
               ends by logit_bias (free reasoning, constrained content), and
               the 400s that name the problem (unsupported keyword,
@@ -155,6 +156,16 @@ def test_structured(c):
     check(m.content in ("alpha", "beta"), "thinking: content %r" % m.content)
     check(getattr(m, "reasoning_content", None) not in (None, "alpha", "beta"),
           "thinking: reasoning %r" % getattr(m, "reasoning_content", None))
+
+    # the Responses API's text.format fills the same constraint
+    r = client.responses.create(model=MODEL, input="Describe a pet as JSON.", temperature=1,
+                                max_output_tokens=256,
+                                text={"format": {"type": "json_schema", "name": "pet",
+                                                 "strict": True,
+                                                 "schema": Pet.model_json_schema()}},
+                                reasoning={"effort": "none"})
+    check(r.status == "completed", "responses: %r" % r)
+    Pet.model_validate_json(r.output_text)
 
     # bad input: 400s that name the problem, the cluster still serving
     def rf(schema):
