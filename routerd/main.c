@@ -1,6 +1,7 @@
 /* routerd/main.c — the router daemon: options, the engine identity (model
  * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
  * control listeners on one event loop, and the ready line. */
+#include "grammar.h"
 #include "router.h"
 #include "chat.h"
 #include "routes.h"
@@ -89,6 +90,12 @@ static const td_config_opt_t router_opts[] = {
                          "max_tokens of a request that gives none"),
     TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
                        "longest stop string accepted, in bytes (a longer one gets 400)"),
+    TD_CONFIG_OPT_SIZE("max-constraint-bytes", ST, max_constraint_bytes, "256KiB", 1024,
+                       1u << 20, "largest structured-output spec (JSON schema, regex, grammar) "
+                       "a request may carry (a larger one gets 400)"),
+    TD_CONFIG_OPT_DURATION("constraint-budget", ST, constraint_budget_ms, "2s", 1, 60000,
+                           "compile time a structured-output spec may take on a text thread "
+                           "(a slower one gets 400)"),
     TD_CONFIG_OPT_UINT64("max-n", ST, max_n, "16", 1, TD_IREQ_MAX_N,
                          "most choices (n) one request may ask for; they share the prompt's "
                          "prefill and kv blocks"),
@@ -118,6 +125,18 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("continue-max-states", ST, continue_max_states, "65536", 1, 1u << 24,
                          "kept states of the decode ranks tracked; the oldest is forgotten "
                          "beyond it"),
+    TD_CONFIG_OPT_BOOL("default-thinking", ST, default_thinking, "true",
+                       "Messages and Responses requests that ask for neither thinking nor a "
+                       "reasoning effort think (false: they do not)"),
+    /* the Responses API's store (docs/api.md) */
+    TD_CONFIG_OPT_STRING("responses-dir", ST, responses_dir, "",
+                         "directory of stored responses (/v1/responses with store), shared "
+                         "by the routers that name it (empty: nothing is stored; responses "
+                         "say store false)"),
+    TD_CONFIG_OPT_SIZE("responses-max-bytes", ST, responses_max_bytes, "1GiB", 4096,
+                       1ull << 50, "the stored responses' bytes together; the oldest go first"),
+    TD_CONFIG_OPT_DURATION("responses-max-age", ST, responses_max_age_ms, "720h", 1000,
+                           1ull << 40, "a stored response older than this is gone"),
     /* admission: the queue, and the control port's unauthenticated connections */
     TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
                          "requests that may wait for a decode rank with room; more get 503 "
@@ -137,6 +156,10 @@ static const td_config_opt_t router_opts[] = {
                          "largest batch of generated tokens (each counted 1 + its log-probability "
                          "alternatives) that the event loop detokenizes itself, a few being "
                          "cheaper there than on a text thread (0: always a text thread)"),
+    TD_CONFIG_OPT_UINT64("text-inline-body", ST, text_inline_body, "512", 0, 65536,
+                         "largest request body in bytes that the event loop parses, encodes "
+                         "and tokenizes itself, a small one being cheaper there than on a text "
+                         "thread (0: always a text thread)"),
     /* shutdown */
     TD_CONFIG_OPT_DURATION("drain-timeout", ST, drain_timeout_ms, "30s", 0, 3600000,
                            "on SIGTERM the api takes no new requests and those in flight "
@@ -279,11 +302,13 @@ router_fini(td_router_t *r)
         event_free(r->drain_timer);
     td_rreq_tab_destroy(r->reqs);   /* the text threads stop: rtok's jobs come back */
     td_rtok_destroy(r->rtok);
+    td_rstore_destroy(r->store);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
     td_apikeys_destroy(r->keys);
     td_apikeys_destroy(r->admin_keys);
+    td_gvocab_destroy(r->gvocab);
     td_tok_destroy(r->tok);
 }
 
@@ -335,19 +360,12 @@ router_on_capacity(td_cluster_t *c, void *arg)
     td_rreq_on_capacity(r->reqs);
 }
 
+/* The configuration's cross-checks, then what routerd needs before it
+ * listens: the tokenizer, the model's identity and the key files. */
 static td_status_t
-router_init(td_router_t *r)
+router_load(td_router_t *r)
 {
     const td_router_cfg_t *cfg = r->cfg;
-    const td_cluster_handlers_t ch = { .on_message = router_on_message,
-                                       .on_rank_lost = router_on_rank_lost,
-                                       .on_capacity = router_on_capacity, .arg = r };
-    td_cluster_config_t cc = {0};
-    td_rreq_config_t rq;
-    size_t secret_len;
-    uint16_t http_port = 0, admin_port = 0;
-    size_t api_conns = cfg->http_max_conns, admin_conns = cfg->admin_max_conns;
-    char ctl_host[TD_NET_HOST_MAX];
     td_status_t st;
 
     if (cfg->max_tokens_default > cfg->max_tokens_limit) {
@@ -364,6 +382,9 @@ router_init(td_router_t *r)
     st = router_tokenizer(r);
     if (st == TD_OK)
         st = router_identity(r);
+    if (st == TD_OK && r->v41 != NULL &&
+        (st = td_gvocab_create(r->v41, r->stop_ids, r->nstop_ids, &r->gvocab)) != TD_OK)
+        td_error("constraints: the tokenizer's vocabulary: %s", td_status_str(st));
     if (st == TD_OK && cfg->api_keys_file[0])
         st = td_apikeys_load(cfg->api_keys_file, &r->keys);
     if (st == TD_OK && cfg->admin_listen[0]) {
@@ -377,12 +398,17 @@ router_init(td_router_t *r)
     }
     if (st == TD_OK)
         st = router_check_auth(r);
-    if (st != TD_OK)
-        return st;
+    return st;
+}
 
-    r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
-    snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
-             r->id_prefix >> 48);
+/* The request table (with the api's bounds) and the text threads' pool. */
+static td_status_t
+router_reqs_create(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    td_rreq_config_t rq;
+    td_status_t st;
+
     r->models[0] = r->model;
     r->api = (td_ireq_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
@@ -390,8 +416,19 @@ router_init(td_router_t *r)
                                 .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
-                                .vocab = r->tok->vocab_size };
+                                .gvocab = r->gvocab,
+                                .max_constraint_bytes = (size_t)cfg->max_constraint_bytes,
+                                .constraint_budget_ms = (uint32_t)cfg->constraint_budget_ms,
+                                .vocab = r->tok->vocab_size,
+                                .no_default_thinking = !cfg->default_thinking };
+    if (cfg->responses_dir[0]) {
+        td_rstore_cfg_t sc = { .dir = cfg->responses_dir, .max_bytes = cfg->responses_max_bytes,
+                               .max_age_s = cfg->responses_max_age_ms / 1000 };
+        if ((st = td_rstore_create(&sc, &r->store)) != TD_OK)
+            return st;   /* logged */
+    }
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
+                             .store = r->store,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
                              .fingerprint = r->fingerprint, .id_prefix = r->id_prefix,
                              .request_timeout_ms = cfg->request_timeout_ms,
@@ -404,6 +441,7 @@ router_init(td_router_t *r)
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
+                             .text_inline_body = cfg->text_inline_body,
                              .cache_weight = cfg->cache_weight,
                              .continue_max_suffix = cfg->continue_max_suffix,
                              .continue_max_states = (size_t)cfg->continue_max_states,
@@ -413,13 +451,27 @@ router_init(td_router_t *r)
     if (st != TD_OK)
         return st;
     st = td_rtok_create(&(td_rtok_cfg_t){ .pool = td_rreq_text_pool(r->reqs),
+                                          .store = r->store,
                                           .text = td_rreq_text_cfg(r->reqs),
                                           .metrics = &r->metrics,
                                           .max_context = r->max_context }, &r->rtok);
-    if (st != TD_OK) {
+    if (st != TD_OK)
         td_error("routerd: out of memory");
-        return st;
-    }
+    return st;
+}
+
+/* The control plane: the ranks' listener and the cluster's state. */
+static td_status_t
+router_cluster_start(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    const td_cluster_handlers_t ch = { .on_message = router_on_message,
+                                       .on_rank_lost = router_on_rank_lost,
+                                       .on_capacity = router_on_capacity, .arg = r };
+    td_cluster_config_t cc = {0};
+    size_t secret_len;
+    char ctl_host[TD_NET_HOST_MAX];
+    td_status_t st;
 
     cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
                                        .role = TANDEM__ROLE__ROLE_ROUTER,
@@ -439,9 +491,17 @@ router_init(td_router_t *r)
     if (st != TD_OK)
         return st;
     cc.host = ctl_host;
-    st = td_cluster_init(&r->cluster, r->base, &cc, &ch);
-    if (st != TD_OK)
-        return st;
+    return td_cluster_init(&r->cluster, r->base, &cc, &ch);
+}
+
+/* The api listener and the admin one (when configured), within the fd
+ * limit; their ports in *http_port, *admin_port. */
+static td_status_t
+router_http_start(td_router_t *r, uint16_t *http_port, uint16_t *admin_port)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    size_t api_conns = cfg->http_max_conns, admin_conns = cfg->admin_max_conns;
+    td_status_t st;
 
     if (!cfg->admin_listen[0])
         admin_conns = 0;
@@ -464,9 +524,28 @@ router_init(td_router_t *r)
     r->admin_site.keys = r->admin_keys;
     r->admin_site.max_body = 65536;
     r->admin_site.max_conns = admin_conns;
-    st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, &http_port);
+    st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, http_port);
     if (st == TD_OK && cfg->admin_listen[0])
-        st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, &admin_port);
+        st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, admin_port);
+    return st;
+}
+
+static td_status_t
+router_init(td_router_t *r)
+{
+    uint16_t http_port = 0, admin_port = 0;
+    td_status_t st = router_load(r);
+
+    if (st != TD_OK)
+        return st;
+    r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
+    snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
+             r->id_prefix >> 48);
+    st = router_reqs_create(r);
+    if (st == TD_OK)
+        st = router_cluster_start(r);
+    if (st == TD_OK)
+        st = router_http_start(r, &http_port, &admin_port);
     if (st != TD_OK)
         return st;
     td_info("routerd: model %s (%s), fingerprint %s, kv layout %016" PRIx64

@@ -22,6 +22,7 @@
 #include "openai.h"
 #include "rqueue.h"
 #include "rrank.h"
+#include "rstore.h"
 #include "rtext.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -68,6 +69,8 @@ typedef struct {
     unsigned text_threads;          /* threads that parse, encode, tokenize and detokenize */
     uint64_t text_inline_max;       /* token batches up to this weight (rtext.h) are
                                        detokenized on the loop; 0: never */
+    uint64_t text_inline_body;      /* request bodies up to this many bytes are parsed,
+                                       encoded and tokenized on the loop; 0: never */
     double cache_weight;            /* prefill placement's weight of cached tokens
                                        (rsched.h; 0: by load only) */
     uint64_t cache_seed;            /* td_chain_seed of the model and KV layout */
@@ -75,6 +78,7 @@ typedef struct {
                                        by at most this many tokens is prefilled there
                                        (docs/kvcache.md, "Multi-turn"); 0: never */
     size_t continue_max_states;     /* kept states tracked (>= 1 when the above is on) */
+    td_rstore_t *store;             /* stored responses (borrowed), or NULL */
     uint64_t slow_reader_timeout_ms;    /* a stream paused this long is canceled (0: 60 s) */
 } td_rreq_config_t;
 

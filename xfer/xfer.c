@@ -195,6 +195,8 @@ struct td_xfer_s {
     void *note_arg;
     td_xfer_auth_fn auth_fn;
     void *auth_arg;
+    td_xfer_expect_fn expect_fn;   /* whether notifications are still expected */
+    void *expect_arg;
     td_xfer_token_t rx_token;      /* td_xfer_rx_token */
     td_log_limit_t rx_log;         /* the lines a sender can make this receiver write */
     td_xfer_peer_fail_fn fail_fn;
@@ -293,17 +295,29 @@ td_xfer_poll_pending(td_xfer_t *x)
         td_xfer_retry_in(x, TD_XFER_PENDING_US);
 }
 
+/* Whether a notification is still expected (td_xfer_set_note_expect). */
+static bool
+td_xfer_rx_expected(td_xfer_t *x)
+{
+    return x->expect_fn == NULL || x->expect_fn(x, x->expect_arg);
+}
+
 /* Wake-up coalescing on the receiver: after a pass that delivered
  * notifications, keep polling (not armed) until rx_spin_ns pass without a
  * new one, so that back-to-back notifications arrive without the sender
  * having to signal a sleeping receiver (a sendto per notification over
- * shm). Bounded by TD_XFER_RX_SPIN_CAP x rx_spin_ns; returns 1 when
- * notifications were still arriving at the bound. */
+ * shm); not at all, or no longer, once the receiver expects none (its
+ * transfers have ended). Bounded by TD_XFER_RX_SPIN_CAP x rx_spin_ns;
+ * returns 1 when notifications were still arriving at the bound. */
 static int
 td_xfer_rx_spin(td_xfer_t *x)
 {
     uint64_t seen = x->stats.notes_received;
     uint64_t start = td_xfer_now_ns(), last = start, now = start;
+
+    if (!td_xfer_rx_expected(x))
+        return 0;
+    x->stats.rx_spins++;
     while (now - last < x->rx_spin_ns) {
         if (now - start >= TD_XFER_RX_SPIN_CAP * x->rx_spin_ns)
             return 1;
@@ -312,6 +326,8 @@ td_xfer_rx_spin(td_xfer_t *x)
         if (x->stats.notes_received != seen) {
             seen = x->stats.notes_received;
             last = now;
+            if (!td_xfer_rx_expected(x))
+                return 0;
         }
     }
     return 0;
@@ -865,11 +881,134 @@ td_xfer_config_fill(ucp_config_t *uc, const td_xfer_config_t *cfg)
     return st;
 }
 
+/* The UCX context for cfg's transports (netdevs[len]: the network devices
+ * chosen, for the log); whether it registers CUDA memory. */
+static td_status_t
+td_xfer_ctx_create(td_xfer_t *x, const td_xfer_config_t *cfg, char *netdevs, size_t len)
+{
+    ucp_config_t *uc;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &uc);
+    td_status_t st;
+
+    if (s != UCS_OK) {
+        td_error("xfer: ucx config read: %s", ucs_status_string(s));
+        return TD_ERR_UCX;
+    }
+    st = td_xfer_config_fill(uc, cfg);
+    if (st == TD_OK && cfg->tcp_device)
+        st = td_xfer_config_net_devices(uc, cfg->tcp_device, netdevs, len);
+    if (st != TD_OK) {
+        ucp_config_release(uc);
+        return st;
+    }
+    ucp_params_t prm = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    s = ucp_init(&prm, uc, &x->ctx);
+    ucp_config_release(uc);
+    if (s != UCS_OK) {
+        td_error("xfer: ucp init (transports %s): %s",
+                 cfg->transports ? cfg->transports : "default", ucs_status_string(s));
+        return td_xfer_status_from_ucs(s);
+    }
+    ucp_context_attr_t ca = { .field_mask = UCP_ATTR_FIELD_MEMORY_TYPES };
+    if (ucp_context_query(x->ctx, &ca) == UCS_OK)
+        x->cuda_ok = !!(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
+    return TD_OK;
+}
+
+/* The single-threaded worker, its notification handler and its event fd
+ * (*efd); on failure no worker is left. */
+static td_status_t
+td_xfer_worker_create(td_xfer_t *x, int *efd)
+{
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    ucs_status_t s = ucp_worker_create(x->ctx, &wp, &x->worker);
+    const char *what = "worker create";
+
+    if (s != UCS_OK)
+        goto fail;
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = TD_XFER_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = td_xfer_on_note,
+        .arg = x,
+    };
+    what = "set am handler";
+    s = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (s == UCS_OK) {
+        what = "worker event fd";
+        s = ucp_worker_get_efd(x->worker, efd);
+    }
+    if (s == UCS_OK)
+        return TD_OK;
+    ucp_worker_destroy(x->worker);
+    x->worker = NULL;
+fail:
+    td_error("xfer: %s: %s", what, ucs_status_string(s));
+    return td_xfer_status_from_ucs(s);
+}
+
+static void
+td_xfer_events_free(td_xfer_t *x)
+{
+    if (x->ev_worker)
+        event_free(x->ev_worker);
+    if (x->ev_sweep)
+        event_free(x->ev_sweep);
+    if (x->ev_drain)
+        event_free(x->ev_drain);
+    if (x->ev_retry)
+        event_free(x->ev_retry);
+    if (x->ev_map)
+        event_free(x->ev_map);
+    close(x->retry_fd);
+}
+
+/* The loop's events: the worker's fd (efd), the sweep, the drain, the retry
+ * timer and the peer-pool mapping; on failure none is left. */
+static td_status_t
+td_xfer_events_create(td_xfer_t *x, struct event_base *base, int efd)
+{
+    struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
+
+    x->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (x->retry_fd < 0) {
+        td_error("xfer: retry timerfd: %s", strerror(errno));
+        return TD_ERR_IO;
+    }
+    x->ev_worker = event_new(base, efd, EV_READ | EV_PERSIST, td_xfer_on_worker, x);
+    x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
+    x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
+    x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
+    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
+    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map) {
+        td_xfer_events_free(x);
+        return TD_ERR_NOMEM;
+    }
+    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
+        event_add(x->ev_retry, NULL) != 0) {
+        td_error("xfer: cannot add events to the loop");
+        td_xfer_events_free(x);
+        return TD_ERR_IO;
+    }
+    return TD_OK;
+}
+
 td_status_t
 td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t **out)
 {
-    td_status_t st = TD_ERR_UCX;
-    ucs_status_t s;
+    td_status_t st;
+    char netdevs[1024] = "every one";
+    int efd;
+
     if (!base || !cfg || cfg->incarnation == 0 || cfg->max_payload > TD_XFER_MAX_PAYLOAD ||
         (cfg->rx_spin_us > TD_XFER_MAX_RX_SPIN_US && cfg->rx_spin_us != TD_XFER_RX_SPIN_OFF)) {
         td_error("xfer: create: need an event base, a non-zero incarnation, "
@@ -885,95 +1024,20 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->max_payload = cfg->max_payload ? cfg->max_payload : TD_XFER_DEFAULT_PAYLOAD;
     x->rx_spin_ns = cfg->rx_spin_us == TD_XFER_RX_SPIN_OFF ? 0 :
                     1000u * (uint64_t)(cfg->rx_spin_us ? cfg->rx_spin_us : TD_XFER_RX_SPIN_US);
+    x->map_peer_pools = cfg->map_peer_pools;
     if (td_xfer_token_draw(&x->rx_token) != TD_OK) {
         free(x);
         return TD_ERR_IO;
     }
-
-    ucp_config_t *uc;
-    s = ucp_config_read(NULL, NULL, &uc);
-    if (s != UCS_OK) {
-        td_error("xfer: ucx config read: %s", ucs_status_string(s));
+    st = td_xfer_ctx_create(x, cfg, netdevs, sizeof(netdevs));
+    if (st != TD_OK)
         goto err_free;
-    }
-    char netdevs[1024] = "every one";
-    st = td_xfer_config_fill(uc, cfg);
-    if (st == TD_OK && cfg->tcp_device)
-        st = td_xfer_config_net_devices(uc, cfg->tcp_device, netdevs, sizeof(netdevs));
-    if (st != TD_OK) {
-        ucp_config_release(uc);
-        goto err_free;
-    }
-    ucp_params_t prm = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
-    };
-    s = ucp_init(&prm, uc, &x->ctx);
-    ucp_config_release(uc);
-    if (s != UCS_OK) {
-        td_error("xfer: ucp init (transports %s): %s",
-                 cfg->transports ? cfg->transports : "default", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
-        goto err_free;
-    }
-    ucp_context_attr_t ca = { .field_mask = UCP_ATTR_FIELD_MEMORY_TYPES };
-    if (ucp_context_query(x->ctx, &ca) == UCS_OK)
-        x->cuda_ok = !!(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
-
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SINGLE,
-    };
-    s = ucp_worker_create(x->ctx, &wp, &x->worker);
-    if (s != UCS_OK) {
-        td_error("xfer: worker create: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
+    st = td_xfer_worker_create(x, &efd);
+    if (st != TD_OK)
         goto err_cleanup_ctx;
-    }
-    ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = TD_XFER_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = td_xfer_on_note,
-        .arg = x,
-    };
-    s = ucp_worker_set_am_recv_handler(x->worker, &ap);
-    if (s != UCS_OK) {
-        td_error("xfer: set am handler: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
+    st = td_xfer_events_create(x, base, efd);
+    if (st != TD_OK)
         goto err_destroy_worker;
-    }
-    int efd;
-    s = ucp_worker_get_efd(x->worker, &efd);
-    if (s != UCS_OK) {
-        td_error("xfer: worker event fd: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
-        goto err_destroy_worker;
-    }
-    x->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (x->retry_fd < 0) {
-        td_error("xfer: retry timerfd: %s", strerror(errno));
-        st = TD_ERR_IO;
-        goto err_destroy_worker;
-    }
-    st = TD_ERR_NOMEM;
-    x->ev_worker = event_new(base, efd, EV_READ | EV_PERSIST, td_xfer_on_worker, x);
-    x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
-    x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
-    x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
-    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
-    x->map_peer_pools = cfg->map_peer_pools;
-    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map)
-        goto err_free_events;
-    struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
-    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
-        event_add(x->ev_retry, NULL) != 0) {
-        td_error("xfer: cannot add events to the loop");
-        st = TD_ERR_IO;
-        goto err_free_events;
-    }
     x->put_param.op_attr_mask = 0;
     td_xfer_progress_arm(x);
     td_info("xfer %016" PRIx64 ": worker ready (transports %s, network devices %s)",
@@ -981,18 +1045,6 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     *out = x;
     return TD_OK;
 
-err_free_events:
-    if (x->ev_worker)
-        event_free(x->ev_worker);
-    if (x->ev_sweep)
-        event_free(x->ev_sweep);
-    if (x->ev_drain)
-        event_free(x->ev_drain);
-    if (x->ev_retry)
-        event_free(x->ev_retry);
-    if (x->ev_map)
-        event_free(x->ev_map);
-    close(x->retry_fd);
 err_destroy_worker:
     ucp_worker_destroy(x->worker);
 err_cleanup_ctx:
@@ -1031,12 +1083,7 @@ td_xfer_destroy(td_xfer_t *x)
                 x->incarnation, x->closing);
     while (x->pools)
         td_xfer_pool_destroy(x->pools);
-    event_free(x->ev_worker);
-    event_free(x->ev_sweep);
-    event_free(x->ev_drain);
-    event_free(x->ev_retry);
-    event_free(x->ev_map);
-    close(x->retry_fd);
+    td_xfer_events_free(x);
     ucp_worker_destroy(x->worker);
     ucp_cleanup(x->ctx);
     while (x->all_ops) {
@@ -1052,6 +1099,13 @@ td_xfer_set_note_handler(td_xfer_t *x, td_xfer_note_fn fn, void *arg)
 {
     x->note_fn = fn;
     x->note_arg = arg;
+}
+
+void
+td_xfer_set_note_expect(td_xfer_t *x, td_xfer_expect_fn fn, void *arg)
+{
+    x->expect_fn = fn;
+    x->expect_arg = arg;
 }
 
 void
