@@ -632,8 +632,7 @@ messages_finish(td_rtext_t *x, const td_openai_usage_t *usage)
                                usage->cached_tokens };
     td_anthropic_stop_t stop = { .finish = td_reply_finish_reason(rp),
                                  .by_stop_string = x->by_string & 1,
-                                 .stop = x->oreq->stop.nstrings == 1 ? x->oreq->stop.strings[0]
-                                                                     : NULL };
+                                 .stop = td_reply_stop_string(rp) };
     const td_chat_reply_t *cr = td_reply_chat(rp);
     td_chat_reply_t plain = {0};
 

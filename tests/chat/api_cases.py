@@ -130,6 +130,9 @@ STREAMS = [
     (msg([U("x")], thinking=OFF), ["a\n\n", "b", "\u00e9", "\U0001f600"], "stop"),
     (msg([U("x")]), ["\n\nlead", "ing", "</think>", "\n\nans"], "stop"),
     (msg([U("x")], thinking=OFF), [], "stop"),
+    (msg([U("x")], thinking=OFF, stop_sequences=["END", "###"]), ["ab", "c#", "##", "more"],
+     "stop"),
+    (msg([U("x")], stop_sequences=["END", "###"]), ["t", "</think>", "xEN", "D"], "stop"),
 ]
 
 # ---- Responses -----------------------------------------------------------

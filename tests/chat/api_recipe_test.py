@@ -74,11 +74,13 @@ def recipe_events(api, body, pieces, finish, nprompt):
     sp = dr.StreamProcessor(gen, cr.parsing_options)
     out = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(
         prompt_tokens=nprompt, prompt_cache_hit_tokens=0)))
-    for p in pieces:
-        out += sp.push(dr.InferenceChunk.text(p, 1))
-    out += sp.push(dr.InferenceChunk.finish(
-        dr.InferenceFinishReason.Length if finish == "length" else dr.InferenceFinishReason.Stop))
-    out += sp.finish()
+    for p in pieces:   # a stop string ends the processor
+        if not sp.finished:
+            out += sp.push(dr.InferenceChunk.text(p, 1))
+    if not sp.finished:
+        out += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Length if finish ==
+                                                "length" else dr.InferenceFinishReason.Stop))
+        out += sp.finish()
     R = dr.MessagesResponse if api == "messages" else dr.ResponsesResponse
     return [[R.sse_event_name(e), json.loads(e.to_json())] for e in out]
 

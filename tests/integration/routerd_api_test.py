@@ -100,6 +100,10 @@ def test_messages(c):
     check(m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == "brown" and
           m["content"][0]["text"] == "the quick ", "stop sequence %r" % m)
 
+    st, _, data = msg(c.http, body(stop_sequences=["zzz", "brown", "qu"], max_tokens=40))
+    m = json.loads(data)
+    check(m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == "qu" and
+          m["content"][0]["text"] == "the ", "which stop sequence %r" % m)
     ev = sse(c.http, body(stream=True, max_tokens=15))
     names = [e for e, _ in ev]
     check(names[:3] == ["message_start", "content_block_start", "ping"] and
