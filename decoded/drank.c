@@ -1539,7 +1539,17 @@ drank_quarantine_lift(td_drank_t *r, td_dreq_t *req)
     r->quar_blocks -= blocks;
 }
 
-/* One Fence for the quarantined requests of one prefill incarnation
+/* Whether a and b wait on the same prefill rank: its node, rank and
+ * incarnation. Every rank of a prefilld shares the process's incarnation,
+ * and only the rank a Fence names answers it, for the transfers it knows. */
+static bool
+drank_same_prefill(const td_dreq_t *a, const td_dreq_t *b)
+{
+    return a->prefill_inc == b->prefill_inc && a->prefill_rank == b->prefill_rank &&
+           strcmp(a->prefill_node, b->prefill_node) == 0;
+}
+
+/* One Fence for the quarantined requests of one prefill rank's incarnation
  * (ids[n]), to every router. */
 static void
 drank_fence_send(td_drank_t *r, const td_dreq_t *first, uint64_t *ids, size_t n)
@@ -1562,8 +1572,9 @@ drank_fence_send(td_drank_t *r, const td_dreq_t *first, uint64_t *ids, size_t n)
     r->stats.fences_sent++;
 }
 
-/* A Fence for every prefill incarnation that quarantined requests wait on
- * (at most FENCE_IDS_MAX transfers each: the rest go next time). */
+/* A Fence for every prefill rank (node, rank, incarnation) that quarantined
+ * requests wait on (at most FENCE_IDS_MAX transfers each: the rest go next
+ * time). */
 #define FENCE_IDS_MAX 4096u
 static void
 drank_fence_all(td_drank_t *r)
@@ -1578,7 +1589,7 @@ drank_fence_all(td_drank_t *r)
             continue;
         for (uint32_t j = i; j < r->nslots && n < FENCE_IDS_MAX; j++) {
             const td_dreq_t *o = r->slots[j];
-            if (o != NULL && o->quarantined && !done[j] && o->prefill_inc == q->prefill_inc) {
+            if (o != NULL && o->quarantined && !done[j] && drank_same_prefill(o, q)) {
                 ids[n++] = o->xfer_id;
                 done[j] = true;
             }
@@ -1613,8 +1624,9 @@ drank_fence_schedule(td_drank_t *r, bool now)
 }
 
 /* A Fenced (through a router): none of these transfers of that prefill
- * incarnation writes here any more, so their quarantined (or still
- * waiting) blocks are freed. Anything that does not match is ignored. */
+ * rank's incarnation writes here any more, so their quarantined (or still
+ * waiting) blocks are freed. Anything that does not match (another rank's
+ * transfer, of the same process or not) is ignored. */
 static void
 drank_on_fenced(td_drank_t *r, const Tandem__Fenced *f)
 {
@@ -1623,7 +1635,8 @@ drank_on_fenced(td_drank_t *r, const Tandem__Fenced *f)
     for (size_t i = 0; i < f->n_xfer_ids; i++) {
         td_dreq_t *req = drank_find_xfer(r, f->xfer_ids[i]);
         if (req == NULL || !td_dreq_ended(req) || req->kv_done ||
-            req->prefill_inc != f->prefill_incarnation)
+            req->prefill_inc != f->prefill_incarnation || req->prefill_rank != f->prefill_rank ||
+            strcmp(req->prefill_node, f->prefill_node ? f->prefill_node : "") != 0)
             continue;
         td_info("decode rank %u: request %016llx: prefill %s %s: freeing its blocks",
                 r->cfg.rank_id, (unsigned long long)req->id, req->prefill,
@@ -1844,15 +1857,19 @@ drank_pause_oldest(const td_drank_t *r, const td_dreq_t *keep, uint32_t *npaused
     return old;
 }
 
-/* Resume the paused requests the router resumed, while rows are free. */
+/* Resume the paused requests the router resumed, while rows are free: one
+ * pass over the slots, the rows in use counted once and then by hand. */
 static void
 drank_resume_waiting(td_drank_t *r)
 {
-    for (uint32_t i = 0; i < r->nslots && drank_rows(r) < r->cfg.max_batch; i++) {
+    uint32_t rows = drank_rows(r);
+
+    for (uint32_t i = 0; i < r->nslots && rows < r->cfg.max_batch; i++) {
         td_dreq_t *q = r->slots[i];
         if (q != NULL && q->paused && q->resume_wanted) {
             q->paused = q->resume_wanted = false;
             r->stats.resumed++;
+            rows++;
         }
     }
 }

@@ -373,10 +373,84 @@ model_keeps(const td_model_t *m, const td_weights_entry_t *e)
     return e->expert < 0 || m->expert_held[e->expert];
 }
 
-/* Dequantize every tensor the model keeps: the linears' weights one at a
- * time into a scratch buffer and on into prepared matrices (mat), the rest
- * into the f32 arena (ptr). Routed experts of other ranks are not read (their
- * pages of the mapped checkpoint are never touched). */
+/* The stored form of a linear's weights that mat_create_fmt takes as they
+ * are: bf16, fp8 blocks with ue8m0 scales, fp4 with ue8m0 scales per 32.
+ * 0 when the checkpoint has them otherwise (f32, other scale types, a shape
+ * td_quant_dequant would reject): those go through td_quant_dequant. */
+static int
+model_wsrc(const td_weights_schema_t *s, const td_weights_entry_t *e, const td_weights_bound_t *t,
+           td_kernels_wsrc_t *src)
+{
+    const td_st_tensor_t *w = t->w, *sc = t->scale;
+
+    if (w->ndim != 2 || e->ndim != 2)
+        return 0;
+    int64_t R = w->shape[0], C = w->shape[1];
+    if (sc == NULL) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_BF16, w->data, NULL, 0, 0 };
+        return w->dtype == TD_DT_BF16;
+    }
+    if (sc->ndim != 2 || (sc->dtype != TD_DT_E8M0 && sc->dtype != TD_DT_U8))
+        return 0;
+    if (w->dtype == TD_DT_F8_E4M3 && e->format == TD_WEIGHTS_FP8_BLOCK) {
+        int64_t br = (int64_t)s->block_rows, bc = (int64_t)s->block_cols;
+        if (br <= 0 || bc <= 0 || bc % 32 != 0 || sc->shape[0] != (R + br - 1) / br ||
+            sc->shape[1] != (C + bc - 1) / bc)
+            return 0;
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP8_BLOCK, w->data, sc->data, (size_t)br,
+                                    (size_t)bc };
+        return 1;
+    }
+    int64_t K = w->dtype == TD_DT_F4 ? C : 2 * C;
+    if ((w->dtype != TD_DT_I8 && w->dtype != TD_DT_U8 && w->dtype != TD_DT_F4) ||
+        e->format != TD_WEIGHTS_FP4_GROUP || K != e->shape[1] || K % 32 != 0 ||
+        sc->shape[0] != R || sc->shape[1] != K / 32)
+        return 0;
+    *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP4_K32, w->data, sc->data, 0, 0 };
+    return 1;
+}
+
+/* The checkpoint bytes of one tensor go out of the process's memory once
+ * read (the mapping's pages are dropped; read again, they come back). */
+static void
+model_release(const td_weights_bound_t *t)
+{
+    td_st_release(t->w);
+    if (t->scale != NULL)
+        td_st_release(t->scale);
+}
+
+/* Tensor i, a linear of `groups` groups: kept in its stored format where
+ * the ops take it (model_wsrc), else dequantized into scratch first. */
+static td_status_t
+model_make_mat(td_model_t *m, const td_weights_t *w, size_t i, size_t groups, float *scratch,
+               td_kernels_mat_t **out)
+{
+    const td_weights_schema_t *s = w->schema;
+    const td_weights_entry_t *e = &s->entries[i];
+    td_kernels_wsrc_t src;
+    size_t n = (size_t)e->shape[0] / groups, k = (size_t)e->shape[1];
+
+    if (e->shape[0] % (int64_t)groups != 0) {
+        td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
+                 (long long)e->shape[0], groups);
+        return TD_ERR_INVALID;
+    }
+    if (model_wsrc(s, e, &w->t[i], &src))
+        return m->ops->mat_create_fmt(&src, groups, n, k, out);   /* the op logs why */
+    int br = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_rows : 0;
+    int bc = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_cols : 0;
+    td_status_t st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, scratch);
+    if (st != TD_OK)
+        return st;   /* logged, naming the tensor */
+    return m->ops->mat_create(scratch, groups, n, k, out);
+}
+
+/* Load every tensor the model keeps: the linears one at a time into
+ * prepared matrices (mat; model_make_mat), the rest dequantized into the f32
+ * arena (ptr), each tensor's checkpoint pages dropped once read. Routed
+ * experts of other ranks are not read (their pages of the mapped checkpoint
+ * are never touched). */
 static td_status_t
 model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat,
                   td_progress_t *prog)
@@ -388,6 +462,7 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
 
     for (size_t i = 0; i < w->n; i++) {
         int64_t cnt = td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+        td_kernels_wsrc_t src;
         if (cnt <= 0 || (uint64_t)cnt > SIZE_MAX / sizeof(float) - total) {
             td_error("model: tensor '%s': %lld elements", s->entries[i].name, (long long)cnt);
             return TD_ERR_INVALID;
@@ -396,7 +471,7 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
             continue;
         if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
             total += (size_t)cnt;
-        else if ((size_t)cnt > most)
+        else if ((size_t)cnt > most && !model_wsrc(s, &s->entries[i], &w->t[i], &src))
             most = (size_t)cnt;
     }
     m->arena = malloc((total ? total : 1) * sizeof(float));
@@ -418,33 +493,21 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         if (!model_keeps(m, e))
             continue;
         size_t groups = model_linear_groups(m->cfg, e);
-        int br = 0, bc = 0;
-        if (e->format == TD_WEIGHTS_FP8_BLOCK) {
-            br = (int)s->block_rows;
-            bc = (int)s->block_cols;
-        }
-        float *dst = groups ? scratch : m->arena + at;
-        st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, dst);
-        if (st != TD_OK)
-            break;   /* logged, naming the tensor */
         if (groups == 0) {
-            ptr[i] = dst;
+            int br = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_rows : 0;
+            int bc = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_cols : 0;
+            st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, m->arena + at);
+            ptr[i] = m->arena + at;
             at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
-            continue;
+        } else {
+            st = model_make_mat(m, w, i, groups, scratch, &mat[i]);
+            if (st == TD_OK)
+                st = model_keep_mat(m, mat[i]);
+            if (st == TD_OK && e->expert >= 0)
+                m->expert_bytes += m->ops->mat_bytes(mat[i]);
         }
-        if (e->shape[0] % (int64_t)groups != 0) {
-            td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
-                     (long long)e->shape[0], groups);
-            st = TD_ERR_INVALID;
-            break;
-        }
-        st = m->ops->mat_create(dst, groups, (size_t)e->shape[0] / groups, (size_t)e->shape[1],
-                                &mat[i]);
-        if (st != TD_OK)
-            break;   /* the op logged why */
-        st = model_keep_mat(m, mat[i]);
-        if (st == TD_OK && e->expert >= 0)
-            m->expert_bytes += m->ops->mat_bytes(mat[i]);
+        if (st == TD_OK)
+            model_release(&w->t[i]);
     }
     free(scratch);
     return st;
@@ -612,57 +675,80 @@ model_experts_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
     return TD_OK;
 }
 
-td_status_t
-td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+/* The config (checked, with an implemented scoring function), the routed
+ * experts this rank keeps and the tokenizer when the folder has one. */
+static td_status_t
+model_cfg_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
 {
-    td_model_t *m;
+    char path[4096], err[512];
+    td_status_t st = td_modelcfg_load(dir, &m->cfg);
+
+    if (st != TD_OK)
+        return st;
+    st = td_modelcfg_check(m->cfg, err, sizeof(err));
+    if (st != TD_OK) {
+        td_error("model %s: %s", dir, err);
+        return st;
+    }
+    const td_modelcfg_t *c = m->cfg;
+    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
+        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
+                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
+        return TD_ERR_UNSUPPORTED;
+    }
+    st = model_experts_init(m, dir, opts);
+    if (st != TD_OK)
+        return st;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return TD_OK;
+    fclose(f);
+    return td_tokenizer_load(path, &m->tok);
+}
+
+/* The head: its own tensor, or a linear made from the embedding when tied. */
+static td_status_t
+model_bind_head(td_model_t *m, model_bind_t *b, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+
+    if (!c->tie_word_embeddings) {
+        m->head = model_mat(b, "head.weight");
+        return TD_OK;
+    }
+    if (m->embed == NULL)
+        return TD_OK;   /* b->st says why */
+    td_status_t st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size,
+                                        (size_t)c->hidden_size, &m->head);
+    if (st != TD_OK)
+        return st;   /* the op logged why */
+    st = model_keep_mat(m, m->head);
+    if (st != TD_OK)
+        td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
+    return st;
+}
+
+/* Read the checkpoint in dir: every tensor the model keeps, bound to its
+ * place in m (embedding, head, norms, every layer's). */
+static td_status_t
+model_load_weights(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
     td_weights_schema_t *schema = NULL;
     td_st_t *st_file = NULL;
     td_weights_t *w = NULL;
     model_bind_t b = { 0 };
     td_progress_t prog;
     bool loading = false;   /* prog has begun */
+    char what[4096];
     td_status_t st;
-    char path[4096], err[512];
-
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return model_nomem(dir);
-    m->ops = td_kernels_cpu_ops();
-    st = td_modelcfg_load(dir, &m->cfg);
-    if (st != TD_OK)
-        goto out;
-    st = td_modelcfg_check(m->cfg, err, sizeof(err));
-    if (st != TD_OK) {
-        td_error("model %s: %s", dir, err);
-        goto out;
-    }
-    const td_modelcfg_t *c = m->cfg;
-    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
-        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
-                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
-        st = TD_ERR_UNSUPPORTED;
-        goto out;
-    }
-    st = model_experts_init(m, dir, opts);
-    if (st != TD_OK)
-        goto out;
-    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (f != NULL) {
-        fclose(f);
-        st = td_tokenizer_load(path, &m->tok);
-        if (st != TD_OK)
-            goto out;
-    }
 
     st = td_weights_schema_create(c, &schema);
-    if (st != TD_OK)
-        goto out;
-    st = td_st_open(dir, &st_file);
-    if (st != TD_OK)
-        goto out;
-    st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
+    if (st == TD_OK)
+        st = td_st_open(dir, &st_file);
+    if (st == TD_OK)
+        st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
     if (st != TD_OK)
         goto out;
     b.schema = schema;
@@ -673,64 +759,19 @@ td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **ou
         st = model_nomem("the tensor tables");
         goto out;
     }
-    snprintf(path, sizeof(path), "model %s", dir);
-    td_progress_begin(&prog, path, "tensors", w->n, w->bytes);
+    snprintf(what, sizeof(what), "model %s", dir);
+    td_progress_begin(&prog, what, "tensors", w->n, w->bytes);
     loading = true;
     st = model_dequant_all(m, w, b.ptr, b.mat, &prog);
     if (st != TD_OK)
         goto out;
     m->embed = model_get(&b, "embed.weight");
     m->norm = model_get(&b, "norm.weight");
-    if (!c->tie_word_embeddings) {
-        m->head = model_mat(&b, "head.weight");
-    } else if (m->embed != NULL) {
-        st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
-                                &m->head);
-        if (st != TD_OK)
-            goto out;   /* the op logged why */
-        st = model_keep_mat(m, m->head);
-        if (st != TD_OK) {
-            td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
-            goto out;
-        }
-    }
+    st = model_bind_head(m, &b, dir);
     for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
         st = model_bind_layer(m, &b, i);
     if (st == TD_OK)
         st = b.st;
-    if (st != TD_OK)
-        goto out;
-
-    size_t half = (size_t)c->qk_rope_head_dim / 2;
-    m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
-    m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
-    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
-        st = model_nomem("the rope tables");
-        goto out;
-    }
-    st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
-    if (st == TD_OK)
-        st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
-                        &m->rope_scale_compress);
-    if (st != TD_OK)
-        goto out;
-    if (c->engram_layer_ids.n > 0) {
-        st = model_engram_init(m, dir);
-        if (st != TD_OK)
-            goto out;
-    }
-    td_cache_plan_t *plan;
-    st = td_cache_plan_create(c, &plan);
-    if (st != TD_OK)
-        goto out;
-    m->plan = plan;
-    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
-            "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
-            (long long)c->num_hidden_layers, (long long)c->hidden_size,
-            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
-            m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
-            m->expert_bytes >> 20);
-
 out:
     if (loading)
         td_progress_end(&prog, st);
@@ -739,10 +780,62 @@ out:
     td_weights_destroy(w);
     td_st_close(st_file);
     td_weights_schema_destroy(schema);
+    return st;
+}
+
+/* What the forward pass derives from the config: the rope tables, the
+ * engram hash state and the cache plan. */
+static td_status_t
+model_tables_init(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+    size_t half = (size_t)c->qk_rope_head_dim / 2;
+    td_status_t st;
+
+    m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
+    m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
+    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL)
+        return model_nomem("the rope tables");
+    st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
+    if (st == TD_OK)
+        st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
+                        &m->rope_scale_compress);
+    if (st == TD_OK && c->engram_layer_ids.n > 0)
+        st = model_engram_init(m, dir);
+    if (st != TD_OK)
+        return st;
+    td_cache_plan_t *plan;
+    st = td_cache_plan_create(c, &plan);
+    if (st == TD_OK)
+        m->plan = plan;
+    return st;
+}
+
+td_status_t
+td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+{
+    td_model_t *m = calloc(1, sizeof(*m));
+    td_status_t st;
+
+    if (m == NULL)
+        return model_nomem(dir);
+    m->ops = td_kernels_cpu_ops();
+    st = model_cfg_init(m, dir, opts);
+    if (st == TD_OK)
+        st = model_load_weights(m, dir);
+    if (st == TD_OK)
+        st = model_tables_init(m, dir);
     if (st != TD_OK) {
         td_model_destroy(m);
         return st;
     }
+    const td_modelcfg_t *c = m->cfg;
+    td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
+            "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
+            (long long)c->num_hidden_layers, (long long)c->hidden_size,
+            (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
+            m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
+            m->expert_bytes >> 20);
     *out = m;
     return TD_OK;
 }

@@ -108,8 +108,9 @@ typedef struct {
 
 /* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
  * the config must pass td_modelcfg_check, the checkpoint td_weights_bind;
- * every tensor is dequantized into f32, the linears then prepared by the
- * ops' mat_create (kept as bf16 where every value is one: exact). The
+ * the linears are prepared by the ops' mat_create_fmt in the checkpoint's
+ * format (bf16, fp8 or fp4 codes with their scales; others dequantized and
+ * prepared by mat_create), every other tensor dequantized into f32. The
  * tokenizer is required when the config has engram layers (its compressed
  * token map must have engram_compressed_vocab_size classes, as the reference
  * requires). Errors are logged with the object they concern. */

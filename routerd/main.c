@@ -348,19 +348,12 @@ router_on_capacity(td_cluster_t *c, void *arg)
     td_rreq_on_capacity(r->reqs);
 }
 
+/* The configuration's cross-checks, then what routerd needs before it
+ * listens: the tokenizer, the model's identity and the key files. */
 static td_status_t
-router_init(td_router_t *r)
+router_load(td_router_t *r)
 {
     const td_router_cfg_t *cfg = r->cfg;
-    const td_cluster_handlers_t ch = { .on_message = router_on_message,
-                                       .on_rank_lost = router_on_rank_lost,
-                                       .on_capacity = router_on_capacity, .arg = r };
-    td_cluster_config_t cc = {0};
-    td_rreq_config_t rq;
-    size_t secret_len;
-    uint16_t http_port = 0, admin_port = 0;
-    size_t api_conns = cfg->http_max_conns, admin_conns = cfg->admin_max_conns;
-    char ctl_host[TD_NET_HOST_MAX];
     td_status_t st;
 
     if (cfg->max_tokens_default > cfg->max_tokens_limit) {
@@ -390,12 +383,17 @@ router_init(td_router_t *r)
     }
     if (st == TD_OK)
         st = router_check_auth(r);
-    if (st != TD_OK)
-        return st;
+    return st;
+}
 
-    r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
-    snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
-             r->id_prefix >> 48);
+/* The request table (with the api's bounds) and the text threads' pool. */
+static td_status_t
+router_reqs_create(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    td_rreq_config_t rq;
+    td_status_t st;
+
     r->models[0] = r->model;
     r->api = (td_ireq_cfg_t){ .models = r->models, .max_body = cfg->max_body,
                                 .max_tokens_limit = (uint32_t)cfg->max_tokens_limit,
@@ -438,10 +436,23 @@ router_init(td_router_t *r)
                                           .text = td_rreq_text_cfg(r->reqs),
                                           .metrics = &r->metrics,
                                           .max_context = r->max_context }, &r->rtok);
-    if (st != TD_OK) {
+    if (st != TD_OK)
         td_error("routerd: out of memory");
-        return st;
-    }
+    return st;
+}
+
+/* The control plane: the ranks' listener and the cluster's state. */
+static td_status_t
+router_cluster_start(td_router_t *r)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    const td_cluster_handlers_t ch = { .on_message = router_on_message,
+                                       .on_rank_lost = router_on_rank_lost,
+                                       .on_capacity = router_on_capacity, .arg = r };
+    td_cluster_config_t cc = {0};
+    size_t secret_len;
+    char ctl_host[TD_NET_HOST_MAX];
+    td_status_t st;
 
     cc.ctl.ident = (td_hello_ident_t){ .protocol_version = TD_HELLO_PROTOCOL_VERSION,
                                        .role = TANDEM__ROLE__ROLE_ROUTER,
@@ -461,9 +472,17 @@ router_init(td_router_t *r)
     if (st != TD_OK)
         return st;
     cc.host = ctl_host;
-    st = td_cluster_init(&r->cluster, r->base, &cc, &ch);
-    if (st != TD_OK)
-        return st;
+    return td_cluster_init(&r->cluster, r->base, &cc, &ch);
+}
+
+/* The api listener and the admin one (when configured), within the fd
+ * limit; their ports in *http_port, *admin_port. */
+static td_status_t
+router_http_start(td_router_t *r, uint16_t *http_port, uint16_t *admin_port)
+{
+    const td_router_cfg_t *cfg = r->cfg;
+    size_t api_conns = cfg->http_max_conns, admin_conns = cfg->admin_max_conns;
+    td_status_t st;
 
     if (!cfg->admin_listen[0])
         admin_conns = 0;
@@ -486,9 +505,28 @@ router_init(td_router_t *r)
     r->admin_site.keys = r->admin_keys;
     r->admin_site.max_body = 65536;
     r->admin_site.max_conns = admin_conns;
-    st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, &http_port);
+    st = td_http_listen(&r->http_site, cfg->http_listen, &r->http, http_port);
     if (st == TD_OK && cfg->admin_listen[0])
-        st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, &admin_port);
+        st = td_http_listen(&r->admin_site, cfg->admin_listen, &r->admin, admin_port);
+    return st;
+}
+
+static td_status_t
+router_init(td_router_t *r)
+{
+    uint16_t http_port = 0, admin_port = 0;
+    td_status_t st = router_load(r);
+
+    if (st != TD_OK)
+        return st;
+    r->id_prefix = (td_daemon_incarnation(r->daemon) & 0xffffu) << 48;
+    snprintf(r->router_id, sizeof r->router_id, "%s/%04" PRIx64, td_daemon_node_id(r->daemon),
+             r->id_prefix >> 48);
+    st = router_reqs_create(r);
+    if (st == TD_OK)
+        st = router_cluster_start(r);
+    if (st == TD_OK)
+        st = router_http_start(r, &http_port, &admin_port);
     if (st != TD_OK)
         return st;
     td_info("routerd: model %s (%s), fingerprint %s, kv layout %016" PRIx64

@@ -865,11 +865,134 @@ td_xfer_config_fill(ucp_config_t *uc, const td_xfer_config_t *cfg)
     return st;
 }
 
+/* The UCX context for cfg's transports (netdevs[len]: the network devices
+ * chosen, for the log); whether it registers CUDA memory. */
+static td_status_t
+td_xfer_ctx_create(td_xfer_t *x, const td_xfer_config_t *cfg, char *netdevs, size_t len)
+{
+    ucp_config_t *uc;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &uc);
+    td_status_t st;
+
+    if (s != UCS_OK) {
+        td_error("xfer: ucx config read: %s", ucs_status_string(s));
+        return TD_ERR_UCX;
+    }
+    st = td_xfer_config_fill(uc, cfg);
+    if (st == TD_OK && cfg->tcp_device)
+        st = td_xfer_config_net_devices(uc, cfg->tcp_device, netdevs, len);
+    if (st != TD_OK) {
+        ucp_config_release(uc);
+        return st;
+    }
+    ucp_params_t prm = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    s = ucp_init(&prm, uc, &x->ctx);
+    ucp_config_release(uc);
+    if (s != UCS_OK) {
+        td_error("xfer: ucp init (transports %s): %s",
+                 cfg->transports ? cfg->transports : "default", ucs_status_string(s));
+        return td_xfer_status_from_ucs(s);
+    }
+    ucp_context_attr_t ca = { .field_mask = UCP_ATTR_FIELD_MEMORY_TYPES };
+    if (ucp_context_query(x->ctx, &ca) == UCS_OK)
+        x->cuda_ok = !!(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
+    return TD_OK;
+}
+
+/* The single-threaded worker, its notification handler and its event fd
+ * (*efd); on failure no worker is left. */
+static td_status_t
+td_xfer_worker_create(td_xfer_t *x, int *efd)
+{
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    ucs_status_t s = ucp_worker_create(x->ctx, &wp, &x->worker);
+    const char *what = "worker create";
+
+    if (s != UCS_OK)
+        goto fail;
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = TD_XFER_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = td_xfer_on_note,
+        .arg = x,
+    };
+    what = "set am handler";
+    s = ucp_worker_set_am_recv_handler(x->worker, &ap);
+    if (s == UCS_OK) {
+        what = "worker event fd";
+        s = ucp_worker_get_efd(x->worker, efd);
+    }
+    if (s == UCS_OK)
+        return TD_OK;
+    ucp_worker_destroy(x->worker);
+    x->worker = NULL;
+fail:
+    td_error("xfer: %s: %s", what, ucs_status_string(s));
+    return td_xfer_status_from_ucs(s);
+}
+
+static void
+td_xfer_events_free(td_xfer_t *x)
+{
+    if (x->ev_worker)
+        event_free(x->ev_worker);
+    if (x->ev_sweep)
+        event_free(x->ev_sweep);
+    if (x->ev_drain)
+        event_free(x->ev_drain);
+    if (x->ev_retry)
+        event_free(x->ev_retry);
+    if (x->ev_map)
+        event_free(x->ev_map);
+    close(x->retry_fd);
+}
+
+/* The loop's events: the worker's fd (efd), the sweep, the drain, the retry
+ * timer and the peer-pool mapping; on failure none is left. */
+static td_status_t
+td_xfer_events_create(td_xfer_t *x, struct event_base *base, int efd)
+{
+    struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
+
+    x->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (x->retry_fd < 0) {
+        td_error("xfer: retry timerfd: %s", strerror(errno));
+        return TD_ERR_IO;
+    }
+    x->ev_worker = event_new(base, efd, EV_READ | EV_PERSIST, td_xfer_on_worker, x);
+    x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
+    x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
+    x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
+    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
+    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map) {
+        td_xfer_events_free(x);
+        return TD_ERR_NOMEM;
+    }
+    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
+        event_add(x->ev_retry, NULL) != 0) {
+        td_error("xfer: cannot add events to the loop");
+        td_xfer_events_free(x);
+        return TD_ERR_IO;
+    }
+    return TD_OK;
+}
+
 td_status_t
 td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t **out)
 {
-    td_status_t st = TD_ERR_UCX;
-    ucs_status_t s;
+    td_status_t st;
+    char netdevs[1024] = "every one";
+    int efd;
+
     if (!base || !cfg || cfg->incarnation == 0 || cfg->max_payload > TD_XFER_MAX_PAYLOAD ||
         (cfg->rx_spin_us > TD_XFER_MAX_RX_SPIN_US && cfg->rx_spin_us != TD_XFER_RX_SPIN_OFF)) {
         td_error("xfer: create: need an event base, a non-zero incarnation, "
@@ -885,95 +1008,20 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     x->max_payload = cfg->max_payload ? cfg->max_payload : TD_XFER_DEFAULT_PAYLOAD;
     x->rx_spin_ns = cfg->rx_spin_us == TD_XFER_RX_SPIN_OFF ? 0 :
                     1000u * (uint64_t)(cfg->rx_spin_us ? cfg->rx_spin_us : TD_XFER_RX_SPIN_US);
+    x->map_peer_pools = cfg->map_peer_pools;
     if (td_xfer_token_draw(&x->rx_token) != TD_OK) {
         free(x);
         return TD_ERR_IO;
     }
-
-    ucp_config_t *uc;
-    s = ucp_config_read(NULL, NULL, &uc);
-    if (s != UCS_OK) {
-        td_error("xfer: ucx config read: %s", ucs_status_string(s));
+    st = td_xfer_ctx_create(x, cfg, netdevs, sizeof(netdevs));
+    if (st != TD_OK)
         goto err_free;
-    }
-    char netdevs[1024] = "every one";
-    st = td_xfer_config_fill(uc, cfg);
-    if (st == TD_OK && cfg->tcp_device)
-        st = td_xfer_config_net_devices(uc, cfg->tcp_device, netdevs, sizeof(netdevs));
-    if (st != TD_OK) {
-        ucp_config_release(uc);
-        goto err_free;
-    }
-    ucp_params_t prm = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
-    };
-    s = ucp_init(&prm, uc, &x->ctx);
-    ucp_config_release(uc);
-    if (s != UCS_OK) {
-        td_error("xfer: ucp init (transports %s): %s",
-                 cfg->transports ? cfg->transports : "default", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
-        goto err_free;
-    }
-    ucp_context_attr_t ca = { .field_mask = UCP_ATTR_FIELD_MEMORY_TYPES };
-    if (ucp_context_query(x->ctx, &ca) == UCS_OK)
-        x->cuda_ok = !!(ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
-
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SINGLE,
-    };
-    s = ucp_worker_create(x->ctx, &wp, &x->worker);
-    if (s != UCS_OK) {
-        td_error("xfer: worker create: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
+    st = td_xfer_worker_create(x, &efd);
+    if (st != TD_OK)
         goto err_cleanup_ctx;
-    }
-    ucp_am_handler_param_t ap = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = TD_XFER_AM_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = td_xfer_on_note,
-        .arg = x,
-    };
-    s = ucp_worker_set_am_recv_handler(x->worker, &ap);
-    if (s != UCS_OK) {
-        td_error("xfer: set am handler: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
+    st = td_xfer_events_create(x, base, efd);
+    if (st != TD_OK)
         goto err_destroy_worker;
-    }
-    int efd;
-    s = ucp_worker_get_efd(x->worker, &efd);
-    if (s != UCS_OK) {
-        td_error("xfer: worker event fd: %s", ucs_status_string(s));
-        st = td_xfer_status_from_ucs(s);
-        goto err_destroy_worker;
-    }
-    x->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (x->retry_fd < 0) {
-        td_error("xfer: retry timerfd: %s", strerror(errno));
-        st = TD_ERR_IO;
-        goto err_destroy_worker;
-    }
-    st = TD_ERR_NOMEM;
-    x->ev_worker = event_new(base, efd, EV_READ | EV_PERSIST, td_xfer_on_worker, x);
-    x->ev_sweep = event_new(base, -1, EV_PERSIST, td_xfer_on_sweep, x);
-    x->ev_drain = event_new(base, -1, 0, td_xfer_on_drain, x);
-    x->ev_retry = event_new(base, x->retry_fd, EV_READ | EV_PERSIST, td_xfer_on_retry, x);
-    x->ev_map = evtimer_new(base, td_xfer_on_map, x);
-    x->map_peer_pools = cfg->map_peer_pools;
-    if (!x->ev_worker || !x->ev_sweep || !x->ev_drain || !x->ev_retry || !x->ev_map)
-        goto err_free_events;
-    struct timeval tv = { 0, TD_XFER_SWEEP_MS * 1000 };
-    if (event_add(x->ev_worker, NULL) != 0 || event_add(x->ev_sweep, &tv) != 0 ||
-        event_add(x->ev_retry, NULL) != 0) {
-        td_error("xfer: cannot add events to the loop");
-        st = TD_ERR_IO;
-        goto err_free_events;
-    }
     x->put_param.op_attr_mask = 0;
     td_xfer_progress_arm(x);
     td_info("xfer %016" PRIx64 ": worker ready (transports %s, network devices %s)",
@@ -981,18 +1029,6 @@ td_xfer_create(struct event_base *base, const td_xfer_config_t *cfg, td_xfer_t *
     *out = x;
     return TD_OK;
 
-err_free_events:
-    if (x->ev_worker)
-        event_free(x->ev_worker);
-    if (x->ev_sweep)
-        event_free(x->ev_sweep);
-    if (x->ev_drain)
-        event_free(x->ev_drain);
-    if (x->ev_retry)
-        event_free(x->ev_retry);
-    if (x->ev_map)
-        event_free(x->ev_map);
-    close(x->retry_fd);
 err_destroy_worker:
     ucp_worker_destroy(x->worker);
 err_cleanup_ctx:
@@ -1031,12 +1067,7 @@ td_xfer_destroy(td_xfer_t *x)
                 x->incarnation, x->closing);
     while (x->pools)
         td_xfer_pool_destroy(x->pools);
-    event_free(x->ev_worker);
-    event_free(x->ev_sweep);
-    event_free(x->ev_drain);
-    event_free(x->ev_retry);
-    event_free(x->ev_map);
-    close(x->retry_fd);
+    td_xfer_events_free(x);
     ucp_worker_destroy(x->worker);
     ucp_cleanup(x->ctx);
     while (x->all_ops) {

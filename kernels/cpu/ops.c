@@ -874,6 +874,7 @@ cpu_add(float *y, const float *x, size_t n)
 static const td_kernels_ops_t td_kernels_cpu_ops_table = {
     .name = "cpu",
     .mat_create = td_kernels_cpu_mat_create,
+    .mat_create_fmt = td_kernels_cpu_mat_create_fmt,
     .mat_destroy = td_kernels_cpu_mat_destroy,
     .mat_bytes = td_kernels_cpu_mat_bytes,
     .linear_mat = td_kernels_cpu_linear_mat,

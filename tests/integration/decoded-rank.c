@@ -6,7 +6,8 @@
  * verification, cancel mid-prefill and mid-decode, a stale incarnation, and
  * that blocks are freed only as the invariant allows (docs/decoded.md); KV
  * integrity: the checksum (a byte flipped in flight, a wrong sum), notes
- * matched on (transfer id, sender incarnation), random transfer ids. */
+ * matched on (transfer id, sender incarnation), random transfer ids; a Fence
+ * per prefill rank, each rank's Fenced freeing its own transfers only. */
 #include "drank.h"
 
 #include <errno.h>
@@ -953,6 +954,13 @@ forgot(const fk_router_t *rt, uint64_t id)
     return 0;
 }
 
+/* Whether a Forget named 806 (test_keep's oldest kept state). */
+static int
+forgot_806(void *rt)
+{
+    return forgot(rt, 806);
+}
+
 /* An Admit that continues kept state `from` of `kept` tokens. */
 static void
 admit_continue(env_t *t, uint64_t id, const int32_t *prompt, size_t n, uint32_t max_tokens,
@@ -991,7 +999,7 @@ test_keep(env_t *t)
     if (d == NULL)
         goto out;
     fk_p_push(&fp, t->e, d, 801, p, 20, 5, 1, 0);
-    CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+    CHECK(fk_wait_finish(t->base, t->rt, 801, 10000));
     size_t n = fk_router_tokens(t->rt, 801, got, 64, &fin, &err);
     CHECK(n == 5 && fk_expect(t->e, p, 20, 5, want) == 5 && memcmp(got, want, 5 * 4) == 0);
     const Tandem__Tokens *lt = last_tokens(t->rt, 801);
@@ -1019,8 +1027,7 @@ test_keep(env_t *t)
     admit_continue(t, 806, q, 28, 4, 801, 24);            /* the real one */
     const Tandem__Envelope *ok = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, 806);
     CHECK(ok != NULL && ok->admit_ok->dest == NULL);
-    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, 806, 5000));
-    CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+    CHECK(fk_wait_finish(t->base, t->rt, 806, 10000));
     n = fk_router_tokens(t->rt, 806, got, 64, &fin, &err);
     CHECK(n == 4 && fk_expect(t->e, q, 28, 4, want) == 4 && memcmp(got, want, 4 * 4) == 0);
     lt = last_tokens(t->rt, 806);
@@ -1036,8 +1043,9 @@ test_keep(env_t *t)
         d = admit(t, id, p, 9, 3, 0);
         if (d != NULL)
             fk_p_push(&fp, t->e, d, id, p, 9, 3, 1, 0);
-        CHECK(fk_run_until(t->base, (fk_pred_fn)fk_never, NULL, 300) == 0);
+        CHECK(fk_wait_finish(t->base, t->rt, id, 10000));
     }
+    CHECK(fk_run_until(t->base, forgot_806, t->rt, 10000));
     CHECK(forgot(t->rt, 806) && !forgot(t->rt, 807) && !forgot(t->rt, 808));
     td_drank_stats(t->rk, &st);
     CHECK_EQ_INT(st.kept_now, 2);
@@ -1050,6 +1058,98 @@ out:
     fk_run_until(t->base, fk_never, NULL, 50);
     fk_p_destroy(&fp);
     fk_router_clear(t->rt);
+}
+
+/* Two quarantined requests of the same prefill incarnation on two prefill
+ * ranks (node, rank): one Fence each, naming its own rank and transfers.
+ * A rank's Fenced frees its own transfers only, even when it names the
+ * other's (every rank of a prefilld shares the process's incarnation, and
+ * a rank knows nothing of its sibling's transfers). */
+static uint64_t
+admit_prefill(env_t *t, uint64_t id, const int32_t *p, size_t n, const char *node, uint32_t rank)
+{
+    fk_admit_t adm;
+
+    fk_admit_init(&adm, id, p, n, 10);
+    adm.a.prefill_node = (char *)node;
+    adm.a.prefill_rank = rank;
+    td_drank_on_message(t->rk, t->rt, &adm.env);
+    const Tandem__Envelope *ok = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_ADMIT_OK, id);
+    CHECK(ok != NULL);
+    return ok != NULL ? ok->admit_ok->dest->xfer_id : 0;
+}
+
+static int
+quarantined_two(void *arg)
+{
+    td_drank_stats_t st;
+
+    td_drank_stats(((env_t *)arg)->rk, &st);
+    return st.quarantined_now == 2;
+}
+
+static void
+fenced_from(env_t *t, const char *node, uint32_t rank, const uint64_t *ids, size_t n)
+{
+    Tandem__Fenced fd = TANDEM__FENCED__INIT;
+    Tandem__Envelope env = TANDEM__ENVELOPE__INIT;
+
+    fd.prefill_node = (char *)node;
+    fd.prefill_rank = rank;
+    fd.prefill_incarnation = P_INC;
+    fd.decode_node = "dec-test";
+    fd.decode_rank = 0;
+    fd.decode_incarnation = D_INC;
+    fd.n_xfer_ids = n;
+    fd.xfer_ids = (uint64_t *)ids;
+    env.payload_case = TANDEM__ENVELOPE__PAYLOAD_FENCED;
+    env.fenced = &fd;
+    td_drank_on_message(t->rk, t->rt, &env);
+}
+
+static void
+fence_per_rank(env_t *t, uint64_t id0, const char *na, uint32_t ra, const char *nb, uint32_t rb)
+{
+    int32_t p[8];
+    uint64_t x[2];
+    td_drank_stats_t st;
+
+    fk_prompt(p, 8, 17);
+    x[0] = admit_prefill(t, id0, p, 8, na, ra);
+    x[1] = admit_prefill(t, id0 + 1, p, 8, nb, rb);
+    cancel(t, id0);   /* no terminal note from either: both quarantined */
+    cancel(t, id0 + 1);
+    CHECK(fk_run_until(t->base, quarantined_two, t, GRACE_MS + 2000));
+    fk_run_until(t->base, fk_never, NULL, 20);
+    for (int k = 0; k < 2; k++) {   /* a Fence of its own rank, its transfer alone */
+        const Tandem__Envelope *e = fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_FENCE, x[k]);
+        CHECK(e != NULL);
+        if (e == NULL)
+            continue;
+        CHECK_EQ_INT(e->fence->n_xfer_ids, 1);
+        CHECK_EQ_INT(e->fence->prefill_rank, (k == 0 ? ra : rb));
+        CHECK(strcmp(e->fence->prefill_node, k == 0 ? na : nb) == 0);
+        CHECK_EQ_INT(e->fence->prefill_incarnation, P_INC);
+    }
+    fenced_from(t, na, ra, x, 2);   /* the first rank's answer, naming both */
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, id0, 1000));
+    fk_run_until(t->base, fk_never, NULL, 20);
+    CHECK(fk_router_find(t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, id0 + 1) == NULL);
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.quarantined_now, 1);
+    fenced_from(t, nb, rb, &x[1], 1);   /* the second rank's own */
+    CHECK(fk_wait_msg(t->base, t->rt, TANDEM__ENVELOPE__PAYLOAD_RELEASED, id0 + 1, 1000));
+    td_drank_stats(t->rk, &st);
+    CHECK_EQ_INT(st.quarantined_now, 0);
+    CHECK_EQ_INT(blocks_used(t), 0);
+    fk_router_clear(t->rt);
+}
+
+static void
+test_fence_per_rank(env_t *t)
+{
+    fence_per_rank(t, 1401, "fake-p", 0, "fake-p", 1);   /* two ranks of one process */
+    fence_per_rank(t, 1411, "fake-p", 0, "fake-q", 0);   /* rank 0 of two nodes */
 }
 
 int
@@ -1098,6 +1198,7 @@ main(void)
         test_cancel(&t);
         test_deadline_clamp(&t);
         test_quarantine(&t);
+        test_fence_per_rank(&t);
         test_unfit_input(&t);
         test_sender_incarnation(&t);
         test_xfer_ids(&t);
