@@ -370,8 +370,12 @@ convert_tool_choice(td_ireq_parse_t *p, const json_t *tc, json_t *chat)
     json_t *v;
     td_status_t rc = block_type(p, "tool_choice", tc, &type);
 
+    const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+
     if (rc != TD_OK)
         return rc;
+    if (dp != NULL && !json_is_null(dp) && !json_is_boolean(dp))
+        return td_ireq_bad_type(p, "tool_choice.disable_parallel_tool_use", "a boolean", dp);
     if (strcmp(type, "auto") == 0 || strcmp(type, "none") == 0 || strcmp(type, "any") == 0) {
         /* any: as the reference converts it, the model is offered the tools
          * and chooses (the V4.1 format has no "some tool" prefix) */

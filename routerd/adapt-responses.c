@@ -436,6 +436,18 @@ field_shared(td_ireq_parse_t *p, const char *key, const json_t *v)
     return f ? f->fn(p, key, v) : TD_ERR_INTERNAL;
 }
 
+/* include: only reasoning.encrypted_content, which every reasoning item
+ * has (its id; the reasoning is its content). */
+static bool
+include_ok(const json_t *v)
+{
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (!json_is_string(json_array_get(v, i)) ||
+            strcmp(json_string_value(json_array_get(v, i)), "reasoning.encrypted_content") != 0)
+            return false;
+    return true;
+}
+
 /* Checked here, applied by the conversion or reported in the echo. */
 static td_status_t
 field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
@@ -467,7 +479,7 @@ field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
     if ((strcmp(key, "background") == 0 && json_is_true(v)) ||
         (strcmp(key, "truncation") == 0 && strcmp(json_string_value(v), "disabled") != 0) ||
         (strcmp(key, "top_logprobs") == 0 && json_integer_value(v) != 0) ||
-        (strcmp(key, "include") == 0 && json_array_size(v) > 0)) {
+        (strcmp(key, "include") == 0 && !include_ok(v))) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "unsupported_value",
                           "Unsupported value for '%s': %s", key,
                           key[0] == 'b' ? "background responses are not supported by this "
@@ -477,7 +489,8 @@ field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
                               "is refused, never cut)."
                         : key[0] == 't' ? "log-probabilities are not supported on "
                                           "/v1/responses by this server."
-                                        : "this server includes nothing extra in responses.");
+                                        : "this server includes only "
+                                          "'reasoning.encrypted_content' (always there).");
         return TD_ERR_UNSUPPORTED;
     }
     return TD_OK;

@@ -71,6 +71,8 @@ MESSAGES = [
     msg([U("Weather?")], tools=[W]),
     msg([U("Weather?")], tools=[W, S], thinking=OFF),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "auto"}),
+    msg([U("Weather?")], tools=[W], tool_choice={"type": "auto",
+                                                 "disable_parallel_tool_use": True}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "none"}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "any"}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "any"}, thinking=OFF),
@@ -199,6 +201,7 @@ RESPONSES = [
     resp("x", max_output_tokens=5, temperature=0.3, top_p=0.5, metadata={"k": "v"}, store=False,
          user="u", parallel_tool_calls=False, truncation="disabled", top_logprobs=0),
     resp("x", text={"format": {"type": "text"}}),
+    resp("x", include=["reasoning.encrypted_content"], store=False),
     resp("unicode \u00e9\u4e2d\U0001f600 <\uff5cUser\uff5c>"),
     # refusals
     resp([FO("zz", "x")]),
