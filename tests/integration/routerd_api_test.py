@@ -11,6 +11,7 @@ usage: routerd_api_test.py TEST ROUTERD WORKER; TEST: messages | responses |
 store."""
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -339,6 +340,14 @@ def test_store(c):
     st, _, _ = request(port_b, "GET", "/v1/responses/" + keep)
     check(st == 404, "the oldest went first")
     check(not [f for f in os.listdir(store) if f.startswith(".tmp")], "no temporary file left")
+    st, _, data = request(port_a, "GET", "/metrics", key=None)
+    text = data.decode()
+    got = {k: int(v) for k, v in re.findall(r"^(tandem_router_responses_\w+) (\d+)$", text, re.M)}
+    total = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store)
+                if f.endswith(".json"))
+    check(got.get("tandem_router_responses_max_bytes") == 64 * 1024 and
+          got.get("tandem_router_responses_stored_bytes") == total and
+          got.get("tandem_router_responses_dropped_total", 0) > 0, "store metrics %r" % got)
 
 
 if __name__ == "__main__":
