@@ -268,6 +268,7 @@ typedef struct {
     const td_weights_schema_t *schema;
     float **ptr;           /* [schema->n] each entry's f32 copy (NULL for linears) */
     td_kernels_mat_t **mat;/* [schema->n] each linear's prepared matrix */
+    td_kernels_wsrc_t *tab;/* [schema->n] each table kept as stored (data NULL: f32 in ptr) */
     td_status_t st;
 } model_bind_t;
 
@@ -303,6 +304,31 @@ model_tensor(model_bind_t *b, model_form_t form, const char *fmt, ...)
 }
 
 #define model_get(b, ...) ((float *)model_tensor((b), MODEL_F32, __VA_ARGS__))
+
+/* A gathered table (the embedding, an engram table) as the ops read it: as
+ * stored where model_table_src kept it so, else its f32 copy. */
+__attribute__((format(printf, 2, 3))) static td_kernels_wsrc_t
+model_table(model_bind_t *b, const char *fmt, ...)
+{
+    char name[TD_WEIGHTS_NAME_MAX];
+    va_list ap;
+    td_kernels_wsrc_t t = { TD_KERNELS_W_F32, NULL, NULL, 0, 0 };
+
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
+    if (e == NULL) {
+        td_error("model: tensor '%s' is not in the weight schema", name);
+        b->st = TD_ERR_INTERNAL;
+        return t;
+    }
+    size_t i = (size_t)(e - b->schema->entries);
+    if (b->tab[i].data != NULL)
+        return b->tab[i];
+    t.data = b->ptr[i];
+    return t;
+}
 #define model_mat(b, ...) ((td_kernels_mat_t *)model_tensor((b), MODEL_MAT, __VA_ARGS__))
 
 /* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
@@ -371,6 +397,56 @@ static bool
 model_keeps(const td_model_t *m, const td_weights_entry_t *e)
 {
     return e->expert < 0 || m->expert_held[e->expert];
+}
+
+/* Whether tensor e is a table the ops gather rows from (embed_fmt) and can
+ * read as stored: bf16, or fp8 rows with ue8m0 scales per 32 channels. */
+static int
+model_table_src(const td_weights_entry_t *e, const td_weights_bound_t *t, td_kernels_wsrc_t *src)
+{
+    static const char eg[] = ".engram.embed.weight";
+    size_t len = strlen(e->name);
+    const td_st_tensor_t *w = t->w, *sc = t->scale;
+
+    if (strcmp(e->name, "embed.weight") != 0 &&
+        (len < sizeof(eg) - 1 || strcmp(e->name + len - (sizeof(eg) - 1), eg) != 0))
+        return 0;
+    if (w->ndim != 2)
+        return 0;
+    if (sc == NULL && w->dtype == TD_DT_BF16) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_BF16, w->data, NULL, 0, 0 };
+        return 1;
+    }
+    if (sc != NULL && w->dtype == TD_DT_F8_E4M3 && e->format == TD_WEIGHTS_FP8_ROWS &&
+        (sc->dtype == TD_DT_E8M0 || sc->dtype == TD_DT_U8) && sc->ndim == 2 &&
+        w->shape[1] % 32 == 0 && sc->shape[0] == w->shape[0] && sc->shape[1] == w->shape[1] / 32) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP8_ROWS, w->data, sc->data, 0, 0 };
+        return 1;
+    }
+    return 0;
+}
+
+/* A copy of table src (its codes and scales) the model keeps; *out points
+ * into it. */
+static td_status_t
+model_keep_table(td_model_t *m, const td_weights_bound_t *t, const td_kernels_wsrc_t *src,
+                 td_kernels_wsrc_t *out)
+{
+    size_t wb = t->w->nbytes, sb = src->scales != NULL ? t->scale->nbytes : 0;
+    void **n = realloc(m->blobs, (m->nblobs + 1) * sizeof(*n));
+    if (n == NULL)
+        return model_nomem("the tables");
+    m->blobs = n;
+    unsigned char *p = malloc(wb + sb ? wb + sb : 1);
+    if (p == NULL)
+        return model_nomem("the tables");
+    m->blobs[m->nblobs++] = p;
+    memcpy(p, src->data, wb);
+    if (sb)
+        memcpy(p + wb, src->scales, sb);
+    m->table_bytes += wb + sb;
+    *out = (td_kernels_wsrc_t){ src->fmt, p, sb ? p + wb : NULL, 0, 0 };
+    return TD_OK;
 }
 
 /* The stored form of a linear's weights that mat_create_fmt takes as they
@@ -452,8 +528,7 @@ model_make_mat(td_model_t *m, const td_weights_t *w, size_t i, size_t groups, fl
  * experts of other ranks are not read (their pages of the mapped checkpoint
  * are never touched). */
 static td_status_t
-model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat,
-                  td_progress_t *prog)
+model_dequant_all(td_model_t *m, const td_weights_t *w, model_bind_t *b, td_progress_t *prog)
 {
     const td_weights_schema_t *s = w->schema;
     size_t total = 0, most = 0;
@@ -469,6 +544,8 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         }
         if (!model_keeps(m, &s->entries[i]))
             continue;
+        if (model_table_src(&s->entries[i], &w->t[i], &src))
+            continue;   /* kept as stored */
         if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
             total += (size_t)cnt;
         else if ((size_t)cnt > most && !model_wsrc(s, &s->entries[i], &w->t[i], &src))
@@ -493,18 +570,21 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         if (!model_keeps(m, e))
             continue;
         size_t groups = model_linear_groups(m->cfg, e);
-        if (groups == 0) {
+        td_kernels_wsrc_t src;
+        if (model_table_src(e, &w->t[i], &src)) {
+            st = model_keep_table(m, &w->t[i], &src, &b->tab[i]);
+        } else if (groups == 0) {
             int br = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_rows : 0;
             int bc = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_cols : 0;
             st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, m->arena + at);
-            ptr[i] = m->arena + at;
+            b->ptr[i] = m->arena + at;
             at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
         } else {
-            st = model_make_mat(m, w, i, groups, scratch, &mat[i]);
+            st = model_make_mat(m, w, i, groups, scratch, &b->mat[i]);
             if (st == TD_OK)
-                st = model_keep_mat(m, mat[i]);
+                st = model_keep_mat(m, b->mat[i]);
             if (st == TD_OK && e->expert >= 0)
-                m->expert_bytes += m->ops->mat_bytes(mat[i]);
+                m->expert_bytes += m->ops->mat_bytes(b->mat[i]);
         }
         if (st == TD_OK)
             model_release(&w->t[i]);
@@ -565,7 +645,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     L->sw3 = model_mat(b, "%s%lld.ffn.shared_experts.w3.weight", p, (long long)i);
     if (cl->engram >= 0) {
         size_t hc = (size_t)c->hc_mult, H = (size_t)c->hidden_size;
-        L->eg_table = model_get(b, "%s%lld.engram.embed.weight", p, (long long)i);
+        L->eg_table = model_table(b, "%s%lld.engram.embed.weight", p, (long long)i);
         L->eg_rows = (uint64_t)c->engram_num_embeddings.v[cl->engram];
         L->eg_wkv = model_mat(b, "%s%lld.engram.wkv.weight", p, (long long)i);
         const float *q = model_get(b, "%s%lld.engram.q_weight", p, (long long)i);
@@ -717,10 +797,13 @@ model_bind_head(td_model_t *m, model_bind_t *b, const char *dir)
         m->head = model_mat(b, "head.weight");
         return TD_OK;
     }
-    if (m->embed == NULL)
+    if (m->embed.data == NULL)
         return TD_OK;   /* b->st says why */
-    td_status_t st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size,
-                                        (size_t)c->hidden_size, &m->head);
+    td_status_t st = m->embed.fmt == TD_KERNELS_W_F32
+        ? m->ops->mat_create(m->embed.data, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                             &m->head)
+        : m->ops->mat_create_fmt(&m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                                 &m->head);
     if (st != TD_OK)
         return st;   /* the op logged why */
     st = model_keep_mat(m, m->head);
@@ -754,18 +837,19 @@ model_load_weights(td_model_t *m, const char *dir)
     b.schema = schema;
     b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
     b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
+    b.tab = calloc(schema->n ? schema->n : 1, sizeof(*b.tab));
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
-    if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
+    if (b.ptr == NULL || b.mat == NULL || b.tab == NULL || m->layers == NULL) {
         st = model_nomem("the tensor tables");
         goto out;
     }
     snprintf(what, sizeof(what), "model %s", dir);
     td_progress_begin(&prog, what, "tensors", w->n, w->bytes);
     loading = true;
-    st = model_dequant_all(m, w, b.ptr, b.mat, &prog);
+    st = model_dequant_all(m, w, &b, &prog);
     if (st != TD_OK)
         goto out;
-    m->embed = model_get(&b, "embed.weight");
+    m->embed = model_table(&b, "embed.weight");
     m->norm = model_get(&b, "norm.weight");
     st = model_bind_head(m, &b, dir);
     for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
@@ -777,6 +861,7 @@ out:
         td_progress_end(&prog, st);
     free(b.ptr);
     free(b.mat);
+    free(b.tab);
     td_weights_destroy(w);
     td_st_close(st_file);
     td_weights_schema_destroy(schema);
@@ -863,6 +948,9 @@ td_model_destroy(td_model_t *m)
     for (size_t i = 0; i < m->nmats; i++)
         m->ops->mat_destroy(m->mats[i]);
     free(m->mats);
+    for (size_t i = 0; i < m->nblobs; i++)
+        free(m->blobs[i]);
+    free(m->blobs);
     free(m->arena);
     td_cache_plan_destroy((td_cache_plan_t *)m->plan);
     td_tokenizer_destroy(m->tok);

@@ -49,6 +49,7 @@ struct td_jobq_s {
     unsigned long_running;     /* long jobs running now */
     unsigned long_max;         /* at most this many at once */
     uint64_t seq;              /* of the next job posted */
+    unsigned idle;             /* threads waiting on cv for a job */
     jobq_list_t back;          /* to the loop */
     int stop;
     int efd;
@@ -96,17 +97,46 @@ jobq_free_list(jobq_list_t *l)
         free(it);
 }
 
-/* Hand an item back to the loop; the eventfd is written only when the list
- * was empty (the loop drains it whole). Called with mu held. */
+/* Wake the loop: its eventfd. */
+static void
+jobq_wake_loop(td_jobq_t *q)
+{
+    uint64_t one = 1;
+
+    if (write(q->efd, &one, sizeof(one)) != sizeof(one))
+        td_error("jobq %s: eventfd write failed: %s", q->name, strerror(errno));
+}
+
+/* Queue an item back to the loop; whether the loop must be woken (the list
+ * was empty: the loop drains it whole). Called with mu held; the caller
+ * wakes the loop after unlocking, so that the loop, woken, does not wait
+ * for mu. */
+static int
+jobq_queue_back_locked(td_jobq_t *q, jobq_item_t *it)
+{
+    int was_empty = q->back.head == NULL;
+
+    jobq_push(&q->back, it);
+    return was_empty;
+}
+
+/* Hand an item back to the loop, waking it under mu (the stepped thread,
+ * which keeps mu across its passes). */
 static void
 jobq_send_back_locked(td_jobq_t *q, jobq_item_t *it)
 {
-    int was_empty = q->back.head == NULL;
-    uint64_t one = 1;
+    if (jobq_queue_back_locked(q, it))
+        jobq_wake_loop(q);
+}
 
-    jobq_push(&q->back, it);
-    if (was_empty && write(q->efd, &one, sizeof(one)) != sizeof(one))
-        td_error("jobq %s: eventfd write failed: %s", q->name, strerror(errno));
+/* Wait on cv for a job or a stop (mu held), counted in idle so that a post
+ * signals only when a thread waits. */
+static void
+jobq_wait_locked(td_jobq_t *q)
+{
+    q->idle++;
+    pthread_cond_wait(&q->cv, &q->mu);
+    q->idle--;
 }
 
 /* The next job a thread may start, taken off its list, or NULL: the one
@@ -138,7 +168,7 @@ jobq_main(void *p)
         jobq_item_t *it = NULL;
 
         while (!q->stop && (it = jobq_take_locked(q)) == NULL)
-            pthread_cond_wait(&q->cv, &q->mu);
+            jobq_wait_locked(q);
         if (q->stop)
             break;
         pthread_mutex_unlock(&q->mu);
@@ -147,7 +177,11 @@ jobq_main(void *p)
         if (it->is_long && q->long_running-- == q->long_max)
             pthread_cond_broadcast(&q->cv);   /* a long job waiting may start now */
         it->is_done = 1;
-        jobq_send_back_locked(q, it);
+        if (jobq_queue_back_locked(q, it)) {
+            pthread_mutex_unlock(&q->mu);
+            jobq_wake_loop(q);
+            pthread_mutex_lock(&q->mu);
+        }
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -189,7 +223,7 @@ jobq_main_stepped(void *p)
         if (broken) {
             if (q->stop)
                 break;
-            pthread_cond_wait(&q->cv, &q->mu);
+            jobq_wait_locked(q);
             continue;
         }
         pthread_mutex_unlock(&q->mu);
@@ -221,9 +255,12 @@ jobq_main_stepped(void *p)
             continue;
         if (leaving && ag.leaving == ag.ranks)
             break;   /* every rank leaves: nobody steps any more */
-        if (it == NULL && ag.work == 0 && (q->stop || q->jobs.head == NULL))
+        if (it == NULL && ag.work == 0 && (q->stop || q->jobs.head == NULL)) {
             /* an idle group: no spinning */
+            q->idle++;
             td_clock_cond_wait(&q->cv, &q->mu, (uint64_t)sp->idle_ms * 1000000ull);
+            q->idle--;
+        }
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -239,9 +276,10 @@ jobq_on_back(evutil_socket_t fd, short what, void *arg)
     uint64_t v;
 
     (void)what;
-    pthread_mutex_lock(&q->mu);
+    /* read before taking the list: an item queued after it wakes us again */
     if (read(fd, &v, sizeof(v)) != sizeof(v) && errno != EAGAIN)
         td_error("jobq %s: eventfd read failed: %s", q->name, strerror(errno));
+    pthread_mutex_lock(&q->mu);
     l = q->back;
     q->back.head = q->back.tail = NULL;
     pthread_mutex_unlock(&q->mu);
@@ -388,6 +426,7 @@ jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int
           int is_pass)
 {
     jobq_item_t *it = calloc(1, sizeof(*it));
+    int wake;
 
     if (it == NULL) {
         td_error("jobq %s: out of memory for a job", q->name);
@@ -402,8 +441,10 @@ jobq_post(td_jobq_t *q, td_jobq_run_fn run, td_jobq_done_fn done, void *arg, int
     pthread_mutex_lock(&q->mu);
     it->seq = q->seq++;
     jobq_push(it->is_long ? &q->long_jobs : &q->jobs, it);
-    pthread_cond_signal(&q->cv);
+    wake = q->idle > 0;
     pthread_mutex_unlock(&q->mu);
+    if (wake)   /* after unlocking: the thread woken takes mu at once */
+        pthread_cond_signal(&q->cv);
     return TD_OK;
 }
 
@@ -436,6 +477,7 @@ td_status_t
 td_jobq_tell(td_jobq_t *q, td_jobq_done_fn fn, void *arg)
 {
     jobq_item_t *it = calloc(1, sizeof(*it));
+    int wake;
 
     if (it == NULL) {
         td_error("jobq %s: out of memory for a message", q->name);
@@ -444,8 +486,10 @@ td_jobq_tell(td_jobq_t *q, td_jobq_done_fn fn, void *arg)
     it->fn = fn;
     it->arg = arg;
     pthread_mutex_lock(&q->mu);
-    jobq_send_back_locked(q, it);
+    wake = jobq_queue_back_locked(q, it);
     pthread_mutex_unlock(&q->mu);
+    if (wake)
+        jobq_wake_loop(q);
     return TD_OK;
 }
 

@@ -73,9 +73,13 @@ typedef struct {
     bool include_stop_str;      /* a matched stop string is part of the text */
 } td_ireq_stop_t;
 
-/* A constraint on the output (structured output, docs/api.md): recorded by
- * the adapters, enforced by the grammar engine once it is wired; until then
- * td_ireq_finish refuses every kind but NONE with a 400 naming the field. */
+/* A constraint on the output (structured output, docs/api.md and
+ * docs/structured-output.md): the one entry point every protocol fills
+ * (response_format, vLLM's structured_outputs and guided_*, and the Responses
+ * API's text.format map onto it). td_ireq_finish compiles it against the
+ * vocabulary (cfg->gvocab) to refuse a bad one with a 400 naming the field
+ * and the part, and leaves its wire text; the ranks that sample enforce it.
+ * The kinds' values are the wire's Constraint.kind. */
 typedef enum {
     TD_IREQ_CONSTRAINT_NONE = 0,
     TD_IREQ_CONSTRAINT_JSON_OBJECT,   /* any JSON object */
@@ -90,6 +94,8 @@ typedef struct {
     json_t *spec;                /* a reference, or NULL */
     bool strict;                 /* json_schema.strict */
     char param[96];              /* the field that asked for it */
+    char *text;                  /* td_ireq_finish: the spec as the grammar engine reads it
+                                    (compact JSON, the pattern or the grammar); owned */
 } td_ireq_constraint_t;
 
 /* What the reply reports and how. */
@@ -153,6 +159,9 @@ typedef struct {
                                      reference's default_thinking_mode false) */
     uint32_t nmodel_stop;         /* the model's end-of-sequence ids (they count in */
     const int32_t *model_stop;    /*   TD_IREQ_MAX_STOP_IDS with stop_token_ids) */
+    const struct td_gvocab *gvocab; /* constraints are checked against it; NULL: refused */
+    size_t max_constraint_bytes;  /* the largest spec (0: TD_GRAMMAR_MAX_SPEC) */
+    uint32_t constraint_budget_ms;/* compile time budget (0: TD_GRAMMAR_BUDGET_MS) */
 } td_ireq_cfg_t;
 
 void td_ireq_destroy(td_ireq_t *req);
@@ -211,8 +220,8 @@ td_status_t td_ireq_parse_object(const td_ireq_cfg_t *cfg, td_openai_kind_t kind
 /* The checks that involve more than one field, once every field was read:
  * model and input present, max_tokens vs max_completion_tokens, min_tokens
  * <= max_tokens, the stop ids with the model's within the bound, the
- * constraint (refused until the grammar engine is wired), the model served
- * (404). */
+ * constraint (compiled: a bad one is a 400 naming it), the model served
+ * (404). Runs on a text thread, never the loop (the compile). */
 td_status_t td_ireq_finish(td_ireq_parse_t *p);
 
 /* Field primitives: each checks v and fills p->e on failure (OpenAI's

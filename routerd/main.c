@@ -1,6 +1,7 @@
 /* routerd/main.c — the router daemon: options, the engine identity (model
  * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
  * control listeners on one event loop, and the ready line. */
+#include "grammar.h"
 #include "router.h"
 #include "chat.h"
 #include "routes.h"
@@ -89,6 +90,12 @@ static const td_config_opt_t router_opts[] = {
                          "max_tokens of a request that gives none"),
     TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
                        "longest stop string accepted, in bytes (a longer one gets 400)"),
+    TD_CONFIG_OPT_SIZE("max-constraint-bytes", ST, max_constraint_bytes, "256KiB", 1024,
+                       1u << 20, "largest structured-output spec (JSON schema, regex, grammar) "
+                       "a request may carry (a larger one gets 400)"),
+    TD_CONFIG_OPT_DURATION("constraint-budget", ST, constraint_budget_ms, "2s", 1, 60000,
+                           "compile time a structured-output spec may take on a text thread "
+                           "(a slower one gets 400)"),
     TD_CONFIG_OPT_UINT64("max-n", ST, max_n, "16", 1, TD_IREQ_MAX_N,
                          "most choices (n) one request may ask for; they share the prompt's "
                          "prefill and kv blocks"),
@@ -149,6 +156,10 @@ static const td_config_opt_t router_opts[] = {
                          "largest batch of generated tokens (each counted 1 + its log-probability "
                          "alternatives) that the event loop detokenizes itself, a few being "
                          "cheaper there than on a text thread (0: always a text thread)"),
+    TD_CONFIG_OPT_UINT64("text-inline-body", ST, text_inline_body, "512", 0, 65536,
+                         "largest request body in bytes that the event loop parses, encodes "
+                         "and tokenizes itself, a small one being cheaper there than on a text "
+                         "thread (0: always a text thread)"),
     /* shutdown */
     TD_CONFIG_OPT_DURATION("drain-timeout", ST, drain_timeout_ms, "30s", 0, 3600000,
                            "on SIGTERM the api takes no new requests and those in flight "
@@ -297,6 +308,7 @@ router_fini(td_router_t *r)
     td_cluster_fini(&r->cluster);
     td_apikeys_destroy(r->keys);
     td_apikeys_destroy(r->admin_keys);
+    td_gvocab_destroy(r->gvocab);
     td_tok_destroy(r->tok);
 }
 
@@ -370,6 +382,9 @@ router_load(td_router_t *r)
     st = router_tokenizer(r);
     if (st == TD_OK)
         st = router_identity(r);
+    if (st == TD_OK && r->v41 != NULL &&
+        (st = td_gvocab_create(r->v41, r->stop_ids, r->nstop_ids, &r->gvocab)) != TD_OK)
+        td_error("constraints: the tokenizer's vocabulary: %s", td_status_str(st));
     if (st == TD_OK && cfg->api_keys_file[0])
         st = td_apikeys_load(cfg->api_keys_file, &r->keys);
     if (st == TD_OK && cfg->admin_listen[0]) {
@@ -401,6 +416,9 @@ router_reqs_create(td_router_t *r)
                                 .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
+                                .gvocab = r->gvocab,
+                                .max_constraint_bytes = (size_t)cfg->max_constraint_bytes,
+                                .constraint_budget_ms = (uint32_t)cfg->constraint_budget_ms,
                                 .vocab = r->tok->vocab_size,
                                 .no_default_thinking = !cfg->default_thinking };
     if (cfg->responses_dir[0]) {
@@ -423,6 +441,7 @@ router_reqs_create(td_router_t *r)
                              .kv_fixed_bytes = r->kv_fixed_bytes,
                              .text_threads = router_text_threads(cfg),
                              .text_inline_max = cfg->text_inline_max,
+                             .text_inline_body = cfg->text_inline_body,
                              .cache_weight = cfg->cache_weight,
                              .continue_max_suffix = cfg->continue_max_suffix,
                              .continue_max_states = (size_t)cfg->continue_max_states,

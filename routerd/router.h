@@ -57,6 +57,8 @@ typedef struct {
     uint64_t max_tokens_default;
     uint64_t max_stop_bytes;    /* longest stop string, bytes */
     uint64_t max_n;             /* most choices per request */
+    uint64_t max_constraint_bytes;  /* largest structured-output spec, bytes */
+    uint64_t constraint_budget_ms;  /* its compile time budget */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */
@@ -69,6 +71,7 @@ typedef struct {
     uint64_t ctl_max_unauth_per_source;   /* ... from one address */
     uint64_t text_threads;      /* threads for the requests' text work; 0 = one per cpu */
     uint64_t text_inline_max;   /* token batches up to this weight detokenized on the loop */
+    uint64_t text_inline_body;  /* request bodies up to this many bytes tokenized on the loop */
     uint64_t drain_timeout_ms;  /* SIGTERM: requests in flight get this long to finish */
     /* KV-aware prefill placement (docs/kvrouting.md) */
     double cache_weight;        /* weight of a rank's cached prompt tokens; 0 = load only */
@@ -92,6 +95,8 @@ typedef struct {
     td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok (chat encoding and
                                        reply parsing on), or NULL (byte-level stand-in) */
+    struct td_gvocab *gvocab;       /* v41's tokens for constraints (structured output),
+                                       or NULL (refused) */
     td_apikeys_t *keys;
     td_apikeys_t *admin_keys;
     char model[96];                 /* id in /v1/models */

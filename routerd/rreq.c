@@ -18,6 +18,7 @@
 
 #include "anthropic.h"
 #include "buf.h"
+#include "chat.h"
 #include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
@@ -69,6 +70,8 @@ struct td_rreq_s {
                                        text_busy is false */
     Tandem__LogitBias *wbias;       /* [nbias] the request's logit_bias on the wire */
     Tandem__LogitBias **wbiasp;     /* [nbias] pointers to them */
+    Tandem__Constraint wcons;       /* its constraint on the wire (kind 0: none; the spec
+                                       is oreq's) */
     int32_t stop_ids[TD_IREQ_MAX_STOP_IDS];   /* its stop tokens on the wire */
     size_t nstop_ids;
     uint32_t ntokens;               /* completion tokens received, every choice's */
@@ -324,6 +327,30 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
     s->logprobs = q->oreq->out.logprobs;
     s->top_logprobs = q->oreq->out.top_logprobs;
     s->n = q->oreq->n > 1 ? q->oreq->n : 0;   /* 0: one (as every rank reads it) */
+    s->constraint = q->wcons.kind != 0 ? (Tandem__Constraint *)&q->wcons : NULL;
+}
+
+/* The constraint on the wire: the kind, the spec text, strict; a prompt that
+ * opens the reasoning (it ends with <think>) is free until </think>. */
+static void
+constraint_fill(td_rreq_t *q)
+{
+    const td_ireq_constraint_t *c = &q->oreq->constraint;
+    const td_tokenizer_t *v41 = q->t->cfg.v41;
+    uint32_t think, unthink;
+
+    tandem__constraint__init(&q->wcons);
+    if (c->kind == TD_IREQ_CONSTRAINT_NONE)
+        return;
+    q->wcons.kind = (uint32_t)c->kind;
+    q->wcons.spec = c->text;
+    q->wcons.strict = c->strict;
+    if (v41 != NULL && q->nprompt > 0 &&
+        td_tokenizer_find(v41, TD_CHAT_TOK_THINK, strlen(TD_CHAT_TOK_THINK), &think) == TD_OK &&
+        td_tokenizer_find(v41, TD_CHAT_TOK_UNTHINK, strlen(TD_CHAT_TOK_UNTHINK), &unthink) ==
+            TD_OK &&
+        q->prompt[q->nprompt - 1] == (int32_t)think)
+        q->wcons.start_after = (int32_t)unthink + 1;
 }
 
 /* ======================================================================= */
@@ -1615,8 +1642,8 @@ serve_watch(td_rreq_t *q)
 
 /* Take the request: in the table at once (state new: the admin API lists
  * it, a cancel, a timeout or the client going away end it), its body parsed
- * and its prompt encoded and tokenized by a text thread (text_prompt_done
- * goes on). */
+ * and its prompt encoded and tokenized by a text thread, or by the loop for a
+ * body of at most text_inline_body bytes (text_prompt_done goes on). */
 void
 td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
 {
@@ -1659,14 +1686,20 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
         return;
     }
+    q->text_busy = true;
+    if (td_rtext_body_len(q->text) <= t->cfg.text_inline_body) {
+        /* a small body: cheaper on the loop than a thread and back */
+        text_prompt_run(q);
+        text_prompt_done(q);
+        return;
+    }
     st = td_rtext_body_len(q->text) > TEXT_LONG_BODY
              ? td_jobq_post_long(t->pool, text_prompt_run, text_prompt_done, q)
              : td_jobq_post(t->pool, text_prompt_run, text_prompt_done, q);
     if (st != TD_OK) {
+        q->text_busy = false;
         request_fail_simple(q, TD_ERRREASON_INTERNAL, "out of memory");
-        return;
     }
-    q->text_busy = true;
 }
 
 /* The prompt is tokenized: the request's wire parameters, then admission. */
@@ -1706,6 +1739,7 @@ serve_prompt(td_rreq_t *q)
             q->wbiasp[i] = &q->wbias[i];
         }
     }
+    constraint_fill(q);
     t->cfg.metrics->prompt_tokens += q->nprompt;
     td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
              oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,

@@ -69,6 +69,8 @@ typedef struct {
     unsigned text_threads;          /* threads that parse, encode, tokenize and detokenize */
     uint64_t text_inline_max;       /* token batches up to this weight (rtext.h) are
                                        detokenized on the loop; 0: never */
+    uint64_t text_inline_body;      /* request bodies up to this many bytes are parsed,
+                                       encoded and tokenized on the loop; 0: never */
     double cache_weight;            /* prefill placement's weight of cached tokens
                                        (rsched.h; 0: by load only) */
     uint64_t cache_seed;            /* td_chain_seed of the model and KV layout */

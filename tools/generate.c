@@ -880,7 +880,7 @@ gen_pick(gen_t *g, size_t i, uint64_t pos, uint64_t cap)
     size_t V = (size_t)g->m->cfg->vocab_size;
     td_sample_params_t sp = q->sp;
     td_sample_dist_t lg = { (uint32_t)V, NULL, q->logits };
-    td_sample_row_t row = { &sp, q->hist.count ? &q->hist : NULL, pos, q->ngen };
+    td_sample_row_t row = { &sp, q->hist.count ? &q->hist : NULL, pos, q->ngen, NULL };
     td_sample_pick_t pk;
 
     sp.logprobs = i == 0 && g->o->logprobs >= 0;

@@ -195,6 +195,8 @@ struct td_xfer_s {
     void *note_arg;
     td_xfer_auth_fn auth_fn;
     void *auth_arg;
+    td_xfer_expect_fn expect_fn;   /* whether notifications are still expected */
+    void *expect_arg;
     td_xfer_token_t rx_token;      /* td_xfer_rx_token */
     td_log_limit_t rx_log;         /* the lines a sender can make this receiver write */
     td_xfer_peer_fail_fn fail_fn;
@@ -293,17 +295,29 @@ td_xfer_poll_pending(td_xfer_t *x)
         td_xfer_retry_in(x, TD_XFER_PENDING_US);
 }
 
+/* Whether a notification is still expected (td_xfer_set_note_expect). */
+static bool
+td_xfer_rx_expected(td_xfer_t *x)
+{
+    return x->expect_fn == NULL || x->expect_fn(x, x->expect_arg);
+}
+
 /* Wake-up coalescing on the receiver: after a pass that delivered
  * notifications, keep polling (not armed) until rx_spin_ns pass without a
  * new one, so that back-to-back notifications arrive without the sender
  * having to signal a sleeping receiver (a sendto per notification over
- * shm). Bounded by TD_XFER_RX_SPIN_CAP x rx_spin_ns; returns 1 when
- * notifications were still arriving at the bound. */
+ * shm); not at all, or no longer, once the receiver expects none (its
+ * transfers have ended). Bounded by TD_XFER_RX_SPIN_CAP x rx_spin_ns;
+ * returns 1 when notifications were still arriving at the bound. */
 static int
 td_xfer_rx_spin(td_xfer_t *x)
 {
     uint64_t seen = x->stats.notes_received;
     uint64_t start = td_xfer_now_ns(), last = start, now = start;
+
+    if (!td_xfer_rx_expected(x))
+        return 0;
+    x->stats.rx_spins++;
     while (now - last < x->rx_spin_ns) {
         if (now - start >= TD_XFER_RX_SPIN_CAP * x->rx_spin_ns)
             return 1;
@@ -312,6 +326,8 @@ td_xfer_rx_spin(td_xfer_t *x)
         if (x->stats.notes_received != seen) {
             seen = x->stats.notes_received;
             last = now;
+            if (!td_xfer_rx_expected(x))
+                return 0;
         }
     }
     return 0;
@@ -1083,6 +1099,13 @@ td_xfer_set_note_handler(td_xfer_t *x, td_xfer_note_fn fn, void *arg)
 {
     x->note_fn = fn;
     x->note_arg = arg;
+}
+
+void
+td_xfer_set_note_expect(td_xfer_t *x, td_xfer_expect_fn fn, void *arg)
+{
+    x->expect_fn = fn;
+    x->expect_arg = arg;
 }
 
 void

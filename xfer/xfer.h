@@ -81,6 +81,11 @@ typedef void (*td_xfer_note_fn)(td_xfer_t *x, const td_xfer_note_t *note, void *
 typedef bool (*td_xfer_auth_fn)(td_xfer_t *x, uint64_t xfer_id, const td_xfer_token_t *token,
                                 void *arg);
 
+/* Receiver side: whether any notification is still expected (a transfer
+ * under way). Asked when the wake-up coalescing (rx_spin_us) would poll on
+ * after a notification: it stops at once when none is, instead of spending
+ * rx_spin_us of CPU on a burst that has ended. Unset: always expected. */
+typedef bool (*td_xfer_expect_fn)(td_xfer_t *x, void *arg);
 /* Sender side: called exactly once per accepted transfer, on the loop thread,
  * when the source regions may be reused (status TD_OK or the failure). */
 typedef void (*td_xfer_done_fn)(td_xfer_t *x, uint64_t xfer_id, td_status_t status, void *arg);
@@ -110,6 +115,7 @@ typedef struct {
     uint64_t notes_stale;      /* notifications dropped for a stale incarnation */
     uint64_t notes_forged;     /* dropped unparsed: no transfer of that id and token */
     uint64_t notes_malformed;  /* authenticated, but not a well-formed notification */
+    uint64_t rx_spins;         /* polls on after a notification (rx_spin_us) begun */
     uint64_t peers_failed;     /* endpoints that failed */
     uint64_t peer_bytes_mapped;/* of imported pools, mapped in (map_peer_pools) */
 } td_xfer_stats_t;
@@ -123,7 +129,7 @@ void td_xfer_destroy(td_xfer_t *x);
 
 void td_xfer_set_note_handler(td_xfer_t *x, td_xfer_note_fn fn, void *arg);
 void td_xfer_set_note_auth(td_xfer_t *x, td_xfer_auth_fn fn, void *arg);
-
+void td_xfer_set_note_expect(td_xfer_t *x, td_xfer_expect_fn fn, void *arg);
 /* 16 random bytes from the kernel (getrandom): a new transfer's token.
  * TD_ERR_IO when the kernel gives none (logged). */
 td_status_t td_xfer_token_draw(td_xfer_token_t *out);

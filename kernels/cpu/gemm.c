@@ -210,6 +210,9 @@ gemm_src_value(const td_kernels_wsrc_t *src, size_t k, size_t r, size_t i)
         return td_numfmt_e2m1_to_f32(code & 0xF) *
                td_numfmt_e8m0_to_f32(src->scales[r * (k / 32) + i / 32]);
     }
+    case TD_KERNELS_W_F32:
+    case TD_KERNELS_W_FP8_ROWS:
+        break;   /* tables: gemm_src_bad rejects them */
     }
     return 0.0f;
 }
@@ -518,12 +521,13 @@ gemm_lanes(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t c0, size_
 #define GEMM_PANEL_TILE(WT, SUF, MR, CT)                                              \
     static void gemm_panel_##SUF##_##MR##x##CT(const gemm_job_t *j, size_t g,          \
                                                size_t r, size_t p, size_t i0,          \
-                                               size_t kb, int first)                   \
+                                               size_t kb, int first, const void *wb,   \
+                                               size_t wk)                              \
     {                                                                                 \
         const td_kernels_mat_t *w = j->w;                                             \
         const size_t k = w->k, ldx = w->groups * k, ldy = w->groups * w->n;           \
         const float *x = j->x + r * ldx + g * k;                                      \
-        const WT *wp = (const WT *)w->data + g * w->group_elems + p * k * GEMM_PANEL; \
+        const WT *wp = (const WT *)wb;                                                \
         __m512 a[MR][CT];                                                             \
         _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++)                         \
             _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                      \
@@ -531,7 +535,7 @@ gemm_lanes(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t c0, size_
         for (size_t i = i0; i < i0 + kb; i++) {                                       \
             __m512 wv[CT];                                                            \
             _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                      \
-                wv[t] = gemm_ld_##SUF(wp + (t * k + i) * GEMM_PANEL);                 \
+                wv[t] = gemm_ld_##SUF(wp + (t * wk + i - i0) * GEMM_PANEL);           \
             _Pragma("GCC unroll 16") for (int m = 0; m < MR; m++) {                   \
                 __m512 xb = _mm512_set1_ps(x[m * ldx + i]);                           \
                 _Pragma("GCC unroll 8") for (int t = 0; t < CT; t++)                  \
@@ -577,10 +581,10 @@ gemm_fp8_scale(const uint8_t *sp)
 GEMM_INLINE __m512
 gemm_fp8_vals(const uint8_t *q, __m512 s)
 {
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    __m512i b = _mm512_or_si512(
-        _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(0x07F00000)),
-        _mm512_and_si512(_mm512_slli_epi32(v, 24), _mm512_set1_epi32((int)0x80000000u)));
+    /* sign-extended, 20 bits up: the sign fills bits 31..27, the code's
+     * exponent and mantissa land in bits 26..20; keep bit 31 and 26..20 */
+    __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+    __m512i b = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32((int)0x87F00000u));
     return _mm512_mul_ps(_mm512_castsi512_ps(b), s);
 }
 
@@ -626,8 +630,11 @@ gemm_fp4_scale(const uint8_t *sp)
 #define GEMM_PANEL_Q_TILE(SUF, MR, CT)                                                \
     static void gemm_panel_##SUF##_##MR##x##CT(const gemm_job_t *j, size_t g,          \
                                                size_t r, size_t p, size_t i0,          \
-                                               size_t kb, int first)                   \
+                                               size_t kb, int first, const void *wb,   \
+                                               size_t wk)                              \
     {                                                                                 \
+        (void)wb;                                                                     \
+        (void)wk;                                                                     \
         const td_kernels_mat_t *w = j->w;                                             \
         const size_t k = w->k, ldx = w->groups * k, ldy = w->groups * w->n;           \
         const float *x = j->x + r * ldx + g * k;                                      \
@@ -671,8 +678,10 @@ gemm_fp4_scale(const uint8_t *sp)
 GEMM_PANEL_Q_TILES(fp8)
 GEMM_PANEL_Q_TILES(fp4)
 
+/* wb, wk (f32, bf16): the weights of panel p at k = i0, panel p + t's at
+ * wb + t * wk * 16 values; fp8, fp4 find theirs in the matrix. */
 typedef void (*gemm_panel_fn)(const gemm_job_t *j, size_t g, size_t r, size_t p, size_t i0,
-                              size_t kb, int first);
+                              size_t kb, int first, const void *wb, size_t wk);
 
 #define GEMM_PANEL_ROW(SUF, CT)                                                       \
     { gemm_panel_##SUF##_1x##CT, gemm_panel_##SUF##_2x##CT, gemm_panel_##SUF##_4x##CT,   \
@@ -691,23 +700,79 @@ static const gemm_panel_fn gemm_panel_fns[GEMM_NFMT][3][5] = {
     [GEMM_FP4] = GEMM_PANEL_FMT(fp4),
 };
 
+/* Quantized panels [p, p + np) over k in [i0, i0 + kb) into tile [np][kb][16]
+ * as f32: each value the one the kernels make in registers. */
+static void
+gemm_q_tile(const td_kernels_mat_t *w, size_t g, size_t p, size_t np, size_t i0, size_t kb,
+            float *tile)
+{
+    const __m512 tab = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                      -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    for (size_t t = 0; t < np; t++) {
+        size_t c = (p + t) * GEMM_PANEL;
+        const uint8_t *wp = (const uint8_t *)w->data + gemm_at(w, g, c, 0) / (w->fmt == GEMM_FP4 ? 2 : 1);
+        float *o = tile + t * kb * GEMM_PANEL;
+        for (size_t i = i0; i < i0 + kb;) {
+            size_t e = (i / 32 + 1) * 32 < i0 + kb ? (i / 32 + 1) * 32 : i0 + kb;
+            const uint8_t *sp = gemm_scale_at(w, g, c, i);
+            if (w->fmt == GEMM_FP8) {
+                __m512 sv = gemm_fp8_scale(sp);
+                for (; i < e; i++)
+                    _mm512_storeu_ps(o + (i - i0) * GEMM_PANEL,
+                                     gemm_fp8_vals(wp + i * GEMM_PANEL, sv));
+            } else {
+                __m512 sv = gemm_fp4_scale(sp);
+                for (; i < e; i += 2) {
+                    __m512i v = _mm512_cvtepu8_epi32(
+                        _mm_loadu_si128((const __m128i *)(wp + i / 2 * GEMM_PANEL)));
+                    _mm512_storeu_ps(o + (i - i0) * GEMM_PANEL,
+                                     _mm512_mul_ps(_mm512_permutexvar_ps(v, tab), sv));
+                    _mm512_storeu_ps(o + (i + 1 - i0) * GEMM_PANEL,
+                                     _mm512_mul_ps(_mm512_permutexvar_ps(
+                                                       _mm512_srli_epi32(v, 4), tab), sv));
+                }
+            }
+        }
+    }
+}
+
+/* From this many rows a task's quantized panels are made into an f32 tile
+ * once per block and run by the f32 tiles (the same values, the same
+ * order); fewer rows make their values in registers, tile by tile. */
+#define GEMM_Q_TILE_ROWS 5
+
 /* Panels [p0, p1) for rows [r0, r1): block by block; per group of panels,
  * the rows in the largest tiles that fit. */
 static void
 gemm_panels(const gemm_job_t *j, size_t g, size_t r0, size_t r1, size_t p0, size_t p1)
 {
-    const int bf = j->w->fmt;
-    for (size_t i0 = 0, kb; i0 < j->w->k; i0 += kb) {
-        kb = gemm_block(j->w->k - i0);
+    const td_kernels_mat_t *w = j->w;
+    const size_t esz = w->fmt == GEMM_F32 ? sizeof(float) : sizeof(uint16_t);
+    const int via_tile = w->fmt >= GEMM_FP8 && r1 - r0 >= GEMM_Q_TILE_ROWS;
+    float tile[2 * GEMM_Q * GEMM_PANEL] __attribute__((aligned(64)));
+
+    for (size_t i0 = 0, kb; i0 < w->k; i0 += kb) {
+        kb = gemm_block(w->k - i0);
         int first = i0 == 0;
         for (size_t p = p0; p < p1;) {
             size_t np = p1 - p;
             /* few rows: 4 panels at a time (4 chains in flight), else 2 */
             int ci = r1 - r0 <= 4 && np >= 4 ? 2 : np >= 2 ? 1 : 0;
+            int fmt = w->fmt;
+            const void *wb = w->fmt <= GEMM_BF16
+                ? (const char *)w->data + (g * w->group_elems + (p * w->k + i0) * GEMM_PANEL) * esz
+                : NULL;
+            size_t wk = w->k;
+            if (via_tile) {
+                gemm_q_tile(w, g, p, (size_t)1 << ci, i0, kb, tile);
+                fmt = GEMM_F32;
+                wb = tile;
+                wk = kb;
+            }
             size_t r = r0;
             for (int ri = ci == 2 ? 2 : 4; ri >= 0; ri--)
                 for (; r + gemm_tile_rows[ri] <= r1; r += gemm_tile_rows[ri])
-                    gemm_panel_fns[bf][ci][ri](j, g, r, p, i0, kb, first);
+                    gemm_panel_fns[fmt][ci][ri](j, g, r, p, i0, kb, first, wb, wk);
             p += (size_t)1 << ci;
         }
     }

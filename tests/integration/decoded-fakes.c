@@ -192,24 +192,6 @@ fk_wait_msg(struct event_base *base, fk_router_t *rt, Tandem__Envelope__PayloadC
     return fk_run_until(base, fk_have_msg, &w, timeout_ms);
 }
 
-static int
-fk_finished(void *arg)
-{
-    fk_wait_msg_t *w = arg;
-    int32_t out[1];
-    int finish;
-    const char *error;
-    fk_router_tokens(w->rt, w->id, out, 0, &finish, &error);
-    return finish > 0;
-}
-
-int
-fk_wait_finish(struct event_base *base, fk_router_t *rt, uint64_t id, uint64_t timeout_ms)
-{
-    fk_wait_msg_t w = { rt, TANDEM__ENVELOPE__PAYLOAD_TOKENS, id };
-    return fk_run_until(base, fk_finished, &w, timeout_ms);
-}
-
 /* ---- Fake prefill rank: runs the prompt, pushes each layer's pieces --------- */
 
 

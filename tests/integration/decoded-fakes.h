@@ -73,9 +73,6 @@ typedef struct {
 } fk_wait_msg_t;
 int fk_wait_msg(struct event_base *base, fk_router_t *rt, Tandem__Envelope__PayloadCase pc,
                 uint64_t id, uint64_t timeout_ms);
-/* Run the loop until request id's Tokens carry a finish, or timeout; returns
- * whether they did. */
-int fk_wait_finish(struct event_base *base, fk_router_t *rt, uint64_t id, uint64_t timeout_ms);
 
 /* ---- Fake prefill rank ---- */
 typedef struct {

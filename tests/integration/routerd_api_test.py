@@ -263,7 +263,7 @@ def test_responses(c):
          "input items of type 'mystery' are not supported", "input[0].type"),
         ({"model": M, "input": "x", "text": {"format": {"type": "json_schema", "name": "a",
                                                         "schema": {"type": "object"}}}}, 400,
-         "structured output (constrained decoding) is not supported", "text.format"),
+         "structured output needs the model's tokenizer", "text.format"),
         ({"model": M, "input": "x", "tools": [{"type": "web_search"}]}, 400,
          "tools of type 'web_search'", "tools[0].type"),
         ({"model": M}, 400, "Missing required parameter: 'input'", "input"),

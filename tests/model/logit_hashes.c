@@ -21,7 +21,7 @@
 #include "model.h"
 
 #define LH_STEPS 32
-#define LH_MAX_PROMPTS 4
+#define LH_MAX_PROMPTS 5
 
 typedef struct {
     const char *name;
@@ -30,7 +30,7 @@ typedef struct {
 } lh_config_t;
 
 static const lh_config_t lh_configs[] = {
-    { "tiny", "--preset tiny --seed 1 --dtype f32 --init perturbed", { 1, 9, 29, 0 } },
+    { "tiny", "--preset tiny --seed 1 --dtype f32 --init perturbed", { 1, 9, 29, 300, 0 } },
     { "tiny-fp8fp4", "--preset tiny --seed 4 --dtype bf16 --quant fp8+fp4 --init perturbed",
       { 1, 9, 29, 0 } },
     { "mid-fp8fp4", "--preset mid --seed 7 --quant fp8+fp4", { 1, 40, 0 } },

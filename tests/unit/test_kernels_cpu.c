@@ -572,6 +572,47 @@ test_mat_fmt(void)
     td_logcap_stop();
 }
 
+/* embed_fmt gathers the rows of a stored table as the checkpoint reader
+ * makes them: f32, bf16 and fp8 rows with ue8m0 scales per 32 channels. */
+static void
+test_embed_fmt(void)
+{
+    enum { ROWS = 37, D = 64, N = 9 };
+    const td_kernels_ops_t *K = td_kernels_cpu_ops();
+    static uint8_t data[ROWS * D * 4], sc[ROWS * D / 32];
+    float want[N * D], got[N * D];
+    int64_t ids[N] = { 0, 36, 5, 5, 17, 1, 30, 2, 36 };
+
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(td_rng_next(&rng) & 0x77);   /* no NaN codes, no NaN bf16 */
+    for (size_t i = 0; i < sizeof(sc); i++)
+        sc[i] = (uint8_t)(100 + td_rng_next(&rng) % 40);
+    for (int fmt = TD_KERNELS_W_F32; fmt <= TD_KERNELS_W_FP8_ROWS; fmt++) {
+        if (fmt == TD_KERNELS_W_FP8_BLOCK || fmt == TD_KERNELS_W_FP4_K32)
+            continue;
+        td_kernels_wsrc_t t = { (td_kernels_wfmt_t)fmt, data, sc, 0, 0 };
+        for (size_t r = 0; r < N; r++)
+            for (size_t i = 0; i < D; i++) {
+                size_t e = (size_t)ids[r] * D + i;
+                float v;
+                if (fmt == TD_KERNELS_W_F32)
+                    memcpy(&v, data + 4 * e, 4);
+                else if (fmt == TD_KERNELS_W_BF16)
+                    v = td_numfmt_bf16_to_f32((uint16_t)(data[2 * e] | data[2 * e + 1] << 8));
+                else
+                    v = td_numfmt_e4m3_to_f32(data[e]) * td_numfmt_e8m0_to_f32(sc[e / 32]);
+                want[r * D + i] = v;
+            }
+        CHECK_STATUS(K->embed_fmt(&t, ROWS, D, ids, N, got), TD_OK);
+        CHECK(memcmp(want, got, sizeof(got)) == 0);
+    }
+    td_kernels_wsrc_t t = { TD_KERNELS_W_BF16, data, NULL, 0, 0 };
+    ids[3] = ROWS;
+    td_logcap_start();
+    CHECK_STATUS(K->embed_fmt(&t, ROWS, D, ids, N, got), TD_ERR_RANGE);
+    td_logcap_stop();
+}
+
 int
 main(void)
 {
@@ -606,5 +647,6 @@ main(void)
     test_pools();
     test_rows_independent();
     test_mat_fmt();
+    test_embed_fmt();
     return td_check_exit("test_kernels_cpu");
 }

@@ -195,7 +195,7 @@ static const struct {
     { C, "{" M "," MSG ",'logit_bias':{'50':-100.5}}", TD_ERR_INVALID, 400, "logit_bias.50", "decimal_below_min_value", ">= -100" },
     { C, "{" M "," MSG ",'logit_bias':{'50':'x'}}", TD_ERR_INVALID, 400, "logit_bias.50", "invalid_type", "expected a number" },
     { C, "{" M "," MSG ",'logit_bias':{'7':1,'07':2}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "token id 7 is given twice" },
-    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "structured output (constrained decoding) is not supported" },
+    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "structured output needs the model's tokenizer" },
     { C, "{" M "," MSG ",'tools':'x'}", TD_ERR_INVALID, 400, "tools", "invalid_type", "expected an array" },
     { C, "{" M "," MSG ",'tools':[1]}", TD_ERR_INVALID, 400, "tools[0]", "invalid_type", "expected an object" },
     { C, "{" M "," MSG ",'tool_choice':5}", TD_ERR_INVALID, 400, "tool_choice", "invalid_type", "expected a string or an object" },

@@ -345,8 +345,60 @@ test_stale(void)
     free(e);
 }
 
-/* ---- exported pool bytes are untrusted ---------------------------------- */
+/* ---- the receiver polls on after a note only while it expects more ------ */
 
+static bool
+expect_none(td_xfer_t *x, void *arg)
+{
+    (void)x;
+    ++*(int *)arg;
+    return false;
+}
+
+/* One transfer of rounds: the receiver's rx_spins after them. */
+static uint64_t
+spins_after(env_t *e, int rounds)
+{
+    static uint8_t src[256];
+    td_xfer_desc_t d = { .src = src, .pool_id = 1, .block = 0, .offset = 0, .len = 256 };
+    td_xfer_stats_t st;
+    int want = e->notes_total + rounds;
+
+    for (int i = 0; i < rounds; i++) {
+        uint32_t id = (uint32_t)(e->notes_total + 1);
+        e->expect[id].payload = id;
+        CHECK_STATUS(td_xfer_post(e->peer, id, td_test_tokp(id), &d, 1, &e->expect[id].payload,
+                                  sizeof(uint32_t), 0, on_done, e), TD_OK);
+        CHECK(run_until(e, &e->notes_total, e->notes_total + 1, 5000));
+    }
+    CHECK_EQ_INT(e->notes_total, want);
+    td_xfer_stats(e->rcv, &st);
+    return st.rx_spins;
+}
+
+static void
+test_note_expect(const char *tls)
+{
+    env_t *e = calloc(1, sizeof(*e));
+    int asked = 0;
+
+    if (env_create(e, tls, 0) != 0) {
+        CHECK(!"env create");
+        free(e);
+        return;
+    }
+    (void)pool_make(e, 1, NULL, 256, 2);
+    uint64_t before = spins_after(e, 3);   /* unset: always expected */
+    CHECK(before > 0);
+    td_xfer_set_note_expect(e->rcv, expect_none, &asked);
+    CHECK_EQ_INT(spins_after(e, 3), before);   /* none expected: no polling on */
+    CHECK(asked >= 3);
+    CHECK_EQ_INT(e->notes_bad, 0);
+    env_destroy(e);
+    free(e);
+}
+
+/* ---- exported pool bytes are untrusted ---------------------------------- */
 static void
 test_import_checks(void)
 {
@@ -579,6 +631,8 @@ main(void)
     test_integrity("tcp,self");
     test_bounds();
     test_stale();
+    test_note_expect("shm,self");
+    test_note_expect("tcp,self");
     test_import_checks();
     test_peer_destroy();
     test_stalled_receiver("shm,self");

@@ -1815,7 +1815,8 @@ def test_router_threads(c):
     they are being tokenized the admin API lists them as new and small
     requests are answered; the text threads, not the loop thread, spend the
     CPU time. With every Tokens message detokenized on a text thread
-    (--text-inline-max 0) replies are exact, with log-probabilities and
+    (--text-inline-max 0) and every prompt, small ones too, tokenized there
+    (--text-inline-body 0) replies are exact, with log-probabilities and
     without, streamed and not. A client that goes away and an admin cancel
     while its prompt waits for a text thread or is being tokenized end the
     request cleanly (the sanitizer build checks nothing freed is used)."""
@@ -1831,7 +1832,8 @@ def test_router_threads(c):
     c.engine = [x if i == 0 or c.engine[i - 1] != "--synth-vocab" else str(vocab)
                 for i, x in enumerate(c.engine)] + ["--synth-max-context", "8192"]
     c.up(prefill=1, decode=1, decode_ranks=1,
-         router=("--tokenizer", model, "--text-threads", "2", "--text-inline-max", "0"))
+         router=("--tokenizer", model, "--text-threads", "2", "--text-inline-max", "0",
+                 "--text-inline-body", "0"))
     pid = c.router.p.pid
     words = ["%s%d" % ("abcdefgh"[i % 8], i % 997) for i in range(200000)]
     big = {"model": MODEL, "max_tokens": 4, "messages": [
