@@ -358,6 +358,12 @@ td_rtext_off_loop(const td_rtext_t *x)
     return x->store;
 }
 
+bool
+td_rtext_prompt_off_loop(const td_rtext_t *x)
+{
+    return x->kind == TD_OPENAI_RESPONSES && x->cfg->store != NULL;
+}
+
 void
 td_rtext_prompt_run(td_rtext_t *x)
 {

@@ -10,6 +10,7 @@
 #include "oresp.h"
 #include "chat_prompt.h"
 #include "cli.h"
+#include "grammar.h"
 #include "tokenizer.h"
 
 #include <getopt.h>
@@ -232,9 +233,17 @@ main(int argc, char **argv)
     }
     if (td_tokenizer_load(tokpath, &tok) != TD_OK)
         return 1;   /* logged */
+    /* constraints are checked against the vocabulary, as routerd does */
+    static const char eos_tok[] = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+    uint32_t eos_id;
+    td_gvocab_t *gv = NULL;
+    if (td_tokenizer_find(tok, eos_tok, strlen(eos_tok), &eos_id) != TD_OK ||
+        td_gvocab_create(tok, &(int32_t){ (int32_t)eos_id }, 1, &gv) != TD_OK)
+        return 1;   /* logged */
     models[0] = model;
     td_ireq_cfg_t cfg = { .models = models, .max_body = 1 << 24, .max_tokens_limit = 1 << 20,
-                          .max_tokens_default = 256 };
+                          .max_tokens_default = 256, .gvocab = gv, .max_constraint_bytes = 1 << 20,
+                          .constraint_budget_ms = 10000 };
     json_t *results = json_array();
     const json_t *cases = json_object_get(root, "cases");
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -247,6 +256,7 @@ main(int argc, char **argv)
     putchar('\n');
     json_decref(o);
     json_decref(root);
+    td_gvocab_destroy(gv);
     td_tokenizer_destroy(tok);
     return 0;
 }

@@ -213,6 +213,14 @@ RESPONSES = [
     resp([{"type": "foo"}]),
     resp("x", tools=[{"type": "web_search"}]),
     resp("x", text={"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}),
+    resp("Describe a pet.", text={"format": {"type": "json_schema", "name": "pet", "strict": True,
+                                             "schema": {"type": "object", "properties": {
+                                                 "name": {"type": "string"}},
+                                                 "required": ["name"],
+                                                 "additionalProperties": False}}},
+         reasoning=NOTHINK),
+    resp("Answer in JSON.", text={"format": {"type": "json_object"}}),
+    resp("no mention", text={"format": {"type": "json_object"}}),
     resp("x", background=True),
 ]
 
