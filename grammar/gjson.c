@@ -549,8 +549,10 @@ js_kv(js_t *j, const js_prop_t *p)
  * extra, UINT32_MAX: none) after them: a[i] follows something already
  * written (a comma first), b[i] nothing yet. */
 static gfrag_t
-js_members(js_t *j, const js_prop_t *p, size_t n, uint32_t extra)
+js_members(js_t *j, const js_prop_t *p, size_t n, uint32_t extra, const char *sep,
+           gfrag_t (*kv)(js_t *, const js_prop_t *))
 {
+    size_t sl = strlen(sep);
     gctx_t *c = j->c;
     uint32_t *a = malloc((n + 1) * sizeof(uint32_t)), *b = malloc((n + 1) * sizeof(uint32_t));
 
@@ -568,12 +570,12 @@ js_members(js_t *j, const js_prop_t *p, size_t n, uint32_t extra)
         gb_rule_set(c, a[n], gb_empty(c));
         gb_rule_set(c, b[n], gb_empty(c));
     } else {
-        gb_rule_set(c, a[n], gb_star(c, gb_seq(c, gb_lit(c, ",", 1), gb_callf(c, extra))));
+        gb_rule_set(c, a[n], gb_star(c, gb_seq(c, gb_lit(c, sep, sl), gb_callf(c, extra))));
         gb_rule_set(c, b[n], gb_repeat_sep(c, extra, js_comma, 0, UINT32_MAX));
     }
     for (size_t i = n; i-- > 0 && c->st == TD_OK;) {
-        gfrag_t an = gb_seq(c, gb_seq(c, gb_lit(c, ",", 1), js_kv(j, &p[i])), gb_callf(c, a[i + 1]));
-        gfrag_t bn = gb_seq(c, js_kv(j, &p[i]), gb_callf(c, a[i + 1]));
+        gfrag_t an = gb_seq(c, gb_seq(c, gb_lit(c, sep, sl), kv(j, &p[i])), gb_callf(c, a[i + 1]));
+        gfrag_t bn = gb_seq(c, kv(j, &p[i]), gb_callf(c, a[i + 1]));
         if (!p[i].required) {
             gfrag_t aa = gb_alt_begin(c), ba = gb_alt_begin(c);
             gb_alt_add(c, aa, an);
@@ -642,7 +644,8 @@ js_object(js_t *j, json_t *s)
         }
         extra = js_extra_rule(j, keys, n, val);
     }
-    f = gb_seq(c, gb_seq(c, gb_lit(c, "{", 1), js_members(j, p, n, extra)), gb_lit(c, "}", 1));
+    f = gb_seq(c, gb_lit(c, "{", 1), js_members(j, p, n, extra, ",", js_kv));
+    f = gb_seq(c, f, gb_lit(c, "}", 1));
 out:
     free(p);
     free(keys);
@@ -974,5 +977,161 @@ gchoice_build(gctx_t *c, const char *spec, size_t len)
     }
     gb_rule_set(c, r, alt);
     json_decref(l);
+    return c->st;
+}
+
+/* ---- Tool calls (DSML) ---------------------------------------------------------- */
+
+#define DSML "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"   /* ｜DSML｜ */
+
+/* A string parameter's raw value (string="true"): its enum, const, pattern
+ * or format, or any text without '<' (which would start the closing tag),
+ * within its length bounds. NULL schema kinds that are no string: false. */
+static bool
+js_tool_raw(js_t *j, json_t *s, gfrag_t *out)
+{
+    gctx_t *c = j->c;
+    json_t *t = json_object_get(s, "type"), *en = json_object_get(s, "enum");
+    json_t *cv = json_object_get(s, "const");
+    bool strs = json_is_array(en) && json_array_size(en) > 0;
+
+    for (size_t i = 0; strs && i < json_array_size(en); i++)
+        strs = json_is_string(json_array_get(en, i));
+    if (strs) {
+        gfrag_t alt = gb_alt_begin(c);
+        for (size_t i = 0; i < json_array_size(en); i++)
+            gb_alt_add(c, alt, gb_lit(c, json_string_value(json_array_get(en, i)),
+                                      json_string_length(json_array_get(en, i))));
+        *out = alt;
+        return true;
+    }
+    if (json_is_string(cv)) {
+        *out = gb_lit(c, json_string_value(cv), json_string_length(cv));
+        return true;
+    }
+    if (!json_is_string(t) || strcmp(json_string_value(t), "string") != 0)
+        return false;
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    if (json_is_string(pat)) {
+        *out = gregex_build(c, json_string_value(pat), json_string_length(pat), false);
+        return true;
+    }
+    for (size_t i = 0; json_is_string(fmt) && i < sizeof js_formats / sizeof js_formats[0]; i++)
+        if (strcmp(json_string_value(fmt), js_formats[i].name) == 0) {
+            *out = gregex_build(c, js_formats[i].re, strlen(js_formats[i].re), false);
+            return true;
+        }
+    uint32_t min = 0, max = UINT32_MAX, ch = gb_rule(c);
+    bool has;
+    gcset_t set = { 0 };
+    gcset_add(&set, '<', '<');
+    gcset_negate(&set);
+    gb_rule_set(c, ch, gb_utf8(c, &set));
+    gcset_free(&set);
+    js_get_count(j, s, "minLength", &min, &has);
+    js_get_count(j, s, "maxLength", &max, &has);
+    *out = gb_repeat(c, ch, min, max);
+    return true;
+}
+
+/* A parameter: name="key" then its value, raw or JSON. */
+static gfrag_t
+js_tool_kv(js_t *j, const js_prop_t *p)
+{
+    gctx_t *c = j->c;
+    static const char open[] = "<" DSML " parameter name=\"";
+    static const char close[] = "</" DSML " parameter>";
+    gfrag_t f = gb_lit(c, open, sizeof open - 1);
+
+    f = gb_seq(c, f, gb_lit(c, p->key, strlen(p->key)));
+    f = gb_seq(c, f, gb_callf(c, p->val));
+    return gb_seq(c, f, gb_lit(c, close, sizeof close - 1));
+}
+
+/* One tool's invoke: its parameters in schema order. */
+static gfrag_t
+js_tool_invoke(js_t *j, json_t *fn)
+{
+    gctx_t *c = j->c;
+    json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
+    json_t *props = json_object_get(params, "properties"), *req = json_object_get(params,
+                                                                                  "required");
+    size_t n = json_object_size(props), i = 0;
+    js_prop_t *p = calloc(n + 1, sizeof(*p));
+    static const char head[] = "<" DSML " invoke name=\"", tail[] = "\n</" DSML " invoke>\n";
+    const char *k;
+    json_t *v;
+    gfrag_t f;
+
+    if (!json_is_string(name) || p == NULL) {
+        free(p);
+        gctx_fail(c, p == NULL ? TD_ERR_NOMEM : TD_ERR_INVALID, "a tool without a name");
+        return gb_empty(c);
+    }
+    json_object_foreach(props, k, v) {
+        size_t old = js_path_push(j, "properties.", k);
+        gfrag_t raw, val;
+        p[i].key = k;
+        p[i].val = gb_rule(c);
+        for (size_t r = 0; r < json_array_size(req); r++)
+            if (json_is_string(json_array_get(req, r)) &&
+                strcmp(json_string_value(json_array_get(req, r)), k) == 0)
+                p[i].required = true;
+        static const char as_str[] = "\" string=\"true\">", as_json[] = "\" string=\"false\">";
+        if (js_tool_raw(j, v, &raw))
+            val = gb_seq(c, gb_lit(c, as_str, sizeof as_str - 1), raw);
+        else
+            val = gb_seq(c, gb_lit(c, as_json, sizeof as_json - 1),
+                         gb_callf(c, js_schema(j, v)));
+        gb_rule_set(c, p[i].val, val);
+        js_path_pop(j, old);
+        i++;
+    }
+    f = gb_seq(c, gb_lit(c, head, sizeof head - 1),
+               gb_lit(c, json_string_value(name), json_string_length(name)));
+    f = gb_seq(c, f, gb_lit(c, "\">\n", 3));
+    f = gb_seq(c, f, js_members(j, p, n, UINT32_MAX, "\n", js_tool_kv));
+    free(p);
+    return gb_seq(c, f, gb_lit(c, tail, sizeof tail - 1));
+}
+
+td_status_t
+gtools_build(gctx_t *c, const char *spec, size_t len)
+{
+    js_t j = { .c = c, .strict = true };
+    json_t *tools, *name;
+    uint32_t inv;
+    td_status_t st;
+
+    if ((st = td_hmap_create(64, &j.memo)) != TD_OK)
+        return gctx_fail(c, st, "out of memory");
+    j.root = json_loadb(spec, len, 0, NULL);
+    tools = json_object_get(j.root, "tools");
+    name = json_object_get(j.root, "name");
+    c->g->root = gb_rule(c);
+    inv = gb_rule(c);
+    gfrag_t alt = gb_alt_begin(c);
+    size_t found = 0;
+    for (size_t i = 0; json_is_array(tools) && i < json_array_size(tools); i++) {
+        json_t *fn = json_array_get(tools, i), *nm = json_object_get(fn, "name");
+        if (json_is_string(name) && (!json_is_string(nm) ||
+                                     strcmp(json_string_value(nm), json_string_value(name)) != 0))
+            continue;
+        char seg[48];
+        snprintf(seg, sizeof seg, "tools[%zu]", i);
+        size_t old = js_path_push(&j, "", seg);
+        gb_alt_add(c, alt, js_tool_invoke(&j, fn));
+        js_path_pop(&j, old);
+        found++;
+    }
+    if (found == 0)
+        gctx_fail(c, TD_ERR_INVALID, "no tool to call");
+    gb_rule_set(c, inv, alt);
+    static const char end[] = "</" DSML " calls>";
+    uint32_t most = json_is_true(json_object_get(j.root, "single")) ? 1 : UINT32_MAX;
+    gb_rule_set(c, c->g->root, gb_seq(c, gb_repeat(c, inv, 1, most),
+                                       gb_lit(c, end, sizeof end - 1)));
+    json_decref(j.root);
+    td_hmap_destroy(j.memo);
     return c->st;
 }

@@ -42,6 +42,8 @@ compile_front(gctx_t *c, td_grammar_kind_t kind, const char *spec, size_t len)
         return gchoice_build(c, spec, len);
     case TD_GRAMMAR_EBNF:
         return gebnf_build(c, spec, len);
+    case TD_GRAMMAR_TOOL_CALLS:
+        return gtools_build(c, spec, len);
     }
     return gctx_fail(c, TD_ERR_INVALID, "unknown grammar kind %d", (int)kind);
 }

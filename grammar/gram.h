@@ -119,6 +119,9 @@ gfrag_t gregex_build(gctx_t *c, const char *re, size_t len, bool json);
 td_status_t gjson_build(gctx_t *c, const char *spec, size_t len, bool object_only);
 /* A choice list (a JSON array of strings) as the root rule. */
 td_status_t gchoice_build(gctx_t *c, const char *spec, size_t len);
+/* Tool calls in the DSML syntax, after the prompt opened the block: spec
+ * {"tools": [function objects], "name": the one to call or absent}. */
+td_status_t gtools_build(gctx_t *c, const char *spec, size_t len);
 /* A GBNF grammar as the root rule. */
 td_status_t gebnf_build(gctx_t *c, const char *spec, size_t len);
 

@@ -38,6 +38,10 @@ typedef enum {
     TD_GRAMMAR_REGEX,            /* spec: the pattern (docs: the supported syntax) */
     TD_GRAMMAR_CHOICE,           /* spec: a JSON array of strings */
     TD_GRAMMAR_EBNF,             /* spec: a GBNF grammar, start symbol root */
+    TD_GRAMMAR_TOOL_CALLS,       /* spec: {"tools": [function objects], "name": the one
+                                    to call, or absent, "single": one call only}: the
+                                    DSML calls after the prompt opened the block
+                                    (tool_choice required or named) */
 } td_grammar_kind_t;
 
 /* Compile options. Zero-initialised means the defaults. */

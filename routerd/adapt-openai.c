@@ -306,8 +306,9 @@ field_suffix(td_ireq_parse_t *p, const char *key, const json_t *v)
 }
 
 
-/* Type-checked only here: metadata, store, service_tier and
- * parallel_tool_calls are accepted for compatibility and not used; thinking
+/* Type-checked only here: metadata, store and service_tier are accepted for
+ * compatibility and not used; parallel_tool_calls is read from the body by
+ * td_ireq_finish (false: a forced tool choice makes one call); thinking
  * and reasoning_effort are read by the V4.1 chat encoding (text/chat.c:
  * values checked there) and have no effect on the byte-level stand-in. */
 static td_status_t

@@ -789,6 +789,44 @@ finish_mentions_json(const td_ireq_t *r)
     return false;
 }
 
+/* tool_choice "required" or {"type": "function", "function": {"name"}} with
+ * tools: the DSML calls become the constraint, {"tools": [their function
+ * objects], "name": the forced one, "single": parallel_tool_calls false};
+ * its text, or NULL when tool_choice forces nothing. */
+static char *
+finish_tool_spec(const td_ireq_t *r)
+{
+    json_t *tc = r->tool_choice ? json_loads(r->tool_choice, JSON_DECODE_ANY, NULL) : NULL;
+    json_t *tools = r->tools ? json_loads(r->tools, 0, NULL) : NULL;
+    json_t *spec = NULL, *fns = json_array(), *name = NULL;
+    char *text = NULL;
+
+    if (json_is_object(tc))
+        name = json_object_get(json_object_get(tc, "function"), "name");
+    if (!(json_is_string(tc) && strcmp(json_string_value(tc), "required") == 0) &&
+        !json_is_string(name))
+        goto out;
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        json_t *fn = json_object_get(json_array_get(tools, i), "function");
+        if (json_is_object(fn))
+            json_array_append(fns, fn);
+    }
+    if (json_array_size(fns) == 0)
+        goto out;
+    spec = json_pack("{s:O}", "tools", fns);
+    if (spec != NULL && name != NULL)
+        json_object_set(spec, "name", name);
+    if (spec != NULL && json_is_false(json_object_get(r->body, "parallel_tool_calls")))
+        json_object_set_new(spec, "single", json_true());   /* one call only */
+    text = spec != NULL ? json_dumps(spec, JSON_COMPACT) : NULL;
+out:
+    json_decref(spec);
+    json_decref(fns);
+    json_decref(tc);
+    json_decref(tools);
+    return text;
+}
+
 /* The constraint's spec as the grammar engine reads it. */
 static char *
 finish_constraint_text(const td_ireq_constraint_t *c)
@@ -825,6 +863,23 @@ finish_constraint(td_ireq_parse_t *p)
     td_grammar_t *g;
     td_status_t st;
 
+    if (p->req->kind == TD_OPENAI_CHAT && p->req->tools != NULL && p->req->tool_choice != NULL) {
+        char *tools = finish_tool_spec(p->req);
+        if (tools != NULL && c->kind != TD_IREQ_CONSTRAINT_NONE) {
+            free(tools);
+            td_openai_err_set(p->e, 400, INVALID_REQUEST, "tool_choice", "unsupported_value",
+                              "Unsupported value for 'tool_choice': a forced tool call together "
+                              "with '%s' is not supported.", c->param);
+            return TD_ERR_UNSUPPORTED;
+        }
+        if (tools != NULL && p->cfg->gvocab == NULL) {
+            free(tools);   /* without a vocabulary the prompt still opens the block */
+        } else if (tools != NULL) {
+            c->kind = TD_IREQ_CONSTRAINT_TOOL_CALLS;
+            c->text = tools;
+            snprintf(c->param, sizeof c->param, "tool_choice");
+        }
+    }
     if (c->kind == TD_IREQ_CONSTRAINT_NONE)
         return TD_OK;
     if (p->cfg->gvocab == NULL) {
@@ -840,12 +895,7 @@ finish_constraint(td_ireq_parse_t *p)
                           "'response_format' of type 'json_object'.");
         return TD_ERR_INVALID;
     }
-    if (p->req->n > 1) {
-        td_openai_err_set(p->e, 400, INVALID_REQUEST, "n", "unsupported_value",
-                          "Unsupported value for 'n': structured output takes one choice.");
-        return TD_ERR_UNSUPPORTED;
-    }
-    if ((c->text = finish_constraint_text(c)) == NULL)
+    if (c->text == NULL && (c->text = finish_constraint_text(c)) == NULL)
         return td_ireq_nomem(p);
     st = td_grammar_compile(p->cfg->gvocab, (td_grammar_kind_t)(c->kind - 1), c->text,
                             strlen(c->text), &o, &g, &ge);
@@ -962,9 +1012,9 @@ td_ireq_parse_object(const td_ireq_cfg_t *cfg, td_openai_kind_t kind,
         if (rc != TD_OK)
             goto err_destroy;
     }
+    req->body = json_incref(body);   /* finish reads it too (parallel_tool_calls) */
     if ((rc = td_ireq_finish(&p)) != TD_OK)
         goto err_destroy;
-    req->body = json_incref(body);
     *out = req;
     return TD_OK;
 

@@ -87,6 +87,8 @@ typedef enum {
     TD_IREQ_CONSTRAINT_REGEX,         /* spec: a string */
     TD_IREQ_CONSTRAINT_CHOICE,        /* spec: an array of strings */
     TD_IREQ_CONSTRAINT_GRAMMAR,       /* spec: an EBNF grammar string */
+    TD_IREQ_CONSTRAINT_TOOL_CALLS,    /* tool_choice required or named (chat): the DSML
+                                         calls, each argument to its schema; no spec */
 } td_ireq_constraint_kind_t;
 
 typedef struct {

@@ -210,7 +210,7 @@ td_wcons_create(const Tandem__Constraint *in, td_wcons_t **out, char *why, size_
     *out = NULL;
     if (in == NULL || in->kind == 0)
         return TD_OK;
-    if (in->kind > 5 || in->spec == NULL) {
+    if (in->kind > 6 || in->spec == NULL) {
         snprintf(why, whylen, "constraint: kind %u is not one", in->kind);
         return TD_ERR_INVALID;
     }

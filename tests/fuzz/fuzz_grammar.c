@@ -1,10 +1,10 @@
 /* tests/fuzz/fuzz_grammar.c — the grammar engine's compilers (JSON Schema,
- * regex, choice, GBNF: grammar/) on arbitrary specs against the tiny
+ * regex, choice, GBNF, DSML tool calls: grammar/) on arbitrary specs against the tiny
  * checkpoint's vocabulary ($TD_FUZZ_TINY), then a short walk through the
  * allowed tokens. Checks: a refusal has a message and one of the documented
  * statuses; every token the mask allows advances, every other is refused;
- * rollback returns to the first mask. Input: a byte of choices (kind,
- * strict, precompute), then the spec; the walk's picks come from the spec's
+ * rollback returns to the first mask. Input: a byte of choices (bits 0-2
+ * the kind mod 6, bit 3 strict, bit 4 precompute), then the spec; the walk's picks come from the spec's
  * bytes. */
 #include <string.h>
 
@@ -81,7 +81,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     o.strict = data[0] & 8;
     o.precompute = data[0] & 16;
-    st = td_grammar_compile(gz_v, (td_grammar_kind_t)(data[0] % 5), (const char *)data + 1,
+    st = td_grammar_compile(gz_v, (td_grammar_kind_t)((data[0] & 7) % 6), (const char *)data + 1,
                             size - 1, &o, &g, &e);
     if (st != TD_OK) {
         FUZZ_CHECK(st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED || st == TD_ERR_TOO_BIG ||

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-KIND = {"json_object": 0, "json_schema": 1, "regex": 2, "choice": 3, "ebnf": 4}
+KIND = {"json_object": 0, "json_schema": 1, "regex": 2, "choice": 3, "ebnf": 4, "tool_calls": 5}
 VOCAB = 129280
 WORDS = (VOCAB + 63) // 64
 

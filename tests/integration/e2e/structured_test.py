@@ -104,6 +104,45 @@ def test_structured(c):
     check(r.choices[0].finish_reason == "length" and text.startswith("{\""),
           "max_tokens 3: %r %r" % (r.choices[0].finish_reason, text))
 
+    # n = 2: each choice under the constraint
+    r = client.chat.completions.create(model=MODEL, messages=msgs, temperature=1, seed=11,
+                                       max_tokens=256, n=2, extra_body=off,
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "p", "strict": True,
+                                           "schema": Pet.model_json_schema()}})
+    check(len(r.choices) == 2, "n=2: %d choices" % len(r.choices))
+    for ch in r.choices:
+        check(ch.finish_reason == "stop", "n=2: %r %r" % (ch.finish_reason, ch.message.content))
+        if ch.finish_reason == "stop":
+            Pet.model_validate_json(ch.message.content)
+
+    # tool_choice required and named: the DSML calls, each argument to its schema
+    params = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 4},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {
+                 "type": "object", "properties": {"zone": {"type": "string", "enum": [
+                     "UTC", "CET"]}}, "required": ["zone"]}}}]
+    import jsonschema
+    for seed, choice in ((12, "required"), (13, "required"),
+                         (14, {"type": "function", "function": {"name": "get_time"}})):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+            temperature=1, seed=seed, max_tokens=165, tools=tools, tool_choice=choice,
+            parallel_tool_calls=False, extra_body=off)
+        m = r.choices[0].message
+        check(r.choices[0].finish_reason == "tool_calls" and m.tool_calls,
+              "tool_choice %r: %r %r" % (choice, r.choices[0].finish_reason, m))
+        for tc in m.tool_calls or []:
+            fn = [t["function"] for t in tools if t["function"]["name"] == tc.function.name]
+            check(len(fn) == 1, "tool call of %r" % tc.function.name)
+            if isinstance(choice, dict):
+                check(tc.function.name == "get_time", "named: %r" % tc.function.name)
+            jsonschema.validate(json.loads(tc.function.arguments), fn[0]["parameters"])
+
     # thinking: the reasoning is free, the content constrained after </think>
     unthink = tok.token_to_id("</think>")
     eos = tok.token_to_id("<｜end▁of▁sentence｜>")
