@@ -86,6 +86,21 @@ td_st_numel(const td_st_tensor_t *t)
     return n;
 }
 
+void
+td_st_release(const td_st_tensor_t *t)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)t->data, b = a + t->nbytes;
+
+    if (t->data == NULL || pg == 0 || (pg & (pg - 1)) != 0)
+        return;
+    a = (a + pg - 1) & ~(pg - 1);
+    b &= ~(pg - 1);
+    /* a failure only leaves the pages resident: nothing to report */
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 /* Bytes of `ndim` dims of dtype dt; false on overflow or a partial byte. */
 static int
 st_nbytes(td_dtype_t dt, int ndim, const int64_t *shape, uint64_t *out)

@@ -77,6 +77,10 @@ const td_st_tensor_t *td_st_at(const td_st_t *st, size_t i);
 const char *td_st_metadata(const td_st_t *st, const char *key);
 /* Number of elements: the product of the shape (1 for a scalar). */
 int64_t td_st_numel(const td_st_tensor_t *t);
+/* Drop the pages that lie wholly inside t's bytes from the process's memory
+ * (the mapping stays valid: read again, they come back from the file). A
+ * loader calls it on what it has copied, so a checkpoint is not held twice. */
+void td_st_release(const td_st_tensor_t *t);
 
 /* ---- writing ---------------------------------------------------------------
  * A writer collects tensors (it copies their bytes) and writes them on finish:

@@ -655,6 +655,17 @@ drank_req_new(td_drank_t *r, void *router, const Tandem__Admit *a,
     req->ereq = ereq;
     req->rank = r;
     ereq->user = req;
+    if (a->sampling != NULL && a->sampling->constraint != NULL &&
+        a->sampling->constraint->kind != 0) {   /* compiled on the compute thread */
+        req->cons_in = *a->sampling->constraint;
+        req->cons_in.spec = strdup(req->cons_in.spec ? req->cons_in.spec : "");
+        if (req->cons_in.spec == NULL) {
+            td_dreq_destroy(req);
+            *code = TANDEM__ADMIT_REJECT_CODE__ADMIT_REJECT_NO_CAPACITY;
+            *why = "out of memory";
+            return TD_ERR_NOMEM;
+        }
+    }
     req->res = res;
     req->router = router;
     req->xfer_id = drank_xfer_id(r);
@@ -976,6 +987,25 @@ static void drank_kept_copy(td_drank_t *r, const td_kvpool_res_t *from,
  * does not share of the lead's prompt state (the partly filled last block,
  * the fixed slot), adopts the prompt, and takes its first token as the lead
  * did (re-drawn and compared where the engine can, else P's). */
+/* Compute thread: req's constraint compiled (or found compiled) and hooked
+ * into its engine request, once, before its first token; *what says why
+ * when it is refused. */
+static td_status_t
+drank_cons_attach(td_dreq_t *req, const char **what)
+{
+    td_status_t st;
+
+    if (req->cons_in.kind == 0 || req->cons != NULL)
+        return TD_OK;
+    st = td_wcons_create(&req->cons_in, &req->cons, req->cons_why, sizeof(req->cons_why));
+    if (st != TD_OK) {
+        *what = req->cons_why;
+        return st;
+    }
+    req->ereq->cons = td_wcons_hook(req->cons);
+    return TD_OK;
+}
+
 static void
 drank_adopt_siblings(drank_adopt_t *j)
 {
@@ -995,7 +1025,9 @@ drank_adopt_siblings(drank_adopt_t *j)
         if (j->st != TD_OK)
             break;
         j->what = "a choice's first token";
-        j->st = td_engine_sample_pick(e, &sb->pick, &sb->fin);
+        j->st = drank_cons_attach(sb->req, &j->what);
+        if (j->st == TD_OK)
+            j->st = td_engine_sample_pick(e, &sb->pick, &sb->fin);
         if (j->st == TD_OK && sb->pick.token != sb->note_first)
             j->st = TD_ERR_MISMATCH;
         if (j->st == TD_ERR_STATE && e->failed == TD_OK) {
@@ -1039,7 +1071,9 @@ drank_adopt_run(void *arg)
         return;
     }
     j->what = "first token";
-    j->st = td_engine_sample_pick(ereq, &j->pick, &j->fin);
+    j->st = drank_cons_attach(j->req, &j->what);
+    if (j->st == TD_OK)
+        j->st = td_engine_sample_pick(ereq, &j->pick, &j->fin);
     if (j->st == TD_ERR_STATE && ereq->failed == TD_OK) {
         /* P's token, and its log-probabilities as P computed them */
         j->pick = j->note_pick;
@@ -1249,7 +1283,9 @@ drank_continue_run(void *arg)
     }
     if (j->st == TD_OK) {
         j->what = "first token";
-        j->st = td_engine_sample_pick(req->ereq, &j->pick, &j->fin);
+        j->st = drank_cons_attach(req, &j->what);
+        if (j->st == TD_OK)
+            j->st = td_engine_sample_pick(req->ereq, &j->pick, &j->fin);
     }
     j->first = j->note_first = j->pick.token;
     j->t_end = td_clock_ns();

@@ -74,6 +74,8 @@ td_dreq_destroy(td_dreq_t *req)
         event_free(req->grace);
     if (req->ereq != NULL)
         td_engine_req_destroy(req->ereq);
+    td_wcons_destroy(req->cons);
+    free(req->cons_in.spec);
     free(req->prompt);
     free(req->gen);
     free(req);

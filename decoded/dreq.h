@@ -16,6 +16,7 @@
 #include "engine.h"
 #include "kvpool.h"
 #include "status.h"
+#include "wcons.h"
 #include "xfer.h"
 
 struct event;
@@ -43,6 +44,9 @@ typedef struct {
     int32_t *prompt;             /* [nprompt] */
     size_t nprompt;
     td_engine_req_t *ereq;       /* the engine's request over res->kv (adopted on KV arrival) */
+    Tandem__Constraint cons_in;  /* its Sampling's constraint (spec owned); kind 0: none */
+    td_wcons_t *cons;            /* compiled on the compute thread before its first token */
+    char cons_why[200];          /* why the constraint was refused */
     int32_t last;                /* the last sampled token (input of the next step) */
     uint64_t generated;          /* tokens sent, the first included */
     int32_t *gen;                /* [generated] those tokens, when the rank keeps finished

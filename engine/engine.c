@@ -284,7 +284,17 @@ engine_pick(td_engine_req_t *req, const td_sample_params_t *sp, td_sample_pick_t
     if (st != TD_OK)
         return st;
     generated = req->ntokens - req->prompt;
-    row = (td_sample_row_t){ sp, req->hist.count ? &req->hist : NULL, req->ntokens, generated };
+    row = (td_sample_row_t){ sp, req->hist.count ? &req->hist : NULL, req->ntokens, generated,
+                             NULL };
+    if (req->cons != NULL) {
+        st = TD_OK;
+        row.allow = req->cons->mask(req->cons->ctx, &st);
+        if (st != TD_OK) {
+            td_error("engine %s: the request's constraint has no mask: %s", req->engine->name,
+                     td_status_str(st));
+            return st;
+        }
+    }
     st = td_sample_row_pick(&lg, &row, -1, &pk);   /* logs why */
     if (st != TD_OK)
         return st;
@@ -340,6 +350,18 @@ td_engine_take(td_engine_req_t *req, int32_t token, td_sample_finish_t *finish)
     return TD_OK;
 }
 
+/* The constraint takes the token the sequence took. */
+static td_status_t
+engine_cons_take(td_engine_req_t *req, int32_t token)
+{
+    td_status_t st = req->cons->take(req->cons->ctx, token);
+
+    if (st != TD_OK)
+        td_error("engine %s: the request's constraint refuses token %d: %s", req->engine->name,
+                 token, td_status_str(st));
+    return st;
+}
+
 td_status_t
 td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine_layer_fn fn,
                       void *arg)
@@ -367,6 +389,8 @@ td_engine_decode_step(td_engine_t *e, td_engine_row_t *rows, size_t n, td_engine
     }
     for (size_t i = 0; i < n; i++) {
         st = engine_hist_add(rows[i].req, &rows[i].token, 1, true);
+        if (st == TD_OK && rows[i].req->cons != NULL)
+            st = engine_cons_take(rows[i].req, rows[i].token);
         if (st == TD_OK)
             st = td_engine_sample_pick(rows[i].req, &rows[i].pick, &rows[i].finish);
         if (st != TD_OK)

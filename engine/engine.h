@@ -54,6 +54,19 @@ typedef td_status_t (*td_engine_layer_fn)(td_engine_req_t *req, uint32_t layer,
 
 /* A request's state. Callers read these fields; only engine code writes them.
  * An implementation embeds it as the first member of its own request. */
+/* A constraint on a request's output (structured output), set by the caller
+ * who owns it: consulted at each sampling of the request, and told each
+ * token the sequence takes after its first sampled one (the decode step's
+ * input). mask: the tokens allowed next (bit i of word i / 64), or NULL
+ * when nothing is constrained now (the reasoning before the constraint
+ * starts); NULL with *st set: it failed. take: TD_ERR_INVALID when the
+ * constraint refuses the token. */
+typedef struct {
+    void *ctx;
+    const uint64_t *(*mask)(void *ctx, td_status_t *st);
+    td_status_t (*take)(void *ctx, int32_t token);
+} td_engine_cons_t;
+
 struct td_engine_req {
     td_engine_t *engine;
     td_sample_params_t sampling;
@@ -64,6 +77,7 @@ struct td_engine_req {
     td_status_t failed;    /* TD_OK, or why the request became unusable */
     void *user;            /* free for the caller */
     td_sample_hist_t hist; /* its tokens, kept when a penalty is on (sample.h) */
+    const td_engine_cons_t *cons;  /* NULL, or its constraint (the caller's) */
 };
 
 /* One row of a decode step. */

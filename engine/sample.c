@@ -221,8 +221,20 @@ sample_view_row(sample_view_t *v, const td_sample_row_t *row, bool mask, bool pe
     }
 }
 
+/* A constraint's mask on v->own: the tokens it leaves out at -inf. */
+static void
+sample_view_allow(sample_view_t *v, const uint64_t *allow)
+{
+    for (uint32_t i = 0; i < v->n; i++) {
+        uint32_t id = v->ids == NULL ? i : (uint32_t)v->ids[i];
+        if (!(allow[id >> 6] >> (id & 63) & 1))
+            v->own[i] = -INFINITY;
+    }
+}
+
 /* v = lg as the row samples it: sp's logit_bias added, then the min_tokens
- * mask and the penalties (a copy only when one of them applies). */
+ * mask, the penalties and the constraint's mask (a copy only when one of
+ * them applies). */
 static td_status_t
 sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_row_t *row,
                  char *why, size_t whylen)
@@ -232,7 +244,7 @@ sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_r
     bool pen = td_sample_params_penalized(sp);
 
     *v = (sample_view_t){ lg->n, lg->ids, lg->logits, NULL };
-    if (sp->nbias == 0 && !mask && !pen)
+    if (sp->nbias == 0 && !mask && !pen && row->allow == NULL)
         return TD_OK;
     if (pen && row->hist == NULL) {
         snprintf(why, whylen, "penalties without the row's token history");
@@ -261,6 +273,8 @@ sample_view_init(sample_view_t *v, const td_sample_dist_t *lg, const td_sample_r
         }
     }
     sample_view_row(v, row, mask, pen);
+    if (row->allow != NULL)
+        sample_view_allow(v, row->allow);
     v->logits = v->own;
     return TD_OK;
 }
@@ -586,7 +600,7 @@ sample_plain_row(const td_sample_params_t *sp, uint64_t position, td_sample_row_
                  sp->min_tokens);
         return TD_ERR_INVALID;
     }
-    *row = (td_sample_row_t){ sp, NULL, position, 0 };
+    *row = (td_sample_row_t){ sp, NULL, position, 0, NULL };
     return TD_OK;
 }
 

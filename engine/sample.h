@@ -115,6 +115,9 @@ typedef struct {
                                        no penalty may be on) */
     uint64_t position;              /* of the token being chosen: the draw's */
     uint64_t generated;             /* tokens generated before this one (min_tokens) */
+    const uint64_t *allow;          /* NULL, or the tokens a constraint allows (bit i of
+                                       word i / 64 for token i): every other is -inf,
+                                       after the bias, min_tokens and the penalties */
 } td_sample_row_t;
 
 /* ---- Log-probabilities --------------------------------------------------------- */
@@ -144,6 +147,7 @@ typedef struct {
  *   for a token of the prompt or the output (repetition_penalty r):
  *   l > 0 ? l / r : l * r (vLLM's); then - frequency_penalty * c -
  *   presence_penalty * (c > 0), c = the times it was generated (OpenAI's);
+ *   a token the row's allow mask leaves out at -inf (structured output);
  * then in the order (logit desc, id asc):
  *   greedy (temperature 0 or top_k 1): the first;
  *   otherwise: weights w = exp((l - l_max) / temperature) in double; keep

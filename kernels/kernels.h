@@ -114,6 +114,27 @@ typedef enum {
  * rows, by shape). Made by mat_create, owned by its caller. */
 typedef struct td_kernels_mat td_kernels_mat_t;
 
+/* The stored formats a linear's weights come in (the release's, docs/weights.md). */
+typedef enum {
+    TD_KERNELS_W_F32 = 0,       /* data: f32 [N, k] (tables only) */
+    TD_KERNELS_W_BF16 = 1,      /* data: bf16 [N, k] */
+    TD_KERNELS_W_FP8_BLOCK = 2, /* data: e4m3 codes [N, k]; scales: ue8m0
+                                 * [ceil(N / block_rows), ceil(k / block_cols)] */
+    TD_KERNELS_W_FP4_K32 = 3,   /* data: e2m1 codes [N, k / 2], element 2i in the
+                                 * low nibble; scales: ue8m0 [N, k / 32] */
+    TD_KERNELS_W_FP8_ROWS = 4,  /* data: e4m3 codes [N, k]; scales: ue8m0 [N, k / 32]
+                                 * (tables only: the engram rows) */
+} td_kernels_wfmt_t;
+
+/* A linear's weights as stored: N = groups * n rows of k values. Host
+ * memory, any alignment, read only during mat_create_fmt. */
+typedef struct {
+    td_kernels_wfmt_t fmt;
+    const void *data;
+    const uint8_t *scales;      /* NULL for bf16 */
+    size_t block_rows, block_cols; /* fp8 only; block_cols a multiple of 32 */
+} td_kernels_wsrc_t;
+
 typedef struct td_kernels_ops {
     const char *name;  /* "cpu" */
 
@@ -122,6 +143,14 @@ typedef struct td_kernels_ops {
      * one, as linear_grouped). w is copied; *out on TD_OK. */
     td_status_t (*mat_create)(const float *w, size_t groups, size_t n, size_t k,
                               td_kernels_mat_t **out);
+    /* The same from weights in a stored format: kept as codes and scales
+     * (the cpu backend dequantizes them inside linear_mat, sixteen columns
+     * at a time, into registers), or, where the backend cannot keep a
+     * matrix so and stay exact, widened to the values the checkpoint
+     * reader gives. linear_mat's results are those of mat_create on those
+     * values, bit for bit. */
+    td_status_t (*mat_create_fmt)(const td_kernels_wsrc_t *w, size_t groups, size_t n,
+                                  size_t k, td_kernels_mat_t **out);
     void (*mat_destroy)(td_kernels_mat_t *w);
     /* Bytes the prepared weights take. */
     size_t (*mat_bytes)(const td_kernels_mat_t *w);
@@ -144,6 +173,11 @@ typedef struct td_kernels_ops {
      * rows (or < 0) is TD_ERR_RANGE. */
     td_status_t (*embed)(const float *table, size_t rows, size_t d,
                          const int64_t *ids, size_t n, float *y);
+    /* The same over a table in its stored format (f32, bf16, fp8 rows with
+     * ue8m0 scales per 32 channels): each row's values made as the
+     * checkpoint reader makes them (one product of code and scale). */
+    td_status_t (*embed_fmt)(const td_kernels_wsrc_t *table, size_t rows, size_t d,
+                             const int64_t *ids, size_t n, float *y);
     /* y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) (* w when w is not NULL):
      * x, y [n, d], w [d]; y may be x. */
     td_status_t (*rmsnorm)(const float *x, const float *w, float eps,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fwspace.h"
 #include "log.h"
 
 /* Query rows per attention tile (bounds the key/mask buffers of long chunks). */
@@ -27,15 +28,20 @@ typedef struct {
     int32_t index_seg;        /* the cache segment of the indexer keys the group scores */
     size_t nidx;              /* its entries [0, nidx) */
     int has_index_k;
-    float *bias;              /* [n, bias_t] top-k block bias (0 / -inf) */
+    /* The top-k block bias as lists: row i's bias is 0 at the entries
+     * tk[i, 0 .. ntk[i]) (each chosen with a score above -inf) and -inf
+     * elsewhere of its bias_t entries. */
+    int32_t *tk;              /* [n, index_topk] */
+    uint32_t *ntk;            /* [n] */
     size_t bias_t;
     int has_bias;
-    unsigned char *cand;      /* [n, cand_t] candidate mask of the two-level top-k */
+    /* The candidate mask of the two-level top-k as lists: row i keeps the
+     * entries of the blocks cb[i, 0 .. ncb[i]) of cand_t entries. */
+    int32_t *cb;              /* [n, candidate_topk_blocks] */
+    uint32_t *ncb;            /* [n] */
     size_t cand_t;
     int has_cand;
 } fw_shared_t;
-
-typedef struct fw_moe_ws fw_moe_ws_t;
 
 /* One forward call. */
 typedef struct {
@@ -44,6 +50,7 @@ typedef struct {
     fw_moe_ws_t *ws;          /* the MoE workspace */
     size_t tall;              /* rows of every rank of the DEP group (N without one) */
     const td_modelcfg_t *c;
+    const td_cache_plan_t *plan;
     const td_kernels_ops_t *k;
     td_forward_seq_t *seqs;
     size_t nseq;
@@ -53,7 +60,12 @@ typedef struct {
     int64_t *pos;             /* [N] absolute positions */
     fw_shared_t *sh;          /* [nseq] */
     td_status_t *seq_st;      /* [nseq] each request's attention status */
+    td_fwspace_t *sspace;     /* [nslots] scratch of the attention, compressor and indexer */
+    atomic_uchar *busy;       /* [nslots] 1 while a request's attention holds the slot */
+    size_t nslots;            /* requests attending at once: min(nseq, the pool's threads) */
+    int64_t *ids;             /* [N] the tokens, for the embedding */
     size_t H, hc, hd, nh, rd;
+    uint64_t shape_T;         /* seqs NULL (td_forward_workspace_bytes): every request's tokens */
 
     float *S, *R;             /* [N, hc, H] streams, residual */
     float *flat, *mixes;      /* [N, hc * H], [N, (2 + hc) * hc] */
@@ -86,18 +98,16 @@ typedef struct {
             goto out;                                                          \
     } while (0)
 
-/* An allocation of the pass failed: logged here, once, with the step. */
-static td_status_t
-fw_nomem(const fw_t *f, const char *step)
-{
-    td_error("forward: %s: out of memory (%zu rows)", step, f->N);
-    return TD_ERR_NOMEM;
-}
-
+/* bytes from request scratch sp; NULL (logged) when the workspace's bound
+ * (fw_seq_scratch) was wrong: a bug, never input. */
 static void *
-fw_calloc(size_t n, size_t size)
+fw_take(const fw_t *f, td_fwspace_t *sp, size_t bytes)
 {
-    return calloc(n ? n : 1, size);
+    void *p = td_fwspace_take(sp, bytes);
+    if (p == NULL)
+        td_error("forward: a request's scratch of %zu bytes is too small (%zu rows)", sp->cap,
+                 f->N);
+    return p;
 }
 
 /* Store one vector of dim values as an entry in format fmt. */
@@ -155,20 +165,22 @@ fw_store_seg(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, const float *x, si
 
 /* The reference's fake quantizers, in place (quantize, then dequantize). */
 static td_status_t
-fw_fake_quant(const fw_t *f, td_cache_fmt_t fmt, uint32_t dim, float *x, size_t n)
+fw_fake_quant(const fw_t *f, td_fwspace_t *sp, td_cache_fmt_t fmt, uint32_t dim, float *x,
+              size_t n)
 {
     if (fmt == TD_CACHE_F32)
         return TD_OK;
-    unsigned char *tmp = malloc(td_cache_fmt_bytes(fmt, dim));
+    size_t mark = sp->used;
+    unsigned char *tmp = fw_take(f, sp, td_cache_fmt_bytes(fmt, dim));
     if (tmp == NULL)
-        return fw_nomem(f, "fake quantization");
+        return TD_ERR_INTERNAL;
     td_status_t st = TD_OK;
     for (size_t i = 0; i < n && st == TD_OK; i++) {
         st = fw_store_one(f, fmt, dim, x + i * dim, tmp);
         if (st == TD_OK)
             st = fw_load_one(f, fmt, dim, tmp, x + i * dim);
     }
-    free(tmp);
+    sp->used = mark;
     return st;
 }
 
@@ -248,7 +260,7 @@ fw_engram(fw_t *f, uint32_t l)
             }
         }
     }
-    FW_CHECK(f->k->embed(L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
+    FW_CHECK(f->k->embed_fmt(&L->eg_table, L->eg_rows, ed, f->hid, N * cols, f->emb));
     FW_CHECK(f->k->linear_mat(f->emb, L->eg_wkv, f->kvx, N));
     for (size_t r = 0; r < N; r++) {
         memcpy(f->ekey + r * hc * H, f->kvx + r * H * (hc + 1), hc * H * sizeof(float));
@@ -266,7 +278,7 @@ fw_engram(fw_t *f, uint32_t l)
  * the frozen ones, which the cache holds already), and hand the group the
  * running compressed KV, which every layer reads from the cache. */
 static td_status_t
-fw_compress(fw_t *f, uint32_t l, size_t s)
+fw_compress(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
 {
     const td_modelcfg_layer_t *cl = &f->c->layers[l];
     const td_model_layer_t *L = &f->m->layers[l];
@@ -282,13 +294,14 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
     int64_t *gpos = NULL;
     td_status_t st = TD_OK;
     const float eps = (float)f->c->rms_norm_eps;
+    size_t mark = sp->used;
 
     if (r == 1) {
         G = n;
-        lat = malloc(G * hd * sizeof(float));
-        gpos = malloc(G * sizeof(int64_t));
+        lat = fw_take(f, sp, G * hd * sizeof(float));
+        gpos = fw_take(f, sp, G * sizeof(int64_t));
         if (lat == NULL || gpos == NULL) {
-            st = fw_nomem(f, "compressor");
+            st = TD_ERR_INTERNAL;
             goto out;
         }
         g0 = ef > e0 ? (size_t)(ef - e0 < G ? ef - e0 : G) : 0;
@@ -301,12 +314,12 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         b = (size_t)(p0 % r);
         tot = b + n;
         G = tot / r;
-        kvb = malloc(tot * hd * sizeof(float));
-        gb = malloc(tot * hd * sizeof(float));
-        lat = malloc((G ? G : 1) * hd * sizeof(float));
-        gpos = malloc((G ? G : 1) * sizeof(int64_t));
+        kvb = fw_take(f, sp, tot * hd * sizeof(float));
+        gb = fw_take(f, sp, tot * hd * sizeof(float));
+        lat = fw_take(f, sp, (G ? G : 1) * hd * sizeof(float));
+        gpos = fw_take(f, sp, (G ? G : 1) * sizeof(int64_t));
         if (kvb == NULL || gb == NULL || lat == NULL || gpos == NULL) {
-            st = fw_nomem(f, "compressor");
+            st = TD_ERR_INTERNAL;
             goto out;
         }
         for (size_t j = 0; j < b; j++) {     /* slots 0 .. b-1 hold the open group */
@@ -337,9 +350,9 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
         FW_TRY(f->k->rmsnorm(lg, L->cmp_norm, eps, ng, hd, lg));
         if (cl->owns_index_k) {
             size_t idh = (size_t)f->c->index_head_dim;
-            tmp = malloc(ng * (idh > hd ? idh : hd) * sizeof(float));
+            tmp = fw_take(f, sp, ng * (idh > hd ? idh : hd) * sizeof(float));
             if (tmp == NULL) {
-                st = fw_nomem(f, "compressor");
+                st = TD_ERR_INTERNAL;
                 goto out;
             }
             FW_TRY(f->k->linear_mat(lg, L->idx_wk, tmp, ng));
@@ -365,19 +378,16 @@ fw_compress(fw_t *f, uint32_t l, size_t s)
     st = TD_OK;
 
 out:
-    free(lat);
-    free(kvb);
-    free(gb);
-    free(tmp);
-    free(gpos);
+    sp->used = mark;
     return st;
 }
 
 /* select_candidate_blocks of the reference for one query row: sc [t] (-inf
- * where unreachable), clen = visible entries; keep [t]. */
+ * where unreachable), clen = visible entries; the kept blocks into cb (their
+ * count returned in *ncb). */
 static td_status_t
-fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned char *keep,
-              float *bscore, int64_t *bidx)
+fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, int32_t *cb,
+              uint32_t *ncb, float *bscore, int64_t *bidx)
 {
     size_t bs = (size_t)f->c->candidate_block_size, nb = (t + bs - 1) / bs;
     size_t kb = (size_t)f->c->candidate_topk_blocks < nb ? (size_t)f->c->candidate_topk_blocks : nb;
@@ -391,14 +401,49 @@ fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned 
     }
     if (clen > 0)   /* (clen - 1) // bs; clen 0 gives block -1: none pinned */
         bscore[(clen - 1) / bs] = INFINITY;
-    memset(keep, 0, t);
+    *ncb = 0;
     if (kb == 0)
         return TD_OK;
     FW_CHECK(f->k->topk(bscore, 1, nb, kb, bidx));
     for (size_t j = 0; j < kb; j++)
         if (bscore[bidx[j]] > -INFINITY)
-            for (size_t i = (size_t)bidx[j] * bs; i < ((size_t)bidx[j] + 1) * bs && i < t; i++)
-                keep[i] = 1;
+            cb[(*ncb)++] = (int32_t)bidx[j];
+    return TD_OK;
+}
+
+/* Query rows of the indexer scored at a time (bounds its scores: rows x
+ * entries). Each score depends on its query and key alone. */
+#define FW_INDEX_ROWS 32
+
+/* Scores of the rows [i0, i0 + nr) of request s against its t indexer keys
+ * into sc [nr, t], tile by tile of keys; entries a row cannot see yet are
+ * -inf. */
+static td_status_t
+fw_index_scores(fw_t *f, size_t s, size_t ratio, size_t i0, size_t nr, size_t t,
+                const float *qi, const float *w, float *keys, float *ksc, float *sc)
+{
+    const td_modelcfg_t *c = f->c;
+    const fw_shared_t *sh = &f->sh[s];
+    size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
+    size_t kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
+    uint64_t p0 = f->p0[s];
+
+    for (size_t j0 = 0; j0 < t; j0 += kt) {
+        size_t nk = t - j0 < kt ? t - j0 : kt;
+        for (size_t j = 0; j < nk; j++)
+            FW_CHECK(fw_load_one(f, f->m->plan->index_fmt, (uint32_t)idh,
+                                 td_cache_entry(f->seqs[s].cache, (uint32_t)sh->index_seg, j0 + j),
+                                 keys + j * idh));
+        FW_CHECK(f->k->index_scores(qi + i0 * ih * idh, keys, w + i0 * ih, nr, ih, nk, idh,
+                                    (float)(1.0 / sqrt((double)idh)), nr > 1 ? ksc : sc + j0));
+        for (size_t i = 0; nr > 1 && i < nr; i++)
+            memcpy(sc + i * t + j0, ksc + i * nk, nk * sizeof(float));
+    }
+    for (size_t i = 0; i < nr; i++) {        /* visible once the query passed the group */
+        uint64_t clen = (p0 + i0 + i + 1) / ratio;
+        for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
+            sc[i * t + j] = -INFINITY;
+    }
     return TD_OK;
 }
 
@@ -406,14 +451,13 @@ fw_candidates(const fw_t *f, const float *sc, size_t t, uint64_t clen, unsigned 
  * group's indexer keys and publish the top-k block bias (and, at the
  * candidate source, the candidate blocks). */
 static td_status_t
-fw_index(fw_t *f, uint32_t l, size_t s)
+fw_index(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
 {
     const td_modelcfg_t *c = f->c;
     const td_modelcfg_layer_t *cl = &c->layers[l];
     const td_model_layer_t *L = &f->m->layers[l];
     const td_cache_plan_t *plan = f->m->plan;
     fw_shared_t *sh = &f->sh[s];
-    td_cache_t *cache = f->seqs[s].cache;
     size_t n = f->seqs[s].n, r0 = f->row0[s], r = (size_t)cl->ratio;
     size_t ih = (size_t)c->index_n_heads, idh = (size_t)c->index_head_dim;
     size_t ql = (size_t)c->q_lora_rank;
@@ -430,103 +474,83 @@ fw_index(fw_t *f, uint32_t l, size_t s)
     if (!sh->has_index_k || sh->nidx == 0)
         return TD_OK;
     size_t t = sh->nidx, kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
+    size_t qr = n < FW_INDEX_ROWS ? n : FW_INDEX_ROWS;
+    size_t bs = (size_t)c->candidate_block_size;
 
-    qi = malloc(n * ih * idh * sizeof(float));
-    w = malloc(n * ih * sizeof(float));
-    sc = malloc(n * t * sizeof(float));
-    keys = malloc(kt * idh * sizeof(float));
-    ksc = n > 1 ? malloc(n * kt * sizeof(float)) : NULL;
+    size_t mark = sp->used;
+    qi = fw_take(f, sp, n * ih * idh * sizeof(float));
+    w = fw_take(f, sp, n * ih * sizeof(float));
+    sc = fw_take(f, sp, qr * t * sizeof(float));
+    keys = fw_take(f, sp, kt * idh * sizeof(float));
+    ksc = qr > 1 ? fw_take(f, sp, qr * kt * sizeof(float)) : NULL;
     size_t topk = (size_t)c->index_topk < t ? (size_t)c->index_topk : t;
-    idx = malloc((topk ? topk : 1) * n * sizeof(int64_t));
-    bscore = malloc(t * sizeof(float));
-    bidx = malloc(t * sizeof(int64_t));
-    float *nb_bias = realloc(sh->bias, n * t * sizeof(float));
-    if (nb_bias != NULL)
-        sh->bias = nb_bias;
+    idx = fw_take(f, sp, (topk ? topk : 1) * qr * sizeof(int64_t));
+    bscore = fw_take(f, sp, t * sizeof(float));
+    bidx = fw_take(f, sp, t * sizeof(int64_t));
+    unsigned char *blk = fw_take(f, sp, (t + bs - 1) / bs);
     if (qi == NULL || w == NULL || sc == NULL || idx == NULL || bscore == NULL ||
-        bidx == NULL || nb_bias == NULL || keys == NULL || (n > 1 && ksc == NULL)) {
-        st = fw_nomem(f, "indexer");
+        bidx == NULL || keys == NULL || (qr > 1 && ksc == NULL) || blk == NULL) {
+        st = TD_ERR_INTERNAL;
         goto out;
     }
 
     FW_TRY(f->k->linear_mat(f->qr + r0 * ql, L->idx_wq_b, qi, n));
     FW_TRY(f->k->rope(qi, n, ih, idh, f->rd, f->pos + r0, f->m->inv_freq_compress,
                       f->m->rope_scale_compress, 0));
-    st = fw_fake_quant(f, plan->index_fmt, (uint32_t)idh, qi, n * ih);
+    st = fw_fake_quant(f, sp, plan->index_fmt, (uint32_t)idh, qi, n * ih);
     if (st != TD_OK)
         goto out;
     FW_TRY(f->k->linear_mat(f->x + r0 * f->H, L->idx_wproj, w, n));
     const float heads_scaling = (float)(1.0 / sqrt((double)ih));
     for (size_t i = 0; i < n * ih; i++)
         w[i] *= heads_scaling;
-    /* scores tile by tile of keys (each score depends on its key alone) */
-    for (size_t j0 = 0; j0 < t; j0 += kt) {
-        size_t nk = t - j0 < kt ? t - j0 : kt;
-        for (size_t j = 0; j < nk; j++) {
-            st = fw_load_one(f, plan->index_fmt, (uint32_t)idh,
-                             td_cache_entry(cache, (uint32_t)sh->index_seg, j0 + j),
-                             keys + j * idh);
-            if (st != TD_OK)
-                goto out;
-        }
-        FW_TRY(f->k->index_scores(qi, keys, w, n, ih, nk, idh,
-                                  (float)(1.0 / sqrt((double)idh)), n > 1 ? ksc : sc + j0));
-        for (size_t i = 0; n > 1 && i < n; i++)
-            memcpy(sc + i * t + j0, ksc + i * nk, nk * sizeof(float));
+    if (cl->uses_candidates && !cl->candidate_source && sh->has_cand && sh->cand_t != t) {
+        td_error("forward: layer %u scores %zu compressed entries against a candidate "
+                 "mask of %zu (the reference cannot broadcast them)", l, t, sh->cand_t);
+        st = TD_ERR_UNSUPPORTED;
+        goto out;
     }
-    for (size_t i = 0; i < n; i++) {        /* visible once the query passed the group */
-        uint64_t clen = (p0 + i + 1) / r;
-        for (size_t j = (size_t)(clen < t ? clen : t); j < t; j++)
-            sc[i * t + j] = -INFINITY;
+    /* rows tile by tile: scores, candidates, top-k, each row on its own */
+    for (size_t i0 = 0; i0 < n; i0 += qr) {
+        size_t nr = n - i0 < qr ? n - i0 : qr;
+        FW_TRY(fw_index_scores(f, s, r, i0, nr, t, qi, w, keys, ksc, sc));
+        for (size_t i = 0; i < nr; i++) {
+            size_t row = i0 + i;
+            float *sr = sc + i * t;
+            if (cl->candidate_source) {
+                FW_TRY(fw_candidates(f, sr, t, (p0 + row + 1) / r,
+                                     sh->cb + row * (size_t)c->candidate_topk_blocks,
+                                     &sh->ncb[row], bscore, bidx));
+            } else if (cl->uses_candidates && sh->has_cand) {
+                memset(blk, 0, (t + bs - 1) / bs);
+                for (uint32_t k = 0; k < sh->ncb[row]; k++)
+                    blk[sh->cb[row * (size_t)c->candidate_topk_blocks + k]] = 1;
+                for (size_t j = 0; j < t; j++)
+                    if (!blk[j / bs])
+                        sr[j] = -INFINITY;
+            }
+        }
+        for (size_t i = 0; i < nr; i++)
+            sh->ntk[i0 + i] = 0;
+        if (topk > 0) {
+            FW_TRY(f->k->topk(sc, nr, t, topk, idx));
+            for (size_t i = 0; i < nr; i++)
+                for (size_t j = 0; j < topk; j++) {
+                    int64_t e = idx[i * topk + j];
+                    if (sc[i * t + (size_t)e] > -INFINITY)
+                        sh->tk[(i0 + i) * (size_t)c->index_topk + sh->ntk[i0 + i]++] = (int32_t)e;
+                }
+        }
     }
     if (cl->candidate_source) {
-        unsigned char *cand = realloc(sh->cand, n * t);
-        if (cand == NULL) {
-            st = fw_nomem(f, "indexer");
-            goto out;
-        }
-        sh->cand = cand;
-        for (size_t i = 0; i < n; i++) {
-            st = fw_candidates(f, sc + i * t, t, (p0 + i + 1) / r, cand + i * t, bscore, bidx);
-            if (st != TD_OK)
-                goto out;
-        }
         sh->cand_t = t;
         sh->has_cand = 1;
-    } else if (cl->uses_candidates && sh->has_cand) {
-        if (sh->cand_t != t) {
-            td_error("forward: layer %u scores %zu compressed entries against a candidate "
-                     "mask of %zu (the reference cannot broadcast them)", l, t, sh->cand_t);
-            st = TD_ERR_UNSUPPORTED;
-            goto out;
-        }
-        for (size_t i = 0; i < n * t; i++)
-            if (!sh->cand[i])
-                sc[i] = -INFINITY;
-    }
-    for (size_t i = 0; i < n * t; i++)
-        sh->bias[i] = -INFINITY;
-    if (topk > 0) {
-        FW_TRY(f->k->topk(sc, n, t, topk, idx));
-        for (size_t i = 0; i < n; i++)
-            for (size_t j = 0; j < topk; j++) {
-                int64_t e = idx[i * topk + j];
-                if (sc[i * t + (size_t)e] > -INFINITY)
-                    sh->bias[i * t + (size_t)e] = 0.0f;
-            }
     }
     sh->bias_t = t;
     sh->has_bias = 1;
 
 out:
-    free(qi);
-    free(w);
-    free(sc);
-    free(idx);
-    free(bscore);
-    free(bidx);
-    free(keys);
-    free(ksc);
+    sp->used = mark;
     return st;
 }
 
@@ -535,7 +559,7 @@ out:
 /* Attention of request s at layer l over its window (ring + this chunk) and
  * the group's compressed KV; writes f->ao rows, then updates the ring. */
 static td_status_t
-fw_attend(fw_t *f, uint32_t l, size_t s)
+fw_attend(fw_t *f, uint32_t l, size_t s, td_fwspace_t *sp)
 {
     const td_modelcfg_layer_t *cl = &f->c->layers[l];
     const td_cache_plan_t *plan = f->m->plan;
@@ -552,10 +576,11 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     float *win = NULL, *keys = NULL, *mask = NULL;
     size_t *sel = NULL;
     td_status_t st = TD_OK;
+    size_t mark = sp->used;
 
-    win = malloc((nprev + n) * hd * sizeof(float));
+    win = fw_take(f, sp, (nprev + n) * hd * sizeof(float));
     if (win == NULL) {
-        st = fw_nomem(f, "attention");
+        st = TD_ERR_INTERNAL;
         goto out;
     }
     for (size_t j = 0; j < nprev; j++) {
@@ -567,15 +592,15 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     memcpy(win + nprev * hd, f->kv + r0 * hd, n * hd * sizeof(float));
 
     size_t tc = 0;
-    const float *bias = NULL;
+    int bias = 0;
     if (cl->ratio > 0) {
         if (cl->kv_source) {
-            st = fw_compress(f, l, s);
+            st = fw_compress(f, l, s, sp);
             if (st != TD_OK)
                 goto out;
         }
         if (cl->index_source) {
-            st = fw_index(f, l, s);
+            st = fw_index(f, l, s, sp);
             if (st != TD_OK)
                 goto out;
         }
@@ -589,22 +614,26 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
                     st = TD_ERR_UNSUPPORTED;
                     goto out;
                 }
-                bias = sh->bias;
+                bias = 1;
             }
         }
     }
 
     /* Of the compressed entries, a tile reads those some row of it may weigh
-     * (its top-k bias is not -inf), in order, straight from the cache: the
-     * kernel skips masked keys, so leaving them out changes no bit. */
-    size_t tile = n < FW_TILE ? n : FW_TILE;
-    keys = malloc((tile + wm + tc) * hd * sizeof(float));
-    mask = malloc(tile * (tile + wm + tc) * sizeof(float));
-    sel = malloc((tc ? tc : 1) * sizeof(*sel));
-    if (keys == NULL || mask == NULL || sel == NULL) {
-        st = fw_nomem(f, "attention");
+     * (in a row's top-k list), in order, straight from the cache: the kernel
+     * skips masked keys, so leaving them out changes no bit. */
+    size_t tile = n < FW_TILE ? n : FW_TILE, K = (size_t)f->c->index_topk;
+    size_t most = bias ? (tc < tile * K ? tc : tile * K) : 0;
+    keys = fw_take(f, sp, (tile + wm + most) * hd * sizeof(float));
+    mask = fw_take(f, sp, tile * (tile + wm + most) * sizeof(float));
+    sel = fw_take(f, sp, (most ? most : 1) * sizeof(*sel));
+    uint32_t *at = fw_take(f, sp, (tc ? tc : 1) * sizeof(uint32_t));
+    unsigned char *want = fw_take(f, sp, tc ? tc : 1);
+    if (keys == NULL || mask == NULL || sel == NULL || at == NULL || want == NULL) {
+        st = TD_ERR_INTERNAL;
         goto out;
     }
+    memset(want, 0, tc ? tc : 1);
     const float softmax_scale = (float)(1.0 / sqrt((double)hd));
     for (size_t a = 0; a < n; a += tile) {
         size_t bq = a + tile < n ? a + tile : n, nt = bq - a;
@@ -612,13 +641,15 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
         uint64_t hi = p0 + bq;                          /* one past the last */
         size_t tw = (size_t)(hi - lo), ns = 0, tk;
         memcpy(keys, win + (lo - kbase) * hd, tw * hd * sizeof(float));
-        for (size_t j = 0; bias != NULL && j < tc; j++) {
-            size_t i = 0;
-            while (i < nt && bias[(a + i) * tc + j] == -INFINITY)
-                i++;
-            if (i < nt)
+        for (size_t i = 0; bias && i < nt; i++)
+            for (uint32_t c = 0; c < sh->ntk[a + i]; c++)
+                want[sh->tk[(a + i) * K + c]] = 1;
+        for (size_t j = 0; bias && j < tc; j++)
+            if (want[j]) {
+                want[j] = 0;
+                at[j] = (uint32_t)ns;
                 sel[ns++] = j;
-        }
+            }
         for (size_t k = 0; k < ns; k++) {
             st = fw_load_one(f, f->m->plan->kv_fmt, (uint32_t)hd,
                              td_cache_entry(cache, (uint32_t)sh->comp_seg, sel[k]),
@@ -635,7 +666,9 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
                 mr[j] = kp <= p && kp + wm >= p ? 0.0f : -INFINITY;
             }
             for (size_t k = 0; k < ns; k++)
-                mr[tw + k] = bias[(a + i) * tc + sel[k]];
+                mr[tw + k] = -INFINITY;
+            for (uint32_t c = 0; bias && c < sh->ntk[a + i]; c++)
+                mr[tw + at[sh->tk[(a + i) * K + c]]] = 0.0f;
         }
         FW_TRY(f->k->attention(f->q + (r0 + a) * nh * hd, keys, mask,
                                f->m->layers[l].attn_sink, softmax_scale, nt, nh, tk, hd,
@@ -656,10 +689,7 @@ fw_attend(fw_t *f, uint32_t l, size_t s)
     st = TD_OK;
 
 out:
-    free(win);
-    free(keys);
-    free(mask);
-    free(sel);
+    sp->used = mark;
     return st;
 }
 
@@ -672,7 +702,18 @@ static void
 fw_attend_task(void *arg, size_t s)
 {
     fw_attend_job_t *j = arg;
-    j->f->seq_st[s] = fw_attend(j->f, j->l, s);
+    fw_t *f = j->f;
+    size_t slot = 0;
+    /* a free scratch: at most as many tasks run at once as there are slots */
+    for (;; slot = (slot + 1) % f->nslots) {
+        atomic_uchar *b = &f->busy[slot];
+        unsigned char was = 0;
+        if (atomic_compare_exchange_strong_explicit(b, &was, 1, memory_order_acquire,
+                                                    memory_order_relaxed))
+            break;
+    }
+    f->seq_st[s] = fw_attend(f, j->l, s, &f->sspace[slot]);
+    atomic_store_explicit(&f->busy[slot], 0, memory_order_release);
 }
 
 static td_status_t
@@ -728,129 +769,63 @@ fw_attention(fw_t *f, uint32_t l)
  * group (or with a group of one) there is nothing to send: the experts run
  * on the pass's rows and add straight into y. */
 
-/* A workspace buffer, grown on demand, never shrunk. */
-typedef struct {
-    void *p;
-    size_t bytes;
-} fw_buf_t;
-
-static void *
-fw_buf(fw_buf_t *b, size_t bytes)
-{
-    if (b->p == NULL || bytes > b->bytes) {
-        free(b->p);
-        b->p = malloc(bytes ? bytes : 1);
-        b->bytes = b->p != NULL ? bytes : 0;
-    }
-    return b->p;
-}
-
-enum {
-    FW_MB_SC, FW_MB_BIASED, FW_MB_WTS, FW_MB_IDX, FW_MB_SEXP, FW_MB_SWT, FW_MB_XE, FW_MB_YE,
-    FW_MB_GE, FW_MB_UE, FW_MB_WE, FW_MB_BUCKET, FW_MB_ORDER, FW_MB_SEND, FW_MB_RECV, FW_MB_AX,
-    FW_MB_AW, FW_MB_AE, FW_MB_OUT, FW_MB_BACK, FW_MB_SLOT, FW_MB_DEST, FW_MB_N
-};
-
-/* The MoE workspace of a pass: one forward's (td_forward), or kept by a DEP
- * context from pass to pass. N = the pass's rows, R = rows one expert may
- * get, S = expert slots run here. */
-struct fw_moe_ws {
-    fw_buf_t buf[FW_MB_N];
-    float *sc, *biased, *wts;   /* [N, E], [N, E], [N, K] router */
-    int64_t *idx;               /* [N, K] */
-    int32_t *sexp;              /* [N, K] each token's experts, ascending */
-    float *swt;                 /* [N, K] their weights */
-    float *xe, *ye, *ge, *ue;   /* [R, H], [R, H], [R, I], [R, I] one expert's rows */
-    float *we;                  /* [R] their weights */
-    size_t *bucket;             /* [2 E + 1] slots per expert: starts, then cursors */
-    size_t *order;              /* [S] slots grouped by expert */
-    /* DEP */
-    unsigned char *send, *recv; /* dispatch records out, in */
-    size_t recv_cap;
-    const float **ax;           /* [S] each received slot's hidden vector (in recv) */
-    float *aw;                  /* [S] its weight */
-    int32_t *ae;                /* [S] its expert */
-    size_t scap;                /* S's bound */
-    float *out;                 /* [S, H] expert outputs, in arrival order */
-    float *back;                /* [N * K, H] outputs back at the token's rank */
-    size_t *slot;               /* [N, K] each token's slot's row in back */
-    uint32_t *dest;             /* [N, K] each slot's rank */
-};
-
+/* Carve the MoE buffers for a pass of N rows in a group whose ranks have
+ * tall rows in all (tall = N without a group), size ranks, held experts
+ * here, from sp (on a counting space: measure them). */
 static void
-fw_moe_ws_free(fw_moe_ws_t *w)
-{
-    for (size_t i = 0; i < FW_MB_N; i++)
-        free(w->buf[i].p);
-    memset(w, 0, sizeof(*w));
-}
-
-/* Size the workspace for a pass of N rows in a group whose ranks have tall
- * rows in all (tall = N without a group), size ranks, held experts here. */
-static int
-fw_moe_ws_reserve(fw_moe_ws_t *w, const td_modelcfg_t *c, size_t N, size_t tall, size_t size,
-                  size_t held)
+fw_moe_carve(fw_moe_ws_t *w, td_fwspace_t *sp, const td_modelcfg_t *c, size_t N, size_t tall,
+             size_t size, size_t held)
 {
     size_t E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
     size_t H = (size_t)c->hidden_size, I = (size_t)c->moe_intermediate_size;
     size_t kh = K < held ? K : held, kd = K < size ? K : size;
-    size_t R = tall, S = size > 1 ? tall * kh : N * K;
-    fw_buf_t *b = w->buf;
+    size_t R = tall, S = size > 1 ? tall * kh : N * K, RN = R > N ? R : N;
 
-    w->sc = fw_buf(&b[FW_MB_SC], N * E * sizeof(float));
-    w->biased = fw_buf(&b[FW_MB_BIASED], N * E * sizeof(float));
-    w->wts = fw_buf(&b[FW_MB_WTS], N * K * sizeof(float));
-    w->idx = fw_buf(&b[FW_MB_IDX], N * K * sizeof(int64_t));
-    w->sexp = fw_buf(&b[FW_MB_SEXP], N * K * sizeof(int32_t));
-    w->swt = fw_buf(&b[FW_MB_SWT], N * K * sizeof(float));
-    w->xe = fw_buf(&b[FW_MB_XE], R * H * sizeof(float));
-    w->ye = fw_buf(&b[FW_MB_YE], (R > N ? R : N) * H * sizeof(float));
-    w->ge = fw_buf(&b[FW_MB_GE], (R > N ? R : N) * I * sizeof(float));
-    w->ue = fw_buf(&b[FW_MB_UE], (R > N ? R : N) * I * sizeof(float));
-    w->we = fw_buf(&b[FW_MB_WE], R * sizeof(float));
-    w->bucket = fw_buf(&b[FW_MB_BUCKET], (2 * E + 1) * sizeof(size_t));
-    w->order = fw_buf(&b[FW_MB_ORDER], S * sizeof(size_t));
+    w->sc = td_fwspace_take(sp, N * E * sizeof(float));
+    w->biased = td_fwspace_take(sp, N * E * sizeof(float));
+    w->wts = td_fwspace_take(sp, N * K * sizeof(float));
+    w->idx = td_fwspace_take(sp, N * K * sizeof(int64_t));
+    w->sexp = td_fwspace_take(sp, N * K * sizeof(int32_t));
+    w->swt = td_fwspace_take(sp, N * K * sizeof(float));
+    w->xe = td_fwspace_take(sp, R * H * sizeof(float));
+    w->ye = td_fwspace_take(sp, RN * H * sizeof(float));
+    w->ge = td_fwspace_take(sp, RN * I * sizeof(float));
+    w->ue = td_fwspace_take(sp, RN * I * sizeof(float));
+    w->we = td_fwspace_take(sp, R * sizeof(float));
+    w->bucket = td_fwspace_take(sp, (2 * E + 1) * sizeof(size_t));
+    w->order = td_fwspace_take(sp, S * sizeof(size_t));
     w->scap = S;
-    if (w->sc == NULL || w->biased == NULL || w->wts == NULL || w->idx == NULL ||
-        w->sexp == NULL || w->swt == NULL || w->xe == NULL || w->ye == NULL || w->ge == NULL ||
-        w->ue == NULL || w->we == NULL || w->bucket == NULL || w->order == NULL)
-        return -1;
     if (size <= 1)
-        return 0;
+        return;
     /* a record: a count, (expert, weight) per slot, the hidden vector; a
      * token sends at most one to each rank */
-    w->send = fw_buf(&b[FW_MB_SEND], N * (kd * (4 + 4 * H) + 8 * K));
+    w->send = td_fwspace_take(sp, N * (kd * (4 + 4 * H) + 8 * K));
     w->recv_cap = tall * (4 + 8 * kh + 4 * H);
-    w->recv = fw_buf(&b[FW_MB_RECV], w->recv_cap);
-    w->ax = fw_buf(&b[FW_MB_AX], S * sizeof(*w->ax));
-    w->aw = fw_buf(&b[FW_MB_AW], S * sizeof(float));
-    w->ae = fw_buf(&b[FW_MB_AE], S * sizeof(int32_t));
-    w->out = fw_buf(&b[FW_MB_OUT], S * H * sizeof(float));
-    w->back = fw_buf(&b[FW_MB_BACK], N * K * H * sizeof(float));
-    w->slot = fw_buf(&b[FW_MB_SLOT], N * K * sizeof(size_t));
-    w->dest = fw_buf(&b[FW_MB_DEST], N * K * sizeof(uint32_t));
-    if (w->send == NULL || w->recv == NULL || w->ax == NULL || w->aw == NULL ||
-        w->ae == NULL || w->out == NULL || w->back == NULL || w->slot == NULL ||
-        w->dest == NULL)
-        return -1;
-    return 0;
+    w->recv = td_fwspace_take(sp, w->recv_cap);
+    w->ax = td_fwspace_take(sp, S * sizeof(*w->ax));
+    w->aw = td_fwspace_take(sp, S * sizeof(float));
+    w->ae = td_fwspace_take(sp, S * sizeof(int32_t));
+    w->out = td_fwspace_take(sp, S * H * sizeof(float));
+    w->back = td_fwspace_take(sp, N * K * H * sizeof(float));
+    w->slot = td_fwspace_take(sp, N * K * sizeof(size_t));
+    w->dest = td_fwspace_take(sp, N * K * sizeof(uint32_t));
 }
 
-/* One rank's side of a DEP group (model.h). */
-struct td_forward_dep {
-    const td_model_t *m;
-    td_comm_t *comm;
-    const td_placement_t *p;
-    uint32_t rank, size, held;
-    fw_moe_ws_t ws;
-    uint64_t *ntok;             /* [size] each rank's rows this pass */
-    size_t *sbytes, *rbytes;    /* [size] dispatch bytes to / from each rank */
-    size_t *cbytes, *cback;     /* [size] combine bytes to each rank, expected from each */
-    size_t *first;              /* [size + 1] each source's first received slot */
-    _Atomic uint64_t *expert_tokens;   /* [layers, E] rows run by this rank's experts */
-    _Atomic uint64_t passes, tokens, dispatch_bytes, combine_bytes;
-    _Atomic uint64_t dispatch_remote, combine_remote;   /* of those, to other ranks */
-};
+/* Size w's block for the pass (grown, never shrunk) and carve it; its bytes
+ * in *bytes. */
+static td_status_t
+fw_moe_ws_reserve(fw_moe_ws_t *w, const td_modelcfg_t *c, size_t N, size_t tall, size_t size,
+                  size_t held, size_t *bytes)
+{
+    fw_moe_ws_t count = { 0 };
+    fw_moe_carve(&count, &count.space, c, N, tall, size, held);
+    td_status_t st = td_fwspace_reserve(&w->space, count.space.used, "the experts' workspace");
+    if (st != TD_OK)
+        return st;
+    fw_moe_carve(w, &w->space, c, N, tall, size, held);
+    *bytes = count.space.used;
+    return TD_OK;
+}
 
 /* The router for the pass's rows: ws->sexp / ws->swt get each token's
  * experts in ascending id with their weights (the order of the sum). */
@@ -1229,8 +1204,8 @@ fw_layer(fw_t *f, uint32_t l)
     return TD_OK;
 }
 
-static td_status_t
-fw_check_args(const td_model_t *m, const td_forward_dep_t *dep, const td_forward_seq_t *seqs,
+td_status_t
+td_forward_check(const td_model_t *m, const td_forward_dep_t *dep, const td_forward_seq_t *seqs,
               size_t nseqs)
 {
     const td_modelcfg_t *c = m->cfg;
@@ -1281,87 +1256,181 @@ fw_check_args(const td_model_t *m, const td_forward_dep_t *dep, const td_forward
     return TD_OK;
 }
 
-static td_status_t
-fw_alloc(fw_t *f)
+/* ---- the workspace ----------------------------------------------------------------------
+ * A pass takes every buffer from one block (td_fwspace_t) sized before it by
+ * the same carving run on a counting space: the pass-wide buffers (rows
+ * N), and per request its top-k bias and candidate mask ([n, T], T its
+ * tokens after the pass) and a scratch that fw_attend, fw_compress,
+ * fw_index and fw_fake_quant take from and give back (fw_seq_scratch
+ * bounds it). td_forward_workspace_bytes gives tools/memplan the figure. */
+
+/* The largest take sequence of one request's scratch for n rows and T
+ * tokens after the pass: the window, then the largest of the compressor
+ * (any ratio of the config), the indexer and the attention tiles. */
+static size_t
+fw_seq_scratch(const td_modelcfg_t *c, const td_cache_plan_t *plan, size_t n, uint64_t T)
+{
+    size_t hd = (size_t)c->head_dim, wm = plan->window_slots, idh = (size_t)c->index_head_dim;
+    size_t ih = (size_t)c->index_n_heads, t = (size_t)T, kt = t < FW_KEY_TILE ? t : FW_KEY_TILE;
+    size_t topk = (size_t)c->index_topk < t ? (size_t)c->index_topk : t;
+    size_t tile = n < FW_TILE ? n : FW_TILE, most = 0, big = idh > hd ? idh : hd;
+    td_fwspace_t sp;
+
+    for (int64_t l = 0; l < c->num_hidden_layers; l++) {   /* the compressor */
+        size_t r = (size_t)c->layers[l].ratio, tot = r > 1 ? r - 1 + n : n;
+        size_t G = r > 1 ? tot / r : n;
+        sp = (td_fwspace_t){ 0 };
+        if (r == 0)
+            continue;
+        if (r > 1) {
+            td_fwspace_take(&sp, tot * hd * sizeof(float));
+            td_fwspace_take(&sp, tot * hd * sizeof(float));
+        }
+        td_fwspace_take(&sp, (G ? G : 1) * hd * sizeof(float));
+        td_fwspace_take(&sp, (G ? G : 1) * sizeof(int64_t));
+        td_fwspace_take(&sp, (G ? G : 1) * big * sizeof(float));
+        most = sp.used > most ? sp.used : most;
+    }
+    size_t qr = n < FW_INDEX_ROWS ? n : FW_INDEX_ROWS, bs = (size_t)c->candidate_block_size;
+    sp = (td_fwspace_t){ 0 };   /* the indexer */
+    td_fwspace_take(&sp, n * ih * idh * sizeof(float));
+    td_fwspace_take(&sp, n * ih * sizeof(float));
+    td_fwspace_take(&sp, qr * t * sizeof(float));
+    td_fwspace_take(&sp, kt * idh * sizeof(float));
+    if (qr > 1)
+        td_fwspace_take(&sp, qr * kt * sizeof(float));
+    td_fwspace_take(&sp, (topk ? topk : 1) * qr * sizeof(int64_t));
+    td_fwspace_take(&sp, t * sizeof(float));
+    td_fwspace_take(&sp, t * sizeof(int64_t));
+    td_fwspace_take(&sp, bs ? (t + bs - 1) / bs : t);
+    td_fwspace_take(&sp, td_cache_fmt_bytes(plan->index_fmt, (uint32_t)idh));
+    most = sp.used > most ? sp.used : most;
+    /* the attention tiles: window, the selected compressed entries */
+    size_t K = (size_t)c->index_topk, sel = t < tile * K ? t : tile * K;
+    sp = (td_fwspace_t){ 0 };
+    td_fwspace_take(&sp, (tile + wm + sel) * hd * sizeof(float));
+    td_fwspace_take(&sp, tile * (tile + wm + sel) * sizeof(float));
+    td_fwspace_take(&sp, (sel ? sel : 1) * sizeof(size_t));
+    td_fwspace_take(&sp, (t ? t : 1) * sizeof(uint32_t));
+    td_fwspace_take(&sp, t ? t : 1);
+    most = sp.used > most ? sp.used : most;
+    sp = (td_fwspace_t){ 0 };   /* the window, held across the rest */
+    td_fwspace_take(&sp, (wm + n) * hd * sizeof(float));
+    return sp.used + most;
+}
+
+/* Request s's rows and its tokens after the pass: from f->seqs, or the
+ * uniform shape of td_forward_workspace_bytes (f->seqs NULL). */
+static void
+fw_seq_shape(const fw_t *f, size_t s, size_t *n, uint64_t *T)
+{
+    if (f->seqs != NULL) {
+        *n = f->seqs[s].n;
+        *T = td_cache_tokens(f->seqs[s].cache) + *n;
+    } else {
+        *n = f->N / f->nseq;
+        *T = f->shape_T;
+    }
+}
+
+/* Zeroed bytes from the pass's space (NULL while counting). */
+static void *
+fw_take0(td_fwspace_t *sp, size_t bytes)
+{
+    void *p = td_fwspace_take(sp, bytes);
+    if (p != NULL)
+        memset(p, 0, bytes);
+    return p;
+}
+
+/* Carve the pass's buffers from sp (on a counting space: measure them). */
+static void
+fw_carve(fw_t *f, td_fwspace_t *sp)
 {
     const td_modelcfg_t *c = f->c;
-    size_t N = f->N, H = f->H, hc = f->hc, hd = f->hd, nh = f->nh;
+    size_t N = f->N, H = f->H, hc = f->hc, hd = f->hd, nh = f->nh, ns = f->nseq;
     size_t nm = (2 + hc) * hc;
+    float **rows[] = { &f->S, &f->R, &f->flat };
 
-    f->row0 = fw_calloc(f->nseq, sizeof(*f->row0));
-    f->p0 = fw_calloc(f->nseq, sizeof(*f->p0));
-    f->pos = fw_calloc(N, sizeof(*f->pos));
-    f->sh = fw_calloc(f->nseq, sizeof(*f->sh));
-    f->seq_st = fw_calloc(f->nseq, sizeof(*f->seq_st));
-    f->S = fw_calloc(N * hc * H, sizeof(float));
-    f->R = fw_calloc(N * hc * H, sizeof(float));
-    f->flat = fw_calloc(N * hc * H, sizeof(float));
-    f->mixes = fw_calloc(N * nm, sizeof(float));
-    f->pre_in = fw_calloc(N * hc, sizeof(float));
-    f->a_pre = fw_calloc(N * hc, sizeof(float));
-    f->a_post = fw_calloc(N * hc, sizeof(float));
-    f->a_comb = fw_calloc(N * hc * hc, sizeof(float));
-    f->f_pre = fw_calloc(N * hc, sizeof(float));
-    f->f_post = fw_calloc(N * hc, sizeof(float));
-    f->f_comb = fw_calloc(N * hc * hc, sizeof(float));
-    f->x = fw_calloc(N * H, sizeof(float));
-    f->y = fw_calloc(N * H, sizeof(float));
-    f->qr = fw_calloc(N * (size_t)c->q_lora_rank, sizeof(float));
-    f->q = fw_calloc(N * nh * hd, sizeof(float));
-    f->ao = fw_calloc(N * nh * hd, sizeof(float));
-    f->kv = fw_calloc(N * hd, sizeof(float));
-    f->ckv = fw_calloc(N * hd, sizeof(float));
-    f->cg = fw_calloc(N * hd, sizeof(float));
-    f->kv_codes = fw_calloc(N * hd, 1);
-    f->kv_scales = fw_calloc(N * (hd / TD_CACHE_FP8_BLOCK + 1), 1);
-    f->oa = fw_calloc(N * (size_t)(c->o_groups * c->o_lora_rank), sizeof(float));
-    if (f->row0 == NULL || f->p0 == NULL || f->pos == NULL || f->sh == NULL ||
-        f->seq_st == NULL || f->S == NULL ||
-        f->R == NULL || f->flat == NULL || f->mixes == NULL || f->pre_in == NULL ||
-        f->a_pre == NULL || f->a_post == NULL || f->a_comb == NULL || f->f_pre == NULL ||
-        f->f_post == NULL || f->f_comb == NULL || f->x == NULL || f->y == NULL ||
-        f->qr == NULL || f->q == NULL || f->ao == NULL || f->kv == NULL || f->ckv == NULL ||
-        f->cg == NULL || f->kv_codes == NULL || f->kv_scales == NULL || f->oa == NULL)
-        return TD_ERR_NOMEM;
+    f->row0 = fw_take0(sp, ns * sizeof(*f->row0));
+    f->p0 = fw_take0(sp, ns * sizeof(*f->p0));
+    f->pos = fw_take0(sp, N * sizeof(*f->pos));
+    f->ids = fw_take0(sp, N * sizeof(*f->ids));
+    f->sh = fw_take0(sp, ns * sizeof(*f->sh));
+    f->seq_st = fw_take0(sp, ns * sizeof(*f->seq_st));
+    for (size_t i = 0; i < 3; i++)
+        *rows[i] = fw_take0(sp, N * hc * H * sizeof(float));
+    f->mixes = fw_take0(sp, N * nm * sizeof(float));
+    f->pre_in = fw_take0(sp, N * hc * sizeof(float));
+    f->a_pre = fw_take0(sp, N * hc * sizeof(float));
+    f->a_post = fw_take0(sp, N * hc * sizeof(float));
+    f->a_comb = fw_take0(sp, N * hc * hc * sizeof(float));
+    f->f_pre = fw_take0(sp, N * hc * sizeof(float));
+    f->f_post = fw_take0(sp, N * hc * sizeof(float));
+    f->f_comb = fw_take0(sp, N * hc * hc * sizeof(float));
+    f->x = fw_take0(sp, N * H * sizeof(float));
+    f->y = fw_take0(sp, N * H * sizeof(float));
+    f->qr = fw_take0(sp, N * (size_t)c->q_lora_rank * sizeof(float));
+    f->q = fw_take0(sp, N * nh * hd * sizeof(float));
+    f->ao = fw_take0(sp, N * nh * hd * sizeof(float));
+    f->kv = fw_take0(sp, N * hd * sizeof(float));
+    f->ckv = fw_take0(sp, N * hd * sizeof(float));
+    f->cg = fw_take0(sp, N * hd * sizeof(float));
+    f->kv_codes = fw_take0(sp, N * hd);
+    f->kv_scales = fw_take0(sp, N * (hd / TD_CACHE_FP8_BLOCK + 1));
+    f->oa = fw_take0(sp, N * (size_t)(c->o_groups * c->o_lora_rank) * sizeof(float));
     if (c->engram_layer_ids.n > 0) {
         size_t nb = (size_t)c->engram_max_ngram_size;
         size_t cols = (nb - 1) * (size_t)c->engram_n_heads;
-        f->back = fw_calloc(N * nb, sizeof(*f->back));
-        f->hid = fw_calloc(N * cols, sizeof(*f->hid));
-        f->emb = fw_calloc(N * cols * (size_t)c->engram_head_dim, sizeof(float));
-        f->kvx = fw_calloc(N * H * (hc + 1), sizeof(float));
-        f->ekey = fw_calloc(N * hc * H, sizeof(float));
-        f->eval = fw_calloc(N * H, sizeof(float));
-        if (f->back == NULL || f->hid == NULL || f->emb == NULL || f->kvx == NULL ||
-            f->ekey == NULL || f->eval == NULL)
-            return TD_ERR_NOMEM;
+        f->back = fw_take0(sp, N * nb * sizeof(*f->back));
+        f->hid = fw_take0(sp, N * cols * sizeof(*f->hid));
+        f->emb = fw_take0(sp, N * cols * (size_t)c->engram_head_dim * sizeof(float));
+        f->kvx = fw_take0(sp, N * H * (hc + 1) * sizeof(float));
+        f->ekey = fw_take0(sp, N * hc * H * sizeof(float));
+        f->eval = fw_take0(sp, N * H * sizeof(float));
     }
+    size_t scratch = 0;
+    for (size_t s = 0; s < ns; s++) {
+        size_t n;
+        uint64_t T;
+        fw_seq_shape(f, s, &n, &T);
+        int32_t *tk = td_fwspace_take(sp, n * (size_t)c->index_topk * sizeof(int32_t));
+        uint32_t *ntk = td_fwspace_take(sp, n * sizeof(uint32_t));
+        int32_t *cb = td_fwspace_take(sp, n * (size_t)c->candidate_topk_blocks * sizeof(int32_t));
+        uint32_t *ncb = td_fwspace_take(sp, n * sizeof(uint32_t));
+        size_t need = fw_seq_scratch(c, f->plan, n, T);
+        scratch = need > scratch ? need : scratch;
+        if (f->sh != NULL) {
+            f->sh[s].tk = tk;
+            f->sh[s].ntk = ntk;
+            f->sh[s].cb = cb;
+            f->sh[s].ncb = ncb;
+        }
+    }
+    f->nslots = ns < td_kernels_cpu_threads() ? ns : td_kernels_cpu_threads();
+    f->sspace = fw_take0(sp, f->nslots * sizeof(*f->sspace));
+    f->busy = fw_take0(sp, f->nslots * sizeof(*f->busy));
+    for (size_t i = 0; i < f->nslots; i++) {
+        unsigned char *base = td_fwspace_take(sp, scratch);
+        if (f->sspace != NULL)
+            f->sspace[i] = (td_fwspace_t){ base, base != NULL ? scratch : 0, 0 };
+    }
+}
+
+/* The pass's rows, positions and tokens once carved. */
+static void
+fw_place(fw_t *f)
+{
     size_t at = 0;
     for (size_t s = 0; s < f->nseq; s++) {
         f->row0[s] = at;
         f->p0[s] = td_cache_tokens(f->seqs[s].cache);
-        for (size_t i = 0; i < f->seqs[s].n; i++)
+        for (size_t i = 0; i < f->seqs[s].n; i++) {
             f->pos[at + i] = (int64_t)(f->p0[s] + i);
+            f->ids[at + i] = f->seqs[s].tokens[i];
+        }
         at += f->seqs[s].n;
     }
-    return TD_OK;
-}
-
-static void
-fw_free(fw_t *f)
-{
-    if (f->sh != NULL)
-        for (size_t s = 0; s < f->nseq; s++) {
-            free(f->sh[s].bias);
-            free(f->sh[s].cand);
-        }
-    void *bufs[] = { f->row0, f->p0, f->pos, f->sh, f->seq_st, f->S, f->R, f->flat, f->mixes,
-                     f->pre_in, f->a_pre, f->a_post, f->a_comb, f->f_pre, f->f_post,
-                     f->f_comb, f->x, f->y, f->qr, f->q, f->ao, f->kv, f->ckv, f->cg,
-                     f->kv_codes, f->kv_scales, f->oa, f->back, f->hid, f->emb, f->kvx,
-                     f->ekey, f->eval };
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        free(bufs[i]);
 }
 
 /* The final collapse, norm and head for the rows that want logits. */
@@ -1432,44 +1501,135 @@ fw_dep_begin(fw_t *f)
     return TD_OK;
 }
 
+/* The embedding into every stream; the first site collapses stream 0. */
+static td_status_t
+fw_embed(fw_t *f)
+{
+    FW_CHECK(f->k->embed_fmt(&f->m->embed, (size_t)f->c->vocab_size, f->H, f->ids, f->N, f->x));
+    for (size_t r = 0; r < f->N; r++) {
+        for (size_t j = 0; j < f->hc; j++)
+            memcpy(f->S + (r * f->hc + j) * f->H, f->x + r * f->H, f->H * sizeof(float));
+        f->pre_in[r * f->hc] = 1.0f;
+    }
+    return TD_OK;
+}
+
+/* Every layer, the hook after each, then the logits. */
+static td_status_t
+fw_layers(fw_t *f, td_forward_layer_fn fn, void *arg)
+{
+    td_status_t st = TD_OK;
+
+    if (f->m->plan->engram >= 0)
+        st = fw_engram_back(f);
+    if (st == TD_OK)
+        st = fw_embed(f);
+    for (uint32_t l = 0, nl = (uint32_t)f->c->num_hidden_layers; l < nl && st == TD_OK; l++) {
+        st = fw_layer(f, l);
+        if (st != TD_OK)
+            break;
+        if (l + 1 == nl)
+            fw_finish_caches(f);   /* the last layer's segments: look-back, counters */
+        if (fn != NULL) {
+            td_forward_done_t done = { l, f->seqs, f->nseq, f->p0 };
+            st = fn(&done, arg);
+        }
+    }
+    return st == TD_OK ? fw_logits(f) : st;
+}
+
+/* The sizes and fields a pass of f's shape starts from. */
+static void
+fw_init(fw_t *f, const td_modelcfg_t *c, const td_cache_plan_t *plan)
+{
+    f->c = c;
+    f->plan = plan;
+    f->H = (size_t)c->hidden_size;
+    f->hc = (size_t)c->hc_mult;
+    f->hd = (size_t)c->head_dim;
+    f->nh = (size_t)c->num_attention_heads;
+    f->rd = (size_t)c->qk_rope_head_dim;
+}
+
+/* Processes' largest pass workspace so far (td_forward_workspace_peak). */
+static _Atomic size_t fw_peak;
+
+static void
+fw_note(size_t bytes)
+{
+    size_t old = atomic_load_explicit(&fw_peak, memory_order_relaxed);
+    while (bytes > old &&
+           !atomic_compare_exchange_weak_explicit(&fw_peak, &old, bytes, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+size_t
+td_forward_workspace_peak(void)
+{
+    return atomic_load_explicit(&fw_peak, memory_order_relaxed);
+}
+
+size_t
+td_forward_workspace_bytes(const td_modelcfg_t *c, const td_cache_plan_t *plan, size_t nseq,
+                           size_t n, uint64_t tokens)
+{
+    fw_t f;
+    fw_moe_ws_t moe = { 0 };
+    td_fwspace_t count = { 0 };
+
+    if (nseq * n > TD_FORWARD_PASS_ROWS) {   /* td_forward's passes */
+        if (n >= TD_FORWARD_PASS_ROWS) {
+            nseq = 1;
+            n = TD_FORWARD_PASS_ROWS;
+        } else {
+            nseq = TD_FORWARD_PASS_ROWS / n;
+        }
+    }
+    memset(&f, 0, sizeof(f));
+    fw_init(&f, c, plan);
+    f.nseq = nseq;
+    f.N = nseq * n;
+    f.shape_T = tokens;
+    fw_carve(&f, &count);
+    fw_moe_carve(&moe, &moe.space, c, f.N, f.N, 1, (size_t)c->n_routed_experts);
+    return count.used + moe.space.used;
+}
+
 /* One pass: td_forward (dep NULL) or one rank's td_forward_dep (nseqs may
  * then be 0: the rank only serves its experts at each MoE layer). */
-static td_status_t
-fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_t nseqs,
-       td_forward_layer_fn fn, void *arg)
+td_status_t
+td_forward_pass(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs,
+                size_t nseqs, td_forward_layer_fn fn, void *arg)
 {
     fw_t f;
     fw_moe_ws_t own;
+    td_fwspace_t space = { 0 }, count = { 0 };
     td_status_t st;
+    size_t moe_bytes = 0;
     bool counted = false;
 
     memset(&f, 0, sizeof(f));
     memset(&own, 0, sizeof(own));
-    st = nseqs > 0 || dep == NULL ? fw_check_args(m, dep, seqs, nseqs) : TD_OK;
+    st = nseqs > 0 || dep == NULL ? td_forward_check(m, dep, seqs, nseqs) : TD_OK;
     if (st != TD_OK)
         return st;
+    fw_init(&f, m->cfg, m->plan);
     f.m = m;
     f.dep = dep;
     f.ws = dep != NULL ? &dep->ws : &own;
-    f.c = m->cfg;
     f.k = m->ops;
     f.seqs = seqs;
     f.nseq = nseqs;
     for (size_t s = 0; s < nseqs; s++)
         f.N += seqs[s].n;
-    f.H = (size_t)m->cfg->hidden_size;
-    f.hc = (size_t)m->cfg->hc_mult;
-    f.hd = (size_t)m->cfg->head_dim;
-    f.nh = (size_t)m->cfg->num_attention_heads;
-    f.rd = (size_t)m->cfg->qk_rope_head_dim;
     st = fw_dep_begin(&f);
+    if (st == TD_OK)
+        st = fw_moe_ws_reserve(f.ws, f.c, f.N, f.tall, dep != NULL ? dep->size : 1,
+                               dep != NULL ? dep->held : (size_t)m->cfg->n_routed_experts,
+                               &moe_bytes);
     if (st != TD_OK)
         goto out;
-    if (fw_moe_ws_reserve(f.ws, f.c, f.N, f.tall, dep != NULL ? dep->size : 1,
-                          dep != NULL ? dep->held : (size_t)m->cfg->n_routed_experts) != 0) {
-        st = fw_nomem(&f, "the experts' workspace");
-        goto out;
-    }
     if (dep != NULL) {
         counted = true;   /* the pass is counted at its end, below */
         atomic_fetch_add_explicit(&dep->tokens, f.N, memory_order_relaxed);
@@ -1480,55 +1640,14 @@ fw_run(const td_model_t *m, td_forward_dep_t *dep, td_forward_seq_t *seqs, size_
             st = fw_moe(&f, l);
         goto out;
     }
-    st = fw_alloc(&f);
-    if (st != TD_OK) {
-        fw_nomem(&f, "the pass's buffers");
+    fw_carve(&f, &count);
+    st = td_fwspace_reserve(&space, count.used, "the pass's buffers");
+    if (st != TD_OK)
         goto out;
-    }
-    if (m->plan->engram >= 0) {
-        st = fw_engram_back(&f);
-        if (st != TD_OK)
-            goto out;
-    }
-
-    /* embedding into every stream; the first site collapses stream 0 */
-    for (size_t s = 0, r = 0; s < nseqs; s++)
-        for (size_t i = 0; i < seqs[s].n; i++, r++)
-            f.pos[r] = (int64_t)(f.p0[s] + i);
-    {
-        int64_t *ids = malloc(f.N * sizeof(int64_t));
-        if (ids == NULL) {
-            st = fw_nomem(&f, "embedding");
-            goto out;
-        }
-        for (size_t s = 0, r = 0; s < nseqs; s++)
-            for (size_t i = 0; i < seqs[s].n; i++, r++)
-                ids[r] = seqs[s].tokens[i];
-        st = m->ops->embed(m->embed, (size_t)m->cfg->vocab_size, f.H, ids, f.N, f.x);
-        free(ids);
-        if (st != TD_OK)
-            goto out;   /* the op logged why */
-    }
-    for (size_t r = 0; r < f.N; r++) {
-        for (size_t j = 0; j < f.hc; j++)
-            memcpy(f.S + (r * f.hc + j) * f.H, f.x + r * f.H, f.H * sizeof(float));
-        f.pre_in[r * f.hc] = 1.0f;
-    }
-
-    for (uint32_t l = 0, nl = (uint32_t)m->cfg->num_hidden_layers; l < nl; l++) {
-        st = fw_layer(&f, l);
-        if (st != TD_OK)
-            goto out;
-        if (l + 1 == nl)
-            fw_finish_caches(&f);   /* the last layer's segments: look-back, counters */
-        if (fn != NULL) {
-            td_forward_done_t done = { l, seqs, nseqs, f.p0 };
-            st = fn(&done, arg);
-            if (st != TD_OK)
-                goto out;
-        }
-    }
-    st = fw_logits(&f);
+    fw_note(count.used + moe_bytes);
+    fw_carve(&f, &space);
+    fw_place(&f);
+    st = fw_layers(&f, fn, arg);
 
 out:
     /* After its rows are in the per-expert counters: a reader that sees the
@@ -1536,109 +1655,12 @@ out:
      * pass's rows are always followed by a change of the count. */
     if (counted)
         atomic_fetch_add_explicit(&dep->passes, 1, memory_order_release);
-    fw_free(&f);
-    fw_moe_ws_free(&own);
+    td_fwspace_release(&space);
+    td_fwspace_release(&own.space);
     return st;
 }
 
-td_status_t
-td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs, td_forward_layer_fn fn,
-           void *arg)
-{
-    return fw_run(m, NULL, seqs, nseqs, fn, arg);
-}
-
-/* ---- DEPn: one rank's context ------------------------------------------------------------ */
-
-td_status_t
-td_forward_dep_create(const td_model_t *m, td_comm_t *comm, const td_placement_t *p,
-                      td_forward_dep_t **out)
-{
-    const td_modelcfg_t *c = m->cfg;
-    uint32_t E = (uint32_t)c->n_routed_experts, size = td_comm_size(comm);
-    uint32_t rank = td_comm_rank(comm);
-    size_t nl = (size_t)c->num_hidden_layers;
-
-    if (td_placement_experts(p) != E || td_placement_ranks(p) != size) {
-        td_error("forward: a placement of %u experts over %u ranks for a group of %u ranks and "
-                 "a model of %u experts", td_placement_experts(p), td_placement_ranks(p), size,
-                 E);
-        return TD_ERR_INVALID;
-    }
-    for (uint32_t e = 0; e < E; e++)
-        if (td_placement_holds(p, rank, e) && !m->expert_held[e]) {
-            td_error("forward: rank %u holds expert %u by the placement, but its model was "
-                     "loaded without it", rank, e);
-            return TD_ERR_INVALID;
-        }
-    td_forward_dep_t *d = calloc(1, sizeof(*d));
-    if (d == NULL)
-        goto nomem;
-    d->m = m;
-    d->comm = comm;
-    d->p = p;
-    d->rank = rank;
-    d->size = size;
-    d->held = td_placement_held(p, rank);
-    d->ntok = calloc(size, sizeof(*d->ntok));
-    d->sbytes = calloc(size, sizeof(size_t));
-    d->rbytes = calloc(size, sizeof(size_t));
-    d->cbytes = calloc(size, sizeof(size_t));
-    d->cback = calloc(size, sizeof(size_t));
-    d->first = calloc((size_t)size + 1, sizeof(size_t));
-    d->expert_tokens = calloc(nl * E, sizeof(*d->expert_tokens));
-    if (d->ntok == NULL || d->sbytes == NULL || d->rbytes == NULL || d->cbytes == NULL ||
-        d->cback == NULL || d->first == NULL || d->expert_tokens == NULL) {
-        td_forward_dep_destroy(d);
-        goto nomem;
-    }
-    for (size_t i = 0; i < nl * E; i++)
-        atomic_init(&d->expert_tokens[i], 0);
-    atomic_init(&d->passes, 0);
-    atomic_init(&d->tokens, 0);
-    atomic_init(&d->dispatch_bytes, 0);
-    atomic_init(&d->combine_bytes, 0);
-    atomic_init(&d->dispatch_remote, 0);
-    atomic_init(&d->combine_remote, 0);
-    *out = d;
-    return TD_OK;
-nomem:
-    td_error("forward: rank %u of %u: out of memory for the DEP context", rank, size);
-    return TD_ERR_NOMEM;
-}
-
-void
-td_forward_dep_destroy(td_forward_dep_t *d)
-{
-    if (d == NULL)
-        return;
-    fw_moe_ws_free(&d->ws);
-    free(d->ntok);
-    free(d->sbytes);
-    free(d->rbytes);
-    free(d->cbytes);
-    free(d->cback);
-    free(d->first);
-    free(d->expert_tokens);
-    free(d);
-}
-
-td_status_t
-td_forward_dep(td_forward_dep_t *d, td_forward_seq_t *seqs, size_t nseqs,
-               td_forward_layer_fn fn, void *arg)
-{
-    td_status_t st = td_comm_status(d->comm);
-
-    if (st != TD_OK) {
-        td_error("forward: rank %u of %u: the DEP group's communicator is broken (%s)",
-                 d->rank, d->size, td_status_str(st));
-        return st;
-    }
-    st = fw_run(d->m, d, seqs, nseqs, fn, arg);
-    if (st != TD_OK && d->size > 1)
-        td_comm_abort(d->comm, st);   /* the other ranks stop at their next collective */
-    return st;
-}
+/* ---- DEPn: one rank's counters ------------------------------------------------------ */
 
 void
 td_forward_dep_stats(const td_forward_dep_t *d, td_forward_dep_stats_t *out)
@@ -1660,37 +1682,3 @@ td_forward_dep_expert_tokens(const td_forward_dep_t *d, uint64_t *out)
         out[i] = atomic_load_explicit(&d->expert_tokens[i], memory_order_relaxed);
 }
 
-td_status_t
-td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens, size_t n,
-                   int all_logits, float *logits)
-{
-    td_forward_seq_t s = { c, tokens, n, logits, all_logits, 0 };
-    return td_forward(m, &s, 1, NULL, NULL);
-}
-
-td_status_t
-td_forward_decode(const td_model_t *m, td_cache_t *const *caches, const int32_t *tokens,
-                  size_t n, float *logits)
-{
-    td_status_t st;
-
-    if (caches == NULL || tokens == NULL || n == 0) {
-        td_error("forward: decode of %zu requests without caches or tokens", n);
-        return TD_ERR_INVALID;
-    }
-    td_forward_seq_t *s = calloc(n, sizeof(*s));
-    if (s == NULL) {
-        td_error("forward: decode of %zu requests: out of memory", n);
-        return TD_ERR_NOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        s[i].cache = caches[i];
-        s[i].tokens = &tokens[i];
-        s[i].n = 1;
-        s[i].logits = logits ? logits + i * (size_t)m->cfg->vocab_size : NULL;
-        s[i].all_logits = 0;
-    }
-    st = td_forward(m, s, n, NULL, NULL);
-    free(s);
-    return st;
-}

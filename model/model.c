@@ -268,6 +268,7 @@ typedef struct {
     const td_weights_schema_t *schema;
     float **ptr;           /* [schema->n] each entry's f32 copy (NULL for linears) */
     td_kernels_mat_t **mat;/* [schema->n] each linear's prepared matrix */
+    td_kernels_wsrc_t *tab;/* [schema->n] each table kept as stored (data NULL: f32 in ptr) */
     td_status_t st;
 } model_bind_t;
 
@@ -303,6 +304,31 @@ model_tensor(model_bind_t *b, model_form_t form, const char *fmt, ...)
 }
 
 #define model_get(b, ...) ((float *)model_tensor((b), MODEL_F32, __VA_ARGS__))
+
+/* A gathered table (the embedding, an engram table) as the ops read it: as
+ * stored where model_table_src kept it so, else its f32 copy. */
+__attribute__((format(printf, 2, 3))) static td_kernels_wsrc_t
+model_table(model_bind_t *b, const char *fmt, ...)
+{
+    char name[TD_WEIGHTS_NAME_MAX];
+    va_list ap;
+    td_kernels_wsrc_t t = { TD_KERNELS_W_F32, NULL, NULL, 0, 0 };
+
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    const td_weights_entry_t *e = td_weights_schema_find(b->schema, name);
+    if (e == NULL) {
+        td_error("model: tensor '%s' is not in the weight schema", name);
+        b->st = TD_ERR_INTERNAL;
+        return t;
+    }
+    size_t i = (size_t)(e - b->schema->entries);
+    if (b->tab[i].data != NULL)
+        return b->tab[i];
+    t.data = b->ptr[i];
+    return t;
+}
 #define model_mat(b, ...) ((td_kernels_mat_t *)model_tensor((b), MODEL_MAT, __VA_ARGS__))
 
 /* Groups of the linear a tensor is the weight of (wo_a: o_groups; other
@@ -373,13 +399,136 @@ model_keeps(const td_model_t *m, const td_weights_entry_t *e)
     return e->expert < 0 || m->expert_held[e->expert];
 }
 
-/* Dequantize every tensor the model keeps: the linears' weights one at a
- * time into a scratch buffer and on into prepared matrices (mat), the rest
- * into the f32 arena (ptr). Routed experts of other ranks are not read (their
- * pages of the mapped checkpoint are never touched). */
+/* Whether tensor e is a table the ops gather rows from (embed_fmt) and can
+ * read as stored: bf16, or fp8 rows with ue8m0 scales per 32 channels. */
+static int
+model_table_src(const td_weights_entry_t *e, const td_weights_bound_t *t, td_kernels_wsrc_t *src)
+{
+    static const char eg[] = ".engram.embed.weight";
+    size_t len = strlen(e->name);
+    const td_st_tensor_t *w = t->w, *sc = t->scale;
+
+    if (strcmp(e->name, "embed.weight") != 0 &&
+        (len < sizeof(eg) - 1 || strcmp(e->name + len - (sizeof(eg) - 1), eg) != 0))
+        return 0;
+    if (w->ndim != 2)
+        return 0;
+    if (sc == NULL && w->dtype == TD_DT_BF16) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_BF16, w->data, NULL, 0, 0 };
+        return 1;
+    }
+    if (sc != NULL && w->dtype == TD_DT_F8_E4M3 && e->format == TD_WEIGHTS_FP8_ROWS &&
+        (sc->dtype == TD_DT_E8M0 || sc->dtype == TD_DT_U8) && sc->ndim == 2 &&
+        w->shape[1] % 32 == 0 && sc->shape[0] == w->shape[0] && sc->shape[1] == w->shape[1] / 32) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP8_ROWS, w->data, sc->data, 0, 0 };
+        return 1;
+    }
+    return 0;
+}
+
+/* A copy of table src (its codes and scales) the model keeps; *out points
+ * into it. */
 static td_status_t
-model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_mat_t **mat,
-                  td_progress_t *prog)
+model_keep_table(td_model_t *m, const td_weights_bound_t *t, const td_kernels_wsrc_t *src,
+                 td_kernels_wsrc_t *out)
+{
+    size_t wb = t->w->nbytes, sb = src->scales != NULL ? t->scale->nbytes : 0;
+    void **n = realloc(m->blobs, (m->nblobs + 1) * sizeof(*n));
+    if (n == NULL)
+        return model_nomem("the tables");
+    m->blobs = n;
+    unsigned char *p = malloc(wb + sb ? wb + sb : 1);
+    if (p == NULL)
+        return model_nomem("the tables");
+    m->blobs[m->nblobs++] = p;
+    memcpy(p, src->data, wb);
+    if (sb)
+        memcpy(p + wb, src->scales, sb);
+    m->table_bytes += wb + sb;
+    *out = (td_kernels_wsrc_t){ src->fmt, p, sb ? p + wb : NULL, 0, 0 };
+    return TD_OK;
+}
+
+/* The stored form of a linear's weights that mat_create_fmt takes as they
+ * are: bf16, fp8 blocks with ue8m0 scales, fp4 with ue8m0 scales per 32.
+ * 0 when the checkpoint has them otherwise (f32, other scale types, a shape
+ * td_quant_dequant would reject): those go through td_quant_dequant. */
+static int
+model_wsrc(const td_weights_schema_t *s, const td_weights_entry_t *e, const td_weights_bound_t *t,
+           td_kernels_wsrc_t *src)
+{
+    const td_st_tensor_t *w = t->w, *sc = t->scale;
+
+    if (w->ndim != 2 || e->ndim != 2)
+        return 0;
+    int64_t R = w->shape[0], C = w->shape[1];
+    if (sc == NULL) {
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_BF16, w->data, NULL, 0, 0 };
+        return w->dtype == TD_DT_BF16;
+    }
+    if (sc->ndim != 2 || (sc->dtype != TD_DT_E8M0 && sc->dtype != TD_DT_U8))
+        return 0;
+    if (w->dtype == TD_DT_F8_E4M3 && e->format == TD_WEIGHTS_FP8_BLOCK) {
+        int64_t br = (int64_t)s->block_rows, bc = (int64_t)s->block_cols;
+        if (br <= 0 || bc <= 0 || bc % 32 != 0 || sc->shape[0] != (R + br - 1) / br ||
+            sc->shape[1] != (C + bc - 1) / bc)
+            return 0;
+        *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP8_BLOCK, w->data, sc->data, (size_t)br,
+                                    (size_t)bc };
+        return 1;
+    }
+    int64_t K = w->dtype == TD_DT_F4 ? C : 2 * C;
+    if ((w->dtype != TD_DT_I8 && w->dtype != TD_DT_U8 && w->dtype != TD_DT_F4) ||
+        e->format != TD_WEIGHTS_FP4_GROUP || K != e->shape[1] || K % 32 != 0 ||
+        sc->shape[0] != R || sc->shape[1] != K / 32)
+        return 0;
+    *src = (td_kernels_wsrc_t){ TD_KERNELS_W_FP4_K32, w->data, sc->data, 0, 0 };
+    return 1;
+}
+
+/* The checkpoint bytes of one tensor go out of the process's memory once
+ * read (the mapping's pages are dropped; read again, they come back). */
+static void
+model_release(const td_weights_bound_t *t)
+{
+    td_st_release(t->w);
+    if (t->scale != NULL)
+        td_st_release(t->scale);
+}
+
+/* Tensor i, a linear of `groups` groups: kept in its stored format where
+ * the ops take it (model_wsrc), else dequantized into scratch first. */
+static td_status_t
+model_make_mat(td_model_t *m, const td_weights_t *w, size_t i, size_t groups, float *scratch,
+               td_kernels_mat_t **out)
+{
+    const td_weights_schema_t *s = w->schema;
+    const td_weights_entry_t *e = &s->entries[i];
+    td_kernels_wsrc_t src;
+    size_t n = (size_t)e->shape[0] / groups, k = (size_t)e->shape[1];
+
+    if (e->shape[0] % (int64_t)groups != 0) {
+        td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
+                 (long long)e->shape[0], groups);
+        return TD_ERR_INVALID;
+    }
+    if (model_wsrc(s, e, &w->t[i], &src))
+        return m->ops->mat_create_fmt(&src, groups, n, k, out);   /* the op logs why */
+    int br = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_rows : 0;
+    int bc = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_cols : 0;
+    td_status_t st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, scratch);
+    if (st != TD_OK)
+        return st;   /* logged, naming the tensor */
+    return m->ops->mat_create(scratch, groups, n, k, out);
+}
+
+/* Load every tensor the model keeps: the linears one at a time into
+ * prepared matrices (mat; model_make_mat), the rest dequantized into the f32
+ * arena (ptr), each tensor's checkpoint pages dropped once read. Routed
+ * experts of other ranks are not read (their pages of the mapped checkpoint
+ * are never touched). */
+static td_status_t
+model_dequant_all(td_model_t *m, const td_weights_t *w, model_bind_t *b, td_progress_t *prog)
 {
     const td_weights_schema_t *s = w->schema;
     size_t total = 0, most = 0;
@@ -388,15 +537,18 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
 
     for (size_t i = 0; i < w->n; i++) {
         int64_t cnt = td_quant_dequant_count(w->t[i].w, w->t[i].scale);
+        td_kernels_wsrc_t src;
         if (cnt <= 0 || (uint64_t)cnt > SIZE_MAX / sizeof(float) - total) {
             td_error("model: tensor '%s': %lld elements", s->entries[i].name, (long long)cnt);
             return TD_ERR_INVALID;
         }
         if (!model_keeps(m, &s->entries[i]))
             continue;
+        if (model_table_src(&s->entries[i], &w->t[i], &src))
+            continue;   /* kept as stored */
         if (model_linear_groups(m->cfg, &s->entries[i]) == 0)
             total += (size_t)cnt;
-        else if ((size_t)cnt > most)
+        else if ((size_t)cnt > most && !model_wsrc(s, &s->entries[i], &w->t[i], &src))
             most = (size_t)cnt;
     }
     m->arena = malloc((total ? total : 1) * sizeof(float));
@@ -418,33 +570,24 @@ model_dequant_all(td_model_t *m, const td_weights_t *w, float **ptr, td_kernels_
         if (!model_keeps(m, e))
             continue;
         size_t groups = model_linear_groups(m->cfg, e);
-        int br = 0, bc = 0;
-        if (e->format == TD_WEIGHTS_FP8_BLOCK) {
-            br = (int)s->block_rows;
-            bc = (int)s->block_cols;
-        }
-        float *dst = groups ? scratch : m->arena + at;
-        st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, dst);
-        if (st != TD_OK)
-            break;   /* logged, naming the tensor */
-        if (groups == 0) {
-            ptr[i] = dst;
+        td_kernels_wsrc_t src;
+        if (model_table_src(e, &w->t[i], &src)) {
+            st = model_keep_table(m, &w->t[i], &src, &b->tab[i]);
+        } else if (groups == 0) {
+            int br = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_rows : 0;
+            int bc = e->format == TD_WEIGHTS_FP8_BLOCK ? (int)s->block_cols : 0;
+            st = td_quant_dequant(w->t[i].w, w->t[i].scale, br, bc, m->arena + at);
+            b->ptr[i] = m->arena + at;
             at += (size_t)td_quant_dequant_count(w->t[i].w, w->t[i].scale);
-            continue;
+        } else {
+            st = model_make_mat(m, w, i, groups, scratch, &b->mat[i]);
+            if (st == TD_OK)
+                st = model_keep_mat(m, b->mat[i]);
+            if (st == TD_OK && e->expert >= 0)
+                m->expert_bytes += m->ops->mat_bytes(b->mat[i]);
         }
-        if (e->shape[0] % (int64_t)groups != 0) {
-            td_error("model: tensor '%s': %lld rows in %zu groups", e->name,
-                     (long long)e->shape[0], groups);
-            st = TD_ERR_INVALID;
-            break;
-        }
-        st = m->ops->mat_create(dst, groups, (size_t)e->shape[0] / groups, (size_t)e->shape[1],
-                                &mat[i]);
-        if (st != TD_OK)
-            break;   /* the op logged why */
-        st = model_keep_mat(m, mat[i]);
-        if (st == TD_OK && e->expert >= 0)
-            m->expert_bytes += m->ops->mat_bytes(mat[i]);
+        if (st == TD_OK)
+            model_release(&w->t[i]);
     }
     free(scratch);
     return st;
@@ -502,7 +645,7 @@ model_bind_layer(td_model_t *m, model_bind_t *b, int64_t i)
     L->sw3 = model_mat(b, "%s%lld.ffn.shared_experts.w3.weight", p, (long long)i);
     if (cl->engram >= 0) {
         size_t hc = (size_t)c->hc_mult, H = (size_t)c->hidden_size;
-        L->eg_table = model_get(b, "%s%lld.engram.embed.weight", p, (long long)i);
+        L->eg_table = model_table(b, "%s%lld.engram.embed.weight", p, (long long)i);
         L->eg_rows = (uint64_t)c->engram_num_embeddings.v[cl->engram];
         L->eg_wkv = model_mat(b, "%s%lld.engram.wkv.weight", p, (long long)i);
         const float *q = model_get(b, "%s%lld.engram.q_weight", p, (long long)i);
@@ -612,137 +755,172 @@ model_experts_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
     return TD_OK;
 }
 
-td_status_t
-td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+/* The config (checked, with an implemented scoring function), the routed
+ * experts this rank keeps and the tokenizer when the folder has one. */
+static td_status_t
+model_cfg_init(td_model_t *m, const char *dir, const td_model_opts_t *opts)
 {
-    td_model_t *m;
+    char path[4096], err[512];
+    td_status_t st = td_modelcfg_load(dir, &m->cfg);
+
+    if (st != TD_OK)
+        return st;
+    st = td_modelcfg_check(m->cfg, err, sizeof(err));
+    if (st != TD_OK) {
+        td_error("model %s: %s", dir, err);
+        return st;
+    }
+    const td_modelcfg_t *c = m->cfg;
+    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
+        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
+                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
+        return TD_ERR_UNSUPPORTED;
+    }
+    st = model_experts_init(m, dir, opts);
+    if (st != TD_OK)
+        return st;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return TD_OK;
+    fclose(f);
+    return td_tokenizer_load(path, &m->tok);
+}
+
+/* The head: its own tensor, or a linear made from the embedding when tied. */
+static td_status_t
+model_bind_head(td_model_t *m, model_bind_t *b, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
+
+    if (!c->tie_word_embeddings) {
+        m->head = model_mat(b, "head.weight");
+        return TD_OK;
+    }
+    if (m->embed.data == NULL)
+        return TD_OK;   /* b->st says why */
+    td_status_t st = m->embed.fmt == TD_KERNELS_W_F32
+        ? m->ops->mat_create(m->embed.data, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                             &m->head)
+        : m->ops->mat_create_fmt(&m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
+                                 &m->head);
+    if (st != TD_OK)
+        return st;   /* the op logged why */
+    st = model_keep_mat(m, m->head);
+    if (st != TD_OK)
+        td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
+    return st;
+}
+
+/* Read the checkpoint in dir: every tensor the model keeps, bound to its
+ * place in m (embedding, head, norms, every layer's). */
+static td_status_t
+model_load_weights(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
     td_weights_schema_t *schema = NULL;
     td_st_t *st_file = NULL;
     td_weights_t *w = NULL;
     model_bind_t b = { 0 };
     td_progress_t prog;
     bool loading = false;   /* prog has begun */
+    char what[4096];
     td_status_t st;
-    char path[4096], err[512];
-
-    m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return model_nomem(dir);
-    m->ops = td_kernels_cpu_ops();
-    st = td_modelcfg_load(dir, &m->cfg);
-    if (st != TD_OK)
-        goto out;
-    st = td_modelcfg_check(m->cfg, err, sizeof(err));
-    if (st != TD_OK) {
-        td_error("model %s: %s", dir, err);
-        goto out;
-    }
-    const td_modelcfg_t *c = m->cfg;
-    if (strcmp(c->scoring_func, "sqrtsoftplus") != 0 && strcmp(c->scoring_func, "sigmoid") != 0) {
-        td_error("model %s: scoring_func '%s' is not implemented (the reference's ACT2FN has "
-                 "sqrtsoftplus and sigmoid)", dir, c->scoring_func);
-        st = TD_ERR_UNSUPPORTED;
-        goto out;
-    }
-    st = model_experts_init(m, dir, opts);
-    if (st != TD_OK)
-        goto out;
-    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (f != NULL) {
-        fclose(f);
-        st = td_tokenizer_load(path, &m->tok);
-        if (st != TD_OK)
-            goto out;
-    }
 
     st = td_weights_schema_create(c, &schema);
-    if (st != TD_OK)
-        goto out;
-    st = td_st_open(dir, &st_file);
-    if (st != TD_OK)
-        goto out;
-    st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
+    if (st == TD_OK)
+        st = td_st_open(dir, &st_file);
+    if (st == TD_OK)
+        st = td_weights_bind(schema, st_file, NULL, NULL, &w);   /* logs every problem */
     if (st != TD_OK)
         goto out;
     b.schema = schema;
     b.ptr = calloc(schema->n ? schema->n : 1, sizeof(*b.ptr));
     b.mat = calloc(schema->n ? schema->n : 1, sizeof(*b.mat));
+    b.tab = calloc(schema->n ? schema->n : 1, sizeof(*b.tab));
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
-    if (b.ptr == NULL || b.mat == NULL || m->layers == NULL) {
+    if (b.ptr == NULL || b.mat == NULL || b.tab == NULL || m->layers == NULL) {
         st = model_nomem("the tensor tables");
         goto out;
     }
-    snprintf(path, sizeof(path), "model %s", dir);
-    td_progress_begin(&prog, path, "tensors", w->n, w->bytes);
+    snprintf(what, sizeof(what), "model %s", dir);
+    td_progress_begin(&prog, what, "tensors", w->n, w->bytes);
     loading = true;
-    st = model_dequant_all(m, w, b.ptr, b.mat, &prog);
+    st = model_dequant_all(m, w, &b, &prog);
     if (st != TD_OK)
         goto out;
-    m->embed = model_get(&b, "embed.weight");
+    m->embed = model_table(&b, "embed.weight");
     m->norm = model_get(&b, "norm.weight");
-    if (!c->tie_word_embeddings) {
-        m->head = model_mat(&b, "head.weight");
-    } else if (m->embed != NULL) {
-        st = m->ops->mat_create(m->embed, 1, (size_t)c->vocab_size, (size_t)c->hidden_size,
-                                &m->head);
-        if (st != TD_OK)
-            goto out;   /* the op logged why */
-        st = model_keep_mat(m, m->head);
-        if (st != TD_OK) {
-            td_error("model %s: the head from the embedding: %s", dir, td_status_str(st));
-            goto out;
-        }
-    }
+    st = model_bind_head(m, &b, dir);
     for (int64_t i = 0; i < c->num_hidden_layers && st == TD_OK; i++)
         st = model_bind_layer(m, &b, i);
     if (st == TD_OK)
         st = b.st;
-    if (st != TD_OK)
-        goto out;
+out:
+    if (loading)
+        td_progress_end(&prog, st);
+    free(b.ptr);
+    free(b.mat);
+    free(b.tab);
+    td_weights_destroy(w);
+    td_st_close(st_file);
+    td_weights_schema_destroy(schema);
+    return st;
+}
 
+/* What the forward pass derives from the config: the rope tables, the
+ * engram hash state and the cache plan. */
+static td_status_t
+model_tables_init(td_model_t *m, const char *dir)
+{
+    const td_modelcfg_t *c = m->cfg;
     size_t half = (size_t)c->qk_rope_head_dim / 2;
+    td_status_t st;
+
     m->inv_freq_main = calloc(half ? half : 1, sizeof(float));
     m->inv_freq_compress = calloc(half ? half : 1, sizeof(float));
-    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL) {
-        st = model_nomem("the rope tables");
-        goto out;
-    }
+    if (m->inv_freq_main == NULL || m->inv_freq_compress == NULL)
+        return model_nomem("the rope tables");
     st = rope_table(c, &c->rope_main, "main", m->inv_freq_main, &m->rope_scale_main);
     if (st == TD_OK)
         st = rope_table(c, &c->rope_compress, "compress", m->inv_freq_compress,
                         &m->rope_scale_compress);
-    if (st != TD_OK)
-        goto out;
-    if (c->engram_layer_ids.n > 0) {
+    if (st == TD_OK && c->engram_layer_ids.n > 0)
         st = model_engram_init(m, dir);
-        if (st != TD_OK)
-            goto out;
-    }
+    if (st != TD_OK)
+        return st;
     td_cache_plan_t *plan;
     st = td_cache_plan_create(c, &plan);
-    if (st != TD_OK)
-        goto out;
-    m->plan = plan;
+    if (st == TD_OK)
+        m->plan = plan;
+    return st;
+}
+
+td_status_t
+td_model_load_opts(const char *dir, const td_model_opts_t *opts, td_model_t **out)
+{
+    td_model_t *m = calloc(1, sizeof(*m));
+    td_status_t st;
+
+    if (m == NULL)
+        return model_nomem(dir);
+    m->ops = td_kernels_cpu_ops();
+    st = model_cfg_init(m, dir, opts);
+    if (st == TD_OK)
+        st = model_load_weights(m, dir);
+    if (st == TD_OK)
+        st = model_tables_init(m, dir);
+    if (st != TD_OK) {
+        td_model_destroy(m);
+        return st;
+    }
+    const td_modelcfg_t *c = m->cfg;
     td_info("model %s: %lld layers, hidden %lld, vocab %lld, %zu MiB of f32 weights and "
             "%zu MiB of linears (%u of %lld routed experts: %zu MiB)", dir,
             (long long)c->num_hidden_layers, (long long)c->hidden_size,
             (long long)c->vocab_size, m->arena_floats * sizeof(float) >> 20,
             m->mat_bytes >> 20, m->experts_held, (long long)c->n_routed_experts,
             m->expert_bytes >> 20);
-
-out:
-    if (loading)
-        td_progress_end(&prog, st);
-    free(b.ptr);
-    free(b.mat);
-    td_weights_destroy(w);
-    td_st_close(st_file);
-    td_weights_schema_destroy(schema);
-    if (st != TD_OK) {
-        td_model_destroy(m);
-        return st;
-    }
     *out = m;
     return TD_OK;
 }
@@ -770,6 +948,9 @@ td_model_destroy(td_model_t *m)
     for (size_t i = 0; i < m->nmats; i++)
         m->ops->mat_destroy(m->mats[i]);
     free(m->mats);
+    for (size_t i = 0; i < m->nblobs; i++)
+        free(m->blobs[i]);
+    free(m->blobs);
     free(m->arena);
     td_cache_plan_destroy((td_cache_plan_t *)m->plan);
     td_tokenizer_destroy(m->tok);

@@ -51,7 +51,7 @@ typedef struct {
     td_kernels_mat_t *sw1, *sw3;/* [I, H] the shared expert */
     td_kernels_mat_t *sw2;      /* [H, I] */
     /* engram (engram layers) */
-    const float *eg_table;      /* [eg_rows, engram_head_dim] */
+    td_kernels_wsrc_t eg_table; /* [eg_rows, engram_head_dim] as stored (fp8 rows, bf16) or f32 */
     uint64_t eg_rows;
     td_kernels_mat_t *eg_wkv;   /* [H * (hc + 1), (max_ngram - 1) * engram_n_heads * engram_head_dim] */
     float *eg_qk;               /* [hc, H] q_weight * k_weight (computed at load) */
@@ -82,7 +82,7 @@ typedef struct {
     td_tokenizer_t *tok;        /* NULL when the directory has no tokenizer.json */
     const td_cache_plan_t *plan;/* the per-request cache layout (owned) */
 
-    const float *embed;         /* [vocab_size, H] */
+    td_kernels_wsrc_t embed;    /* [vocab_size, H] as stored (bf16) or f32 */
     const float *norm;          /* [H] */
     td_kernels_mat_t *head;     /* [vocab_size, H] (made from embed when tied) */
     td_model_layer_t *layers;   /* [num_hidden_layers] */
@@ -100,6 +100,9 @@ typedef struct {
     td_kernels_mat_t **mats;    /* [nmats] every prepared linear (owned) */
     size_t nmats;
     size_t mat_bytes;           /* their bytes */
+    void **blobs;               /* [nblobs] the tables kept as stored (embed, engram; owned) */
+    size_t nblobs;
+    size_t table_bytes;         /* their bytes */
 
     unsigned char *expert_held; /* [E] 1 where the routed expert's weights are loaded */
     uint32_t experts_held;      /* how many (E unless loaded for one rank of a DEP group) */
@@ -108,8 +111,9 @@ typedef struct {
 
 /* Load dir (config.json, model.safetensors[.index.json], tokenizer.json):
  * the config must pass td_modelcfg_check, the checkpoint td_weights_bind;
- * every tensor is dequantized into f32, the linears then prepared by the
- * ops' mat_create (kept as bf16 where every value is one: exact). The
+ * the linears are prepared by the ops' mat_create_fmt in the checkpoint's
+ * format (bf16, fp8 or fp4 codes with their scales; others dequantized and
+ * prepared by mat_create), every other tensor dequantized into f32. The
  * tokenizer is required when the config has engram layers (its compressed
  * token map must have engram_compressed_vocab_size classes, as the reference
  * requires). Errors are logged with the object they concern. */
@@ -184,6 +188,16 @@ typedef td_status_t (*td_forward_layer_fn)(const td_forward_done_t *done, void *
  * pass (allocation, a stop from fn) leaves them unusable (reset them). */
 td_status_t td_forward(const td_model_t *m, td_forward_seq_t *seqs, size_t nseqs,
                        td_forward_layer_fn fn, void *arg);
+
+/* The workspace bytes a pass takes (model/fwspace.c, docs/forward.md): for
+ * nseq requests of n rows each with `tokens` tokens in its cache after the
+ * pass, split as td_forward splits calls of more than 256 rows. Every buffer
+ * of a pass comes from one block of this size (the pass allocates nothing
+ * else); tools/memplan's workspace figure is this function. */
+size_t td_forward_workspace_bytes(const td_modelcfg_t *c, const td_cache_plan_t *plan,
+                                  size_t nseq, size_t n, uint64_t tokens);
+/* The largest workspace a pass of this process has taken so far, bytes. */
+size_t td_forward_workspace_peak(void);
 
 /* Prefill a chunk of one request (any n >= 1, continuing from its cache). */
 td_status_t td_forward_prefill(const td_model_t *m, td_cache_t *c, const int32_t *tokens,

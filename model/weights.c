@@ -122,15 +122,16 @@ wt_add(wt_builder_t *b, wt_kind_t kind, int ndim, const int64_t *shape, const ch
 #define SHAPE1(a) ((const int64_t[2]){ (a), 0 })
 #define SHAPE2(a, b) ((const int64_t[2]){ (a), (b) })
 
+/* The attention block of layer i: projections, norms, sink, and the
+ * compressor and indexer where the layer is their source. */
 static void
-wt_add_layer(wt_builder_t *b, int64_t i)
+wt_add_attn(wt_builder_t *b, int64_t i)
 {
     const td_modelcfg_t *c = b->cfg;
     const td_modelcfg_layer_t *l = &c->layers[i];
-    const int64_t H = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
+    const int64_t H = c->hidden_size;
     const int64_t qh = c->num_attention_heads * c->head_dim;
     const int64_t ihd = c->index_n_heads * c->index_head_dim;
-    const size_t first = b->s->n;
 
     wt_add(b, KIND_FLOAT, 1, SHAPE1(H), "hidden_size", "layers.%" PRId64 ".attn_norm.weight", i);
     wt_add(b, KIND_LINEAR, 2, SHAPE2(c->q_lora_rank, H), "q_lora_rank, hidden_size",
@@ -172,6 +173,14 @@ wt_add_layer(wt_builder_t *b, int64_t i)
                    "layers.%" PRId64 ".attn.indexer.k_norm.weight", i);
         }
     }
+}
+
+/* The MoE block of layer i: norm, router, routed and shared experts. */
+static void
+wt_add_ffn(wt_builder_t *b, int64_t i)
+{
+    const td_modelcfg_t *c = b->cfg;
+    const int64_t H = c->hidden_size;
 
     wt_add(b, KIND_FLOAT, 1, SHAPE1(H), "hidden_size", "layers.%" PRId64 ".ffn_norm.weight", i);
     wt_add(b, KIND_FLOAT, 2, SHAPE2(c->n_routed_experts, H), "n_routed_experts, hidden_size",
@@ -200,6 +209,15 @@ wt_add_layer(wt_builder_t *b, int64_t i)
            "layers.%" PRId64 ".ffn.shared_experts.w2.weight", i);
     wt_add(b, KIND_LINEAR, 2, SHAPE2(c->moe_intermediate_size, H), "moe_intermediate_size, hidden_size",
            "layers.%" PRId64 ".ffn.shared_experts.w3.weight", i);
+}
+
+/* Layer i's engram (where it has one) and its two hyper-connection mixes. */
+static void
+wt_add_engram_hc(wt_builder_t *b, int64_t i)
+{
+    const td_modelcfg_t *c = b->cfg;
+    const td_modelcfg_layer_t *l = &c->layers[i];
+    const int64_t H = c->hidden_size, hc = c->hc_mult, mix = (2 + hc) * hc;
 
     if (l->engram >= 0) {
         const int64_t rows = c->engram_num_embeddings.v[l->engram], ed = c->engram_head_dim;
@@ -227,7 +245,17 @@ wt_add_layer(wt_builder_t *b, int64_t i)
            "layers.%" PRId64 ".hc_ffn_fn", i);
     wt_add(b, KIND_F32, 1, SHAPE1(mix), "(2+hc_mult)*hc_mult", "layers.%" PRId64 ".hc_ffn_base", i);
     wt_add(b, KIND_F32, 1, SHAPE1(3), "3", "layers.%" PRId64 ".hc_ffn_scale", i);
+}
 
+/* Every tensor of layer i, each tagged with the layer. */
+static void
+wt_add_layer(wt_builder_t *b, int64_t i)
+{
+    const size_t first = b->s->n;
+
+    wt_add_attn(b, i);
+    wt_add_ffn(b, i);
+    wt_add_engram_hc(b, i);
     if (b->st == TD_OK)
         for (size_t k = first; k < b->s->n; k++)
             b->s->entries[k].layer = (int32_t)i;

@@ -21,6 +21,7 @@
 #include "kvmap.h"
 #include "kvpool.h"
 #include "log.h"
+#include "wcons.h"
 #include "wire.h"
 #include "chainhash.h"
 
@@ -108,6 +109,9 @@ typedef struct task {
     uint64_t pos;                /* tokens prefilled */
     uint32_t chunks;
     td_sample_params_t sampling;
+    Tandem__Constraint cons_in;  /* the Sampling's constraint (spec owned), kind 0: none */
+    td_wcons_t *cons;            /* compiled with req, on the compute thread */
+    char cons_why[200];          /* why it was refused ("": it was not) */
     td_engine_req_t *req;        /* while RUNNING (created by its first chunk) */
     td_kvpool_res_t *res;        /* its KV in the rank's pool, from RUNNING to the end */
     td_kvmap_t *map;
@@ -244,6 +248,8 @@ task_finish_engine(task_t *t)
         td_engine_req_destroy(t->req);
         t->req = NULL;
     }
+    td_wcons_destroy(t->cons);
+    t->cons = NULL;
     task_set_state(t, TASK_FLUSHING);
     task_try_terminal(t);
 }
@@ -285,6 +291,8 @@ task_free(task_t *t)
 {
     if (t->req)
         td_engine_req_destroy(t->req);
+    td_wcons_destroy(t->cons);
+    free(t->cons_in.spec);
     if (t->hit)
         td_pcache_hit_free(t->rk->pc, t->hit);
     if (t->res)
@@ -763,6 +771,21 @@ task_on_layer(td_engine_req_t *req, uint32_t layer, const td_engine_piece_t *pie
 
 /* ---- Scheduler -------------------------------------------------------------------- */
 
+/* Compute thread: the task's engine request, with its constraint compiled
+ * (or found compiled) and hooked in; a refused constraint leaves why in
+ * t->cons_why. */
+static td_status_t
+task_req_create(task_t *t)
+{
+    td_status_t st = td_engine_req_create(t->rk->e, &t->sampling, &t->res->kv, &t->req);
+
+    if (st == TD_OK && t->cons_in.kind != 0 && t->cons == NULL)
+        st = td_wcons_create(&t->cons_in, &t->cons, t->cons_why, sizeof(t->cons_why));
+    if (st == TD_OK && t->cons != NULL)
+        t->req->cons = td_wcons_hook(t->cons);
+    return st;
+}
+
 /* Compute thread: one chunk of the task (the first creates its engine
  * request over its blocks; the last samples the first token). */
 static void
@@ -773,7 +796,7 @@ task_chunk_run(void *arg)
     td_status_t st = TD_OK;
 
     if (t->req == NULL)
-        st = td_engine_req_create(rk->e, &t->sampling, &t->res->kv, &t->req);
+        st = task_req_create(t);
     int snap = t->snap_end != 0 && t->pos + t->chunk_n == t->snap_end && t->snap == NULL;
     if (st == TD_OK)
         st = td_engine_prefill(t->req, t->tokens + t->pos, t->chunk_n,
@@ -869,7 +892,7 @@ task_chunk_done(void *arg)
                 td_clock_ns(), (int)st);   /* td_status_t: 0 ok, -12 canceled */
     rk->stats.chunks++;
     t->chunks++;
-    if (!task_job_ended(t, st, "engine prefill")) {
+    if (!task_job_ended(t, st, t->cons_why[0] ? t->cons_why : "engine prefill")) {
         t->pos += t->chunk_n;
         if (t->chunk_last) {
             if (rk->pc != NULL) {   /* its whole blocks are final now: the cache takes them */
@@ -900,7 +923,7 @@ task_hit_run(void *arg)
     td_status_t st;
 
     t->hit_pos = 0;
-    st = td_engine_req_create(rk->e, &t->sampling, &t->res->kv, &t->req);
+    st = task_req_create(t);
     if (st != TD_OK)
         goto out;
     td_pcache_load(rk->pc, t->hit, t->tokens, &t->res->kv);
@@ -958,7 +981,7 @@ task_hit_done(void *arg)
     prank_trace(rk, "hit req=%016" PRIx64 " cached=%" PRIu64 " replayed=%" PRIu64
                 " start=%" PRIu64 " end=%" PRIu64 " status=%d", t->req_id, t->cached, t->replayed,
                 t->chunk_t0, td_clock_ns(), (int)st);
-    if (!task_job_ended(t, st, "prefix cache hit"))
+    if (!task_job_ended(t, st, t->cons_why[0] ? t->cons_why : "prefix cache hit"))
         t->pos = t->hit_pos;
     prank_schedule(rk);
     prank_publish_load(rk);
@@ -1119,6 +1142,13 @@ task_sampling(task_t *t, const Tandem__Sampling *s)
     } else if (t->nchoices > 1 &&
                (t->more_picks = calloc(t->nchoices - 1, sizeof(*t->more_picks))) == NULL) {
         task_fail(t, TD_ERR_NOMEM, "out of memory for %u choices", t->nchoices);
+    } else if (s != NULL && s->constraint != NULL && s->constraint->kind != 0) {
+        /* compiled with the engine request, on the compute thread */
+        t->cons_in = *s->constraint;
+        t->cons_in.base = (ProtobufCMessage)PROTOBUF_C_MESSAGE_INIT(&tandem__constraint__descriptor);
+        t->cons_in.spec = strdup(s->constraint->spec ? s->constraint->spec : "");
+        if (t->cons_in.spec == NULL)
+            task_fail(t, TD_ERR_NOMEM, "out of memory for the constraint");
     }
 }
 

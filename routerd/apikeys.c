@@ -198,24 +198,53 @@ td_apikeys_match(const td_apikeys_t *keys, const char *key, size_t len)
     return found != 0;
 }
 
-td_status_t
-td_apikeys_check_header(const td_apikeys_t *keys, const char *authorization)
+/* The key of a "Bearer <key>" header value; false when there is none. */
+static bool
+bearer_key(const char *authorization, const char **key, size_t *keylen)
 {
     static const char scheme[] = "bearer";
     const char *p = authorization;
     if (p == NULL)
-        return TD_ERR_NOT_FOUND;
+        return false;
     while (is_blank(*p))
         p++;
     if (strncasecmp(p, scheme, sizeof scheme - 1) != 0 || !is_blank(p[sizeof scheme - 1]))
-        return TD_ERR_NOT_FOUND;
+        return false;
     p += sizeof scheme - 1;
     while (is_blank(*p))
         p++;
     size_t len = strlen(p);
     while (len > 0 && is_blank(p[len - 1]))
         len--;
-    if (len == 0)
+    *key = p;
+    *keylen = len;
+    return len > 0;
+}
+
+td_status_t
+td_apikeys_check_header(const td_apikeys_t *keys, const char *authorization)
+{
+    const char *k;
+    size_t len;
+
+    if (!bearer_key(authorization, &k, &len))
         return TD_ERR_NOT_FOUND;
-    return td_apikeys_match(keys, p, len) ? TD_OK : TD_ERR_AUTH;
+    return td_apikeys_match(keys, k, len) ? TD_OK : TD_ERR_AUTH;
+}
+
+void
+td_apikeys_owner(const char *authorization, const char *x_api_key,
+                 char out[TD_APIKEYS_OWNER_LEN])
+{
+    td_apikeys_digest_t d;
+    const char *k = x_api_key;
+    size_t len = k ? strlen(k) : 0;
+
+    if (k == NULL && !bearer_key(authorization, &k, &len)) {
+        snprintf(out, TD_APIKEYS_OWNER_LEN, "anonymous");
+        return;
+    }
+    apikeys_digest(k, len, &d);
+    for (size_t i = 0; i < sizeof d.d; i++)
+        snprintf(out + 2 * i, 3, "%02x", d.d[i]);
 }

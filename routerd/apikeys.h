@@ -40,4 +40,11 @@ bool td_apikeys_match(const td_apikeys_t *keys, const char *key, size_t len);
  * TD_ERR_NOT_FOUND: no bearer key given; TD_ERR_AUTH: a key that is not known. */
 td_status_t td_apikeys_check_header(const td_apikeys_t *keys, const char *authorization);
 
+/* Who a request is, for what it owns (stored responses): the hex SHA-256 of
+ * its key (x_api_key when not NULL, else the bearer key of authorization),
+ * "anonymous" without a key. */
+#define TD_APIKEYS_OWNER_LEN 65
+void td_apikeys_owner(const char *authorization, const char *x_api_key,
+                      char out[TD_APIKEYS_OWNER_LEN]);
+
 #endif

@@ -22,6 +22,7 @@
 #include <event2/listener.h>
 #include <event2/util.h>
 
+#include "anthropic.h"
 #include "buf.h"
 #include "clock.h"
 #include "fsm.h"
@@ -166,6 +167,7 @@ reason_phrase(int code)
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 529: return "Overloaded";
     case 505: return "HTTP Version Not Supported";
     default:  return "Error";
     }
@@ -356,6 +358,18 @@ req_new(td_http_conn_t *c, const char *p, size_t len, td_h1_err_t *e)
 }
 
 const char *
+td_http_path(const td_http_req_t *req)
+{
+    return req->path;
+}
+
+int
+td_http_method(const td_http_req_t *req)
+{
+    return (int)req->h.method;
+}
+
+const char *
 td_http_header(const td_http_req_t *req, const char *name)
 {
     const td_h1_field_t *f = td_h1_field(&req->h, name);
@@ -517,6 +531,41 @@ conn_answered(td_http_conn_t *c)
         bufferevent_trigger(c->bev, EV_WRITE, BEV_TRIG_DEFER_CALLBACKS);
 }
 
+/* Whether route path rp serves path: equal, or rp ends in '*' and is a
+ * prefix of path (with something after it). */
+static bool
+path_match(const char *rp, const char *path)
+{
+    size_t n = strlen(rp);
+
+    if (n > 0 && rp[n - 1] == '*')
+        return strncmp(rp, path, n - 1) == 0 && path[n - 1] != '\0';
+    return strcmp(rp, path) == 0;
+}
+
+/* The error format of the route serving path (NULL: not known yet). */
+static td_http_errfmt_t
+path_errfmt(const td_http_site_t *site, const char *path)
+{
+    for (const td_http_route_t *rt = site->routes; path && rt->path; rt++)
+        if (rt->admin == site->admin && path_match(rt->path, path))
+            return rt->errfmt;
+    return TD_HTTP_ERR_OPENAI;
+}
+
+/* e's body in the format of path's route, and the status it is sent with. */
+static td_status_t
+err_body(const td_http_site_t *site, const char *path, const td_openai_err_t *e,
+         td_buf_t *body, int *status)
+{
+    if (path_errfmt(site, path) == TD_HTTP_ERR_ANTHROPIC) {
+        *status = td_anthropic_err_http(e);
+        return td_anthropic_err_json(e, body);
+    }
+    *status = e->http;
+    return td_openai_err_json(e, body);
+}
+
 /* Answer a request the HTTP layer refuses (malformed, too large, too slow,
  * over the budget) and close the connection: what follows the head cannot be
  * trusted to be a request. */
@@ -535,11 +584,11 @@ conn_refuse(td_http_conn_t *c, int status, const char *message)
     td_log_limited(&l->lim_peer, TD_LOG_DEBUG, HTTP_LOG_PEER_MS,
                    "%s conn %" PRIu64 " (%s): refused: %d: %s", l->name, c->id, c->peer, status,
                    message);
-    if (td_openai_err_json(&e, &body) == TD_OK) {
+    if (err_body(&l->site, c->req ? c->req->path : NULL, &e, &body, &status) == TD_OK) {
         evbuffer_add_printf(o, "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: application/json\r\n"
                             "Content-Length: %zu\r\nConnection: close\r\n", status,
                             reason_phrase(status), http_date(l), body.len);
-        if (status == 503)
+        if (status == 503 || status == 529)
             evbuffer_add_printf(o, "Retry-After: %u\r\n", e.retry_after);
         if (status == 405)
             evbuffer_add_printf(o, "Allow: GET, POST\r\n");
@@ -566,12 +615,16 @@ conn_dispatch(td_http_conn_t *c)
 
     conn_set_state(c, CONN_SERVE, "request read");
     for (const td_http_route_t *rt = site->routes; rt->path; rt++) {
-        if (rt->admin != site->admin || strcmp(rt->path, q->path) != 0 ||
+        if (rt->admin != site->admin || !path_match(rt->path, q->path) ||
             !(rt->methods & (int)q->h.method))
             continue;
         if (rt->auth && site->keys) {
-            td_status_t st = td_apikeys_check_header(site->keys,
-                                                     td_http_header(q, "Authorization"));
+            const char *xkey = rt->errfmt == TD_HTTP_ERR_ANTHROPIC
+                                   ? td_http_header(q, "x-api-key") : NULL;
+            td_status_t st = xkey ? (td_apikeys_match(site->keys, xkey, strlen(xkey))
+                                         ? TD_OK : TD_ERR_AUTH)
+                                  : td_apikeys_check_header(site->keys,
+                                                            td_http_header(q, "Authorization"));
             if (st != TD_OK) {
                 td_openai_err_auth(&e, st == TD_ERR_AUTH);
                 td_http_refuse(site->metrics, q, &e);
@@ -999,8 +1052,11 @@ td_http_reply_err(td_http_req_t *req, const td_openai_err_t *e)
         snprintf(s, sizeof s, "%u", e->retry_after);
         td_http_add_header(req, "Retry-After", s);
     }
-    if (td_openai_err_json(e, &body) == TD_OK)
-        td_http_reply(req, e->http, "application/json", body.data, body.len);
+    int status = e->http;
+
+    if ((req->conn ? err_body(&req->conn->l->site, req->path, e, &body, &status)
+                   : td_openai_err_json(e, &body)) == TD_OK)
+        td_http_reply(req, status, "application/json", body.data, body.len);
     else
         td_http_reply(req, 500, "text/plain", "out of memory\n", 14);
     td_buf_free(&body);

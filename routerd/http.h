@@ -35,13 +35,22 @@ struct event_base;
 typedef struct td_http_req_s td_http_req_t;
 typedef struct td_http_listener_s td_http_listener_t;
 
+/* The format of a route's errors, also of the refusals made before the
+ * route ran (a bad head, a timeout, a missing key) for a request to its path. */
+typedef enum {
+    TD_HTTP_ERR_OPENAI = 0,    /* {"error":{"message","type","param","code"}} */
+    TD_HTTP_ERR_ANTHROPIC,     /* {"type":"error","error":{"type","message"}}, 503 as 529;
+                                  a key also by x-api-key */
+} td_http_errfmt_t;
+
 /* One entry of a route table (ends with path NULL). */
 typedef struct {
-    const char *path;
+    const char *path;     /* the path; ending in '*': every longer path with this prefix */
     int methods;          /* TD_H1_GET | ... */
     bool admin;           /* served on the admin listener, with the admin key */
     bool auth;            /* needs a key */
     void (*fn)(td_http_req_t *req, void *arg);   /* arg: the site's */
+    td_http_errfmt_t errfmt;
 } td_http_route_t;
 
 /* Bytes of requests held (heads and bodies being read or served), across
@@ -103,6 +112,9 @@ void td_http_fit_fd_limit(size_t *api_conns, size_t *admin_conns, size_t reserve
 
 /* The first field named name (case-insensitive), or NULL. */
 const char *td_http_header(const td_http_req_t *req, const char *name);
+/* The request's path (without the query) and method (a TD_H1_* bit). */
+const char *td_http_path(const td_http_req_t *req);
+int td_http_method(const td_http_req_t *req);
 /* The body, NUL-terminated (valid while req is). */
 const char *td_http_body(td_http_req_t *req, size_t *len);
 /* The body handed over (NUL-terminated, malloc'd, the caller frees it; NULL

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include "grammar.h"
 
 #define INVALID_REQUEST "invalid_request_error"
 
@@ -532,6 +535,13 @@ constraint_set(td_ireq_parse_t *p, const char *param, td_ireq_constraint_kind_t 
     return TD_OK;
 }
 
+td_status_t
+td_ireq_constraint_set(td_ireq_parse_t *p, const char *param, td_ireq_constraint_kind_t kind,
+                       const json_t *spec)
+{
+    return constraint_set(p, param, kind, spec);
+}
+
 static const struct {
     const char *name;     /* guided_<name> and structured_outputs.<name> */
     td_ireq_constraint_kind_t kind;
@@ -767,19 +777,95 @@ finish_max_n_logprobs(uint32_t top)
     return (TD_IREQ_NOTE_BUDGET - 64) / per;
 }
 
-/* Structured output is recorded but not enforced yet: refused, naming the
- * field that asked for it. */
+/* Whether a message of the conversation says "json" (any case): OpenAI's
+ * rule for json_object. */
+static bool
+finish_mentions_json(const td_ireq_t *r)
+{
+    for (size_t i = 0; i < r->nmsgs; i++)
+        for (const char *c = r->msgs[i].content; c != NULL && *c; c++)
+            if (strncasecmp(c, "json", 4) == 0)
+                return true;
+    return false;
+}
+
+/* The constraint's spec as the grammar engine reads it. */
+static char *
+finish_constraint_text(const td_ireq_constraint_t *c)
+{
+    const json_t *schema;
+
+    switch (c->kind) {
+    case TD_IREQ_CONSTRAINT_JSON_OBJECT:
+        return strdup("");
+    case TD_IREQ_CONSTRAINT_JSON_SCHEMA:
+        schema = json_object_get(c->spec, "schema");
+        if (schema == NULL)   /* guided_json / structured_outputs.json: the schema itself */
+            schema = json_is_object(c->spec) && json_object_get(c->spec, "name") == NULL
+                         ? c->spec : NULL;
+        return schema != NULL ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)
+                              : strdup("{}");
+    case TD_IREQ_CONSTRAINT_CHOICE:
+        return json_dumps(c->spec, JSON_COMPACT | JSON_ENCODE_ANY);
+    default:
+        return strdup(json_is_string(c->spec) ? json_string_value(c->spec) : "");
+    }
+}
+
+/* The constraint compiled against the vocabulary (the ranks compile it
+ * again where they sample): a spec the engine refuses is a 400 naming the
+ * field and the part (docs/structured-output.md). */
 static td_status_t
 finish_constraint(td_ireq_parse_t *p)
 {
-    const td_ireq_constraint_t *c = &p->req->constraint;
+    td_ireq_constraint_t *c = &p->req->constraint;
+    td_grammar_opts_t o = { .strict = c->strict, .max_spec_bytes = p->cfg->max_constraint_bytes,
+                            .budget_ms = p->cfg->constraint_budget_ms };
+    td_grammar_err_t ge;
+    td_grammar_t *g;
+    td_status_t st;
 
     if (c->kind == TD_IREQ_CONSTRAINT_NONE)
         return TD_OK;
-    td_openai_err_set(p->e, 400, INVALID_REQUEST, c->param, "unsupported_value",
-                      "Unsupported value for '%s': structured output (constrained decoding) is "
-                      "not supported by this server yet.", c->param);
-    return TD_ERR_UNSUPPORTED;
+    if (p->cfg->gvocab == NULL) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, c->param, "unsupported_value",
+                          "Unsupported value for '%s': structured output needs the model's "
+                          "tokenizer, and this server runs without one.", c->param);
+        return TD_ERR_UNSUPPORTED;
+    }
+    if (c->kind == TD_IREQ_CONSTRAINT_JSON_OBJECT && p->req->kind == TD_OPENAI_CHAT &&
+        !finish_mentions_json(p->req)) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, "messages", "invalid_value",
+                          "'messages' must contain the word 'json' in some form, to use "
+                          "'response_format' of type 'json_object'.");
+        return TD_ERR_INVALID;
+    }
+    if (p->req->n > 1) {
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, "n", "unsupported_value",
+                          "Unsupported value for 'n': structured output takes one choice.");
+        return TD_ERR_UNSUPPORTED;
+    }
+    if ((c->text = finish_constraint_text(c)) == NULL)
+        return td_ireq_nomem(p);
+    st = td_grammar_compile(p->cfg->gvocab, (td_grammar_kind_t)(c->kind - 1), c->text,
+                            strlen(c->text), &o, &g, &ge);
+    if (st == TD_ERR_NOMEM)
+        return td_ireq_nomem(p);
+    if (st != TD_OK) {
+        /* "<param>.schema.<path> <message>": the message names the path's last part */
+        const char *sub = c->kind == TD_IREQ_CONSTRAINT_JSON_SCHEMA &&
+                          strncmp(c->param, "response_format", 15) == 0 ? ".schema" : "";
+        const char *last = strrchr(ge.path, '.') ? strrchr(ge.path, '.') + 1 : ge.path;
+        size_t ll = strlen(last);
+        bool named = ll > 0 && strncmp(ge.msg, last, ll) == 0 && ge.msg[ll] == ' ';
+        td_openai_err_set(p->e, 400, INVALID_REQUEST, c->param,
+                          st == TD_ERR_UNSUPPORTED ? "unsupported_value" : "invalid_value",
+                          "%s%s%s%s%s%s", c->param, sub, ge.path[0] ? "." : "", ge.path,
+                          named ? "" : ": ", named ? ge.msg + ll : ge.msg);
+        return st;
+    }
+    td_grammar_destroy(g);
+    return TD_OK;
 }
 
 td_status_t
@@ -791,7 +877,8 @@ td_ireq_finish(td_ireq_parse_t *p)
     if (!p->has_model)
         return td_ireq_missing(p, "model");
     if (!p->has_body)
-        return td_ireq_missing(p, r->kind == TD_OPENAI_CHAT ? "messages" : "prompt");
+        return td_ireq_missing(p, r->kind == TD_OPENAI_COMPLETION ? "prompt"
+                                  : r->kind == TD_OPENAI_RESPONSES ? "input" : "messages");
     if (p->has_stream_options && !r->out.stream) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, "stream_options", "invalid_value",
                           "The 'stream_options' parameter is only allowed when 'stream' is "
@@ -884,6 +971,31 @@ err_destroy:
     return rc;
 }
 
+td_status_t
+td_ireq_set_msgs(td_ireq_parse_t *p, const json_t *messages)
+{
+    td_ireq_t *r = p->req;
+    size_t n = json_array_size(messages);
+
+    if (n == 0 || (r->msgs = calloc(n, sizeof *r->msgs)) == NULL)
+        return n == 0 ? td_ireq_empty_array(p, "messages") : td_ireq_nomem(p);
+    for (r->nmsgs = 0; r->nmsgs < n; r->nmsgs++) {
+        const json_t *m = json_array_get(messages, r->nmsgs);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        const char *text = json_string_value(json_object_get(m, "content"));
+        td_ireq_msg_t *msg = &r->msgs[r->nmsgs];
+
+        for (int k = TD_OPENAI_ROLE_SYSTEM; role && k <= TD_OPENAI_ROLE_DEVELOPER; k++)
+            if (strcmp(role, td_openai_role_str((td_openai_role_t)k)) == 0)
+                msg->role = (td_openai_role_t)k;
+        if ((msg->content = strdup(text ? text : "")) == NULL) {
+            r->nmsgs++;
+            return td_ireq_nomem(p);
+        }
+    }
+    return TD_OK;
+}
+
 void
 td_ireq_destroy(td_ireq_t *req)
 {
@@ -905,6 +1017,8 @@ td_ireq_destroy(td_ireq_t *req)
     free(req->tools);
     free(req->tool_choice);
     json_decref(req->constraint.spec);
+    free(req->constraint.text);
     json_decref(req->body);
+    json_decref(req->proto);
     free(req);
 }

@@ -73,9 +73,13 @@ typedef struct {
     bool include_stop_str;      /* a matched stop string is part of the text */
 } td_ireq_stop_t;
 
-/* A constraint on the output (structured output, docs/api.md): recorded by
- * the adapters, enforced by the grammar engine once it is wired; until then
- * td_ireq_finish refuses every kind but NONE with a 400 naming the field. */
+/* A constraint on the output (structured output, docs/api.md and
+ * docs/structured-output.md): the one entry point every protocol fills
+ * (response_format, vLLM's structured_outputs and guided_*, and the Responses
+ * API's text.format map onto it). td_ireq_finish compiles it against the
+ * vocabulary (cfg->gvocab) to refuse a bad one with a 400 naming the field
+ * and the part, and leaves its wire text; the ranks that sample enforce it.
+ * The kinds' values are the wire's Constraint.kind. */
 typedef enum {
     TD_IREQ_CONSTRAINT_NONE = 0,
     TD_IREQ_CONSTRAINT_JSON_OBJECT,   /* any JSON object */
@@ -90,6 +94,8 @@ typedef struct {
     json_t *spec;                /* a reference, or NULL */
     bool strict;                 /* json_schema.strict */
     char param[96];              /* the field that asked for it */
+    char *text;                  /* td_ireq_finish: the spec as the grammar engine reads it
+                                    (compact JSON, the pattern or the grammar); owned */
 } td_ireq_constraint_t;
 
 /* What the reply reports and how. */
@@ -105,6 +111,8 @@ typedef struct {
 typedef struct {
     int thinking;                /* -1: the request's "thinking" object or the default;
                                     0 / 1: chat_template_kwargs.thinking */
+    uint32_t budget;             /* most reasoning tokens of a choice (Messages'
+                                    thinking.budget_tokens); 0: no cap */
 } td_ireq_reasoning_t;
 
 /* A validated request; everything it points to is owned by it and freed by
@@ -131,6 +139,9 @@ typedef struct {
     int32_t priority;            /* the admission queue's order, higher first */
     json_t *body;                /* the parsed body (a reference): the chat encoder
                                     reads the conversation from it */
+    json_t *proto;               /* what the protocol's writer needs of the request
+                                    (Responses: the settings its response objects echo,
+                                    the conversation a stored response keeps), or NULL */
 } td_ireq_t;
 
 /* What the adapters check requests against. */
@@ -143,8 +154,14 @@ typedef struct {
                                      must be below it (0: unchecked) */
     size_t max_stop_bytes;        /* longest stop string (0: TD_OPENAI_STOP_BYTES) */
     uint32_t max_n;               /* most choices (0: TD_IREQ_DEFAULT_MAX_N) */
+    bool no_default_thinking;     /* Messages and Responses requests that ask for neither
+                                     thinking nor an effort have thinking off (the
+                                     reference's default_thinking_mode false) */
     uint32_t nmodel_stop;         /* the model's end-of-sequence ids (they count in */
     const int32_t *model_stop;    /*   TD_IREQ_MAX_STOP_IDS with stop_token_ids) */
+    const struct td_gvocab *gvocab; /* constraints are checked against it; NULL: refused */
+    size_t max_constraint_bytes;  /* the largest spec (0: TD_GRAMMAR_MAX_SPEC) */
+    uint32_t constraint_budget_ms;/* compile time budget (0: TD_GRAMMAR_BUDGET_MS) */
 } td_ireq_cfg_t;
 
 void td_ireq_destroy(td_ireq_t *req);
@@ -203,8 +220,8 @@ td_status_t td_ireq_parse_object(const td_ireq_cfg_t *cfg, td_openai_kind_t kind
 /* The checks that involve more than one field, once every field was read:
  * model and input present, max_tokens vs max_completion_tokens, min_tokens
  * <= max_tokens, the stop ids with the model's within the bound, the
- * constraint (refused until the grammar engine is wired), the model served
- * (404). */
+ * constraint (compiled: a bad one is a 400 naming it), the model served
+ * (404). Runs on a text thread, never the loop (the compile). */
 td_status_t td_ireq_finish(td_ireq_parse_t *p);
 
 /* Field primitives: each checks v and fills p->e on failure (OpenAI's
@@ -229,6 +246,18 @@ td_status_t td_ireq_get_raw(td_ireq_parse_t *p, const json_t *v, char **out);
 /* An id in [0, vocab) (vocab 0: below 2^31) at param. */
 td_status_t td_ireq_get_token(td_ireq_parse_t *p, const char *param, const json_t *v,
                               int32_t *out);
+
+/* Record the request's constraint (structured output), asked for by param:
+ * a second one is refused; td_ireq_finish refuses every constraint until the
+ * grammar engine enforces them. spec: a reference is taken (NULL: none). */
+td_status_t td_ireq_constraint_set(td_ireq_parse_t *p, const char *param,
+                                   td_ireq_constraint_kind_t kind, const json_t *spec);
+
+/* The stand-in's view of a chat-shaped messages array (role and text of
+ * each; tool calls kept raw), for adapters whose own input was converted
+ * into one (Messages, Responses): the V4.1 encoder reads the converted body
+ * itself. */
+td_status_t td_ireq_set_msgs(td_ireq_parse_t *p, const json_t *messages);
 
 /* "an integer", "a string", ... for messages. */
 const char *td_ireq_json_type(const json_t *v);

@@ -1,6 +1,7 @@
 /* routerd/main.c — the router daemon: options, the engine identity (model
  * fingerprint, KV layout hash, names for /v1/models), the HTTP, admin and
  * control listeners on one event loop, and the ready line. */
+#include "grammar.h"
 #include "router.h"
 #include "chat.h"
 #include "routes.h"
@@ -89,6 +90,12 @@ static const td_config_opt_t router_opts[] = {
                          "max_tokens of a request that gives none"),
     TD_CONFIG_OPT_SIZE("max-stop-bytes", ST, max_stop_bytes, "512", 1, 1u << 20,
                        "longest stop string accepted, in bytes (a longer one gets 400)"),
+    TD_CONFIG_OPT_SIZE("max-constraint-bytes", ST, max_constraint_bytes, "256KiB", 1024,
+                       1u << 20, "largest structured-output spec (JSON schema, regex, grammar) "
+                       "a request may carry (a larger one gets 400)"),
+    TD_CONFIG_OPT_DURATION("constraint-budget", ST, constraint_budget_ms, "2s", 1, 60000,
+                           "compile time a structured-output spec may take on a text thread "
+                           "(a slower one gets 400)"),
     TD_CONFIG_OPT_UINT64("max-n", ST, max_n, "16", 1, TD_IREQ_MAX_N,
                          "most choices (n) one request may ask for; they share the prompt's "
                          "prefill and kv blocks"),
@@ -118,6 +125,18 @@ static const td_config_opt_t router_opts[] = {
     TD_CONFIG_OPT_UINT64("continue-max-states", ST, continue_max_states, "65536", 1, 1u << 24,
                          "kept states of the decode ranks tracked; the oldest is forgotten "
                          "beyond it"),
+    TD_CONFIG_OPT_BOOL("default-thinking", ST, default_thinking, "true",
+                       "Messages and Responses requests that ask for neither thinking nor a "
+                       "reasoning effort think (false: they do not)"),
+    /* the Responses API's store (docs/api.md) */
+    TD_CONFIG_OPT_STRING("responses-dir", ST, responses_dir, "",
+                         "directory of stored responses (/v1/responses with store), shared "
+                         "by the routers that name it (empty: nothing is stored; responses "
+                         "say store false)"),
+    TD_CONFIG_OPT_SIZE("responses-max-bytes", ST, responses_max_bytes, "1GiB", 4096,
+                       1ull << 50, "the stored responses' bytes together; the oldest go first"),
+    TD_CONFIG_OPT_DURATION("responses-max-age", ST, responses_max_age_ms, "720h", 1000,
+                           1ull << 40, "a stored response older than this is gone"),
     /* admission: the queue, and the control port's unauthenticated connections */
     TD_CONFIG_OPT_UINT64("max-queued", ST, max_queued, "1024", 0, 1u << 20,
                          "requests that may wait for a decode rank with room; more get 503 "
@@ -283,11 +302,13 @@ router_fini(td_router_t *r)
         event_free(r->drain_timer);
     td_rreq_tab_destroy(r->reqs);   /* the text threads stop: rtok's jobs come back */
     td_rtok_destroy(r->rtok);
+    td_rstore_destroy(r->store);
     td_http_listener_destroy(r->http);
     td_http_listener_destroy(r->admin);
     td_cluster_fini(&r->cluster);
     td_apikeys_destroy(r->keys);
     td_apikeys_destroy(r->admin_keys);
+    td_gvocab_destroy(r->gvocab);
     td_tok_destroy(r->tok);
 }
 
@@ -361,6 +382,9 @@ router_load(td_router_t *r)
     st = router_tokenizer(r);
     if (st == TD_OK)
         st = router_identity(r);
+    if (st == TD_OK && r->v41 != NULL &&
+        (st = td_gvocab_create(r->v41, r->stop_ids, r->nstop_ids, &r->gvocab)) != TD_OK)
+        td_error("constraints: the tokenizer's vocabulary: %s", td_status_str(st));
     if (st == TD_OK && cfg->api_keys_file[0])
         st = td_apikeys_load(cfg->api_keys_file, &r->keys);
     if (st == TD_OK && cfg->admin_listen[0]) {
@@ -392,8 +416,19 @@ router_reqs_create(td_router_t *r)
                                 .max_stop_bytes = (size_t)cfg->max_stop_bytes,
                                 .max_n = (uint32_t)cfg->max_n,
                                 .nmodel_stop = r->nstop_ids, .model_stop = r->stop_ids,
-                                .vocab = r->tok->vocab_size };
+                                .gvocab = r->gvocab,
+                                .max_constraint_bytes = (size_t)cfg->max_constraint_bytes,
+                                .constraint_budget_ms = (uint32_t)cfg->constraint_budget_ms,
+                                .vocab = r->tok->vocab_size,
+                                .no_default_thinking = !cfg->default_thinking };
+    if (cfg->responses_dir[0]) {
+        td_rstore_cfg_t sc = { .dir = cfg->responses_dir, .max_bytes = cfg->responses_max_bytes,
+                               .max_age_s = cfg->responses_max_age_ms / 1000 };
+        if ((st = td_rstore_create(&sc, &r->store)) != TD_OK)
+            return st;   /* logged */
+    }
     rq = (td_rreq_config_t){ .base = r->base, .cluster = &r->cluster, .metrics = &r->metrics,
+                             .store = r->store,
                              .api = &r->api, .tok = r->tok, .v41 = r->v41, .model = r->model,
                              .fingerprint = r->fingerprint, .id_prefix = r->id_prefix,
                              .request_timeout_ms = cfg->request_timeout_ms,
@@ -416,6 +451,7 @@ router_reqs_create(td_router_t *r)
     if (st != TD_OK)
         return st;
     st = td_rtok_create(&(td_rtok_cfg_t){ .pool = td_rreq_text_pool(r->reqs),
+                                          .store = r->store,
                                           .text = td_rreq_text_cfg(r->reqs),
                                           .metrics = &r->metrics,
                                           .max_context = r->max_context }, &r->rtok);

@@ -381,8 +381,11 @@ td_openai_id_new(td_openai_kind_t kind, char buf[TD_OPENAI_ID_LEN])
     unsigned char rnd[12];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
         return TD_ERR_IO;
-    int n = snprintf(buf, TD_OPENAI_ID_LEN, "%s-",
-                     kind == TD_OPENAI_CHAT ? "chatcmpl" : "cmpl");
+    static const char *const prefix[] = {
+        [TD_OPENAI_CHAT] = "chatcmpl-", [TD_OPENAI_COMPLETION] = "cmpl-",
+        [TD_OPENAI_MESSAGES] = "msg_", [TD_OPENAI_RESPONSES] = "resp_",
+    };
+    int n = snprintf(buf, TD_OPENAI_ID_LEN, "%s", prefix[kind]);
     for (size_t i = 0; i < sizeof rnd; i++)
         n += snprintf(buf + n, TD_OPENAI_ID_LEN - (size_t)n, "%02x", rnd[i]);
     return TD_OK;

@@ -17,6 +17,8 @@
 typedef enum {
     TD_OPENAI_CHAT = 0,      /* POST /v1/chat/completions */
     TD_OPENAI_COMPLETION,    /* POST /v1/completions */
+    TD_OPENAI_MESSAGES,      /* POST /v1/messages (Anthropic's Messages API: anthropic.h) */
+    TD_OPENAI_RESPONSES,     /* POST /v1/responses (OpenAI's Responses API: oresp.h) */
 } td_openai_kind_t;
 
 typedef enum {
@@ -125,7 +127,8 @@ typedef struct {
 
 #define TD_OPENAI_ID_LEN 48
 
-/* A fresh random id: "chatcmpl-<24 hex>" or "cmpl-<24 hex>". buf has
+/* A fresh random id: "chatcmpl-<24 hex>", "cmpl-<24 hex>", "msg_<24 hex>"
+ * or "resp_<24 hex>" by kind. buf has
  * TD_OPENAI_ID_LEN bytes. TD_ERR_IO when the system has no randomness. */
 td_status_t td_openai_id_new(td_openai_kind_t kind, char buf[TD_OPENAI_ID_LEN]);
 

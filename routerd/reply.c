@@ -16,7 +16,9 @@ struct td_reply {
     td_chat_reply_reader_t *chat;   /* V4.1 chat, or NULL */
     td_openai_logprobs_t *lp;       /* not sent yet; NULL: none asked */
     uint32_t ntokens;
-    bool stopped;                   /* a stop string ended it */
+    bool stopped;                   /* a stop string (or the reasoning budget) ended it */
+    bool over_budget;               /* the reasoning reached req's reasoning.budget */
+    uint32_t nreasoning;            /* tokens fed while the reply was in its reasoning */
     bool ended;
     td_openai_finish_t finish;
     td_buf_t text;                  /* plain reply kept (no emit) */
@@ -130,6 +132,14 @@ reply_text(td_reply_t *rp, const uint32_t *ids, size_t n, bool armed, td_reply_e
     return st;
 }
 
+/* The reply is in its reasoning: token by token, to count them (usage) and
+ * to stop at the request's cap. */
+static bool
+in_reasoning(const td_reply_t *rp)
+{
+    return rp->chat != NULL && td_chat_reply_reader_in_reasoning(rp->chat);
+}
+
 td_status_t
 td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, bool last_stop,
               const td_reply_lp_t *lps, td_reply_emit_fn emit, void *arg, bool *stopped)
@@ -148,11 +158,15 @@ td_reply_feed(td_reply_t *rp, const uint32_t *ids, size_t n, bool last_stop,
      * token that passes it */
     size_t i = 0;
     while (st == TD_OK && i < ntext && !rp->stopped) {
-        size_t k = rp->ntokens >= min ? ntext - i : 1;
+        bool watch = in_reasoning(rp);
+        size_t k = rp->ntokens >= min && !watch ? ntext - i : 1;
 
         rp->ntokens += (uint32_t)k;
         st = reply_text(rp, ids + i, k, rp->ntokens > min, emit, arg);
         i += k;
+        if (watch && ++rp->nreasoning >= rp->cfg.req->reasoning.budget &&
+            rp->cfg.req->reasoning.budget > 0 && in_reasoning(rp))
+            rp->stopped = rp->over_budget = true;
     }
     rp->ntokens += (uint32_t)(n - i);   /* past a stop string, or the stop token: counted */
     *stopped = rp->stopped;
@@ -181,7 +195,7 @@ td_reply_end(td_reply_t *rp, td_openai_finish_t finish, td_reply_emit_fn emit, v
     if (st == TD_OK && rp->rel.len)
         st = reply_out(rp, rp->rel.data, rp->rel.len, emit, arg);
     if (rp->stopped)
-        finish = TD_OPENAI_FINISH_STOP;
+        finish = rp->over_budget ? TD_OPENAI_FINISH_LENGTH : TD_OPENAI_FINISH_STOP;
     if (st == TD_OK && rp->chat != NULL) {
         /* the reader releases what it held back and decides the finish reason */
         const td_chat_reply_delta_t *d;
@@ -201,6 +215,18 @@ td_reply_end(td_reply_t *rp, td_openai_finish_t finish, td_reply_emit_fn emit, v
     rp->ended = true;
     rp->finish = finish;
     return st;
+}
+
+uint32_t
+td_reply_nreasoning(const td_reply_t *rp)
+{
+    return rp->nreasoning;
+}
+
+bool
+td_reply_over_budget(const td_reply_t *rp)
+{
+    return rp->over_budget;
 }
 
 uint32_t

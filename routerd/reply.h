@@ -73,6 +73,11 @@ td_status_t td_reply_end(td_reply_t *rp, td_openai_finish_t finish, td_reply_emi
                          void *arg);
 
 uint32_t td_reply_index(const td_reply_t *rp);
+/* The reasoning reached the request's reasoning.budget tokens: the choice
+ * ended there, as by max_tokens (finish LENGTH; *stopped was set). */
+bool td_reply_over_budget(const td_reply_t *rp);
+/* Tokens generated while the reply was in its reasoning. */
+uint32_t td_reply_nreasoning(const td_reply_t *rp);
 bool td_reply_ended(const td_reply_t *rp);
 /* Tokens the choice generated (what its usage counts). */
 uint32_t td_reply_ntokens(const td_reply_t *rp);

@@ -6,11 +6,11 @@
 void
 td_route_tokenize(td_http_req_t *req, void *router)
 {
-    td_rtok_serve(((td_router_t *)router)->rtok, req, false);
+    td_rtok_serve(((td_router_t *)router)->rtok, req, TD_RTOK_TOKENIZE);
 }
 
 void
 td_route_detokenize(td_http_req_t *req, void *router)
 {
-    td_rtok_serve(((td_router_t *)router)->rtok, req, true);
+    td_rtok_serve(((td_router_t *)router)->rtok, req, TD_RTOK_DETOKENIZE);
 }

@@ -8,6 +8,10 @@
 
 void td_route_chat(td_http_req_t *req, void *router);
 void td_route_completions(td_http_req_t *req, void *router);
+void td_route_messages(td_http_req_t *req, void *router);
+void td_route_messages_count(td_http_req_t *req, void *router);
+void td_route_responses(td_http_req_t *req, void *router);
+void td_route_responses_id(td_http_req_t *req, void *router);
 void td_route_tokenize(td_http_req_t *req, void *router);
 void td_route_detokenize(td_http_req_t *req, void *router);
 void td_route_models(td_http_req_t *req, void *router);

@@ -19,6 +19,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "openai.h"
+#include "rstore.h"
 #include "rtok.h"
 #include "registry.h"
 #include "rreq.h"
@@ -56,6 +57,8 @@ typedef struct {
     uint64_t max_tokens_default;
     uint64_t max_stop_bytes;    /* longest stop string, bytes */
     uint64_t max_n;             /* most choices per request */
+    uint64_t max_constraint_bytes;  /* largest structured-output spec, bytes */
+    uint64_t constraint_budget_ms;  /* its compile time budget */
     uint64_t request_timeout_ms;  /* 0 = none */
     uint64_t heartbeat_ms;
     uint64_t max_frame;         /* control frame body cap, bytes */
@@ -75,6 +78,11 @@ typedef struct {
     uint64_t cache_max_blocks;  /* cache block hashes tracked per prefill rank */
     uint64_t continue_max_suffix;   /* multi-turn on the decode ranks: longest suffix */
     uint64_t continue_max_states;   /*   kept states tracked */
+    /* the Responses API's store (rstore.h; docs/api.md) */
+    bool default_thinking;      /* Messages / Responses asking for no thinking mode */
+    char *responses_dir;        /* "" = no store */
+    uint64_t responses_max_bytes;
+    uint64_t responses_max_age_ms;
 } td_router_cfg_t;
 
 /* ---- The router ---------------------------------------------------------------- */
@@ -87,6 +95,8 @@ typedef struct {
     td_tok_t *tok;
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok (chat encoding and
                                        reply parsing on), or NULL (byte-level stand-in) */
+    struct td_gvocab *gvocab;       /* v41's tokens for constraints (structured output),
+                                       or NULL (refused) */
     td_apikeys_t *keys;
     td_apikeys_t *admin_keys;
     char model[96];                 /* id in /v1/models */
@@ -110,7 +120,8 @@ typedef struct {
     td_cluster_t cluster;
     td_metrics_t metrics;
     td_rreq_tab_t *reqs;
-    td_rtok_t *rtok;                /* /tokenize and /detokenize */
+    td_rtok_t *rtok;                /* /tokenize, /detokenize, count_tokens, stored responses */
+    td_rstore_t *store;             /* stored responses, or NULL (no responses-dir) */
     bool stopping;                  /* SIGTERM: draining, the api takes no new request */
     struct event *drain_timer;      /* the drain deadline, once stopping */
 } td_router_t;

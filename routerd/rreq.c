@@ -16,7 +16,9 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "anthropic.h"
 #include "buf.h"
+#include "chat.h"
 #include "clock.h"
 #include "daemon.h"
 #include "fsm.h"
@@ -68,6 +70,8 @@ struct td_rreq_s {
                                        text_busy is false */
     Tandem__LogitBias *wbias;       /* [nbias] the request's logit_bias on the wire */
     Tandem__LogitBias **wbiasp;     /* [nbias] pointers to them */
+    Tandem__Constraint wcons;       /* its constraint on the wire (kind 0: none; the spec
+                                       is oreq's) */
     int32_t stop_ids[TD_IREQ_MAX_STOP_IDS];   /* its stop tokens on the wire */
     size_t nstop_ids;
     uint32_t ntokens;               /* completion tokens received, every choice's */
@@ -323,6 +327,30 @@ sampling_fill(Tandem__Sampling *s, const td_rreq_t *q)
     s->logprobs = q->oreq->out.logprobs;
     s->top_logprobs = q->oreq->out.top_logprobs;
     s->n = q->oreq->n > 1 ? q->oreq->n : 0;   /* 0: one (as every rank reads it) */
+    s->constraint = q->wcons.kind != 0 ? (Tandem__Constraint *)&q->wcons : NULL;
+}
+
+/* The constraint on the wire: the kind, the spec text, strict; a prompt that
+ * opens the reasoning (it ends with <think>) is free until </think>. */
+static void
+constraint_fill(td_rreq_t *q)
+{
+    const td_ireq_constraint_t *c = &q->oreq->constraint;
+    const td_tokenizer_t *v41 = q->t->cfg.v41;
+    uint32_t think, unthink;
+
+    tandem__constraint__init(&q->wcons);
+    if (c->kind == TD_IREQ_CONSTRAINT_NONE)
+        return;
+    q->wcons.kind = (uint32_t)c->kind;
+    q->wcons.spec = c->text;
+    q->wcons.strict = c->strict;
+    if (v41 != NULL && q->nprompt > 0 &&
+        td_tokenizer_find(v41, TD_CHAT_TOK_THINK, strlen(TD_CHAT_TOK_THINK), &think) == TD_OK &&
+        td_tokenizer_find(v41, TD_CHAT_TOK_UNTHINK, strlen(TD_CHAT_TOK_UNTHINK), &unthink) ==
+            TD_OK &&
+        q->prompt[q->nprompt - 1] == (int32_t)think)
+        q->wcons.start_after = (int32_t)unthink + 1;
 }
 
 /* ======================================================================= */
@@ -459,7 +487,7 @@ answer_error(td_rreq_t *q, const td_openai_err_t *e)
         return;
     if (q->streaming) {
         td_buf_reset(&q->t->sse);
-        if (td_openai_stream_error(e, &q->t->sse) == TD_OK)
+        if (td_rtext_stream_error(q->text, e, &q->t->sse) == TD_OK)
             stream_flush(q);
         td_buf_reset(&q->t->sse);   /* when it failed */
         http_detach(q);
@@ -718,7 +746,8 @@ static void
 fail_too_long(td_rreq_t *q, uint64_t limit)
 {
     td_openai_err_t e;
-    const char *param = q->oreq->kind == TD_OPENAI_CHAT ? "messages" : "prompt";
+    const char *param = q->oreq->kind == TD_OPENAI_COMPLETION ? "prompt"
+                        : q->oreq->kind == TD_OPENAI_RESPONSES ? "input" : "messages";
     char most[64] = "";
 
     if (limit)
@@ -1307,7 +1336,8 @@ text_kick(td_rreq_t *q)
     weight = td_rtext_tokens_take(q->text);
     if (weight == 0)
         return;
-    if (weight <= q->t->cfg.text_inline_max) {   /* cheaper than a thread and back */
+    if (weight <= q->t->cfg.text_inline_max && !td_rtext_off_loop(q->text)) {
+        /* cheaper than a thread and back */
         td_rtext_tokens_run(q->text);
         text_tokens_apply(q);
         return;
@@ -1709,6 +1739,7 @@ serve_prompt(td_rreq_t *q)
             q->wbiasp[i] = &q->wbias[i];
         }
     }
+    constraint_fill(q);
     t->cfg.metrics->prompt_tokens += q->nprompt;
     td_debug("request %016" PRIx64 ": %s, %zu prompt tokens, max_tokens %u%s", q->id,
              oreq->kind == TD_OPENAI_CHAT ? "chat" : "completion", q->nprompt,
@@ -1856,7 +1887,8 @@ td_rreq_tab_create(const td_rreq_config_t *cfg, td_rreq_tab_t **out)
         goto err_free_tab;
     }
     t->text_cfg = (td_rtext_cfg_t){ .api = cfg->api, .tok = cfg->tok, .v41 = cfg->v41,
-                                    .model = cfg->model, .fingerprint = cfg->fingerprint };
+                                    .model = cfg->model, .fingerprint = cfg->fingerprint,
+                                    .store = cfg->store };
     st = td_jobq_create_pool(cfg->base, "rtext", cfg->text_threads ? cfg->text_threads : 1,
                              NULL, NULL, &t->pool);   /* logs */
     if (st != TD_OK)

@@ -22,6 +22,7 @@
 #include "openai.h"
 #include "rqueue.h"
 #include "rrank.h"
+#include "rstore.h"
 #include "rtext.h"
 #include "status.h"
 #include "tandem.pb-c.h"
@@ -77,6 +78,7 @@ typedef struct {
                                        by at most this many tokens is prefilled there
                                        (docs/kvcache.md, "Multi-turn"); 0: never */
     size_t continue_max_states;     /* kept states tracked (>= 1 when the above is on) */
+    td_rstore_t *store;             /* stored responses (borrowed), or NULL */
     uint64_t slow_reader_timeout_ms;    /* a stream paused this long is canceled (0: 60 s) */
 } td_rreq_config_t;
 

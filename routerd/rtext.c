@@ -9,7 +9,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "adapt-anthropic.h"
 #include "adapt-openai.h"
+#include "adapt-responses.h"
+#include "anthropic.h"
+#include "apikeys.h"
+#include "oresp.h"
+#include "rstore.h"
 #include "chat_prompt.h"
 #include "chat_reply.h"
 #include "reply.h"
@@ -49,6 +55,13 @@ struct td_rtext_s {
     td_reply_t **replies;           /* [nreplies]: one reader per choice */
     uint32_t nreplies;
     td_openai_stream_t stream;
+    td_anthropic_stream_t astream;  /* Messages' stream */
+    uint64_t by_string;             /* bit i: a stop string ended choice i */
+    bool thinking;                  /* the reply begins in reasoning */
+    td_oresp_t oresp;               /* Responses' response (once parsed: output set) */
+    uint64_t seq_sent;              /* its events handed out (the loop's copy) */
+    bool store;                     /* Responses: the response is stored when done */
+    char owner[TD_APIKEYS_OWNER_LEN];   /* the key's digest: what it stores is its own */
     uint64_t cached;                /* prompt tokens served from a prefix cache (usage) */
     bool ended;                     /* every choice is complete: nothing more is decoded */
     rtext_batch_t inbox;            /* the loop's: pushed since the last take */
@@ -77,6 +90,8 @@ td_rtext_create(const td_rtext_cfg_t *cfg, td_openai_kind_t kind, const char *oi
     x->cfg = cfg;
     x->kind = kind;
     x->oid = oid;
+    td_apikeys_owner(td_http_header(hreq, "Authorization"), td_http_header(hreq, "x-api-key"),
+                     x->owner);
     atomic_init(&x->canceled, false);
     *out = x;
     return TD_OK;
@@ -101,6 +116,7 @@ td_rtext_destroy(td_rtext_t *x)
         return;
     free(x->body);
     free(x->prompt);
+    td_oresp_fini(&x->oresp);
     for (uint32_t i = 0; i < x->nreplies; i++)
         td_reply_destroy(x->replies[i]);
     free(x->replies);
@@ -145,6 +161,7 @@ void
 td_rtext_out_reset(td_rtext_t *x)
 {
     td_buf_reset(&x->out);
+    x->seq_sent = x->oresp.seq;   /* the loop, no job running: what went out */
 }
 
 static void
@@ -193,6 +210,8 @@ replies_create(td_rtext_t *x, const td_chat_reply_opts_t *chat)
     if (chat != NULL) {
         opts = *chat;
         opts.stop_include = x->oreq->stop.include_stop_str;
+        /* the Messages and Responses events carry the arguments piece by piece */
+        opts.split_args = x->kind == TD_OPENAI_MESSAGES || x->kind == TD_OPENAI_RESPONSES;
     }
     x->replies = calloc(x->oreq->n, sizeof *x->replies);
     if (x->replies == NULL)
@@ -246,7 +265,7 @@ td_rtext_prompt_ids(const td_rtext_cfg_t *cfg, const td_ireq_t *o, uint32_t **id
 
     if (chat != NULL)
         *chat = NULL;
-    if (cfg->v41 && o->kind == TD_OPENAI_CHAT)
+    if (cfg->v41 && o->kind != TD_OPENAI_COMPLETION)
         return encode_chat(cfg, o, ids, n, chat, err);
     if (o->prompt_ids) {   /* token ids, checked against the vocabulary by the parser */
         if ((*ids = malloc(o->nprompt_ids * sizeof **ids)) == NULL) {
@@ -278,6 +297,7 @@ prompt_tokens(td_rtext_t *x)
     if (st != TD_OK)
         return x->res.st = st;
     st = replies_create(x, chat ? &chat->reply : NULL);
+    x->thinking = chat && chat->reply.start == TD_CHAT_REPLY_START_REASONING;
     td_chat_prompt_destroy(chat);
     if (st != TD_OK) {
         free(ids);
@@ -289,6 +309,55 @@ prompt_tokens(td_rtext_t *x)
     return TD_OK;
 }
 
+/* A Responses body: the conversation of its previous_response_id from the
+ * store (this thread is a text thread: the store's I/O may run here), then
+ * the adapter. */
+static td_status_t
+responses_parse(td_rtext_t *x)
+{
+    json_error_t jerr;
+    json_t *body, *rec = NULL;
+    const char *prev;
+    td_status_t st;
+
+    if (x->body_len > x->cfg->api->max_body) {
+        td_openai_err_too_big(&x->res.err, x->body_len, x->cfg->api->max_body);
+        return TD_ERR_TOO_BIG;
+    }
+    body = json_loadb(x->body, x->body_len, 0, &jerr);
+    if (!json_is_object(body)) {
+        td_openai_err_set(&x->res.err, 400, "invalid_request_error", NULL, NULL,
+                          "We could not parse the JSON body of your request: %s. The API "
+                          "expects a JSON object.", body ? "not an object" : jerr.text);
+        json_decref(body);
+        return TD_ERR_INVALID;
+    }
+    st = td_adapt_responses_prev_id(body, &prev, &x->res.err);
+    if (st == TD_OK && prev != NULL &&
+        (x->cfg->store == NULL || td_rstore_get(x->cfg->store, prev, x->owner, &rec) != TD_OK)) {
+        td_openai_err_set(&x->res.err, 404, "invalid_request_error", "previous_response_id",
+                          "previous_response_not_found",
+                          "Previous response with id '%.96s' not found.%s", prev,
+                          x->cfg->store ? "" : " (This server stores no responses: it runs "
+                                               "without responses-dir.)");
+        st = TD_ERR_NOT_FOUND;
+    }
+    if (st == TD_OK)
+        st = td_adapt_responses_parse(x->cfg->api, body, json_object_get(rec, "conv"),
+                                      &x->oreq, &x->res.err);
+    x->store = st == TD_OK && x->cfg->store != NULL &&
+               json_is_true(json_object_get(x->oreq->proto, "store"));
+    json_decref(rec);
+    json_decref(body);
+    return st;
+}
+
+bool
+td_rtext_off_loop(const td_rtext_t *x)
+{
+    return x->store;
+}
+
 void
 td_rtext_prompt_run(td_rtext_t *x)
 {
@@ -298,8 +367,13 @@ td_rtext_prompt_run(td_rtext_t *x)
     memset(&x->res, 0, sizeof x->res);
     if (canceled(x))
         return;
-    st = td_adapt_openai_parse(x->cfg->api, x->kind, x->body, x->body_len, &x->oreq,
-                               &x->res.err);
+    st = x->kind == TD_OPENAI_MESSAGES
+             ? td_adapt_anthropic_parse(x->cfg->api, false, x->body, x->body_len, &x->oreq,
+                                        &x->res.err)
+         : x->kind == TD_OPENAI_RESPONSES
+             ? responses_parse(x)
+             : td_adapt_openai_parse(x->cfg->api, x->kind, x->body, x->body_len, &x->oreq,
+                                     &x->res.err);
     free(x->body);
     x->body = NULL;
     if (st != TD_OK) {
@@ -315,6 +389,12 @@ td_rtext_prompt_run(td_rtext_t *x)
                                          .model = x->cfg->model,
                                          .fingerprint = x->cfg->fingerprint };
     x->stream.include_usage = o->out.include_usage;
+    x->astream = (td_anthropic_stream_t){ .id = x->oid, .model = x->cfg->model,
+                                          .thinking = x->thinking };
+    if (o->kind == TD_OPENAI_RESPONSES &&
+        td_oresp_init(&x->oresp, x->oid, x->stream.meta.created,
+                      json_object_get(o->proto, "echo"), x->store) != TD_OK)
+        res_fail(x, TD_ERR_NOMEM, "out of memory");
 }
 
 td_ireq_t *
@@ -445,6 +525,10 @@ reply_emit(void *arg, td_reply_t *rp, const td_chat_reply_delta_t *d)
     td_openai_logprobs_t *lp = td_reply_logprobs(rp);
     json_t *delta = NULL;
 
+    if (x->kind == TD_OPENAI_MESSAGES)
+        return td_anthropic_stream_delta(&x->astream, d, &x->out);
+    if (x->kind == TD_OPENAI_RESPONSES)
+        return td_oresp_delta(&x->oresp, d, &x->out);
     switch (d->kind) {
     case TD_CHAT_REPLY_DELTA_CONTENT:
         return td_openai_stream_text(&x->stream, i, lp, d->text, d->len, &x->out);
@@ -470,6 +554,15 @@ td_rtext_stream_start(td_rtext_t *x, td_buf_t *out)
     td_status_t st = TD_OK;
 
     x->streaming = true;
+    if (x->kind == TD_OPENAI_MESSAGES) {
+        td_anthropic_usage_t u = { .input_tokens = (uint32_t)x->nprompt };
+        return td_anthropic_stream_start(&x->astream, &u, out);
+    }
+    if (x->kind == TD_OPENAI_RESPONSES) {
+        st = td_oresp_start(&x->oresp, out);
+        x->seq_sent = x->oresp.seq;
+        return st;
+    }
     for (uint32_t i = 0; st == TD_OK && i < x->nreplies; i++)
         st = td_openai_stream_text(&x->stream, i, td_reply_logprobs(x->replies[i]), "", 0, out);
     return st;
@@ -501,9 +594,10 @@ tokens_message(td_rtext_t *x, uint32_t m, size_t from, size_t to, size_t *top_at
                                x->streaming ? reply_emit : NULL, x, &stopped);
         if (st == TD_OK && stopped) {
             x->res.cut |= 1ull << c;
+            x->by_string |= 1ull << c;
             x->res.by_us = true;
             st = td_reply_end(rp, TD_OPENAI_FINISH_STOP, x->streaming ? reply_emit : NULL, x);
-            if (st == TD_OK && x->streaming)
+            if (st == TD_OK && x->streaming && x->kind < TD_OPENAI_MESSAGES)
                 st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
                                                  td_reply_finish_reason(rp), &x->out);
         }
@@ -522,10 +616,109 @@ choice_end(td_rtext_t *x, uint32_t c, td_openai_finish_t finish)
     if (td_reply_ended(rp))
         return TD_OK;
     st = td_reply_end(rp, finish, x->streaming ? reply_emit : NULL, x);
-    if (st == TD_OK && x->streaming)
+    if (st == TD_OK && x->streaming && x->kind < TD_OPENAI_MESSAGES)
         st = td_openai_stream_choice_end(&x->stream, c, td_reply_logprobs(rp),
                                          td_reply_finish_reason(rp), &x->out);
     return st;
+}
+
+/* A Messages reply's end: message_delta and message_stop of a stream, or
+ * the message (one choice). */
+static td_status_t
+messages_finish(td_rtext_t *x, const td_openai_usage_t *usage)
+{
+    td_reply_t *rp = x->replies[0];
+    td_anthropic_usage_t u = { usage->prompt_tokens, usage->completion_tokens,
+                               usage->cached_tokens };
+    td_anthropic_stop_t stop = { .finish = td_reply_finish_reason(rp),
+                                 .by_stop_string = x->by_string & 1,
+                                 .stop = x->oreq->stop.nstrings == 1 ? x->oreq->stop.strings[0]
+                                                                     : NULL };
+    const td_chat_reply_t *cr = td_reply_chat(rp);
+    td_chat_reply_t plain = {0};
+
+    if (x->streaming)
+        return td_anthropic_stream_end(&x->astream, &stop, &u, &x->out);
+    if (cr == NULL) {   /* the stand-in's plain text */
+        plain.content = td_reply_text(rp)->data ? td_reply_text(rp)->data : "";
+        plain.content_len = td_reply_text(rp)->len;
+        cr = &plain;
+    }
+    td_buf_reset(&x->out);
+    return td_anthropic_message_json(x->oid, x->cfg->model, cr, &stop, &u, &x->out);
+}
+
+/* The record a stored response keeps: the response, and the conversation
+ * its next turn continues (the request's, then the reply). */
+static void
+responses_store(td_rtext_t *x, json_t *resp)
+{
+    const td_chat_reply_t *cr = td_reply_chat(x->replies[0]);
+    json_t *conv = json_deep_copy(json_object_get(x->oreq->proto, "conv")), *msg = NULL;
+    json_t *rec;
+
+    if (cr != NULL)
+        td_chat_reply_json(cr, &msg);
+    else   /* the stand-in's plain text */
+        msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                        td_reply_text(x->replies[0])->data ? td_reply_text(x->replies[0])->data
+                                                           : "",
+                        td_reply_text(x->replies[0])->len);
+    if (conv && msg)
+        json_array_append(conv, msg);
+    json_decref(msg);
+    rec = json_pack("{s:O, s:o?}", "response", resp, "conv", conv);
+    if (rec != NULL)
+        (void)td_rstore_put(x->cfg->store, x->oid, x->owner, rec);   /* logs */
+    json_decref(rec);
+}
+
+/* A Responses reply's end: its last events, or the response object; stored
+ * when asked (the store's I/O: this job runs on a text thread, rreq.c). */
+static td_status_t
+responses_finish(td_rtext_t *x, const td_openai_usage_t *usage)
+{
+    td_reply_t *rp = x->replies[0];
+    td_oresp_usage_t u = { usage->prompt_tokens, usage->cached_tokens,
+                           usage->completion_tokens, td_reply_nreasoning(rp) };
+    const td_chat_reply_t *cr = td_reply_chat(rp);
+    td_chat_reply_t plain = {0};
+    td_buf_t scratch = {0};
+    json_t *resp = NULL;
+    td_status_t st = TD_OK;
+
+    if (!x->streaming) {   /* the reply's items, as a stream would have made them */
+        if (cr == NULL) {
+            plain.content = td_reply_text(rp)->data ? td_reply_text(rp)->data : "";
+            plain.content_len = td_reply_text(rp)->len;
+            cr = &plain;
+        }
+        st = td_oresp_reply(&x->oresp, cr, &scratch);
+    }
+    if (st == TD_OK)
+        st = td_oresp_end(&x->oresp, td_reply_finish_reason(rp), &u, (int64_t)time(NULL),
+                          x->streaming ? &x->out : &scratch, &resp);
+    td_buf_free(&scratch);
+    if (st == TD_OK && !x->streaming) {
+        char *s = json_dumps(resp, JSON_COMPACT);
+        td_buf_reset(&x->out);
+        st = s ? td_buf_append(&x->out, s, strlen(s)) : TD_ERR_NOMEM;
+        free(s);
+    }
+    if (st == TD_OK && x->store)
+        responses_store(x, resp);
+    json_decref(resp);
+    return st;
+}
+
+td_status_t
+td_rtext_stream_error(td_rtext_t *x, const td_openai_err_t *e, td_buf_t *out)
+{
+    if (x != NULL && x->kind == TD_OPENAI_MESSAGES)
+        return td_anthropic_stream_error(e, out);
+    if (x != NULL && x->kind == TD_OPENAI_RESPONSES)   /* a job may run: not its seq */
+        return td_oresp_stream_error(e, x->seq_sent, out);
+    return td_openai_stream_error(e, out);
 }
 
 /* Every choice ended: usage and [DONE] of a stream, or the whole answer. */
@@ -540,6 +733,10 @@ tokens_finish(td_rtext_t *x)
         usage.completion_tokens += td_reply_ntokens(x->replies[i]);
     x->ended = true;
     x->res.ended = true;
+    if (x->kind == TD_OPENAI_MESSAGES)
+        return messages_finish(x, &usage);
+    if (x->kind == TD_OPENAI_RESPONSES)
+        return responses_finish(x, &usage);
     if (x->streaming)
         return td_openai_stream_end(&x->stream, &usage, &x->out);
     for (uint32_t i = 0; i < x->nreplies; i++) {

@@ -39,6 +39,7 @@ typedef struct {
     const td_tokenizer_t *v41;      /* the V4.1 tokenizer behind tok, or NULL */
     const char *model;              /* id in responses */
     const char *fingerprint;        /* system_fingerprint */
+    struct td_rstore *store;        /* stored responses, or NULL */
 } td_rtext_cfg_t;
 
 typedef struct td_rtext_s td_rtext_t;
@@ -121,6 +122,15 @@ size_t td_rtext_tokens_take(td_rtext_t *x);
  * or a stop string matched) gets its finish chunk; once every choice has
  * ended, usage and [DONE], or the whole answer's JSON. */
 void td_rtext_tokens_run(td_rtext_t *x);
+
+/* The job that ends the reply must run on a text thread (never inline on
+ * the loop): it stores the response (Responses with store). */
+bool td_rtext_off_loop(const td_rtext_t *x);
+
+/* An error in the middle of the stream, in the protocol's form (x NULL:
+ * OpenAI's chunk); the events of a job still running are dropped (it is
+ * numbered after those sent). Loop thread. */
+td_status_t td_rtext_stream_error(td_rtext_t *x, const td_openai_err_t *e, td_buf_t *out);
 
 /* ---- After a job ----------------------------------------------------------- */
 

@@ -7,7 +7,9 @@
 
 #include <jansson.h>
 
+#include "adapt-anthropic.h"
 #include "adapt-openai.h"
+#include "apikeys.h"
 #include "buf.h"
 #include "log.h"
 
@@ -18,7 +20,9 @@ typedef struct rtok_job {
     struct rtok_job *prev, *next;
     td_rtok_t *x;
     td_http_req_t *hreq;        /* NULL once its client is gone */
-    bool detok;
+    td_rtok_mode_t mode;
+    char id[100];               /* a stored response's id */
+    char owner[TD_APIKEYS_OWNER_LEN];
     char *body;
     size_t len;
     td_openai_err_t err;        /* the job's refusal (err.http 0: none) */
@@ -249,6 +253,63 @@ detokenize_run(rtok_job_t *j, json_t *body)
     free(text);
 }
 
+/* count_tokens: the prompt a Messages request would be sent with. */
+static void
+count_run(rtok_job_t *j)
+{
+    const td_rtext_cfg_t *cfg = j->x->cfg.text;
+    td_ireq_t *o = NULL;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+
+    if (td_adapt_anthropic_parse(cfg->api, true, j->body, j->len, &o, &j->err) == TD_OK &&
+        td_rtext_prompt_ids(cfg, o, &ids, &n, NULL, &j->err) == TD_OK &&
+        td_buf_printf(&j->out, "{\"input_tokens\":%zu}", n) != TD_OK)
+        td_openai_err_internal(&j->err, "out of memory");
+    free(ids);
+    td_ireq_destroy(o);
+}
+
+/* A stored response: GET (the response object), DELETE ({id, object,
+ * deleted}), cancel (only background responses can be: none are). Another
+ * key's, a missing or an expired one: 404. The store's I/O: this runs on a
+ * text thread. */
+static void
+stored_run(rtok_job_t *j)
+{
+    td_rstore_t *store = j->x->cfg.store;
+    json_t *rec = NULL;
+    char *s = NULL;
+    td_status_t st = store ? td_rstore_get(store, j->id, j->owner, &rec) : TD_ERR_NOT_FOUND;
+
+    if (st != TD_OK) {
+        td_openai_err_set(&j->err, 404, INVALID_REQUEST, NULL, NULL,
+                          "No response found with id '%.96s'.%s", j->id,
+                          store ? "" : " (This server stores no responses: it runs without "
+                                       "responses-dir.)");
+        return;
+    }
+    if (j->mode == TD_RTOK_RESPONSE_CANCEL) {
+        td_openai_err_set(&j->err, 400, INVALID_REQUEST, NULL, NULL,
+                          "Only responses created with background set to true can be "
+                          "cancelled; this server makes none (the response '%.96s' is "
+                          "complete).", j->id);
+    } else if (j->mode == TD_RTOK_RESPONSE_DELETE) {
+        if (td_rstore_delete(store, j->id, j->owner) != TD_OK)
+            td_openai_err_set(&j->err, 404, INVALID_REQUEST, NULL, NULL,
+                              "No response found with id '%.96s'.", j->id);
+        else
+            td_buf_printf(&j->out, "{\"id\":\"%s\",\"object\":\"response\",\"deleted\":true}",
+                          j->id);
+    } else if ((s = json_dumps(json_object_get(rec, "response"), JSON_COMPACT)) != NULL) {
+        td_buf_puts(&j->out, s);
+    }
+    if (j->err.http == 0 && td_buf_status(&j->out) != TD_OK)
+        td_openai_err_internal(&j->err, "out of memory");
+    free(s);
+    json_decref(rec);
+}
+
 static void
 job_run(void *arg)
 {
@@ -256,6 +317,11 @@ job_run(void *arg)
     const td_ireq_cfg_t *api = j->x->cfg.text->api;
     json_error_t jerr;
     json_t *body;
+
+    if (j->mode >= TD_RTOK_RESPONSE_GET) {
+        stored_run(j);
+        return;
+    }
 
     if (j->len > api->max_body) {
         td_openai_err_too_big(&j->err, j->len, api->max_body);
@@ -269,14 +335,18 @@ job_run(void *arg)
         json_decref(body);
         return;
     }
-    if (j->detok)
+    if (j->mode == TD_RTOK_DETOKENIZE)
         detokenize_run(j, body);
-    else
+    else if (j->mode == TD_RTOK_TOKENIZE)
         tokenize_run(j, body);
+    else
+        count_run(j);
     json_decref(body);
 }
 
 /* ---- The loop ------------------------------------------------------------------ */
+
+static void rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode, const char *id);
 
 static void
 job_done(void *arg)
@@ -302,7 +372,22 @@ job_gone(td_http_req_t *hreq, void *arg)
 }
 
 void
-td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok)
+td_rtok_serve_stored(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode, const char *id)
+{
+    char buf[100];
+
+    snprintf(buf, sizeof buf, "%s", id);
+    rtok_serve(x, hreq, mode, buf);
+}
+
+void
+td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode)
+{
+    rtok_serve(x, hreq, mode, NULL);
+}
+
+static void
+rtok_serve(td_rtok_t *x, td_http_req_t *hreq, td_rtok_mode_t mode, const char *id)
 {
     rtok_job_t *j = calloc(1, sizeof *j);
     td_openai_err_t e;
@@ -317,7 +402,12 @@ td_rtok_serve(td_rtok_t *x, td_http_req_t *hreq, bool detok)
     }
     j->x = x;
     j->hreq = hreq;
-    j->detok = detok;
+    j->mode = mode;
+    if (id != NULL) {
+        snprintf(j->id, sizeof j->id, "%s", id);
+        td_apikeys_owner(td_http_header(hreq, "Authorization"), td_http_header(hreq, "x-api-key"),
+                         j->owner);
+    }
     j->next = x->jobs;
     if (x->jobs)
         x->jobs->prev = j;

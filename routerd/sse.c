@@ -32,6 +32,22 @@ err_truncate:
 }
 
 td_status_t
+td_sse_named(td_buf_t *out, const char *name, const char *data, size_t len)
+{
+    size_t start = out->len;
+    td_status_t rc;
+
+    if (strpbrk(name, "\r\n") != NULL)
+        return TD_ERR_INVALID;
+    if ((rc = td_buf_append(out, "event: ", 7)) != TD_OK ||
+        (rc = td_buf_append(out, name, strlen(name))) != TD_OK ||
+        (rc = td_buf_append(out, "\n", 1)) != TD_OK ||
+        (rc = td_sse_event(out, data, len)) != TD_OK)
+        td_buf_truncate(out, start);
+    return rc;
+}
+
+td_status_t
 td_sse_done(td_buf_t *out)
 {
     return td_buf_append(out, TD_SSE_DONE, strlen(TD_SSE_DONE));

@@ -14,6 +14,10 @@
  * becomes one `data:` line per line, as the SSE spec reassembles it. */
 td_status_t td_sse_event(td_buf_t *out, const char *data, size_t len);
 
+/* The same with an event name first (`event: <name>`), as the Messages and
+ * Responses streams name theirs; a name with a line break: TD_ERR_INVALID. */
+td_status_t td_sse_named(td_buf_t *out, const char *name, const char *data, size_t len);
+
 /* Append `data: [DONE]\n\n`, the end of an OpenAI stream. */
 td_status_t td_sse_done(td_buf_t *out);
 

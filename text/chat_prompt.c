@@ -277,6 +277,8 @@ typedef struct {
     bool thinking;
     unsigned effort;
     bool in_tool_calls;         /* tool_choice required / named: the prompt opens the block */
+    int rformat;                /* response_format: 0 text, 1 json_object, 2 json_schema */
+    const json_t *rschema;      /* json_schema's schema (rformat 2) */
     const char **stop;
     size_t nstop;
 } chat_conv_t;
@@ -522,6 +524,178 @@ conv_run_close(chat_conv_t *c, chat_run_t *run, td_chat_prompt_err_t *err)
     return TD_OK;
 }
 
+/* An assistant message: its content, reasoning, tool calls and prefix flag
+ * into cm (role set). On failure cm->calls is freed. */
+static td_status_t
+conv_assistant(const json_t *m, size_t mi, size_t n, bool had_tools, bool seen_calls,
+               chat_msg_t *cm, td_buf_t *text, td_chat_prompt_err_t *err)
+{
+    char param[96];
+    bool present;
+    td_status_t st;
+
+    cm->role = ROLE_ASSISTANT;
+    st = conv_content(m, mi, true, text, &present, err);
+    if (st != TD_OK)
+        return st;
+    snprintf(param, sizeof(param), "messages[%zu].reasoning_content", mi);
+    st = conv_opt_string(m, "reasoning_content", param, &cm->reasoning, &cm->reasoning_len,
+                         err);
+    if (st != TD_OK)
+        return st;
+    const json_t *tc = get_opt(m, "tool_calls");
+    snprintf(param, sizeof(param), "messages[%zu].tool_calls", mi);
+    if (tc != NULL && !json_is_array(tc))
+        return chat_refuse(err, TD_ERR_INVALID, param, "Invalid '%s': expected an array, got %s.",
+                           param, json_type_name(tc));
+    if (tc != NULL && (st = conv_tool_calls(tc, mi, cm, err)) != TD_OK)
+        goto err_calls;
+    if (!present && cm->ncalls == 0) {
+        snprintf(param, sizeof(param), "messages[%zu]", mi);
+        return chat_refuse(err, TD_ERR_INVALID, param,
+                           "Invalid assistant message '%s': content or tool_calls must be set.",
+                           param);
+    }
+    const json_t *pv = get_opt(m, "prefix");
+    snprintf(param, sizeof(param), "messages[%zu].prefix", mi);
+    if (pv != NULL && !json_is_boolean(pv)) {
+        st = chat_refuse(err, TD_ERR_INVALID, param, "Invalid '%s': expected a boolean, got %s.",
+                         param, json_type_name(pv));
+        goto err_calls;
+    }
+    cm->prefix = pv != NULL && json_is_true(pv);
+    if (cm->prefix && mi + 1 != n) {
+        st = chat_refuse(err, TD_ERR_INVALID, param,
+                         "Invalid '%s': only the last message may be an assistant message "
+                         "with prefix set.", param);
+        goto err_calls;
+    }
+    if (cm->prefix && (had_tools || cm->ncalls || seen_calls)) {
+        st = chat_refuse(err, TD_ERR_INVALID, param,
+                         "Invalid '%s': a prefix continuation cannot be combined with tools or "
+                         "tool calls.", param);
+        goto err_calls;
+    }
+    return TD_OK;
+err_calls:
+    free(cm->calls);
+    cm->calls = NULL;
+    return st;
+}
+
+/* A tool message: the result of one call of the open run, into cm. */
+static td_status_t
+conv_tool_result(const chat_conv_t *c, chat_run_t *run, const json_t *m, size_t mi,
+                 chat_msg_t *cm, td_buf_t *text, td_chat_prompt_err_t *err)
+{
+    char param[96];
+    bool present;
+    td_status_t st;
+    const json_t *idv = json_object_get(m, "tool_call_id");
+
+    snprintf(param, sizeof(param), "messages[%zu].tool_call_id", mi);
+    if (!json_is_string(idv))
+        return chat_refuse(err, TD_ERR_INVALID, param,
+                           "Invalid '%s': a tool message needs the string id of the call it "
+                           "answers.", param);
+    st = conv_content(m, mi, false, text, &present, err);
+    if (st != TD_OK)
+        return st;
+    if (!run->open)
+        return chat_refuse(err, TD_ERR_INVALID, param,
+                           "Messages with role 'tool' must be a response to a preceding "
+                           "message with 'tool_calls' (messages[%zu]).", mi);
+    const chat_msg_t *a = &c->msgs[run->assistant];
+    size_t k;
+    for (k = 0; k < a->ncalls; k++)
+        if (a->calls[k].id_len == json_string_length(idv) &&
+            memcmp(a->calls[k].id, json_string_value(idv), a->calls[k].id_len) == 0)
+            break;
+    if (k == a->ncalls || run->answered[k])
+        return chat_refuse(err, TD_ERR_INVALID, param,
+                           "Invalid '%s': '%s' is not the id of a tool call of the preceding "
+                           "assistant message that awaits a result.", param,
+                           json_string_value(idv));
+    run->answered[k] = true;
+    cm->role = ROLE_TOOL;
+    cm->answers = k;
+    return TD_OK;
+}
+
+/* One message of the request (an object) by its role into cm and text;
+ * *skip when it says nothing (an empty system message). A message with
+ * another role than tool closes the open run of tool results. */
+static td_status_t
+conv_message(chat_conv_t *c, chat_run_t *run, const json_t *m, size_t mi, size_t n,
+             bool had_tools, bool seen_calls, chat_msg_t *cm, td_buf_t *text, bool *skip,
+             td_chat_prompt_err_t *err)
+{
+    char param[96];
+    bool present;
+    td_status_t st;
+    const json_t *rv = json_object_get(m, "role");
+
+    snprintf(param, sizeof(param), "messages[%zu].role", mi);
+    if (!json_is_string(rv))
+        return chat_refuse(err, TD_ERR_INVALID, param,
+                           "Invalid '%s': expected one of 'system', 'developer', 'user', "
+                           "'assistant', 'tool', 'latest_reminder'.", param);
+    const char *role = json_string_value(rv);
+    if (strcmp(role, "tool") != 0 && (st = conv_run_close(c, run, err)) != TD_OK)
+        return st;
+    if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
+        cm->role = ROLE_SYSTEM;
+        st = conv_content(m, mi, false, text, &present, err);
+        *skip = st == TD_OK && text->len == 0;
+        return st;
+    }
+    if (strcmp(role, "user") == 0) {
+        cm->role = ROLE_USER;
+        return conv_content(m, mi, false, text, &present, err);
+    }
+    if (strcmp(role, "latest_reminder") == 0) {
+        const json_t *v = json_object_get(m, "content");
+        snprintf(param, sizeof(param), "messages[%zu].content", mi);
+        if (!json_is_string(v))
+            return chat_refuse(err, TD_ERR_INVALID, param,
+                               "Invalid '%s': a latest_reminder message takes a string.", param);
+        td_buf_append(text, json_string_value(v), json_string_length(v));
+        cm->role = ROLE_REMINDER;
+        return TD_OK;
+    }
+    if (strcmp(role, "assistant") == 0)
+        return conv_assistant(m, mi, n, had_tools, seen_calls, cm, text, err);
+    if (strcmp(role, "tool") == 0)
+        return conv_tool_result(c, run, m, mi, cm, text, err);
+    return chat_refuse(err, TD_ERR_INVALID, param,
+                       "Invalid value for '%s': '%s' is not one of 'system', 'developer', "
+                       "'user', 'assistant', 'tool', 'latest_reminder'.", param, role);
+}
+
+/* Keep cm (its text taken from text) in c; an assistant message with tool
+ * calls opens the run of their results. */
+static td_status_t
+conv_keep(chat_conv_t *c, chat_run_t *run, chat_msg_t *cm, td_buf_t *text, size_t mi)
+{
+    cm->text = td_buf_take(text, &cm->len);   /* text is empty again */
+    if (cm->text == NULL || conv_push(c, cm) != TD_OK) {
+        free(cm->text);
+        free(cm->calls);
+        return TD_ERR_NOMEM;
+    }
+    if (cm->role == ROLE_ASSISTANT && cm->ncalls) {
+        free(run->answered);
+        run->answered = calloc(cm->ncalls, sizeof(bool));
+        if (run->answered == NULL)
+            return TD_ERR_NOMEM;
+        run->open = true;
+        run->assistant = c->nmsgs - 1;
+        run->request_mi = mi;
+        run->first = c->nmsgs;
+    }
+    return TD_OK;
+}
+
 static td_status_t
 conv_messages(chat_conv_t *c, const json_t *msgs, bool had_tools, td_chat_prompt_err_t *err)
 {
@@ -535,7 +709,7 @@ conv_messages(chat_conv_t *c, const json_t *msgs, bool had_tools, td_chat_prompt
     for (size_t mi = 0; mi < n; mi++) {
         const json_t *m = json_array_get(msgs, mi);
         chat_msg_t cm = { 0 };
-        bool present;
+        bool skip = false;
 
         snprintf(param, sizeof(param), "messages[%zu]", mi);
         if (!json_is_object(m)) {
@@ -543,161 +717,15 @@ conv_messages(chat_conv_t *c, const json_t *msgs, bool had_tools, td_chat_prompt
                              param);
             goto out;
         }
-        const json_t *rv = json_object_get(m, "role");
-        snprintf(param, sizeof(param), "messages[%zu].role", mi);
-        if (!json_is_string(rv)) {
-            st = chat_refuse(err, TD_ERR_INVALID, param,
-                             "Invalid '%s': expected one of 'system', 'developer', 'user', "
-                             "'assistant', 'tool', 'latest_reminder'.", param);
-            goto out;
-        }
-        const char *role = json_string_value(rv);
-        if (strcmp(role, "tool") != 0) {
-            st = conv_run_close(c, &run, err);
-            if (st != TD_OK)
-                goto out;
-        }
         td_buf_truncate(&text, 0);
-        if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
-            st = conv_content(m, mi, false, &text, &present, err);
-            if (st != TD_OK)
-                goto out;
-            if (text.len == 0)
-                continue;   /* an empty system message says nothing */
-            cm.role = ROLE_SYSTEM;
-        } else if (strcmp(role, "user") == 0) {
-            st = conv_content(m, mi, false, &text, &present, err);
-            if (st != TD_OK)
-                goto out;
-            cm.role = ROLE_USER;
-        } else if (strcmp(role, "latest_reminder") == 0) {
-            const json_t *v = json_object_get(m, "content");
-            snprintf(param, sizeof(param), "messages[%zu].content", mi);
-            if (!json_is_string(v)) {
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': a latest_reminder message takes a string.",
-                                 param);
-                goto out;
-            }
-            td_buf_append(&text, json_string_value(v), json_string_length(v));
-            cm.role = ROLE_REMINDER;
-        } else if (strcmp(role, "assistant") == 0) {
-            cm.role = ROLE_ASSISTANT;
-            st = conv_content(m, mi, true, &text, &present, err);
-            if (st != TD_OK)
-                goto out;
-            snprintf(param, sizeof(param), "messages[%zu].reasoning_content", mi);
-            st = conv_opt_string(m, "reasoning_content", param, &cm.reasoning,
-                                 &cm.reasoning_len, err);
-            if (st != TD_OK)
-                goto out;
-            const json_t *tc = get_opt(m, "tool_calls");
-            snprintf(param, sizeof(param), "messages[%zu].tool_calls", mi);
-            if (tc != NULL && !json_is_array(tc)) {
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': expected an array, got %s.", param,
-                                 json_type_name(tc));
-                goto out;
-            }
-            if (tc != NULL) {
-                st = conv_tool_calls(tc, mi, &cm, err);
-                if (st != TD_OK) {
-                    free(cm.calls);
-                    goto out;
-                }
-            }
-            if (!present && cm.ncalls == 0) {
-                snprintf(param, sizeof(param), "messages[%zu]", mi);
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid assistant message '%s': content or tool_calls must "
-                                 "be set.", param);
-                goto out;
-            }
-            const json_t *pv = get_opt(m, "prefix");
-            snprintf(param, sizeof(param), "messages[%zu].prefix", mi);
-            if (pv != NULL && !json_is_boolean(pv)) {
-                free(cm.calls);
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': expected a boolean, got %s.", param,
-                                 json_type_name(pv));
-                goto out;
-            }
-            cm.prefix = pv != NULL && json_is_true(pv);
-            if (cm.prefix && mi + 1 != n) {
-                free(cm.calls);
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': only the last message may be an assistant "
-                                 "message with prefix set.", param);
-                goto out;
-            }
-            if (cm.prefix && (had_tools || cm.ncalls || seen_calls)) {
-                free(cm.calls);
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': a prefix continuation cannot be combined with "
-                                 "tools or tool calls.", param);
-                goto out;
-            }
-            seen_calls = seen_calls || cm.ncalls > 0;
-        } else if (strcmp(role, "tool") == 0) {
-            const json_t *idv = json_object_get(m, "tool_call_id");
-            snprintf(param, sizeof(param), "messages[%zu].tool_call_id", mi);
-            if (!json_is_string(idv)) {
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': a tool message needs the string id of the "
-                                 "call it answers.", param);
-                goto out;
-            }
-            st = conv_content(m, mi, false, &text, &present, err);
-            if (st != TD_OK)
-                goto out;
-            if (!run.open) {
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Messages with role 'tool' must be a response to a preceding "
-                                 "message with 'tool_calls' (messages[%zu]).", mi);
-                goto out;
-            }
-            const chat_msg_t *a = &c->msgs[run.assistant];
-            size_t k;
-            for (k = 0; k < a->ncalls; k++)
-                if (a->calls[k].id_len == json_string_length(idv) &&
-                    memcmp(a->calls[k].id, json_string_value(idv), a->calls[k].id_len) == 0)
-                    break;
-            if (k == a->ncalls || run.answered[k]) {
-                st = chat_refuse(err, TD_ERR_INVALID, param,
-                                 "Invalid '%s': '%s' is not the id of a tool call of the "
-                                 "preceding assistant message that awaits a result.", param,
-                                 json_string_value(idv));
-                goto out;
-            }
-            run.answered[k] = true;
-            cm.role = ROLE_TOOL;
-            cm.answers = k;
-        } else {
-            st = chat_refuse(err, TD_ERR_INVALID, param,
-                             "Invalid value for '%s': '%s' is not one of 'system', 'developer', "
-                             "'user', 'assistant', 'tool', 'latest_reminder'.", param, role);
+        st = conv_message(c, &run, m, mi, n, had_tools, seen_calls, &cm, &text, &skip, err);
+        if (st != TD_OK)
             goto out;
-        }
-
-        cm.text = td_buf_take(&text, &cm.len);   /* text is empty again */
-        if (cm.text == NULL || conv_push(c, &cm) != TD_OK) {
-            free(cm.text);
-            free(cm.calls);
-            st = TD_ERR_NOMEM;
+        if (skip)
+            continue;
+        seen_calls = seen_calls || cm.ncalls > 0;
+        if ((st = conv_keep(c, &run, &cm, &text, mi)) != TD_OK)
             goto out;
-        }
-        if (cm.role == ROLE_ASSISTANT && cm.ncalls) {
-            free(run.answered);
-            run.answered = calloc(cm.ncalls, sizeof(bool));
-            if (run.answered == NULL) {
-                st = TD_ERR_NOMEM;
-                goto out;
-            }
-            run.open = true;
-            run.assistant = c->nmsgs - 1;
-            run.request_mi = mi;
-            run.first = c->nmsgs;
-        }
     }
     st = conv_run_close(c, &run, err);
 out:
@@ -789,6 +817,35 @@ conv_tools(chat_conv_t *c, const json_t *tools, td_chat_prompt_err_t *err)
                                "send the tool without \"strict\": true.", name);
         c->tools[c->ntools++] = fn;
     }
+    return TD_OK;
+}
+
+/* "response_format": text, json_object or json_schema; the two JSON ones
+ * are told to the model in the system part, as the reference encoding does
+ * (the sampler's constraint then enforces them: docs/structured-output.md). */
+static td_status_t
+conv_response_format(chat_conv_t *c, const json_t *rf, const char *type,
+                     td_chat_prompt_err_t *err)
+{
+    if (type != NULL && strcmp(type, "json_object") == 0) {
+        c->rformat = 1;
+        return TD_OK;
+    }
+    if (type != NULL && strcmp(type, "json_schema") == 0) {
+        const json_t *js = json_object_get(rf, "json_schema");
+        const json_t *schema = json_is_object(js) ? get_opt(js, "schema") : NULL;
+        if (schema == NULL)
+            return chat_refuse(err, TD_ERR_INVALID, "response_format.json_schema.schema",
+                               "Invalid 'response_format.json_schema': expected an object "
+                               "with 'schema'.");
+        c->rformat = 2;
+        c->rschema = schema;
+        return TD_OK;
+    }
+    if (type == NULL || strcmp(type, "text") != 0)
+        return chat_refuse(err, TD_ERR_INVALID, "response_format.type",
+                           "Invalid 'response_format': expected a type of 'text', "
+                           "'json_object' or 'json_schema'.");
     return TD_OK;
 }
 
@@ -996,14 +1053,9 @@ conv_build(chat_conv_t *c, const json_t *request, const td_chat_prompt_opts_t *o
         if (rf != NULL) {
             const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
             const char *s = json_is_string(type) ? json_string_value(type) : NULL;
-            if (s != NULL && (strcmp(s, "json_object") == 0 || strcmp(s, "json_schema") == 0 ||
-                              strcmp(s, "regex") == 0))
-                return chat_refuse(err, TD_ERR_UNSUPPORTED, "response_format.type",
-                                   "response_format '%s' is not supported (no constrained "
-                                   "decoding); use 'text'.", s);
-            if (s == NULL || strcmp(s, "text") != 0)
-                return chat_refuse(err, TD_ERR_INVALID, "response_format.type",
-                                   "Invalid 'response_format': expected {\"type\": \"text\"}.");
+            st = conv_response_format(c, rf, s, err);
+            if (st != TD_OK)
+                return st;
         }
         st = conv_stop(c, get_opt(req, "stop"), err);
         if (st != TD_OK)
@@ -1093,6 +1145,20 @@ out_template(chat_out_t *o, const char *tpl)
     }
 }
 
+/* The response format's section of the system part (json_object, json_schema). */
+static void
+render_response_format(chat_out_t *o, const chat_conv_t *c)
+{
+    if (c->rformat == 0)
+        return;
+    out_texts(o, "\n\n## Response Format:\n\nYou MUST strictly adhere to the following "
+                 "schema to reply:\n");
+    if (c->rformat == 1)
+        out_texts(o, "{\"type\": \"json_object\"}");
+    else
+        py_dump(&o->text, c->rschema);
+}
+
 /* The first system block: effort line (thinking), the system text, the tools. */
 static void
 render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t len)
@@ -1103,8 +1169,10 @@ render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t
         out_texts(o, line);
     }
     out_text(o, text, len);
-    if (c->ntools == 0)
+    if (c->ntools == 0) {
+        render_response_format(o, c);
         return;
+    }
     out_template(o, chat_tools_head);
     for (size_t i = 0; i < c->ntools; i++) {
         const json_t *fn = c->tools[i];
@@ -1129,7 +1197,9 @@ render_system_body(chat_out_t *o, const chat_conv_t *c, const char *text, size_t
         out_texts(o, "}");
     }
     out_template(o, chat_tools_tail);
+    render_response_format(o, c);
 }
+
 
 static void
 render_param(chat_out_t *o, const char *name, size_t name_len, bool string)
@@ -1215,7 +1285,7 @@ render_assistant(chat_out_t *o, const chat_conv_t *c, const chat_msg_t *m, bool 
 static void
 render(chat_out_t *o, const chat_conv_t *c)
 {
-    bool system_extra = c->thinking || c->ntools > 0;
+    bool system_extra = c->thinking || c->ntools > 0 || c->rformat != 0;
     const chat_msg_t *last = c->nmsgs ? &c->msgs[c->nmsgs - 1] : NULL;
     chat_role_t prev = ROLE_SYSTEM;
     bool have_prev = false;

@@ -103,6 +103,8 @@ typedef struct {
 struct td_chat_reply_reader {
     td_chat_reply_start_t start;
     bool tool_calls;
+    bool split_args;        /* opts.split_args */
+    bool args_cut;          /* split_args: the next arguments piece opens a new delta */
     chat_pat_t pats[PAT_NFIXED];
     chat_pat_t stops;       /* every stop string (none: NULL automaton) */
     bool stops_armed;       /* a stop string that completes counts (min_tokens reached) */
@@ -326,7 +328,7 @@ delta_text(td_chat_reply_reader_t *p, td_chat_reply_delta_kind_t kind, uint32_t 
     if (n == 0)
         return;
     if (last == NULL || last->kind != kind ||
-        (kind == TD_CHAT_REPLY_DELTA_TOOL_ARGS && last->index != index)) {
+        (kind == TD_CHAT_REPLY_DELTA_TOOL_ARGS && (last->index != index || p->args_cut))) {
         last = delta_new(p, kind, index);
         if (last == NULL)
             return;
@@ -408,6 +410,17 @@ call_args(td_chat_reply_reader_t *p, const char *s, size_t n, bool escape)
     else
         td_buf_append(&p->args[i], s, n);
     delta_text(p, TD_CHAT_REPLY_DELTA_TOOL_ARGS, (uint32_t)i, s, n, escape);
+    p->args_cut = false;
+}
+
+/* split_args: a label (punctuation) is a piece of its own, and what follows
+ * it begins another. */
+static void
+call_label(td_chat_reply_reader_t *p, const char *label)
+{
+    p->args_cut = p->split_args;
+    call_args(p, label, strlen(label), false);
+    p->args_cut = p->split_args;
 }
 
 /* Act on n bytes. */
@@ -440,7 +453,7 @@ act(td_chat_reply_reader_t *p, chat_act_t a, const char *s, size_t n, const char
         call_open(p);
         break;
     case ACT_ARGS_LABEL:
-        call_args(p, label, strlen(label), false);
+        call_label(p, label);
         break;
     case ACT_ARGS_RAW:
         call_args(p, s, n, false);
@@ -698,6 +711,7 @@ td_chat_reply_reader_create(const td_chat_reply_opts_t *opts, td_chat_reply_read
     }
     p->start = opts->start;
     p->tool_calls = opts->tool_calls;
+    p->split_args = opts->split_args;
     for (int i = 0; i < PAT_NFIXED; i++)
         if (td_stopmatch_create(&chat_fixed_pats[i], NULL, 1, &p->pats[i].m) != TD_OK)
             goto err_free;
@@ -841,6 +855,12 @@ void
 td_chat_reply_reader_arm(td_chat_reply_reader_t *p, bool armed)
 {
     p->stops_armed = armed;
+}
+
+bool
+td_chat_reply_reader_in_reasoning(const td_chat_reply_reader_t *rd)
+{
+    return rd->stage == STAGE_REASONING;
 }
 
 bool

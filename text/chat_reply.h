@@ -28,6 +28,10 @@ typedef struct {
     size_t nstop;
     bool stop_include;        /* a matched stop string ends the content (vLLM's
                                  include_stop_str_in_output); else it is left out */
+    bool split_args;          /* each piece of a call's arguments JSON (punctuation, a
+                                 name, a value) its own TOOL_ARGS delta, as the
+                                 reference's Messages and Responses generators send
+                                 them; else adjacent pieces are merged */
     uint64_t id_seed;         /* 0: tool call ids from the system's randomness;
                                  otherwise a fixed sequence (tests) */
 } td_chat_reply_opts_t;
@@ -110,6 +114,8 @@ td_status_t td_chat_reply_reader_finish(td_chat_reply_reader_t *rd, td_chat_repl
  * min_tokens are not reached yet); what may still become one is held all the
  * same. A reader starts armed. */
 void td_chat_reply_reader_arm(td_chat_reply_reader_t *rd, bool armed);
+/* The output is in its reasoning now (what comes next is reasoning). */
+bool td_chat_reply_reader_in_reasoning(const td_chat_reply_reader_t *rd);
 /* A stop string matched: the caller should end generation. */
 bool td_chat_reply_reader_stopped(const td_chat_reply_reader_t *rd);
 /* Everything so far (finish set after td_chat_reply_reader_finish); owned by rd. */

@@ -1486,6 +1486,13 @@ td_tokenizer_is_special(const td_tokenizer_t *tok, uint32_t id)
     return e && (e->flags & TOK_ID_SPECIAL) ? 1 : 0;
 }
 
+int
+td_tokenizer_is_added(const td_tokenizer_t *tok, uint32_t id)
+{
+    const tok_id_t *e = tok_id(tok, id);
+    return e && (e->flags & TOK_ID_ADDED) ? 1 : 0;
+}
+
 /* ---- Scratch pool -------------------------------------------------------- */
 
 static void

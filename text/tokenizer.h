@@ -72,6 +72,10 @@ td_status_t td_tokenizer_find(const td_tokenizer_t *tok, const char *token, size
 /* 1 when id is a special added token, else 0 (ids with no token too). */
 int         td_tokenizer_is_special(const td_tokenizer_t *tok, uint32_t id);
 
+/* 1 when id is an added token (special or not: <think>, </think>, the FIM
+ * and tool-call markers), else 0. */
+int         td_tokenizer_is_added(const td_tokenizer_t *tok, uint32_t id);
+
 /* The longest piece, in bytes (to size td_detok_feed's buffer once). */
 size_t      td_tokenizer_max_piece(const td_tokenizer_t *tok);
 

@@ -118,8 +118,44 @@ typedef struct {
 } gen_opts_t;
 
 enum {
+    OPT_MODEL = 256, OPT_MESSAGES, OPT_PROMPT, OPT_MAX, OPT_TEMP, OPT_TOPP, OPT_TOPK,
+    OPT_SEED, OPT_NOSTREAM, OPT_THINK, OPT_NOTHINK, OPT_EFFORT, OPT_LOGPROBS, OPT_JSON,
+    OPT_CONTEXT, OPT_CHUNK, OPT_DEP, OPT_PLACEMENT, OPT_REQUESTS, OPT_PROMPT_IDS,
     OPT_MINP = 512, OPT_REP, OPT_PRES, OPT_FREQ, OPT_MINTOK, OPT_IGNORE_EOS, OPT_STOP_IDS,
     OPT_SHOW_SPECIAL,
+};
+
+static const struct option gen_longopts[] = {
+    { "model", required_argument, NULL, OPT_MODEL },
+    { "messages", required_argument, NULL, OPT_MESSAGES },
+    { "prompt", required_argument, NULL, OPT_PROMPT },
+    { "prompt-ids", required_argument, NULL, OPT_PROMPT_IDS },
+    { "max-tokens", required_argument, NULL, OPT_MAX },
+    { "temperature", required_argument, NULL, OPT_TEMP },
+    { "top-p", required_argument, NULL, OPT_TOPP },
+    { "top-k", required_argument, NULL, OPT_TOPK },
+    { "seed", required_argument, NULL, OPT_SEED },
+    { "no-stream", no_argument, NULL, OPT_NOSTREAM },
+    { "thinking", no_argument, NULL, OPT_THINK },
+    { "no-thinking", no_argument, NULL, OPT_NOTHINK },
+    { "effort", required_argument, NULL, OPT_EFFORT },
+    { "logprobs", required_argument, NULL, OPT_LOGPROBS },
+    { "json", no_argument, NULL, OPT_JSON },
+    { "context", required_argument, NULL, OPT_CONTEXT },
+    { "chunk", required_argument, NULL, OPT_CHUNK },
+    { "dep", required_argument, NULL, OPT_DEP },
+    { "placement", required_argument, NULL, OPT_PLACEMENT },
+    { "requests", required_argument, NULL, OPT_REQUESTS },
+    { "min-p", required_argument, NULL, OPT_MINP },
+    { "repetition-penalty", required_argument, NULL, OPT_REP },
+    { "presence-penalty", required_argument, NULL, OPT_PRES },
+    { "frequency-penalty", required_argument, NULL, OPT_FREQ },
+    { "min-tokens", required_argument, NULL, OPT_MINTOK },
+    { "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
+    { "stop-token-ids", required_argument, NULL, OPT_STOP_IDS },
+    { "no-skip-special", no_argument, NULL, OPT_SHOW_SPECIAL },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
 };
 
 /* --stop-token-ids: ids separated by spaces or commas, at most 16. */
@@ -192,134 +228,67 @@ parse_sampling_opt(int c, const char *arg, gen_opts_t *o, char *err, size_t errl
     return TD_ERR_INTERNAL;
 }
 
-/* 0, or 2 after a message (usage error); 1 for --help printed. */
-static int
-parse_opts(int argc, char **argv, gen_opts_t *o)
+/* The classic sampling options and the output's: --max-tokens, --temperature,
+ * --top-p, --top-k, --seed, --logprobs. */
+static td_status_t
+parse_classic_opt(int c, const char *arg, gen_opts_t *o, char *err, size_t errlen)
 {
-    enum {
-        OPT_MODEL = 256, OPT_MESSAGES, OPT_PROMPT, OPT_MAX, OPT_TEMP, OPT_TOPP, OPT_TOPK,
-        OPT_SEED, OPT_NOSTREAM, OPT_THINK, OPT_NOTHINK, OPT_EFFORT, OPT_LOGPROBS, OPT_JSON,
-        OPT_CONTEXT, OPT_CHUNK, OPT_DEP, OPT_PLACEMENT, OPT_REQUESTS, OPT_PROMPT_IDS,
-    };
-    static const struct option longopts[] = {
-        { "model", required_argument, NULL, OPT_MODEL },
-        { "messages", required_argument, NULL, OPT_MESSAGES },
-        { "prompt", required_argument, NULL, OPT_PROMPT },
-        { "prompt-ids", required_argument, NULL, OPT_PROMPT_IDS },
-        { "max-tokens", required_argument, NULL, OPT_MAX },
-        { "temperature", required_argument, NULL, OPT_TEMP },
-        { "top-p", required_argument, NULL, OPT_TOPP },
-        { "top-k", required_argument, NULL, OPT_TOPK },
-        { "seed", required_argument, NULL, OPT_SEED },
-        { "no-stream", no_argument, NULL, OPT_NOSTREAM },
-        { "thinking", no_argument, NULL, OPT_THINK },
-        { "no-thinking", no_argument, NULL, OPT_NOTHINK },
-        { "effort", required_argument, NULL, OPT_EFFORT },
-        { "logprobs", required_argument, NULL, OPT_LOGPROBS },
-        { "json", no_argument, NULL, OPT_JSON },
-        { "context", required_argument, NULL, OPT_CONTEXT },
-        { "chunk", required_argument, NULL, OPT_CHUNK },
-        { "dep", required_argument, NULL, OPT_DEP },
-        { "placement", required_argument, NULL, OPT_PLACEMENT },
-        { "requests", required_argument, NULL, OPT_REQUESTS },
-        { "min-p", required_argument, NULL, OPT_MINP },
-        { "repetition-penalty", required_argument, NULL, OPT_REP },
-        { "presence-penalty", required_argument, NULL, OPT_PRES },
-        { "frequency-penalty", required_argument, NULL, OPT_FREQ },
-        { "min-tokens", required_argument, NULL, OPT_MINTOK },
-        { "ignore-eos", no_argument, NULL, OPT_IGNORE_EOS },
-        { "stop-token-ids", required_argument, NULL, OPT_STOP_IDS },
-        { "no-skip-special", no_argument, NULL, OPT_SHOW_SPECIAL },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
-    char err[TD_CONFIG_ERRLEN];
     uint64_t v = 0;
-    int c;
+    td_status_t st;
 
-    *o = (gen_opts_t){
-        .model = getenv("TANDEM_MODEL"), .max_tokens = GEN_DEFAULT_MAX_TOKENS,
-        .temperature = 1.0, .top_p = 1.0, .stream = true, .repetition_penalty = 1.0,
-        .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
-        .requests = 1,
-    };
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-        td_status_t st = TD_OK;
-        switch (c) {
-        case OPT_MODEL: o->model = optarg; break;
-        case OPT_MESSAGES: o->messages = optarg; break;
-        case OPT_PROMPT: o->prompt = optarg; break;
-        case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
-        case OPT_MAX:
-            st = td_config_parse_uint("--max-tokens", optarg, 1, UINT32_MAX, &o->max_tokens, err,
-                                      sizeof(err));
-            break;
-        case OPT_TEMP:
-            st = td_config_parse_double("--temperature", optarg, 0, 0, &o->temperature, err,
-                                        sizeof(err));
-            if (st == TD_OK && o->temperature < 0) {
-                snprintf(err, sizeof(err), "--temperature: %s is negative", optarg);
-                st = TD_ERR_RANGE;
-            }
-            break;
-        case OPT_TOPP:
-            st = td_config_parse_double("--top-p", optarg, 0, 1, &o->top_p, err, sizeof(err));
-            if (st == TD_OK && o->top_p == 0) {
-                snprintf(err, sizeof(err), "--top-p: %s is not in (0, 1]", optarg);
-                st = TD_ERR_RANGE;
-            }
-            break;
-        case OPT_TOPK:
-            st = td_config_parse_uint("--top-k", optarg, 0, UINT32_MAX, &o->top_k, err,
-                                      sizeof(err));
-            break;
-        case OPT_SEED:
-            st = td_config_parse_uint("--seed", optarg, 0, 0, &o->seed, err, sizeof(err));
-            o->seed_set = true;
-            break;
-        case OPT_NOSTREAM: o->stream = false; break;
-        case OPT_THINK: o->chat.thinking = 1; o->chat_set = true; break;
-        case OPT_NOTHINK: o->chat.thinking = 0; o->chat_set = true; break;
-        case OPT_EFFORT: o->chat.effort = optarg; o->chat_set = true; break;
-        case OPT_LOGPROBS:
-            st = td_config_parse_uint("--logprobs", optarg, 0, TD_SAMPLE_MAX_TOP, &v, err,
-                                      sizeof(err));
-            o->logprobs = (int64_t)v;
-            break;
-        case OPT_JSON: o->json = true; break;
-        case OPT_CONTEXT:
-            st = td_config_parse_uint("--context", optarg, 2, UINT32_MAX, &o->context, err,
-                                      sizeof(err));
-            break;
-        case OPT_CHUNK:
-            st = td_config_parse_uint("--chunk", optarg, 1, 1u << 20, &o->chunk, err,
-                                      sizeof(err));
-            break;
-        case OPT_DEP:
-            st = td_config_parse_uint("--dep", optarg, 1, GEN_MAX_DEP, &o->dep, err,
-                                      sizeof(err));
-            break;
-        case OPT_PLACEMENT: o->placement = optarg; break;
-        case OPT_REQUESTS:
-            st = td_config_parse_uint("--requests", optarg, 1, GEN_MAX_REQUESTS, &o->requests,
-                                      err, sizeof(err));
-            break;
-        case 'h': usage(stdout); return 1;
-        case OPT_MINP: case OPT_REP: case OPT_PRES: case OPT_FREQ: case OPT_MINTOK:
-        case OPT_IGNORE_EOS: case OPT_STOP_IDS: case OPT_SHOW_SPECIAL:
-            st = parse_sampling_opt(c, optarg, o, err, sizeof(err));
-            break;
-        default: usage(stderr); return 2;
+    switch (c) {
+    case OPT_MAX:
+        return td_config_parse_uint("--max-tokens", arg, 1, UINT32_MAX, &o->max_tokens, err,
+                                    errlen);
+    case OPT_TEMP:
+        st = td_config_parse_double("--temperature", arg, 0, 0, &o->temperature, err, errlen);
+        if (st == TD_OK && o->temperature < 0) {
+            snprintf(err, errlen, "--temperature: %s is negative", arg);
+            st = TD_ERR_RANGE;
         }
-        if (st != TD_OK) {
-            fprintf(stderr, "generate: %s\n", err);
-            return 2;
+        return st;
+    case OPT_TOPP:
+        st = td_config_parse_double("--top-p", arg, 0, 1, &o->top_p, err, errlen);
+        if (st == TD_OK && o->top_p == 0) {
+            snprintf(err, errlen, "--top-p: %s is not in (0, 1]", arg);
+            st = TD_ERR_RANGE;
         }
+        return st;
+    case OPT_TOPK:
+        return td_config_parse_uint("--top-k", arg, 0, UINT32_MAX, &o->top_k, err, errlen);
+    case OPT_SEED:
+        o->seed_set = true;
+        return td_config_parse_uint("--seed", arg, 0, 0, &o->seed, err, errlen);
+    case OPT_LOGPROBS:
+        st = td_config_parse_uint("--logprobs", arg, 0, TD_SAMPLE_MAX_TOP, &v, err, errlen);
+        o->logprobs = (int64_t)v;
+        return st;
     }
-    if (optind < argc) {
-        fprintf(stderr, "generate: unexpected argument \"%s\"\n", argv[optind]);
-        return 2;
+    return TD_ERR_INTERNAL;
+}
+
+/* How the engine runs: --context, --chunk, --dep, --requests. */
+static td_status_t
+parse_engine_opt(int c, const char *arg, gen_opts_t *o, char *err, size_t errlen)
+{
+    switch (c) {
+    case OPT_CONTEXT:
+        return td_config_parse_uint("--context", arg, 2, UINT32_MAX, &o->context, err, errlen);
+    case OPT_CHUNK:
+        return td_config_parse_uint("--chunk", arg, 1, 1u << 20, &o->chunk, err, errlen);
+    case OPT_DEP:
+        return td_config_parse_uint("--dep", arg, 1, GEN_MAX_DEP, &o->dep, err, errlen);
+    case OPT_REQUESTS:
+        return td_config_parse_uint("--requests", arg, 1, GEN_MAX_REQUESTS, &o->requests, err,
+                                    errlen);
     }
+    return TD_ERR_INTERNAL;
+}
+
+/* The options that go together or exclude each other; 0, or 2 after a message. */
+static int
+parse_check(const gen_opts_t *o)
+{
     if ((o->messages != NULL) + (o->prompt != NULL) + (o->prompt_ids != NULL) != 1) {
         fprintf(stderr, "generate: give one of --messages FILE, --prompt TEXT and "
                         "--prompt-ids IDS\n");
@@ -342,6 +311,58 @@ parse_opts(int argc, char **argv, gen_opts_t *o)
         return 2;
     }
     return 0;
+}
+
+/* 0, or 2 after a message (usage error); 1 for --help printed. */
+static int
+parse_opts(int argc, char **argv, gen_opts_t *o)
+{
+    char err[TD_CONFIG_ERRLEN];
+    int c;
+
+    *o = (gen_opts_t){
+        .model = getenv("TANDEM_MODEL"), .max_tokens = GEN_DEFAULT_MAX_TOKENS,
+        .temperature = 1.0, .top_p = 1.0, .stream = true, .repetition_penalty = 1.0,
+        .chat = { .thinking = -1, .effort = NULL }, .logprobs = -1, .chunk = GEN_DEFAULT_CHUNK,
+        .requests = 1,
+    };
+    while ((c = getopt_long(argc, argv, "h", gen_longopts, NULL)) != -1) {
+        td_status_t st = TD_OK;
+        switch (c) {
+        case OPT_MODEL: o->model = optarg; break;
+        case OPT_MESSAGES: o->messages = optarg; break;
+        case OPT_PROMPT: o->prompt = optarg; break;
+        case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
+        case OPT_NOSTREAM: o->stream = false; break;
+        case OPT_THINK: o->chat.thinking = 1; o->chat_set = true; break;
+        case OPT_NOTHINK: o->chat.thinking = 0; o->chat_set = true; break;
+        case OPT_EFFORT: o->chat.effort = optarg; o->chat_set = true; break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_PLACEMENT: o->placement = optarg; break;
+        case OPT_MAX: case OPT_TEMP: case OPT_TOPP: case OPT_TOPK: case OPT_SEED:
+        case OPT_LOGPROBS:
+            st = parse_classic_opt(c, optarg, o, err, sizeof(err));
+            break;
+        case OPT_CONTEXT: case OPT_CHUNK: case OPT_DEP: case OPT_REQUESTS:
+            st = parse_engine_opt(c, optarg, o, err, sizeof(err));
+            break;
+        case 'h': usage(stdout); return 1;
+        case OPT_MINP: case OPT_REP: case OPT_PRES: case OPT_FREQ: case OPT_MINTOK:
+        case OPT_IGNORE_EOS: case OPT_STOP_IDS: case OPT_SHOW_SPECIAL:
+            st = parse_sampling_opt(c, optarg, o, err, sizeof(err));
+            break;
+        default: usage(stderr); return 2;
+        }
+        if (st != TD_OK) {
+            fprintf(stderr, "generate: %s\n", err);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "generate: unexpected argument \"%s\"\n", argv[optind]);
+        return 2;
+    }
+    return parse_check(o);
 }
 
 /* ---- output ------------------------------------------------------------------------ */
@@ -859,7 +880,7 @@ gen_pick(gen_t *g, size_t i, uint64_t pos, uint64_t cap)
     size_t V = (size_t)g->m->cfg->vocab_size;
     td_sample_params_t sp = q->sp;
     td_sample_dist_t lg = { (uint32_t)V, NULL, q->logits };
-    td_sample_row_t row = { &sp, q->hist.count ? &q->hist : NULL, pos, q->ngen };
+    td_sample_row_t row = { &sp, q->hist.count ? &q->hist : NULL, pos, q->ngen, NULL };
     td_sample_pick_t pk;
 
     sp.logprobs = i == 0 && g->o->logprobs >= 0;

@@ -19,7 +19,9 @@
 #include "config.h"
 #include "gpucost.h"
 #include "layout.h"
+#include "kernels.h"
 #include "log.h"
+#include "model.h"
 #include "modelcfg.h"
 #include "safetensors.h"
 #include "weights.h"
@@ -279,6 +281,12 @@ mp_print_plan(const mp_model_t *m, const mp_opts_t *o, const mp_plan_t *p)
     snprintf(what, sizeof(what), "workspace (%" PRIu64 "-token chunk, %" PRIu64 " rows)", o->chunk,
              o->batch);
     printf("  %-48s %9.2f\n", what, p->workspace / GB);
+    /* what the cpu engine's passes take for the same shapes: the function
+     * its passes size their one block with (model.h) */
+    double cpu_pf = (double)td_forward_workspace_bytes(m->cfg, m->plan, 1, o->chunk, o->context);
+    double cpu_dc = (double)td_forward_workspace_bytes(m->cfg, m->plan, o->batch, 1, o->context);
+    printf("    cpu engine's pass workspace (td_forward_workspace_bytes, %u threads): prefill "
+           "%.3f, decode %.3f\n", td_kernels_cpu_threads(), cpu_pf / GB, cpu_dc / GB);
     snprintf(what, sizeof(what), "reserve (CUDA, cuBLAS, NCCL, slack: %.1f GiB)", o->reserve_gib);
     printf("  %-48s %9.2f\n", what, p->reserve / GB);
     printf("  %-48s %9.2f\n", "KV pool (the rest)", p->pool / GB);

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "progress.h"
 #include "v41engine.h"
+#include "wcons.h"
 
 const td_engine_kind_t *const td_worker_engines[] = {
     &td_synth_kind,
@@ -683,6 +684,8 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
     if (st != TD_OK)
         goto err_free_daemon;
     snprintf(w->fingerprint, sizeof(w->fingerprint), "%016" PRIx64, w->engine->fingerprint);
+    if (td_wcons_setup(spec->wcfg->engine.model, w->engine->stop, w->engine->nstop) != TD_OK)
+        goto err_free_engine;   /* logged */
     w->nranks = (uint32_t)spec->wcfg->ranks;
     if (spec->wcfg->dep && spec->wcfg->domain_size == 0 && worker_dep_group_create(w) != TD_OK)
         goto err_free_engine;
@@ -711,6 +714,7 @@ td_worker_main(const td_worker_spec_t *spec, int argc, char **argv)
 err_free_engine:
     worker_dep_group_destroy(w);
     free(w->ranks);
+    td_wcons_teardown();
     td_engine_destroy(w->engine);
 err_free_daemon:
     td_daemon_destroy(w->d);

@@ -20,6 +20,8 @@ td_status_t td_kernels_cpu_dequant_fp4(const uint8_t *packed, const uint8_t *sca
  * mat_create, mat_destroy, mat_bytes and linear_mat of td_kernels_ops_t. */
 td_status_t td_kernels_cpu_mat_create(const float *w, size_t groups, size_t n, size_t k,
                                       td_kernels_mat_t **out);
+td_status_t td_kernels_cpu_mat_create_fmt(const td_kernels_wsrc_t *src, size_t groups,
+                                          size_t n, size_t k, td_kernels_mat_t **out);
 void td_kernels_cpu_mat_destroy(td_kernels_mat_t *w);
 size_t td_kernels_cpu_mat_bytes(const td_kernels_mat_t *w);
 td_status_t td_kernels_cpu_linear_mat(const float *x, const td_kernels_mat_t *w, float *y,

@@ -2,6 +2,7 @@
  * gemm.c, everything else as plain loops in f32 following the
  * reference's order of operations; td_kernels_cpu_ops() is the table. */
 #include "cpu_ops.h"
+#include "numfmt.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -384,6 +385,39 @@ cpu_embed(const float *table, size_t rows, size_t d, const int64_t *ids, size_t 
                                    (long long)ids[r], r, rows);
     for (size_t r = 0; r < n; r++)
         memcpy(y + r * d, table + (size_t)ids[r] * d, d * sizeof(float));
+    return TD_OK;
+}
+
+static td_status_t
+cpu_embed_fmt(const td_kernels_wsrc_t *t, size_t rows, size_t d, const int64_t *ids, size_t n,
+              float *y)
+{
+    NEED("embed_fmt", t != NULL && t->data != NULL && ids != NULL && y != NULL && d > 0 && n > 0);
+    NEED("embed_fmt", t->fmt == TD_KERNELS_W_F32 || t->fmt == TD_KERNELS_W_BF16 ||
+                          (t->fmt == TD_KERNELS_W_FP8_ROWS && t->scales != NULL && d % 32 == 0));
+    for (size_t r = 0; r < n; r++)
+        if (ids[r] < 0 || (uint64_t)ids[r] >= rows)
+            return td_kernels_fail(TD_ERR_RANGE, "embed_fmt: id %lld of row %zu >= %zu rows",
+                                   (long long)ids[r], r, rows);
+    for (size_t r = 0; r < n; r++) {
+        size_t row = (size_t)ids[r];
+        float *o = y + r * d;
+        if (t->fmt == TD_KERNELS_W_F32) {
+            memcpy(o, (const float *)t->data + row * d, d * sizeof(float));
+        } else if (t->fmt == TD_KERNELS_W_BF16) {
+            const unsigned char *q = (const unsigned char *)t->data + row * d * 2;
+            for (size_t i = 0; i < d; i++) {
+                uint16_t h;
+                memcpy(&h, q + 2 * i, sizeof(h));
+                o[i] = td_numfmt_bf16_to_f32(h);
+            }
+        } else {
+            const uint8_t *q = (const uint8_t *)t->data + row * d;
+            const uint8_t *sc = t->scales + row * (d / 32);
+            for (size_t i = 0; i < d; i++)
+                o[i] = td_numfmt_e4m3_to_f32(q[i]) * td_numfmt_e8m0_to_f32(sc[i / 32]);
+        }
+    }
     return TD_OK;
 }
 
@@ -874,12 +908,14 @@ cpu_add(float *y, const float *x, size_t n)
 static const td_kernels_ops_t td_kernels_cpu_ops_table = {
     .name = "cpu",
     .mat_create = td_kernels_cpu_mat_create,
+    .mat_create_fmt = td_kernels_cpu_mat_create_fmt,
     .mat_destroy = td_kernels_cpu_mat_destroy,
     .mat_bytes = td_kernels_cpu_mat_bytes,
     .linear_mat = td_kernels_cpu_linear_mat,
     .linear = cpu_linear,
     .linear_grouped = cpu_linear_grouped,
     .embed = cpu_embed,
+    .embed_fmt = cpu_embed_fmt,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = cpu_attention,

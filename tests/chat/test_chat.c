@@ -156,11 +156,9 @@ static const refusal_t refusals[] = {
       "reasoning_effort", "'extreme'" },
     { "{\"messages\":[" U("x") "],\"reasoning_effort\":5}", TD_ERR_INVALID,
       "reasoning_effort", "expected a string" },
-    { "{\"messages\":[" U("x") "],\"response_format\":{\"type\":\"json_object\"}}",
-      TD_ERR_UNSUPPORTED, "response_format.type", "'json_object' is not supported" },
     { "{\"messages\":[" U("x") "],\"response_format\":{\"type\":\"json_schema\","
-      "\"json_schema\":{\"name\":\"a\",\"schema\":{}}}}", TD_ERR_UNSUPPORTED,
-      "response_format.type", "'json_schema' is not supported" },
+      "\"json_schema\":{\"name\":\"a\"}}}", TD_ERR_INVALID,
+      "response_format.json_schema.schema", "expected an object with 'schema'" },
     { "{\"messages\":[" U("x") "],\"response_format\":{\"type\":\"yaml\"}}", TD_ERR_INVALID,
       "response_format.type", "Invalid 'response_format'" },
     { "{\"messages\":[" U("x") "],\"stop\":[\"a\",\"\"]}", TD_ERR_INVALID, "stop[1]",

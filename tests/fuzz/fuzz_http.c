@@ -135,11 +135,11 @@ http_route_field(td_http_req_t *req, void *arg)
 }
 
 static const td_http_route_t http_routes[] = {
-    { "/v1/chat/completions", TD_H1_POST, false, true, http_route_chat },
-    { "/v1/completions", TD_H1_POST, false, true, http_route_completions },
-    { "/health", TD_H1_GET, false, false, http_route_health },
-    { "/admin/drain", TD_H1_POST, false, true, http_route_field },
-    { NULL, 0, false, false, NULL },
+    { "/v1/chat/completions", TD_H1_POST, false, true, http_route_chat, TD_HTTP_ERR_OPENAI },
+    { "/v1/completions", TD_H1_POST, false, true, http_route_completions, TD_HTTP_ERR_OPENAI },
+    { "/health", TD_H1_GET, false, false, http_route_health, TD_HTTP_ERR_OPENAI },
+    { "/admin/drain", TD_H1_POST, false, true, http_route_field, TD_HTTP_ERR_OPENAI },
+    { NULL, 0, false, false, NULL, TD_HTTP_ERR_OPENAI },
 };
 
 static void

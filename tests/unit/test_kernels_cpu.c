@@ -7,6 +7,7 @@
  * which expert parallelism's bit-exactness rests on. */
 #include "check.h"
 #include "kernels.h"
+#include "numfmt.h"
 #include "logcap.h"
 #include "rng.h"
 #include "status.h"
@@ -481,6 +482,137 @@ next:
     }
 }
 
+/* ---- weights kept in their stored formats -------------------------------------------- */
+
+/* Value (r, i) of a stored [N, k] matrix, as the checkpoint reader computes it. */
+static float
+fmt_value(const td_kernels_wsrc_t *s, size_t k, size_t r, size_t i)
+{
+    const uint8_t *q = s->data;
+    if (s->fmt == TD_KERNELS_W_BF16)
+        return td_numfmt_bf16_to_f32((uint16_t)(q[2 * (r * k + i)] | q[2 * (r * k + i) + 1] << 8));
+    if (s->fmt == TD_KERNELS_W_FP8_BLOCK) {
+        size_t sc = (k + s->block_cols - 1) / s->block_cols;
+        return td_numfmt_e4m3_to_f32(q[r * k + i]) *
+               td_numfmt_e8m0_to_f32(s->scales[(r / s->block_rows) * sc + i / s->block_cols]);
+    }
+    size_t e = r * k + i;
+    return td_numfmt_e2m1_to_f32((uint8_t)(q[e / 2] >> (4 * (e & 1))) & 0xF) *
+           td_numfmt_e8m0_to_f32(s->scales[r * (k / 32) + i / 32]);
+}
+
+/* mat_create_fmt over random codes and scales gives linear_mat the bits of
+ * mat_create over the values the codes stand for: every format, shapes with
+ * partial panels and 32-row blocks, k blocks that start off a 32 boundary
+ * (k = 672: 320, 176, 176), groups, row counts of every tile; scales that
+ * the kernels cannot take exactly (0, > 134) and NaN codes go the widened way. */
+static void
+test_mat_fmt(void)
+{
+    static const struct { size_t groups, n, k; } shapes[] = {
+        { 1, 48, 64 }, { 1, 100, 672 }, { 2, 40, 96 }, { 1, 1024, 128 }, { 1, 17, 64 },
+        { 4, 16, 64 },   /* each group in the lanes order, 64 rows in all */
+    };
+    static const size_t ms[] = { 1, 3, 4, 13, 29 };
+    const td_kernels_ops_t *K = td_kernels_cpu_ops();
+
+    for (int fmt = TD_KERNELS_W_BF16; fmt <= TD_KERNELS_W_FP4_K32; fmt++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+            for (int odd = 0; odd < 2; odd++) {
+                size_t G = shapes[si].groups, n = shapes[si].n, k = shapes[si].k, N = G * n;
+                size_t ns = fmt == TD_KERNELS_W_FP8_BLOCK ? ((N + 31) / 32) * ((k + 31) / 32)
+                                                          : N * (k / 32);
+                uint8_t *data = malloc(2 * N * k), *sc = malloc(ns + 1);
+                float *wf = malloc(N * k * sizeof(float)), *x = malloc(29 * G * k * sizeof(float));
+                float *y1 = malloc(29 * N * sizeof(float)), *y2 = malloc(29 * N * sizeof(float));
+                td_kernels_mat_t *a = NULL, *b = NULL;
+                for (size_t i = 0; i < 2 * N * k; i++)
+                    data[i] = (uint8_t)td_rng_next(&rng);
+                for (size_t i = 0; i < N * k && fmt == TD_KERNELS_W_FP8_BLOCK; i++)
+                    if ((data[i] & 0x7F) == 0x7F)
+                        data[i] ^= odd && i == 5 ? 0 : 1;   /* odd: one NaN code */
+                for (size_t i = 0; i < ns; i++)
+                    sc[i] = (uint8_t)(110 + td_rng_next(&rng) % 24);
+                if (odd)
+                    sc[ns / 2] = fmt == TD_KERNELS_W_FP4_K32 ? 0 : 140;
+                td_kernels_wsrc_t src = { (td_kernels_wfmt_t)fmt, data,
+                                          fmt == TD_KERNELS_W_BF16 ? NULL : sc, 32, 32 };
+                for (size_t r = 0; r < N; r++)
+                    for (size_t i = 0; i < k; i++)
+                        wf[r * k + i] = fmt_value(&src, k, r, i);
+                for (size_t i = 0; i < 29 * G * k; i++)
+                    x[i] = td_rng_range(&rng, -1.0f, 1.0f);
+                CHECK_STATUS(K->mat_create_fmt(&src, G, n, k, &a), TD_OK);
+                CHECK_STATUS(K->mat_create(wf, G, n, k, &b), TD_OK);
+                for (size_t mi = 0; a != NULL && b != NULL && mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+                    CHECK_STATUS(K->linear_mat(x, a, y1, ms[mi]), TD_OK);
+                    CHECK_STATUS(K->linear_mat(x, b, y2, ms[mi]), TD_OK);
+                    if (memcmp(y1, y2, ms[mi] * N * sizeof(float)) != 0) {
+                        fprintf(stderr, "mat_fmt: format %d, %zu x [%zu, %zu], %zu rows%s: "
+                                "results differ\n", fmt, G, n, k, ms[mi], odd ? " (odd)" : "");
+                        td_check_failures++;
+                    }
+                }
+                if (fmt != TD_KERNELS_W_BF16 && !odd && n > 37)
+                    CHECK(K->mat_bytes(a) < K->mat_bytes(b));   /* kept as codes */
+                K->mat_destroy(a);
+                K->mat_destroy(b);
+                free(data);
+                free(sc);
+                free(wf);
+                free(x);
+                free(y1);
+                free(y2);
+            }
+    td_kernels_wsrc_t bad = { TD_KERNELS_W_FP4_K32, "x", NULL, 0, 0 };
+    td_kernels_mat_t *m = NULL;
+    td_logcap_start();
+    CHECK_STATUS(K->mat_create_fmt(&bad, 1, 4, 64, &m), TD_ERR_INVALID);
+    CHECK(td_logcap.errors == 1);
+    td_logcap_stop();
+}
+
+/* embed_fmt gathers the rows of a stored table as the checkpoint reader
+ * makes them: f32, bf16 and fp8 rows with ue8m0 scales per 32 channels. */
+static void
+test_embed_fmt(void)
+{
+    enum { ROWS = 37, D = 64, N = 9 };
+    const td_kernels_ops_t *K = td_kernels_cpu_ops();
+    static uint8_t data[ROWS * D * 4], sc[ROWS * D / 32];
+    float want[N * D], got[N * D];
+    int64_t ids[N] = { 0, 36, 5, 5, 17, 1, 30, 2, 36 };
+
+    for (size_t i = 0; i < sizeof(data); i++)
+        data[i] = (uint8_t)(td_rng_next(&rng) & 0x77);   /* no NaN codes, no NaN bf16 */
+    for (size_t i = 0; i < sizeof(sc); i++)
+        sc[i] = (uint8_t)(100 + td_rng_next(&rng) % 40);
+    for (int fmt = TD_KERNELS_W_F32; fmt <= TD_KERNELS_W_FP8_ROWS; fmt++) {
+        if (fmt == TD_KERNELS_W_FP8_BLOCK || fmt == TD_KERNELS_W_FP4_K32)
+            continue;
+        td_kernels_wsrc_t t = { (td_kernels_wfmt_t)fmt, data, sc, 0, 0 };
+        for (size_t r = 0; r < N; r++)
+            for (size_t i = 0; i < D; i++) {
+                size_t e = (size_t)ids[r] * D + i;
+                float v;
+                if (fmt == TD_KERNELS_W_F32)
+                    memcpy(&v, data + 4 * e, 4);
+                else if (fmt == TD_KERNELS_W_BF16)
+                    v = td_numfmt_bf16_to_f32((uint16_t)(data[2 * e] | data[2 * e + 1] << 8));
+                else
+                    v = td_numfmt_e4m3_to_f32(data[e]) * td_numfmt_e8m0_to_f32(sc[e / 32]);
+                want[r * D + i] = v;
+            }
+        CHECK_STATUS(K->embed_fmt(&t, ROWS, D, ids, N, got), TD_OK);
+        CHECK(memcmp(want, got, sizeof(got)) == 0);
+    }
+    td_kernels_wsrc_t t = { TD_KERNELS_W_BF16, data, NULL, 0, 0 };
+    ids[3] = ROWS;
+    td_logcap_start();
+    CHECK_STATUS(K->embed_fmt(&t, ROWS, D, ids, N, got), TD_ERR_RANGE);
+    td_logcap_stop();
+}
+
 int
 main(void)
 {
@@ -514,5 +646,7 @@ main(void)
     check_rejects();
     test_pools();
     test_rows_independent();
+    test_mat_fmt();
+    test_embed_fmt();
     return td_check_exit("test_kernels_cpu");
 }

@@ -195,7 +195,7 @@ static const struct {
     { C, "{" M "," MSG ",'logit_bias':{'50':-100.5}}", TD_ERR_INVALID, 400, "logit_bias.50", "decimal_below_min_value", ">= -100" },
     { C, "{" M "," MSG ",'logit_bias':{'50':'x'}}", TD_ERR_INVALID, 400, "logit_bias.50", "invalid_type", "expected a number" },
     { C, "{" M "," MSG ",'logit_bias':{'7':1,'07':2}}", TD_ERR_INVALID, 400, "logit_bias", "invalid_value", "token id 7 is given twice" },
-    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "structured output (constrained decoding) is not supported" },
+    { C, "{" M "," MSG ",'response_format':{'type':'json_object'}}", TD_ERR_UNSUPPORTED, 400, "response_format.type", "unsupported_value", "structured output needs the model's tokenizer" },
     { C, "{" M "," MSG ",'tools':'x'}", TD_ERR_INVALID, 400, "tools", "invalid_type", "expected an array" },
     { C, "{" M "," MSG ",'tools':[1]}", TD_ERR_INVALID, 400, "tools[0]", "invalid_type", "expected an object" },
     { C, "{" M "," MSG ",'tool_choice':5}", TD_ERR_INVALID, 400, "tool_choice", "invalid_type", "expected a string or an object" },
@@ -1168,6 +1168,53 @@ test_reply_reader(void)
     td_tok_destroy(tok);
 }
 
+/* Messages' thinking.budget_tokens: a reasoning that reaches the budget
+ * ends the choice there (finish LENGTH, not a stop string); one that ends
+ * first does not count against it. */
+static void
+test_reply_budget(void)
+{
+    static const struct { uint32_t budget; const char *out, *reasoning, *content; bool over; }
+    cases[] = {
+        { 5, "abcdefghij</think>answer", "abcde", "", true },
+        { 20, "abc</think>answer is long enough", "abc", "answer is long enough", false },
+        { 0, "abcdefghij</think>ok", "abcdefghij", "ok", false },
+    };
+    td_tok_t *tok = NULL;
+    td_ireq_t *r = parse_ok(C, "{" M ",'messages':[{'role':'user','content':'x'}]}");
+    td_chat_reply_opts_t co = { .start = TD_CHAT_REPLY_START_REASONING, .tool_calls = true };
+
+    CHECK_STATUS(td_tok_bytes_create(&tok), TD_OK);
+    for (size_t c = 0; tok && r && c < sizeof cases / sizeof cases[0]; c++) {
+        td_reply_cfg_t rc = { .tok = tok, .req = r, .chat = &co };
+        td_reply_t *rp = NULL;
+        bool stopped = false;
+        size_t len = strlen(cases[c].out), i;
+
+        r->reasoning.budget = cases[c].budget;
+        CHECK_STATUS(td_reply_create(&rc, &rp), TD_OK);
+        if (rp == NULL)
+            break;
+        for (i = 0; i < len && !stopped; i++) {
+            uint32_t id = (unsigned char)cases[c].out[i];
+            CHECK_STATUS(td_reply_feed(rp, &id, 1, false, NULL, NULL, NULL, &stopped), TD_OK);
+        }
+        CHECK(stopped == cases[c].over && td_reply_over_budget(rp) == cases[c].over);
+        CHECK_STATUS(td_reply_end(rp, stopped ? TD_OPENAI_FINISH_STOP : TD_OPENAI_FINISH_STOP,
+                                  NULL, NULL), TD_OK);
+        CHECK_EQ_INT(td_reply_finish_reason(rp), cases[c].over ? TD_OPENAI_FINISH_LENGTH
+                                                               : TD_OPENAI_FINISH_STOP);
+        const td_chat_reply_t *cr = td_reply_chat(rp);
+        CHECK_STR(cr->reasoning, cases[c].reasoning);
+        CHECK_STR(cr->content, cases[c].content);
+        if (cases[c].over)
+            CHECK_EQ_INT(td_reply_ntokens(rp), cases[c].budget);
+        td_reply_destroy(rp);
+    }
+    td_ireq_destroy(r);
+    td_tok_destroy(tok);
+}
+
 /* ===================================================================== */
 /* Byte-level tokenizer                                                   */
 /* ===================================================================== */
@@ -1439,6 +1486,7 @@ main(void)
     test_tok_bytes();
     test_choices_json();
     test_reply_reader();
+    test_reply_budget();
     test_apikeys();
     return td_check_exit("test_openai");
 }

@@ -498,7 +498,7 @@ test_row_reference(void)
             CHECK_STATUS(td_sample_hist_init(&h, vocab), TD_OK);
             CHECK_STATUS(td_sample_hist_add(&h, prompt, rh.nprompt, false), TD_OK);
             CHECK_STATUS(td_sample_hist_add(&h, out, rh.nout, true), TD_OK);
-            r = (td_sample_row_t){ &sp, &h, pos, gen };
+            r = (td_sample_row_t){ &sp, &h, pos, gen, NULL };
             want = ref_row(&lg, &sp, &rh, gen, pos, rowl);
             if (want < 0) {   /* the mask left nothing: refused */
                 CHECK_STATUS(td_sample_row_pick(&lg, &r, -1, &pk), TD_ERR_INVALID);
@@ -565,7 +565,7 @@ test_penalties(void)
     sp.frequency_penalty = 0.25;
     /* 2/2 = 1; 1/2 - (0.25*2 + 0.5) = -0.5; -1*2 = -2; -0.5*2 - (0.25 + 0.5) = -1.75 */
     pl[0] = 1.0f, pl[1] = -0.5f, pl[2] = -2.0f, pl[3] = -1.75f;
-    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, &h, 9, 3 }, -1, &pk), TD_OK);
+    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, &h, 9, 3, NULL }, -1, &pk), TD_OK);
     CHECK_STATUS(td_sample_logprobs(pl, 4, 0, 4, &want), TD_OK);
     CHECK_EQ_INT(pk.token, 0);
     CHECK(pk.logprob == want.logprob);
@@ -579,9 +579,49 @@ test_penalties(void)
     sp = td_sample_params_greedy();
     sp.repetition_penalty = 1;
     CHECK(!td_sample_params_penalized(&sp));
-    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 9, 3 }, -1, &pk), TD_OK);
+    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 9, 3, NULL }, -1, &pk), TD_OK);
     CHECK_EQ_INT(pk.token, 0);
     td_sample_hist_free(&h);
+}
+
+/* A constraint's allow mask: the tokens it leaves out are -inf after the
+ * bias, for the draw and for the reported log-probabilities (dense and
+ * sparse distributions alike). */
+static void
+test_allow_mask(void)
+{
+    const float l[5] = { 2.0f, 0.5f, 1.0f, -1.0f, 0.0f };
+    const int32_t ids[5] = { 7, 1, 70, 3, 64 };
+    const float kept[2] = { 0.5f, -1.0f };
+    const td_sample_bias_t up = { 0, 5.0f };
+    td_sample_params_t sp = td_sample_params_greedy();
+    uint64_t allow[2] = { (1ull << 1) | (1ull << 3), 0 };   /* tokens 1 and 3 */
+    td_sample_dist_t d = { 5, NULL, l };
+    td_sample_pick_t pk, want;
+
+    sp.logprobs = true;
+    sp.top_logprobs = 3;
+    CHECK_STATUS(td_sample_bias_set(&sp, &up, 1, NULL, 0), TD_OK);   /* token 0 biased up */
+    CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 1, 0, allow }, -1, &pk),
+                 TD_OK);
+    CHECK_STATUS(td_sample_logprobs(kept, 2, 0, 2, &want), TD_OK);
+    CHECK_EQ_INT(pk.token, 1);
+    CHECK(pk.logprob == want.logprob);
+    CHECK(pk.top[0].id == 1 && pk.top[1].id == 3 && pk.top[1].logprob == want.top[1].logprob);
+    /* temperature 1: only allowed tokens are ever drawn */
+    sp.temperature = 1.0;
+    for (uint64_t pos = 0; pos < 64; pos++) {
+        CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, pos, 0, allow }, -1,
+                                        &pk), TD_OK);
+        CHECK(pk.token == 1 || pk.token == 3);
+    }
+    /* sparse: ids 1 and 3 of the candidates */
+    td_sample_dist_t ds = { 5, ids, l };
+    allow[1] = 1ull << (70 - 64);   /* and 70 */
+    sp.temperature = 0;
+    CHECK_STATUS(td_sample_row_pick(&ds, &(td_sample_row_t){ &sp, NULL, 1, 0, allow }, -1, &pk),
+                 TD_OK);
+    CHECK_EQ_INT(pk.token, 70);
 }
 
 /* min_tokens: a stop id forced by logit_bias is masked until min_tokens
@@ -600,7 +640,7 @@ test_min_tokens(void)
     sp.min_tokens = 3;
     sp.temperature = 1;
     for (uint64_t g = 0; g < 5; g++) {
-        CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 10 + g, g }, -1, &pk),
+        CHECK_STATUS(td_sample_row_pick(&d, &(td_sample_row_t){ &sp, NULL, 10 + g, g, NULL }, -1, &pk),
                      TD_OK);
         CHECK(g < 3 ? pk.token != 4 : pk.token == 4);
     }
@@ -759,6 +799,7 @@ main(void)
     test_row_reference();
     test_penalties();
     test_min_tokens();
+    test_allow_mask();
     test_min_p_draws();
     test_refusals();
     return td_check_exit("test_sample");
