@@ -436,7 +436,7 @@ js_array(js_t *j, json_t *s)
         }
         npre = json_array_size(pre);
         for (size_t i = 0; i < npre && c->st == TD_OK; i++) {
-            char seg[32];
+            char seg[48];
             snprintf(seg, sizeof seg, "prefixItems[%zu]", i);
             old = js_path_push(j, "", seg);
             rules[i] = js_schema(j, json_array_get(pre, i));
