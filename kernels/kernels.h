@@ -224,6 +224,15 @@ typedef struct td_kernels_ops {
     /* Router scores in place: x [n, e] -> fn(x / temp). */
     td_status_t (*score)(float *x, size_t n, size_t e, td_kernels_score_t fn,
                          float temp);
+    /* The MoE router in one op, per token r: scores = fn(logits / temp) in
+     * place (logits [n, e]); the k experts of the largest scores + bias[e]
+     * (topk's ties); their weights, the unbiased scores, divided by their
+     * sum + 1e-20 when norm and k > 1, times scale; experts [n, k] and
+     * weights [n, k] in ascending expert id. ws: [n, e] floats and [n, k]
+     * int64 of workspace (td_kernels_route_ws_bytes). */
+    td_status_t (*route)(float *logits, const float *bias, size_t n, size_t e, size_t k,
+                         td_kernels_score_t fn, float temp, int norm, float scale,
+                         void *ws, int32_t *experts, float *weights);
     /* The k largest of each row of x [n, m] -> idx [n, k], largest first;
      * equal values go lowest index first (NaN counts as the largest), so
      * the choice does not depend on the row's width. torch.topk agrees
@@ -265,6 +274,13 @@ typedef struct td_kernels_ops {
     /* y[i] += x[i], n floats. */
     td_status_t (*add)(float *y, const float *x, size_t n);
 } td_kernels_ops_t;
+
+/* Workspace bytes of route for n tokens, e experts, k chosen. */
+static inline size_t
+td_kernels_route_ws_bytes(size_t n, size_t e, size_t k)
+{
+    return (n * e * sizeof(float) + 7) / 8 * 8 + n * k * sizeof(int64_t);
+}
 
 /* The cpu compute ops; never NULL. */
 const td_kernels_ops_t *td_kernels_cpu_ops(void);

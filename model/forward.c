@@ -782,9 +782,7 @@ fw_moe_carve(fw_moe_ws_t *w, td_fwspace_t *sp, const td_modelcfg_t *c, size_t N,
     size_t R = tall, S = size > 1 ? tall * kh : N * K, RN = R > N ? R : N;
 
     w->sc = td_fwspace_take(sp, N * E * sizeof(float));
-    w->biased = td_fwspace_take(sp, N * E * sizeof(float));
-    w->wts = td_fwspace_take(sp, N * K * sizeof(float));
-    w->idx = td_fwspace_take(sp, N * K * sizeof(int64_t));
+    w->route_ws = td_fwspace_take(sp, td_kernels_route_ws_bytes(N, E, K));
     w->sexp = td_fwspace_take(sp, N * K * sizeof(int32_t));
     w->swt = td_fwspace_take(sp, N * K * sizeof(float));
     w->xe = td_fwspace_take(sp, R * H * sizeof(float));
@@ -827,53 +825,22 @@ fw_moe_ws_reserve(fw_moe_ws_t *w, const td_modelcfg_t *c, size_t N, size_t tall,
     return TD_OK;
 }
 
-/* The router for the pass's rows: ws->sexp / ws->swt get each token's
- * experts in ascending id with their weights (the order of the sum). */
+/* The router for the pass's rows (one op): ws->sexp / ws->swt get each
+ * token's experts in ascending id with their weights (the order of the sum). */
 static td_status_t
 fw_route(fw_t *f, const td_model_layer_t *L)
 {
     const td_modelcfg_t *c = f->c;
     fw_moe_ws_t *w = f->ws;
     size_t N = f->N, E = (size_t)c->n_routed_experts, K = (size_t)c->num_experts_per_tok;
-    float *sc = w->sc, *biased = w->biased, *wts = w->wts;
-    int64_t *idx = w->idx;
 
     /* scores from the unbiased logits, selection with the bias */
-    FW_CHECK(f->k->linear_mat(f->x, L->gate, sc, N));
-    FW_CHECK(f->k->score(sc, N, E,
+    FW_CHECK(f->k->linear_mat(f->x, L->gate, w->sc, N));
+    FW_CHECK(f->k->route(w->sc, L->gate_bias, N, E, K,
                          strcmp(c->scoring_func, "sigmoid") == 0 ? TD_KERNELS_SCORE_SIGMOID
                                                                  : TD_KERNELS_SCORE_SQRTSOFTPLUS,
-                         (float)c->gate_temp));
-    for (size_t r = 0; r < N; r++)
-        for (size_t e = 0; e < E; e++)
-            biased[r * E + e] = sc[r * E + e] + L->gate_bias[e];
-    FW_CHECK(f->k->topk(biased, N, E, K, idx));
-    for (size_t r = 0; r < N; r++) {
-        float sum = 0.0f;
-        for (size_t j = 0; j < K; j++) {
-            wts[r * K + j] = sc[r * E + (size_t)idx[r * K + j]];
-            sum += wts[r * K + j];
-        }
-        for (size_t j = 0; j < K; j++) {
-            if (c->norm_topk_prob && K > 1)
-                wts[r * K + j] = wts[r * K + j] / (sum + 1e-20f);
-            wts[r * K + j] *= (float)c->routed_scaling_factor;
-        }
-        /* the token's experts in ascending id (insertion sort of K pairs) */
-        int32_t *se = w->sexp + r * K;
-        float *sw = w->swt + r * K;
-        for (size_t j = 0; j < K; j++) {
-            int32_t e = (int32_t)idx[r * K + j];
-            float v = wts[r * K + j];
-            size_t i = j;
-            for (; i > 0 && se[i - 1] > e; i--) {
-                se[i] = se[i - 1];
-                sw[i] = sw[i - 1];
-            }
-            se[i] = e;
-            sw[i] = v;
-        }
-    }
+                         (float)c->gate_temp, c->norm_topk_prob,
+                         (float)c->routed_scaling_factor, w->route_ws, w->sexp, w->swt));
     return TD_OK;
 }
 

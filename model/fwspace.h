@@ -46,8 +46,8 @@ void td_fwspace_release(td_fwspace_t *s);
  * run here. */
 typedef struct fw_moe_ws {
     td_fwspace_t space;
-    float *sc, *biased, *wts;   /* [N, E], [N, E], [N, K] router */
-    int64_t *idx;               /* [N, K] */
+    float *sc;                  /* [N, E] router logits, then scores */
+    void *route_ws;             /* the route op's workspace */
     int32_t *sexp;              /* [N, K] each token's experts, ascending */
     float *swt;                 /* [N, K] their weights */
     float *xe, *ye, *ge, *ue;   /* [R, H], [R, H], [R, I], [R, I] one expert's rows */

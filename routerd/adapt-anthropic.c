@@ -370,8 +370,12 @@ convert_tool_choice(td_ireq_parse_t *p, const json_t *tc, json_t *chat)
     json_t *v;
     td_status_t rc = block_type(p, "tool_choice", tc, &type);
 
+    const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+
     if (rc != TD_OK)
         return rc;
+    if (dp != NULL && !json_is_null(dp) && !json_is_boolean(dp))
+        return td_ireq_bad_type(p, "tool_choice.disable_parallel_tool_use", "a boolean", dp);
     if (strcmp(type, "auto") == 0 || strcmp(type, "none") == 0 || strcmp(type, "any") == 0) {
         /* any: as the reference converts it, the model is offered the tools
          * and chooses (the V4.1 format has no "some tool" prefix) */
@@ -422,8 +426,8 @@ convert_thinking(td_ireq_parse_t *p, const json_t *th, json_t *chat)
 }
 
 /* output_config.format (json_schema): the request model's constraint, the
- * fields response_format sets; refused like it until the grammar engine
- * enforces it (td_ireq_finish). Any key but effort and format: 400. */
+ * fields response_format sets, enforced by the grammar engine (checked in
+ * td_ireq_finish). Any key but effort and format: 400. */
 static td_status_t
 field_output_config(td_ireq_parse_t *p, const char *key, const json_t *oc)
 {
@@ -442,8 +446,7 @@ field_output_config(td_ireq_parse_t *p, const char *key, const json_t *oc)
         strcmp(json_string_value(json_object_get(f, "type")), "json_schema") != 0)
         return invalid(p, "output_config.format", "%s: only {\"type\": \"json_schema\", "
                        "\"schema\": ...} is a format%s.", "");
-    return td_ireq_constraint_set(p, "output_config.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA,
-                                  json_object_get(f, "schema"));
+    return td_ireq_constraint_set(p, "output_config.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA, f);
 }
 
 /* output_config.effort as the V4.1 format's reasoning effort. */
@@ -495,6 +498,8 @@ convert(td_ireq_parse_t *p, const json_t *body, bool count, json_t *chat)
         rc = convert_thinking(p, v, chat);
     if (rc == TD_OK && (v = json_object_get(body, "output_config")) && !json_is_null(v))
         rc = convert_output_config(p, v, chat);
+    /* output_config.format is the constraint only: the reference's prompt does
+     * not tell the model the schema (Responses' text.format does) */
     if (rc == TD_OK && p->cfg->no_default_thinking && json_object_get(chat, "thinking") == NULL &&
         json_object_get(chat, "reasoning_effort") == NULL)
         json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));

@@ -400,8 +400,7 @@ field_text(td_ireq_parse_t *p, const char *key, const json_t *v)
                                                               json_object_get(f, "schema"))
                                             : td_ireq_missing(p, "text.format.schema");
     p->req->constraint.strict = json_is_true(json_object_get(f, "strict"));
-    return td_ireq_constraint_set(p, "text.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA,
-                                  json_object_get(f, "schema"));
+    return td_ireq_constraint_set(p, "text.format", TD_IREQ_CONSTRAINT_JSON_SCHEMA, f);
 }
 
 /* ===================================================================== */
@@ -436,6 +435,18 @@ field_shared(td_ireq_parse_t *p, const char *key, const json_t *v)
     return f ? f->fn(p, key, v) : TD_ERR_INTERNAL;
 }
 
+/* include: only reasoning.encrypted_content, which every reasoning item
+ * has (its id; the reasoning is its content). */
+static bool
+include_ok(const json_t *v)
+{
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (!json_is_string(json_array_get(v, i)) ||
+            strcmp(json_string_value(json_array_get(v, i)), "reasoning.encrypted_content") != 0)
+            return false;
+    return true;
+}
+
 /* Checked here, applied by the conversion or reported in the echo. */
 static td_status_t
 field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
@@ -467,7 +478,7 @@ field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
     if ((strcmp(key, "background") == 0 && json_is_true(v)) ||
         (strcmp(key, "truncation") == 0 && strcmp(json_string_value(v), "disabled") != 0) ||
         (strcmp(key, "top_logprobs") == 0 && json_integer_value(v) != 0) ||
-        (strcmp(key, "include") == 0 && json_array_size(v) > 0)) {
+        (strcmp(key, "include") == 0 && !include_ok(v))) {
         td_openai_err_set(p->e, 400, INVALID_REQUEST, key, "unsupported_value",
                           "Unsupported value for '%s': %s", key,
                           key[0] == 'b' ? "background responses are not supported by this "
@@ -477,7 +488,8 @@ field_typed(td_ireq_parse_t *p, const char *key, const json_t *v)
                               "is refused, never cut)."
                         : key[0] == 't' ? "log-probabilities are not supported on "
                                           "/v1/responses by this server."
-                                        : "this server includes nothing extra in responses.");
+                                        : "this server includes only "
+                                          "'reasoning.encrypted_content' (always there).");
         return TD_ERR_UNSUPPORTED;
     }
     return TD_OK;
@@ -555,6 +567,49 @@ echo_new(const td_ireq_t *r, const json_t *body)
     return e;
 }
 
+/* Whether some message of the conversation says "json" (any case). */
+static bool
+mentions_json(const json_t *msgs)
+{
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const char *t = json_string_value(json_object_get(json_array_get(msgs, i), "content"));
+        if (t != NULL && strcasestr(t, "json") != NULL)
+            return true;
+    }
+    return false;
+}
+
+/* text.format as the chat body's response_format, which the V4.1 encoder
+ * tells the model as the reference does (the constraint, set by field_text,
+ * enforces it); json_object needs the word json in the conversation, as
+ * OpenAI's rule and the reference's. */
+static td_status_t
+convert_format(td_ireq_parse_t *p, const json_t *f, json_t *chat)
+{
+    const char *type = json_string_value(json_object_get(f, "type"));
+    json_t *rf;
+
+    if (type == NULL || strcmp(type, "text") == 0)
+        return TD_OK;
+    if (strcmp(type, "json_object") == 0) {
+        if (!mentions_json(json_object_get(chat, "messages"))) {
+            td_openai_err_set(p->e, 400, INVALID_REQUEST, "input", "invalid_value",
+                              "Response input messages must contain the word 'json' in some "
+                              "form to use 'text.format' of type 'json_object'.");
+            return TD_ERR_INVALID;
+        }
+        rf = json_pack("{s:s}", "type", "json_object");
+    } else {
+        rf = json_pack("{s:s, s:{s:O, s:O?, s:b}}", "type", "json_schema", "json_schema",
+                       "schema", json_object_get(f, "schema"), "name",
+                       json_object_get(f, "name"), "strict",
+                       json_is_true(json_object_get(f, "strict")));
+    }
+    if (rf == NULL || json_object_set_new(chat, "response_format", rf) != 0)
+        return td_ireq_nomem(p);
+    return TD_OK;
+}
+
 /* The conversation: instructions, the previous response's conversation,
  * then the input; tools, tool_choice, reasoning into chat and echo. */
 static td_status_t
@@ -593,6 +648,8 @@ convert(td_ireq_parse_t *p, const json_t *body, const json_t *prev, json_t *chat
         rc = convert_tool_choice(p, v, chat);
     if (rc == TD_OK && (v = json_object_get(body, "reasoning")) && !json_is_null(v))
         rc = convert_reasoning(p, v, chat, echo);
+    if (rc == TD_OK)
+        rc = convert_format(p, json_object_get(json_object_get(body, "text"), "format"), chat);
     if (rc == TD_OK && p->cfg->no_default_thinking &&
         json_object_get(chat, "reasoning_effort") == NULL)
         json_object_set_new(chat, "thinking", json_pack("{s:s}", "type", "disabled"));

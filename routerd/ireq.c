@@ -902,7 +902,8 @@ finish_constraint(td_ireq_parse_t *p)
         /* "<param>.schema.<path> <message>": the message names the path's last part */
         const char *sub = c->kind == TD_IREQ_CONSTRAINT_JSON_SCHEMA &&
                           (strncmp(c->param, "response_format", 15) == 0 ||
-                           strcmp(c->param, "text.format") == 0) ? ".schema" : "";
+                           strcmp(c->param, "text.format") == 0 ||
+                           strcmp(c->param, "output_config.format") == 0) ? ".schema" : "";
         const char *last = strrchr(ge.path, '.') ? strrchr(ge.path, '.') + 1 : ge.path;
         size_t ll = strlen(last);
         bool named = ll > 0 && strncmp(ge.msg, last, ll) == 0 && ge.msg[ll] == ' ';

@@ -217,6 +217,15 @@ td_reply_end(td_reply_t *rp, td_openai_finish_t finish, td_reply_emit_fn emit, v
     return st;
 }
 
+const char *
+td_reply_stop_string(const td_reply_t *rp)
+{
+    if (rp->over_budget)
+        return NULL;
+    return rp->chat != NULL ? td_chat_reply_reader_stop(rp->chat)
+                            : td_stopmatch_filter_which(rp->stop);
+}
+
 uint32_t
 td_reply_nreasoning(const td_reply_t *rp)
 {

@@ -76,6 +76,8 @@ uint32_t td_reply_index(const td_reply_t *rp);
 /* The reasoning reached the request's reasoning.budget tokens: the choice
  * ended there, as by max_tokens (finish LENGTH; *stopped was set). */
 bool td_reply_over_budget(const td_reply_t *rp);
+/* The stop string that ended the choice, or NULL. */
+const char *td_reply_stop_string(const td_reply_t *rp);
 /* Tokens generated while the reply was in its reasoning. */
 uint32_t td_reply_nreasoning(const td_reply_t *rp);
 bool td_reply_ended(const td_reply_t *rp);

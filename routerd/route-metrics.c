@@ -318,6 +318,34 @@ queue_gauges(td_router_t *r, td_buf_t *out)
     return st;
 }
 
+/* The Responses store as its last trim found it (responses-dir only). */
+static td_status_t
+store_gauges(td_router_t *r, td_buf_t *out)
+{
+    td_rstore_stats_t ss;
+    td_status_t st = TD_OK;
+
+    if (r->store == NULL)
+        return TD_OK;
+    td_rstore_stats(r->store, &ss);
+    const struct { const char *name, *type, *help; unsigned long long v; } g[] = {
+        { "tandem_router_responses_stored_bytes", "gauge",
+          "stored responses' bytes after this router's last write", ss.bytes },
+        { "tandem_router_responses_stored", "gauge",
+          "stored responses after this router's last write", ss.files },
+        { "tandem_router_responses_max_bytes", "gauge", "responses-max-bytes: their budget",
+          ss.max_bytes },
+        { "tandem_router_responses_dropped_total", "counter",
+          "stored responses this router dropped, the oldest first (budget or age)", ss.dropped },
+    };
+    for (size_t i = 0; st == TD_OK && i < sizeof g / sizeof g[0]; i++) {
+        st = td_metrics_header(out, g[i].name, g[i].type, g[i].help);
+        if (st == TD_OK)
+            st = td_buf_printf(out, "%s %llu\n", g[i].name, g[i].v);
+    }
+    return st;
+}
+
 void
 td_route_metrics(td_http_req_t *req, void *router)
 {
@@ -342,6 +370,8 @@ td_route_metrics(td_http_req_t *req, void *router)
         st = queue_gauges(r, &out);
     if (st == TD_OK)
         st = flow_gauges(r, &out);
+    if (st == TD_OK)
+        st = store_gauges(r, &out);
     if (st == TD_OK)
         st = loop_metrics(r, &out);
     if (st == TD_OK) {

@@ -1687,7 +1687,8 @@ td_rreq_serve(td_rreq_tab_t *t, td_http_req_t *hreq, td_openai_kind_t kind)
         return;
     }
     q->text_busy = true;
-    if (td_rtext_body_len(q->text) <= t->cfg.text_inline_body) {
+    if (td_rtext_body_len(q->text) <= t->cfg.text_inline_body &&
+        !td_rtext_prompt_off_loop(q->text)) {
         /* a small body: cheaper on the loop than a thread and back */
         text_prompt_run(q);
         text_prompt_done(q);

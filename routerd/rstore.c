@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ struct td_rstore {
     uint64_t max_bytes, max_age_s;
     pthread_mutex_t trim;      /* one trim at a time in this process */
     unsigned tmp_seq;          /* under trim's mutex too: temporary names */
+    atomic_uint_fast64_t bytes, files, dropped;   /* the last trim's view (metrics) */
 };
 
 td_status_t
@@ -60,6 +62,15 @@ td_rstore_destroy(td_rstore_t *s)
     pthread_mutex_destroy(&s->trim);
     free(s->dir);
     free(s);
+}
+
+void
+td_rstore_stats(const td_rstore_t *s, td_rstore_stats_t *out)
+{
+    out->bytes = atomic_load(&((td_rstore_t *)s)->bytes);
+    out->files = atomic_load(&((td_rstore_t *)s)->files);
+    out->dropped = atomic_load(&((td_rstore_t *)s)->dropped);
+    out->max_bytes = s->max_bytes;
 }
 
 bool
@@ -159,14 +170,20 @@ trim(td_rstore_t *s)
     size_t n;
     uint64_t total;
 
+    size_t i = 0;
+
     pthread_mutex_lock(&s->trim);
-    if (trim_scan(s, &files, &n, &total) == TD_OK)
-        for (size_t i = 0; i < n && total > s->max_bytes; i++) {
+    if (trim_scan(s, &files, &n, &total) == TD_OK) {
+        for (; i < n && total > s->max_bytes; i++) {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s", s->dir, files[i].name);
             if (unlink(path) == 0 || errno == ENOENT)
                 total -= files[i].size;
         }
+        atomic_store(&s->bytes, total);
+        atomic_store(&s->files, n - i);
+        atomic_fetch_add(&s->dropped, i);
+    }
     pthread_mutex_unlock(&s->trim);
     free(files);
 }

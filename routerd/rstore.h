@@ -38,6 +38,13 @@ td_status_t td_rstore_put(td_rstore_t *s, const char *id, const char *owner, jso
 /* The record of id when owner owns it (*rec: a new reference);
  * TD_ERR_NOT_FOUND when there is none, another owns it, or it expired. */
 td_status_t td_rstore_get(td_rstore_t *s, const char *id, const char *owner, json_t **rec);
+/* What the last trim found, after it: the stored responses' bytes and
+ * files (0 before the first write), and the budget. Any thread. */
+typedef struct {
+    uint64_t bytes, files, max_bytes, dropped;   /* dropped: by the budget or age, so far */
+} td_rstore_stats_t;
+void td_rstore_stats(const td_rstore_t *s, td_rstore_stats_t *out);
+
 /* Remove id when owner owns it; TD_ERR_NOT_FOUND otherwise. */
 td_status_t td_rstore_delete(td_rstore_t *s, const char *id, const char *owner);
 

@@ -358,6 +358,12 @@ td_rtext_off_loop(const td_rtext_t *x)
     return x->store;
 }
 
+bool
+td_rtext_prompt_off_loop(const td_rtext_t *x)
+{
+    return x->kind == TD_OPENAI_RESPONSES && x->cfg->store != NULL;
+}
+
 void
 td_rtext_prompt_run(td_rtext_t *x)
 {
@@ -632,8 +638,7 @@ messages_finish(td_rtext_t *x, const td_openai_usage_t *usage)
                                usage->cached_tokens };
     td_anthropic_stop_t stop = { .finish = td_reply_finish_reason(rp),
                                  .by_stop_string = x->by_string & 1,
-                                 .stop = x->oreq->stop.nstrings == 1 ? x->oreq->stop.strings[0]
-                                                                     : NULL };
+                                 .stop = td_reply_stop_string(rp) };
     const td_chat_reply_t *cr = td_reply_chat(rp);
     td_chat_reply_t plain = {0};
 

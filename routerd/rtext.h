@@ -126,6 +126,9 @@ void td_rtext_tokens_run(td_rtext_t *x);
 /* The job that ends the reply must run on a text thread (never inline on
  * the loop): it stores the response (Responses with store). */
 bool td_rtext_off_loop(const td_rtext_t *x);
+/* The prompt job must run on a text thread, whatever the body's size: it may
+ * read the store (a Responses request's previous_response_id). */
+bool td_rtext_prompt_off_loop(const td_rtext_t *x);
 
 /* An error in the middle of the stream, in the protocol's form (x NULL:
  * OpenAI's chunk); the events of a job still running are dropped (it is

@@ -108,6 +108,7 @@ struct td_chat_reply_reader {
     chat_pat_t pats[PAT_NFIXED];
     chat_pat_t stops;       /* every stop string (none: NULL automaton) */
     bool stops_armed;       /* a stop string that completes counts (min_tokens reached) */
+    const char *stop_hit;   /* the stop string that matched (the automaton's), or NULL */
     bool stop_include;      /* a matched stop string is content too */
 
     chat_stage_t stage;
@@ -533,10 +534,12 @@ feed_byte(td_chat_reply_reader_t *p, char c)
         return;
     chat_branch_t b = *hit;
     size_t m = branch_len(&b);
-    if (b.act == ACT_STOP && p->stop_include) {   /* the stop string is content too */
+    if (b.act == ACT_STOP) {
         size_t which;
         (void)td_stopmatch_hit(b.pat->m, b.state, &which);
-        b.label = td_stopmatch_pattern(b.pat->m, which);
+        p->stop_hit = td_stopmatch_pattern(b.pat->m, which);
+        if (p->stop_include)   /* the stop string is content too */
+            b.label = p->stop_hit;
     }
     if (m > p->held.len)
         m = p->held.len;
@@ -855,6 +858,12 @@ void
 td_chat_reply_reader_arm(td_chat_reply_reader_t *p, bool armed)
 {
     p->stops_armed = armed;
+}
+
+const char *
+td_chat_reply_reader_stop(const td_chat_reply_reader_t *rd)
+{
+    return rd->stopped ? rd->stop_hit : NULL;
 }
 
 bool

@@ -116,6 +116,8 @@ td_status_t td_chat_reply_reader_finish(td_chat_reply_reader_t *rd, td_chat_repl
 void td_chat_reply_reader_arm(td_chat_reply_reader_t *rd, bool armed);
 /* The output is in its reasoning now (what comes next is reasoning). */
 bool td_chat_reply_reader_in_reasoning(const td_chat_reply_reader_t *rd);
+/* The stop string that matched (owned by rd), or NULL. */
+const char *td_chat_reply_reader_stop(const td_chat_reply_reader_t *rd);
 /* A stop string matched: the caller should end generation. */
 bool td_chat_reply_reader_stopped(const td_chat_reply_reader_t *rd);
 /* Everything so far (finish set after td_chat_reply_reader_finish); owned by rd. */

@@ -205,6 +205,7 @@ struct td_stopmatch_filter {
     uint32_t state;
     bool include;
     bool matched;      /* a stop string completed; nothing more is released */
+    size_t which;      /* matched: its index */
     td_buf_t hold;
 };
 
@@ -254,7 +255,7 @@ td_stopmatch_filter_feed(td_stopmatch_filter_t *f, const char *text, size_t len,
         size_t hit;
 
         f->state = td_stopmatch_step(f->m, f->state, (unsigned char)text[i]);
-        hit = armed ? td_stopmatch_hit(f->m, f->state, NULL) : 0;
+        hit = armed ? td_stopmatch_hit(f->m, f->state, &f->which) : 0;
         if (hit > 0) {
             size_t end = start + i + 1;   /* the match is hold[end - hit, end) */
             st = td_buf_append(out, f->hold.data, f->include ? end : end - hit);
@@ -273,6 +274,12 @@ td_stopmatch_filter_feed(td_stopmatch_filter_t *f, const char *text, size_t len,
     td_buf_truncate(&f->hold, keep);
     *matched = false;
     return TD_OK;
+}
+
+const char *
+td_stopmatch_filter_which(const td_stopmatch_filter_t *f)
+{
+    return f->matched ? td_stopmatch_pattern(f->m, f->which) : NULL;
 }
 
 td_status_t

@@ -64,6 +64,8 @@ void td_stopmatch_filter_destroy(td_stopmatch_filter_t *f);
  * *matched is written on success only. O(len) amortized. */
 td_status_t td_stopmatch_filter_feed(td_stopmatch_filter_t *f, const char *text, size_t len,
                                      bool armed, td_buf_t *out, bool *matched);
+/* The stop string that matched (NUL-terminated, owned by f), or NULL. */
+const char *td_stopmatch_filter_which(const td_stopmatch_filter_t *f);
 /* Generation ended without a match: release the held-back text. */
 td_status_t td_stopmatch_filter_flush(td_stopmatch_filter_t *f, td_buf_t *out);
 

@@ -10,6 +10,7 @@
 #include "oresp.h"
 #include "chat_prompt.h"
 #include "cli.h"
+#include "grammar.h"
 #include "tokenizer.h"
 
 #include <getopt.h>
@@ -71,8 +72,10 @@ stream_messages(const td_chat_prompt_t *p, const json_t *pieces, bool length, si
     td_anthropic_usage_t u0 = { .input_tokens = (uint32_t)nprompt };
     s.thinking = p->reply.start == TD_CHAT_REPLY_START_REASONING;
     td_anthropic_stream_start(&s, &u0, &out);
-    for (size_t i = 0; i < json_array_size(pieces); i++) {
+    u.output_tokens = 0;   /* the pieces fed: those after a stop string are not */
+    for (size_t i = 0; i < json_array_size(pieces) && !td_chat_reply_reader_stopped(rd); i++) {
         const json_t *t = json_array_get(pieces, i);
+        u.output_tokens++;
         td_chat_reply_reader_feed(rd, json_string_value(t), json_string_length(t), &d, &nd);
         for (size_t k = 0; k < nd; k++)
             td_anthropic_stream_delta(&s, &d[k], &out);
@@ -87,6 +90,7 @@ stream_messages(const td_chat_prompt_t *p, const json_t *pieces, bool length, si
                 : r->finish == TD_CHAT_REPLY_FINISH_TOOL_CALLS ? TD_OPENAI_FINISH_TOOL_CALLS
                                                                : TD_OPENAI_FINISH_STOP,
         .by_stop_string = td_chat_reply_reader_stopped(rd),
+        .stop = td_chat_reply_reader_stop(rd),
     };
     td_anthropic_stream_end(&s, &stop, &u, &out);
     ev = events_of(&out);
@@ -113,8 +117,10 @@ stream_responses(const td_chat_prompt_t *p, const td_ireq_t *o, const json_t *pi
         td_oresp_init(&r, "resp_ID1", 1, json_object_get(o->proto, "echo"), false) != TD_OK)
         return NULL;
     td_oresp_start(&r, &out);
-    for (size_t i = 0; i < json_array_size(pieces); i++) {
+    size_t fed = 0;   /* the pieces fed: those after a stop string are not */
+    for (size_t i = 0; i < json_array_size(pieces) && !td_chat_reply_reader_stopped(rd); i++) {
         const json_t *t = json_array_get(pieces, i);
+        fed++;
         td_chat_reply_reader_feed(rd, json_string_value(t), json_string_length(t), &d, &nd);
         for (size_t k = 0; k < nd; k++)
             td_oresp_delta(&r, &d[k], &out);
@@ -123,8 +129,7 @@ stream_responses(const td_chat_prompt_t *p, const td_ireq_t *o, const json_t *pi
                                            : TD_CHAT_REPLY_FINISH_STOP, &d, &nd);
     for (size_t k = 0; k < nd; k++)
         td_oresp_delta(&r, &d[k], &out);
-    td_oresp_usage_t u = { .input_tokens = (uint32_t)nprompt,
-                           .output_tokens = (uint32_t)json_array_size(pieces) };
+    td_oresp_usage_t u = { .input_tokens = (uint32_t)nprompt, .output_tokens = (uint32_t)fed };
     td_chat_reply_finish_t f = td_chat_reply_reader_reply(rd)->finish;
     td_oresp_end(&r, f == TD_CHAT_REPLY_FINISH_LENGTH ? TD_OPENAI_FINISH_LENGTH
                                                       : TD_OPENAI_FINISH_STOP, &u, 1, &out, NULL);
@@ -228,9 +233,17 @@ main(int argc, char **argv)
     }
     if (td_tokenizer_load(tokpath, &tok) != TD_OK)
         return 1;   /* logged */
+    /* constraints are checked against the vocabulary, as routerd does */
+    static const char eos_tok[] = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+    uint32_t eos_id;
+    td_gvocab_t *gv = NULL;
+    if (td_tokenizer_find(tok, eos_tok, strlen(eos_tok), &eos_id) != TD_OK ||
+        td_gvocab_create(tok, &(int32_t){ (int32_t)eos_id }, 1, &gv) != TD_OK)
+        return 1;   /* logged */
     models[0] = model;
     td_ireq_cfg_t cfg = { .models = models, .max_body = 1 << 24, .max_tokens_limit = 1 << 20,
-                          .max_tokens_default = 256 };
+                          .max_tokens_default = 256, .gvocab = gv, .max_constraint_bytes = 1 << 20,
+                          .constraint_budget_ms = 10000 };
     json_t *results = json_array();
     const json_t *cases = json_object_get(root, "cases");
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -243,6 +256,7 @@ main(int argc, char **argv)
     putchar('\n');
     json_decref(o);
     json_decref(root);
+    td_gvocab_destroy(gv);
     td_tokenizer_destroy(tok);
     return 0;
 }

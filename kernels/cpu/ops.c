@@ -673,6 +673,51 @@ cpu_score(float *x, size_t n, size_t e, td_kernels_score_t fn, float temp)
     return TD_OK;
 }
 
+static td_status_t
+cpu_route(float *logits, const float *bias, size_t n, size_t e, size_t k, td_kernels_score_t fn,
+          float temp, int norm, float scale, void *ws, int32_t *experts, float *weights)
+{
+    NEED("route", logits != NULL && bias != NULL && ws != NULL && experts != NULL &&
+                      weights != NULL && n > 0 && k > 0 && k <= e);
+    float *biased = ws;
+    int64_t *idx = (int64_t *)(void *)((char *)ws + (n * e * sizeof(float) + 7) / 8 * 8);
+    td_status_t st = cpu_score(logits, n, e, fn, temp);
+    if (st != TD_OK)
+        return st;
+    for (size_t r = 0; r < n; r++)
+        for (size_t j = 0; j < e; j++)
+            biased[r * e + j] = logits[r * e + j] + bias[j];
+    st = td_kernels_cpu_topk(biased, n, e, k, idx);
+    if (st != TD_OK)
+        return st;
+    for (size_t r = 0; r < n; r++) {
+        float *w = weights + r * k, sum = 0.0f;
+        int32_t *se = experts + r * k;
+        for (size_t j = 0; j < k; j++) {
+            w[j] = logits[r * e + (size_t)idx[r * k + j]];
+            sum += w[j];
+        }
+        for (size_t j = 0; j < k; j++) {
+            if (norm && k > 1)
+                w[j] = w[j] / (sum + 1e-20f);
+            w[j] *= scale;
+        }
+        /* ascending expert id (insertion sort of k pairs) */
+        for (size_t j = 0; j < k; j++) {
+            int32_t x = (int32_t)idx[r * k + j];
+            float v = w[j];
+            size_t i = j;
+            for (; i > 0 && se[i - 1] > x; i--) {
+                se[i] = se[i - 1];
+                w[i] = w[i - 1];
+            }
+            se[i] = x;
+            w[i] = v;
+        }
+    }
+    return TD_OK;
+}
+
 /* ---- hyper-connections ---------------------------------------------------------------- */
 
 static td_status_t
@@ -925,6 +970,7 @@ static const td_kernels_ops_t td_kernels_cpu_ops_table = {
     .dequant_fp4 = td_kernels_cpu_dequant_fp4,
     .swiglu = cpu_swiglu,
     .score = cpu_score,
+    .route = cpu_route,
     .topk = td_kernels_cpu_topk,
     .hc_mixes = cpu_hc_mixes,
     .hc_collapse = cpu_hc_collapse,

@@ -71,6 +71,8 @@ MESSAGES = [
     msg([U("Weather?")], tools=[W]),
     msg([U("Weather?")], tools=[W, S], thinking=OFF),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "auto"}),
+    msg([U("Weather?")], tools=[W], tool_choice={"type": "auto",
+                                                 "disable_parallel_tool_use": True}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "none"}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "any"}),
     msg([U("Weather?")], tools=[W], tool_choice={"type": "any"}, thinking=OFF),
@@ -130,6 +132,9 @@ STREAMS = [
     (msg([U("x")], thinking=OFF), ["a\n\n", "b", "\u00e9", "\U0001f600"], "stop"),
     (msg([U("x")]), ["\n\nlead", "ing", "</think>", "\n\nans"], "stop"),
     (msg([U("x")], thinking=OFF), [], "stop"),
+    (msg([U("x")], thinking=OFF, stop_sequences=["END", "###"]), ["ab", "c#", "##", "more"],
+     "stop"),
+    (msg([U("x")], stop_sequences=["END", "###"]), ["t", "</think>", "xEN", "D"], "stop"),
 ]
 
 # ---- Responses -----------------------------------------------------------
@@ -196,6 +201,7 @@ RESPONSES = [
     resp("x", max_output_tokens=5, temperature=0.3, top_p=0.5, metadata={"k": "v"}, store=False,
          user="u", parallel_tool_calls=False, truncation="disabled", top_logprobs=0),
     resp("x", text={"format": {"type": "text"}}),
+    resp("x", include=["reasoning.encrypted_content"], store=False),
     resp("unicode \u00e9\u4e2d\U0001f600 <\uff5cUser\uff5c>"),
     # refusals
     resp([FO("zz", "x")]),
@@ -207,6 +213,14 @@ RESPONSES = [
     resp([{"type": "foo"}]),
     resp("x", tools=[{"type": "web_search"}]),
     resp("x", text={"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}),
+    resp("Describe a pet.", text={"format": {"type": "json_schema", "name": "pet", "strict": True,
+                                             "schema": {"type": "object", "properties": {
+                                                 "name": {"type": "string"}},
+                                                 "required": ["name"],
+                                                 "additionalProperties": False}}},
+         reasoning=NOTHINK),
+    resp("Answer in JSON.", text={"format": {"type": "json_object"}}),
+    resp("no mention", text={"format": {"type": "json_object"}}),
     resp("x", background=True),
 ]
 

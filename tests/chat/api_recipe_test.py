@@ -45,8 +45,8 @@ OURS_ONLY = ["max_tokens: Field required",
              "Unsupported value for 'input[0].content[0]': content parts of type 'input_image'",
              "Unsupported value for 'input[0].type': input items of type 'foo'",
              "Unsupported value for 'tools[0].type': tools of type 'web_search'",
-             "Unsupported value for 'text.format': structured output",
-             "Unsupported value for 'output_config.format': structured output",
+             # json_object without the word json: the recipe asks it of Responses'
+             # input as OpenAI does (both refuse; listed for the message)
              "Unsupported value for 'background'", "temperature: must be between 0 and 1",
              "Unrecognized request argument supplied: bogus",
              "messages.0.role: the role must be 'user' or 'assistant'",
@@ -74,11 +74,13 @@ def recipe_events(api, body, pieces, finish, nprompt):
     sp = dr.StreamProcessor(gen, cr.parsing_options)
     out = sp.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(
         prompt_tokens=nprompt, prompt_cache_hit_tokens=0)))
-    for p in pieces:
-        out += sp.push(dr.InferenceChunk.text(p, 1))
-    out += sp.push(dr.InferenceChunk.finish(
-        dr.InferenceFinishReason.Length if finish == "length" else dr.InferenceFinishReason.Stop))
-    out += sp.finish()
+    for p in pieces:   # a stop string ends the processor
+        if not sp.finished:
+            out += sp.push(dr.InferenceChunk.text(p, 1))
+    if not sp.finished:
+        out += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Length if finish ==
+                                                "length" else dr.InferenceFinishReason.Stop))
+        out += sp.finish()
     R = dr.MessagesResponse if api == "messages" else dr.ResponsesResponse
     return [[R.sse_event_name(e), json.loads(e.to_json())] for e in out]
 

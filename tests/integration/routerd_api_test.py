@@ -11,6 +11,7 @@ usage: routerd_api_test.py TEST ROUTERD WORKER; TEST: messages | responses |
 store."""
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -100,6 +101,10 @@ def test_messages(c):
     check(m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == "brown" and
           m["content"][0]["text"] == "the quick ", "stop sequence %r" % m)
 
+    st, _, data = msg(c.http, body(stop_sequences=["zzz", "brown", "qu"], max_tokens=40))
+    m = json.loads(data)
+    check(m["stop_reason"] == "stop_sequence" and m["stop_sequence"] == "qu" and
+          m["content"][0]["text"] == "the ", "which stop sequence %r" % m)
     ev = sse(c.http, body(stream=True, max_tokens=15))
     names = [e for e, _ in ev]
     check(names[:3] == ["message_start", "content_block_start", "ping"] and
@@ -335,6 +340,14 @@ def test_store(c):
     st, _, _ = request(port_b, "GET", "/v1/responses/" + keep)
     check(st == 404, "the oldest went first")
     check(not [f for f in os.listdir(store) if f.startswith(".tmp")], "no temporary file left")
+    st, _, data = request(port_a, "GET", "/metrics", key=None)
+    text = data.decode()
+    got = {k: int(v) for k, v in re.findall(r"^(tandem_router_responses_\w+) (\d+)$", text, re.M)}
+    total = sum(os.path.getsize(os.path.join(store, f)) for f in os.listdir(store)
+                if f.endswith(".json"))
+    check(got.get("tandem_router_responses_max_bytes") == 64 * 1024 and
+          got.get("tandem_router_responses_stored_bytes") == total and
+          got.get("tandem_router_responses_dropped_total", 0) > 0, "store metrics %r" % got)
 
 
 if __name__ == "__main__":

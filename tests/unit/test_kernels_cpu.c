@@ -613,6 +613,48 @@ test_embed_fmt(void)
     td_logcap_stop();
 }
 
+/* route: the router's steps as score, a biased topk and a plain sum, one
+ * token at a time; ties (equal biased scores) go to the lower expert id. */
+static void
+test_route(void)
+{
+    enum { N = 7, E = 16, KK = 4 };
+    const td_kernels_ops_t *K = td_kernels_cpu_ops();
+    float lg[N * E], sc[N * E], bias[E], b2[N * E], w[N * KK];
+    int64_t ws[(N * E + 1) / 2 + N * KK];   /* td_kernels_route_ws_bytes, 8-aligned */
+    int32_t ex[N * KK];
+    int64_t idx[N * KK];
+
+    for (size_t i = 0; i < N * E; i++)
+        lg[i] = td_rng_range(&rng, -3.0f, 3.0f);
+    lg[3] = lg[5];   /* a tie in token 0 */
+    for (size_t j = 0; j < E; j++)
+        bias[j] = j % 3 == 0 ? 0.0f : td_rng_range(&rng, -0.5f, 0.5f);
+    memcpy(sc, lg, sizeof(sc));
+    CHECK_STATUS(K->route(lg, bias, N, E, KK, TD_KERNELS_SCORE_SQRTSOFTPLUS, 1.5f, 1, 2.5f, ws,
+                          ex, w), TD_OK);
+    CHECK_STATUS(K->score(sc, N, E, TD_KERNELS_SCORE_SQRTSOFTPLUS, 1.5f), TD_OK);
+    CHECK(memcmp(sc, lg, sizeof(sc)) == 0);   /* the scores, in place */
+    for (size_t i = 0; i < N * E; i++)
+        b2[i] = sc[i] + bias[i % E];
+    CHECK_STATUS(K->topk(b2, N, E, KK, idx), TD_OK);
+    for (size_t r = 0; r < N; r++) {
+        float sum = 0.0f, want[E];
+        int chosen[E] = { 0 };
+        for (size_t j = 0; j < KK; j++) {
+            sum += sc[r * E + (size_t)idx[r * KK + j]];
+            chosen[idx[r * KK + j]] = 1;
+        }
+        for (size_t e = 0; e < E; e++)
+            want[e] = sc[r * E + e] / (sum + 1e-20f) * 2.5f;
+        for (size_t j = 0; j < KK; j++) {
+            CHECK(chosen[ex[r * KK + j]]);
+            CHECK(j == 0 || ex[r * KK + j - 1] < ex[r * KK + j]);
+            CHECK(memcmp(&w[r * KK + j], &want[ex[r * KK + j]], sizeof(float)) == 0);
+        }
+    }
+}
+
 int
 main(void)
 {
@@ -648,5 +690,6 @@ main(void)
     test_rows_independent();
     test_mat_fmt();
     test_embed_fmt();
+    test_route();
     return td_check_exit("test_kernels_cpu");
 }

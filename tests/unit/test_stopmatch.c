@@ -207,7 +207,7 @@ test_filter_hold(void)
     CHECK_STATUS(td_stopmatch_filter_create(stops, 1, false, &f), TD_OK);
     CHECK_STATUS(td_stopmatch_filter_feed(f, "abST", 4, true, &out, &mt), TD_OK);
     CHECK_STR(out.data, "ab");
-    CHECK(!mt);
+    CHECK(!mt && td_stopmatch_filter_which(f) == NULL);
     CHECK_STATUS(td_stopmatch_filter_feed(f, "x", 1, true, &out, &mt), TD_OK);
     CHECK_STR(out.data, "abSTx");
     CHECK_STATUS(td_stopmatch_filter_feed(f, "STO", 3, true, &out, &mt), TD_OK);
@@ -215,9 +215,20 @@ test_filter_hold(void)
     CHECK_STATUS(td_stopmatch_filter_feed(f, "P tail", 6, true, &out, &mt), TD_OK);
     CHECK(mt);
     CHECK_STR(out.data, "abSTx");
+    CHECK_STR(td_stopmatch_filter_which(f), "STOP");
     CHECK_STATUS(td_stopmatch_filter_feed(f, "more", 4, true, &out, &mt), TD_OK);
     CHECK(mt);
     CHECK_STR(out.data, "abSTx");
+    td_stopmatch_filter_destroy(f);
+    td_buf_free(&out);
+
+    /* which one matched, of several */
+    const char *several[] = { "zz", "ab", "b" };
+    CHECK_STATUS(td_stopmatch_filter_create(several, 3, false, &f), TD_OK);
+    td_buf_reset(&out);
+    CHECK_STATUS(td_stopmatch_filter_feed(f, "xxab", 4, true, &out, &mt), TD_OK);
+    CHECK(mt);
+    CHECK_STR(td_stopmatch_filter_which(f), "ab");   /* at equal ends the longest */
     td_stopmatch_filter_destroy(f);
     td_buf_free(&out);
 

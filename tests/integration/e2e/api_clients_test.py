@@ -9,6 +9,12 @@ tools/mk-tiny-model checkpoint (its context is 1024 tokens).
 - anthropic: client.messages.create, client.messages.stream, a tool_use ->
   tool_result round trip, client.messages.count_tokens equal to the usage's
   input_tokens;
+- a request chained by previous_response_id continues on the decode rank
+  that kept the previous turn's state (decoded --retain): its cached tokens
+  are that turn's prompt and reply;
+- structured output: Responses' text.format (json_schema) and Messages'
+  output_config.format hold the reply to the schema (random weights: the
+  grammar does all the work);
 - thinking.budget_tokens caps the reasoning: greedy, the reply of a budget
   shorter than the uncapped reasoning ends after exactly that many tokens,
   its thinking a prefix of the uncapped one's.
@@ -21,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import KEY, SLOW, check, run_scenario  # noqa: E402
 
 import anthropic  # noqa: E402
+import openai  # noqa: E402
+from e2e_test import metric_value  # noqa: E402
 
 M = "tandem-deepseek-v41"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city.",
@@ -124,6 +132,65 @@ def check_messages(c):
     return a
 
 
+PET = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 30},
+    "kind": {"enum": ["cat", "dog", "fish"]}},
+    "required": ["name", "age", "kind"], "additionalProperties": False}
+
+
+def pet_ok(text):
+    import json
+    v = json.loads(text)
+    return (set(v) == {"name", "age", "kind"} and isinstance(v["name"], str) and
+            len(v["name"]) <= 8 and 0 <= v["age"] <= 30 and v["kind"] in ("cat", "dog", "fish"))
+
+
+def check_structured(c, client, a):
+    for seed in range(2):   # (Responses has no seed: two random draws)
+        r = client.responses.create(
+            model=M, input="Describe a pet as JSON.", max_output_tokens=256, temperature=1,
+            reasoning={"effort": "none"},
+            text={"format": {"type": "json_schema", "name": "pet", "strict": True,
+                             "schema": PET}})
+        check(r.status == "completed" and pet_ok(r.output_text),
+              "text.format seed %d: %s %r" % (seed, r.status, r.output_text))
+    m = a.messages.create(model=M, max_tokens=256, thinking={"type": "disabled"},
+                          messages=[{"role": "user", "content": "Describe a pet."}],
+                          output_config={"format": {"type": "json_schema", "schema": PET}},
+                          extra_body={"temperature": 1})
+    text = "".join(b.text for b in m.content if b.type == "text")
+    check(m.stop_reason == "end_turn" and pet_ok(text),
+          "output_config.format: %s %r" % (m.stop_reason, text))
+    try:
+        client.responses.create(model=M, input="x", text={"format": {
+            "type": "json_schema", "name": "bad",
+            "schema": {"type": "object", "properties": {"x": {"patternProperties": {}}}}}})
+        check(False, "an unsupported schema keyword was taken")
+    except openai.BadRequestError as e:
+        check("text.format.schema.properties.x.patternProperties is not supported" in str(e),
+              "schema refusal: %s" % e)
+
+
+def check_chain_kv(c, client):
+    """Thinking off, the next turn's prompt extends the kept state token for
+    token: it is prefilled on the decode rank that kept it."""
+    q = dict(model=M, max_output_tokens=8, temperature=0, reasoning={"effort": "none"})
+    before = metric_value(c, "tandem_router_continue_total")
+    kept = metric_value(c, "tandem_router_kept_states_total")
+    first = client.responses.create(input="Tell me about rivers and stones and clouds.", **q)
+    c.wait(lambda: metric_value(c, "tandem_router_kept_states_total") > kept,
+           "the first turn's state kept")
+    second = client.responses.create(input="And more?", previous_response_id=first.id, **q)
+    want = first.usage.input_tokens + first.usage.output_tokens - 1
+    check(first.status == "incomplete", "the first turn ended early: %r" % first.status)
+    check(second.usage.input_tokens_details.cached_tokens == want and
+          metric_value(c, "tandem_router_continue_total") == before + 1,
+          "chained: %d cached (want %d), continues %d -> %d"
+          % (second.usage.input_tokens_details.cached_tokens, want, before,
+             metric_value(c, "tandem_router_continue_total")))
+
+
 def check_budget(c, client, a):
     """Greedy: the uncapped reasoning's tokens (the Responses usage), then a
     budget below them ends the reply after exactly budget tokens."""
@@ -152,11 +219,16 @@ def test_api_clients(c):
     check(r.returncode == 0, "mk-tiny-model: %r" % r.stderr[-400:])
     c.engine = ["--engine", "deepseek-v41", "--model", model]
     c.up(prefill=2, decode=2, decode_ranks=1,
-         router=("--tokenizer", model, "--responses-dir", c.path("responses")))
+         router=("--tokenizer", model, "--responses-dir", c.path("responses")),
+         decode_flags=("--retain", "4"))
     client = c.client()
     check_responses(c, client)
+    check_chain_kv(c, client)
     a = check_messages(c)
+    check_structured(c, client, a)
     check_budget(c, client, a)
+    for d in ("decode0", "decode1"):   # their kept states let go of
+        c.tandemctl("drain", d)
     c.wait_idle()
 
 
