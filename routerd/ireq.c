@@ -837,7 +837,11 @@ finish_constraint_text(const td_ireq_constraint_t *c)
     case TD_IREQ_CONSTRAINT_JSON_OBJECT:
         return strdup("");
     case TD_IREQ_CONSTRAINT_JSON_SCHEMA:
-        schema = c->spec;   /* every field records the schema itself */
+        /* text.format and output_config.format record their format object
+         * ({type, name, schema, strict}); the other fields the schema itself */
+        schema = strcmp(c->param, "text.format") == 0 ||
+                         strcmp(c->param, "output_config.format") == 0
+                     ? json_object_get(c->spec, "schema") : c->spec;
         return schema != NULL ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)
                               : strdup("{}");
     case TD_IREQ_CONSTRAINT_CHOICE:
