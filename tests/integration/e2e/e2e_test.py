@@ -2570,7 +2570,9 @@ def test_cache_insert_loop(c):
     prefill rank's loop thread, nor the decode rank's, runs longer than 5 ms
     (the ranks' loop histograms, tandem_router_rank_loop_pass_*). The cache
     insertion, its write-back to SSD and the demotions run on the rank's
-    compute thread (docs/kvcache.md)."""
+    compute thread (docs/kvcache.md). In the sanitizer build, where every
+    pass runs about three times slower (-O0 and instrumented), the bound is
+    5 ms times E2E_SLOW like the harness's timeouts; 5 ms in the plain one."""
     cdir = c.path("kvcache")
     os.mkdir(cdir)
     n = 131072
@@ -2596,7 +2598,8 @@ def test_cache_insert_loop(c):
     print("longest loop pass: %r ms" % {k: round(v * 1000, 2) for k, v in worst.items()})
     check("prefill" in worst and "decode" in worst, "no loop histogram of the ranks")
     for role, v in worst.items():
-        check(v <= 0.005, "the %s rank's loop ran a pass of %.1f ms" % (role, v * 1000))
+        check(v <= 0.005 * SLOW, "the %s rank's loop ran a pass of %.1f ms (bound %.0f ms)"
+              % (role, v * 1000, 5 * SLOW))
 
 
 def _rss_kib(proc):
